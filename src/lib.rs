@@ -1,2 +1,74 @@
 //! redis-rl: native rate-limit commands for Redis and Valkey.
+//!
+//! # Layout
+//! - [`bucket`]: the token bucket, pure math with the time passed in. Knows nothing of Redis.
+//! - [`args`]: argument parsing and validation, one function per command.
+//! - [`commands`]: the command handlers, thin glue between the others.
+//! - [`datatype`]: the `rl-bucket` module type and the key handle commands use.
+//! - [`clock`]: the one place that reads the server's time.
+//! - [`error`]: the error enum and its reply texts.
+//!
+//! This file holds module registration only.
+
+#![deny(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
+#![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing))]
+
+pub mod args;
 pub mod bucket;
+pub mod clock;
+pub mod commands;
+pub mod datatype;
+pub mod error;
+
+use redis_module::{raw, redis_module, Context, RedisString, Status};
+
+use crate::datatype::BUCKET_TYPE;
+
+/// Inside Redis, Rust allocations go through Redis's allocator, so they show in `INFO memory`
+/// and count against `maxmemory`. Unit tests, benches and fuzzers run outside Redis, where that
+/// allocator does not exist.
+#[cfg(not(any(test, feature = "system-alloc")))]
+mod alloc {
+    pub type Allocator = redis_module::alloc::RedisAlloc;
+    pub const ALLOCATOR: Allocator = redis_module::alloc::RedisAlloc;
+}
+#[cfg(any(test, feature = "system-alloc"))]
+mod alloc {
+    pub type Allocator = std::alloc::System;
+    pub const ALLOCATOR: Allocator = std::alloc::System;
+}
+
+/// The module version reported by `MODULE LIST`: major × 10000 + minor × 100 + patch.
+pub const MODULE_VERSION: i32 = 100;
+
+fn init(ctx: &Context, _args: &[RedisString]) -> Status {
+    // SAFETY: `ctx.ctx` is the load-time context; the options are plain flags.
+    unsafe {
+        if let Some(set_options) = raw::RedisModule_SetModuleOptions {
+            set_options(
+                ctx.ctx,
+                (raw::REDISMODULE_OPTIONS_HANDLE_IO_ERRORS
+                    | raw::REDISMODULE_OPTION_NO_IMPLICIT_SIGNAL_MODIFIED) as i32,
+            );
+        }
+    }
+    if datatype::cache_type().is_err() {
+        ctx.log_warning("rl: the rl-bucket type was not registered");
+        return Status::Err;
+    }
+    // SAFETY: `ctx.ctx` is the context passed to RedisModule_OnLoad.
+    if unsafe { commands::register(ctx.ctx) }.is_err() {
+        ctx.log_warning("rl: could not register the commands");
+        return Status::Err;
+    }
+    ctx.log_notice(&format!("rl: loaded; clock source {}", clock::source().name()));
+    Status::Ok
+}
+
+redis_module! {
+    name: "rl",
+    version: MODULE_VERSION,
+    allocator: (alloc::Allocator, alloc::ALLOCATOR),
+    data_types: [BUCKET_TYPE],
+    init: init,
+}

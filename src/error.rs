@@ -1,0 +1,37 @@
+//! The crate's one error enum and its Redis reply texts.
+//!
+//! Every text starts with its Redis error code and names the argument at fault, so clients can
+//! match on it. Texts are static C strings: replying with an error allocates nothing.
+
+use std::ffi::CStr;
+
+/// Everything a command can answer with instead of a result.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Error {
+    /// `rate` is not a number in range.
+    Rate,
+    /// `capacity` is not a number in range.
+    Capacity,
+    /// `cost` is not a finite number `>= 0`.
+    Cost,
+    /// `full_at_ns` (of `RL.SETSTATE`) is not an integer in range.
+    FullAt,
+    /// The key holds a value of another type.
+    WrongType,
+    /// A Redis API call failed, or a bug was caught before it could reach the server.
+    Internal,
+}
+
+impl Error {
+    /// The reply text, code first.
+    pub fn text(self) -> &'static CStr {
+        match self {
+            Error::Rate => c"ERR rate must be a number from 0.000001 to 1000000000 (tokens per second)",
+            Error::Capacity => c"ERR capacity must be a number above 0 and at most 1e15 (tokens)",
+            Error::Cost => c"ERR cost must be a finite number >= 0 (tokens)",
+            Error::FullAt => c"ERR full_at_ns must be an integer from 1 to 9223372036854775807 (ns since the Unix epoch)",
+            Error::WrongType => c"WRONGTYPE Operation against a key holding the wrong kind of value",
+            Error::Internal => c"ERR rl internal error, see the server log",
+        }
+    }
+}
