@@ -1,0 +1,138 @@
+//! RL.ACQUIRE against a real server: the burst/deny/refill sequence, the reply shape, the
+//! expiry instant, MULTI/EXEC, EVAL, non-UTF-8 keys and command metadata.
+//!
+//! Time: rates are chosen so slow that refill cannot change a reply during a test, except
+//! where a test waits for the `retry_after_ms` the server itself returned.
+
+mod common;
+
+use common::{acquire, exists, pexpiretime, Server};
+use redis::Value;
+
+#[test]
+fn burst_then_deny_then_refill() {
+    let server = Server::start();
+    let mut con = server.conn();
+    // 1 token per 0.1 s, burst 3: three allowed, then a denial that names its wait.
+    for want_remaining in [2, 1, 0] {
+        let [allowed, remaining, retry_after_ms, reset_after_ms] =
+            acquire(&mut con, b"burst", "10", "3", None);
+        assert_eq!((allowed, remaining, retry_after_ms), (1, want_remaining, 0));
+        assert!(reset_after_ms > 0 && reset_after_ms <= 300, "reset {reset_after_ms}");
+    }
+    let [allowed, remaining, retry_after_ms, reset_after_ms] = acquire(&mut con, b"burst", "10", "3", None);
+    assert_eq!((allowed, remaining), (0, 0));
+    assert!(retry_after_ms > 0 && retry_after_ms <= 100, "retry {retry_after_ms}");
+    assert!(reset_after_ms >= retry_after_ms);
+    std::thread::sleep(std::time::Duration::from_millis(retry_after_ms as u64));
+    let [allowed, ..] = acquire(&mut con, b"burst", "10", "3", None);
+    assert_eq!(allowed, 1, "allowed once retry_after_ms has passed");
+}
+
+#[test]
+fn readme_example_reply() {
+    let server = Server::start();
+    let mut con = server.conn();
+    assert_eq!(acquire(&mut con, b"user:42", "5", "10", None), [1, 9, 0, 200]);
+}
+
+#[test]
+fn cost_above_capacity_is_a_denial_with_minus_one() {
+    let server = Server::start();
+    let mut con = server.conn();
+    assert_eq!(acquire(&mut con, b"k", "1", "10", Some("11")), [0, 10, -1, 0]);
+    assert!(!exists(&mut con, b"k"), "a denial on a missing key creates nothing");
+}
+
+#[test]
+fn denial_and_zero_cost_write_nothing() {
+    let server = Server::start();
+    let mut con = server.conn();
+    acquire(&mut con, b"k", "0.001", "2", Some("2"));
+    let before = common::dump(&mut con, b"k").expect("bucket exists");
+    let ttl_before = pexpiretime(&mut con, b"k");
+    assert_eq!(acquire(&mut con, b"k", "0.001", "2", None)[0], 0);
+    assert_eq!(acquire(&mut con, b"k", "0.001", "2", Some("0"))[0], 1);
+    assert_eq!(common::dump(&mut con, b"k").as_deref(), Some(&before[..]));
+    assert_eq!(pexpiretime(&mut con, b"k"), ttl_before);
+    assert_eq!(acquire(&mut con, b"fresh", "1", "2", Some("0")), [1, 2, 0, 0]);
+    assert!(!exists(&mut con, b"fresh"), "cost 0 on a missing key creates nothing");
+}
+
+#[test]
+fn expiry_is_the_full_instant() {
+    let server = Server::start();
+    let mut con = server.conn();
+    let before_ms: i64 = redis::cmd("TIME")
+        .query::<(i64, i64)>(&mut con)
+        .map(|(s, us)| s * 1000 + us / 1000)
+        .expect("TIME");
+    // 1 token/s, take 5: full again 5 s after the call.
+    let [_, _, _, reset_after_ms] = acquire(&mut con, b"k", "1", "10", Some("5"));
+    assert_eq!(reset_after_ms, 5000);
+    let after_ms: i64 = redis::cmd("TIME")
+        .query::<(i64, i64)>(&mut con)
+        .map(|(s, us)| s * 1000 + us / 1000)
+        .expect("TIME");
+    let expire_at = pexpiretime(&mut con, b"k");
+    assert!(
+        expire_at >= before_ms + 5000 && expire_at <= after_ms + 5001,
+        "expiry {expire_at} not within [{}, {}]",
+        before_ms + 5000,
+        after_ms + 5001
+    );
+}
+
+#[test]
+fn works_inside_multi_exec() {
+    let server = Server::start();
+    let mut con = server.conn();
+    let replies: Vec<Vec<i64>> = redis::pipe()
+        .atomic()
+        .cmd("RL.ACQUIRE").arg("m").arg("0.001").arg("2")
+        .cmd("RL.ACQUIRE").arg("m").arg("0.001").arg("2")
+        .cmd("RL.ACQUIRE").arg("m").arg("0.001").arg("2")
+        .query(&mut con)
+        .expect("EXEC");
+    let allowed: Vec<i64> = replies.iter().map(|r| r[0]).collect();
+    assert_eq!(allowed, [1, 1, 0]);
+}
+
+#[test]
+fn works_inside_eval() {
+    let server = Server::start();
+    let mut con = server.conn();
+    let script = "local a = redis.call('RL.ACQUIRE', KEYS[1], '0.001', '1') \
+                  local b = redis.call('RL.ACQUIRE', KEYS[1], '0.001', '1') \
+                  return {a[1], b[1], b[3] > 0 and 1 or 0}";
+    let reply: Vec<i64> = redis::cmd("EVAL").arg(script).arg(1).arg("e").query(&mut con).expect("EVAL");
+    assert_eq!(reply, [1, 0, 1]);
+}
+
+#[test]
+fn non_utf8_key() {
+    let server = Server::start();
+    let mut con = server.conn();
+    let key = b"\xff\xfe\x00bucket";
+    assert_eq!(acquire(&mut con, key, "0.001", "2", None)[..2], [1, 1]);
+    assert_eq!(acquire(&mut con, key, "0.001", "2", None)[..2], [1, 0]);
+    assert!(exists(&mut con, key));
+    let key_type: String = redis::cmd("TYPE").arg(&key[..]).query(&mut con).expect("TYPE");
+    assert_eq!(key_type, "rl-bucket");
+}
+
+#[test]
+fn command_metadata_routes_the_key() {
+    let server = Server::start();
+    let mut con = server.conn();
+    let keys: Vec<String> = redis::cmd("COMMAND")
+        .arg("GETKEYS").arg("RL.ACQUIRE").arg("route:me").arg("1").arg("2")
+        .query(&mut con)
+        .expect("COMMAND GETKEYS");
+    assert_eq!(keys, ["route:me"]);
+    let info: Value = redis::cmd("COMMAND").arg("INFO").arg("RL.ACQUIRE").query(&mut con).expect("COMMAND INFO");
+    let text = format!("{info:?}");
+    for flag in ["write", "denyoom", "fast"] {
+        assert!(text.contains(flag), "flag {flag} missing from {text}");
+    }
+}

@@ -1,0 +1,249 @@
+//! The real-server harness: one `redis-server` per test, with the module loaded, on a free
+//! port and in its own temp dir, killed (and waited for) on drop.
+//!
+//! `REDIS_SERVER` picks the server binary (default `redis-server`), so the same suite runs
+//! against Valkey. The module is the cdylib built beside this test binary; `RL_MODULE`
+//! overrides it.
+
+#![allow(dead_code)]
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+use redis::{Connection, Value};
+
+/// How long a server may take to answer PING after start.
+const READY_DEADLINE: Duration = Duration::from_secs(15);
+
+/// The module under test: `RL_MODULE`, else the cdylib cargo built next to this test binary.
+pub fn module_path() -> PathBuf {
+    if let Ok(path) = std::env::var("RL_MODULE") {
+        return PathBuf::from(path);
+    }
+    let exe = std::env::current_exe().expect("test binary path");
+    // target/<profile>/deps/<test> -> target/<profile>/libredis_rl.so
+    let profile_dir = exe.parent().and_then(Path::parent).expect("target/<profile>");
+    let lib = profile_dir.join(format!("{}redis_rl{}", std::env::consts::DLL_PREFIX, std::env::consts::DLL_SUFFIX));
+    assert!(lib.exists(), "module not built at {}", lib.display());
+    lib
+}
+
+/// The server binary: `REDIS_SERVER`, else `redis-server` from PATH.
+pub fn server_binary() -> String {
+    std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".to_string())
+}
+
+/// A port nobody listens on right now (bind port 0 and let the OS choose).
+pub fn free_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+    listener.local_addr().expect("local addr").port()
+}
+
+/// One running server, killed on drop.
+pub struct Server {
+    child: Option<Child>,
+    pub port: u16,
+    pub dir: tempfile::TempDir,
+    extra: Vec<String>,
+}
+
+impl Server {
+    /// A server with the module loaded and no persistence.
+    pub fn start() -> Server {
+        Server::start_with(&[])
+    }
+
+    /// A server with the module loaded plus extra `--name value` config arguments.
+    pub fn start_with(extra: &[&str]) -> Server {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        let mut server = Server { child: None, port: 0, dir, extra };
+        server.spawn_on_free_port();
+        server
+    }
+
+    fn spawn_on_free_port(&mut self) {
+        // The port is free when chosen but could be taken before the server binds it; retry.
+        for _ in 0..5 {
+            self.port = free_port();
+            if self.spawn().is_ok() {
+                return;
+            }
+        }
+        panic!("redis-server did not start; log:\n{}", self.log());
+    }
+
+    fn spawn(&mut self) -> Result<(), String> {
+        let module = module_path();
+        let mut args: Vec<String> = vec![
+            "--port".into(),
+            self.port.to_string(),
+            "--bind".into(),
+            "127.0.0.1".into(),
+            "--dir".into(),
+            self.dir.path().display().to_string(),
+            "--logfile".into(),
+            "redis.log".into(),
+            "--save".into(),
+            "".into(),
+            "--enable-debug-command".into(),
+            "yes".into(),
+            "--loadmodule".into(),
+            module.display().to_string(),
+        ];
+        args.extend(self.extra.iter().cloned());
+        let child = Command::new(server_binary())
+            .args(&args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("spawn {}: {e}", server_binary()))?;
+        self.child = Some(child);
+        self.wait_ready()
+    }
+
+    fn wait_ready(&mut self) -> Result<(), String> {
+        let deadline = Instant::now() + READY_DEADLINE;
+        while Instant::now() < deadline {
+            if let Some(child) = self.child.as_mut() {
+                if let Ok(Some(status)) = child.try_wait() {
+                    self.child = None;
+                    return Err(format!("server exited: {status}"));
+                }
+            }
+            if let Ok(mut con) = self.try_conn() {
+                // LOADING replies are errors; wait until the dataset is in.
+                if redis::cmd("PING").query::<String>(&mut con).is_ok() {
+                    return Ok(());
+                }
+            }
+            sleep(Duration::from_millis(20));
+        }
+        self.kill();
+        Err("server not ready before the deadline".into())
+    }
+
+    fn try_conn(&self) -> redis::RedisResult<Connection> {
+        let client = redis::Client::open(format!("redis://127.0.0.1:{}/", self.port))?;
+        client.get_connection_with_timeout(Duration::from_secs(2))
+    }
+
+    /// A new connection.
+    pub fn conn(&self) -> Connection {
+        self.try_conn().expect("connect to the test server")
+    }
+
+    /// The server's log so far (for failure messages).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("redis.log")).unwrap_or_default()
+    }
+
+    /// Kills the server (SIGKILL) and waits for it.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Stops the server with `SHUTDOWN` (saving as configured) and waits for it to exit.
+    pub fn shutdown(&mut self, how: &str) {
+        let mut con = self.conn();
+        let _: redis::RedisResult<()> = redis::cmd("SHUTDOWN").arg(how).query(&mut con);
+        if let Some(mut child) = self.child.take() {
+            let deadline = Instant::now() + READY_DEADLINE;
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = child.try_wait() {
+                    return;
+                }
+                sleep(Duration::from_millis(20));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the server again on the same port and directory (after `kill` or `shutdown`),
+    /// with `extra` config arguments replacing the original ones.
+    pub fn restart_with(&mut self, extra: &[&str]) {
+        self.kill();
+        self.extra = extra.iter().map(|s| s.to_string()).collect();
+        if let Err(e) = self.spawn() {
+            panic!("restart failed: {e}; log:\n{}", self.log());
+        }
+    }
+
+    /// Whether the server still answers PING.
+    pub fn is_alive(&self) -> bool {
+        self.try_conn()
+            .and_then(|mut con| redis::cmd("PING").query::<String>(&mut con))
+            .is_ok()
+    }
+
+    /// Starts a replica of this server and waits until its link is up and it has synced.
+    pub fn start_replica(&self) -> Server {
+        let port = self.port.to_string();
+        let replica = Server::start_with(&["--replicaof", "127.0.0.1", &port]);
+        let deadline = Instant::now() + READY_DEADLINE;
+        let mut con = replica.conn();
+        while Instant::now() < deadline {
+            let info: String = redis::cmd("INFO").arg("replication").query(&mut con).expect("INFO");
+            if info.contains("master_link_status:up") && info.contains("master_sync_in_progress:0") {
+                return replica;
+            }
+            sleep(Duration::from_millis(20));
+        }
+        panic!("replica never synced; log:\n{}", replica.log());
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// `RL.ACQUIRE key rate capacity [cost]` as the four integers of its reply.
+pub fn acquire(con: &mut Connection, key: &[u8], rate: &str, capacity: &str, cost: Option<&str>) -> [i64; 4] {
+    let mut cmd = redis::cmd("RL.ACQUIRE");
+    cmd.arg(key).arg(rate).arg(capacity);
+    if let Some(cost) = cost {
+        cmd.arg(cost);
+    }
+    let reply: Vec<i64> = cmd.query(con).expect("RL.ACQUIRE reply");
+    reply.try_into().expect("RL.ACQUIRE replies with 4 integers")
+}
+
+/// The error text a command replies with; panics if it succeeds.
+pub fn error_text(con: &mut Connection, cmd: &redis::Cmd) -> String {
+    match cmd.query::<Value>(con) {
+        Ok(v) => panic!("expected an error, got {v:?}"),
+        Err(e) => {
+            // Rebuild "CODE detail" as the server sent it.
+            match (e.code(), e.detail()) {
+                (Some(code), Some(detail)) => format!("{code} {detail}"),
+                (Some(code), None) => code.to_string(),
+                _ => e.to_string(),
+            }
+        }
+    }
+}
+
+/// `DUMP key`, or `None` for a missing key.
+pub fn dump(con: &mut Connection, key: &[u8]) -> Option<Vec<u8>> {
+    redis::cmd("DUMP").arg(key).query(con).expect("DUMP")
+}
+
+/// `PEXPIRETIME key` (ms since the epoch; -1 no expiry, -2 missing).
+pub fn pexpiretime(con: &mut Connection, key: &[u8]) -> i64 {
+    redis::cmd("PEXPIRETIME").arg(key).query(con).expect("PEXPIRETIME")
+}
+
+/// `EXISTS key`.
+pub fn exists(con: &mut Connection, key: &[u8]) -> bool {
+    redis::cmd("EXISTS").arg(key).query::<i64>(con).expect("EXISTS") == 1
+}
