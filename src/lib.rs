@@ -41,7 +41,15 @@ mod alloc {
 /// The module version reported by `MODULE LIST`: major × 10000 + minor × 100 + patch.
 pub const MODULE_VERSION: i32 = 100;
 
-fn init(ctx: &Context, _args: &[RedisString]) -> Status {
+fn init(ctx: &Context, args: &[RedisString]) -> Status {
+    if let Some(arg) = args.first() {
+        // Fail the load loudly rather than ignore a setting the operator thinks is active.
+        ctx.log_warning(&format!(
+            "rl: unknown module argument '{}': this version takes no load arguments",
+            arg.to_string_lossy()
+        ));
+        return Status::Err;
+    }
     // SAFETY: `ctx.ctx` is the load-time context; the options are plain flags.
     unsafe {
         if let Some(set_options) = raw::RedisModule_SetModuleOptions {
