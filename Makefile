@@ -42,6 +42,8 @@ run: build ## Start redis-server on 127.0.0.1:6379 with the module loaded (foreg
 	$(REDIS_SERVER) --port $(PORT) --bind 127.0.0.1 --save "" --appendonly no --loadmodule $(MODULE)
 
 test: deps ## Run every test: unit, property, doc and real-server integration tests
+	@# cargo test does not rebuild the cdylib the integration tests load, so build it first.
+	$(CARGO) build --lib
 	$(CARGO) test --lib --tests
 	$(CARGO) test --doc --features system-alloc
 

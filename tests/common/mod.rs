@@ -25,9 +25,20 @@ pub fn module_path() -> PathBuf {
     }
     let exe = std::env::current_exe().expect("test binary path");
     // target/<profile>/deps/<test> -> target/<profile>/libredis_rl.so
-    let profile_dir = exe.parent().and_then(Path::parent).expect("target/<profile>");
-    let lib = profile_dir.join(format!("{}redis_rl{}", std::env::consts::DLL_PREFIX, std::env::consts::DLL_SUFFIX));
-    assert!(lib.exists(), "module not built at {}", lib.display());
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>");
+    let lib = profile_dir.join(format!(
+        "{}redis_rl{}",
+        std::env::consts::DLL_PREFIX,
+        std::env::consts::DLL_SUFFIX
+    ));
+    assert!(
+        lib.exists(),
+        "module not built at {} (cargo test does not build the cdylib: run `cargo build --lib`, or `make test`)",
+        lib.display()
+    );
     lib
 }
 
@@ -60,7 +71,12 @@ impl Server {
     pub fn start_with(extra: &[&str]) -> Server {
         let dir = tempfile::tempdir().expect("temp dir");
         let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
-        let mut server = Server { child: None, port: 0, dir, extra };
+        let mut server = Server {
+            child: None,
+            port: 0,
+            dir,
+            extra,
+        };
         server.spawn_on_free_port();
         server
     }
@@ -186,13 +202,25 @@ impl Server {
 
     /// Starts a replica of this server and waits until its link is up and it has synced.
     pub fn start_replica(&self) -> Server {
+        // Redis 7.0 waits 5 s before a diskless full sync by default; nothing here needs it.
+        let mut master = self.conn();
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("repl-diskless-sync-delay")
+            .arg("0")
+            .query(&mut master)
+            .expect("CONFIG SET repl-diskless-sync-delay");
         let port = self.port.to_string();
         let replica = Server::start_with(&["--replicaof", "127.0.0.1", &port]);
         let deadline = Instant::now() + READY_DEADLINE;
         let mut con = replica.conn();
         while Instant::now() < deadline {
-            let info: String = redis::cmd("INFO").arg("replication").query(&mut con).expect("INFO");
-            if info.contains("master_link_status:up") && info.contains("master_sync_in_progress:0") {
+            let info: String = redis::cmd("INFO")
+                .arg("replication")
+                .query(&mut con)
+                .expect("INFO");
+            if info.contains("master_link_status:up") && info.contains("master_sync_in_progress:0")
+            {
                 return replica;
             }
             sleep(Duration::from_millis(20));
@@ -208,14 +236,22 @@ impl Drop for Server {
 }
 
 /// `RL.ACQUIRE key rate capacity [cost]` as the four integers of its reply.
-pub fn acquire(con: &mut Connection, key: &[u8], rate: &str, capacity: &str, cost: Option<&str>) -> [i64; 4] {
+pub fn acquire(
+    con: &mut Connection,
+    key: &[u8],
+    rate: &str,
+    capacity: &str,
+    cost: Option<&str>,
+) -> [i64; 4] {
     let mut cmd = redis::cmd("RL.ACQUIRE");
     cmd.arg(key).arg(rate).arg(capacity);
     if let Some(cost) = cost {
         cmd.arg(cost);
     }
     let reply: Vec<i64> = cmd.query(con).expect("RL.ACQUIRE reply");
-    reply.try_into().expect("RL.ACQUIRE replies with 4 integers")
+    reply
+        .try_into()
+        .expect("RL.ACQUIRE replies with 4 integers")
 }
 
 /// The error text a command replies with; panics if it succeeds.
@@ -240,10 +276,17 @@ pub fn dump(con: &mut Connection, key: &[u8]) -> Option<Vec<u8>> {
 
 /// `PEXPIRETIME key` (ms since the epoch; -1 no expiry, -2 missing).
 pub fn pexpiretime(con: &mut Connection, key: &[u8]) -> i64 {
-    redis::cmd("PEXPIRETIME").arg(key).query(con).expect("PEXPIRETIME")
+    redis::cmd("PEXPIRETIME")
+        .arg(key)
+        .query(con)
+        .expect("PEXPIRETIME")
 }
 
 /// `EXISTS key`.
 pub fn exists(con: &mut Connection, key: &[u8]) -> bool {
-    redis::cmd("EXISTS").arg(key).query::<i64>(con).expect("EXISTS") == 1
+    redis::cmd("EXISTS")
+        .arg(key)
+        .query::<i64>(con)
+        .expect("EXISTS")
+        == 1
 }

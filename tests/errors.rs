@@ -1,0 +1,427 @@
+//! Bad input against a real server: wrong arity, every malformed number, foreign key types.
+//!
+//! Every case asserts the exact reply text, that nothing was written (no key created, an
+//! existing value byte-identical by `DUMP` with the same expiry), and that the server still
+//! answers `PING`.
+//!
+//! Time: nothing here depends on it. Buckets use a rate of 0.001 tokens/s, so refill cannot
+//! change their state during a test, and every comparison is of stored bytes.
+
+mod common;
+
+use common::{dump, error_text, exists, pexpiretime, Server};
+use redis::Connection;
+
+const ACQUIRE_ARITY: &str = "ERR wrong number of arguments for 'RL.ACQUIRE' command";
+const SETSTATE_ARITY: &str = "ERR wrong number of arguments for 'RL.SETSTATE' command";
+const RATE: &str = "ERR rate must be a number from 0.000001 to 1000000000 (tokens per second)";
+const CAPACITY: &str = "ERR capacity must be a number above 0 and at most 1e15 (tokens)";
+const COST: &str = "ERR cost must be a finite number >= 0 (tokens)";
+const FULL_AT: &str =
+    "ERR full_at_ns must be an integer from 1 to 9223372036854775807 (ns since the Unix epoch)";
+const WRONGTYPE: &str = "WRONGTYPE Operation against a key holding the wrong kind of value";
+
+/// 400 nines: a valid decimal far beyond f64's range, so it parses to infinity.
+const DIGITS_400: [u8; 400] = [b'9'; 400];
+
+/// The arguments after the command name, and the exact error they must get.
+type Row = (&'static [&'static [u8]], &'static str);
+
+/// Bad `RL.ACQUIRE` calls. The key is always `k`; the good values around the bad one are
+/// rate 1, capacity 10 and cost 1.
+const BAD_ACQUIRE: &[Row] = &[
+    // --- arity: key rate capacity [cost], so 3 or 4 arguments after the name
+    (&[], ACQUIRE_ARITY),                              // nothing after the name
+    (&[b"k"], ACQUIRE_ARITY),                          // key only
+    (&[b"k", b"1"], ACQUIRE_ARITY),                    // no capacity
+    (&[b"k", b"1", b"10", b"1", b"1"], ACQUIRE_ARITY), // one argument too many
+    (&[b"k", b"x", b"x", b"x", b"x", b"x"], ACQUIRE_ARITY), // arity is checked before values
+    // --- rate
+    (&[b"k", b"x", b"10"], RATE),         // not a number
+    (&[b"k", b"", b"10"], RATE),          // empty string
+    (&[b"k", b"nan", b"10"], RATE),       // NaN, lower case
+    (&[b"k", b"NaN", b"10"], RATE),       // NaN, mixed case
+    (&[b"k", b"inf", b"10"], RATE),       // infinity spelled "inf"
+    (&[b"k", b"-inf", b"10"], RATE),      // negative infinity
+    (&[b"k", b"+inf", b"10"], RATE),      // signed infinity
+    (&[b"k", b"infinity", b"10"], RATE),  // infinity spelled out
+    (&[b"k", b"0.0000001", b"10"], RATE), // below the minimum of 0.000001/s
+    (&[b"k", b"1e10", b"10"], RATE),      // above the maximum of 1e9/s
+    (&[b"k", b"-1", b"10"], RATE),        // negative
+    (&[b"k", b"0", b"10"], RATE),         // zero: a bucket that never refills
+    (&[b"k", b"-0", b"10"], RATE),        // negative zero is zero
+    (&[b"k", b"1e999", b"10"], RATE),     // overflows to infinity
+    (&[b"k", &DIGITS_400, b"10"], RATE),  // 400 digits overflow to infinity
+    (&[b"k", b"1e-400", b"10"], RATE),    // underflows to zero
+    (&[b"k", b"1x", b"10"], RATE),        // trailing junk
+    (&[b"k", b"1 ", b"10"], RATE),        // trailing space
+    (&[b"k", b" 1", b"10"], RATE),        // leading space
+    (&[b"k", b"0x10", b"10"], RATE),      // hex
+    (&[b"k", b"\xff\xfe", b"10"], RATE),  // not UTF-8
+    (&[b"k", b"1\xff", b"10"], RATE),     // a digit, then a non-UTF-8 byte
+    (&[b"k", b"1,5", b"10"], RATE),       // decimal comma
+    (&[b"k", b"1..5", b"10"], RATE),      // two decimal points
+    // --- capacity
+    (&[b"k", b"1", b"x"], CAPACITY),        // not a number
+    (&[b"k", b"1", b""], CAPACITY),         // empty string
+    (&[b"k", b"1", b"nan"], CAPACITY),      // NaN, lower case
+    (&[b"k", b"1", b"NaN"], CAPACITY),      // NaN, mixed case
+    (&[b"k", b"1", b"inf"], CAPACITY),      // infinity spelled "inf"
+    (&[b"k", b"1", b"-inf"], CAPACITY),     // negative infinity
+    (&[b"k", b"1", b"+inf"], CAPACITY),     // signed infinity
+    (&[b"k", b"1", b"infinity"], CAPACITY), // infinity spelled out
+    (&[b"k", b"1", b"1e16"], CAPACITY),     // above the maximum of 1e15
+    (&[b"k", b"1", b"-1"], CAPACITY),       // negative
+    (&[b"k", b"1", b"0"], CAPACITY),        // zero: a bucket that holds nothing
+    (&[b"k", b"1", b"1e999"], CAPACITY),    // overflows to infinity
+    (&[b"k", b"1", &DIGITS_400], CAPACITY), // 400 digits overflow to infinity
+    (&[b"k", b"1", b"1x"], CAPACITY),       // trailing junk
+    (&[b"k", b"1", b"1 "], CAPACITY),       // trailing space
+    (&[b"k", b"1", b" 1"], CAPACITY),       // leading space
+    (&[b"k", b"1", b"0x10"], CAPACITY),     // hex
+    (&[b"k", b"1", b"\xff\xfe"], CAPACITY), // not UTF-8
+    (&[b"k", b"1", b"1,5"], CAPACITY),      // decimal comma
+    // --- cost (no upper bound: a cost above capacity is a denial, not an error)
+    (&[b"k", b"1", b"10", b"x"], COST),        // not a number
+    (&[b"k", b"1", b"10", b""], COST),         // empty string
+    (&[b"k", b"1", b"10", b"nan"], COST),      // NaN, lower case
+    (&[b"k", b"1", b"10", b"NaN"], COST),      // NaN, mixed case
+    (&[b"k", b"1", b"10", b"inf"], COST),      // infinity spelled "inf"
+    (&[b"k", b"1", b"10", b"-inf"], COST),     // negative infinity
+    (&[b"k", b"1", b"10", b"+inf"], COST),     // signed infinity
+    (&[b"k", b"1", b"10", b"infinity"], COST), // infinity spelled out
+    (&[b"k", b"1", b"10", b"-1"], COST),       // negative
+    (&[b"k", b"1", b"10", b"-0.5"], COST),     // negative fraction
+    (&[b"k", b"1", b"10", b"1e999"], COST),    // overflows to infinity
+    (&[b"k", b"1", b"10", b"-1e999"], COST),   // overflows to negative infinity
+    (&[b"k", b"1", b"10", &DIGITS_400], COST), // 400 digits overflow to infinity
+    (&[b"k", b"1", b"10", b"1x"], COST),       // trailing junk
+    (&[b"k", b"1", b"10", b"1 "], COST),       // trailing space
+    (&[b"k", b"1", b"10", b" 1"], COST),       // leading space
+    (&[b"k", b"1", b"10", b"0x10"], COST),     // hex
+    (&[b"k", b"1", b"10", b"\xff\xfe"], COST), // not UTF-8
+    (&[b"k", b"1", b"10", b"1,5"], COST),      // decimal comma
+    // --- several bad arguments: the first one, in order rate, capacity, cost, is named
+    (&[b"k", b"x", b"x", b"x"], RATE),       // all three unparsable
+    (&[b"k", b"nan", b"0", b"-1"], RATE),    // all three bad, rate unparsable
+    (&[b"k", b"0", b"0", b"-1"], RATE),      // all three parse, all three out of range
+    (&[b"k", b"1e10", b"1e16", b"x"], RATE), // rate and capacity out of range, cost junk
+    (&[b"k", b"1", b"x", b"x"], CAPACITY),   // capacity and cost unparsable
+    (&[b"k", b"1", b"0", b"-1"], CAPACITY),  // capacity and cost out of range
+    (&[b"k", b"1", b"1e16", b"nan"], CAPACITY), // capacity out of range, cost unparsable
+];
+
+/// A rate that parses but is out of range, then a capacity that does not parse: the rate is
+/// the first bad argument and must be the one named. (Kept apart from `BAD_ACQUIRE` because
+/// range and parse errors are found in different steps, so this order is easy to get wrong.)
+const RATE_OUT_OF_RANGE_BEFORE_BAD_CAPACITY: &[Row] = &[
+    (&[b"k", b"0", b"x"], RATE),          // zero rate, junk capacity
+    (&[b"k", b"1e10", b""], RATE),        // too fast, empty capacity
+    (&[b"k", b"-1", b"nan", b"1"], RATE), // negative rate, NaN capacity
+    (&[b"k", b"0.0000001", b"1x"], RATE), // too slow, trailing junk in capacity
+];
+
+/// Bad `RL.SETSTATE` calls: `full_at_ns` must be a plain integer in `1..=i64::MAX`.
+const BAD_SETSTATE: &[Row] = &[
+    (&[], SETSTATE_ARITY),                          // nothing after the name
+    (&[b"k"], SETSTATE_ARITY),                      // key only
+    (&[b"k", b"1", b"1"], SETSTATE_ARITY),          // one argument too many
+    (&[b"k", b"x", b"x"], SETSTATE_ARITY),          // arity is checked before values
+    (&[b"k", b"0"], FULL_AT),                       // zero is not a state
+    (&[b"k", b"-1"], FULL_AT),                      // negative
+    (&[b"k", b"+1"], FULL_AT),                      // no sign allowed
+    (&[b"k", b"1.5"], FULL_AT),                     // fraction
+    (&[b"k", b"1.0"], FULL_AT),                     // integral, but written as a float
+    (&[b"k", b"1e3"], FULL_AT),                     // exponent
+    (&[b"k", b"9223372036854775808"], FULL_AT),     // i64::MAX + 1
+    (&[b"k", b"18446744073709551615"], FULL_AT),    // u64::MAX
+    (&[b"k", b"18446744073709551616"], FULL_AT),    // u64::MAX + 1
+    (&[b"k", b"99999999999999999999999"], FULL_AT), // far past u64
+    (&[b"k", b""], FULL_AT),                        // empty string
+    (&[b"k", b"abc"], FULL_AT),                     // not a number
+    (&[b"k", b"1x"], FULL_AT),                      // trailing junk
+    (&[b"k", b"1 "], FULL_AT),                      // trailing space
+    (&[b"k", b" 1"], FULL_AT),                      // leading space
+    (&[b"k", b"0x10"], FULL_AT),                    // hex
+    (&[b"k", b"1,5"], FULL_AT),                     // comma
+    (&[b"k", b"\xff\xfe"], FULL_AT),                // not UTF-8
+    (&[b"k", b"nan"], FULL_AT),                     // NaN
+    (&[b"k", b"inf"], FULL_AT),                     // infinity
+];
+
+fn command(name: &str, args: &[&[u8]]) -> redis::Cmd {
+    let mut cmd = redis::cmd(name);
+    for arg in args {
+        cmd.arg(*arg);
+    }
+    cmd
+}
+
+/// A row's arguments, readable in a failure message.
+fn show(args: &[&[u8]]) -> String {
+    let shown: Vec<String> = args
+        .iter()
+        .map(|a| {
+            if a.len() > 20 {
+                format!("<{} bytes>", a.len())
+            } else {
+                format!("{:?}", String::from_utf8_lossy(a))
+            }
+        })
+        .collect();
+    shown.join(" ")
+}
+
+fn dbsize(con: &mut Connection) -> i64 {
+    redis::cmd("DBSIZE").query(con).expect("DBSIZE")
+}
+
+fn ping(server: &Server) {
+    assert!(
+        server.is_alive(),
+        "server stopped answering PING; log:\n{}",
+        server.log()
+    );
+}
+
+/// Runs every row against an empty server: exact error text, no key of any name, PING.
+fn assert_rejected_on_empty_server(name: &str, rows: &[Row]) {
+    let server = Server::start();
+    let mut con = server.conn();
+    // Wrong texts are collected so one run lists every failing row.
+    let mut wrong = Vec::new();
+    for (args, want) in rows {
+        let got = error_text(&mut con, &command(name, args));
+        if got != *want {
+            wrong.push(format!(
+                "{name} {}\n   got: {got}\n  want: {want}",
+                show(args)
+            ));
+        }
+        assert!(
+            !exists(&mut con, b"k"),
+            "{name} {} created the key",
+            show(args)
+        );
+        assert_eq!(dbsize(&mut con), 0, "{name} {} created a key", show(args));
+        ping(&server);
+    }
+    assert!(
+        wrong.is_empty(),
+        "{} of {} rows got the wrong error:\n{}",
+        wrong.len(),
+        rows.len(),
+        wrong.join("\n")
+    );
+}
+
+#[test]
+fn acquire_rejects_each_bad_argument_with_its_exact_error() {
+    assert!(BAD_ACQUIRE.len() >= 30);
+    assert_rejected_on_empty_server("RL.ACQUIRE", BAD_ACQUIRE);
+}
+
+#[test]
+fn acquire_names_an_out_of_range_rate_before_an_unparsable_capacity() {
+    assert_rejected_on_empty_server("RL.ACQUIRE", RATE_OUT_OF_RANGE_BEFORE_BAD_CAPACITY);
+}
+
+#[test]
+fn setstate_rejects_each_bad_argument_with_its_exact_error() {
+    assert_rejected_on_empty_server("RL.SETSTATE", BAD_SETSTATE);
+}
+
+#[test]
+fn boundary_values_are_accepted() {
+    // The edges of each range, so the tables above reject for the reason they claim.
+    let server = Server::start();
+    let mut con = server.conn();
+    let good: &[&[&[u8]]] = &[
+        &[b"a", b"0.000001", b"1"],   // slowest rate
+        &[b"b", b"1000000000", b"1"], // fastest rate
+        &[b"c", b"1", b"1e15"],       // largest capacity
+        &[b"d", b"1", b"0.5", b"0"],  // fractional capacity, zero cost
+        &[b"e", b"1", b"10", b"1"],   // key, rate, capacity, cost: the most arguments
+    ];
+    for args in good {
+        let reply: Vec<i64> = command("RL.ACQUIRE", args)
+            .query(&mut con)
+            .expect("accepted");
+        assert_eq!(reply.len(), 4, "RL.ACQUIRE {}", show(args));
+    }
+    // A cost above capacity is a denial that can never succeed, not an argument error.
+    let reply: Vec<i64> = command("RL.ACQUIRE", &[b"f", b"1", b"10", b"11"])
+        .query(&mut con)
+        .expect("denial");
+    assert_eq!(reply, [0, 10, -1, 0]);
+    // `-0` is zero, and a zero cost is allowed.
+    let reply: Vec<i64> = command("RL.ACQUIRE", &[b"g", b"1", b"10", b"-0"])
+        .query(&mut con)
+        .expect("zero cost");
+    assert_eq!(reply, [1, 10, 0, 0]);
+    for full_at in [&b"1"[..], b"9223372036854775807"] {
+        let ok: String = command("RL.SETSTATE", &[b"s", full_at])
+            .query(&mut con)
+            .expect("accepted");
+        assert_eq!(ok, "OK");
+    }
+    assert_eq!(
+        pexpiretime(&mut con, b"s"),
+        9_223_372_036_855,
+        "ceil(i64::MAX / 1e6) ms"
+    );
+}
+
+/// Every foreign type Redis has, each with the commands that create it as key `w`.
+fn foreign_values() -> Vec<(&'static str, Vec<redis::Cmd>)> {
+    fn cmd(parts: &[&str]) -> redis::Cmd {
+        let mut cmd = redis::cmd(parts[0]);
+        for part in &parts[1..] {
+            cmd.arg(*part);
+        }
+        cmd
+    }
+    vec![
+        ("string", vec![cmd(&["SET", "w", "hello"])]),
+        ("list", vec![cmd(&["RPUSH", "w", "a", "b", "c"])]),
+        ("hash", vec![cmd(&["HSET", "w", "f1", "v1", "f2", "v2"])]),
+        ("set", vec![cmd(&["SADD", "w", "a", "b", "c"])]),
+        ("zset", vec![cmd(&["ZADD", "w", "1", "a", "2.5", "b"])]),
+        ("stream", vec![cmd(&["XADD", "w", "1-1", "f", "v"])]),
+        (
+            "string with expiry",
+            vec![cmd(&["SET", "w", "hello", "PXAT", "4102444800000"])],
+        ),
+        (
+            "hash with expiry",
+            vec![
+                cmd(&["HSET", "w", "f", "v"]),
+                cmd(&["PEXPIREAT", "w", "4102444800123"]),
+            ],
+        ),
+    ]
+}
+
+#[test]
+fn foreign_types_get_wrongtype_and_stay_untouched() {
+    let server = Server::start();
+    let mut con = server.conn();
+    let calls: &[(&str, &[&[u8]], &str)] = &[
+        ("RL.ACQUIRE", &[b"w", b"0.001", b"10"], WRONGTYPE), // default cost
+        ("RL.ACQUIRE", &[b"w", b"0.001", b"10", b"3"], WRONGTYPE), // explicit cost
+        ("RL.ACQUIRE", &[b"w", b"0.001", b"10", b"0"], WRONGTYPE), // zero cost writes nothing, still refused
+        ("RL.ACQUIRE", &[b"w", b"0.001", b"10", b"11"], WRONGTYPE), // impossible cost, still refused
+        ("RL.SETSTATE", &[b"w", b"4102444800000000123"], WRONGTYPE), // the replicated form
+        ("RL.ACQUIRE", &[b"w", b"x", b"10"], RATE),                 // arguments are parsed first
+        ("RL.SETSTATE", &[b"w", b"0"], FULL_AT),                    // arguments are parsed first
+    ];
+    for (kind, create) in foreign_values() {
+        let _: () = redis::cmd("FLUSHALL").query(&mut con).expect("FLUSHALL");
+        for cmd in create {
+            let _: redis::Value = cmd.query(&mut con).expect("create the foreign value");
+        }
+        let type_before: String = redis::cmd("TYPE").arg("w").query(&mut con).expect("TYPE");
+        let before = dump(&mut con, b"w").expect("value exists");
+        let expire_before = pexpiretime(&mut con, b"w");
+        let pttl_before: i64 = redis::cmd("PTTL").arg("w").query(&mut con).expect("PTTL");
+        if kind.ends_with("with expiry") {
+            assert!(
+                expire_before > 0 && pttl_before > 0,
+                "{kind}: expiry was set"
+            );
+        } else {
+            assert_eq!((expire_before, pttl_before), (-1, -1), "{kind}: no expiry");
+        }
+        for (name, args, want) in calls {
+            let got = error_text(&mut con, &command(name, args));
+            assert_eq!(got, *want, "{kind}: {name} {}", show(args));
+            assert_eq!(
+                dump(&mut con, b"w").as_deref(),
+                Some(&before[..]),
+                "{kind}: {name} {} changed the value",
+                show(args)
+            );
+            assert_eq!(
+                pexpiretime(&mut con, b"w"),
+                expire_before,
+                "{kind}: {name} {} changed the expiry",
+                show(args)
+            );
+            let pttl: i64 = redis::cmd("PTTL").arg("w").query(&mut con).expect("PTTL");
+            if pttl_before == -1 {
+                assert_eq!(pttl, -1, "{kind}: {name} {} added an expiry", show(args));
+            } else {
+                assert!(
+                    pttl > 0 && pttl <= pttl_before,
+                    "{kind}: {name} {} moved the expiry",
+                    show(args)
+                );
+            }
+            let key_type: String = redis::cmd("TYPE").arg("w").query(&mut con).expect("TYPE");
+            assert_eq!(key_type, type_before, "{kind}: {name} {}", show(args));
+            assert_eq!(
+                dbsize(&mut con),
+                1,
+                "{kind}: {name} {} created a key",
+                show(args)
+            );
+            ping(&server);
+        }
+    }
+}
+
+/// Writes a bucket with a state that is not round (fractional cost) and returns its bytes
+/// and expiry.
+fn make_bucket(con: &mut Connection, key: &[u8]) -> (Vec<u8>, i64) {
+    let reply: Vec<i64> = command("RL.ACQUIRE", &[key, b"0.003", b"10", b"2.7"])
+        .query(con)
+        .expect("RL.ACQUIRE");
+    assert_eq!(reply[0], 1, "allowed");
+    (
+        dump(con, key).expect("bucket exists"),
+        pexpiretime(con, key),
+    )
+}
+
+#[test]
+fn bad_arguments_leave_an_existing_bucket_untouched() {
+    let server = Server::start();
+    let mut con = server.conn();
+    let (before, expire_before) = make_bucket(&mut con, b"k");
+    assert!(expire_before > 0);
+    // The rows whose exact text is the subject of its own test are only required to fail.
+    let rows = BAD_ACQUIRE
+        .iter()
+        .map(|(args, want)| ("RL.ACQUIRE", *args, Some(*want)))
+        .chain(
+            RATE_OUT_OF_RANGE_BEFORE_BAD_CAPACITY
+                .iter()
+                .map(|(args, _)| ("RL.ACQUIRE", *args, None)),
+        )
+        .chain(
+            BAD_SETSTATE
+                .iter()
+                .map(|(args, want)| ("RL.SETSTATE", *args, Some(*want))),
+        );
+    for (name, args, want) in rows {
+        let got = error_text(&mut con, &command(name, args));
+        match want {
+            Some(want) => assert_eq!(got, want, "{name} {} on a bucket", show(args)),
+            None => assert!(got.starts_with("ERR "), "{name} {}: {got}", show(args)),
+        }
+        assert_eq!(
+            dump(&mut con, b"k").as_deref(),
+            Some(&before[..]),
+            "{name} {} changed the bucket",
+            show(args)
+        );
+        assert_eq!(
+            pexpiretime(&mut con, b"k"),
+            expire_before,
+            "{name} {} moved the expiry",
+            show(args)
+        );
+        assert_eq!(dbsize(&mut con), 1, "{name} {} created a key", show(args));
+        ping(&server);
+    }
+}
