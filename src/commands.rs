@@ -47,7 +47,10 @@ pub unsafe extern "C" fn acquire(
     unsafe { run(ctx, argv, argc, c"RL.ACQUIRE", acquire_body) }
 }
 
-fn acquire_body(ctx: *mut RedisModuleCtx, argv: &[*mut RedisModuleString]) -> Result<Reply, Failure> {
+fn acquire_body(
+    ctx: *mut RedisModuleCtx,
+    argv: &[*mut RedisModuleString],
+) -> Result<Reply, Failure> {
     let (&[_, key, rate, capacity], cost) = match argv {
         [name, key, rate, capacity] => (&[*name, *key, *rate, *capacity], None),
         [name, key, rate, capacity, cost] => (&[*name, *key, *rate, *capacity], Some(*cost)),
@@ -87,7 +90,10 @@ pub unsafe extern "C" fn set_state(
     unsafe { run(ctx, argv, argc, c"RL.SETSTATE", set_state_body) }
 }
 
-fn set_state_body(ctx: *mut RedisModuleCtx, argv: &[*mut RedisModuleString]) -> Result<Reply, Failure> {
+fn set_state_body(
+    ctx: *mut RedisModuleCtx,
+    argv: &[*mut RedisModuleString],
+) -> Result<Reply, Failure> {
     let &[_, key, full_at_ns] = argv else {
         return Err(Failure::Arity);
     };
@@ -115,8 +121,18 @@ unsafe fn propagate_state(
     let replicate = unsafe { raw::RedisModule_Replicate }.ok_or(Error::Internal)?;
     let full_at_ns = c_longlong::try_from(state.full_at_ns()).map_err(|_| Error::Internal)?;
     // SAFETY: "sl" matches the two variadic arguments: a RedisModuleString and a long long.
-    let status = unsafe { replicate(ctx, c"RL.SETSTATE".as_ptr(), c"sl".as_ptr(), key, full_at_ns) };
-    (status == raw::REDISMODULE_OK as c_int).then_some(()).ok_or(Error::Internal)
+    let status = unsafe {
+        replicate(
+            ctx,
+            c"RL.SETSTATE".as_ptr(),
+            c"sl".as_ptr(),
+            key,
+            full_at_ns,
+        )
+    };
+    (status == raw::REDISMODULE_OK as c_int)
+        .then_some(())
+        .ok_or(Error::Internal)
 }
 
 /// The bytes of a command argument.
@@ -167,7 +183,12 @@ unsafe fn run(
             Ok(Err(Failure::Error(error))) => send_error(ctx, error),
             Err(_) => {
                 if let Some(log) = raw::RedisModule_Log {
-                    log(ctx, c"warning".as_ptr(), c"rl: caught a panic in %s; replied with an error".as_ptr(), name.as_ptr());
+                    log(
+                        ctx,
+                        c"warning".as_ptr(),
+                        c"rl: caught a panic in %s; replied with an error".as_ptr(),
+                        name.as_ptr(),
+                    );
                 }
                 send_error(ctx, Error::Internal)
             }
@@ -180,9 +201,10 @@ unsafe fn send(ctx: *mut RedisModuleCtx, reply: &Reply) -> c_int {
     unsafe {
         match reply {
             Reply::Decision(values) => {
-                let (Some(array), Some(integer)) =
-                    (raw::RedisModule_ReplyWithArray, raw::RedisModule_ReplyWithLongLong)
-                else {
+                let (Some(array), Some(integer)) = (
+                    raw::RedisModule_ReplyWithArray,
+                    raw::RedisModule_ReplyWithLongLong,
+                ) else {
                     return raw::REDISMODULE_ERR as c_int;
                 };
                 array(ctx, values.len() as _);
@@ -214,15 +236,24 @@ pub struct Spec {
     /// The command name.
     pub name: &'static std::ffi::CStr,
     /// The raw handler.
-    pub handler: unsafe extern "C" fn(*mut RedisModuleCtx, *mut *mut RedisModuleString, c_int) -> c_int,
+    pub handler:
+        unsafe extern "C" fn(*mut RedisModuleCtx, *mut *mut RedisModuleString, c_int) -> c_int,
     /// Redis command flags.
     pub flags: &'static std::ffi::CStr,
 }
 
 /// Every command the module registers. Each takes one key, at position 1.
 pub const SPECS: &[Spec] = &[
-    Spec { name: c"RL.ACQUIRE", handler: acquire, flags: c"write deny-oom fast" },
-    Spec { name: c"RL.SETSTATE", handler: set_state, flags: c"write deny-oom fast" },
+    Spec {
+        name: c"RL.ACQUIRE",
+        handler: acquire,
+        flags: c"write deny-oom fast",
+    },
+    Spec {
+        name: c"RL.SETSTATE",
+        handler: set_state,
+        flags: c"write deny-oom fast",
+    },
 ];
 
 /// Registers [`SPECS`].
@@ -237,7 +268,15 @@ pub unsafe fn register(ctx: *mut RedisModuleCtx) -> Result<(), Error> {
     for spec in SPECS {
         // SAFETY: static NUL-terminated strings and a handler with the right signature.
         let status = unsafe {
-            create(ctx, spec.name.as_ptr(), Some(spec.handler), spec.flags.as_ptr(), 1, 1, 1)
+            create(
+                ctx,
+                spec.name.as_ptr(),
+                Some(spec.handler),
+                spec.flags.as_ptr(),
+                1,
+                1,
+                1,
+            )
         };
         if status != raw::REDISMODULE_OK as c_int {
             return Err(Error::Internal);

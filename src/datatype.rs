@@ -55,7 +55,10 @@ static TYPE_PTR: AtomicPtr<raw::RedisModuleType> = AtomicPtr::new(ptr::null_mut(
 
 /// Caches the registered type pointer. Call once, after `redis_module!` created the type.
 pub fn cache_type() -> Result<(), Error> {
-    let raw_type = BUCKET_TYPE.raw_type.try_borrow().map_err(|_| Error::Internal)?;
+    let raw_type = BUCKET_TYPE
+        .raw_type
+        .try_borrow()
+        .map_err(|_| Error::Internal)?;
     if raw_type.is_null() {
         return Err(Error::Internal);
     }
@@ -121,7 +124,8 @@ impl BucketKey {
                 return Ok(None);
             }
             if key_type != raw::REDISMODULE_KEYTYPE_MODULE as c_int
-                || raw::RedisModule_ModuleTypeGetType.ok_or(Error::Internal)?(self.key) != bucket_type()
+                || raw::RedisModule_ModuleTypeGetType.ok_or(Error::Internal)?(self.key)
+                    != bucket_type()
             {
                 return Err(Error::WrongType);
             }
@@ -147,7 +151,11 @@ impl BucketKey {
                 let replace = raw::RedisModule_ModuleTypeReplaceValue.ok_or(Error::Internal)?;
                 replace(self.key, bucket_type(), value, ptr::null_mut())
             } else {
-                raw::RedisModule_ModuleTypeSetValue.ok_or(Error::Internal)?(self.key, bucket_type(), value)
+                raw::RedisModule_ModuleTypeSetValue.ok_or(Error::Internal)?(
+                    self.key,
+                    bucket_type(),
+                    value,
+                )
             };
             let ok = set == raw::REDISMODULE_OK as c_int
                 && raw::RedisModule_SetAbsExpire.ok_or(Error::Internal)?(self.key, expire_at_ms)
@@ -179,7 +187,12 @@ fn log_warning(message: &std::ffi::CStr) {
     // SAFETY: a NULL context is allowed by RedisModule_Log; both strings are NUL-terminated.
     unsafe {
         if let Some(log) = raw::RedisModule_Log {
-            log(ptr::null_mut(), c"warning".as_ptr(), c"%s".as_ptr(), message.as_ptr());
+            log(
+                ptr::null_mut(),
+                c"warning".as_ptr(),
+                c"%s".as_ptr(),
+                message.as_ptr(),
+            );
         }
     }
 }
@@ -196,7 +209,10 @@ unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *m
             Some(load) => load(rdb),
             None => return ptr::null_mut(),
         };
-        (full_at_ns, raw::RedisModule_IsIOError.is_none_or(|failed| failed(rdb) != 0))
+        (
+            full_at_ns,
+            raw::RedisModule_IsIOError.is_none_or(|failed| failed(rdb) != 0),
+        )
     };
     if io_error {
         return ptr::null_mut();
@@ -211,7 +227,8 @@ unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *m
 }
 
 unsafe extern "C" fn rdb_save(rdb: *mut raw::RedisModuleIO, value: *mut c_void) {
-    if let (Some(state), Some(save)) = (from_value(value), unsafe { raw::RedisModule_SaveUnsigned }) {
+    if let (Some(state), Some(save)) = (from_value(value), unsafe { raw::RedisModule_SaveUnsigned })
+    {
         // SAFETY: `rdb` is the live IO handle Redis passed in.
         unsafe { save(rdb, state.full_at_ns()) };
     }
@@ -226,7 +243,13 @@ unsafe extern "C" fn aof_rewrite(
         // SAFETY: live handles from Redis; "sl" matches one RedisModuleString and one long long.
         // The key's expiry follows as a PEXPIREAT that Redis writes itself.
         unsafe {
-            emit(aof, c"RL.SETSTATE".as_ptr(), c"sl".as_ptr(), key, full_at_i64(state));
+            emit(
+                aof,
+                c"RL.SETSTATE".as_ptr(),
+                c"sl".as_ptr(),
+                key,
+                full_at_i64(state),
+            );
         }
     }
 }
@@ -240,9 +263,10 @@ unsafe extern "C" fn digest(md: *mut raw::RedisModuleDigest, value: *mut c_void)
     if let Some(state) = from_value(value) {
         // SAFETY: `md` is the live digest handle Redis passed in.
         unsafe {
-            if let (Some(add), Some(end)) =
-                (raw::RedisModule_DigestAddLongLong, raw::RedisModule_DigestEndSequence)
-            {
+            if let (Some(add), Some(end)) = (
+                raw::RedisModule_DigestAddLongLong,
+                raw::RedisModule_DigestEndSequence,
+            ) {
                 add(md, full_at_i64(state));
                 end(md);
             }

@@ -10,8 +10,21 @@
 //!
 //! This file holds module registration only.
 
-#![deny(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
-#![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing))]
+#![deny(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+#![cfg_attr(
+    test,
+    allow(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic,
+        clippy::indexing_slicing
+    )
+)]
 
 pub mod args;
 pub mod bucket;
@@ -69,7 +82,10 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
         ctx.log_warning("rl: could not register the commands");
         return Status::Err;
     }
-    ctx.log_notice(&format!("rl: loaded; clock source {}", clock::source().name()));
+    ctx.log_notice(&format!(
+        "rl: loaded; clock source {}",
+        clock::source().name()
+    ));
     Status::Ok
 }
 

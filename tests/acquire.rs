@@ -18,11 +18,18 @@ fn burst_then_deny_then_refill() {
         let [allowed, remaining, retry_after_ms, reset_after_ms] =
             acquire(&mut con, b"burst", "10", "3", None);
         assert_eq!((allowed, remaining, retry_after_ms), (1, want_remaining, 0));
-        assert!(reset_after_ms > 0 && reset_after_ms <= 300, "reset {reset_after_ms}");
+        assert!(
+            reset_after_ms > 0 && reset_after_ms <= 300,
+            "reset {reset_after_ms}"
+        );
     }
-    let [allowed, remaining, retry_after_ms, reset_after_ms] = acquire(&mut con, b"burst", "10", "3", None);
+    let [allowed, remaining, retry_after_ms, reset_after_ms] =
+        acquire(&mut con, b"burst", "10", "3", None);
     assert_eq!((allowed, remaining), (0, 0));
-    assert!(retry_after_ms > 0 && retry_after_ms <= 100, "retry {retry_after_ms}");
+    assert!(
+        retry_after_ms > 0 && retry_after_ms <= 100,
+        "retry {retry_after_ms}"
+    );
     assert!(reset_after_ms >= retry_after_ms);
     std::thread::sleep(std::time::Duration::from_millis(retry_after_ms as u64));
     let [allowed, ..] = acquire(&mut con, b"burst", "10", "3", None);
@@ -33,15 +40,24 @@ fn burst_then_deny_then_refill() {
 fn readme_example_reply() {
     let server = Server::start();
     let mut con = server.conn();
-    assert_eq!(acquire(&mut con, b"user:42", "5", "10", None), [1, 9, 0, 200]);
+    assert_eq!(
+        acquire(&mut con, b"user:42", "5", "10", None),
+        [1, 9, 0, 200]
+    );
 }
 
 #[test]
 fn cost_above_capacity_is_a_denial_with_minus_one() {
     let server = Server::start();
     let mut con = server.conn();
-    assert_eq!(acquire(&mut con, b"k", "1", "10", Some("11")), [0, 10, -1, 0]);
-    assert!(!exists(&mut con, b"k"), "a denial on a missing key creates nothing");
+    assert_eq!(
+        acquire(&mut con, b"k", "1", "10", Some("11")),
+        [0, 10, -1, 0]
+    );
+    assert!(
+        !exists(&mut con, b"k"),
+        "a denial on a missing key creates nothing"
+    );
 }
 
 #[test]
@@ -55,8 +71,14 @@ fn denial_and_zero_cost_write_nothing() {
     assert_eq!(acquire(&mut con, b"k", "0.001", "2", Some("0"))[0], 1);
     assert_eq!(common::dump(&mut con, b"k").as_deref(), Some(&before[..]));
     assert_eq!(pexpiretime(&mut con, b"k"), ttl_before);
-    assert_eq!(acquire(&mut con, b"fresh", "1", "2", Some("0")), [1, 2, 0, 0]);
-    assert!(!exists(&mut con, b"fresh"), "cost 0 on a missing key creates nothing");
+    assert_eq!(
+        acquire(&mut con, b"fresh", "1", "2", Some("0")),
+        [1, 2, 0, 0]
+    );
+    assert!(
+        !exists(&mut con, b"fresh"),
+        "cost 0 on a missing key creates nothing"
+    );
 }
 
 #[test]
@@ -89,9 +111,18 @@ fn works_inside_multi_exec() {
     let mut con = server.conn();
     let replies: Vec<Vec<i64>> = redis::pipe()
         .atomic()
-        .cmd("RL.ACQUIRE").arg("m").arg("0.001").arg("2")
-        .cmd("RL.ACQUIRE").arg("m").arg("0.001").arg("2")
-        .cmd("RL.ACQUIRE").arg("m").arg("0.001").arg("2")
+        .cmd("RL.ACQUIRE")
+        .arg("m")
+        .arg("0.001")
+        .arg("2")
+        .cmd("RL.ACQUIRE")
+        .arg("m")
+        .arg("0.001")
+        .arg("2")
+        .cmd("RL.ACQUIRE")
+        .arg("m")
+        .arg("0.001")
+        .arg("2")
         .query(&mut con)
         .expect("EXEC");
     let allowed: Vec<i64> = replies.iter().map(|r| r[0]).collect();
@@ -105,7 +136,12 @@ fn works_inside_eval() {
     let script = "local a = redis.call('RL.ACQUIRE', KEYS[1], '0.001', '1') \
                   local b = redis.call('RL.ACQUIRE', KEYS[1], '0.001', '1') \
                   return {a[1], b[1], b[3] > 0 and 1 or 0}";
-    let reply: Vec<i64> = redis::cmd("EVAL").arg(script).arg(1).arg("e").query(&mut con).expect("EVAL");
+    let reply: Vec<i64> = redis::cmd("EVAL")
+        .arg(script)
+        .arg(1)
+        .arg("e")
+        .query(&mut con)
+        .expect("EVAL");
     assert_eq!(reply, [1, 0, 1]);
 }
 
@@ -117,7 +153,10 @@ fn non_utf8_key() {
     assert_eq!(acquire(&mut con, key, "0.001", "2", None)[..2], [1, 1]);
     assert_eq!(acquire(&mut con, key, "0.001", "2", None)[..2], [1, 0]);
     assert!(exists(&mut con, key));
-    let key_type: String = redis::cmd("TYPE").arg(&key[..]).query(&mut con).expect("TYPE");
+    let key_type: String = redis::cmd("TYPE")
+        .arg(&key[..])
+        .query(&mut con)
+        .expect("TYPE");
     assert_eq!(key_type, "rl-bucket");
 }
 
@@ -126,11 +165,19 @@ fn command_metadata_routes_the_key() {
     let server = Server::start();
     let mut con = server.conn();
     let keys: Vec<String> = redis::cmd("COMMAND")
-        .arg("GETKEYS").arg("RL.ACQUIRE").arg("route:me").arg("1").arg("2")
+        .arg("GETKEYS")
+        .arg("RL.ACQUIRE")
+        .arg("route:me")
+        .arg("1")
+        .arg("2")
         .query(&mut con)
         .expect("COMMAND GETKEYS");
     assert_eq!(keys, ["route:me"]);
-    let info: Value = redis::cmd("COMMAND").arg("INFO").arg("RL.ACQUIRE").query(&mut con).expect("COMMAND INFO");
+    let info: Value = redis::cmd("COMMAND")
+        .arg("INFO")
+        .arg("RL.ACQUIRE")
+        .query(&mut con)
+        .expect("COMMAND INFO");
     let text = format!("{info:?}");
     for flag in ["write", "denyoom", "fast"] {
         assert!(text.contains(flag), "flag {flag} missing from {text}");

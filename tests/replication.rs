@@ -1,0 +1,408 @@
+//! Replication against a real master and replica: the replica holds byte-identical buckets
+//! (after a full sync and from the command stream), the stream carries `RL.SETSTATE` and
+//! never `RL.ACQUIRE`, calls that change nothing ship nothing, and a client's `RL.SETSTATE`
+//! travels verbatim.
+//!
+//! Time: every rate is slow enough that no bucket fills up (and so no key expires) during a
+//! test. Nothing here asserts a duration.
+
+mod common;
+
+use std::path::Path;
+
+use common::{acquire, dump, error_text, exists, pexpiretime, Server};
+use redis::Connection;
+
+/// `INFO <section>` as text.
+fn info(con: &mut Connection, section: &str) -> String {
+    redis::cmd("INFO").arg(section).query(con).expect("INFO")
+}
+
+/// The value of `name:value` in an INFO text.
+fn info_field<'a>(info: &'a str, name: &str) -> Option<&'a str> {
+    info.lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(':'))
+}
+
+/// The master's `master_repl_offset`: how many bytes it has fed its replication stream.
+fn repl_offset(con: &mut Connection) -> i64 {
+    let text = info(con, "replication");
+    info_field(&text, "master_repl_offset")
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no master_repl_offset in\n{text}"))
+}
+
+/// `calls=` of `cmdstat_<command>` in `INFO commandstats`, or `None` if the command never ran.
+/// The command name matches in any case (module commands keep their registered case).
+fn calls(con: &mut Connection, command: &str) -> Option<u64> {
+    let text = info(con, "commandstats");
+    let name = format!("cmdstat_{command}");
+    let stats = text.lines().find_map(|line| {
+        let (field, value) = line.split_once(':')?;
+        field.eq_ignore_ascii_case(&name).then_some(value)
+    })?;
+    let calls = stats.split(',').find_map(|kv| kv.strip_prefix("calls="))?;
+    Some(calls.trim().parse().expect("calls is an integer"))
+}
+
+/// `WAIT 1 5000`: returns once the one replica has acknowledged everything sent so far.
+fn wait_for_replica(master: &mut Connection) {
+    let acked: i64 = redis::cmd("WAIT")
+        .arg(1)
+        .arg(5000)
+        .query(master)
+        .expect("WAIT");
+    assert_eq!(
+        acked, 1,
+        "the replica did not acknowledge the stream in time"
+    );
+}
+
+/// Every key, sorted.
+fn all_keys(con: &mut Connection) -> Vec<Vec<u8>> {
+    let mut keys: Vec<Vec<u8>> = redis::cmd("KEYS").arg("*").query(con).expect("KEYS");
+    keys.sort();
+    keys
+}
+
+/// Asserts that master and replica hold the same keys, with equal DUMP payloads and equal
+/// PEXPIRETIME for each.
+fn assert_same_state(master: &mut Connection, replica: &mut Connection) {
+    let keys = all_keys(master);
+    assert_eq!(
+        all_keys(replica),
+        keys,
+        "the replica holds other keys than the master"
+    );
+    for key in &keys {
+        let name = String::from_utf8_lossy(key);
+        let payload = dump(master, key).expect("DUMP of a listed key");
+        assert_eq!(
+            dump(replica, key),
+            Some(payload),
+            "DUMP differs for {name:?}"
+        );
+        let expire_at = pexpiretime(master, key);
+        assert!(expire_at > 0, "{name:?} has no expiry ({expire_at})");
+        assert_eq!(
+            pexpiretime(replica, key),
+            expire_at,
+            "PEXPIRETIME differs for {name:?}"
+        );
+    }
+}
+
+/// One call of a mix: key, rate, capacity, cost, and whether it must be allowed.
+type Call = (
+    &'static [u8],
+    &'static str,
+    &'static str,
+    Option<&'static str>,
+    bool,
+);
+
+/// Runs each call on `con`, checking the allowed flag so a mix means what it says.
+fn run_calls(con: &mut Connection, calls: &[Call]) {
+    for &(key, rate, capacity, cost, want_allowed) in calls {
+        let reply = acquire(con, key, rate, capacity, cost);
+        assert_eq!(
+            reply[0] == 1,
+            want_allowed,
+            "RL.ACQUIRE {:?} {rate} {capacity} {cost:?} replied {reply:?}",
+            String::from_utf8_lossy(key)
+        );
+    }
+}
+
+/// A bucket key that is not UTF-8.
+const BINARY_KEY: &[u8] = b"\xff\xfe\x00bin";
+
+#[test]
+fn replica_holds_identical_state() {
+    let server = Server::start();
+    let mut master = server.conn();
+
+    // Before the replica exists: it gets these buckets from the full sync (RDB).
+    run_calls(
+        &mut master,
+        &[
+            (b"a", "0.001", "3", None, true),            // new bucket
+            (b"a", "0.001", "3", None, true),            // existing bucket
+            (b"a", "0.001", "3", Some("2"), false),      // denied: one token left
+            (b"frac", "0.01", "2.5", Some("0.5"), true), // fractional cost and capacity
+            (b"frac", "0.01", "2.5", Some("1.5"), true),
+            (b"frac", "0.01", "2.5", Some("0.75"), false),
+            (BINARY_KEY, "0.001", "2", None, true),
+            (b"big", "1", "100", Some("60"), true), // full again in 60 s
+            (b"never", "1", "5", Some("6"), false), // cost above capacity: no key
+            (b"zero", "1", "5", Some("0"), true),   // cost 0: no key
+        ],
+    );
+    assert!(!exists(&mut master, b"never") && !exists(&mut master, b"zero"));
+
+    let replica_server = server.start_replica();
+    let mut replica = replica_server.conn();
+    wait_for_replica(&mut master);
+    assert_same_state(&mut master, &mut replica);
+
+    // With the replica attached: it gets these through the command stream.
+    run_calls(
+        &mut master,
+        &[
+            (b"a", "0.001", "3", None, true),             // takes the last token
+            (b"a", "0.001", "3", None, false),            // denied
+            (b"frac", "0.01", "2.5", Some("0.25"), true), // 0.25 left
+            (b"frac", "0.01", "2.5", Some("0.5"), false),
+            (BINARY_KEY, "0.001", "2", Some("0.5"), true),
+            (BINARY_KEY, "0.001", "2", Some("0.5"), true),
+            (BINARY_KEY, "0.001", "2", Some("0.5"), false),
+            (b"big", "1", "100", Some("0"), true), // cost 0 on an existing bucket
+            (b"big", "1", "100", Some("39"), true),
+            (b"late", "0.002", "4", Some("3.5"), true), // created while streaming
+            (b"late", "0.002", "4", None, false),
+            (b"never", "1", "5", Some("6"), false),
+        ],
+    );
+    wait_for_replica(&mut master);
+    assert_same_state(&mut master, &mut replica);
+    assert_eq!(
+        all_keys(&mut master),
+        [&b"a"[..], b"big", b"frac", b"late", BINARY_KEY],
+        "exactly the buckets that took tokens exist"
+    );
+}
+
+/// Splits an AOF (plain RESP, no RDB preamble) into commands.
+fn parse_aof(bytes: &[u8]) -> Vec<Vec<Vec<u8>>> {
+    fn line<'a>(bytes: &'a [u8], pos: &mut usize) -> &'a [u8] {
+        let start = *pos;
+        let len = bytes[start..]
+            .windows(2)
+            .position(|w| w == b"\r\n")
+            .expect("CRLF in AOF");
+        *pos = start + len + 2;
+        &bytes[start..start + len]
+    }
+    fn number(header: &[u8], prefix: u8) -> usize {
+        assert_eq!(
+            header.first(),
+            Some(&prefix),
+            "AOF framing: {:?}",
+            String::from_utf8_lossy(header)
+        );
+        std::str::from_utf8(&header[1..])
+            .expect("ASCII length")
+            .parse()
+            .expect("length")
+    }
+    let mut commands = Vec::new();
+    let mut pos = 0;
+    while pos < bytes.len() {
+        let argc = number(line(bytes, &mut pos), b'*');
+        let mut args = Vec::with_capacity(argc);
+        for _ in 0..argc {
+            let len = number(line(bytes, &mut pos), b'$');
+            args.push(bytes[pos..pos + len].to_vec());
+            pos += len + 2;
+        }
+        commands.push(args);
+    }
+    commands
+}
+
+/// Every command in the incremental AOF files under `dir/appendonlydir`.
+fn aof_commands(dir: &Path) -> Vec<Vec<Vec<u8>>> {
+    let aof_dir = dir.join("appendonlydir");
+    let mut files: Vec<_> = std::fs::read_dir(&aof_dir)
+        .unwrap_or_else(|e| panic!("read {}: {e}", aof_dir.display()))
+        .map(|entry| entry.expect("dir entry").path())
+        .filter(|path| path.to_string_lossy().ends_with(".incr.aof"))
+        .collect();
+    files.sort();
+    assert!(
+        !files.is_empty(),
+        "no incremental AOF in {}",
+        aof_dir.display()
+    );
+    files
+        .iter()
+        .flat_map(|f| parse_aof(&std::fs::read(f).expect("read AOF")))
+        .collect()
+}
+
+#[test]
+fn replication_stream_carries_setstate_never_acquire() {
+    // appendfsync always: the AOF is written before each reply, so the file is complete
+    // when the test reads it.
+    let server = Server::start_with(&[
+        "--appendonly",
+        "yes",
+        "--aof-use-rdb-preamble",
+        "no",
+        "--appendfsync",
+        "always",
+    ]);
+    let replica_server = server.start_replica();
+    let mut master = server.conn();
+    let mut replica = replica_server.conn();
+
+    let mix: &[Call] = &[
+        (b"s1", "0.001", "2", None, true),
+        (b"s1", "0.001", "2", None, true),
+        (b"s1", "0.001", "2", None, false), // denied
+        (b"s2", "0.01", "1.5", Some("0.5"), true),
+        (b"s2", "0.01", "1.5", Some("0"), true),  // cost 0
+        (b"s2", "0.01", "1.5", Some("2"), false), // cost above capacity
+        (BINARY_KEY, "0.001", "1", None, true),
+    ];
+    run_calls(&mut master, mix);
+    let allowed_writes = 4; // the allowed calls with a cost above 0
+    wait_for_replica(&mut master);
+
+    // The replica executed one RL.SETSTATE per write and never an RL.ACQUIRE.
+    assert_eq!(calls(&mut replica, "rl.setstate"), Some(allowed_writes));
+    assert_eq!(
+        calls(&mut replica, "rl.acquire"),
+        None,
+        "RL.ACQUIRE reached the replica"
+    );
+    assert_eq!(calls(&mut master, "rl.acquire"), Some(mix.len() as u64));
+    assert_same_state(&mut master, &mut replica);
+
+    // The AOF is fed the same stream: only SELECT and RL.SETSTATE.
+    let commands = aof_commands(server.dir.path());
+    let names: Vec<String> = commands
+        .iter()
+        .map(|c| String::from_utf8_lossy(&c[0]).to_ascii_uppercase())
+        .collect();
+    assert!(
+        names.iter().all(|n| n == "SELECT" || n == "RL.SETSTATE"),
+        "unexpected commands in the AOF: {names:?}"
+    );
+    let set_states: Vec<&Vec<Vec<u8>>> = commands
+        .iter()
+        .filter(|c| c[0].eq_ignore_ascii_case(b"RL.SETSTATE"))
+        .collect();
+    assert_eq!(set_states.len() as u64, allowed_writes, "AOF: {names:?}");
+    // Each key's last RL.SETSTATE is its exact state: its expiry is the full_at instant
+    // rounded up to a millisecond, as the master holds it.
+    for key in [&b"s1"[..], b"s2", BINARY_KEY] {
+        let last = set_states
+            .iter()
+            .rev()
+            .find(|c| c[1] == key)
+            .unwrap_or_else(|| panic!("no RL.SETSTATE for {:?}", String::from_utf8_lossy(key)));
+        assert_eq!(last.len(), 3, "RL.SETSTATE key full_at_ns");
+        let full_at_ns: u64 = std::str::from_utf8(&last[2])
+            .expect("ASCII")
+            .parse()
+            .expect("integer");
+        let expire_at_ms = i64::try_from(full_at_ns.div_ceil(1_000_000)).expect("fits");
+        assert_eq!(pexpiretime(&mut master, key), expire_at_ms);
+    }
+}
+
+#[test]
+fn denial_and_zero_cost_propagate_nothing() {
+    // No replication PINGs during the test: they would move the offset too.
+    let server = Server::start_with(&["--repl-ping-replica-period", "3600"]);
+    let replica_server = server.start_replica();
+    let mut master = server.conn();
+    let mut replica = replica_server.conn();
+
+    assert_eq!(acquire(&mut master, b"k", "0.001", "2", Some("2"))[0], 1);
+    let offset = repl_offset(&mut master);
+
+    // Calls that change nothing: each leaves the stream where it was.
+    let unchanged: &[(&[u8], &str, &str, Option<&str>)] = &[
+        (b"k", "0.001", "2", None),            // denied: the bucket is empty
+        (b"k", "0.001", "2", Some("0")),       // cost 0 on an existing bucket
+        (b"k", "0.001", "2", Some("3")),       // cost above capacity
+        (b"missing", "0.001", "2", Some("0")), // cost 0 on a missing key
+        (b"missing", "0.001", "2", Some("3")), // cost above capacity on a missing key
+    ];
+    for &(key, rate, capacity, cost) in unchanged {
+        let reply = acquire(&mut master, key, rate, capacity, cost);
+        assert_eq!(
+            repl_offset(&mut master),
+            offset,
+            "RL.ACQUIRE {:?} {rate} {capacity} {cost:?} (reply {reply:?}) propagated something",
+            String::from_utf8_lossy(key)
+        );
+    }
+    // A rejected call propagates nothing either.
+    let mut bad = redis::cmd("RL.ACQUIRE");
+    bad.arg("k").arg("x").arg("2");
+    assert!(error_text(&mut master, &bad).starts_with("ERR rate"));
+    assert_eq!(
+        repl_offset(&mut master),
+        offset,
+        "a rejected call propagated something"
+    );
+
+    // An allowed call does.
+    assert_eq!(acquire(&mut master, b"other", "0.001", "2", None)[0], 1);
+    assert!(
+        repl_offset(&mut master) > offset,
+        "an allowed call propagated nothing"
+    );
+
+    wait_for_replica(&mut master);
+    assert_same_state(&mut master, &mut replica);
+}
+
+#[test]
+fn setstate_replicates_verbatim_and_replica_is_read_only() {
+    let server = Server::start();
+    let replica_server = server.start_replica();
+    let mut master = server.conn();
+    let mut replica = replica_server.conn();
+
+    // 2100-01-01T00:00:00Z plus 1 ns: the expiry rounds up to the next millisecond.
+    let full_at_ns: u64 = 4_102_444_800_000_000_001;
+    let set_state = |con: &mut Connection, key: &[u8], full_at_ns: u64| -> String {
+        redis::cmd("RL.SETSTATE")
+            .arg(key)
+            .arg(full_at_ns)
+            .query(con)
+            .expect("RL.SETSTATE")
+    };
+    assert_eq!(set_state(&mut master, b"fixed", full_at_ns), "OK");
+    assert_eq!(pexpiretime(&mut master, b"fixed"), 4_102_444_800_001);
+    // Overwriting an existing bucket, on an exact millisecond this time.
+    assert_eq!(set_state(&mut master, BINARY_KEY, full_at_ns), "OK");
+    assert_eq!(set_state(&mut master, BINARY_KEY, full_at_ns - 1), "OK");
+    assert_eq!(pexpiretime(&mut master, BINARY_KEY), 4_102_444_800_000);
+
+    wait_for_replica(&mut master);
+    assert_same_state(&mut master, &mut replica);
+    assert_eq!(pexpiretime(&mut replica, b"fixed"), 4_102_444_800_001);
+    assert_eq!(pexpiretime(&mut replica, BINARY_KEY), 4_102_444_800_000);
+    // Replicated as it came: three RL.SETSTATE calls, nothing else of ours.
+    assert_eq!(calls(&mut replica, "rl.setstate"), Some(3));
+    assert_eq!(calls(&mut replica, "rl.acquire"), None);
+
+    // The bucket is full in 2100: the master denies, the replica refuses to write at all.
+    assert_eq!(acquire(&mut master, b"fixed", "1", "10", None)[0], 0);
+    let before = dump(&mut replica, b"fixed");
+    let mut on_replica = redis::cmd("RL.ACQUIRE");
+    on_replica.arg("fixed").arg("1").arg("10");
+    let text = error_text(&mut replica, &on_replica);
+    assert!(
+        text.starts_with("READONLY"),
+        "RL.ACQUIRE on a replica: {text}"
+    );
+    let mut set_on_replica = redis::cmd("RL.SETSTATE");
+    set_on_replica.arg("fixed").arg(1);
+    let text = error_text(&mut replica, &set_on_replica);
+    assert!(
+        text.starts_with("READONLY"),
+        "RL.SETSTATE on a replica: {text}"
+    );
+    assert_eq!(
+        dump(&mut replica, b"fixed"),
+        before,
+        "the replica's bucket changed"
+    );
+    assert_eq!(pexpiretime(&mut replica, b"fixed"), 4_102_444_800_001);
+}
