@@ -279,10 +279,7 @@ pub fn acquire(
         return (report(Outcome::Impossible, debt_ns, 0), None);
     };
     let new_debt_ns = new_state.full_at_ns().saturating_sub(now_ns);
-    (
-        report(Outcome::Allowed, new_debt_ns, 0),
-        Some(new_state),
-    )
+    (report(Outcome::Allowed, new_debt_ns, 0), Some(new_state))
 }
 
 #[cfg(test)]

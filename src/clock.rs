@@ -43,7 +43,10 @@ pub fn source() -> Source {
 pub fn now_us() -> u64 {
     // SAFETY: as in `source`; both functions take no arguments and have no preconditions.
     let now = unsafe {
-        match (raw::RedisModule_CachedMicroseconds, raw::RedisModule_Milliseconds) {
+        match (
+            raw::RedisModule_CachedMicroseconds,
+            raw::RedisModule_Milliseconds,
+        ) {
             (Some(cached_us), _) => cached_us(),
             (None, Some(ms)) => ms().saturating_mul(1_000),
             (None, None) => 0,
