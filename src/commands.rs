@@ -12,7 +12,7 @@ use redis_module::raw::{self, RedisModuleCtx, RedisModuleString};
 use crate::bucket::{self, State};
 use crate::datatype::BucketKey;
 use crate::error::Error;
-use crate::{args, clock};
+use crate::{args, clock, propagation};
 
 /// What a command answers when it succeeds.
 enum Reply {
@@ -64,8 +64,10 @@ fn acquire_body(
     let (decision, new_state) = bucket::acquire(&parsed.limit, state, clock::now_us(), parsed.cost);
     if let Some(new_state) = new_state {
         bucket_key.write(new_state, state.is_some())?;
-        // SAFETY: as above.
-        unsafe { propagate_state(ctx, key, new_state) }?;
+        if propagation::needed(ctx) {
+            // SAFETY: as above.
+            unsafe { propagate_state(ctx, key, new_state) }?;
+        }
     }
     Ok(Reply::Decision([
         i64::from(decision.allowed()),

@@ -7,6 +7,7 @@
 //! - [`datatype`]: the `rl-bucket` module type and the key handle commands use.
 //! - [`clock`]: the one place that reads the server's time.
 //! - [`error`]: the error enum and its reply texts.
+//! - [`propagation`]: whether anything receives what a write propagates.
 //!
 //! This file holds module registration only.
 
@@ -32,6 +33,7 @@ pub mod clock;
 pub mod commands;
 pub mod datatype;
 pub mod error;
+pub mod propagation;
 
 use redis_module::{raw, redis_module, Context, RedisString, Status};
 
