@@ -56,6 +56,13 @@ pub fn full_at_ns(bytes: &[u8]) -> Result<State, Error> {
 /// A finite decimal such as `0.5`, `100` or `2.5e3`. `None` for anything else: empty input,
 /// whitespace, trailing junk, `nan`, `inf`, and values that overflow to infinity.
 fn decimal(bytes: &[u8]) -> Option<f64> {
+    // Fast path for the common case, plain integers: up to 15 digits convert exactly.
+    if !bytes.is_empty() && bytes.len() <= 15 && bytes.iter().all(u8::is_ascii_digit) {
+        let value = bytes
+            .iter()
+            .fold(0u64, |acc, &b| acc * 10 + u64::from(b - b'0'));
+        return Some(value as f64);
+    }
     // Rust's float grammar would also take "inf", "NaN" and "infinity"; allowing only these
     // characters keeps the grammar to plain decimals.
     if !bytes
@@ -78,19 +85,22 @@ mod tests {
             (b"0.5", Some(0.5)),      // fraction
             (b"100", Some(100.0)),    // integer
             (b"2.5e3", Some(2500.0)), // exponent
-            (b"1E2", Some(100.0)),    // upper-case exponent
-            (b".5", Some(0.5)),       // no leading digit
-            (b"", None),              // empty
-            (b" 1", None),            // leading space
-            (b"1 ", None),            // trailing space
-            (b"1x", None),            // trailing junk
-            (b"nan", None),           // NaN spelled out
-            (b"inf", None),           // infinity spelled out
-            (b"1e999", None),         // overflows to infinity
-            (b"0x10", None),          // hex
-            (b"1,5", None),           // locale comma
-            (b"1..2", None),          // two points
-            (b"\xff", None),          // not UTF-8
+            (b"1E2", Some(100.0)),
+            (b"007", Some(7.0)), // leading zeros, integer fast path
+            (b"999999999999999", Some(999999999999999.0)), // longest fast-path integer
+            (b"1000000000000000", Some(1e15)), // 16 digits: the general parser    // upper-case exponent
+            (b".5", Some(0.5)),                // no leading digit
+            (b"", None),                       // empty
+            (b" 1", None),                     // leading space
+            (b"1 ", None),                     // trailing space
+            (b"1x", None),                     // trailing junk
+            (b"nan", None),                    // NaN spelled out
+            (b"inf", None),                    // infinity spelled out
+            (b"1e999", None),                  // overflows to infinity
+            (b"0x10", None),                   // hex
+            (b"1,5", None),                    // locale comma
+            (b"1..2", None),                   // two points
+            (b"\xff", None),                   // not UTF-8
         ];
         for (input, want) in rows {
             assert_eq!(
