@@ -7,6 +7,7 @@
 //! - [`datatype`]: the `rl-bucket` module type and the key handle commands use.
 //! - [`clock`]: the one place that reads the server's time.
 //! - [`error`]: the error enum and its reply texts.
+//! - [`info`]: the `INFO rl` section.
 //! - [`propagation`]: whether anything receives what a write propagates.
 //!
 //! This file holds module registration only.
@@ -33,6 +34,7 @@ pub mod clock;
 pub mod commands;
 pub mod datatype;
 pub mod error;
+pub mod info;
 pub mod propagation;
 
 use redis_module::{raw, redis_module, Context, RedisString, Status};
@@ -84,6 +86,13 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
         ctx.log_warning("rl: could not register the commands");
         return Status::Err;
     }
+    // SAFETY: `ctx.ctx` is the context passed to RedisModule_OnLoad.
+    if !unsafe { info::register(ctx.ctx) } {
+        ctx.log_warning("rl: could not register the INFO section");
+        return Status::Err;
+    }
+    // SAFETY: `ctx.ctx` is the context passed to RedisModule_OnLoad.
+    unsafe { propagation::subscribe(ctx.ctx) };
     ctx.log_notice(&format!(
         "rl: loaded; clock source {}",
         clock::source().name()

@@ -119,6 +119,15 @@ pub unsafe fn subscribe(ctx: *mut RedisModuleCtx) {
         ] {
             let event = RedisModuleEvent { id, dataver: 1 };
             if subscribe(ctx, event, Some(invalidate)) != raw::REDISMODULE_OK as c_int {
+                if let Some(log) = raw::RedisModule_Log {
+                    log(
+                        ctx,
+                        c"notice".as_ptr(),
+                        c"rl: server event %llu unavailable; every write will be propagated"
+                            .as_ptr(),
+                        id,
+                    );
+                }
                 return;
             }
         }

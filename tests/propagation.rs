@@ -36,12 +36,25 @@ fn wait_for_aof_rewrite(con: &mut Connection) {
     panic!("AOF rewrite did not finish");
 }
 
+fn propagation_mode(con: &mut Connection) -> String {
+    info(con, "rl")
+        .lines()
+        .find_map(|line| line.strip_prefix("rl_propagation:"))
+        .map(|v| v.trim().to_string())
+        .expect("rl_propagation in INFO rl")
+}
+
 #[test]
 fn aof_turned_on_at_runtime_records_later_takes() {
     let mut server = Server::start();
     let mut con = server.conn();
     // Nothing listens yet: this take is written but not propagated.
     acquire(&mut con, b"before", "0.001", "5", Some("2"));
+    assert_eq!(
+        propagation_mode(&mut con),
+        "skip",
+        "a server without listeners skips"
+    );
     let _: () = redis::cmd("CONFIG")
         .arg("SET")
         .arg("appendonly")
@@ -114,6 +127,7 @@ fn replica_attached_after_unpropagated_takes_converges() {
             Some("3"),
         );
     }
+    assert_eq!(propagation_mode(&mut con), "skip");
     let replica = master.start_replica();
     // Streamed from now on.
     for i in 0..50 {
