@@ -8,6 +8,7 @@
 //! - [`clock`]: the one place that reads the server's time.
 //! - [`error`]: the error enum and its reply texts.
 //! - [`info`]: the `INFO rl` section.
+//! - [`registry`]: what the server is told about each command (flags, keys, docs).
 //! - [`propagation`]: whether anything receives what a write propagates.
 //!
 //! This file holds module registration only.
@@ -36,6 +37,7 @@ pub mod datatype;
 pub mod error;
 pub mod info;
 pub mod propagation;
+pub mod registry;
 
 use redis_module::{raw, redis_module, Context, RedisString, Status};
 
@@ -82,7 +84,7 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
         return Status::Err;
     }
     // SAFETY: `ctx.ctx` is the context passed to RedisModule_OnLoad.
-    if unsafe { commands::register(ctx.ctx) }.is_err() {
+    if unsafe { registry::register(ctx.ctx) }.is_err() {
         ctx.log_warning("rl: could not register the commands");
         return Status::Err;
     }

@@ -182,4 +182,27 @@ fn command_metadata_routes_the_key() {
     for flag in ["write", "denyoom", "fast"] {
         assert!(text.contains(flag), "flag {flag} missing from {text}");
     }
+    // Key specs: the key is read, written and updated in place (RW, access, update).
+    let keys: Vec<(String, Vec<String>)> = redis::cmd("COMMAND")
+        .arg("GETKEYSANDFLAGS")
+        .arg("RL.ACQUIRE")
+        .arg("route:me")
+        .arg("1")
+        .arg("2")
+        .query(&mut con)
+        .expect("COMMAND GETKEYSANDFLAGS");
+    assert_eq!(keys.len(), 1);
+    assert_eq!(keys[0].0, "route:me");
+    let mut flags = keys[0].1.clone();
+    flags.sort();
+    assert_eq!(flags, ["RW", "access", "update"]);
+    let set_keys: Vec<(String, Vec<String>)> = redis::cmd("COMMAND")
+        .arg("GETKEYSANDFLAGS")
+        .arg("RL.SETSTATE")
+        .arg("b")
+        .arg("1")
+        .query(&mut con)
+        .expect("COMMAND GETKEYSANDFLAGS");
+    assert_eq!(set_keys[0].0, "b");
+    assert!(set_keys[0].1.contains(&"OW".to_string()), "{set_keys:?}");
 }

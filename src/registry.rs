@@ -1,0 +1,161 @@
+//! What the module tells the server about each command: flags, key positions, key specs,
+//! arity and docs. Key specs make `COMMAND INFO`, `COMMAND GETKEYSANDFLAGS`, cluster routing
+//! and ACL key patterns describe the commands exactly as they behave.
+//!
+//! Key specs need `RedisModule_SetCommandInfo` (Redis 7.0+); it is probed, and without it the
+//! legacy first/last/step key positions still route every command.
+
+use std::ffi::{c_int, CStr};
+use std::ptr;
+
+use redis_module::raw::{self, RedisModuleCtx, RedisModuleString};
+
+use crate::commands;
+use crate::error::Error;
+
+type Handler =
+    unsafe extern "C" fn(*mut RedisModuleCtx, *mut *mut RedisModuleString, c_int) -> c_int;
+
+/// One command's registration.
+pub struct Spec {
+    /// The command name.
+    pub name: &'static CStr,
+    /// The raw handler.
+    pub handler: Handler,
+    /// Redis command flags.
+    pub flags: &'static CStr,
+    /// Legacy key positions: first key, last key (negative counts from the end), step.
+    pub keys: (c_int, c_int, c_int),
+    /// Key-spec flags (`REDISMODULE_CMD_KEY_*`) for every key the command takes.
+    pub key_flags: u32,
+    /// Redis arity: the exact argument count, or minus the minimum.
+    pub arity: c_int,
+    /// One line for `COMMAND DOCS`.
+    pub summary: &'static CStr,
+    /// Time complexity for `COMMAND DOCS`.
+    pub complexity: &'static CStr,
+    /// Command tips for clients and proxies, if any.
+    pub tips: Option<&'static CStr>,
+}
+
+const WRITE: u32 =
+    raw::REDISMODULE_CMD_KEY_RW | raw::REDISMODULE_CMD_KEY_ACCESS | raw::REDISMODULE_CMD_KEY_UPDATE;
+const OVERWRITE: u32 = raw::REDISMODULE_CMD_KEY_OW | raw::REDISMODULE_CMD_KEY_UPDATE;
+
+/// Every command the module registers.
+pub const SPECS: &[Spec] = &[
+    Spec {
+        name: c"RL.ACQUIRE",
+        handler: commands::acquire,
+        flags: c"write deny-oom fast",
+        keys: (1, 1, 1),
+        key_flags: WRITE,
+        arity: -4,
+        summary: c"Refills a token bucket by the elapsed time and takes tokens if it holds enough.",
+        complexity: c"O(1)",
+        // The reply depends on the server's clock.
+        tips: Some(c"nondeterministic_output"),
+    },
+    Spec {
+        name: c"RL.SETSTATE",
+        handler: commands::set_state,
+        flags: c"write deny-oom fast",
+        keys: (1, 1, 1),
+        key_flags: OVERWRITE,
+        arity: 3,
+        summary: c"Sets a bucket's exact state (internal: what RL.ACQUIRE replicates and AOF rewrites emit).",
+        complexity: c"O(1)",
+        tips: None,
+    },
+];
+
+/// Registers [`SPECS`], with key specs and docs where the server supports them.
+///
+/// # Errors
+/// [`Error::Internal`] if the server rejects a registration.
+///
+/// # Safety
+/// `ctx` must be the context passed to `RedisModule_OnLoad`.
+pub unsafe fn register(ctx: *mut RedisModuleCtx) -> Result<(), Error> {
+    // SAFETY: load-time context (caller); static NUL-terminated strings; handlers match.
+    unsafe {
+        let create = raw::RedisModule_CreateCommand.ok_or(Error::Internal)?;
+        for spec in SPECS {
+            let (first, last, step) = spec.keys;
+            let status = create(
+                ctx,
+                spec.name.as_ptr(),
+                Some(spec.handler),
+                spec.flags.as_ptr(),
+                first,
+                last,
+                step,
+            );
+            if status != raw::REDISMODULE_OK as c_int {
+                return Err(Error::Internal);
+            }
+            if let (Some(get_command), Some(set_info)) =
+                (raw::RedisModule_GetCommand, raw::RedisModule_SetCommandInfo)
+            {
+                let command = get_command(ctx, spec.name.as_ptr());
+                if command.is_null()
+                    || set_info(command, &command_info(spec, &mut key_specs(spec)))
+                        != raw::REDISMODULE_OK as c_int
+                {
+                    return Err(Error::Internal);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+static INFO_VERSION: raw::RedisModuleCommandInfoVersion = raw::RedisModuleCommandInfoVersion {
+    version: 1,
+    sizeof_historyentry: std::mem::size_of::<raw::RedisModuleCommandHistoryEntry>(),
+    sizeof_keyspec: std::mem::size_of::<raw::RedisModuleCommandKeySpec>(),
+    sizeof_arg: std::mem::size_of::<raw::RedisModuleCommandArg>(),
+};
+
+/// The spec's keys as one key spec, plus the zeroed terminator the API expects.
+fn key_specs(spec: &Spec) -> [raw::RedisModuleCommandKeySpec; 2] {
+    let (first, last, step) = spec.keys;
+    // `last` counts from the end when negative; the range form wants it relative to `first`.
+    let last_relative = if last < 0 { last } else { last - first };
+    let keys = raw::RedisModuleCommandKeySpec {
+        notes: ptr::null(),
+        flags: u64::from(spec.key_flags),
+        begin_search_type: raw::RedisModuleKeySpecBeginSearchType_REDISMODULE_KSPEC_BS_INDEX,
+        bs: raw::RedisModuleCommandKeySpec__bindgen_ty_1 {
+            index: raw::RedisModuleCommandKeySpec__bindgen_ty_1__bindgen_ty_1 { pos: first },
+        },
+        find_keys_type: raw::RedisModuleKeySpecFindKeysType_REDISMODULE_KSPEC_FK_RANGE,
+        fk: raw::RedisModuleCommandKeySpec__bindgen_ty_2 {
+            range: raw::RedisModuleCommandKeySpec__bindgen_ty_2__bindgen_ty_1 {
+                lastkey: last_relative,
+                keystep: step,
+                limit: 0,
+            },
+        },
+    };
+    // SAFETY: an all-zero key spec is the documented terminator (begin_search_type INVALID).
+    let end: raw::RedisModuleCommandKeySpec = unsafe { std::mem::zeroed() };
+    [keys, end]
+}
+
+fn command_info(
+    spec: &Spec,
+    key_specs: &mut [raw::RedisModuleCommandKeySpec; 2],
+) -> raw::RedisModuleCommandInfo {
+    raw::RedisModuleCommandInfo {
+        version: &INFO_VERSION,
+        summary: spec.summary.as_ptr(),
+        complexity: spec.complexity.as_ptr(),
+        since: c"0.1.0".as_ptr(),
+        history: ptr::null_mut(),
+        tips: spec.tips.map_or(ptr::null(), CStr::as_ptr),
+        arity: spec.arity,
+        key_specs: key_specs.as_mut_ptr(),
+        args: ptr::null_mut(),
+    }
+}
