@@ -197,29 +197,49 @@ fn log_warning(message: &std::ffi::CStr) {
     }
 }
 
-unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *mut c_void {
+/// Why a stored value was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DecodeError {
+    /// An encoding version this build does not know.
+    Version,
+    /// The server reported a short or mistyped read.
+    Io,
+    /// `full_at_ns` is 0 or past `MAX_FULL_AT_NS`.
+    Range,
+}
+
+/// Decodes one stored bucket from the fields Redis hands back. `next_unsigned` yields the next
+/// unsigned field, or `None` on an I/O error. Pure, so fuzzers drive it with arbitrary input.
+///
+/// # Errors
+/// A [`DecodeError`] for anything but encoding version 1 holding a valid [`State`].
+pub fn decode(
+    encver: i32,
+    mut next_unsigned: impl FnMut() -> Option<u64>,
+) -> Result<State, DecodeError> {
     if encver != ENCODING_VERSION {
-        log_warning(c"rl-bucket: unknown encoding version, refusing to load the value");
-        return ptr::null_mut();
+        return Err(DecodeError::Version);
     }
+    let full_at_ns = next_unsigned().ok_or(DecodeError::Io)?;
+    State::from_full_at_ns(full_at_ns).ok_or(DecodeError::Range)
+}
+
+unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *mut c_void {
     // SAFETY: `rdb` is the live IO handle Redis passed in. HANDLE_IO_ERRORS is set at load,
     // so a short or mistyped read sets the error flag instead of aborting the server.
-    let (full_at_ns, io_error) = unsafe {
-        let full_at_ns = match raw::RedisModule_LoadUnsigned {
-            Some(load) => load(rdb),
-            None => return ptr::null_mut(),
-        };
-        (
-            full_at_ns,
-            raw::RedisModule_IsIOError.is_none_or(|failed| failed(rdb) != 0),
-        )
+    let next_unsigned = || unsafe {
+        let value = raw::RedisModule_LoadUnsigned.map(|load| load(rdb))?;
+        let failed = raw::RedisModule_IsIOError.is_none_or(|failed| failed(rdb) != 0);
+        (!failed).then_some(value)
     };
-    if io_error {
-        return ptr::null_mut();
-    }
-    match State::from_full_at_ns(full_at_ns) {
-        Some(state) => to_value(state),
-        None => {
+    match decode(encver, next_unsigned) {
+        Ok(state) => to_value(state),
+        Err(DecodeError::Io) => ptr::null_mut(),
+        Err(DecodeError::Version) => {
+            log_warning(c"rl-bucket: unknown encoding version, refusing to load the value");
+            ptr::null_mut()
+        }
+        Err(DecodeError::Range) => {
             log_warning(c"rl-bucket: stored full_at_ns out of range, refusing to load the value");
             ptr::null_mut()
         }
@@ -284,4 +304,36 @@ unsafe extern "C" fn copy(
     value: *const c_void,
 ) -> *mut c_void {
     value.cast_mut()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decode_accepts_only_version_one_with_a_valid_state() {
+        let rows: &[(i32, Option<u64>, Result<u64, DecodeError>)] = &[
+            (1, Some(1), Ok(1)),                                     // smallest state
+            (1, Some(i64::MAX as u64), Ok(i64::MAX as u64)),         // latest state
+            (1, Some(0), Err(DecodeError::Range)),                   // zero is not a state
+            (1, Some(i64::MAX as u64 + 1), Err(DecodeError::Range)), // past 2262
+            (1, Some(u64::MAX), Err(DecodeError::Range)),            // all ones
+            (1, None, Err(DecodeError::Io)),                         // short read
+            (0, Some(1), Err(DecodeError::Version)),                 // unknown older version
+            (2, Some(1), Err(DecodeError::Version)),                 // unknown newer version
+        ];
+        for &(encver, field, want) in rows {
+            let got = decode(encver, || field).map(State::full_at_ns);
+            assert_eq!(got, want, "encver {encver}, field {field:?}");
+        }
+    }
+
+    #[test]
+    fn values_round_trip_through_the_pointer() {
+        for full_at_ns in [1, 1_700_000_000_000_000_123, i64::MAX as u64] {
+            let state = State::from_full_at_ns(full_at_ns).unwrap();
+            assert_eq!(from_value(to_value(state)), Some(state));
+        }
+        assert_eq!(from_value(ptr::null()), None);
+    }
 }
