@@ -51,5 +51,15 @@ lint: ## clippy with warnings as errors, and rustfmt --check
 	$(CARGO) clippy --all-targets -- -D warnings
 	$(CARGO) fmt --check
 
+.PHONY: bench bench-smoke
+
+bench: deps ## Benchmark RL.ACQUIRE vs the Lua script and plain commands; writes bench/results.md and chart.svg
+	$(CARGO) build --release --lib
+	python3 bench/bench.py
+
+bench-smoke: deps ## Seconds-long bench run for CI: checks each benchmarked command works, no timing (temp dir)
+	$(CARGO) build --release --lib
+	python3 bench/bench.py --smoke
+
 clean: ## Remove build output
 	$(CARGO) clean

@@ -1,0 +1,928 @@
+#!/usr/bin/env python3
+"""The `make bench` driver: RL.ACQUIRE against the classic Lua script and plain commands.
+
+Starts its own redis-server (the release module loaded, no persistence, a free port, a temp
+dir) pinned to one CPU, drives it with redis-benchmark pinned to the other, and writes
+bench/results.md and bench/chart.svg. Standard library only, so it runs on a fresh machine.
+
+What it measures, per workload x keyspace (one hot key, or 100,000 random keys) x pipeline
+(-P 1, -P 16), with 50 clients, as the median of interleaved rounds:
+  - req/s, p50 and p99 latency as redis-benchmark reports them (--csv);
+  - the server's microseconds per call of the benchmarked command (INFO commandstats);
+and, once, the memory one bucket costs (growth of used_memory over 100,000 new keys).
+
+Every benchmarked command is first sent once by hand and must not answer an error (an error
+reply counts as a success for redis-benchmark), and every run must leave failed_calls,
+rejected_calls and INFO errorstats at zero, so the bench fails loudly when a command rots.
+
+Usage:
+  python3 bench/bench.py            # the full run (several minutes); writes bench/results.md
+  python3 bench/bench.py --smoke    # seconds: 1 round, tiny runs, output in a temp dir
+  python3 bench/bench.py --help
+"""
+
+import argparse
+import csv
+import datetime
+import os
+import random
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from xml.sax.saxutils import escape
+
+BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(BENCH_DIR)
+DEFAULT_MODULE = os.path.join(REPO, "target", "release", "libredis_rl.so")
+LUA_SCRIPT = os.path.join(BENCH_DIR, "token_bucket.lua")
+PROFILE_MARKER = "<!-- profile -->"
+PROFILE_PLACEHOLDER = "_Profiler findings go here; this driver keeps everything below the marker line._\n"
+
+HOT_KEY = "b:hot"
+RAND_KEY = "b:__rand_int__"
+CLIENTS = 50
+PIPELINES = (1, 16)
+# Requests per run at each pipeline depth, before --requests-scale: about 2-4 s per run.
+BASE_REQUESTS = {1: 200_000, 16: 1_000_000}
+
+# Allowed path: a rate slow enough that a bucket lives on between calls (each take pushes its
+# "full again" instant 100 s out), so random keys exercise the update path, as live buckets
+# do, and a capacity so large that no run can drain it. The Lua script gets the same numbers;
+# its PEXPIRE (capacity / rate * 1000 + 1000 ms) must stay an integer below 2^53, which rules
+# out the most extreme values (rate 1e-6 with capacity 1e15 makes the script fail).
+ALLOW_RATE, ALLOW_CAPACITY = "0.01", "1e9"
+# Denied path: after one take, the bucket needs 1e6 s to refill.
+DENY_RATE, DENY_CAPACITY = "0.000001", "1"
+# Memory test: a rate at which a second call 1 ms later leaves a fractional token count in
+# the Lua hash (8.0000029999999995), as in real use, and keys that outlive the test.
+MEM_RATE, MEM_CAPACITY = "0.003", "10"
+FLOOR_VALUE = "1234567890123456789"  # 19 digits: what an 8-byte bucket would be as a string
+HASH_TOKENS = "8.0000029999999995"  # a typical Lua-written token count, for HMGET's hash
+
+
+class BenchError(Exception):
+    """A failure that ends the run with a clear message and a non-zero exit."""
+
+
+# --------------------------------------------------------------------------------------
+# A minimal RESP2 client: enough for pipelined prefills, checks and INFO.
+
+
+class ErrorReply(str):
+    """An error reply (`-ERR ...`), returned as a value so pipelines can count them."""
+
+
+def encode(args):
+    out = [b"*%d\r\n" % len(args)]
+    for arg in args:
+        data = arg if isinstance(arg, bytes) else str(arg).encode()
+        out.append(b"$%d\r\n%s\r\n" % (len(data), data))
+    return b"".join(out)
+
+
+class Conn:
+    def __init__(self, port, timeout=60.0):
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.reader = self.sock.makefile("rb")
+
+    def close(self):
+        try:
+            self.reader.close()
+            self.sock.close()
+        except OSError:
+            pass
+
+    def read(self):
+        line = self.reader.readline()
+        if not line.endswith(b"\r\n"):
+            raise BenchError("the server closed the connection")
+        kind, rest = line[:1], line[1:-2]
+        if kind == b"+":
+            return rest.decode()
+        if kind == b"-":
+            return ErrorReply(rest.decode(errors="replace"))
+        if kind == b":":
+            return int(rest)
+        if kind == b"$":
+            size = int(rest)
+            if size < 0:
+                return None
+            return self.reader.read(size + 2)[:-2].decode(errors="replace")
+        if kind == b"*":
+            size = int(rest)
+            return None if size < 0 else [self.read() for _ in range(size)]
+        raise BenchError("unexpected RESP reply: %r" % line)
+
+    def call(self, *args):
+        """Sends one command; raises on an error reply."""
+        self.sock.sendall(encode(args))
+        reply = self.read()
+        if isinstance(reply, ErrorReply):
+            raise BenchError("%s answered an error: %s" % (" ".join(map(str, args)), reply))
+        return reply
+
+    def pipeline(self, commands, batch=1000):
+        """Sends commands in pipelined batches; yields every reply, errors included."""
+        chunk = []
+        for command in commands:
+            chunk.append(command)
+            if len(chunk) == batch:
+                yield from self._flush(chunk)
+                chunk = []
+        if chunk:
+            yield from self._flush(chunk)
+
+    def _flush(self, chunk):
+        self.sock.sendall(b"".join(encode(c) for c in chunk))
+        return [self.read() for _ in chunk]
+
+    def run_all(self, commands, what):
+        """Pipelines commands and fails on the first error reply. Returns the replies' count."""
+        count = 0
+        for reply in self.pipeline(commands):
+            if isinstance(reply, ErrorReply):
+                raise BenchError("%s: a command answered an error: %s" % (what, reply))
+            count += 1
+        return count
+
+    def info(self, section):
+        fields = {}
+        for line in self.call("INFO", section).splitlines():
+            if ":" in line and not line.startswith("#"):
+                name, value = line.split(":", 1)
+                fields[name] = value
+        return fields
+
+
+def parse_stat(value):
+    """`calls=3,usec=5,usec_per_call=1.67,...` -> {'calls': 3.0, ...}"""
+    return {k: float(v) for k, v in (item.split("=", 1) for item in value.split(","))}
+
+
+# --------------------------------------------------------------------------------------
+# The server and the client processes.
+
+
+def die_with_parent():
+    """Runs in the child before exec: SIGKILL it if this driver dies without cleaning up."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except Exception:  # not Linux, or no libc: the try/finally still stops the server
+        pass
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """redis-server with the module, pinned to one CPU. stop() kills it and waits."""
+
+    def __init__(self, binary, module, cpu, workdir):
+        self.binary, self.module, self.cpu, self.workdir = binary, module, cpu, workdir
+        self.proc = None
+        self.port = None
+        self.log = os.path.join(workdir, "redis.log")
+
+    def start(self):
+        for _ in range(5):  # a port found free can be taken before the server binds it
+            self.port = free_port()
+            cmd = ["taskset", "-c", str(self.cpu), self.binary,
+                   "--port", str(self.port), "--bind", "127.0.0.1",
+                   "--save", "", "--appendonly", "no",
+                   "--dir", self.workdir, "--logfile", self.log,
+                   "--loadmodule", self.module]
+            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                         stderr=subprocess.DEVNULL, start_new_session=True,
+                                         preexec_fn=die_with_parent)
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    break
+                try:
+                    conn = Conn(self.port)
+                    if conn.call("PING") == "PONG":
+                        return conn
+                    conn.close()
+                except (OSError, BenchError):
+                    time.sleep(0.05)
+            self.stop()
+            if "Address already in use" not in self.log_tail():
+                break
+        raise BenchError("redis-server did not start (command: %s)\n--- %s (tail) ---\n%s"
+                         % (" ".join(cmd), self.log, self.log_tail()))
+
+    def log_tail(self, lines=20):
+        try:
+            with open(self.log, errors="replace") as f:
+                return "".join(f.readlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def stop(self):
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def run_benchmark(opts, port, n, pipeline, command, keyspace):
+    cmd = ["taskset", "-c", str(opts.client_cpu), opts.redis_benchmark,
+           "-h", "127.0.0.1", "-p", str(port), "-c", str(CLIENTS), "-n", str(n),
+           "-P", str(pipeline), "--csv"]
+    if keyspace:
+        cmd += ["-r", str(keyspace)]
+    cmd += command
+    started = time.monotonic()
+    try:
+        proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                              timeout=900)
+    except subprocess.TimeoutExpired:
+        raise BenchError("redis-benchmark ran for over 15 minutes: %s" % " ".join(cmd))
+    wall = time.monotonic() - started
+    if proc.returncode != 0:
+        raise BenchError("redis-benchmark failed (exit %d): %s\n%s%s"
+                         % (proc.returncode, " ".join(cmd), proc.stdout, proc.stderr))
+    rows = list(csv.reader(line for line in proc.stdout.splitlines() if line.startswith('"')))
+    for header, row in zip(rows, rows[1:]):
+        if header and header[0] == "test":
+            values = dict(zip(header, row))
+            try:
+                return {"rps": float(values["rps"]),
+                        "p50": float(values["p50_latency_ms"]),
+                        "p99": float(values["p99_latency_ms"]),
+                        "wall": wall}
+            except (KeyError, ValueError):
+                break
+    raise BenchError("could not parse redis-benchmark --csv output of: %s\n%s%s"
+                     % (" ".join(cmd), proc.stdout, proc.stderr))
+
+
+# --------------------------------------------------------------------------------------
+# Workloads.
+
+
+class Workload:
+    """One benchmarked command. `args(key)` builds it; `stat` is its INFO commandstats name;
+    `expect` is 'allowed' or 'denied' for the rate limiters (checked on the reply)."""
+
+    def __init__(self, name, label, stat, args, prefill=None, expect=None):
+        self.name, self.label, self.stat = name, label, stat
+        self.args, self.prefill, self.expect = args, prefill, expect
+
+
+def workloads(sha, now_ms):
+    def rl(rate, capacity):
+        return lambda key: ["RL.ACQUIRE", key, rate, capacity, "1"]
+
+    def lua(rate, capacity):
+        return lambda key: ["EVALSHA", sha, "1", key, rate, capacity, str(now_ms), "1"]
+
+    def hash_prefill(key):
+        return ["HSET", key, "tokens", HASH_TOKENS, "ts", str(now_ms)]
+
+    rl_deny, lua_deny = rl(DENY_RATE, DENY_CAPACITY), lua(DENY_RATE, DENY_CAPACITY)
+    return [
+        Workload("rl_allowed", "RL.ACQUIRE allowed", "RL.ACQUIRE", rl(ALLOW_RATE, ALLOW_CAPACITY),
+                 expect="allowed"),
+        Workload("rl_denied", "RL.ACQUIRE denied", "RL.ACQUIRE", rl_deny,
+                 prefill=rl_deny, expect="denied"),
+        Workload("lua_allowed", "Lua script allowed", "evalsha", lua(ALLOW_RATE, ALLOW_CAPACITY),
+                 expect="allowed"),
+        Workload("lua_denied", "Lua script denied", "evalsha", lua_deny,
+                 prefill=lua_deny, expect="denied"),
+        Workload("set_px", "SET PX (floor)", "set",
+                 lambda key: ["SET", key, FLOOR_VALUE, "PX", "60000"]),
+        Workload("hmget", "HMGET (floor)", "hmget",
+                 lambda key: ["HMGET", key, "tokens", "ts"], prefill=hash_prefill),
+        Workload("incr", "INCR (floor)", "incr", lambda key: ["INCR", key]),
+    ]
+
+
+def check_reply(workload, reply, command):
+    """Fails on an error reply, or on a limiter reply of the wrong kind or shape."""
+    shown = " ".join(command)
+    if isinstance(reply, ErrorReply):
+        raise BenchError("`%s` answers an error: %s\n(redis-benchmark would count it as a "
+                         "success, so the benchmark stops here)" % (shown, reply))
+    if workload.expect is None:
+        return None
+    if not (isinstance(reply, list) and len(reply) >= 2 and isinstance(reply[0], int)):
+        raise BenchError("`%s` answered %r, not [allowed, remaining, ...]" % (shown, reply))
+    return reply[0] == 1
+
+
+def rand_key(i):
+    # redis-benchmark's __rand_int__: a 12-digit, zero-padded number below -r.
+    return "b:%012d" % i
+
+
+class Config:
+    def __init__(self, workload, keyspace, pipeline):
+        self.workload, self.keyspace, self.pipeline = workload, keyspace, pipeline
+
+    @property
+    def keys_label(self):
+        return "random" if self.keyspace else "hot"
+
+    def __str__(self):
+        return "%-20s %-6s -P %-2d" % (self.workload.label, self.keys_label, self.pipeline)
+
+
+def prepare(conn, config, sample_size):
+    """FLUSHALL and RESETSTAT, prefill, check the path (allowed or denied), RESETSTAT."""
+    wl = config.workload
+    conn.call("FLUSHALL")
+    conn.call("CONFIG", "RESETSTAT")
+    if config.keyspace:
+        keys = [rand_key(i) for i in range(config.keyspace)]
+        sample = random.sample(keys, min(sample_size, len(keys)))
+    else:
+        keys = sample = [HOT_KEY]
+    if wl.prefill:
+        conn.run_all((wl.prefill(k) for k in keys), "prefill for %s" % wl.label)
+    if wl.expect:
+        # Sample the path before the run. Denials write nothing (RL) or rewrite the same state
+        # (Lua); an allowed call takes 1 of 1e9 tokens. Either way the run is unaffected.
+        commands = [wl.args(k) for k in sample]
+        results = [check_reply(wl, r, c) for r, c in zip(conn.pipeline(commands), commands)]
+        want = wl.expect == "allowed"
+        share = sum(1 for r in results if r == want) / len(results)
+        if share < (1.0 if want else 0.99):
+            raise BenchError("%s: only %.1f%% of %d sampled calls were %s"
+                             % (config, 100 * share, len(results), wl.expect))
+    conn.call("CONFIG", "RESETSTAT")
+
+
+def collect_stats(conn, config, n):
+    """The run's server-side µs per call; fails on any failed or rejected call or error."""
+    wl = config.workload
+    stats = conn.info("commandstats")
+    entry = next((v for k, v in stats.items() if k.lower() == "cmdstat_" + wl.stat.lower()), None)
+    if entry is None:
+        raise BenchError("%s: no cmdstat_%s in INFO commandstats after the run" % (config, wl.stat))
+    stat = parse_stat(entry)
+    if stat.get("failed_calls", 0) or stat.get("rejected_calls", 0):
+        raise BenchError("%s: cmdstat_%s reports failed or rejected calls: %s"
+                         % (config, wl.stat, entry))
+    errors = {k: v for k, v in conn.info("errorstats").items() if k.startswith("errorstat_")}
+    if errors:
+        raise BenchError("%s: the server counted error replies: %s" % (config, errors))
+    if stat["calls"] < n:
+        raise BenchError("%s: the server saw %d calls, redis-benchmark claims %d"
+                         % (config, stat["calls"], n))
+    return stat["usec"] / stat["calls"]
+
+
+def post_check(conn, config):
+    """After the run, the path must still be the same (no bucket ran dry, no denial lapsed)."""
+    wl = config.workload
+    if not wl.expect:
+        return
+    key = rand_key(random.randrange(config.keyspace)) if config.keyspace else HOT_KEY
+    command = wl.args(key)
+    allowed = check_reply(wl, conn.call(*command), command)
+    if allowed != (wl.expect == "allowed"):
+        raise BenchError("%s: after the run, `%s` was no longer %s"
+                         % (config, " ".join(command), wl.expect))
+
+
+# --------------------------------------------------------------------------------------
+# Memory per bucket.
+
+
+def used_memory(conn):
+    # Let the server finish incremental rehashing and free what it freed, then read.
+    time.sleep(0.3)
+    return int(conn.info("memory")["used_memory"])
+
+
+def memory_per_key(conn, sha, now_ms, n_keys):
+    keys = [rand_key(i) for i in range(n_keys)]
+    variants = [
+        ("RL.ACQUIRE (module)", "rl",
+         [lambda k: ["RL.ACQUIRE", k, MEM_RATE, MEM_CAPACITY, "1"]]),
+        ("Lua script (hash)", "lua",
+         [lambda k: ["EVALSHA", sha, "1", k, MEM_RATE, MEM_CAPACITY, str(now_ms), "1"],
+          lambda k: ["EVALSHA", sha, "1", k, MEM_RATE, MEM_CAPACITY, str(now_ms + 1), "1"]]),
+        ("SET PX, 19-digit int (floor)", "floor",
+         [lambda k: ["SET", k, FLOOR_VALUE, "PX", "60000"]]),
+    ]
+    results = {}
+    for label, name, passes in variants:
+        conn.call("FLUSHALL")
+        # Grow this connection's buffers with the same traffic first, so only keys are counted.
+        warm = ["w:%d" % i for i in range(min(1000, n_keys))]
+        for make in passes:
+            conn.run_all((make(k) for k in warm), "memory warm-up (%s)" % label)
+        conn.call("FLUSHALL")
+        before = used_memory(conn)
+        for make in passes:
+            conn.run_all((make(k) for k in keys), "memory test (%s)" % label)
+        after = used_memory(conn)
+        if conn.call("DBSIZE") != n_keys:
+            raise BenchError("memory test (%s): expected %d keys, found %d"
+                             % (label, n_keys, conn.call("DBSIZE")))
+        sample = keys[len(keys) // 2]
+        if conn.call("PTTL", sample) <= 0:
+            raise BenchError("memory test (%s): %s has no expiry" % (label, sample))
+        note = ""
+        if name == "lua":
+            tokens = conn.call("HGET", sample, "tokens")
+            if tokens is None or float(tokens) == int(float(tokens)):
+                raise BenchError("memory test: the Lua bucket's token count is %r, expected "
+                                 "a fraction" % tokens)
+            note = "hash, %s; tokens = %s" % (conn.call("OBJECT", "ENCODING", sample), tokens)
+        elif name == "rl":
+            note = "type %s" % conn.call("TYPE", sample)
+        else:
+            note = "string, %s encoding" % conn.call("OBJECT", "ENCODING", sample)
+        results[name] = {"label": label, "bytes": (after - before) / n_keys, "note": note}
+        print("  memory  %-30s %7.1f B/key  (%s)" % (label, results[name]["bytes"], note))
+    conn.call("FLUSHALL")
+    return results
+
+
+# --------------------------------------------------------------------------------------
+# Report.
+
+
+def fmt_int(x):
+    return "{:,}".format(int(round(x)))
+
+
+def ratio_cells(num, den, target, op):
+    """[value, target, status] for a ratio that must be `op` target."""
+    if not num or not den:
+        return ["n/a", "%s %g" % (op, target), "n/a"]
+    value = num / den
+    met = value <= target if op == "≤" else value >= target
+    return ["%.2f" % value, "%s %g" % (op, target), "met" if met else "**not met**"]
+
+
+def targets_table(med, memory):
+    def get(wl, keys, p, field):
+        entry = med.get((wl, keys, p))
+        return entry[field] if entry else None
+
+    rows = [["#", "ratio", "value", "target", "status"]]
+
+    def add(number, label, num, den, target, op):
+        rows.append([number, label] + ratio_cells(num, den, target, op))
+
+    for p in PIPELINES:
+        add("1", "RL.ACQUIRE allowed ÷ SET PX: server µs/call, random keys, -P %d" % p,
+            get("rl_allowed", "random", p, "usec"), get("set_px", "random", p, "usec"), 1.0, "≤")
+    for p in PIPELINES:
+        add("1", "Lua allowed ÷ RL.ACQUIRE allowed: server µs/call, random keys, -P %d" % p,
+            get("lua_allowed", "random", p, "usec"), get("rl_allowed", "random", p, "usec"), 5, "≥")
+    add("2", "RL.ACQUIRE allowed ÷ Lua allowed: req/s, random keys, -P 16",
+        get("rl_allowed", "random", 16, "rps"), get("lua_allowed", "random", 16, "rps"), 4, "≥")
+    add("2", "RL.ACQUIRE allowed ÷ SET PX: req/s, random keys, -P 16",
+        get("rl_allowed", "random", 16, "rps"), get("set_px", "random", 16, "rps"), 0.9, "≥")
+    for p in PIPELINES:
+        add("3", "RL.ACQUIRE denied ÷ HMGET: server µs/call, hot key, -P %d" % p,
+            get("rl_denied", "hot", p, "usec"), get("hmget", "hot", p, "usec"), 2, "≤")
+    if memory:
+        diff = memory["rl"]["bytes"] - memory["floor"]["bytes"]
+        rows.append(["4", "memory per bucket: RL.ACQUIRE − SET PX floor", "%.1f B" % diff,
+                     "≤ 16 B", "met" if diff <= 16 else "**not met**"])
+    lines = ["| " + " | ".join(rows[0]) + " |", "| --- | --- | ---: | --- | --- |"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows[1:]]
+    return "\n".join(lines)
+
+
+def previous_profile(path):
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError:
+        return PROFILE_PLACEHOLDER
+    index = text.find(PROFILE_MARKER + "\n")
+    if index < 0:
+        return PROFILE_PLACEHOLDER
+    return text[index + len(PROFILE_MARKER) + 1:] or PROFILE_PLACEHOLDER
+
+
+def write_results(path, meta, opts, wls, med, memory, n_for, sha):
+    lines = []
+    w = lines.append
+    w("# redis-rl benchmark results")
+    w("")
+    w("Generated by `bench/bench.py` on %s. Reproduce with:" % meta["date"])
+    w("")
+    w("```sh")
+    w(meta["reproduce"])
+    w("```")
+    w("")
+    w("| | |")
+    w("| --- | --- |")
+    w("| server | Redis %s (`%s`), module `target/release/libredis_rl.so`, `--save \"\" --appendonly no` |"
+      % (meta["version"], meta["server_binary"]))
+    w("| client | redis-benchmark %s, `-c %d`, `-n %s` at `-P 1` and `-n %s` at `-P 16`, `--csv` |"
+      % (meta["bench_version"], CLIENTS, fmt_int(n_for[1]), fmt_int(n_for[16])))
+    w("| CPU | %s, %d CPUs |" % (meta["cpu"], meta["ncpu"]))
+    w("| pinning | redis-server on CPU %d (`taskset -c %d`), redis-benchmark on CPU %d (`taskset -c %d`) |"
+      % (opts.server_cpu, opts.server_cpu, opts.client_cpu, opts.client_cpu))
+    w("| keys | hot: one key `%s`; random: `-r %s`, keys `%s` (12-digit, zero-padded) |"
+      % (HOT_KEY, fmt_int(opts.keyspace), RAND_KEY))
+    w("| rounds | %d, interleaved (every configuration once per round); each figure is the median over rounds |"
+      % opts.rounds)
+    w("| wall time | %s |" % meta["elapsed"])
+    w("")
+    w("Notes:")
+    w("")
+    w("- The Lua script cannot read the server's clock, and redis-benchmark cannot send a"
+      " clock, so every `EVALSHA` carries the same constant `now_ms` (%d). The script never"
+      " refills during a run; its per-call work is otherwise what production sees."
+      " `RL.ACQUIRE` reads the server's clock on every call." % meta["now_ms"])
+    w("- Allowed path: rate %s/s, capacity %s for both limiters, so every call is allowed and a"
+      " bucket, once created, outlives the run (random keys mix first-time creates with"
+      " updates, as `SET` does). Denied path: rate %s/s, capacity %s; every bucket is taken"
+      " once before the run (the hot key, or all %s random keys by a pipelined prefill), and"
+      " a sample of the benchmarked command is checked to be denied. A denied `RL.ACQUIRE`"
+      " writes nothing; the script writes (`HSET` + `PEXPIRE`) even on a denial."
+      % (ALLOW_RATE, ALLOW_CAPACITY, DENY_RATE, DENY_CAPACITY, fmt_int(opts.keyspace)))
+    w("- Before each run: `FLUSHALL`, `CONFIG RESETSTAT`, any prefill, `CONFIG RESETSTAT`, so"
+      " `INFO commandstats` counts only the measured calls. Every command was sent once by"
+      " hand before benchmarking and did not answer an error, and every run ended with zero"
+      " `failed_calls`, `rejected_calls` and `INFO errorstats` (redis-benchmark counts error"
+      " replies as successes).")
+    w("- server µs/call is `usec / calls` of the command in `INFO commandstats` (for the script,"
+      " `cmdstat_evalsha`, which includes the `HMGET`, `HSET` and `PEXPIRE` it runs). req/s"
+      " and latencies are redis-benchmark's; at `-P 16` a latency covers the whole pipeline.")
+    w("- The machine is shared, so absolute numbers are noisy; the ratios are the point.")
+    w("")
+    w("## Targets")
+    w("")
+    w(targets_table(med, memory))
+    w("")
+    w("## Throughput, latency and server time")
+    w("")
+    w("Each figure is the median of %d rounds; `-n` is the same for every workload at a given"
+      " `-P`, so every workload sees the same key-access pattern." % opts.rounds
+      if opts.rounds > 1 else "One round (no median).")
+    w("")
+    w("| workload | keys | -P | req/s | p50 ms | p99 ms | server µs/call |")
+    w("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
+    for wl in wls:
+        for keys in ("random", "hot"):
+            for p in PIPELINES:
+                m = med.get((wl.name, keys, p))
+                if m:
+                    w("| %s | %s | %d | %s | %.3f | %.3f | %.2f |"
+                      % (wl.label, keys, p, fmt_int(m["rps"]), m["p50"], m["p99"], m["usec"]))
+    w("")
+    w("Commands as benchmarked (`%s` is replaced by redis-benchmark; `<sha>` is the script's"
+      " SHA1, %s):" % ("__rand_int__", sha))
+    w("")
+    w("| workload | command | prefill |")
+    w("| --- | --- | --- |")
+    for wl in wls:
+        command = " ".join(wl.args(RAND_KEY)).replace(sha, "<sha>")
+        prefill = ("`%s`" % " ".join(wl.prefill(HOT_KEY)).replace(sha, "<sha>").replace(HOT_KEY, "key")
+                   if wl.prefill else "none")
+        w("| %s | `%s` | %s |" % (wl.label, command, prefill))
+    w("")
+    if memory:
+        w("## Memory per bucket")
+        w("")
+        w("Growth of `used_memory` (INFO memory) over %s new keys in a `FLUSHALL`ed server,"
+          " divided by the key count; same key names for all three, each key with an expiry."
+          " Includes the key, its value, and its share of the keyspace and expiry tables."
+          % fmt_int(meta["memory_keys"]))
+        w("")
+        w("| bucket | bytes per key | note |")
+        w("| --- | ---: | --- |")
+        for name in ("rl", "lua", "floor"):
+            m = memory[name]
+            w("| %s | %.1f | %s |" % (m["label"], m["bytes"], m["note"]))
+        w("")
+        w("The module bucket is created by one `RL.ACQUIRE k %s %s 1`; the Lua bucket by two"
+          " `EVALSHA` calls 1 ms apart, so its `tokens` field holds a fraction as in real use."
+          % (MEM_RATE, MEM_CAPACITY))
+        w("")
+    w("## Chart")
+    w("")
+    w("![server µs per call and req/s at -P 16](chart.svg)")
+    w("")
+    w("## Profile")
+    w("")
+    w(PROFILE_MARKER)
+    text = "\n".join(lines) + "\n" + previous_profile(path)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+
+
+# --------------------------------------------------------------------------------------
+# Chart: grouped horizontal bars, plain SVG.
+
+
+def nice_ticks(maximum, count=5):
+    if maximum <= 0:
+        return [0, 1]
+    raw = maximum / count
+    magnitude = 10 ** int(f"{raw:e}".split("e")[1])
+    step = next(m * magnitude for m in (1, 2, 2.5, 5, 10) if m * magnitude >= raw)
+    ticks, value = [], 0.0
+    while value < maximum + step * 0.999:
+        ticks.append(value)
+        value += step
+    return ticks
+
+
+def fmt_value(value, kind):
+    if kind == "rps":
+        if value >= 1e6:
+            return "%.2fM" % (value / 1e6)
+        return "%.0fk" % (value / 1000) if value >= 10000 else "%.0f" % value
+    return "%.2f" % value
+
+
+def chart_svg(wls, med, meta):
+    series = [("random", "%s random keys" % fmt_int(meta["keyspace"]), "#3b6fb6"),
+              ("hot", "one hot key", "#e0873a")]
+    panels = [("usec", 16, "server µs per call at -P 16 (INFO commandstats), lower is better"),
+              ("rps", 16, "requests per second at -P 16 (redis-benchmark), higher is better")]
+    groups = [wl for wl in wls if any(med.get((wl.name, k, 16)) for k, _, _ in series)]
+    left, right, bar_h, bar_gap, group_gap = 190, 90, 15, 2, 14
+    width = 1000
+    plot_w = width - left - right
+    group_h = len(series) * (bar_h + bar_gap) + group_gap
+    panel_h = len(groups) * group_h + 50
+    top = 84
+    height = top + len(panels) * (panel_h + 10)
+    out = ['<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d"'
+           ' font-family="DejaVu Sans, Helvetica, Arial, sans-serif" font-size="13">'
+           % (width, height, width, height),
+           '<rect width="100%" height="100%" fill="white"/>',
+           '<text x="%d" y="28" font-size="18" font-weight="bold">RL.ACQUIRE vs the Lua token'
+           ' bucket vs plain commands</text>' % 16,
+           '<text x="16" y="50" fill="#555">%s</text>' % escape(
+               "Redis %s, %s; server on CPU %d, redis-benchmark on CPU %d, -c %d; median of %d"
+               " rounds; %s" % (meta["version"], meta["cpu"], meta["server_cpu"],
+                                meta["client_cpu"], CLIENTS, meta["rounds"], meta["date"]))]
+    legend_x = 16
+    for _, name, color in series:
+        out.append('<rect x="%d" y="60" width="14" height="14" fill="%s"/>' % (legend_x, color))
+        out.append('<text x="%d" y="72">%s</text>' % (legend_x + 20, escape(name)))
+        legend_x += 40 + 8 * len(name)
+    y0 = top
+    for field, pipeline, axis_label in panels:
+        values = [med[(wl.name, k, pipeline)][field] for wl in groups for k, _, _ in series
+                  if med.get((wl.name, k, pipeline))]
+        ticks = nice_ticks(max(values) if values else 1)
+        scale = plot_w / ticks[-1]
+        plot_top = y0 + 10
+        plot_bottom = plot_top + len(groups) * group_h
+        for tick in ticks:
+            x = left + tick * scale
+            out.append('<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="#ddd"/>'
+                       % (x, plot_top, x, plot_bottom))
+            out.append('<text x="%.1f" y="%d" text-anchor="middle" fill="#444">%s</text>'
+                       % (x, plot_bottom + 16, escape(fmt_value(tick, field) if field == "rps"
+                                                       else "%g" % tick)))
+        out.append('<text x="%.1f" y="%d" text-anchor="middle" font-weight="bold">%s</text>'
+                   % (left + plot_w / 2, plot_bottom + 36, escape(axis_label)))
+        for gi, wl in enumerate(groups):
+            gy = plot_top + gi * group_h
+            label_y = gy + (len(series) * (bar_h + bar_gap)) / 2 + 4
+            out.append('<text x="%d" y="%.1f" text-anchor="end">%s</text>'
+                       % (left - 8, label_y, escape(wl.label)))
+            for si, (keys, _, color) in enumerate(series):
+                m = med.get((wl.name, keys, pipeline))
+                if not m:
+                    continue
+                by = gy + si * (bar_h + bar_gap)
+                bw = max(1.0, m[field] * scale)
+                out.append('<rect x="%d" y="%.1f" width="%.1f" height="%d" fill="%s"/>'
+                           % (left, by, bw, bar_h, color))
+                out.append('<text x="%.1f" y="%.1f" font-size="12">%s</text>'
+                           % (left + bw + 4, by + bar_h - 3, escape(fmt_value(m[field], field))))
+        out.append('<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="#333"/>'
+                   % (left, plot_top, left, plot_bottom))
+        y0 = plot_bottom + 50
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
+# --------------------------------------------------------------------------------------
+
+
+def cpu_model():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown CPU"
+
+
+def tool_version(binary):
+    try:
+        out = subprocess.run([binary, "--version"], capture_output=True, text=True).stdout
+        match = re.search(r"(\d+\.\d+\.\d+)", out)
+        return match.group(1) if match else out.strip()
+    except OSError:
+        return "unknown"
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--smoke", action="store_true",
+                   help="1 round, tiny runs, 1,000 keys, output in a temp dir; checks every "
+                        "command still works, asserts no timing")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
+    p.add_argument("--requests-scale", type=float, default=1.0,
+                   help="multiply -n (200,000 at -P 1, 1,000,000 at -P 16) by this")
+    p.add_argument("--keyspace", type=int, default=100_000,
+                   help="random keys per run, redis-benchmark -r (default 100,000)")
+    p.add_argument("--memory-keys", type=int, default=100_000,
+                   help="keys created by the memory test (default 100,000)")
+    p.add_argument("--only", default="",
+                   help="comma-separated workload names to run (%s); default all"
+                        % ", ".join(w.name for w in workloads("sha", 0)))
+    p.add_argument("--out", default=None,
+                   help="output directory for results.md and chart.svg (default bench/)")
+    p.add_argument("--module", default=DEFAULT_MODULE, help="the module to load")
+    p.add_argument("--redis-server", default=os.environ.get("REDIS_SERVER", "redis-server"),
+                   help="server binary (default $REDIS_SERVER or redis-server)")
+    p.add_argument("--redis-benchmark", default="redis-benchmark")
+    p.add_argument("--server-cpu", type=int, default=0)
+    p.add_argument("--client-cpu", type=int, default=1)
+    opts = p.parse_args(argv)
+    if opts.smoke:
+        opts.rounds = 1
+        opts.keyspace = min(opts.keyspace, 1000)
+        opts.memory_keys = min(opts.memory_keys, 1000)
+    if opts.rounds < 1 or opts.keyspace < 1 or opts.memory_keys < 1 or opts.requests_scale <= 0:
+        p.error("--rounds, --keyspace, --memory-keys and --requests-scale must be positive")
+    return opts
+
+
+def check_environment(opts):
+    if shutil.which("taskset") is None:
+        raise BenchError("taskset not found: it pins the server and the client to separate CPUs."
+                         " It is part of util-linux (Debian/Ubuntu: apt-get install util-linux).")
+    for binary in (opts.redis_server, opts.redis_benchmark):
+        if shutil.which(binary) is None:
+            raise BenchError("%s not found (run `make deps`, or install redis-server and "
+                             "redis-tools)" % binary)
+    try:
+        cpus = os.sched_getaffinity(0)
+    except AttributeError:
+        cpus = set(range(os.cpu_count() or 1))
+    for cpu in (opts.server_cpu, opts.client_cpu):
+        if cpu not in cpus:
+            raise BenchError("CPU %d is not available to this process (have %s); choose others "
+                             "with --server-cpu/--client-cpu" % (cpu, sorted(cpus)))
+    if not os.path.isfile(opts.module):
+        raise BenchError("module %s not found: build it with `cargo build --release --lib`"
+                         % opts.module)
+    if not os.path.isfile(LUA_SCRIPT):
+        raise BenchError("the Lua baseline %s is missing" % LUA_SCRIPT)
+
+
+def main(argv):
+    opts = parse_args(argv)
+    check_environment(opts)
+    started = time.monotonic()
+    if opts.smoke:
+        out_dir = opts.out or tempfile.mkdtemp(prefix="redis-rl-bench-smoke-")
+    else:
+        out_dir = opts.out or BENCH_DIR
+    os.makedirs(out_dir, exist_ok=True)
+    scale = opts.requests_scale
+    n_for = {p: max(1, int(BASE_REQUESTS[p] * scale)) for p in PIPELINES}
+    if opts.smoke:
+        n_for = {p: max(1, int(2000 * scale)) for p in PIPELINES}
+    now_ms = int(time.time() * 1000)
+
+    workdir = tempfile.mkdtemp(prefix="redis-rl-bench-server-")
+    server = Server(opts.redis_server, os.path.abspath(opts.module), opts.server_cpu, workdir)
+    keep_log = False
+    try:
+        conn = server.start()
+        print("redis-server on 127.0.0.1:%d (CPU %d), redis-benchmark on CPU %d, work dir %s"
+              % (server.port, opts.server_cpu, opts.client_cpu, workdir))
+        with open(LUA_SCRIPT, encoding="utf-8") as f:
+            sha = conn.call("SCRIPT", "LOAD", f.read())
+        wls = workloads(sha, now_ms)
+        if opts.only:
+            wanted = set(opts.only.split(","))
+            unknown = wanted - {w.name for w in wls}
+            if unknown:
+                raise BenchError("unknown workload(s) in --only: %s" % ", ".join(sorted(unknown)))
+            wls = [w for w in wls if w.name in wanted]
+        configs = [Config(wl, ks, p) for wl in wls for ks in (opts.keyspace, 0) for p in PIPELINES]
+
+        # Preflight: each exact command, once by hand, on a fresh server. An error reply here
+        # would be counted as a success by redis-benchmark.
+        for wl in wls:
+            for key in (HOT_KEY, rand_key(0)):
+                conn.call("FLUSHALL")
+                command = wl.args(key)
+                if wl.prefill:
+                    conn.call(*wl.prefill(key))
+                conn.sock.sendall(encode(command))
+                check_reply(wl, conn.read(), command)
+        print("preflight: every benchmarked command answers without an error")
+
+        memory = None
+        if not opts.only:
+            memory = memory_per_key(conn, sha, now_ms, opts.memory_keys)
+
+        runs = {}
+        for rnd in range(1, opts.rounds + 1):
+            for config in configs:
+                n = n_for[config.pipeline]
+                prepare(conn, config, sample_size=1000)
+                result = run_benchmark(opts, server.port, n, config.pipeline,
+                                       config.workload.args(RAND_KEY if config.keyspace else HOT_KEY),
+                                       config.keyspace)
+                result["usec"] = collect_stats(conn, config, n)
+                post_check(conn, config)
+                key = (config.workload.name, config.keys_label, config.pipeline)
+                runs.setdefault(key, []).append(result)
+                print("[round %d/%d] %s %10s req/s  p50 %6.3f ms  p99 %6.3f ms  %6.2f µs/call  (%.1f s)"
+                      % (rnd, opts.rounds, config, fmt_int(result["rps"]), result["p50"],
+                         result["p99"], result["usec"], result["wall"]), flush=True)
+
+        version = conn.info("server").get("redis_version", "unknown")
+        conn.close()
+        med = {key: {f: statistics.median(r[f] for r in rs) for f in ("rps", "p50", "p99", "usec")}
+               for key, rs in runs.items()}
+        elapsed = time.monotonic() - started
+        meta = {
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "version": version,
+            "server_binary": opts.redis_server,
+            "bench_version": tool_version(opts.redis_benchmark),
+            "cpu": cpu_model(),
+            "ncpu": os.cpu_count() or 0,
+            "server_cpu": opts.server_cpu,
+            "client_cpu": opts.client_cpu,
+            "rounds": opts.rounds,
+            "now_ms": now_ms,
+            "memory_keys": opts.memory_keys,
+            "keyspace": opts.keyspace,
+            "elapsed": "%d min %02d s" % divmod(int(elapsed), 60),
+            "reproduce": {(): "make bench", ("--smoke",): "make bench-smoke"}.get(
+                tuple(argv), "python3 bench/bench.py " + " ".join(argv)),
+        }
+        results_md = os.path.join(out_dir, "results.md")
+        write_results(results_md, meta, opts, wls, med, memory, n_for, sha)
+        with open(os.path.join(out_dir, "chart.svg"), "w", encoding="utf-8") as f:
+            f.write(chart_svg(wls, med, meta))
+        print()
+        print(targets_table(med, memory))
+        print()
+        print("wrote %s and %s in %s" % (results_md, os.path.join(out_dir, "chart.svg"),
+                                         meta["elapsed"]))
+        if opts.smoke:
+            print("smoke run: outputs in %s (timings are not checked)" % out_dir)
+    except (BenchError, OSError):
+        keep_log = True
+        raise
+    finally:
+        server.stop()
+        if keep_log:
+            print("redis-server log kept in %s" % server.log, file=sys.stderr)
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+    return 0
+
+
+def _terminate(signum, _frame):
+    raise SystemExit(128 + signum)
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, _terminate)
+    signal.signal(signal.SIGHUP, _terminate)
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except (BenchError, OSError) as e:
+        print("bench: FAILED: %s" % e, file=sys.stderr)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        print("bench: interrupted", file=sys.stderr)
+        sys.exit(130)
