@@ -28,6 +28,7 @@ pub fn acquire(rate: &[u8], capacity: &[u8], cost: Option<&[u8]>) -> Result<Acqu
     let limit = Limit::new(rate_per_s, capacity).map_err(|e| match e {
         LimitError::Rate => Error::Rate,
         LimitError::Capacity => Error::Capacity,
+        LimitError::RefillTime => Error::RefillTime,
     })?;
     let cost = match cost {
         None => Cost::ONE,

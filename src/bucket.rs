@@ -54,6 +54,10 @@ pub const MIN_RATE_PER_S: f64 = 1e-6;
 pub const MAX_RATE_PER_S: f64 = 1e9;
 /// Largest burst accepted, in tokens.
 pub const MAX_CAPACITY: f64 = 1e15;
+/// The longest full refill (`capacity / rate`) accepted: 100 years, in seconds. The state
+/// must be able to hold `now + capacity × T` (it ends in 2262), so a bucket can always hand
+/// out every token it reports.
+pub const MAX_REFILL_S: f64 = 3_153_600_000.0;
 /// The latest `full_at_ns` a state may hold: `i64::MAX` ns, in the year 2262. Keeping it in
 /// `i64` range lets it travel as a signed integer through replication and RDB.
 pub const MAX_FULL_AT_NS: u64 = i64::MAX as u64;
@@ -73,6 +77,8 @@ pub enum LimitError {
     Rate,
     /// `capacity` was not finite, not above zero, or above `MAX_CAPACITY`.
     Capacity,
+    /// `capacity / rate` (a full refill) is longer than `MAX_REFILL_S`.
+    RefillTime,
 }
 
 impl Limit {
@@ -81,12 +87,16 @@ impl Limit {
     /// # Errors
     /// [`LimitError::Rate`] unless `1e-6 <= rate_per_s <= 1e9`;
     /// [`LimitError::Capacity`] unless `0 < capacity <= 1e15`. NaN and infinities fail both.
+    /// [`LimitError::RefillTime`] unless `capacity / rate_per_s <= MAX_REFILL_S`.
     pub fn new(rate_per_s: f64, capacity: f64) -> Result<Self, LimitError> {
         if !(MIN_RATE_PER_S..=MAX_RATE_PER_S).contains(&rate_per_s) {
             return Err(LimitError::Rate);
         }
         if !(capacity > 0.0 && capacity <= MAX_CAPACITY) {
             return Err(LimitError::Capacity);
+        }
+        if capacity / rate_per_s > MAX_REFILL_S {
+            return Err(LimitError::RefillTime);
         }
         Ok(Self {
             rate_per_s,
@@ -251,7 +261,7 @@ pub fn acquire(
 ) -> (Decision, Option<State>) {
     let now_ns = now_us.saturating_mul(NS_PER_US);
     let full_at_ns = state.map_or(0, State::full_at_ns);
-    let debt_ns = full_at_ns.saturating_sub(now_ns);
+    let debt_ns = debt_ns(state, now_us);
     let report = |outcome, debt_ns, retry_after_ns| Decision {
         outcome,
         remaining: limit.whole_tokens(debt_ns),
@@ -280,6 +290,70 @@ pub fn acquire(
     };
     let new_debt_ns = new_state.full_at_ns().saturating_sub(now_ns);
     (report(Outcome::Allowed, new_debt_ns, 0), Some(new_state))
+}
+
+/// What [`acquire`] would decide for `cost`, taking nothing. `remaining` and
+/// `reset_after_ns` describe the bucket as it is now; `retry_after_ns` is the wait until
+/// `cost` tokens are there (0 if they are).
+pub fn peek(limit: &Limit, state: Option<State>, now_us: u64, cost: Cost) -> Decision {
+    let (mut decision, _) = acquire(limit, state, now_us, cost);
+    let debt_ns = debt_ns(state, now_us);
+    decision.remaining = limit.whole_tokens(debt_ns);
+    decision.reset_after_ns = debt_ns;
+    decision
+}
+
+/// What a call does to the stored key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Change {
+    /// Nothing to write.
+    Keep,
+    /// Store this state.
+    Set(State),
+    /// The bucket is full again: delete the key, which means the same.
+    Delete,
+}
+
+/// Gives `tokens` back (for a request that failed before doing any work), capped at
+/// capacity. The refund is rounded down to a whole nanosecond of refill, so it never returns
+/// more than was asked. The decision reports the bucket after the refund.
+pub fn refund(
+    limit: &Limit,
+    state: Option<State>,
+    now_us: u64,
+    tokens: Cost,
+) -> (Decision, Change) {
+    let now_ns = now_us.saturating_mul(NS_PER_US);
+    let debt_ns = debt_ns(state, now_us);
+    let give_ns = limit.floor_ns(tokens.tokens());
+    let (new_debt_ns, change) = match state {
+        Some(_) if debt_ns > 0 && give_ns > 0 => {
+            let new_debt_ns = debt_ns.saturating_sub(give_ns);
+            // `now + new_debt` is below the stored instant, so it is always a valid state.
+            match now_ns
+                .checked_add(new_debt_ns)
+                .and_then(State::from_full_at_ns)
+            {
+                _ if new_debt_ns == 0 => (0, Change::Delete),
+                Some(new_state) => (new_debt_ns, Change::Set(new_state)),
+                None => (debt_ns, Change::Keep),
+            }
+        }
+        _ => (debt_ns, Change::Keep),
+    };
+    let decision = Decision {
+        outcome: Outcome::Allowed,
+        remaining: limit.whole_tokens(new_debt_ns),
+        retry_after_ns: 0,
+        reset_after_ns: new_debt_ns,
+    };
+    (decision, change)
+}
+
+fn debt_ns(state: Option<State>, now_us: u64) -> u64 {
+    state
+        .map_or(0, State::full_at_ns)
+        .saturating_sub(now_us.saturating_mul(NS_PER_US))
 }
 
 #[cfg(test)]

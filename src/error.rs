@@ -12,6 +12,8 @@ pub enum Error {
     Rate,
     /// `capacity` is not a number in range.
     Capacity,
+    /// `capacity / rate` exceeds the longest refill a bucket can hold.
+    RefillTime,
     /// `cost` is not a finite number `>= 0`.
     Cost,
     /// `full_at_ns` (of `RL.SETSTATE`) is not an integer in range.
@@ -28,6 +30,9 @@ impl Error {
         match self {
             Error::Rate => c"ERR rate must be a number from 0.000001 to 1000000000 (tokens per second)",
             Error::Capacity => c"ERR capacity must be a number above 0 and at most 1e15 (tokens)",
+            Error::RefillTime => {
+                c"ERR capacity / rate must be at most 3153600000 (a full refill within 100 years)"
+            }
             Error::Cost => c"ERR cost must be a finite number >= 0 (tokens)",
             Error::FullAt => c"ERR full_at_ns must be an integer from 1 to 9223372036854775807 (ns since the Unix epoch)",
             Error::WrongType => c"WRONGTYPE Operation against a key holding the wrong kind of value",

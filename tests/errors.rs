@@ -239,7 +239,8 @@ fn boundary_values_are_accepted() {
     let good: &[&[&[u8]]] = &[
         &[b"a", b"0.000001", b"1"],   // slowest rate
         &[b"b", b"1000000000", b"1"], // fastest rate
-        &[b"c", b"1", b"1e15"],       // largest capacity
+        &[b"c", b"1000000", b"1e15"], // largest capacity (refilled within a century)
+        &[b"h", b"1", b"3153600000"], // longest full refill: 100 years
         &[b"d", b"1", b"0.5", b"0"],  // fractional capacity, zero cost
         &[b"e", b"1", b"10", b"1"],   // key, rate, capacity, cost: the most arguments
     ];
@@ -249,6 +250,16 @@ fn boundary_values_are_accepted() {
             .expect("accepted");
         assert_eq!(reply.len(), 4, "RL.ACQUIRE {}", show(args));
     }
+    // One second more than a century of refill is refused, naming both halves.
+    let err = common::error_text(
+        &mut con,
+        &command("RL.ACQUIRE", &[b"i", b"1", b"3153600001"]),
+    );
+    assert_eq!(
+        err,
+        "ERR capacity / rate must be at most 3153600000 (a full refill within 100 years)"
+    );
+    assert!(!common::exists(&mut con, b"i"));
     // A cost above capacity is a denial that can never succeed, not an argument error.
     let reply: Vec<i64> = command("RL.ACQUIRE", &[b"f", b"1", b"10", b"11"])
         .query(&mut con)

@@ -1,1 +1,1290 @@
+//! Unit tests for the pure token bucket: tables for the exact replies, a long run for drift,
+//! and properties for the invariants.
+//!
+//! Time is injected: every test picks its own `now_us`, so nothing here reads a clock or
+//! depends on how fast it runs. Expected values are worked out by hand from the model
+//! (`tokens(now) = capacity - max(0, full_at - now) / T`, `T = 1e9 / rate` ns), never copied
+//! from the implementation.
 
+use super::*;
+use proptest::prelude::*;
+
+/// A realistic instant: 2023-11-14T22:13:20Z, in µs.
+const NOW_US: u64 = 1_700_000_000_000_000;
+const NOW_NS: u64 = NOW_US * 1_000;
+const MS: u64 = 1_000_000; // ns
+const S: u64 = 1_000_000_000; // ns
+const S_US: u64 = 1_000_000; // µs
+
+fn limit(rate_per_s: f64, capacity: f64) -> Limit {
+    Limit::new(rate_per_s, capacity).unwrap()
+}
+
+fn cost(tokens: f64) -> Cost {
+    Cost::new(tokens).unwrap()
+}
+
+fn state(full_at_ns: u64) -> State {
+    State::from_full_at_ns(full_at_ns).unwrap()
+}
+
+// ---------------------------------------------------------------------------------------------
+// One call: every field of the reply.
+// ---------------------------------------------------------------------------------------------
+
+/// A call's inputs. `full_at_ns: None` is a missing key.
+struct Call {
+    rate: f64,
+    capacity: f64,
+    full_at_ns: Option<u64>,
+    now_us: u64,
+    cost: f64,
+}
+
+/// A call's expected reply. `writes` is the new `full_at_ns`, `None` when nothing is written.
+struct Reply {
+    outcome: Outcome,
+    remaining: u64,
+    retry: (u64, i64), // (ns, ms view)
+    reset: (u64, i64), // (ns, ms view)
+    writes: Option<u64>,
+}
+
+fn call(rate: f64, capacity: f64, full_at_ns: Option<u64>, now_us: u64, cost: f64) -> Call {
+    Call {
+        rate,
+        capacity,
+        full_at_ns,
+        now_us,
+        cost,
+    }
+}
+
+fn reply(
+    outcome: Outcome,
+    remaining: u64,
+    retry: (u64, i64),
+    reset: (u64, i64),
+    writes: Option<u64>,
+) -> Reply {
+    Reply {
+        outcome,
+        remaining,
+        retry,
+        reset,
+        writes,
+    }
+}
+
+#[test]
+fn acquire_replies_exactly() {
+    use Outcome::{Allowed, Denied, Impossible};
+    // At 5/s a token is T = 200 ms; at 1/s, T = 1 s.
+    let rows: Vec<(Call, Reply)> = vec![
+        // A missing key is a full bucket: 10 - 1 = 9 left, full again one token (200 ms) later.
+        (
+            call(5.0, 10.0, None, NOW_US, 1.0),
+            reply(Allowed, 9, (0, 0), (200 * MS, 200), Some(NOW_NS + 200 * MS)),
+        ),
+        // A full_at long past is the same full bucket; the take counts from now, not from it.
+        (
+            call(5.0, 10.0, Some(NOW_NS - 5 * S), NOW_US, 1.0),
+            reply(Allowed, 9, (0, 0), (200 * MS, 200), Some(NOW_NS + 200 * MS)),
+        ),
+        // full_at == now is exactly full.
+        (
+            call(5.0, 10.0, Some(NOW_NS), NOW_US, 1.0),
+            reply(Allowed, 9, (0, 0), (200 * MS, 200), Some(NOW_NS + 200 * MS)),
+        ),
+        // Cost 0 on a full bucket: allowed, takes nothing, nothing to write.
+        (
+            call(5.0, 10.0, None, NOW_US, 0.0),
+            reply(Allowed, 10, (0, 0), (0, 0), None),
+        ),
+        // Cost 0 on a bucket 1 s (5 tokens) short: reports 5, still writes nothing.
+        (
+            call(5.0, 10.0, Some(NOW_NS + S), NOW_US, 0.0),
+            reply(Allowed, 5, (0, 0), (S, 1000), None),
+        ),
+        // 5 tokens short, take 1: full_at moves by exactly one T.
+        (
+            call(5.0, 10.0, Some(NOW_NS + S), NOW_US, 1.0),
+            reply(
+                Allowed,
+                4,
+                (0, 0),
+                (1200 * MS, 1200),
+                Some(NOW_NS + 1200 * MS),
+            ),
+        ),
+        // Empty (2 s = 10 tokens short): denied, nothing written, next token in 200 ms.
+        (
+            call(5.0, 10.0, Some(NOW_NS + 2 * S), NOW_US, 1.0),
+            reply(Denied, 0, (200 * MS, 200), (2 * S, 2000), None),
+        ),
+        // Half a token held: the whole token is 100 ms away.
+        (
+            call(5.0, 10.0, Some(NOW_NS + 1900 * MS), NOW_US, 1.0),
+            reply(Denied, 0, (100 * MS, 100), (1900 * MS, 1900), None),
+        ),
+        // 1 ns past a whole ms: both ms views round UP, so a client waiting that long gets in.
+        (
+            call(5.0, 10.0, Some(NOW_NS + 1900 * MS + 1), NOW_US, 1.0),
+            reply(Denied, 0, (100 * MS + 1, 101), (1900 * MS + 1, 1901), None),
+        ),
+        // 1 ns short of full: remaining rounds DOWN to 9, reset rounds up to 1 ms.
+        (
+            call(5.0, 10.0, Some(NOW_NS + 1), NOW_US, 0.0),
+            reply(Allowed, 9, (0, 0), (1, 1), None),
+        ),
+        // Cost above capacity can never succeed: Impossible, retry -1, nothing written, and
+        // remaining still reports the bucket.
+        (
+            call(5.0, 10.0, None, NOW_US, 11.0),
+            reply(Impossible, 10, (0, -1), (0, 0), None),
+        ),
+        // ... on an empty bucket too: -1, not a wait, even though cost is only 0.5 over.
+        (
+            call(5.0, 10.0, Some(NOW_NS + 2 * S), NOW_US, 10.5),
+            reply(Impossible, 0, (0, -1), (2 * S, 2000), None),
+        ),
+        // Cost equal to capacity on a full bucket is allowed and empties it.
+        (
+            call(5.0, 10.0, None, NOW_US, 10.0),
+            reply(Allowed, 0, (0, 0), (2 * S, 2000), Some(NOW_NS + 2 * S)),
+        ),
+        // ... but only when completely full: 1 ns short, it is denied for 1 ns (1 ms rounded up).
+        (
+            call(5.0, 10.0, Some(NOW_NS + 1), NOW_US, 10.0),
+            reply(Denied, 9, (1, 1), (1, 1), None),
+        ),
+        // Capacity lowered from 100 to 10 while 50 tokens (10 s at 5/s) were out: the debt is
+        // kept, so 0 remain and the first token is back once the debt is under 9 tokens (1.8 s).
+        (
+            call(5.0, 10.0, Some(NOW_NS + 10 * S), NOW_US, 1.0),
+            reply(Denied, 0, (8200 * MS, 8200), (10 * S, 10_000), None),
+        ),
+        // full_at far beyond now + capacity × T (a clock stepped back 1000 s): 0, denied, and
+        // the retry is the real wait, not capped at one refill of the bucket.
+        (
+            call(5.0, 10.0, Some(NOW_NS + 1000 * S), NOW_US, 1.0),
+            reply(
+                Denied,
+                0,
+                (998_200 * MS, 998_200),
+                (1000 * S, 1_000_000),
+                None,
+            ),
+        ),
+        // full_at at the last representable instant (2262): denied, no overflow.
+        (
+            call(5.0, 10.0, Some(MAX_FULL_AT_NS), NOW_US, 1.0),
+            reply(
+                Denied,
+                0,
+                (7_523_372_035_054_775_807, 7_523_372_035_055),
+                (7_523_372_036_854_775_807, 7_523_372_036_855),
+                None,
+            ),
+        ),
+        // Capacity 2.5 at 1/s: a full bucket shows 2 whole tokens; taking 1 leaves 1.5, shown as 1.
+        (
+            call(1.0, 2.5, None, NOW_US, 1.0),
+            reply(Allowed, 1, (0, 0), (S, 1000), Some(NOW_NS + S)),
+        ),
+        // Capacity 2.5, 1.5 held: taking 1 leaves 0.5, shown as 0 but not an empty bucket.
+        (
+            call(1.0, 2.5, Some(NOW_NS + S), NOW_US, 1.0),
+            reply(Allowed, 0, (0, 0), (2 * S, 2000), Some(NOW_NS + 2 * S)),
+        ),
+        // Capacity 2.5, 0.5 held: a whole token is half a second away ...
+        (
+            call(1.0, 2.5, Some(NOW_NS + 2 * S), NOW_US, 1.0),
+            reply(Denied, 0, (500 * MS, 500), (2 * S, 2000), None),
+        ),
+        // ... but the half token it holds can be taken now.
+        (
+            call(1.0, 2.5, Some(NOW_NS + 2 * S), NOW_US, 0.5),
+            reply(
+                Allowed,
+                0,
+                (0, 0),
+                (2500 * MS, 2500),
+                Some(NOW_NS + 2500 * MS),
+            ),
+        ),
+        // Capacity 2.5, full: the whole 2.5 can be taken at once.
+        (
+            call(1.0, 2.5, None, NOW_US, 2.5),
+            reply(
+                Allowed,
+                0,
+                (0, 0),
+                (2500 * MS, 2500),
+                Some(NOW_NS + 2500 * MS),
+            ),
+        ),
+        // Capacity 2.5: cost 2.6 can never fit.
+        (
+            call(1.0, 2.5, None, NOW_US, 2.6),
+            reply(Impossible, 2, (0, -1), (0, 0), None),
+        ),
+        // Cost 0.5 from a full bucket of 10 at 1/s: 9.5 left, shown as 9, full in 500 ms.
+        (
+            call(1.0, 10.0, None, NOW_US, 0.5),
+            reply(Allowed, 9, (0, 0), (500 * MS, 500), Some(NOW_NS + 500 * MS)),
+        ),
+        // Slowest rate, largest capacity it accepts (3153 tokens: a century of refill): one
+        // token is 1e15 ns (11.6 days) of refill.
+        (
+            call(1e-6, 3153.0, None, NOW_US, 1.0),
+            reply(
+                Allowed,
+                3152,
+                (0, 0),
+                (1_000_000_000_000_000, 1_000_000_000),
+                Some(NOW_NS + 1_000_000_000_000_000),
+            ),
+        ),
+        // Fastest rate (1 token per ns), capacity 1: the take refills in 1 ns ...
+        (
+            call(1e9, 1.0, None, NOW_US, 1.0),
+            reply(Allowed, 0, (0, 0), (1, 1), Some(NOW_NS + 1)),
+        ),
+        // ... so 1 ns short of full is denied for 1 ns, reported as 1 ms.
+        (
+            call(1e9, 1.0, Some(NOW_NS + 1), NOW_US, 1.0),
+            reply(Denied, 0, (1, 1), (1, 1), None),
+        ),
+        // Fastest rate, largest capacity: emptying it refills in 1e15 ns.
+        (
+            call(1e9, 1e15, None, NOW_US, 1e15),
+            reply(
+                Allowed,
+                0,
+                (0, 0),
+                (1_000_000_000_000_000, 1_000_000_000),
+                Some(NOW_NS + 1_000_000_000_000_000),
+            ),
+        ),
+        // A take whose full_at would pass 2262 cannot be stored: Impossible, state untouched.
+        // (now is 1_807 ns before MAX_FULL_AT_NS; the take needs 1 s.)
+        (
+            call(1.0, 10.0, None, MAX_FULL_AT_NS / 1000 - 1, 1.0),
+            reply(Impossible, 10, (0, -1), (0, 0), None),
+        ),
+        // A now_us so large that now_ns saturates: no panic, nothing written.
+        (
+            call(1.0, 10.0, None, u64::MAX, 1.0),
+            reply(Impossible, 10, (0, -1), (0, 0), None),
+        ),
+        // The smallest state (1 ns after the epoch) is simply a full bucket today.
+        (
+            call(1.0, 10.0, Some(1), NOW_US, 1.0),
+            reply(Allowed, 9, (0, 0), (S, 1000), Some(NOW_NS + S)),
+        ),
+    ];
+
+    for (i, (c, want)) in rows.iter().enumerate() {
+        let lim = limit(c.rate, c.capacity);
+        let before = c.full_at_ns.map(state);
+        let (got, new_state) = acquire(&lim, before, c.now_us, cost(c.cost));
+        let at = format!(
+            "row {i} (rate {}, capacity {}, cost {})",
+            c.rate, c.capacity, c.cost
+        );
+        assert_eq!(got.outcome, want.outcome, "outcome, {at}");
+        assert_eq!(got.allowed(), want.outcome == Allowed, "allowed(), {at}");
+        assert_eq!(got.remaining, want.remaining, "remaining, {at}");
+        assert_eq!(got.retry_after_ns, want.retry.0, "retry_after_ns, {at}");
+        assert_eq!(got.retry_after_ms(), want.retry.1, "retry_after_ms, {at}");
+        assert_eq!(got.reset_after_ns, want.reset.0, "reset_after_ns, {at}");
+        assert_eq!(got.reset_after_ms(), want.reset.1, "reset_after_ms, {at}");
+        assert_eq!(
+            new_state.map(State::full_at_ns),
+            want.writes,
+            "new state, {at}"
+        );
+    }
+}
+
+#[test]
+fn doc_example_first_call_leaves_nine_and_resets_in_200_ms() {
+    let (decision, new_state) = acquire(&limit(5.0, 10.0), None, 1_000_000, Cost::ONE);
+    assert!(decision.allowed());
+    assert_eq!(decision.remaining, 9);
+    assert_eq!(decision.retry_after_ms(), 0);
+    assert_eq!(decision.reset_after_ms(), 200);
+    assert_eq!(
+        new_state.map(State::full_at_ns),
+        Some(1_000_000_000 + 200 * MS)
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sequences: the state returned by one call is the input of the next.
+// ---------------------------------------------------------------------------------------------
+
+/// One call in a sequence and what it must decide and report.
+struct Step {
+    at_us: u64,
+    cost: f64,
+    outcome: Outcome,
+    remaining: u64,
+}
+
+fn step(at_us: u64, cost: f64, outcome: Outcome, remaining: u64) -> Step {
+    Step {
+        at_us,
+        cost,
+        outcome,
+        remaining,
+    }
+}
+
+#[test]
+fn sequences_burst_refill_and_clock_steps() {
+    use Outcome::{Allowed, Denied};
+    let t = NOW_US;
+    // All at 1 token/s with a capacity of 3, starting from a missing key.
+    let scenarios: Vec<(&str, Vec<Step>)> = vec![
+        // Burst then deny: three calls at one instant drain it, the fourth is denied.
+        (
+            "burst then deny",
+            vec![
+                step(t, 1.0, Allowed, 2),
+                step(t, 1.0, Allowed, 1),
+                step(t, 1.0, Allowed, 0),
+                step(t, 1.0, Denied, 0),
+            ],
+        ),
+        // Refill after time: a token is back exactly 1 s after the burst, not 1 µs sooner,
+        // and only one.
+        (
+            "refill after 1 s",
+            vec![
+                step(t, 3.0, Allowed, 0),
+                step(t + S_US - 1, 1.0, Denied, 0),
+                step(t + S_US, 1.0, Allowed, 0),
+                step(t + S_US, 1.0, Denied, 0),
+            ],
+        ),
+        // Refill stops at capacity: after 100 s idle the bucket holds 3, not 100.
+        (
+            "refill caps at capacity",
+            vec![
+                step(t, 3.0, Allowed, 0),
+                step(t + 100 * S_US, 0.0, Allowed, 3),
+                step(t + 100 * S_US, 3.0, Allowed, 0),
+                step(t + 100 * S_US, 1.0, Denied, 0),
+            ],
+        ),
+        // Partial refill: 2.5 s after draining, 2.5 tokens are back (2 whole); taking 2 leaves
+        // half a token, which is not enough for 1 until another 0.5 s has passed.
+        (
+            "partial refill",
+            vec![
+                step(t, 3.0, Allowed, 0),
+                step(t + 2_500_000, 0.0, Allowed, 2),
+                step(t + 2_500_000, 2.0, Allowed, 0),
+                step(t + 2_500_000, 1.0, Denied, 0),
+                step(t + 2_999_999, 1.0, Denied, 0),
+                step(t + 3_000_000, 1.0, Allowed, 0),
+            ],
+        ),
+        // A clock stepping back 1 s never adds tokens: remaining falls from 2 to 1, a cost of
+        // 2 that would fit at the later time is denied, and after a take at the later time,
+        // the earlier time sees an empty bucket.
+        (
+            "clock steps back",
+            vec![
+                step(t, 3.0, Allowed, 0),
+                step(t + 2 * S_US, 0.0, Allowed, 2),
+                step(t + S_US, 0.0, Allowed, 1),
+                step(t + S_US, 2.0, Denied, 1),
+                step(t + 2 * S_US, 2.0, Allowed, 0),
+                step(t + S_US, 1.0, Denied, 0),
+                step(t, 0.0, Allowed, 0),
+            ],
+        ),
+        // A take at a later time is charged from the stored full_at, so stepping back after it
+        // finds the bucket emptier, not fuller: at t+10 s it holds 3 and gives one (2 left);
+        // back at t it is 11 s short of full, 0 remain and 1 is denied; the next token is
+        // there at t+9 s (2 s short), not before.
+        (
+            "take then step back 10 s",
+            vec![
+                step(t + 10 * S_US, 1.0, Allowed, 2),
+                step(t, 0.0, Allowed, 0),
+                step(t, 1.0, Denied, 0),
+                step(t + 8_999_999, 1.0, Denied, 0),
+                step(t + 9 * S_US, 1.0, Allowed, 0),
+            ],
+        ),
+    ];
+
+    let lim = limit(1.0, 3.0);
+    for (name, steps) in &scenarios {
+        let mut current: Option<State> = None;
+        for (i, s) in steps.iter().enumerate() {
+            let (d, new_state) = acquire(&lim, current, s.at_us, cost(s.cost));
+            assert_eq!(d.outcome, s.outcome, "{name}: step {i} outcome");
+            assert_eq!(d.remaining, s.remaining, "{name}: step {i} remaining");
+            assert_eq!(
+                new_state.is_some(),
+                s.outcome == Allowed && s.cost > 0.0,
+                "{name}: step {i} writes only when it takes something"
+            );
+            current = new_state.or(current);
+        }
+    }
+}
+
+#[test]
+fn clock_stepping_back_never_adds_tokens() {
+    // At 5/s (T = 200 ms), capacity 10: each level probed with cost 0 at t and at t - 1 s.
+    let lim = limit(5.0, 10.0);
+    let rows: Vec<(Option<u64>, u64, u64)> = vec![
+        // A missing key is full at any time.
+        (None, 10, 10),
+        // Exactly full at t: 1 s (5 tokens) short a second earlier.
+        (Some(NOW_NS), 10, 5),
+        // Half a token short at t (9.5): 5.5 short (4.5) a second earlier.
+        (Some(NOW_NS + 100 * MS), 9, 4),
+        // Half empty at t: empty a second earlier.
+        (Some(NOW_NS + S), 5, 0),
+        // 1 ns of refill short of a token at t: 0 either way.
+        (Some(NOW_NS + 2 * S - 1), 0, 0),
+        // Empty at t.
+        (Some(NOW_NS + 2 * S), 0, 0),
+        // Far beyond empty.
+        (Some(NOW_NS + 60 * S), 0, 0),
+        // Full since t - 1 s + 1 ns: at t - 1 s it is 1 ns short, so 9 whole tokens.
+        (Some(NOW_NS - S + 1), 10, 9),
+    ];
+    let back_us = NOW_US - S_US;
+    for (level, at_t, at_back) in rows {
+        let st = level.map(state);
+        let (now_probe, _) = acquire(&lim, st, NOW_US, Cost::new(0.0).unwrap());
+        let (back_probe, _) = acquire(&lim, st, back_us, Cost::new(0.0).unwrap());
+        assert_eq!(now_probe.remaining, at_t, "level {level:?} at t");
+        assert_eq!(back_probe.remaining, at_back, "level {level:?} at t - 1 s");
+        for c in [0.5, 1.0, 2.0, 4.5, 9.5, 10.0] {
+            let (later, written) = acquire(&lim, st, NOW_US, cost(c));
+            let (earlier, _) = acquire(&lim, st, back_us, cost(c));
+            assert!(
+                !earlier.allowed() || later.allowed(),
+                "level {level:?} cost {c}: allowed after the step back but not before"
+            );
+            // A take at t, then a call at t - 1 s: no more than the take left.
+            if let Some(w) = written {
+                let (back, _) = acquire(&lim, Some(w), back_us, Cost::new(0.0).unwrap());
+                assert!(
+                    back.remaining <= later.remaining,
+                    "level {level:?} cost {c}"
+                );
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Validated inputs.
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn limit_new_accepts_only_the_documented_ranges() {
+    use LimitError::{Capacity, Rate, RefillTime};
+    let rows: Vec<(f64, f64, Result<(), LimitError>)> = vec![
+        // The doc example.
+        (5.0, 10.0, Ok(())),
+        // Both ends of the rate range are included.
+        (1e-6, 1.0, Ok(())),
+        (1e9, 1.0, Ok(())),
+        // The largest capacity is included (at a rate that refills it within 100 years).
+        (1e6, 1e15, Ok(())),
+        // A full refill of exactly 100 years is included; a longer one is not.
+        (1.0, 3_153_600_000.0, Ok(())),
+        (1.0, 3_153_600_001.0, Err(RefillTime)),
+        (1e-6, 1e15, Err(RefillTime)),
+        // Any positive capacity, however small.
+        (1.0, f64::MIN_POSITIVE, Ok(())),
+        // Fractional capacity.
+        (1.0, 2.5, Ok(())),
+        // Rate: not a number, infinite, zero, negative, just out of range.
+        (f64::NAN, 10.0, Err(Rate)),
+        (f64::INFINITY, 10.0, Err(Rate)),
+        (f64::NEG_INFINITY, 10.0, Err(Rate)),
+        (0.0, 10.0, Err(Rate)),
+        (-0.0, 10.0, Err(Rate)),
+        (-5.0, 10.0, Err(Rate)),
+        // Just below 1e-6/s.
+        (9.999_999e-7, 10.0, Err(Rate)),
+        // Just above 1e9/s.
+        (1.000_000_1e9, 10.0, Err(Rate)),
+        // Capacity: not a number, infinite, zero, negative, just above 1e15.
+        (5.0, f64::NAN, Err(Capacity)),
+        (5.0, f64::INFINITY, Err(Capacity)),
+        (5.0, f64::NEG_INFINITY, Err(Capacity)),
+        (5.0, 0.0, Err(Capacity)),
+        (5.0, -0.0, Err(Capacity)),
+        (5.0, -1.0, Err(Capacity)),
+        (5.0, 1.000_000_1e15, Err(Capacity)),
+    ];
+    for (rate, capacity, want) in rows {
+        let got = Limit::new(rate, capacity);
+        assert_eq!(got.map(|_| ()), want, "Limit::new({rate}, {capacity})");
+        if let Ok(l) = got {
+            assert_eq!((l.rate_per_s(), l.capacity()), (rate, capacity));
+        }
+    }
+    // Both halves wrong is still an error (which one is reported is not specified).
+    assert!(Limit::new(f64::NAN, f64::NAN).is_err());
+    assert!(Limit::new(f64::INFINITY, f64::INFINITY).is_err());
+}
+
+#[test]
+fn cost_new_accepts_finite_non_negative_only() {
+    let rows: Vec<(f64, bool)> = vec![
+        // The default cost.
+        (1.0, true),
+        // Zero is a valid probe.
+        (0.0, true),
+        // Fractions and huge values are valid costs (huge ones are Impossible later).
+        (0.5, true),
+        (f64::MIN_POSITIVE, true),
+        (1e300, true),
+        // Not a number, infinities, negatives, however small.
+        (f64::NAN, false),
+        (f64::INFINITY, false),
+        (f64::NEG_INFINITY, false),
+        (-1.0, false),
+        (-f64::MIN_POSITIVE, false),
+    ];
+    for (tokens, valid) in rows {
+        let got = Cost::new(tokens);
+        assert_eq!(got.is_some(), valid, "Cost::new({tokens})");
+        if let Some(c) = got {
+            assert_eq!(c.tokens(), tokens);
+        }
+    }
+    assert_eq!(Cost::ONE.tokens(), 1.0);
+}
+
+#[test]
+fn state_range_and_expiry_rounding() {
+    let rows: Vec<(u64, Option<u64>)> = vec![
+        // Zero is not a state (it cannot live in a non-null pointer).
+        (0, None),
+        // 1 ns is the smallest state; it expires at the first ms.
+        (1, Some(1)),
+        // Just under, at, and just over a whole ms: expiry rounds up.
+        (999_999, Some(1)),
+        (1_000_000, Some(1)),
+        (1_000_001, Some(2)),
+        // A realistic instant.
+        (NOW_NS, Some(NOW_NS / MS)),
+        (NOW_NS + 1, Some(NOW_NS / MS + 1)),
+        // The last representable instant (i64::MAX ns) rounds up too.
+        (MAX_FULL_AT_NS, Some(9_223_372_036_855)),
+        // Past it: not a state this code writes.
+        (MAX_FULL_AT_NS + 1, None),
+        (u64::MAX, None),
+    ];
+    for (full_at_ns, expire_at_ms) in rows {
+        let got = State::from_full_at_ns(full_at_ns);
+        assert_eq!(
+            got.map(State::expire_at_ms),
+            expire_at_ms,
+            "full_at_ns {full_at_ns}"
+        );
+        if let Some(s) = got {
+            assert_eq!(s.full_at_ns(), full_at_ns);
+        }
+    }
+}
+
+#[test]
+fn millisecond_views_round_up() {
+    use Outcome::{Allowed, Denied, Impossible};
+    // (outcome, retry_after_ns, reset_after_ns) → (retry_after_ms, reset_after_ms)
+    let rows: Vec<(Outcome, u64, u64, i64, i64)> = vec![
+        // Allowed and full: both zero.
+        (Allowed, 0, 0, 0, 0),
+        // Allowed is always retry 0; reset of 1 ns is 1 ms.
+        (Allowed, 0, 1, 0, 1),
+        // A 1 ns wait is a 1 ms wait, never 0.
+        (Denied, 1, 1, 1, 1),
+        // Whole ms stay as they are; one ns more is one ms more.
+        (Denied, MS, MS, 1, 1),
+        (Denied, MS + 1, MS + 1, 2, 2),
+        // Impossible is -1 whatever the ns field says.
+        (Impossible, 0, 5 * MS, -1, 5),
+        // The largest reset fits an i64 of ms.
+        (
+            Denied,
+            u64::MAX,
+            u64::MAX,
+            18_446_744_073_710,
+            18_446_744_073_710,
+        ),
+    ];
+    for (i, (outcome, retry_ns, reset_ns, retry_ms, reset_ms)) in rows.into_iter().enumerate() {
+        let d = Decision {
+            outcome,
+            remaining: 0,
+            retry_after_ns: retry_ns,
+            reset_after_ns: reset_ns,
+        };
+        assert_eq!(d.retry_after_ms(), retry_ms, "row {i} retry");
+        assert_eq!(d.reset_after_ms(), reset_ms, "row {i} reset");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Extreme limits.
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn extreme_limits_never_panic_and_keep_the_invariants() {
+    let limits = [
+        (1e-6, 3153.0),
+        (1e-6, 1.0),
+        (1e-6, 1e-9),
+        (1e9, 1.0),
+        (1e9, 1e15),
+        (1e9, 0.5),
+        (1.0, 3_153_600_000.0),
+        (3.0, 7.0),
+    ];
+    let nows = [
+        0,
+        1,
+        NOW_US,
+        MAX_FULL_AT_NS / 1000,
+        u64::MAX / 1000,
+        u64::MAX,
+    ];
+    for (rate, capacity) in limits {
+        let lim = limit(rate, capacity);
+        let costs = [
+            0.0,
+            f64::MIN_POSITIVE,
+            1e-9,
+            0.5,
+            1.0,
+            capacity / 2.0,
+            capacity,
+            capacity * 2.0,
+            1e300,
+        ];
+        for now_us in nows {
+            let now_ns = now_us.saturating_mul(1000);
+            let full_ats = [
+                None,
+                Some(1),
+                Some(now_ns),
+                Some(now_ns.saturating_add(1)),
+                Some(now_ns.saturating_add(S)),
+                Some(MAX_FULL_AT_NS),
+            ];
+            for full_at in full_ats {
+                let st = full_at.map(|ns| state(ns.clamp(1, MAX_FULL_AT_NS)));
+                for c in costs {
+                    let at =
+                        format!("rate {rate} capacity {capacity} now_us {now_us} {st:?} cost {c}");
+                    let (d, new_state) = acquire(&lim, st, now_us, cost(c));
+                    assert!(
+                        d.remaining as f64 <= capacity.floor(),
+                        "remaining above capacity, {at}"
+                    );
+                    assert_eq!(
+                        d.retry_after_ms() == -1,
+                        d.outcome == Outcome::Impossible,
+                        "{at}"
+                    );
+                    match d.outcome {
+                        Outcome::Allowed if c > 0.0 => {
+                            let new_full_at =
+                                new_state.expect("an allowed take writes").full_at_ns();
+                            let old_full_at = st.map_or(0, State::full_at_ns);
+                            assert!(
+                                new_full_at > old_full_at.max(now_ns),
+                                "take moved full_at, {at}"
+                            );
+                            assert_eq!(d.reset_after_ns, new_full_at - now_ns, "{at}");
+                        }
+                        Outcome::Allowed => assert_eq!(new_state, None, "cost 0 writes, {at}"),
+                        Outcome::Denied => {
+                            assert_eq!(new_state, None, "denial writes, {at}");
+                            assert!(d.retry_after_ns > 0, "denied with no wait, {at}");
+                            assert!(d.retry_after_ns <= d.reset_after_ns, "{at}");
+                        }
+                        Outcome::Impossible => {
+                            assert_eq!(new_state, None, "impossible writes, {at}")
+                        }
+                    }
+                    if c > capacity {
+                        assert_eq!(d.outcome, Outcome::Impossible, "cost above capacity, {at}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn cost_equal_to_capacity_empties_a_full_bucket() {
+    // (rate, capacity): the whole burst is taken at once, and refills in capacity × T.
+    let rows: Vec<(f64, f64, u64)> = vec![
+        // The doc example's limit: 10 tokens at 5/s refill in 2 s.
+        (5.0, 10.0, 2 * S),
+        // Fastest rate, one token: 1 ns.
+        (1e9, 1.0, 1),
+        // Fastest rate, largest capacity: 1e15 ns (11.6 days).
+        (1e9, 1e15, 1_000_000_000_000_000),
+        // Slowest rate, one token: 1e15 ns.
+        (1e-6, 1.0, 1_000_000_000_000_000),
+        // Slowest rate, 1000 tokens: 1e18 ns (31.7 years), still representable.
+        (1e-6, 1000.0, 1_000_000_000_000_000_000),
+        // Fractional capacity at 1/s: 2.5 s.
+        (1.0, 2.5, 2500 * MS),
+    ];
+    for (rate, capacity, refill_ns) in rows {
+        let (d, new_state) = acquire(&limit(rate, capacity), None, NOW_US, cost(capacity));
+        let at = format!("rate {rate} capacity {capacity}");
+        assert_eq!(d.outcome, Outcome::Allowed, "{at}");
+        assert_eq!(d.remaining, 0, "{at}");
+        assert_eq!(d.reset_after_ns, refill_ns, "{at}");
+        assert_eq!(
+            new_state.map(State::full_at_ns),
+            Some(NOW_NS + refill_ns),
+            "{at}"
+        );
+    }
+}
+
+/// A full refill must fit in the state (which ends in 2262), or a full bucket would report
+/// tokens it cannot hand out. `Limit::new` therefore caps `capacity / rate` at 100 years, and
+/// at that cap a full bucket's `remaining` is takeable in one request.
+#[test]
+fn refills_longer_than_a_century_are_rejected_and_the_longest_is_takeable() {
+    for (rate, capacity) in [(1e-6, 1e15), (1e-6, 1e4), (1.0, 1e15)] {
+        assert_eq!(
+            Limit::new(rate, capacity),
+            Err(LimitError::RefillTime),
+            "{rate} {capacity}"
+        );
+    }
+    for (rate, capacity) in [(1e-6, 3153.0), (1.0, 3_153_600_000.0), (1e6, 1e15)] {
+        let lim = limit(rate, capacity);
+        let (probe, _) = acquire(&lim, None, NOW_US, Cost::new(0.0).unwrap());
+        assert_eq!(probe.remaining as f64, capacity.floor());
+        let (d, _) = acquire(&lim, None, NOW_US, cost(probe.remaining as f64));
+        assert_eq!(
+            d.outcome,
+            Outcome::Allowed,
+            "rate {rate} capacity {capacity}: {d:?}"
+        );
+    }
+}
+
+/// Asserts that `remaining` at this level is exactly the largest whole cost `acquire` allows.
+fn assert_remaining_is_exact(lim: &Limit, st: Option<State>, now_us: u64) {
+    let (probe, _) = acquire(lim, st, now_us, Cost::new(0.0).unwrap());
+    let k = probe.remaining as f64;
+    let at = format!("{lim:?} {st:?} now_us {now_us}: remaining {k}");
+    if k > 0.0 {
+        assert!(
+            acquire(lim, st, now_us, cost(k)).0.allowed(),
+            "not takeable, {at}"
+        );
+    }
+    assert!(
+        !acquire(lim, st, now_us, cost(k + 1.0)).0.allowed(),
+        "one more takeable, {at}"
+    );
+}
+
+#[test]
+fn remaining_is_exact_at_float_rounding_edges() {
+    // (rate, capacity, ns short of full): levels where the float estimate of whole tokens is
+    // one off and must be corrected (found by a search over edges).
+    let rows: Vec<(f64, f64, u64)> = vec![
+        // The estimate is one too low here ...
+        (0.01070596949841726, 45145.0, 2_654_593_776_322_783),
+        (0.00439727515276694, 13598.0, 2_999_130_038_906_387),
+        (
+            0.00017520900769126956,
+            60191.20744167172,
+            316_720_060_075_066_752,
+        ),
+        // ... and one too high here.
+        (
+            0.0001036247895807354,
+            117918.70367106106,
+            540_611_024_617_952_129,
+        ),
+    ];
+    for (rate, capacity, debt_ns) in rows {
+        assert_remaining_is_exact(
+            &limit(rate, capacity),
+            Some(state(NOW_NS + debt_ns)),
+            NOW_US,
+        );
+    }
+
+    // And a seeded sweep of edges: exactly (capacity - k) × T short of full, and 1 ns more.
+    let mut rng: u64 = 0x2545_f491_4f6c_dd1d;
+    let mut next = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    for _ in 0..20_000 {
+        let rate = 10f64.powf(-6.0 + 15.0 * (next() % 1_000_000) as f64 / 1e6);
+        let capacity = match next() % 3 {
+            0 => (1 + next() % 1_000_000) as f64,
+            1 => (1 + next() % 4_000_000) as f64 / 4.0,
+            _ => (1 + next() % 1_000_000_000) as f64 / 1000.0,
+        };
+        if capacity / rate > HORIZON_S {
+            continue;
+        }
+        let lim = limit(rate, capacity);
+        let k = next() % (capacity.floor() as u64 + 1);
+        let edge_ns = ((capacity - k as f64) * (1e9 / rate)).floor() as u64;
+        for nudge in [0, 1] {
+            let st = State::from_full_at_ns(NOW_NS + edge_ns + nudge);
+            assert_remaining_is_exact(&lim, st, NOW_US);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// No drift: a saturated caller over a million calls gets exactly the model's count.
+// ---------------------------------------------------------------------------------------------
+
+/// A rate as an exact fraction of tokens per second, so the model needs no floats.
+#[derive(Clone, Copy, Debug)]
+struct Rate {
+    num: u64,
+    den: u64,
+}
+
+impl Rate {
+    fn per_s(self) -> f64 {
+        self.num as f64 / self.den as f64
+    }
+
+    /// `floor(rate × ns / 1e9)`: whole tokens refilled in `ns`.
+    fn tokens_in(self, ns: u64) -> u64 {
+        let t = u128::from(ns) * u128::from(self.num) / (u128::from(self.den) * u128::from(S));
+        u64::try_from(t).unwrap()
+    }
+
+    /// `ceil(rate × ns / 1e9)`.
+    fn tokens_in_ceil(self, ns: u64) -> u64 {
+        let t =
+            (u128::from(ns) * u128::from(self.num)).div_ceil(u128::from(self.den) * u128::from(S));
+        u64::try_from(t).unwrap()
+    }
+
+    /// `floor(1e9 / rate)`: the token interval in whole ns.
+    fn interval_ns(self) -> u64 {
+        S * self.den / self.num
+    }
+}
+
+/// How the injected clock advances between calls. Every step is at most one token interval,
+/// so the caller never skips a refilled token, and on average well under it, so it stays
+/// saturated after draining the burst.
+#[derive(Clone, Copy, Debug)]
+enum Clock {
+    /// Call `i` is at `start + floor(i × interval × num / den)`, truncated to µs: below one
+    /// µs per token this makes several calls per µs tick.
+    Fraction(u64, u64),
+    /// Steps drawn uniformly from `0..=interval` µs (xorshift, fixed seed).
+    Random(u64),
+}
+
+struct Run {
+    allowed: u64,
+    calls: u64,
+    first_us: u64,
+    last_us: u64,
+}
+
+fn drive(
+    rate: Rate,
+    capacity: u64,
+    cost_tokens: u64,
+    start_us: u64,
+    calls: u64,
+    clock: Clock,
+) -> Run {
+    let lim = limit(rate.per_s(), capacity as f64);
+    let c = cost(cost_tokens as f64);
+    let interval_ns = rate.interval_ns();
+    let max_step_us = interval_ns / 1000;
+    assert!(
+        max_step_us >= 1,
+        "the µs clock cannot follow a rate above 1e6/s"
+    );
+    let mut current: Option<State> = None;
+    let mut allowed = 0;
+    let mut now_us = start_us;
+    let mut rng = match clock {
+        Clock::Random(seed) => seed | 1,
+        Clock::Fraction(..) => 0,
+    };
+    for i in 0..calls {
+        now_us = match clock {
+            Clock::Fraction(num, den) => {
+                let ns =
+                    u128::from(i) * u128::from(interval_ns) * u128::from(num) / u128::from(den);
+                start_us + u64::try_from(ns / 1000).unwrap()
+            }
+            Clock::Random(_) if i == 0 => start_us,
+            Clock::Random(_) => {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                now_us + rng % (max_step_us + 1)
+            }
+        };
+        let (d, new_state) = acquire(&lim, current, now_us, c);
+        if d.allowed() {
+            allowed += 1;
+        }
+        current = new_state.or(current);
+    }
+    Run {
+        allowed,
+        calls,
+        first_us: start_us,
+        last_us: now_us,
+    }
+}
+
+/// Rates whose token interval is a whole number of ns.
+const EXACT_RATES: [Rate; 10] = [
+    Rate { num: 1, den: 1000 }, // 0.001/s: one token per 1000 s
+    Rate { num: 1, den: 100 },  // 0.01/s
+    Rate { num: 1, den: 2 },    // 0.5/s
+    Rate { num: 1, den: 1 },    // 1/s
+    Rate { num: 8, den: 1 },    // 8/s: 125 ms
+    Rate { num: 10, den: 1 },   // 10/s
+    Rate { num: 1000, den: 1 }, // 1000/s: the rate ms-precision limiters get wrong
+    Rate { num: 3125, den: 1 }, // 3125/s: 320 µs
+    Rate {
+        num: 100_000,
+        den: 1,
+    }, // 100k/s: 10 µs
+    Rate {
+        num: 1_000_000,
+        den: 1,
+    }, // 1e6/s: 1 µs, several calls per tick
+];
+
+const ODD_START_US: u64 = NOW_US + 123_457;
+
+fn assert_exact(rate: Rate, capacity: u64, cost_tokens: u64, run: &Run, what: &str) {
+    let elapsed_ns = (run.last_us - run.first_us) * 1000;
+    let model = capacity + elapsed_ns / rate.interval_ns();
+    assert_eq!(
+        model,
+        capacity + rate.tokens_in(elapsed_ns),
+        "interval is exact"
+    );
+    // A saturated caller asking for `cost` each time gets floor(model / cost) takes.
+    assert_eq!(
+        run.allowed,
+        model / cost_tokens,
+        "{what}: rate {rate:?}, {} calls",
+        run.calls
+    );
+    assert!(
+        run.allowed < run.calls,
+        "{what}: the caller was never denied, so never saturated"
+    );
+}
+
+#[test]
+fn no_drift_over_a_million_calls_one_third_interval_steps() {
+    for rate in EXACT_RATES {
+        let run = drive(rate, 3, 1, NOW_US, 1_000_000, Clock::Fraction(1, 3));
+        assert_exact(rate, 3, 1, &run, "steps of T/3");
+    }
+}
+
+#[test]
+fn no_drift_over_a_million_calls_random_steps_odd_start() {
+    for (i, rate) in EXACT_RATES.into_iter().enumerate() {
+        let run = drive(
+            rate,
+            5,
+            1,
+            ODD_START_US,
+            1_000_000,
+            Clock::Random(0x9e37_79b9 + i as u64),
+        );
+        assert_exact(rate, 5, 1, &run, "random steps up to T");
+    }
+}
+
+#[test]
+fn no_drift_near_saturation_and_with_integer_costs() {
+    for rate in EXACT_RATES {
+        // Steps of 0.9 T drain the burst slowly and leave the caller one call from a token.
+        let run = drive(rate, 2, 1, ODD_START_US, 200_000, Clock::Fraction(9, 10));
+        assert_exact(rate, 2, 1, &run, "steps of 0.9 T");
+        // Integer costs are exact too: cost 3 from a capacity of 7.
+        let run = drive(rate, 7, 3, NOW_US, 200_000, Clock::Fraction(1, 5));
+        assert_exact(rate, 7, 3, &run, "cost 3, steps of T/5");
+    }
+}
+
+#[test]
+fn at_other_rates_the_count_never_exceeds_the_model_and_lags_by_under_a_ns_per_take() {
+    let rates = [
+        // T = 333_333_333.3 ns
+        Rate { num: 3, den: 1 },
+        // T = 142_857_142.86 ns
+        Rate { num: 7, den: 1 },
+        // T = 3000.003 ns: the lag adds up to ~333 tokens over a million takes
+        Rate {
+            num: 333_333,
+            den: 1,
+        },
+        // 0.3/s: T = 3_333_333_333.3 ns
+        Rate { num: 3, den: 10 },
+    ];
+    for (i, rate) in rates.into_iter().enumerate() {
+        for (start_us, clock) in [
+            (NOW_US, Clock::Fraction(1, 3)),
+            (ODD_START_US, Clock::Random(0x1234_5678 + i as u64)),
+        ] {
+            let capacity = 4;
+            let run = drive(rate, capacity, 1, start_us, 1_000_000, clock);
+            let elapsed_ns = (run.last_us - run.first_us) * 1000;
+            let model = capacity + rate.tokens_in(elapsed_ns);
+            // Each take is charged up to 1 ns late, which is rate × 1 ns of a token.
+            let lag = 1 + rate.tokens_in_ceil(run.allowed);
+            let at = format!(
+                "rate {rate:?}, {clock:?}: allowed {}, model {model}",
+                run.allowed
+            );
+            assert!(run.allowed <= model, "more than the model, {at}");
+            assert!(run.allowed + lag >= model, "lags more than {lag}, {at}");
+            assert!(run.allowed < run.calls, "never saturated, {at}");
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Properties.
+// ---------------------------------------------------------------------------------------------
+
+/// The longest full refill the generated limits have: capacity / rate <= 1e9 s (31.7 years),
+/// so every state stays far below `MAX_FULL_AT_NS`. Longer ones hit the bug pinned by
+/// `remaining_is_takeable_even_when_a_full_refill_passes_2262`.
+const HORIZON_S: f64 = 1e9;
+
+/// Valid limits: capacity whole, in quarter tokens, or any fraction up to 1e6; rate
+/// log-uniform between the slowest the horizon allows and 1e9/s.
+fn limits() -> impl Strategy<Value = Limit> {
+    let capacity = prop_oneof![
+        (1u32..=10).prop_map(f64::from),
+        (1u32..=1_000_000).prop_map(f64::from),
+        (1u32..=4_000_000).prop_map(|q| f64::from(q) / 4.0),
+        1e-3..=1e6f64,
+    ];
+    capacity.prop_flat_map(|capacity| {
+        let slowest = (capacity / HORIZON_S).max(MIN_RATE_PER_S).log10();
+        (slowest..=9.0).prop_map(move |e| {
+            let rate = 10f64.powf(e).clamp(MIN_RATE_PER_S, MAX_RATE_PER_S);
+            limit(rate, capacity)
+        })
+    })
+}
+
+/// Times between 2020 and 2033, in µs.
+fn nows() -> impl Strategy<Value = u64> {
+    1_577_836_800_000_000u64..=2_000_000_000_000_000
+}
+
+/// A state near `now`: missing; full_at anywhere from one full refill before now to 2.5
+/// refills after (beyond empty), plus some ns of jitter off the µs grid; or exactly on the
+/// edge of holding `k` whole tokens (`(capacity - k) × T` short of full, ± 1 ns), where
+/// float rounding in the whole-token count is most likely to be off by one.
+fn states(lim: Limit, now_us: u64) -> impl Strategy<Value = Option<State>> {
+    let ns_per_token = 1e9 / lim.rate_per_s();
+    let full_ns = lim.capacity() * ns_per_token;
+    let now_ns = now_us * 1000;
+    let whole = lim.capacity().floor() as u64;
+    prop_oneof![
+        1 => Just(None),
+        4 => (-1.0..=2.5f64, -1000i64..=1000).prop_map(move |(f, jitter)| {
+            let at = now_ns as f64 + f * full_ns + jitter as f64;
+            State::from_full_at_ns(at.max(1.0) as u64)
+        }),
+        3 => (0..=whole, 0u64..=2).prop_map(move |(k, nudge)| {
+            let edge_ns = ((lim.capacity() - k as f64) * ns_per_token).floor() as u64;
+            State::from_full_at_ns((now_ns + edge_ns + nudge).saturating_sub(1))
+        }),
+    ]
+}
+
+/// A cost for `lim`: zero, whole, a quarter multiple, any fraction of capacity, capacity
+/// itself, or (rarely) above it.
+fn costs(lim: Limit) -> impl Strategy<Value = f64> {
+    let capacity = lim.capacity();
+    let whole_max = capacity.ceil().min(1e6) as u64;
+    prop_oneof![
+        1 => Just(0.0),
+        3 => (1..=whole_max.max(1)).prop_map(|k| k as f64),
+        2 => (1..=(whole_max * 4).max(1)).prop_map(|q| q as f64 / 4.0),
+        3 => (0.0..=1.0f64).prop_map(move |f| f * capacity),
+        1 => Just(capacity),
+        1 => (1.0..=2.0f64).prop_map(move |f| f * capacity),
+    ]
+}
+
+/// A limit, a time, a state near it and a cost.
+fn cases() -> impl Strategy<Value = (Limit, u64, Option<State>, f64)> {
+    (limits(), nows())
+        .prop_flat_map(|(lim, now_us)| (Just(lim), Just(now_us), states(lim, now_us), costs(lim)))
+}
+
+proptest! {
+    /// The bucket never holds more than capacity, a denial or a cost of 0 writes nothing,
+    /// and `remaining` is exact: a request for it succeeds, one for a token more does not.
+    #[test]
+    fn never_above_capacity_and_remaining_is_takeable((lim, now_us, st, c) in cases()) {
+        let (d, new_state) = acquire(&lim, st, now_us, cost(c));
+        let capacity = lim.capacity();
+        prop_assert!(d.remaining as f64 <= capacity.floor());
+        match d.outcome {
+            Outcome::Allowed => {
+                prop_assert_eq!(new_state.is_some(), c > 0.0);
+                // What is left is at most capacity - cost (whole tokens, rounded down).
+                prop_assert!(d.remaining as f64 <= (capacity - c).floor());
+            }
+            Outcome::Denied | Outcome::Impossible => prop_assert_eq!(new_state, None),
+        }
+        prop_assert_eq!(d.outcome == Outcome::Impossible, c > capacity);
+
+        let after = new_state.or(st);
+        if d.remaining > 0 {
+            let (take, _) = acquire(&lim, after, now_us, cost(d.remaining as f64));
+            prop_assert_eq!(take.outcome, Outcome::Allowed, "remaining {} not takeable", d.remaining);
+        }
+        let (more, _) = acquire(&lim, after, now_us, cost(d.remaining as f64 + 1.0));
+        prop_assert!(!more.allowed(), "remaining {} + 1 was takeable too", d.remaining);
+    }
+
+    /// A denied request is still denied 1 µs before `retry_after` (rounded up to the µs
+    /// clock) and allowed at it, and at the rounded-up ms view.
+    #[test]
+    fn denied_just_before_retry_after_and_allowed_at_it((lim, now_us, st, c) in cases()) {
+        let (d, _) = acquire(&lim, st, now_us, cost(c));
+        if d.outcome == Outcome::Denied {
+            prop_assert!(d.retry_after_ns > 0);
+            prop_assert!(d.retry_after_ms() > 0);
+            let wait_us = d.retry_after_ns.div_ceil(1000);
+            let (just_before, _) = acquire(&lim, st, now_us + wait_us - 1, cost(c));
+            prop_assert_eq!(just_before.outcome, Outcome::Denied, "allowed 1 µs early");
+            let (at, _) = acquire(&lim, st, now_us + wait_us, cost(c));
+            prop_assert_eq!(at.outcome, Outcome::Allowed);
+            let wait_ms = u64::try_from(d.retry_after_ms()).unwrap();
+            let (at_ms, _) = acquire(&lim, st, now_us + wait_ms * 1000, cost(c));
+            prop_assert_eq!(at_ms.outcome, Outcome::Allowed);
+        }
+    }
+
+    /// If `a` then `b` both succeed at one instant, `a + b` at once succeeds from the same
+    /// state: splitting a request never lets more through.
+    #[test]
+    fn splitting_a_cost_never_lets_more_through(
+        ((lim, now_us, st, a), b_frac) in (cases(), 0.0..=1.0f64)
+    ) {
+        let b_options = [b_frac * lim.capacity(), (b_frac * lim.capacity() * 4.0).floor() / 4.0];
+        for b in b_options {
+            let (first, s1) = acquire(&lim, st, now_us, cost(a));
+            if !first.allowed() {
+                continue;
+            }
+            let (second, _) = acquire(&lim, s1.or(st), now_us, cost(b));
+            if second.allowed() {
+                let (whole, _) = acquire(&lim, st, now_us, cost(a + b));
+                prop_assert!(
+                    whole.allowed(),
+                    "{} then {} allowed, {} at once {:?}", a, b, a + b, whole
+                );
+            }
+        }
+    }
+
+    /// Over any sequence of calls from a full bucket, the tokens granted by time t never
+    /// exceed capacity + rate × (t - t0).
+    #[test]
+    fn granted_never_exceeds_capacity_plus_refill(
+        (lim, calls) in limits().prop_flat_map(|lim| {
+            let interval_us = (1e6 / lim.rate_per_s()).min(1e12);
+            let step = prop_oneof![
+                Just(0.0),
+                0.0..=(3.0 * interval_us),
+                // Long idle gaps, up to the whole refill (capped at ~116 days so that 64 of
+                // them stay well inside the representable range).
+                0.0..=(3.0 * interval_us * lim.capacity()).min(1e13),
+            ];
+            (Just(lim), prop::collection::vec((step, costs(lim)), 1..64))
+        }),
+        start_us in nows(),
+    ) {
+        let mut current = None;
+        let mut now_us = start_us;
+        let mut granted = 0.0f64;
+        for (step_us, c) in calls {
+            now_us += step_us as u64;
+            let (d, new_state) = acquire(&lim, current, now_us, cost(c));
+            if d.allowed() {
+                granted += c;
+            }
+            current = new_state.or(current);
+            let elapsed_s = (now_us - start_us) as f64 / 1e6;
+            let model = lim.capacity() + lim.rate_per_s() * elapsed_s;
+            // Float noise only, and only in the direction that lets the limiter pass.
+            prop_assert!(
+                granted <= model * (1.0 + 1e-9),
+                "granted {} > model {} after {} s", granted, model, elapsed_s
+            );
+        }
+    }
+
+    /// A clock that steps back never adds tokens: remaining does not rise, and nothing is
+    /// allowed at the earlier time that was denied at the later one. This holds both for a
+    /// stored state and for the state a take at the later time just wrote.
+    #[test]
+    fn a_clock_stepping_back_never_adds_tokens(
+        (lim, now_us, st, c) in cases(),
+        back_us in prop_oneof![1u64..=1000, 1u64..=1_000_000_000_000],
+    ) {
+        let earlier_us = now_us - back_us;
+        // The level, probed with cost 0, is never higher at the earlier time.
+        let (probe_now, _) = acquire(&lim, st, now_us, cost(0.0));
+        let (probe_back, _) = acquire(&lim, st, earlier_us, cost(0.0));
+        prop_assert!(probe_back.remaining <= probe_now.remaining);
+        // Whatever the earlier time allows, the later one allows too.
+        let (later, written) = acquire(&lim, st, now_us, cost(c));
+        let (earlier, _) = acquire(&lim, st, earlier_us, cost(c));
+        prop_assert!(!earlier.allowed() || later.allowed());
+        // After a take at the later time, stepping back shows no more than was left.
+        if let Some(w) = written {
+            let (back, _) = acquire(&lim, Some(w), earlier_us, cost(0.0));
+            prop_assert!(back.remaining <= later.remaining);
+        }
+    }
+}
