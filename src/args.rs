@@ -3,7 +3,9 @@
 //! Works on raw bytes, so non-UTF-8 input is an ordinary parse error. Nothing here touches a
 //! key; handlers parse everything first.
 
-use crate::bucket::{Cost, Limit, LimitError, State, MAX_RATE_PER_S, MIN_RATE_PER_S};
+use crate::bucket::{
+    Cost, Limit, LimitError, State, MAX_CAPACITY, MAX_RATE_PER_S, MAX_REFILL_S, MIN_RATE_PER_S,
+};
 use crate::error::Error;
 
 /// `RL.ACQUIRE key rate capacity [cost]`, past the key.
@@ -35,6 +37,67 @@ pub fn acquire(rate: &[u8], capacity: &[u8], cost: Option<&[u8]>) -> Result<Acqu
         Some(bytes) => decimal(bytes).and_then(Cost::new).ok_or(Error::Cost)?,
     };
     Ok(Acquire { limit, cost })
+}
+
+/// `RL.THROTTLE key max_burst count_per_period period [quantity]`, past the key: redis-cell's
+/// arguments, as a token bucket of `max_burst + 1` tokens refilling `count_per_period` every
+/// `period` seconds.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Throttle {
+    /// The equivalent bucket.
+    pub limit: Limit,
+    /// Tokens to take (`quantity`, default 1).
+    pub cost: Cost,
+    /// `max_burst + 1`, the "limit" redis-cell reports.
+    pub total: u64,
+}
+
+/// Parses `max_burst count_per_period period [quantity]`: non-negative integers, as
+/// redis-cell takes them.
+///
+/// # Errors
+/// [`Error::MaxBurst`], [`Error::CountPerPeriod`], [`Error::Period`], [`Error::Quantity`],
+/// or [`Error::ThrottleRate`] when `count_per_period / period` is outside the supported rates.
+pub fn throttle(
+    max_burst: &[u8],
+    count_per_period: &[u8],
+    period: &[u8],
+    quantity: Option<&[u8]>,
+) -> Result<Throttle, Error> {
+    let max_burst = integer(max_burst)
+        .filter(|&n| n < MAX_CAPACITY as u64)
+        .ok_or(Error::MaxBurst)?;
+    let count = integer(count_per_period)
+        .filter(|n| (1..=1_000_000_000).contains(n))
+        .ok_or(Error::CountPerPeriod)?;
+    let period_s = integer(period)
+        .filter(|n| (1..=MAX_REFILL_S as u64).contains(n))
+        .ok_or(Error::Period)?;
+    let cost = match quantity {
+        None => Cost::ONE,
+        Some(bytes) => integer(bytes)
+            .and_then(|n| Cost::new(n as f64))
+            .ok_or(Error::Quantity)?,
+    };
+    let total = max_burst + 1;
+    let limit = Limit::new(count as f64 / period_s as f64, total as f64).map_err(|e| match e {
+        LimitError::Rate => Error::ThrottleRate,
+        LimitError::Capacity => Error::MaxBurst,
+        LimitError::RefillTime => Error::RefillTime,
+    })?;
+    Ok(Throttle { limit, cost, total })
+}
+
+/// A plain non-negative decimal integer of at most 18 digits.
+fn integer(bytes: &[u8]) -> Option<u64> {
+    if bytes.is_empty() || bytes.len() > 18 || !bytes.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    Some(
+        bytes
+            .iter()
+            .fold(0u64, |acc, &b| acc * 10 + u64::from(b - b'0')),
+    )
 }
 
 /// Parses the `full_at_ns` of `RL.SETSTATE`: a plain decimal integer, no sign, no junk.
@@ -126,6 +189,42 @@ mod tests {
         let ok = acquire(b"5", b"10", None).unwrap();
         assert_eq!(ok.cost, Cost::ONE);
         assert_eq!(ok.limit.capacity(), 10.0);
+    }
+
+    #[test]
+    fn throttle_takes_redis_cell_integers() {
+        let t = throttle(b"15", b"30", b"60", None).unwrap();
+        assert_eq!(
+            (t.total, t.limit.capacity(), t.limit.rate_per_s()),
+            (16, 16.0, 0.5)
+        );
+        assert_eq!(t.cost, Cost::ONE);
+        assert_eq!(
+            throttle(b"0", b"1", b"1", Some(b"0"))
+                .unwrap()
+                .cost
+                .tokens(),
+            0.0
+        );
+        type Row<'a> = (&'a [u8], &'a [u8], &'a [u8], Option<&'a [u8]>, Error);
+        let rows: &[Row] = &[
+            (b"-1", b"30", b"60", None, Error::MaxBurst), // negative burst
+            (b"1.5", b"30", b"60", None, Error::MaxBurst), // not an integer
+            (b"1000000000000000", b"1", b"1", None, Error::MaxBurst), // burst + 1 above 1e15
+            (b"15", b"0", b"60", None, Error::CountPerPeriod), // no refill
+            (b"15", b"x", b"60", None, Error::CountPerPeriod), // junk
+            (b"15", b"30", b"0", None, Error::Period),    // zero period
+            (b"15", b"30", b"-60", None, Error::Period),  // negative period
+            (b"15", b"30", b"60", Some(b"-1"), Error::Quantity), // negative quantity
+            (b"15", b"30", b"60", Some(b"\xff"), Error::Quantity), // not UTF-8
+            (b"15", b"1", b"3153600000", None, Error::ThrottleRate), // below 1e-6/s
+        ];
+        for (burst, count, period, quantity, want) in rows {
+            assert_eq!(
+                throttle(burst, count, period, *quantity).unwrap_err(),
+                *want
+            );
+        }
     }
 
     #[test]

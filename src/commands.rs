@@ -2,24 +2,44 @@
 //!
 //! Handlers are raw `extern "C"` functions (no per-call argument vector), and each body runs
 //! inside `catch_unwind`, so a bug becomes an error reply and a log line, never an aborted
-//! server.
+//! server. Every clock-dependent write is replicated as its effect (`RL.SETSTATE` with the
+//! exact state, or `DEL`), never as the command itself.
 
-use std::ffi::{c_int, c_longlong};
+use std::ffi::{c_int, c_longlong, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use redis_module::raw::{self, RedisModuleCtx, RedisModuleString};
 
-use crate::bucket::{self, State};
+use crate::bucket::{self, Change, Decision, Outcome, State};
 use crate::datatype::BucketKey;
 use crate::error::Error;
-use crate::{args, clock, propagation};
+use crate::{args, clock, propagation, stats};
 
 /// What a command answers when it succeeds.
 enum Reply {
-    /// `RL.ACQUIRE`: allowed, remaining, retry_after_ms, reset_after_ms.
+    /// The four integers of `RL.ACQUIRE`.
     Decision([i64; 4]),
+    /// The same four integers from `RL.PEEK`, which decides nothing.
+    Peek([i64; 4]),
+    /// The five integers of `RL.THROTTLE` (redis-cell's reply).
+    Throttle([i64; 5]),
+    /// `RL.REFUND`: remaining, reset_after_ms.
+    Pair([i64; 2]),
+    /// `RL.ACQUIRE.MULTI`: allowed, refused index, retry_after_ms, then one decision per bucket.
+    Multi([i64; 3], Vec<[i64; 4]>),
     /// `+OK`.
     Ok,
+}
+
+impl Reply {
+    /// Whether the call took its tokens, for the counters; `None` when it decides nothing.
+    fn verdict(&self) -> Option<bool> {
+        match self {
+            Reply::Decision([allowed, ..]) | Reply::Multi([allowed, ..], _) => Some(*allowed == 1),
+            Reply::Throttle([limited, ..]) => Some(*limited == 0),
+            Reply::Peek(_) | Reply::Pair(_) | Reply::Ok => None,
+        }
+    }
 }
 
 /// A command body's failure: the wrong number of arguments, or an [`Error`].
@@ -34,62 +54,268 @@ impl From<Error> for Failure {
     }
 }
 
-/// `RL.ACQUIRE key rate capacity [cost]`
-///
-/// # Safety
-/// Called by Redis with a live context and `argc` valid arguments.
-pub unsafe extern "C" fn acquire(
-    ctx: *mut RedisModuleCtx,
-    argv: *mut *mut RedisModuleString,
-    argc: c_int,
-) -> c_int {
-    // SAFETY: forwarded from Redis's call.
-    unsafe { run(ctx, argv, argc, c"RL.ACQUIRE", acquire_body) }
+type Body = fn(*mut RedisModuleCtx, &[*mut RedisModuleString]) -> Result<Reply, Failure>;
+
+/// Declares the `extern "C"` entry point of a command around its body.
+macro_rules! handler {
+    ($(#[$doc:meta])* $name:ident, $command:literal, $body:path, $counted:literal) => {
+        $(#[$doc])*
+        ///
+        /// # Safety
+        /// Called by Redis with a live context and `argc` valid arguments.
+        pub unsafe extern "C" fn $name(
+            ctx: *mut RedisModuleCtx,
+            argv: *mut *mut RedisModuleString,
+            argc: c_int,
+        ) -> c_int {
+            // SAFETY: forwarded from Redis's call.
+            unsafe { run(ctx, argv, argc, $command, $body, $counted) }
+        }
+    };
+}
+
+handler!(
+    /// `RL.ACQUIRE key rate capacity [cost]`
+    acquire, c"RL.ACQUIRE", acquire_body, true
+);
+handler!(
+    /// `RL.PEEK key rate capacity [cost]`
+    peek, c"RL.PEEK", peek_body, true
+);
+handler!(
+    /// `RL.ACQUIRE.MULTI key rate capacity cost [key rate capacity cost ...]`
+    acquire_multi, c"RL.ACQUIRE.MULTI", acquire_multi_body, true
+);
+handler!(
+    /// `RL.THROTTLE key max_burst count_per_period period [quantity]` (and `CL.THROTTLE`)
+    throttle, c"RL.THROTTLE", throttle_body, true
+);
+handler!(
+    /// `RL.REFUND key rate capacity [cost]`
+    refund, c"RL.REFUND", refund_body, true
+);
+handler!(
+    /// `RL.SETSTATE key full_at_ns`: sets a bucket's exact state and derives its absolute
+    /// expiry. It is what `RL.ACQUIRE` replicates and what AOF rewrites emit; it reads no
+    /// clock, so replaying it anywhere gives the same bucket. Not counted: it is internal.
+    set_state, c"RL.SETSTATE", set_state_body, false
+);
+
+/// Splits `name key a b [c]` into the key, the two required and the optional argument.
+fn key_two_and_optional(
+    argv: &[*mut RedisModuleString],
+) -> Result<
+    (
+        *mut RedisModuleString,
+        [*mut RedisModuleString; 2],
+        Option<*mut RedisModuleString>,
+    ),
+    Failure,
+> {
+    match *argv {
+        [_, key, a, b] => Ok((key, [a, b], None)),
+        [_, key, a, b, c] => Ok((key, [a, b], Some(c))),
+        _ => Err(Failure::Arity),
+    }
+}
+
+/// Parses `rate capacity [cost]`.
+fn parse_limit(
+    [rate, capacity]: [*mut RedisModuleString; 2],
+    cost: Option<*mut RedisModuleString>,
+) -> Result<args::Acquire, Error> {
+    // SAFETY (all): the strings are arguments of the running command.
+    unsafe { args::acquire(bytes(rate), bytes(capacity), cost.map(|c| bytes(c))) }
 }
 
 fn acquire_body(
     ctx: *mut RedisModuleCtx,
     argv: &[*mut RedisModuleString],
 ) -> Result<Reply, Failure> {
-    let (&[_, key, rate, capacity], cost) = match argv {
-        [name, key, rate, capacity] => (&[*name, *key, *rate, *capacity], None),
-        [name, key, rate, capacity, cost] => (&[*name, *key, *rate, *capacity], Some(*cost)),
-        _ => return Err(Failure::Arity),
-    };
-    // SAFETY (all three): the strings are arguments of the running command.
-    let parsed = unsafe { args::acquire(bytes(rate), bytes(capacity), cost.map(|c| bytes(c))) }?;
+    let (key, limit_args, cost) = key_two_and_optional(argv)?;
+    let parsed = parse_limit(limit_args, cost)?;
+    let decision = take(ctx, key, &parsed.limit, parsed.cost)?;
+    Ok(Reply::Decision(four(&decision)))
+}
+
+/// Takes `cost` from the bucket at `key`: reads, decides, writes and propagates the effect.
+fn take(
+    ctx: *mut RedisModuleCtx,
+    key: *mut RedisModuleString,
+    limit: &bucket::Limit,
+    cost: bucket::Cost,
+) -> Result<Decision, Error> {
     // SAFETY: `ctx` and `key` belong to the running command.
     let bucket_key = unsafe { BucketKey::open(ctx, key) }?;
     let state = bucket_key.state()?;
-    let (decision, new_state) = bucket::acquire(&parsed.limit, state, clock::now_us(), parsed.cost);
+    let (decision, new_state) = bucket::acquire(limit, state, clock::now_us(), cost);
     if let Some(new_state) = new_state {
         bucket_key.write(new_state, state.is_some())?;
-        if propagation::needed(ctx) {
-            // SAFETY: as above.
-            unsafe { propagate_state(ctx, key, new_state) }?;
-        }
+        propagate(ctx, key, Change::Set(new_state))?;
     }
-    Ok(Reply::Decision([
-        i64::from(decision.allowed()),
-        i64::try_from(decision.remaining).unwrap_or(i64::MAX),
-        decision.retry_after_ms(),
+    Ok(decision)
+}
+
+fn peek_body(ctx: *mut RedisModuleCtx, argv: &[*mut RedisModuleString]) -> Result<Reply, Failure> {
+    let (key, limit_args, cost) = key_two_and_optional(argv)?;
+    let parsed = parse_limit(limit_args, cost)?;
+    // SAFETY: `ctx` and `key` belong to the running command.
+    let state = unsafe { BucketKey::open_read(ctx, key) }?.state()?;
+    let decision = bucket::peek(&parsed.limit, state, clock::now_us(), parsed.cost);
+    Ok(Reply::Peek(four(&decision)))
+}
+
+fn refund_body(
+    ctx: *mut RedisModuleCtx,
+    argv: &[*mut RedisModuleString],
+) -> Result<Reply, Failure> {
+    let (key, limit_args, cost) = key_two_and_optional(argv)?;
+    let parsed = parse_limit(limit_args, cost)?;
+    // SAFETY: `ctx` and `key` belong to the running command.
+    let bucket_key = unsafe { BucketKey::open(ctx, key) }?;
+    let state = bucket_key.state()?;
+    let (decision, change) = bucket::refund(&parsed.limit, state, clock::now_us(), parsed.cost);
+    match change {
+        Change::Keep => {}
+        Change::Set(new_state) => bucket_key.write(new_state, state.is_some())?,
+        Change::Delete => bucket_key.delete()?,
+    }
+    propagate(ctx, key, change)?;
+    Ok(Reply::Pair([
+        saturating_i64(decision.remaining),
         decision.reset_after_ms(),
     ]))
 }
 
-/// `RL.SETSTATE key full_at_ns`: sets a bucket's exact state and derives its absolute expiry.
-/// It is what `RL.ACQUIRE` replicates and what AOF rewrites emit; it reads no clock, so
-/// replaying it anywhere gives the same bucket.
-///
-/// # Safety
-/// Called by Redis with a live context and `argc` valid arguments.
-pub unsafe extern "C" fn set_state(
+fn throttle_body(
     ctx: *mut RedisModuleCtx,
-    argv: *mut *mut RedisModuleString,
-    argc: c_int,
-) -> c_int {
-    // SAFETY: forwarded from Redis's call.
-    unsafe { run(ctx, argv, argc, c"RL.SETSTATE", set_state_body) }
+    argv: &[*mut RedisModuleString],
+) -> Result<Reply, Failure> {
+    let (key, max_burst, count, period, quantity) = match *argv {
+        [_, key, a, b, c] => (key, a, b, c, None),
+        [_, key, a, b, c, d] => (key, a, b, c, Some(d)),
+        _ => return Err(Failure::Arity),
+    };
+    // SAFETY (all): the strings are arguments of the running command.
+    let parsed = unsafe {
+        args::throttle(
+            bytes(max_burst),
+            bytes(count),
+            bytes(period),
+            quantity.map(|q| bytes(q)),
+        )
+    }?;
+    let decision = take(ctx, key, &parsed.limit, parsed.cost)?;
+    // redis-cell's reply, in whole seconds; waits round up so that waiting that long works.
+    let retry_after_s = match decision.outcome {
+        Outcome::Denied => seconds_ceil(decision.retry_after_ns),
+        Outcome::Allowed | Outcome::Impossible => -1,
+    };
+    Ok(Reply::Throttle([
+        i64::from(!decision.allowed()),
+        saturating_i64(parsed.total),
+        saturating_i64(decision.remaining),
+        retry_after_s,
+        seconds_ceil(decision.reset_after_ns),
+    ]))
+}
+
+/// One bucket of an `RL.ACQUIRE.MULTI` call, and the key handle it shares with any other
+/// bucket of the same name.
+struct Slot {
+    handle: usize,
+    limit: bucket::Limit,
+    cost: bucket::Cost,
+}
+
+/// An open key and its state as the call goes: buckets named twice see each other's takes.
+struct Opened {
+    name: *mut RedisModuleString,
+    key: BucketKey,
+    stored: Option<State>,
+    pending: Option<State>,
+}
+
+fn acquire_multi_body(
+    ctx: *mut RedisModuleCtx,
+    argv: &[*mut RedisModuleString],
+) -> Result<Reply, Failure> {
+    let groups = argv.get(1..).ok_or(Failure::Arity)?;
+    if groups.is_empty() || groups.len() % 4 != 0 {
+        return Err(Failure::Arity);
+    }
+    // Parse every group before touching any key.
+    let mut parsed = Vec::with_capacity(groups.len() / 4);
+    for group in groups.chunks_exact(4) {
+        let &[key, rate, capacity, cost] = group else {
+            return Err(Failure::Arity);
+        };
+        parsed.push((key, parse_limit([rate, capacity], Some(cost))?));
+    }
+    let now_us = clock::now_us();
+    let mut opened: Vec<Opened> = Vec::new();
+    let mut slots = Vec::with_capacity(parsed.len());
+    for (name, limit) in parsed {
+        // SAFETY: argument strings of the running command.
+        let name_bytes = unsafe { bytes(name) };
+        // SAFETY: as above, for every opened name.
+        let handle = match opened
+            .iter()
+            .position(|o| unsafe { bytes(o.name) } == name_bytes)
+        {
+            Some(handle) => handle,
+            None => {
+                // SAFETY: `ctx` and `name` belong to the running command.
+                let key = unsafe { BucketKey::open(ctx, name) }?;
+                let stored = key.state()?;
+                opened.push(Opened {
+                    name,
+                    key,
+                    stored,
+                    pending: stored,
+                });
+                opened.len() - 1
+            }
+        };
+        slots.push(Slot {
+            handle,
+            limit: limit.limit,
+            cost: limit.cost,
+        });
+    }
+    let mut decisions = Vec::with_capacity(slots.len());
+    for slot in &slots {
+        let opened = opened.get_mut(slot.handle).ok_or(Error::Internal)?;
+        let (decision, new_state) = bucket::acquire(&slot.limit, opened.pending, now_us, slot.cost);
+        if let Some(new_state) = new_state {
+            opened.pending = Some(new_state);
+        }
+        decisions.push(decision);
+    }
+    let refused = decisions.iter().position(|d| !d.allowed());
+    if refused.is_none() {
+        for o in &opened {
+            if let (Some(new_state), true) = (o.pending, o.pending != o.stored) {
+                o.key.write(new_state, o.stored.is_some())?;
+                propagate(ctx, o.name, Change::Set(new_state))?;
+            }
+        }
+    }
+    // The longest wait among the refusing buckets, or -1 if one of them can never succeed.
+    let retry_after_ms = decisions
+        .iter()
+        .filter(|d| !d.allowed())
+        .map(Decision::retry_after_ms)
+        .try_fold(0i64, |longest, ms| (ms >= 0).then_some(longest.max(ms)))
+        .unwrap_or(-1);
+    Ok(Reply::Multi(
+        [
+            i64::from(refused.is_none()),
+            refused.map_or(-1, |i| i64::try_from(i).unwrap_or(i64::MAX)),
+            retry_after_ms,
+        ],
+        decisions.iter().map(four).collect(),
+    ))
 }
 
 fn set_state_body(
@@ -111,26 +337,55 @@ fn set_state_body(
     Ok(Reply::Ok)
 }
 
-/// Replicates the effect of a clock-dependent write: the exact state, whose expiry follows.
-///
-/// # Safety
-/// `ctx` and `key` must belong to the running command.
-unsafe fn propagate_state(
+/// The four integers of `RL.ACQUIRE`'s reply.
+fn four(decision: &Decision) -> [i64; 4] {
+    [
+        i64::from(decision.allowed()),
+        saturating_i64(decision.remaining),
+        decision.retry_after_ms(),
+        decision.reset_after_ms(),
+    ]
+}
+
+fn saturating_i64(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+fn seconds_ceil(ns: u64) -> i64 {
+    saturating_i64(ns.div_ceil(1_000_000_000))
+}
+
+/// Replicates the effect of a clock-dependent write: `RL.SETSTATE` with the exact state (whose
+/// expiry follows from it), or `DEL` for a bucket that became full. Skipped when nothing
+/// would receive it (see [`propagation`]).
+fn propagate(
     ctx: *mut RedisModuleCtx,
     key: *mut RedisModuleString,
-    state: State,
+    change: Change,
 ) -> Result<(), Error> {
+    if change == Change::Keep || !propagation::needed(ctx) {
+        return Ok(());
+    }
+    // SAFETY: read once, after load.
     let replicate = unsafe { raw::RedisModule_Replicate }.ok_or(Error::Internal)?;
-    let full_at_ns = c_longlong::try_from(state.full_at_ns()).map_err(|_| Error::Internal)?;
-    // SAFETY: "sl" matches the two variadic arguments: a RedisModuleString and a long long.
+    // SAFETY: the format strings match the variadic arguments: a RedisModuleString, and for
+    // "sl" a long long.
     let status = unsafe {
-        replicate(
-            ctx,
-            c"RL.SETSTATE".as_ptr(),
-            c"sl".as_ptr(),
-            key,
-            full_at_ns,
-        )
+        match change {
+            Change::Set(state) => {
+                let full_at_ns =
+                    c_longlong::try_from(state.full_at_ns()).map_err(|_| Error::Internal)?;
+                replicate(
+                    ctx,
+                    c"RL.SETSTATE".as_ptr(),
+                    c"sl".as_ptr(),
+                    key,
+                    full_at_ns,
+                )
+            }
+            Change::Delete => replicate(ctx, c"DEL".as_ptr(), c"s".as_ptr(), key),
+            Change::Keep => raw::REDISMODULE_OK as c_int,
+        }
     };
     (status == raw::REDISMODULE_OK as c_int)
         .then_some(())
@@ -157,7 +412,7 @@ unsafe fn bytes<'a>(s: *mut RedisModuleString) -> &'a [u8] {
     }
 }
 
-/// Runs a command body, catching any panic, and sends its reply.
+/// Runs a command body, catching any panic, counts it, and sends its reply.
 ///
 /// # Safety
 /// `ctx`, `argv` and `argc` must be exactly what Redis passed to the command handler.
@@ -165,8 +420,9 @@ unsafe fn run(
     ctx: *mut RedisModuleCtx,
     argv: *mut *mut RedisModuleString,
     argc: c_int,
-    name: &std::ffi::CStr,
-    body: fn(*mut RedisModuleCtx, &[*mut RedisModuleString]) -> Result<Reply, Failure>,
+    name: &CStr,
+    body: Body,
+    counted: bool,
 ) -> c_int {
     let argv: &[*mut RedisModuleString] = match usize::try_from(argc) {
         // SAFETY: Redis passes `argc` valid pointers in `argv`.
@@ -174,6 +430,17 @@ unsafe fn run(
         _ => &[],
     };
     let outcome = catch_unwind(AssertUnwindSafe(|| body(ctx, argv)));
+    if counted {
+        stats::CALLS.bump();
+        match &outcome {
+            Ok(Ok(reply)) => match reply.verdict() {
+                Some(true) => stats::ALLOWED.bump(),
+                Some(false) => stats::DENIED.bump(),
+                None => {}
+            },
+            _ => stats::ERRORS.bump(),
+        }
+    }
     // SAFETY: `ctx` is live for the whole call; replies are sent once, here.
     unsafe {
         match outcome {
@@ -198,20 +465,47 @@ unsafe fn run(
     }
 }
 
+/// Sends integers as one flat array.
+///
+/// # Safety
+/// `ctx` must be live.
+unsafe fn send_integers(ctx: *mut RedisModuleCtx, values: &[i64]) -> c_int {
+    // SAFETY: `ctx` is live (caller).
+    unsafe {
+        let (Some(array), Some(integer)) = (
+            raw::RedisModule_ReplyWithArray,
+            raw::RedisModule_ReplyWithLongLong,
+        ) else {
+            return raw::REDISMODULE_ERR as c_int;
+        };
+        array(ctx, values.len() as _);
+        for &value in values {
+            integer(ctx, value);
+        }
+        raw::REDISMODULE_OK as c_int
+    }
+}
+
 unsafe fn send(ctx: *mut RedisModuleCtx, reply: &Reply) -> c_int {
     // SAFETY: `ctx` is live (caller).
     unsafe {
         match reply {
-            Reply::Decision(values) => {
-                let (Some(array), Some(integer)) = (
-                    raw::RedisModule_ReplyWithArray,
-                    raw::RedisModule_ReplyWithLongLong,
-                ) else {
+            Reply::Decision(values) | Reply::Peek(values) => send_integers(ctx, values),
+            Reply::Throttle(values) => send_integers(ctx, values),
+            Reply::Pair(values) => send_integers(ctx, values),
+            Reply::Multi(head, buckets) => {
+                let Some(array) = raw::RedisModule_ReplyWithArray else {
                     return raw::REDISMODULE_ERR as c_int;
                 };
-                array(ctx, values.len() as _);
-                for &value in values {
-                    integer(ctx, value);
+                array(ctx, (head.len() + 1) as _);
+                for &value in head {
+                    if let Some(integer) = raw::RedisModule_ReplyWithLongLong {
+                        integer(ctx, value);
+                    }
+                }
+                array(ctx, buckets.len() as _);
+                for bucket in buckets {
+                    send_integers(ctx, bucket);
                 }
                 raw::REDISMODULE_OK as c_int
             }

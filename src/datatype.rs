@@ -102,13 +102,39 @@ impl BucketKey {
         ctx: *mut raw::RedisModuleCtx,
         name: *mut raw::RedisModuleString,
     ) -> Result<Self, Error> {
-        let open = raw::RedisModule_OpenKey.ok_or(Error::Internal)?;
-        let mode = (raw::REDISMODULE_READ | raw::REDISMODULE_WRITE) as c_int;
-        // SAFETY: guaranteed by the caller; the handle is closed exactly once, in Drop.
-        let key = unsafe { open(ctx, name, mode) }.cast::<raw::RedisModuleKey>();
-        if key.is_null() {
+        // SAFETY: forwarded (caller).
+        let key =
+            unsafe { Self::open_mode(ctx, name, raw::REDISMODULE_READ | raw::REDISMODULE_WRITE) }?;
+        if key.key.is_null() {
             return Err(Error::Internal);
         }
+        Ok(key)
+    }
+
+    /// Opens `name` for reading only (it works on replicas and in read-only scripts). A
+    /// missing key yields a handle that reads as a full bucket.
+    ///
+    /// # Errors
+    /// [`Error::Internal`] if the server lacks the API.
+    ///
+    /// # Safety
+    /// As for [`BucketKey::open`].
+    pub unsafe fn open_read(
+        ctx: *mut raw::RedisModuleCtx,
+        name: *mut raw::RedisModuleString,
+    ) -> Result<Self, Error> {
+        // SAFETY: forwarded (caller).
+        unsafe { Self::open_mode(ctx, name, raw::REDISMODULE_READ) }
+    }
+
+    unsafe fn open_mode(
+        ctx: *mut raw::RedisModuleCtx,
+        name: *mut raw::RedisModuleString,
+        mode: u32,
+    ) -> Result<Self, Error> {
+        let open = raw::RedisModule_OpenKey.ok_or(Error::Internal)?;
+        // SAFETY: guaranteed by the caller; a non-null handle is closed exactly once, in Drop.
+        let key = unsafe { open(ctx, name, mode as c_int) }.cast::<raw::RedisModuleKey>();
         Ok(Self { ctx, name, key })
     }
 
@@ -117,6 +143,9 @@ impl BucketKey {
     /// # Errors
     /// [`Error::WrongType`] if the key holds any other type, whose value is never read.
     pub fn state(&self) -> Result<Option<State>, Error> {
+        if self.key.is_null() {
+            return Ok(None);
+        }
         // SAFETY: `self.key` is an open handle (see `open`); these calls only inspect it.
         unsafe {
             let key_type = raw::RedisModule_KeyType.ok_or(Error::Internal)?(self.key);
@@ -157,25 +186,38 @@ impl BucketKey {
                     value,
                 )
             };
-            let ok = set == raw::REDISMODULE_OK as c_int
+            set == raw::REDISMODULE_OK as c_int
                 && raw::RedisModule_SetAbsExpire.ok_or(Error::Internal)?(self.key, expire_at_ms)
-                    == raw::REDISMODULE_OK as c_int;
-            // The module opts out of implicit signals (so denials do not break WATCH), which
-            // makes this the one place a bucket is reported modified.
-            if ok {
-                raw::RedisModule_SignalModifiedKey.ok_or(Error::Internal)?(self.ctx, self.name);
-            }
-            ok
+                    == raw::REDISMODULE_OK as c_int
         };
-        ok.then_some(()).ok_or(Error::Internal)
+        ok.then(|| self.signal_modified()).ok_or(Error::Internal)?
+    }
+
+    /// Deletes the key: a full bucket and a missing key mean the same.
+    ///
+    /// # Errors
+    /// [`Error::Internal`] if the server refuses.
+    pub fn delete(&self) -> Result<(), Error> {
+        // SAFETY: `self.key` is open for writing.
+        let ok = unsafe { raw::RedisModule_DeleteKey.ok_or(Error::Internal)?(self.key) }
+            == raw::REDISMODULE_OK as c_int;
+        ok.then(|| self.signal_modified()).ok_or(Error::Internal)?
+    }
+
+    /// The module opts out of implicit signals (so denials do not break WATCH), which makes
+    /// the writers above the one place a bucket is reported modified.
+    fn signal_modified(&self) -> Result<(), Error> {
+        // SAFETY: the context and key name of the running command.
+        unsafe { raw::RedisModule_SignalModifiedKey.ok_or(Error::Internal)?(self.ctx, self.name) };
+        Ok(())
     }
 }
 
 impl Drop for BucketKey {
     fn drop(&mut self) {
-        // SAFETY: the handle is open and is closed only here.
+        // SAFETY: a non-null handle is open and is closed only here.
         unsafe {
-            if let Some(close) = raw::RedisModule_CloseKey {
+            if let (false, Some(close)) = (self.key.is_null(), raw::RedisModule_CloseKey) {
                 close(self.key);
             }
         }

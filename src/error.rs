@@ -16,6 +16,16 @@ pub enum Error {
     RefillTime,
     /// `cost` is not a finite number `>= 0`.
     Cost,
+    /// `max_burst` (of `RL.THROTTLE`) is not an integer in range.
+    MaxBurst,
+    /// `count_per_period` is not an integer in range.
+    CountPerPeriod,
+    /// `period` is not an integer in range.
+    Period,
+    /// `quantity` is not a non-negative integer.
+    Quantity,
+    /// `count_per_period / period` is outside the supported rates.
+    ThrottleRate,
     /// `full_at_ns` (of `RL.SETSTATE`) is not an integer in range.
     FullAt,
     /// The key holds a value of another type.
@@ -34,6 +44,15 @@ impl Error {
                 c"ERR capacity / rate must be at most 3153600000 (a full refill within 100 years)"
             }
             Error::Cost => c"ERR cost must be a finite number >= 0 (tokens)",
+            Error::MaxBurst => c"ERR max_burst must be an integer from 0 to 999999999999999",
+            Error::CountPerPeriod => {
+                c"ERR count_per_period must be an integer from 1 to 1000000000"
+            }
+            Error::Period => c"ERR period must be an integer from 1 to 3153600000 (seconds)",
+            Error::Quantity => c"ERR quantity must be an integer >= 0",
+            Error::ThrottleRate => {
+                c"ERR count_per_period / period must be from 0.000001 to 1000000000 per second"
+            }
             Error::FullAt => c"ERR full_at_ns must be an integer from 1 to 9223372036854775807 (ns since the Unix epoch)",
             Error::WrongType => c"WRONGTYPE Operation against a key holding the wrong kind of value",
             Error::Internal => c"ERR rl internal error, see the server log",

@@ -4,7 +4,7 @@ use std::ffi::{c_int, CString};
 
 use redis_module::raw::{self, RedisModuleInfoCtx};
 
-use crate::{clock, propagation};
+use crate::{clock, config, propagation, stats};
 
 /// Registers the section; `INFO rl` (or `INFO modules`, `INFO everything`) shows it.
 ///
@@ -19,10 +19,24 @@ pub unsafe fn register(ctx: *mut raw::RedisModuleCtx) -> bool {
 }
 
 unsafe extern "C" fn info(ctx: *mut RedisModuleInfoCtx, _for_crash_report: c_int) {
+    let counters = [
+        ("calls", stats::CALLS.get()),
+        ("allowed", stats::ALLOWED.get()),
+        ("denied", stats::DENIED.get()),
+        ("errors", stats::ERRORS.get()),
+    ];
     let fields = [
         ("version", env!("CARGO_PKG_VERSION")),
         ("clock", clock::source().name()),
         ("propagation", propagation::describe()),
+        (
+            "cl_throttle_alias",
+            if config::cl_throttle_alias() {
+                "yes"
+            } else {
+                "no"
+            },
+        ),
     ];
     // SAFETY: `ctx` is the live info context Redis passed in; strings are NUL-terminated.
     unsafe {
@@ -38,6 +52,13 @@ unsafe extern "C" fn info(ctx: *mut RedisModuleInfoCtx, _for_crash_report: c_int
         for (name, value) in fields {
             if let (Ok(name), Ok(value)) = (CString::new(name), CString::new(value)) {
                 add_field(ctx, name.as_ptr(), value.as_ptr());
+            }
+        }
+        if let Some(add_unsigned) = raw::RedisModule_InfoAddFieldULongLong {
+            for (name, value) in counters {
+                if let Ok(name) = CString::new(name) {
+                    add_unsigned(ctx, name.as_ptr(), value);
+                }
             }
         }
     }

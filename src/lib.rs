@@ -7,7 +7,8 @@
 //! - [`datatype`]: the `rl-bucket` module type and the key handle commands use.
 //! - [`clock`]: the one place that reads the server's time.
 //! - [`error`]: the error enum and its reply texts.
-//! - [`info`]: the `INFO rl` section.
+//! - [`info`]: the `INFO rl` section; [`stats`]: its counters.
+//! - [`config`]: module load arguments.
 //! - [`registry`]: what the server is told about each command (flags, keys, docs).
 //! - [`propagation`]: whether anything receives what a write propagates.
 //!
@@ -33,11 +34,13 @@ pub mod args;
 pub mod bucket;
 pub mod clock;
 pub mod commands;
+pub mod config;
 pub mod datatype;
 pub mod error;
 pub mod info;
 pub mod propagation;
 pub mod registry;
+pub mod stats;
 
 use redis_module::{raw, redis_module, Context, RedisString, Status};
 
@@ -61,12 +64,10 @@ mod alloc {
 pub const MODULE_VERSION: i32 = 100;
 
 fn init(ctx: &Context, args: &[RedisString]) -> Status {
-    if let Some(arg) = args.first() {
+    let args: Vec<String> = args.iter().map(|a| a.to_string_lossy()).collect();
+    if let Err(message) = config::apply(&args) {
         // Fail the load loudly rather than ignore a setting the operator thinks is active.
-        ctx.log_warning(&format!(
-            "rl: unknown module argument '{}': this version takes no load arguments",
-            arg.to_string_lossy()
-        ));
+        ctx.log_warning(&format!("rl: {message}"));
         return Status::Err;
     }
     // SAFETY: `ctx.ctx` is the load-time context; the options are plain flags.

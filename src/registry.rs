@@ -10,8 +10,8 @@ use std::ptr;
 
 use redis_module::raw::{self, RedisModuleCtx, RedisModuleString};
 
-use crate::commands;
 use crate::error::Error;
+use crate::{commands, config};
 
 type Handler =
     unsafe extern "C" fn(*mut RedisModuleCtx, *mut *mut RedisModuleString, c_int) -> c_int;
@@ -42,6 +42,8 @@ const WRITE: u32 =
     raw::REDISMODULE_CMD_KEY_RW | raw::REDISMODULE_CMD_KEY_ACCESS | raw::REDISMODULE_CMD_KEY_UPDATE;
 const OVERWRITE: u32 = raw::REDISMODULE_CMD_KEY_OW | raw::REDISMODULE_CMD_KEY_UPDATE;
 
+const READ: u32 = raw::REDISMODULE_CMD_KEY_RO | raw::REDISMODULE_CMD_KEY_ACCESS;
+
 /// Every command the module registers.
 pub const SPECS: &[Spec] = &[
     Spec {
@@ -57,6 +59,50 @@ pub const SPECS: &[Spec] = &[
         tips: Some(c"nondeterministic_output"),
     },
     Spec {
+        name: c"RL.PEEK",
+        handler: commands::peek,
+        flags: c"readonly fast",
+        keys: (1, 1, 1),
+        key_flags: READ,
+        arity: -4,
+        summary: c"Replies as RL.ACQUIRE would, taking and writing nothing.",
+        complexity: c"O(1)",
+        tips: Some(c"nondeterministic_output"),
+    },
+    Spec {
+        name: c"RL.ACQUIRE.MULTI",
+        handler: commands::acquire_multi,
+        flags: c"write deny-oom",
+        keys: (1, -1, 4),
+        key_flags: WRITE,
+        arity: -5,
+        summary: c"Takes from several buckets atomically: all of them, or none.",
+        complexity: c"O(N) where N is the number of buckets",
+        tips: Some(c"nondeterministic_output"),
+    },
+    Spec {
+        name: c"RL.THROTTLE",
+        handler: commands::throttle,
+        flags: c"write deny-oom fast",
+        keys: (1, 1, 1),
+        key_flags: WRITE,
+        arity: -5,
+        summary: c"redis-cell's CL.THROTTLE: same arguments and reply, on an RL token bucket.",
+        complexity: c"O(1)",
+        tips: Some(c"nondeterministic_output"),
+    },
+    Spec {
+        name: c"RL.REFUND",
+        handler: commands::refund,
+        flags: c"write deny-oom fast",
+        keys: (1, 1, 1),
+        key_flags: WRITE,
+        arity: -4,
+        summary: c"Gives tokens back to a bucket, capped at its capacity.",
+        complexity: c"O(1)",
+        tips: Some(c"nondeterministic_output"),
+    },
+    Spec {
         name: c"RL.SETSTATE",
         handler: commands::set_state,
         flags: c"write deny-oom fast",
@@ -69,6 +115,24 @@ pub const SPECS: &[Spec] = &[
     },
 ];
 
+/// `CL.THROTTLE`, registered only with the `cl-throttle-alias yes` load argument, so that
+/// redis-cell users switch without renaming (and without clashing with redis-cell itself).
+pub const CL_THROTTLE: Spec = Spec {
+    name: c"CL.THROTTLE",
+    handler: commands::throttle,
+    flags: c"write deny-oom fast",
+    keys: (1, 1, 1),
+    key_flags: WRITE,
+    arity: -5,
+    summary: c"Alias of RL.THROTTLE, for redis-cell clients.",
+    complexity: c"O(1)",
+    tips: Some(c"nondeterministic_output"),
+};
+
+/// The ACL category every command joins where the server supports module categories
+/// (Redis 7.4+, Valkey), so `ACL SETUSER app +@ratelimit` works.
+pub const ACL_CATEGORY: &CStr = c"ratelimit";
+
 /// Registers [`SPECS`], with key specs and docs where the server supports them.
 ///
 /// # Errors
@@ -80,7 +144,15 @@ pub unsafe fn register(ctx: *mut RedisModuleCtx) -> Result<(), Error> {
     // SAFETY: load-time context (caller); static NUL-terminated strings; handlers match.
     unsafe {
         let create = raw::RedisModule_CreateCommand.ok_or(Error::Internal)?;
-        for spec in SPECS {
+        // Probed by function pointer, never by version: Redis 7.0 has no module categories.
+        let category = match raw::RedisModule_AddACLCategory {
+            Some(add) if add(ctx, ACL_CATEGORY.as_ptr()) == raw::REDISMODULE_OK as c_int => {
+                raw::RedisModule_SetCommandACLCategories
+            }
+            _ => None,
+        };
+        let alias = config::cl_throttle_alias().then_some(&CL_THROTTLE);
+        for spec in SPECS.iter().chain(alias) {
             let (first, last, step) = spec.keys;
             let status = create(
                 ctx,
@@ -103,6 +175,12 @@ pub unsafe fn register(ctx: *mut RedisModuleCtx) -> Result<(), Error> {
                         != raw::REDISMODULE_OK as c_int
                 {
                     return Err(Error::Internal);
+                }
+                if let Some(set_category) = category {
+                    if set_category(command, ACL_CATEGORY.as_ptr()) != raw::REDISMODULE_OK as c_int
+                    {
+                        return Err(Error::Internal);
+                    }
                 }
             }
         }

@@ -797,7 +797,7 @@ fn v1_fixture_restores_to_its_state() {
     };
     let before_us = time_us(&mut con);
     let [allowed, _, retry_after_ms, reset_after_ms] =
-        acquire(&mut con, b"old", "1", "1e15", Some("0"));
+        acquire(&mut con, b"old", "1", "3153600000", Some("0"));
     let after_us = time_us(&mut con);
     assert_eq!((allowed, retry_after_ms), (1, 0));
     // The server's clock may be millisecond-grained, so `now` is at least `before` floored
@@ -818,7 +818,7 @@ fn v1_fixture_restores_to_its_state() {
     );
     // Taking one token at 1 token/s moves full_at exactly 1 s later, whatever the time,
     // because full_at is already in the future.
-    let [allowed, _, retry_after_ms, _] = acquire(&mut con, b"old", "1", "1e15", Some("1"));
+    let [allowed, _, retry_after_ms, _] = acquire(&mut con, b"old", "1", "3153600000", Some("1"));
     assert_eq!((allowed, retry_after_ms), (1, 0));
     let taken = ModuleDump::parse(&dump(&mut con, b"old").expect("bucket")).full_at_ns();
     assert_eq!(taken, FIXTURE_FULL_AT_NS + 1_000_000_000);

@@ -1,0 +1,73 @@
+//! Module load arguments (`loadmodule /path/libredis_rl.so name value ...`), validated at
+//! load: anything unknown or malformed fails the load with a log line naming it, rather than
+//! leaving the operator believing a setting is active.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+static CL_THROTTLE_ALIAS: AtomicBool = AtomicBool::new(false);
+
+/// Whether `CL.THROTTLE` is registered as an alias of `RL.THROTTLE`.
+pub fn cl_throttle_alias() -> bool {
+    CL_THROTTLE_ALIAS.load(Ordering::Relaxed)
+}
+
+/// Applies `name value` pairs.
+///
+/// # Errors
+/// A message for the log: an unknown name, a missing value, or a value out of range.
+pub fn apply(args: &[String]) -> Result<(), String> {
+    let mut pairs = args.chunks(2);
+    for pair in pairs.by_ref() {
+        let (name, value) = match pair {
+            [name, value] => (name.as_str(), value.as_str()),
+            [name] => return Err(format!("module argument '{name}' needs a value")),
+            _ => continue,
+        };
+        match name.to_ascii_lowercase().as_str() {
+            "cl-throttle-alias" => CL_THROTTLE_ALIAS.store(yes_no(name, value)?, Ordering::Relaxed),
+            _ => {
+                return Err(format!(
+                    "unknown module argument '{name}' (known: cl-throttle-alias yes|no)"
+                ))
+            }
+        }
+    }
+    Ok(())
+}
+
+fn yes_no(name: &str, value: &str) -> Result<bool, String> {
+    match value.to_ascii_lowercase().as_str() {
+        "yes" => Ok(true),
+        "no" => Ok(false),
+        _ => Err(format!(
+            "module argument '{name}' must be yes or no, not '{value}'"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn strings(args: &[&str]) -> Vec<String> {
+        args.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn load_arguments_are_validated() {
+        assert!(apply(&strings(&[])).is_ok());
+        assert!(apply(&strings(&["cl-throttle-alias", "no"])).is_ok());
+        assert!(!cl_throttle_alias());
+        assert!(apply(&strings(&["CL-THROTTLE-ALIAS", "YES"])).is_ok());
+        assert!(cl_throttle_alias());
+        CL_THROTTLE_ALIAS.store(false, Ordering::Relaxed);
+        for bad in [
+            &["cl-throttle-alias"][..],
+            &["cl-throttle-alias", "maybe"],
+            &["colour", "blue"],
+        ] {
+            let err = apply(&strings(bad)).unwrap_err();
+            assert!(err.contains(bad[0]), "{err}");
+        }
+    }
+}

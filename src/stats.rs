@@ -1,0 +1,37 @@
+//! Counters for `INFO rl`: calls, allowed, denied and errors, since the module loaded.
+//!
+//! Commands run on the server's main thread only, so a relaxed load and store is an exact
+//! increment and costs no locked instruction on the hot path.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// One counter.
+pub struct Counter(AtomicU64);
+
+impl Counter {
+    const fn new() -> Self {
+        Counter(AtomicU64::new(0))
+    }
+
+    /// Adds one. Only the main thread writes, so load-then-store cannot lose an update.
+    pub fn bump(&self) {
+        self.0.store(
+            self.0.load(Ordering::Relaxed).wrapping_add(1),
+            Ordering::Relaxed,
+        );
+    }
+
+    /// The current count.
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// Rate-limit calls answered (RL.ACQUIRE, RL.ACQUIRE.MULTI, RL.THROTTLE, RL.PEEK, RL.REFUND).
+pub static CALLS: Counter = Counter::new();
+/// Calls that took their tokens.
+pub static ALLOWED: Counter = Counter::new();
+/// Calls that were refused (including those that can never succeed).
+pub static DENIED: Counter = Counter::new();
+/// Calls answered with an error.
+pub static ERRORS: Counter = Counter::new();
