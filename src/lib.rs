@@ -8,7 +8,7 @@
 //! - [`clock`]: the one place that reads the server's time.
 //! - [`error`]: the error enum and its reply texts.
 //! - [`info`]: the `INFO rl` section; [`stats`]: its counters.
-//! - [`config`]: module load arguments.
+//! - [`config`]: module load arguments; [`server`]: what the loading server supports.
 //! - [`registry`]: what the server is told about each command (flags, keys, docs).
 //! - [`propagation`]: whether anything receives what a write propagates.
 //!
@@ -40,6 +40,7 @@ pub mod error;
 pub mod info;
 pub mod propagation;
 pub mod registry;
+pub mod server;
 pub mod stats;
 
 use redis_module::{raw, redis_module, Context, RedisString, Status};
@@ -73,11 +74,7 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
     // SAFETY: `ctx.ctx` is the load-time context; the options are plain flags.
     unsafe {
         if let Some(set_options) = raw::RedisModule_SetModuleOptions {
-            set_options(
-                ctx.ctx,
-                (raw::REDISMODULE_OPTIONS_HANDLE_IO_ERRORS
-                    | raw::REDISMODULE_OPTION_NO_IMPLICIT_SIGNAL_MODIFIED) as i32,
-            );
+            set_options(ctx.ctx, server::module_options(ctx.ctx));
         }
     }
     if datatype::cache_type().is_err() {

@@ -1,0 +1,53 @@
+//! What the loading server supports, probed through the module API at load, never inferred
+//! from a version number (Valkey reports `redis_version:7.2.4` whatever its own version).
+
+use std::ffi::{c_int, CStr};
+
+use redis_module::raw::{self, RedisModuleCtx};
+
+/// Valkey's module option: `ValkeyModule_Replicate` skips its command-name lookup, which
+/// costs more than the rest of a replicated write.
+const VALKEY_SKIP_COMMAND_VALIDATION: c_int = 1 << 4;
+/// Valkey's module option: the module's keys may move with `CLUSTER MIGRATESLOTS`. Buckets
+/// are plain keys with no per-slot state of the module's, so they can.
+const VALKEY_HANDLE_ATOMIC_SLOT_MIGRATION: c_int = 1 << 5;
+
+/// The module options to set: the portable ones, plus Valkey's own where this is Valkey and
+/// it reports supporting them (the bits mean something else, or nothing, to Redis).
+///
+/// # Safety
+/// `ctx` must be the context passed to `RedisModule_OnLoad`.
+pub unsafe fn module_options(ctx: *mut RedisModuleCtx) -> c_int {
+    let mut options = (raw::REDISMODULE_OPTIONS_HANDLE_IO_ERRORS
+        | raw::REDISMODULE_OPTION_NO_IMPLICIT_SIGNAL_MODIFIED) as c_int;
+    // SAFETY: load-time context (caller); the info data is freed before returning.
+    unsafe {
+        if let (true, Some(all)) = (is_valkey(ctx), raw::RedisModule_GetModuleOptionsAll) {
+            options |=
+                all() & (VALKEY_SKIP_COMMAND_VALIDATION | VALKEY_HANDLE_ATOMIC_SLOT_MIGRATION);
+        }
+    }
+    options
+}
+
+/// Whether `INFO server` says `server_name:valkey`.
+unsafe fn is_valkey(ctx: *mut RedisModuleCtx) -> bool {
+    // SAFETY: as in `module_options`.
+    unsafe {
+        let (Some(get_info), Some(field), Some(free_info)) = (
+            raw::RedisModule_GetServerInfo,
+            raw::RedisModule_ServerInfoGetFieldC,
+            raw::RedisModule_FreeServerInfo,
+        ) else {
+            return false;
+        };
+        let info = get_info(ctx, c"server".as_ptr());
+        if info.is_null() {
+            return false;
+        }
+        let name = field(info, c"server_name".as_ptr());
+        let valkey = !name.is_null() && CStr::from_ptr(name) == c"valkey";
+        free_info(ctx, info);
+        valkey
+    }
+}
