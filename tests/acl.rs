@@ -1,0 +1,193 @@
+//! Access control: ACL key patterns and command rules apply to the module's commands like to
+//! any write command. An application user confined to `~user:*` can limit `user:*` buckets and
+//! nothing else, and a user without `rl.setstate` cannot reset a bucket.
+//!
+//! The recommended application user names the commands it needs, or removes RL.SETSTATE by
+//! name:
+//!
+//! ```text
+//! ACL SETUSER app on >secret ~rl:* +rl.acquire +ping
+//! ACL SETUSER app on >secret ~app:* +@all -rl.setstate
+//! ```
+//!
+//! By name, because module commands belong to no ACL category on Redis 7.0 (and the module
+//! declares none): `-@write` does not remove RL.SETSTATE, and `+@write` does not grant
+//! RL.ACQUIRE.
+//!
+//! Time: the rate is 0.000001 token/s, so no bucket gains a token during a test.
+
+mod common;
+
+use common::{acquire, dump, error_text, exists, Server};
+use redis::Connection;
+
+/// Too slow to refill a token during a test.
+const RATE: &str = "0.000001";
+
+/// Runs `ACL SETUSER name rules…` on an admin connection.
+fn set_user(admin: &mut Connection, name: &str, rules: &[&str]) {
+    let reply: String = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg(name)
+        .arg(rules)
+        .query(admin)
+        .unwrap_or_else(|e| panic!("ACL SETUSER {name} {rules:?}: {e}"));
+    assert_eq!(reply, "OK");
+}
+
+/// A new connection authenticated as `name` with password `pw`.
+fn conn_as(server: &Server, name: &str) -> Connection {
+    let mut con = server.conn();
+    let reply: String = redis::cmd("AUTH")
+        .arg(name)
+        .arg("pw")
+        .query(&mut con)
+        .unwrap_or_else(|e| panic!("AUTH {name}: {e}"));
+    assert_eq!(reply, "OK");
+    con
+}
+
+/// `RL.ACQUIRE key RATE 10 [cost]` as a command, for error replies.
+fn acquire_cmd(key: &str, cost: Option<&str>) -> redis::Cmd {
+    let mut cmd = redis::cmd("RL.ACQUIRE");
+    cmd.arg(key).arg(RATE).arg(10);
+    if let Some(cost) = cost {
+        cmd.arg(cost);
+    }
+    cmd
+}
+
+/// `RL.SETSTATE key full_at_ns` as a command.
+fn set_state_cmd(key: &str, full_at_ns: i64) -> redis::Cmd {
+    let mut cmd = redis::cmd("RL.SETSTATE");
+    cmd.arg(key).arg(full_at_ns);
+    cmd
+}
+
+/// Asserts that `cmd` is refused with NOPERM. The text after the code differs between
+/// servers (Redis: "this user has no permissions …", Valkey: "User app has no permissions …",
+/// "No permissions to access a key"), so only the code is checked.
+fn assert_noperm(con: &mut Connection, cmd: &redis::Cmd, what: &str) {
+    let text = error_text(con, cmd);
+    assert!(text.starts_with("NOPERM "), "{what}: {text}");
+}
+
+#[test]
+fn key_patterns_confine_rl_acquire() {
+    let server = Server::start();
+    let mut admin = server.conn();
+    set_user(&mut admin, "app", &["on", ">pw", "~user:*", "+@all"]);
+    let mut app = conn_as(&server, "app");
+
+    assert_eq!(acquire(&mut app, b"user:1", RATE, "10", None)[..2], [1, 9]);
+
+    // Outside the pattern: refused before the module runs, whatever the call would do.
+    for cost in [None, Some("0"), Some("11")] {
+        assert_noperm(
+            &mut app,
+            &acquire_cmd("admin:1", cost),
+            &format!("RL.ACQUIRE admin:1 cost {cost:?}"),
+        );
+    }
+    assert!(
+        !exists(&mut admin, b"admin:1"),
+        "a refused call created a key"
+    );
+
+    // A bucket someone else made is untouched too.
+    assert_eq!(
+        acquire(&mut admin, b"admin:2", RATE, "10", None)[..2],
+        [1, 9]
+    );
+    let before = dump(&mut admin, b"admin:2");
+    assert_noperm(
+        &mut app,
+        &acquire_cmd("admin:2", None),
+        "RL.ACQUIRE admin:2",
+    );
+    assert_eq!(dump(&mut admin, b"admin:2"), before);
+    assert!(server.is_alive());
+}
+
+#[test]
+fn read_only_key_access_cannot_acquire() {
+    // RL.ACQUIRE declares its key read-write: a key pattern that grants reads only is not
+    // enough, even for a cost-0 call that writes nothing.
+    let server = Server::start();
+    let mut admin = server.conn();
+    set_user(&mut admin, "reader", &["on", ">pw", "%R~*", "+@all"]);
+    let mut reader = conn_as(&server, "reader");
+    for cost in [None, Some("0")] {
+        assert_noperm(
+            &mut reader,
+            &acquire_cmd("user:1", cost),
+            &format!("RL.ACQUIRE cost {cost:?} with read-only key access"),
+        );
+    }
+    assert!(!exists(&mut admin, b"user:1"));
+}
+
+#[test]
+fn setstate_needs_its_own_permission() {
+    let server = Server::start();
+    let mut admin = server.conn();
+
+    // With +@all, an application could reset its own bucket to full: why apps should not
+    // have RL.SETSTATE.
+    set_user(&mut admin, "app", &["on", ">pw", "~user:*", "+@all"]);
+    let mut app = conn_as(&server, "app");
+    assert_eq!(
+        acquire(&mut app, b"user:1", RATE, "10", Some("10"))[..2],
+        [1, 0]
+    );
+    let reset: String = set_state_cmd("user:1", 1)
+        .query(&mut app)
+        .expect("RL.SETSTATE");
+    assert_eq!(reset, "OK");
+    // full_at in 1970: a full bucket whose key is already expired.
+    assert!(!exists(&mut admin, b"user:1"));
+
+    // The recommended rule: everything else, but not RL.SETSTATE.
+    set_user(&mut admin, "app", &["-rl.setstate"]);
+    assert_eq!(
+        acquire(&mut app, b"user:1", RATE, "10", Some("10"))[..2],
+        [1, 0]
+    );
+    let before = dump(&mut admin, b"user:1");
+    assert_noperm(
+        &mut app,
+        &set_state_cmd("user:1", 1),
+        "RL.SETSTATE after -rl.setstate",
+    );
+    assert_eq!(dump(&mut admin, b"user:1"), before, "the bucket was reset");
+    assert_eq!(acquire(&mut app, b"user:1", RATE, "10", None)[..2], [0, 0]);
+
+    // Least privilege: a user granted only what a limiter needs.
+    set_user(
+        &mut admin,
+        "limiter",
+        &["on", ">pw", "~rl:*", "+rl.acquire", "+ping"],
+    );
+    let mut limiter = conn_as(&server, "limiter");
+    assert_eq!(
+        acquire(&mut limiter, b"rl:1", RATE, "10", None)[..2],
+        [1, 9]
+    );
+    let pong: String = redis::cmd("PING").query(&mut limiter).expect("PING");
+    assert_eq!(pong, "PONG");
+    assert_noperm(
+        &mut limiter,
+        &set_state_cmd("rl:1", 1),
+        "RL.SETSTATE without +rl.setstate",
+    );
+    assert_noperm(
+        &mut limiter,
+        &set_state_cmd("rl:2", 1),
+        "RL.SETSTATE on a new key",
+    );
+    assert!(!exists(&mut admin, b"rl:2"));
+    assert_eq!(
+        acquire(&mut admin, b"rl:1", RATE, "10", Some("0"))[..2],
+        [1, 9]
+    );
+}
