@@ -18,6 +18,8 @@ use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
 use redis_module::raw::{self, RedisModuleCtx, RedisModuleEvent};
 
+use crate::server;
+
 const UNKNOWN: u8 = 0;
 const NEEDED: u8 = 1;
 const DISCARDED: u8 = 2;
@@ -66,25 +68,16 @@ fn probe(ctx: *mut RedisModuleCtx) -> bool {
         if flags & persistence != 0 || flags & raw::REDISMODULE_CTX_FLAGS_MASTER == 0 {
             return true;
         }
-        let (Some(get_info), Some(field), Some(free_info)) = (
-            raw::RedisModule_GetServerInfo,
-            raw::RedisModule_ServerInfoGetFieldUnsigned,
-            raw::RedisModule_FreeServerInfo,
-        ) else {
-            return true;
-        };
-        let info = get_info(ctx, c"replication".as_ptr());
-        if info.is_null() {
-            return true;
-        }
-        let mut errors: c_int = 0;
-        let mut err: c_int = 0;
-        let replicas = field(info, c"connected_slaves".as_ptr(), &mut err);
-        errors |= err;
-        let backlog = field(info, c"repl_backlog_active".as_ptr(), &mut err);
-        errors |= err;
-        free_info(ctx, info);
-        errors != 0 || replicas != 0 || backlog != 0
+        let listened = server::with_info(ctx, c"replication", |info| {
+            let field = raw::RedisModule_ServerInfoGetFieldUnsigned?;
+            let mut err: c_int = 0;
+            let replicas = field(info, c"connected_slaves".as_ptr(), &mut err);
+            let mut err2: c_int = 0;
+            let backlog = field(info, c"repl_backlog_active".as_ptr(), &mut err2);
+            Some(err != 0 || err2 != 0 || replicas != 0 || backlog != 0)
+        });
+        // Anything unreadable counts as "someone listens".
+        listened.flatten().unwrap_or(true)
     }
 }
 

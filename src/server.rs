@@ -34,20 +34,37 @@ pub unsafe fn module_options(ctx: *mut RedisModuleCtx) -> c_int {
 unsafe fn is_valkey(ctx: *mut RedisModuleCtx) -> bool {
     // SAFETY: as in `module_options`.
     unsafe {
-        let (Some(get_info), Some(field), Some(free_info)) = (
-            raw::RedisModule_GetServerInfo,
-            raw::RedisModule_ServerInfoGetFieldC,
-            raw::RedisModule_FreeServerInfo,
-        ) else {
-            return false;
-        };
-        let info = get_info(ctx, c"server".as_ptr());
+        with_info(ctx, c"server", |info| {
+            let field = raw::RedisModule_ServerInfoGetFieldC?;
+            let name = field(info, c"server_name".as_ptr());
+            Some(!name.is_null() && CStr::from_ptr(name) == c"valkey")
+        })
+    }
+    .flatten()
+    .unwrap_or(false)
+}
+
+/// Runs `read` on one `INFO` section and frees it; `None` if the server cannot provide it.
+///
+/// # Safety
+/// `ctx` must be a live context; `read` must not keep the pointer.
+pub unsafe fn with_info<T>(
+    ctx: *mut RedisModuleCtx,
+    section: &CStr,
+    read: impl FnOnce(*mut raw::RedisModuleServerInfoData) -> T,
+) -> Option<T> {
+    // SAFETY: guaranteed by the caller; the data is freed exactly once, after `read`.
+    unsafe {
+        let (get_info, free_info) = (
+            raw::RedisModule_GetServerInfo?,
+            raw::RedisModule_FreeServerInfo?,
+        );
+        let info = get_info(ctx, section.as_ptr());
         if info.is_null() {
-            return false;
+            return None;
         }
-        let name = field(info, c"server_name".as_ptr());
-        let valkey = !name.is_null() && CStr::from_ptr(name) == c"valkey";
+        let value = read(info);
         free_info(ctx, info);
-        valkey
+        Some(value)
     }
 }
