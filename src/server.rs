@@ -8,12 +8,13 @@ use redis_module::raw::{self, RedisModuleCtx};
 /// Valkey's module option: `ValkeyModule_Replicate` skips its command-name lookup, which
 /// costs more than the rest of a replicated write.
 const VALKEY_SKIP_COMMAND_VALIDATION: c_int = 1 << 4;
-/// Valkey's module option: the module's keys may move with `CLUSTER MIGRATESLOTS`. Buckets
-/// are plain keys with no per-slot state of the module's, so they can.
-const VALKEY_HANDLE_ATOMIC_SLOT_MIGRATION: c_int = 1 << 5;
 
 /// The module options to set: the portable ones, plus Valkey's own where this is Valkey and
 /// it reports supporting them (the bits mean something else, or nothing, to Redis).
+///
+/// Valkey 9's atomic slot migration (`HANDLE_ATOMIC_SLOT_MIGRATION`) is deliberately not
+/// declared: it streams writes to the target node like a replica, and `propagation` cannot
+/// yet see that stream, so a write could skip it. Classic `MIGRATE` resharding works.
 ///
 /// # Safety
 /// `ctx` must be the context passed to `RedisModule_OnLoad`.
