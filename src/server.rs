@@ -24,8 +24,7 @@ pub unsafe fn module_options(ctx: *mut RedisModuleCtx) -> c_int {
     // SAFETY: load-time context (caller); the info data is freed before returning.
     unsafe {
         if let (true, Some(all)) = (is_valkey(ctx), raw::RedisModule_GetModuleOptionsAll) {
-            options |=
-                all() & (VALKEY_SKIP_COMMAND_VALIDATION | VALKEY_HANDLE_ATOMIC_SLOT_MIGRATION);
+            options |= all() & VALKEY_SKIP_COMMAND_VALIDATION;
         }
     }
     options
