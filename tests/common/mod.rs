@@ -7,6 +7,8 @@
 
 #![allow(dead_code)]
 
+pub mod cluster;
+
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -58,6 +60,8 @@ pub struct Server {
     child: Option<Child>,
     pub port: u16,
     pub dir: tempfile::TempDir,
+    /// Arguments after the module path: module load arguments first (`name value …`), then
+    /// `--name value` config arguments.
     extra: Vec<String>,
 }
 
@@ -69,16 +73,40 @@ impl Server {
 
     /// A server with the module loaded plus extra `--name value` config arguments.
     pub fn start_with(extra: &[&str]) -> Server {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
-        let mut server = Server {
-            child: None,
-            port: 0,
-            dir,
-            extra,
-        };
+        Server::start_with_module_args(extra, &[])
+    }
+
+    /// A server with extra config arguments and module load arguments: `module_args` follow
+    /// the module path on the `--loadmodule` line (`--loadmodule lib.so name value …`), where
+    /// the server reads everything up to the next `--option` as the module's arguments.
+    pub fn start_with_module_args(extra: &[&str], module_args: &[&str]) -> Server {
+        let mut server = Server::unstarted(extra, module_args);
         server.spawn_on_free_port();
         server
+    }
+
+    /// Tries once to start a server with these module load arguments. `Err` holds the
+    /// server's log when it did not come up (a module that fails to load stops the server).
+    pub fn try_start_with_module_args(module_args: &[&str]) -> Result<Server, String> {
+        let mut server = Server::unstarted(&[], module_args);
+        server.port = free_port();
+        match server.spawn() {
+            Ok(()) => Ok(server),
+            Err(e) => Err(format!("{e}; log:\n{}", server.log())),
+        }
+    }
+
+    fn unstarted(extra: &[&str], module_args: &[&str]) -> Server {
+        Server {
+            child: None,
+            port: 0,
+            dir: tempfile::tempdir().expect("temp dir"),
+            extra: module_args
+                .iter()
+                .chain(extra)
+                .map(|s| s.to_string())
+                .collect(),
+        }
     }
 
     fn spawn_on_free_port(&mut self) {
@@ -184,7 +212,7 @@ impl Server {
     }
 
     /// Starts the server again on the same port and directory (after `kill` or `shutdown`),
-    /// with `extra` config arguments replacing the original ones.
+    /// with `extra` config arguments replacing the original ones (module load arguments too).
     pub fn restart_with(&mut self, extra: &[&str]) {
         self.kill();
         self.extra = extra.iter().map(|s| s.to_string()).collect();
