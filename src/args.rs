@@ -83,21 +83,20 @@ pub fn throttle(
     let limit = Limit::new(count as f64 / period_s as f64, total as f64).map_err(|e| match e {
         LimitError::Rate => Error::ThrottleRate,
         LimitError::Capacity => Error::MaxBurst,
-        LimitError::RefillTime => Error::RefillTime,
+        LimitError::RefillTime => Error::ThrottleRefillTime,
     })?;
     Ok(Throttle { limit, cost, total })
 }
 
-/// A plain non-negative decimal integer of at most 18 digits.
+/// A plain non-negative decimal integer, saturating at `u64::MAX`: callers range-check it,
+/// and a huge `quantity` is a request that can never succeed, not a malformed one.
 fn integer(bytes: &[u8]) -> Option<u64> {
-    if bytes.is_empty() || bytes.len() > 18 || !bytes.iter().all(u8::is_ascii_digit) {
+    if bytes.is_empty() || !bytes.iter().all(u8::is_ascii_digit) {
         return None;
     }
-    Some(
-        bytes
-            .iter()
-            .fold(0u64, |acc, &b| acc * 10 + u64::from(b - b'0')),
-    )
+    Some(bytes.iter().fold(0u64, |acc, &b| {
+        acc.saturating_mul(10).saturating_add(u64::from(b - b'0'))
+    }))
 }
 
 /// Parses the `full_at_ns` of `RL.SETSTATE`: a plain decimal integer, no sign, no junk.
@@ -206,6 +205,9 @@ mod tests {
                 .tokens(),
             0.0
         );
+        // A quantity too large for any bucket is valid: a request that can never succeed.
+        let huge = throttle(b"1", b"1", b"1", Some(b"100000000000000000000")).unwrap();
+        assert!(huge.cost.tokens() > huge.limit.capacity());
         type Row<'a> = (&'a [u8], &'a [u8], &'a [u8], Option<&'a [u8]>, Error);
         let rows: &[Row] = &[
             (b"-1", b"30", b"60", None, Error::MaxBurst), // negative burst
@@ -218,6 +220,8 @@ mod tests {
             (b"15", b"30", b"60", Some(b"-1"), Error::Quantity), // negative quantity
             (b"15", b"30", b"60", Some(b"\xff"), Error::Quantity), // not UTF-8
             (b"15", b"1", b"3153600000", None, Error::ThrottleRate), // below 1e-6/s
+            (b"3153600000", b"1", b"1", None, Error::ThrottleRefillTime), // century+ refill
+            (b"99999999999999999999", b"1", b"1", None, Error::MaxBurst), // saturates: too big
         ];
         for (burst, count, period, quantity, want) in rows {
             assert_eq!(

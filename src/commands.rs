@@ -150,7 +150,7 @@ fn take(
     let state = bucket_key.state()?;
     let (decision, new_state) = bucket::acquire(limit, state, clock::now_us(), cost);
     if let Some(new_state) = new_state {
-        bucket_key.write(new_state, state.is_some())?;
+        bucket_key.write(new_state, state.is_some(), c"rl.take")?;
         propagate(ctx, key, Change::Set(new_state))?;
     }
     Ok(decision)
@@ -177,7 +177,7 @@ fn refund_body(
     let (decision, change) = bucket::refund(&parsed.limit, state, clock::now_us(), parsed.cost);
     match change {
         Change::Keep => {}
-        Change::Set(new_state) => bucket_key.write(new_state, state.is_some())?,
+        Change::Set(new_state) => bucket_key.write(new_state, state.is_some(), c"rl.refund")?,
         Change::Delete => bucket_key.delete()?,
     }
     propagate(ctx, key, change)?;
@@ -296,7 +296,7 @@ fn acquire_multi_body(
     if refused.is_none() {
         for o in &opened {
             if let (Some(new_state), true) = (o.pending, o.pending != o.stored) {
-                o.key.write(new_state, o.stored.is_some())?;
+                o.key.write(new_state, o.stored.is_some(), c"rl.take")?;
                 propagate(ctx, o.name, Change::Set(new_state))?;
             }
         }
@@ -330,7 +330,7 @@ fn set_state_body(
     // SAFETY: `ctx` and `key` belong to the running command.
     let bucket_key = unsafe { BucketKey::open(ctx, key) }?;
     let existed = bucket_key.state()?.is_some();
-    bucket_key.write(state, existed)?;
+    bucket_key.write(state, existed, c"rl.setstate")?;
     // SAFETY: `ctx` is the running command's context. The command is deterministic, so it
     // travels as it came.
     unsafe { raw::RedisModule_ReplicateVerbatim.ok_or(Error::Internal)?(ctx) };

@@ -16,21 +16,23 @@ pub fn cl_throttle_alias() -> bool {
 /// # Errors
 /// A message for the log: an unknown name, a missing value, or a value out of range.
 pub fn apply(args: &[String]) -> Result<(), String> {
-    let mut pairs = args.chunks(2);
-    for pair in pairs.by_ref() {
-        let (name, value) = match pair {
-            [name, value] => (name.as_str(), value.as_str()),
-            [name] => return Err(format!("module argument '{name}' needs a value")),
-            _ => continue,
+    for pair in args.chunks(2) {
+        let [name, rest @ ..] = pair else {
+            continue;
         };
-        match name.to_ascii_lowercase().as_str() {
-            "cl-throttle-alias" => CL_THROTTLE_ALIAS.store(yes_no(name, value)?, Ordering::Relaxed),
+        // Name first, so a stray word is reported as unknown rather than as lacking a value.
+        let setting = match name.to_ascii_lowercase().as_str() {
+            "cl-throttle-alias" => &CL_THROTTLE_ALIAS,
             _ => {
                 return Err(format!(
                     "unknown module argument '{name}' (known: cl-throttle-alias yes|no)"
                 ))
             }
-        }
+        };
+        let value = rest
+            .first()
+            .ok_or_else(|| format!("module argument '{name}' needs a value (yes or no)"))?;
+        setting.store(yes_no(name, value)?, Ordering::Relaxed);
     }
     Ok(())
 }
@@ -69,5 +71,7 @@ mod tests {
             let err = apply(&strings(bad)).unwrap_err();
             assert!(err.contains(bad[0]), "{err}");
         }
+        let err = apply(&strings(&["cl-throttle-alias", "no", "extra"])).unwrap_err();
+        assert!(err.starts_with("unknown module argument 'extra'"), "{err}");
     }
 }

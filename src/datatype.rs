@@ -5,7 +5,7 @@
 //! costs no allocation of ours and `free` has nothing to do. Loading trusts nothing: a value
 //! that is not a [`State`] fails the load instead of becoming a bucket.
 
-use std::ffi::{c_int, c_void};
+use std::ffi::{c_int, c_void, CStr};
 use std::ptr;
 use std::sync::atomic::{AtomicPtr, Ordering};
 
@@ -164,12 +164,13 @@ impl BucketKey {
         }
     }
 
-    /// Stores `state` with its expiry, `state.expire_at_ms()`. `existed` says whether the key
-    /// already held a bucket, which `state()` told the caller.
+    /// Stores `state` with its expiry, `state.expire_at_ms()`, and publishes the keyspace
+    /// event `event` (class `d`, module types). `existed` says whether the key already held a
+    /// bucket, which `state()` told the caller.
     ///
     /// # Errors
     /// [`Error::Internal`] if the server refuses the write.
-    pub fn write(&self, state: State, existed: bool) -> Result<(), Error> {
+    pub fn write(&self, state: State, existed: bool, event: &CStr) -> Result<(), Error> {
         let value = to_value(state);
         let expire_at_ms = i64::try_from(state.expire_at_ms()).map_err(|_| Error::Internal)?;
         // SAFETY: `self.key` is open for writing; the type is ours; the value needs no free.
@@ -190,10 +191,11 @@ impl BucketKey {
                 && raw::RedisModule_SetAbsExpire.ok_or(Error::Internal)?(self.key, expire_at_ms)
                     == raw::REDISMODULE_OK as c_int
         };
-        ok.then(|| self.signal_modified()).ok_or(Error::Internal)?
+        ok.then(|| self.modified(raw::REDISMODULE_NOTIFY_MODULE, event))
+            .ok_or(Error::Internal)?
     }
 
-    /// Deletes the key: a full bucket and a missing key mean the same.
+    /// Deletes the key (a full bucket and a missing key mean the same), publishing `del`.
     ///
     /// # Errors
     /// [`Error::Internal`] if the server refuses.
@@ -201,14 +203,21 @@ impl BucketKey {
         // SAFETY: `self.key` is open for writing.
         let ok = unsafe { raw::RedisModule_DeleteKey.ok_or(Error::Internal)?(self.key) }
             == raw::REDISMODULE_OK as c_int;
-        ok.then(|| self.signal_modified()).ok_or(Error::Internal)?
+        ok.then(|| self.modified(raw::REDISMODULE_NOTIFY_GENERIC, c"del"))
+            .ok_or(Error::Internal)?
     }
 
-    /// The module opts out of implicit signals (so denials do not break WATCH), which makes
-    /// the writers above the one place a bucket is reported modified.
-    fn signal_modified(&self) -> Result<(), Error> {
-        // SAFETY: the context and key name of the running command.
-        unsafe { raw::RedisModule_SignalModifiedKey.ok_or(Error::Internal)?(self.ctx, self.name) };
+    /// Reports a write: to WATCH and client-side caching, and as a keyspace event. The module
+    /// opts out of implicit signals (so denials do not break WATCH), which makes the writers
+    /// above the one place a bucket is reported modified.
+    fn modified(&self, class: c_int, event: &CStr) -> Result<(), Error> {
+        // SAFETY: the context and key name of the running command; a static event name.
+        unsafe {
+            raw::RedisModule_SignalModifiedKey.ok_or(Error::Internal)?(self.ctx, self.name);
+            if let Some(notify) = raw::RedisModule_NotifyKeyspaceEvent {
+                notify(self.ctx, class, event.as_ptr(), self.name);
+            }
+        }
         Ok(())
     }
 }

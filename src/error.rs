@@ -26,6 +26,8 @@ pub enum Error {
     Quantity,
     /// `count_per_period / period` is outside the supported rates.
     ThrottleRate,
+    /// `max_burst + 1` tokens would take more than a century to refill.
+    ThrottleRefillTime,
     /// `full_at_ns` (of `RL.SETSTATE`) is not an integer in range.
     FullAt,
     /// The key holds a value of another type.
@@ -52,6 +54,9 @@ impl Error {
             Error::Quantity => c"ERR quantity must be an integer >= 0",
             Error::ThrottleRate => {
                 c"ERR count_per_period / period must be from 0.000001 to 1000000000 per second"
+            }
+            Error::ThrottleRefillTime => {
+                c"ERR (max_burst + 1) * period / count_per_period must be at most 3153600000 (a full refill within 100 years)"
             }
             Error::FullAt => c"ERR full_at_ns must be an integer from 1 to 9223372036854775807 (ns since the Unix epoch)",
             Error::WrongType => c"WRONGTYPE Operation against a key holding the wrong kind of value",

@@ -36,6 +36,9 @@ pub struct Spec {
     pub complexity: &'static CStr,
     /// Command tips for clients and proxies, if any.
     pub tips: Option<&'static CStr>,
+    /// Whether the command joins the `ratelimit` ACL category (not the internal RL.SETSTATE,
+    /// so `+@ratelimit` never lets an application reset its own limits).
+    pub in_category: bool,
 }
 
 const WRITE: u32 =
@@ -57,6 +60,7 @@ pub const SPECS: &[Spec] = &[
         complexity: c"O(1)",
         // The reply depends on the server's clock.
         tips: Some(c"nondeterministic_output"),
+        in_category: true,
     },
     Spec {
         name: c"RL.PEEK",
@@ -68,6 +72,7 @@ pub const SPECS: &[Spec] = &[
         summary: c"Replies as RL.ACQUIRE would, taking and writing nothing.",
         complexity: c"O(1)",
         tips: Some(c"nondeterministic_output"),
+        in_category: true,
     },
     Spec {
         name: c"RL.ACQUIRE.MULTI",
@@ -79,6 +84,7 @@ pub const SPECS: &[Spec] = &[
         summary: c"Takes from several buckets atomically: all of them, or none.",
         complexity: c"O(N) where N is the number of buckets",
         tips: Some(c"nondeterministic_output"),
+        in_category: true,
     },
     Spec {
         name: c"RL.THROTTLE",
@@ -90,6 +96,7 @@ pub const SPECS: &[Spec] = &[
         summary: c"redis-cell's CL.THROTTLE: same arguments and reply, on an RL token bucket.",
         complexity: c"O(1)",
         tips: Some(c"nondeterministic_output"),
+        in_category: true,
     },
     Spec {
         name: c"RL.REFUND",
@@ -101,6 +108,7 @@ pub const SPECS: &[Spec] = &[
         summary: c"Gives tokens back to a bucket, capped at its capacity.",
         complexity: c"O(1)",
         tips: Some(c"nondeterministic_output"),
+        in_category: true,
     },
     Spec {
         name: c"RL.SETSTATE",
@@ -112,6 +120,7 @@ pub const SPECS: &[Spec] = &[
         summary: c"Sets a bucket's exact state (internal: what RL.ACQUIRE replicates and AOF rewrites emit).",
         complexity: c"O(1)",
         tips: None,
+        in_category: false,
     },
 ];
 
@@ -127,6 +136,7 @@ pub const CL_THROTTLE: Spec = Spec {
     summary: c"Alias of RL.THROTTLE, for redis-cell clients.",
     complexity: c"O(1)",
     tips: Some(c"nondeterministic_output"),
+    in_category: true,
 };
 
 /// The ACL category every command joins where the server supports module categories
@@ -176,7 +186,7 @@ pub unsafe fn register(ctx: *mut RedisModuleCtx) -> Result<(), Error> {
                 {
                     return Err(Error::Internal);
                 }
-                if let Some(set_category) = category {
+                if let (Some(set_category), true) = (category, spec.in_category) {
                     if set_category(command, ACL_CATEGORY.as_ptr()) != raw::REDISMODULE_OK as c_int
                     {
                         return Err(Error::Internal);

@@ -10,9 +10,10 @@
 //! ACL SETUSER app on >secret ~app:* +@all -rl.setstate
 //! ```
 //!
-//! By name, because module commands belong to no ACL category on Redis 7.0 (and the module
-//! declares none): `-@write` does not remove RL.SETSTATE, and `+@write` does not grant
-//! RL.ACQUIRE.
+//! By name, because module commands belong to no ACL category on Redis 7.0: `-@write` does
+//! not remove RL.SETSTATE, and `+@write` does not grant RL.ACQUIRE. (Where the server supports
+//! module categories, Redis 7.4+ and Valkey, the rate-limit commands also join `@ratelimit`,
+//! which leaves RL.SETSTATE out; tests/commands.rs covers that.)
 //!
 //! Time: the rate is 0.000001 token/s, so no bucket gains a token during a test.
 

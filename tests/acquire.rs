@@ -206,3 +206,44 @@ fn command_metadata_routes_the_key() {
     assert_eq!(set_keys[0].0, "b");
     assert!(set_keys[0].1.contains(&"OW".to_string()), "{set_keys:?}");
 }
+
+#[test]
+fn writes_publish_keyspace_events_and_denials_do_not() {
+    let server = Server::start();
+    let mut con = server.conn();
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("notify-keyspace-events")
+        .arg("KEA")
+        .query(&mut con)
+        .expect("CONFIG SET");
+    let mut listener = server.conn();
+    let mut pubsub = listener.as_pubsub();
+    pubsub.psubscribe("__keyevent@0__:*").expect("PSUBSCRIBE");
+    pubsub
+        .set_read_timeout(Some(std::time::Duration::from_secs(5)))
+        .expect("timeout");
+    acquire(&mut con, b"events", "0.001", "1", None); // a take: rl.take
+    acquire(&mut con, b"events", "0.001", "1", None); // a denial: nothing
+    let refund: Vec<i64> = redis::cmd("RL.REFUND")
+        .arg("events")
+        .arg("0.001")
+        .arg("1")
+        .query(&mut con)
+        .expect("RL.REFUND"); // back to full: the key is deleted, del
+    assert_eq!(refund, [1, 0]);
+    let mut seen = Vec::new();
+    for _ in 0..2 {
+        let msg = pubsub.get_message().expect("keyspace event");
+        let key: String = msg.get_payload().expect("payload");
+        seen.push((msg.get_channel_name().to_string(), key));
+    }
+    assert_eq!(
+        seen,
+        [
+            ("__keyevent@0__:rl.take".to_string(), "events".to_string()),
+            ("__keyevent@0__:del".to_string(), "events".to_string()),
+        ],
+        "the denial in between published nothing"
+    );
+}
