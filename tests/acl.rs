@@ -19,7 +19,7 @@
 
 mod common;
 
-use common::{acquire, dump, error_text, exists, Server};
+use common::{acquire, acquire_cmd, dump, error_text, exists, Server};
 use redis::Connection;
 
 /// Too slow to refill a token during a test.
@@ -46,16 +46,6 @@ fn conn_as(server: &Server, name: &str) -> Connection {
         .unwrap_or_else(|e| panic!("AUTH {name}: {e}"));
     assert_eq!(reply, "OK");
     con
-}
-
-/// `RL.ACQUIRE key RATE 10 [cost]` as a command, for error replies.
-fn acquire_cmd(key: &str, cost: Option<&str>) -> redis::Cmd {
-    let mut cmd = redis::cmd("RL.ACQUIRE");
-    cmd.arg(key).arg(RATE).arg(10);
-    if let Some(cost) = cost {
-        cmd.arg(cost);
-    }
-    cmd
 }
 
 /// `RL.SETSTATE key full_at_ns` as a command.
@@ -86,7 +76,7 @@ fn key_patterns_confine_rl_acquire() {
     for cost in [None, Some("0"), Some("11")] {
         assert_noperm(
             &mut app,
-            &acquire_cmd("admin:1", cost),
+            &acquire_cmd(b"admin:1", RATE, "10", cost),
             &format!("RL.ACQUIRE admin:1 cost {cost:?}"),
         );
     }
@@ -103,11 +93,11 @@ fn key_patterns_confine_rl_acquire() {
     let before = dump(&mut admin, b"admin:2");
     assert_noperm(
         &mut app,
-        &acquire_cmd("admin:2", None),
+        &acquire_cmd(b"admin:2", RATE, "10", None),
         "RL.ACQUIRE admin:2",
     );
     assert_eq!(dump(&mut admin, b"admin:2"), before);
-    assert!(server.is_alive());
+    server.assert_alive();
 }
 
 #[test]
@@ -121,7 +111,7 @@ fn read_only_key_access_cannot_acquire() {
     for cost in [None, Some("0")] {
         assert_noperm(
             &mut reader,
-            &acquire_cmd("user:1", cost),
+            &acquire_cmd(b"user:1", RATE, "10", cost),
             &format!("RL.ACQUIRE cost {cost:?} with read-only key access"),
         );
     }

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{acquire, exists, pexpiretime, Server};
+use common::{acquire, config_set, dump, exists, pexpiretime, server_time_ms, Server};
 use redis::Value;
 
 #[test]
@@ -65,11 +65,11 @@ fn denial_and_zero_cost_write_nothing() {
     let server = Server::start();
     let mut con = server.conn();
     acquire(&mut con, b"k", "0.001", "2", Some("2"));
-    let before = common::dump(&mut con, b"k").expect("bucket exists");
+    let before = dump(&mut con, b"k").expect("bucket exists");
     let ttl_before = pexpiretime(&mut con, b"k");
     assert_eq!(acquire(&mut con, b"k", "0.001", "2", None)[0], 0);
     assert_eq!(acquire(&mut con, b"k", "0.001", "2", Some("0"))[0], 1);
-    assert_eq!(common::dump(&mut con, b"k").as_deref(), Some(&before[..]));
+    assert_eq!(dump(&mut con, b"k").as_deref(), Some(&before[..]));
     assert_eq!(pexpiretime(&mut con, b"k"), ttl_before);
     assert_eq!(
         acquire(&mut con, b"fresh", "1", "2", Some("0")),
@@ -85,17 +85,11 @@ fn denial_and_zero_cost_write_nothing() {
 fn expiry_is_the_full_instant() {
     let server = Server::start();
     let mut con = server.conn();
-    let before_ms: i64 = redis::cmd("TIME")
-        .query::<(i64, i64)>(&mut con)
-        .map(|(s, us)| s * 1000 + us / 1000)
-        .expect("TIME");
+    let before_ms = server_time_ms(&mut con);
     // 1 token/s, take 5: full again 5 s after the call.
     let [_, _, _, reset_after_ms] = acquire(&mut con, b"k", "1", "10", Some("5"));
     assert_eq!(reset_after_ms, 5000);
-    let after_ms: i64 = redis::cmd("TIME")
-        .query::<(i64, i64)>(&mut con)
-        .map(|(s, us)| s * 1000 + us / 1000)
-        .expect("TIME");
+    let after_ms = server_time_ms(&mut con);
     let expire_at = pexpiretime(&mut con, b"k");
     assert!(
         expire_at >= before_ms + 5000 && expire_at <= after_ms + 5001,
@@ -211,12 +205,7 @@ fn command_metadata_routes_the_key() {
 fn writes_publish_keyspace_events_and_denials_do_not() {
     let server = Server::start();
     let mut con = server.conn();
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("notify-keyspace-events")
-        .arg("KEA")
-        .query(&mut con)
-        .expect("CONFIG SET");
+    config_set(&mut con, "notify-keyspace-events", "KEA");
     let mut listener = server.conn();
     let mut pubsub = listener.as_pubsub();
     pubsub.psubscribe("__keyevent@0__:*").expect("PSUBSCRIBE");

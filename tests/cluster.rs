@@ -20,7 +20,8 @@ use std::thread::sleep;
 use std::time::{Duration, Instant};
 
 use common::cluster::{Cluster, SETTLE_DEADLINE};
-use common::{dump, pexpiretime};
+use common::info::info;
+use common::{acquire_cmd, dbsize, dump, pexpiretime, server_time_ms, wait_for_replica};
 use redis::{Connection, ConnectionLike, RedisError, Value};
 
 /// How long a refused call (MOVED, TRYAGAIN, CLUSTERDOWN, ...) is retried.
@@ -50,11 +51,7 @@ fn acquire(
     capacity: &str,
     cost: Option<&str>,
 ) -> [i64; 4] {
-    let mut cmd = redis::cmd("RL.ACQUIRE");
-    cmd.arg(key).arg(rate).arg(capacity);
-    if let Some(cost) = cost {
-        cmd.arg(cost);
-    }
+    let cmd = acquire_cmd(key.as_bytes(), rate, capacity, cost);
     let deadline = Instant::now() + RETRY_DEADLINE;
     loop {
         match cmd.query::<Vec<i64>>(con) {
@@ -78,36 +75,12 @@ fn replica_conn(cluster: &Cluster, port: u16) -> Connection {
     con
 }
 
-/// `WAIT 1 5000` on a master: its replica has acknowledged everything written so far.
-fn wait_for_replica(master: &mut Connection) {
-    let acked: i64 = redis::cmd("WAIT")
-        .arg(1)
-        .arg(5000)
-        .query(master)
-        .expect("WAIT");
-    assert_eq!(
-        acked, 1,
-        "the replica did not acknowledge the stream in time"
-    );
-}
-
-/// `DBSIZE`.
-fn dbsize(con: &mut Connection) -> i64 {
-    redis::cmd("DBSIZE").query(con).expect("DBSIZE")
-}
-
 /// A bucket's exact state as a node holds it: the `DUMP` payload and `PEXPIRETIME`.
 fn state(con: &mut Connection, key: &str) -> (Vec<u8>, i64) {
     let payload = dump(con, key.as_bytes()).unwrap_or_else(|| panic!("{key:?} is missing"));
     let expire_at = pexpiretime(con, key.as_bytes());
     assert!(expire_at > 0, "{key:?} has no expiry ({expire_at})");
     (payload, expire_at)
-}
-
-/// The server's clock (`TIME`) in milliseconds.
-fn server_time_ms(con: &mut Connection) -> i64 {
-    let (secs, micros): (i64, i64) = redis::cmd("TIME").query(con).expect("TIME");
-    secs * 1000 + micros / 1000
 }
 
 /// Asserts that `cmd`, sent to a node that does not serve `key`'s slot, is redirected to the
@@ -259,16 +232,13 @@ fn manual_failover_keeps_every_bucket() {
     assert_eq!(reply, "OK");
     let deadline = Instant::now() + SETTLE_DEADLINE;
     loop {
-        let info: String = redis::cmd("INFO")
-            .arg("replication")
-            .query(&mut cluster.conn(replica))
-            .expect("INFO");
-        if info.contains("role:master") {
+        let replication = info(&mut cluster.conn(replica), "replication");
+        if replication.contains("role:master") {
             break;
         }
         assert!(
             Instant::now() < deadline,
-            "the replica never became master:\n{info}\n{}",
+            "the replica never became master:\n{replication}\n{}",
             cluster.logs()
         );
         sleep(Duration::from_millis(50));

@@ -15,7 +15,11 @@
 
 mod common;
 
-use common::{dump, error_text, exists, pexpiretime, Server};
+use common::info::{calls, info, info_field};
+use common::{
+    all_keys, assert_rejected_on_empty_server, command, dbsize, dump, error_text, exists,
+    pexpiretime, show, wait_for_replica, Server,
+};
 use redis::Connection;
 
 const RATE: &str = "ERR rate must be a number from 0.000001 to 1000000000 (tokens per second)";
@@ -40,14 +44,6 @@ fn arity(name: &str) -> String {
 
 // ---------------------------------------------------------------------------------------------
 // Helpers
-
-fn command(name: &str, args: &[&[u8]]) -> redis::Cmd {
-    let mut cmd = redis::cmd(name);
-    for arg in args {
-        cmd.arg(*arg);
-    }
-    cmd
-}
 
 /// A command's reply as a flat list of integers.
 fn ints(con: &mut Connection, name: &str, args: &[&str]) -> Vec<i64> {
@@ -99,98 +95,18 @@ fn multi(con: &mut Connection, args: &[&str]) -> Multi {
     }
 }
 
-/// A row's arguments, readable in a failure message.
-fn show(args: &[&[u8]]) -> String {
-    let shown: Vec<String> = args
-        .iter()
-        .map(|a| format!("{:?}", String::from_utf8_lossy(a)))
-        .collect();
-    shown.join(" ")
-}
-
-fn dbsize(con: &mut Connection) -> i64 {
-    redis::cmd("DBSIZE").query(con).expect("DBSIZE")
-}
-
-fn ping(server: &Server) {
-    assert!(
-        server.is_alive(),
-        "server stopped answering PING; log:\n{}",
-        server.log()
-    );
-}
-
-fn info(con: &mut Connection, section: &str) -> String {
-    redis::cmd("INFO").arg(section).query(con).expect("INFO")
-}
-
-/// The value of `name:value` in an INFO text.
-fn info_field(text: &str, name: &str) -> Option<String> {
-    text.lines()
-        .find_map(|line| line.strip_prefix(name)?.strip_prefix(':'))
-        .map(|v| v.trim().to_string())
-}
-
-/// `calls=` of `cmdstat_<command>` in `INFO commandstats`, or `None` if it never ran.
-fn calls(con: &mut Connection, command: &str) -> Option<u64> {
-    let text = info(con, "commandstats");
-    let name = format!("cmdstat_{command}");
-    let stats = text.lines().find_map(|line| {
-        let (field, value) = line.split_once(':')?;
-        field.eq_ignore_ascii_case(&name).then_some(value)
-    })?;
-    let calls = stats.split(',').find_map(|kv| kv.strip_prefix("calls="))?;
-    Some(calls.trim().parse().expect("calls is an integer"))
-}
-
-/// `WAIT 1 5000`: returns once the one replica has acknowledged everything sent so far.
-fn wait_for_replica(master: &mut Connection) {
-    let acked: i64 = redis::cmd("WAIT")
-        .arg(1)
-        .arg(5000)
-        .query(master)
-        .expect("WAIT");
-    assert_eq!(acked, 1, "the replica did not acknowledge in time");
-}
-
 /// Each key's DUMP payload and PEXPIRETIME, sorted by key.
 type Snapshot = Vec<(Vec<u8>, Option<Vec<u8>>, i64)>;
 
 fn snapshot(con: &mut Connection) -> Snapshot {
-    let mut keys: Vec<Vec<u8>> = redis::cmd("KEYS").arg("*").query(con).expect("KEYS");
-    keys.sort();
-    keys.into_iter()
+    all_keys(con)
+        .into_iter()
         .map(|key| {
             let payload = dump(con, &key);
             let expire_at = pexpiretime(con, &key);
             (key, payload, expire_at)
         })
         .collect()
-}
-
-/// Runs every row against one empty server: exact error text, no key created, PING.
-fn assert_rejected(name: &str, rows: &[(Vec<&[u8]>, String)]) {
-    let server = Server::start();
-    let mut con = server.conn();
-    let mut wrong = Vec::new();
-    for (args, want) in rows {
-        let got = error_text(&mut con, &command(name, args));
-        if got != *want {
-            wrong.push(format!(
-                "{name} {}\n   got: {got}\n  want: {want}",
-                show(args)
-            ));
-        }
-        assert_eq!(dbsize(&mut con), 0, "{name} {} created a key", show(args));
-        ping(&server);
-    }
-    assert!(
-        wrong.is_empty(),
-        "{} of {} rows got the wrong error:\n{}",
-        wrong.len(),
-        rows.len(),
-        wrong.join("\n")
-    );
 }
 
 /// Bad `rate capacity [cost]` values, shared by RL.PEEK and RL.REFUND (the key is `k`).
@@ -276,7 +192,7 @@ fn peek_answers_like_acquire_and_takes_nothing() {
 
 #[test]
 fn peek_rejects_each_bad_argument_with_its_exact_error() {
-    assert_rejected("RL.PEEK", &limit_rows("RL.PEEK"));
+    assert_rejected_on_empty_server("RL.PEEK", &limit_rows("RL.PEEK"));
 }
 
 #[test]
@@ -574,11 +490,7 @@ fn multi_rejects_each_bad_argument_with_its_exact_error() {
         // groups are parsed in order: the first group's cost before the second group's rate
         (&[b"a", b"1", b"10", b"x", b"b", b"x", b"10", b"1"], COST),
     ];
-    let rows: Vec<(Vec<&[u8]>, String)> = rows
-        .iter()
-        .map(|(args, want)| (args.to_vec(), want.to_string()))
-        .collect();
-    assert_rejected("RL.ACQUIRE.MULTI", &rows);
+    assert_rejected_on_empty_server("RL.ACQUIRE.MULTI", rows);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -712,11 +624,7 @@ fn throttle_rejects_each_bad_argument_with_its_exact_error() {
         (&[b"k", b"1", b"0", b"0", b"-1"], COUNT),
         (&[b"k", b"1", b"1", b"0", b"-1"], PERIOD),
     ];
-    let rows: Vec<(Vec<&[u8]>, String)> = rows
-        .iter()
-        .map(|(args, want)| (args.to_vec(), want.to_string()))
-        .collect();
-    assert_rejected("RL.THROTTLE", &rows);
+    assert_rejected_on_empty_server("RL.THROTTLE", rows);
 }
 
 #[test]
@@ -751,7 +659,7 @@ fn cl_throttle_is_registered_only_when_asked() {
             "{module_args:?}: {err}"
         );
         assert_eq!(
-            info_field(&info(&mut con, "rl"), "rl_cl_throttle_alias").as_deref(),
+            info_field(&info(&mut con, "rl"), "rl_cl_throttle_alias"),
             Some("no")
         );
     }
@@ -759,7 +667,7 @@ fn cl_throttle_is_registered_only_when_asked() {
     let server = Server::start_with_module_args(&[], &["cl-throttle-alias", "yes"]);
     let mut con = server.conn();
     assert_eq!(
-        info_field(&info(&mut con, "rl"), "rl_cl_throttle_alias").as_deref(),
+        info_field(&info(&mut con, "rl"), "rl_cl_throttle_alias"),
         Some("yes")
     );
     assert_eq!(
@@ -849,7 +757,7 @@ fn refund_of_a_missing_key_creates_nothing() {
 
 #[test]
 fn refund_rejects_each_bad_argument_with_its_exact_error() {
-    assert_rejected("RL.REFUND", &limit_rows("RL.REFUND"));
+    assert_rejected_on_empty_server("RL.REFUND", &limit_rows("RL.REFUND"));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -909,7 +817,7 @@ fn foreign_keys_get_wrongtype_and_stay_untouched() {
                 "{kind}: {name} {} changed a key",
                 show(args)
             );
-            ping(&server);
+            server.assert_alive();
         }
     }
 }
@@ -1147,19 +1055,16 @@ fn info_counts_calls_decisions_and_errors() {
     let mut con = server.conn();
     let text = info(&mut con, "rl");
     assert_eq!(
-        info_field(&text, "rl_version").as_deref(),
+        info_field(&text, "rl_version"),
         Some(env!("CARGO_PKG_VERSION"))
     );
     let clock = info_field(&text, "rl_clock").unwrap_or_default();
     assert!(
-        ["RedisModule_CachedMicroseconds", "RedisModule_Milliseconds"].contains(&clock.as_str()),
+        ["RedisModule_CachedMicroseconds", "RedisModule_Milliseconds"].contains(&clock),
         "{text}"
     );
     assert!(info_field(&text, "rl_propagation").is_some(), "{text}");
-    assert_eq!(
-        info_field(&text, "rl_cl_throttle_alias").as_deref(),
-        Some("no")
-    );
+    assert_eq!(info_field(&text, "rl_cl_throttle_alias"), Some("no"));
 
     let counters = |con: &mut Connection| -> [u64; 4] {
         let text = info(con, "rl");

@@ -9,7 +9,10 @@
 
 mod common;
 
-use common::{dump, error_text, exists, pexpiretime, Server};
+use common::{
+    assert_rejected_on_empty_server, command, dbsize, dump, error_text, exists, pexpiretime, show,
+    Server,
+};
 use redis::Connection;
 
 const ACQUIRE_ARITY: &str = "ERR wrong number of arguments for 'RL.ACQUIRE' command";
@@ -149,72 +152,6 @@ const BAD_SETSTATE: &[Row] = &[
     (&[b"k", b"inf"], FULL_AT),                     // infinity
 ];
 
-fn command(name: &str, args: &[&[u8]]) -> redis::Cmd {
-    let mut cmd = redis::cmd(name);
-    for arg in args {
-        cmd.arg(*arg);
-    }
-    cmd
-}
-
-/// A row's arguments, readable in a failure message.
-fn show(args: &[&[u8]]) -> String {
-    let shown: Vec<String> = args
-        .iter()
-        .map(|a| {
-            if a.len() > 20 {
-                format!("<{} bytes>", a.len())
-            } else {
-                format!("{:?}", String::from_utf8_lossy(a))
-            }
-        })
-        .collect();
-    shown.join(" ")
-}
-
-fn dbsize(con: &mut Connection) -> i64 {
-    redis::cmd("DBSIZE").query(con).expect("DBSIZE")
-}
-
-fn ping(server: &Server) {
-    assert!(
-        server.is_alive(),
-        "server stopped answering PING; log:\n{}",
-        server.log()
-    );
-}
-
-/// Runs every row against an empty server: exact error text, no key of any name, PING.
-fn assert_rejected_on_empty_server(name: &str, rows: &[Row]) {
-    let server = Server::start();
-    let mut con = server.conn();
-    // Wrong texts are collected so one run lists every failing row.
-    let mut wrong = Vec::new();
-    for (args, want) in rows {
-        let got = error_text(&mut con, &command(name, args));
-        if got != *want {
-            wrong.push(format!(
-                "{name} {}\n   got: {got}\n  want: {want}",
-                show(args)
-            ));
-        }
-        assert!(
-            !exists(&mut con, b"k"),
-            "{name} {} created the key",
-            show(args)
-        );
-        assert_eq!(dbsize(&mut con), 0, "{name} {} created a key", show(args));
-        ping(&server);
-    }
-    assert!(
-        wrong.is_empty(),
-        "{} of {} rows got the wrong error:\n{}",
-        wrong.len(),
-        rows.len(),
-        wrong.join("\n")
-    );
-}
-
 #[test]
 fn acquire_rejects_each_bad_argument_with_its_exact_error() {
     assert!(BAD_ACQUIRE.len() >= 30);
@@ -251,7 +188,7 @@ fn boundary_values_are_accepted() {
         assert_eq!(reply.len(), 4, "RL.ACQUIRE {}", show(args));
     }
     // One second more than a century of refill is refused, naming both halves.
-    let err = common::error_text(
+    let err = error_text(
         &mut con,
         &command("RL.ACQUIRE", &[b"i", b"1", b"3153600001"]),
     );
@@ -259,7 +196,7 @@ fn boundary_values_are_accepted() {
         err,
         "ERR capacity / rate must be at most 3153600000 (a full refill within 100 years)"
     );
-    assert!(!common::exists(&mut con, b"i"));
+    assert!(!exists(&mut con, b"i"));
     // A cost above capacity is a denial that can never succeed, not an argument error.
     let reply: Vec<i64> = command("RL.ACQUIRE", &[b"f", b"1", b"10", b"11"])
         .query(&mut con)
@@ -280,6 +217,27 @@ fn boundary_values_are_accepted() {
         pexpiretime(&mut con, b"s"),
         9_223_372_036_855,
         "ceil(i64::MAX / 1e6) ms"
+    );
+}
+
+/// Asserts that `key` still holds the bytes `before` (by `DUMP`) and the expiry
+/// `expire_before`; `what` names the call that must not have changed them.
+fn assert_untouched(
+    con: &mut Connection,
+    key: &[u8],
+    before: &[u8],
+    expire_before: i64,
+    what: &str,
+) {
+    assert_eq!(
+        dump(con, key).as_deref(),
+        Some(before),
+        "{what} changed the value"
+    );
+    assert_eq!(
+        pexpiretime(con, key),
+        expire_before,
+        "{what} changed the expiry"
     );
 }
 
@@ -344,39 +302,20 @@ fn foreign_types_get_wrongtype_and_stay_untouched() {
             assert_eq!((expire_before, pttl_before), (-1, -1), "{kind}: no expiry");
         }
         for (name, args, want) in calls {
+            let what = format!("{kind}: {name} {}", show(args));
             let got = error_text(&mut con, &command(name, args));
-            assert_eq!(got, *want, "{kind}: {name} {}", show(args));
-            assert_eq!(
-                dump(&mut con, b"w").as_deref(),
-                Some(&before[..]),
-                "{kind}: {name} {} changed the value",
-                show(args)
-            );
-            assert_eq!(
-                pexpiretime(&mut con, b"w"),
-                expire_before,
-                "{kind}: {name} {} changed the expiry",
-                show(args)
-            );
+            assert_eq!(got, *want, "{what}");
+            assert_untouched(&mut con, b"w", &before, expire_before, &what);
             let pttl: i64 = redis::cmd("PTTL").arg("w").query(&mut con).expect("PTTL");
             if pttl_before == -1 {
-                assert_eq!(pttl, -1, "{kind}: {name} {} added an expiry", show(args));
+                assert_eq!(pttl, -1, "{what} added an expiry");
             } else {
-                assert!(
-                    pttl > 0 && pttl <= pttl_before,
-                    "{kind}: {name} {} moved the expiry",
-                    show(args)
-                );
+                assert!(pttl > 0 && pttl <= pttl_before, "{what} moved the expiry");
             }
             let key_type: String = redis::cmd("TYPE").arg("w").query(&mut con).expect("TYPE");
-            assert_eq!(key_type, type_before, "{kind}: {name} {}", show(args));
-            assert_eq!(
-                dbsize(&mut con),
-                1,
-                "{kind}: {name} {} created a key",
-                show(args)
-            );
-            ping(&server);
+            assert_eq!(key_type, type_before, "{what}");
+            assert_eq!(dbsize(&mut con), 1, "{what} created a key");
+            server.assert_alive();
         }
     }
 }
@@ -415,24 +354,14 @@ fn bad_arguments_leave_an_existing_bucket_untouched() {
                 .map(|(args, want)| ("RL.SETSTATE", *args, Some(*want))),
         );
     for (name, args, want) in rows {
+        let what = format!("{name} {}", show(args));
         let got = error_text(&mut con, &command(name, args));
         match want {
-            Some(want) => assert_eq!(got, want, "{name} {} on a bucket", show(args)),
-            None => assert!(got.starts_with("ERR "), "{name} {}: {got}", show(args)),
+            Some(want) => assert_eq!(got, want, "{what} on a bucket"),
+            None => assert!(got.starts_with("ERR "), "{what}: {got}"),
         }
-        assert_eq!(
-            dump(&mut con, b"k").as_deref(),
-            Some(&before[..]),
-            "{name} {} changed the bucket",
-            show(args)
-        );
-        assert_eq!(
-            pexpiretime(&mut con, b"k"),
-            expire_before,
-            "{name} {} moved the expiry",
-            show(args)
-        );
-        assert_eq!(dbsize(&mut con), 1, "{name} {} created a key", show(args));
-        ping(&server);
+        assert_untouched(&mut con, b"k", &before, expire_before, &what);
+        assert_eq!(dbsize(&mut con), 1, "{what} created a key");
+        server.assert_alive();
     }
 }

@@ -11,7 +11,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Barrier};
 use std::time::Duration;
 
-use common::{acquire, dump, error_text, exists, Server};
+use common::info::info_number;
+use common::{acquire, acquire_cmd, dump, error_text, exists, Server};
 use redis::Connection;
 
 /// Too slow to refill a token during a test.
@@ -19,25 +20,6 @@ const RATE: &str = "0.000001";
 
 /// Redis's reply to a `deny-oom` command while used memory is above `maxmemory`.
 const OOM: &str = "OOM command not allowed when used memory > 'maxmemory'.";
-
-/// `RL.ACQUIRE key RATE capacity [cost]` as a command, for error replies.
-fn acquire_cmd(key: &str, capacity: &str, cost: Option<&str>) -> redis::Cmd {
-    let mut cmd = redis::cmd("RL.ACQUIRE");
-    cmd.arg(key).arg(RATE).arg(capacity);
-    if let Some(cost) = cost {
-        cmd.arg(cost);
-    }
-    cmd
-}
-
-/// A numeric field of `INFO memory`.
-fn memory_field(con: &mut Connection, name: &str) -> u64 {
-    let text: String = redis::cmd("INFO").arg("memory").query(con).expect("INFO");
-    text.lines()
-        .find_map(|line| line.strip_prefix(name)?.strip_prefix(':'))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no {name} in\n{text}"))
-}
 
 /// How far past `maxmemory` the fill goes.
 const OVER_LIMIT: u64 = 512 * 1024;
@@ -53,8 +35,8 @@ const OVER_LIMIT: u64 = 512 * 1024;
 /// made by `SETRANGE`, a short command (it passes the check well under the limit), sized
 /// from `INFO memory` to end half a megabyte past the limit: every later check is over.
 fn fill_past_maxmemory(con: &mut Connection) -> String {
-    let limit = memory_field(con, "maxmemory");
-    let used = memory_field(con, "used_memory");
+    let limit: u64 = info_number(con, "memory", "maxmemory");
+    let used: u64 = info_number(con, "memory", "used_memory");
     assert!(
         used + 1024 * 1024 < limit,
         "the server starts too close to maxmemory: {used} of {limit} bytes"
@@ -68,7 +50,7 @@ fn fill_past_maxmemory(con: &mut Connection) -> String {
         .query(con)
         .expect("SETRANGE below the limit");
     assert_eq!(len, size);
-    let used = memory_field(con, "used_memory");
+    let used: u64 = info_number(con, "memory", "used_memory");
     assert!(used > limit, "{used} bytes used, limit {limit}");
     let refused = redis::cmd("SET").arg("fill:1").arg("x").query::<()>(con);
     match refused {
@@ -99,7 +81,7 @@ fn out_of_memory_refuses_rl_commands_and_recovers() {
 
     // A new bucket: refused with the server's standard OOM error, and no key created.
     assert_eq!(
-        error_text(&mut con, &acquire_cmd("rl:new", "10", None)),
+        error_text(&mut con, &acquire_cmd(b"rl:new", RATE, "10", None)),
         OOM
     );
     assert!(
@@ -114,7 +96,7 @@ fn out_of_memory_refuses_rl_commands_and_recovers() {
     // decides (README, "Failing open or failing closed").
     for cost in [None, Some("11"), Some("0")] {
         assert_eq!(
-            error_text(&mut con, &acquire_cmd("rl:old", "10", cost)),
+            error_text(&mut con, &acquire_cmd(b"rl:old", RATE, "10", cost)),
             OOM,
             "RL.ACQUIRE rl:old cost {cost:?}"
         );
@@ -129,7 +111,7 @@ fn out_of_memory_refuses_rl_commands_and_recovers() {
     );
 
     // The server stays healthy: it answers, and commands without deny-oom still run.
-    assert!(server.is_alive());
+    server.assert_alive();
     let pong: String = redis::cmd("PING").query(&mut con).expect("PING");
     assert_eq!(pong, "PONG");
 
@@ -203,19 +185,15 @@ fn client(t: usize, mut con: Connection, run: &Run, kill_now: mpsc::Sender<()>) 
         }
         let k = i % BUCKETS;
         let key = &run.keys[k];
-        let reply: Vec<i64> = match redis::cmd("RL.ACQUIRE")
-            .arg(key)
-            .arg(RATE)
-            .arg(&capacity)
-            .query(&mut con)
-        {
-            Ok(reply) => reply,
-            Err(e) if run.killed_by(&e) => {
-                seen[k].unknown += 1;
-                break;
-            }
-            Err(e) => run.fail(format!("RL.ACQUIRE {key}: {e}")),
-        };
+        let reply: Vec<i64> =
+            match acquire_cmd(key.as_bytes(), RATE, &capacity, None).query(&mut con) {
+                Ok(reply) => reply,
+                Err(e) if run.killed_by(&e) => {
+                    seen[k].unknown += 1;
+                    break;
+                }
+                Err(e) => run.fail(format!("RL.ACQUIRE {key}: {e}")),
+            };
         if reply.first() != Some(&1) {
             continue;
         }
@@ -340,5 +318,5 @@ fn acknowledged_takes_survive_master_sigkill_and_failover() {
         i64::from(report[&run.keys[0]].1 < CAPACITY),
         "{after:?}"
     );
-    assert!(replica.is_alive());
+    replica.assert_alive();
 }

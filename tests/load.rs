@@ -12,7 +12,8 @@ mod common;
 
 use std::sync::Barrier;
 
-use common::{acquire, exists, Server};
+use common::lua::{load_script, lua_acquire};
+use common::{acquire, exists, server_time_ms, Server};
 use redis::Connection;
 
 /// Client connections, one thread each.
@@ -23,9 +24,6 @@ const CALLS_PER_CLIENT: usize = 100;
 const CAPACITY: i64 = 1000;
 /// Too slow to refill a token during a test.
 const RATE: &str = "0.000001";
-
-/// The baseline script, verbatim.
-const SCRIPT: &str = include_str!("../bench/token_bucket.lua");
 
 /// Opens `CLIENTS` connections, then runs `CALLS_PER_CLIENT` calls of `call` on each, all
 /// threads starting together. Returns every `[allowed, remaining]` reply.
@@ -102,36 +100,21 @@ fn concurrent_clients_take_exactly_capacity() {
         "cost 0 on the drained bucket: {after:?}"
     );
     assert!(after[3] > 0, "a drained bucket is not full: {after:?}");
-    assert!(server.is_alive());
+    server.assert_alive();
 }
 
 #[test]
 fn lua_baseline_also_takes_exactly_capacity_under_concurrency() {
     let server = Server::start();
     let mut con = server.conn();
-    let sha: String = redis::cmd("SCRIPT")
-        .arg("LOAD")
-        .arg(SCRIPT)
-        .query(&mut con)
-        .expect("SCRIPT LOAD");
+    let sha = load_script(&mut con);
     // One instant for every call: the script trusts the client's clock, and with this rate
     // the clock could not add a token anyway.
-    let (s, us): (u64, u64) = redis::cmd("TIME").query(&mut con).expect("TIME");
-    let now_ms = s * 1000 + us / 1000;
+    let now_ms = server_time_ms(&mut con);
+    let capacity = CAPACITY.to_string();
 
     let replies = hammer(&server, |con| {
-        let reply: Vec<i64> = redis::cmd("EVALSHA")
-            .arg(&sha)
-            .arg(1)
-            .arg("hot")
-            .arg(RATE)
-            .arg(CAPACITY)
-            .arg(now_ms)
-            .query(con)
-            .expect("EVALSHA reply");
-        reply
-            .try_into()
-            .expect("the script replies with 2 integers")
+        lua_acquire(con, &sha, "hot", RATE, &capacity, now_ms, None)
     });
     assert_exactly_capacity(&replies, "the Lua script");
 

@@ -12,11 +12,10 @@
 
 mod common;
 
-use common::{acquire, dump, exists, Server};
+use common::info::rdb_changes;
+use common::lua::{load_script, lua_acquire};
+use common::{acquire, dump, exists, server_time_ms, Server};
 use redis::Connection;
-
-/// The baseline script, verbatim.
-const SCRIPT: &str = include_str!("../bench/token_bucket.lua");
 
 /// One sequence: rate, capacity, the costs in order (`None` omits the argument), and the
 /// expected `allowed` flags, spelled out so that a shared mistake cannot pass unnoticed.
@@ -104,23 +103,8 @@ const ROWS: &[Row] = &[
     },
 ];
 
-/// The server's clock in ms, as the script's `now_ms`.
-fn server_now_ms(con: &mut Connection) -> u64 {
-    let (s, us): (u64, u64) = redis::cmd("TIME").query(con).expect("TIME");
-    s * 1000 + us / 1000
-}
-
-/// Loads the script and returns its SHA1.
-fn load_script(con: &mut Connection) -> String {
-    redis::cmd("SCRIPT")
-        .arg("LOAD")
-        .arg(SCRIPT)
-        .query(con)
-        .expect("SCRIPT LOAD")
-}
-
-/// One call of the script: `{allowed, floor(tokens)}`.
-fn lua_acquire(
+/// One call of the script, with the server's clock as its `now_ms`: `{allowed, floor(tokens)}`.
+fn lua_acquire_now(
     con: &mut Connection,
     sha: &str,
     key: &str,
@@ -128,21 +112,8 @@ fn lua_acquire(
     capacity: &str,
     cost: Option<&str>,
 ) -> [i64; 2] {
-    let now_ms = server_now_ms(con);
-    let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(sha)
-        .arg(1)
-        .arg(key)
-        .arg(rate)
-        .arg(capacity)
-        .arg(now_ms);
-    if let Some(cost) = cost {
-        cmd.arg(cost);
-    }
-    let reply: Vec<i64> = cmd.query(con).expect("EVALSHA reply");
-    reply
-        .try_into()
-        .expect("the script replies with 2 integers")
+    let now_ms = server_time_ms(con);
+    lua_acquire(con, sha, key, rate, capacity, now_ms, cost)
 }
 
 #[test]
@@ -155,7 +126,7 @@ fn rl_acquire_matches_the_lua_baseline() {
         let (rl_key, lua_key) = (format!("rl:{i}"), format!("lua:{i}"));
         for (step, (&cost, &want_allowed)) in row.costs.iter().zip(row.allowed).enumerate() {
             let rl = acquire(&mut con, rl_key.as_bytes(), row.rate, row.capacity, cost);
-            let lua = lua_acquire(&mut con, &sha, &lua_key, row.rate, row.capacity, cost);
+            let lua = lua_acquire_now(&mut con, &sha, &lua_key, row.rate, row.capacity, cost);
             let at = format!(
                 "row {i} (rate {}, capacity {}) step {step} cost {cost:?}",
                 row.rate, row.capacity
@@ -182,7 +153,7 @@ fn lua_baseline_writes_on_denial_where_rl_acquire_does_not() {
 
     // A denial on a missing key: the script creates a full bucket, RL.ACQUIRE nothing.
     assert_eq!(
-        lua_acquire(&mut con, &sha, "lua", "0.001", "2", Some("3")),
+        lua_acquire_now(&mut con, &sha, "lua", "0.001", "2", Some("3")),
         [0, 2]
     );
     assert_eq!(
@@ -202,12 +173,15 @@ fn lua_baseline_writes_on_denial_where_rl_acquire_does_not() {
     assert_eq!(acquire(&mut con, b"rl", "0.001", "2", None)[0], 0);
     assert_eq!(dump(&mut con, b"rl"), before);
     assert_eq!(
-        lua_acquire(&mut con, &sha, "lua", "0.001", "2", Some("2"))[0],
+        lua_acquire_now(&mut con, &sha, "lua", "0.001", "2", Some("2"))[0],
         1
     );
     // The server's dirty counter: what RDB save points and the AOF count as changes.
     let dirty_before = rdb_changes(&mut con);
-    assert_eq!(lua_acquire(&mut con, &sha, "lua", "0.001", "2", None)[0], 0);
+    assert_eq!(
+        lua_acquire_now(&mut con, &sha, "lua", "0.001", "2", None)[0],
+        0
+    );
     assert!(
         rdb_changes(&mut con) > dirty_before,
         "the script's denial wrote nothing"
@@ -219,16 +193,4 @@ fn lua_baseline_writes_on_denial_where_rl_acquire_does_not() {
         dirty_before,
         "RL.ACQUIRE's denial changed something"
     );
-}
-
-/// `rdb_changes_since_last_save` from `INFO persistence`: the server's dirty counter.
-fn rdb_changes(con: &mut Connection) -> i64 {
-    let text: String = redis::cmd("INFO")
-        .arg("persistence")
-        .query(con)
-        .expect("INFO");
-    text.lines()
-        .find_map(|line| line.strip_prefix("rdb_changes_since_last_save:"))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no rdb_changes_since_last_save in\n{text}"))
 }

@@ -6,20 +6,9 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{acquire, dump, pexpiretime, Server};
+use common::info::{info, info_field, rdb_changes};
+use common::{acquire, config_set, dump, pexpiretime, wait_for_replica, Server};
 use redis::Connection;
-
-fn info(con: &mut Connection, section: &str) -> String {
-    redis::cmd("INFO").arg(section).query(con).expect("INFO")
-}
-
-fn info_field(con: &mut Connection, section: &str, field: &str) -> i64 {
-    let text = info(con, section);
-    text.lines()
-        .find_map(|line| line.strip_prefix(&format!("{field}:")))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("{field} missing from INFO {section}"))
-}
 
 fn wait_for_aof_rewrite(con: &mut Connection) {
     let deadline = Instant::now() + Duration::from_secs(15);
@@ -37,11 +26,16 @@ fn wait_for_aof_rewrite(con: &mut Connection) {
 }
 
 fn propagation_mode(con: &mut Connection) -> String {
-    info(con, "rl")
-        .lines()
-        .find_map(|line| line.strip_prefix("rl_propagation:"))
-        .map(|v| v.trim().to_string())
+    info_field(&info(con, "rl"), "rl_propagation")
         .expect("rl_propagation in INFO rl")
+        .to_string()
+}
+
+/// Takes `cost` tokens from each of the buckets `k0` to `k49`.
+fn take_from_each(con: &mut Connection, cost: &str) {
+    for i in 0..50 {
+        acquire(con, format!("k{i}").as_bytes(), "0.001", "100", Some(cost));
+    }
 }
 
 #[test]
@@ -55,22 +49,12 @@ fn aof_turned_on_at_runtime_records_later_takes() {
         "skip",
         "a server without listeners skips"
     );
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("appendonly")
-        .arg("yes")
-        .query(&mut con)
-        .expect("CONFIG SET");
+    config_set(&mut con, "appendonly", "yes");
     wait_for_aof_rewrite(&mut con);
     // The rewrite captured `before`; these takes must reach the AOF themselves.
     acquire(&mut con, b"after", "0.001", "5", Some("3"));
     acquire(&mut con, b"before", "0.001", "5", Some("1"));
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("appendfsync")
-        .arg("always")
-        .query(&mut con)
-        .expect("CONFIG SET");
+    config_set(&mut con, "appendfsync", "always");
     let snapshot: Vec<_> = [&b"before"[..], b"after"]
         .iter()
         .map(|k| (dump(&mut con, k), pexpiretime(&mut con, k)))
@@ -91,60 +75,31 @@ fn save_points_count_takes_as_changes() {
     let server = Server::start();
     let mut con = server.conn();
     acquire(&mut con, b"k", "0.001", "5", None);
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("save")
-        .arg("3600 1")
-        .query(&mut con)
-        .expect("CONFIG SET");
-    let before = info_field(&mut con, "persistence", "rdb_changes_since_last_save");
+    config_set(&mut con, "save", "3600 1");
+    let before = rdb_changes(&mut con);
     acquire(&mut con, b"k", "0.001", "5", None);
-    let after = info_field(&mut con, "persistence", "rdb_changes_since_last_save");
+    let after = rdb_changes(&mut con);
     assert!(
         after > before,
         "an allowed take did not count as a change ({before} -> {after})"
     );
     // A denial changes nothing and counts nothing.
     acquire(&mut con, b"k", "0.001", "2", Some("2"));
-    let denied_before = info_field(&mut con, "persistence", "rdb_changes_since_last_save");
+    let denied_before = rdb_changes(&mut con);
     assert_eq!(acquire(&mut con, b"k", "0.001", "2", Some("2"))[0], 0);
-    assert_eq!(
-        info_field(&mut con, "persistence", "rdb_changes_since_last_save"),
-        denied_before
-    );
+    assert_eq!(rdb_changes(&mut con), denied_before);
 }
 
 #[test]
 fn replica_attached_after_unpropagated_takes_converges() {
     let master = Server::start();
     let mut con = master.conn();
-    for i in 0..50 {
-        acquire(
-            &mut con,
-            format!("k{i}").as_bytes(),
-            "0.001",
-            "100",
-            Some("3"),
-        );
-    }
+    take_from_each(&mut con, "3");
     assert_eq!(propagation_mode(&mut con), "skip");
     let replica = master.start_replica();
     // Streamed from now on.
-    for i in 0..50 {
-        acquire(
-            &mut con,
-            format!("k{i}").as_bytes(),
-            "0.001",
-            "100",
-            Some("2"),
-        );
-    }
-    let acked: i64 = redis::cmd("WAIT")
-        .arg(1)
-        .arg(5000)
-        .query(&mut con)
-        .expect("WAIT");
-    assert_eq!(acked, 1);
+    take_from_each(&mut con, "2");
+    wait_for_replica(&mut con);
     let mut rcon = replica.conn();
     for i in 0..50 {
         let key = format!("k{i}");

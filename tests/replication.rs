@@ -10,59 +10,15 @@ mod common;
 
 use std::path::Path;
 
-use common::{acquire, dump, error_text, exists, pexpiretime, Server};
+use common::info::{calls, info_number};
+use common::{
+    acquire, acquire_cmd, all_keys, dump, error_text, exists, pexpiretime, wait_for_replica, Server,
+};
 use redis::Connection;
-
-/// `INFO <section>` as text.
-fn info(con: &mut Connection, section: &str) -> String {
-    redis::cmd("INFO").arg(section).query(con).expect("INFO")
-}
-
-/// The value of `name:value` in an INFO text.
-fn info_field<'a>(info: &'a str, name: &str) -> Option<&'a str> {
-    info.lines()
-        .find_map(|line| line.strip_prefix(name)?.strip_prefix(':'))
-}
 
 /// The master's `master_repl_offset`: how many bytes it has fed its replication stream.
 fn repl_offset(con: &mut Connection) -> i64 {
-    let text = info(con, "replication");
-    info_field(&text, "master_repl_offset")
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no master_repl_offset in\n{text}"))
-}
-
-/// `calls=` of `cmdstat_<command>` in `INFO commandstats`, or `None` if the command never ran.
-/// The command name matches in any case (module commands keep their registered case).
-fn calls(con: &mut Connection, command: &str) -> Option<u64> {
-    let text = info(con, "commandstats");
-    let name = format!("cmdstat_{command}");
-    let stats = text.lines().find_map(|line| {
-        let (field, value) = line.split_once(':')?;
-        field.eq_ignore_ascii_case(&name).then_some(value)
-    })?;
-    let calls = stats.split(',').find_map(|kv| kv.strip_prefix("calls="))?;
-    Some(calls.trim().parse().expect("calls is an integer"))
-}
-
-/// `WAIT 1 5000`: returns once the one replica has acknowledged everything sent so far.
-fn wait_for_replica(master: &mut Connection) {
-    let acked: i64 = redis::cmd("WAIT")
-        .arg(1)
-        .arg(5000)
-        .query(master)
-        .expect("WAIT");
-    assert_eq!(
-        acked, 1,
-        "the replica did not acknowledge the stream in time"
-    );
-}
-
-/// Every key, sorted.
-fn all_keys(con: &mut Connection) -> Vec<Vec<u8>> {
-    let mut keys: Vec<Vec<u8>> = redis::cmd("KEYS").arg("*").query(con).expect("KEYS");
-    keys.sort();
-    keys
+    info_number(con, "replication", "master_repl_offset")
 }
 
 /// Asserts that master and replica hold the same keys, with equal DUMP payloads and equal
@@ -331,8 +287,7 @@ fn denial_and_zero_cost_propagate_nothing() {
         );
     }
     // A rejected call propagates nothing either.
-    let mut bad = redis::cmd("RL.ACQUIRE");
-    bad.arg("k").arg("x").arg("2");
+    let bad = acquire_cmd(b"k", "x", "2", None);
     assert!(error_text(&mut master, &bad).starts_with("ERR rate"));
     assert_eq!(
         repl_offset(&mut master),
@@ -385,8 +340,7 @@ fn setstate_replicates_verbatim_and_replica_is_read_only() {
     // The bucket is full in 2100: the master denies, the replica refuses to write at all.
     assert_eq!(acquire(&mut master, b"fixed", "1", "10", None)[0], 0);
     let before = dump(&mut replica, b"fixed");
-    let mut on_replica = redis::cmd("RL.ACQUIRE");
-    on_replica.arg("fixed").arg("1").arg("10");
+    let on_replica = acquire_cmd(b"fixed", "1", "10", None);
     let text = error_text(&mut replica, &on_replica);
     assert!(
         text.starts_with("READONLY"),

@@ -4,10 +4,20 @@
 //! `REDIS_SERVER` picks the server binary (default `redis-server`), so the same suite runs
 //! against Valkey. The module is the cdylib built beside this test binary; `RL_MODULE`
 //! overrides it.
+//!
+//! Beside the harness, the small helpers several test files share: building and running
+//! commands (`acquire`, `acquire_cmd`, `command`, `show`, `error_text`, `config_set`), a table
+//! of bad arguments checked against an empty server (`assert_rejected_on_empty_server`), key
+//! state (`dump`, `pexpiretime`, `exists`, `dbsize`, `all_keys`), the server's clock, and
+//! `WAIT` for a replica. Submodules: [`info`] reads `INFO`, [`lua`] runs the classic Lua token
+//! bucket, and [`cluster`] starts a Redis Cluster. Each test binary uses a subset of all this,
+//! hence `allow(dead_code)`.
 
 #![allow(dead_code)]
 
 pub mod cluster;
+pub mod info;
+pub mod lua;
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -228,26 +238,28 @@ impl Server {
             .is_ok()
     }
 
+    /// Asserts that the server still answers PING; the failure message carries its log.
+    pub fn assert_alive(&self) {
+        assert!(
+            self.is_alive(),
+            "server stopped answering PING; log:\n{}",
+            self.log()
+        );
+    }
+
     /// Starts a replica of this server and waits until its link is up and it has synced.
     pub fn start_replica(&self) -> Server {
         // Redis 7.0 waits 5 s before a diskless full sync by default; nothing here needs it.
         let mut master = self.conn();
-        let _: () = redis::cmd("CONFIG")
-            .arg("SET")
-            .arg("repl-diskless-sync-delay")
-            .arg("0")
-            .query(&mut master)
-            .expect("CONFIG SET repl-diskless-sync-delay");
+        config_set(&mut master, "repl-diskless-sync-delay", "0");
         let port = self.port.to_string();
         let replica = Server::start_with(&["--replicaof", "127.0.0.1", &port]);
         let deadline = Instant::now() + READY_DEADLINE;
         let mut con = replica.conn();
         while Instant::now() < deadline {
-            let info: String = redis::cmd("INFO")
-                .arg("replication")
-                .query(&mut con)
-                .expect("INFO");
-            if info.contains("master_link_status:up") && info.contains("master_sync_in_progress:0")
+            let replication = info::info(&mut con, "replication");
+            if replication.contains("master_link_status:up")
+                && replication.contains("master_sync_in_progress:0")
             {
                 return replica;
             }
@@ -263,6 +275,17 @@ impl Drop for Server {
     }
 }
 
+/// `RL.ACQUIRE key rate capacity [cost]` as a command: for error replies, or for a connection
+/// other than a single node's.
+pub fn acquire_cmd(key: &[u8], rate: &str, capacity: &str, cost: Option<&str>) -> redis::Cmd {
+    let mut cmd = redis::cmd("RL.ACQUIRE");
+    cmd.arg(key).arg(rate).arg(capacity);
+    if let Some(cost) = cost {
+        cmd.arg(cost);
+    }
+    cmd
+}
+
 /// `RL.ACQUIRE key rate capacity [cost]` as the four integers of its reply.
 pub fn acquire(
     con: &mut Connection,
@@ -271,15 +294,37 @@ pub fn acquire(
     capacity: &str,
     cost: Option<&str>,
 ) -> [i64; 4] {
-    let mut cmd = redis::cmd("RL.ACQUIRE");
-    cmd.arg(key).arg(rate).arg(capacity);
-    if let Some(cost) = cost {
-        cmd.arg(cost);
-    }
-    let reply: Vec<i64> = cmd.query(con).expect("RL.ACQUIRE reply");
+    let reply: Vec<i64> = acquire_cmd(key, rate, capacity, cost)
+        .query(con)
+        .expect("RL.ACQUIRE reply");
     reply
         .try_into()
         .expect("RL.ACQUIRE replies with 4 integers")
+}
+
+/// `name args…` as a command, each argument as raw bytes.
+pub fn command(name: &str, args: &[&[u8]]) -> redis::Cmd {
+    let mut cmd = redis::cmd(name);
+    for arg in args {
+        cmd.arg(*arg);
+    }
+    cmd
+}
+
+/// Arguments, readable in a failure message: each one quoted, or as its length when it is
+/// over 20 bytes.
+pub fn show(args: &[&[u8]]) -> String {
+    let shown: Vec<String> = args
+        .iter()
+        .map(|a| {
+            if a.len() > 20 {
+                format!("<{} bytes>", a.len())
+            } else {
+                format!("{:?}", String::from_utf8_lossy(a))
+            }
+        })
+        .collect();
+    shown.join(" ")
 }
 
 /// The error text a command replies with; panics if it succeeds.
@@ -317,4 +362,83 @@ pub fn exists(con: &mut Connection, key: &[u8]) -> bool {
         .query::<i64>(con)
         .expect("EXISTS")
         == 1
+}
+
+/// Runs each row, `name args…` with the exact error text it must get, against a new, empty
+/// server: the exact error text, no key created (`k` nor any other), and PING still answers.
+pub fn assert_rejected_on_empty_server<'a, A, W>(name: &str, rows: &[(A, W)])
+where
+    A: AsRef<[&'a [u8]]>,
+    W: AsRef<str>,
+{
+    let server = Server::start();
+    let mut con = server.conn();
+    // Wrong texts are collected so one run lists every failing row.
+    let mut wrong = Vec::new();
+    for (args, want) in rows {
+        let (args, want) = (args.as_ref(), want.as_ref());
+        let got = error_text(&mut con, &command(name, args));
+        if got != want {
+            wrong.push(format!(
+                "{name} {}\n   got: {got}\n  want: {want}",
+                show(args)
+            ));
+        }
+        assert!(
+            !exists(&mut con, b"k"),
+            "{name} {} created the key",
+            show(args)
+        );
+        assert_eq!(dbsize(&mut con), 0, "{name} {} created a key", show(args));
+        server.assert_alive();
+    }
+    assert!(
+        wrong.is_empty(),
+        "{} of {} rows got the wrong error:\n{}",
+        wrong.len(),
+        rows.len(),
+        wrong.join("\n")
+    );
+}
+
+/// `CONFIG SET name value`.
+pub fn config_set(con: &mut Connection, name: &str, value: &str) {
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg(name)
+        .arg(value)
+        .query(con)
+        .unwrap_or_else(|e| panic!("CONFIG SET {name} {value}: {e}"));
+}
+
+/// `DBSIZE`.
+pub fn dbsize(con: &mut Connection) -> i64 {
+    redis::cmd("DBSIZE").query(con).expect("DBSIZE")
+}
+
+/// Every key (`KEYS *`), sorted.
+pub fn all_keys(con: &mut Connection) -> Vec<Vec<u8>> {
+    let mut keys: Vec<Vec<u8>> = redis::cmd("KEYS").arg("*").query(con).expect("KEYS");
+    keys.sort();
+    keys
+}
+
+/// The server's clock (`TIME`) in milliseconds.
+pub fn server_time_ms(con: &mut Connection) -> i64 {
+    let (secs, micros): (i64, i64) = redis::cmd("TIME").query(con).expect("TIME");
+    secs * 1000 + micros / 1000
+}
+
+/// `WAIT 1 5000` on a master: returns once its one replica has acknowledged everything
+/// written so far.
+pub fn wait_for_replica(master: &mut Connection) {
+    let acked: i64 = redis::cmd("WAIT")
+        .arg(1)
+        .arg(5000)
+        .query(master)
+        .expect("WAIT");
+    assert_eq!(
+        acked, 1,
+        "the replica did not acknowledge the stream in time"
+    );
 }
