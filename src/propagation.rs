@@ -64,8 +64,13 @@ fn probe(ctx: *mut RedisModuleCtx) -> bool {
             return true;
         };
         let flags = flags(ctx) as u32;
-        let persistence = raw::REDISMODULE_CTX_FLAGS_AOF | raw::REDISMODULE_CTX_FLAGS_RDB;
-        if flags & persistence != 0 || flags & raw::REDISMODULE_CTX_FLAGS_MASTER == 0 {
+        // Cluster nodes always propagate: they run with replicas in practice, and their
+        // topology also changes through cluster-bus messages, so the saving is not worth the
+        // reasoning.
+        let always = raw::REDISMODULE_CTX_FLAGS_AOF
+            | raw::REDISMODULE_CTX_FLAGS_RDB
+            | raw::REDISMODULE_CTX_FLAGS_CLUSTER;
+        if flags & always != 0 || flags & raw::REDISMODULE_CTX_FLAGS_MASTER == 0 {
             return true;
         }
         let listened = server::with_info(ctx, c"replication", |info| {

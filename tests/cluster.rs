@@ -217,6 +217,13 @@ fn manual_failover_keeps_every_bucket() {
 
     let mut on_master = cluster.conn(master);
     wait_for_replica(&mut on_master);
+    // A master with a replica must have replicated the takes, not skipped them.
+    let rl = info(&mut on_master, "rl");
+    assert!(
+        rl.contains("rl_propagation:replicate"),
+        "{rl}\n{}",
+        info(&mut on_master, "replication")
+    );
     let before_empty = state(&mut on_master, empty);
     let before_partial = state(&mut on_master, partial);
     let mut on_replica = replica_conn(&cluster, replica);
