@@ -1,0 +1,193 @@
+//! `args`: the argument parsers on arbitrary bytes: `args::acquire` (`rate capacity [cost]`),
+//! `args::throttle` (`max_burst count_per_period period [quantity]`) and `args::full_at_ns`
+//! (the integer of `RL.SETSTATE`).
+//!
+//! Input: 1 to 4 arguments separated by NUL bytes (the 4th takes the rest, NULs included), so
+//! a corpus file reads like a command line: `5\x0010\x001`. Every argument goes through
+//! `full_at_ns`; with 2 or more, the first three go through `acquire`, and with 3 or more,
+//! all of them through `throttle`.
+//!
+//! Checks, besides "never panics":
+//! - every `Ok` is within the documented ranges: rate in [1e-6, 1e9], capacity in (0, 1e15],
+//!   capacity / rate at most 100 years, cost finite and >= 0, full_at in 1..=i64::MAX;
+//! - the parsers agree exactly (same value, same error, same argument named) with a reference
+//!   written from their documentation: a plain decimal is what Rust's `f64` parser accepts
+//!   from the characters `0-9 . + - e E`, when finite; a throttle integer is digits only,
+//!   saturating at `u64::MAX`.
+//!   That also cross-checks the integer fast path of the decimal parser against the general
+//!   one.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use redis_rl::args;
+use redis_rl::bucket::{
+    MAX_CAPACITY, MAX_FULL_AT_NS, MAX_RATE_PER_S, MAX_REFILL_S, MIN_RATE_PER_S,
+};
+use redis_rl::error::Error;
+
+/// A finite decimal as documented: digits, '.', sign and exponent only; no "inf" or "nan".
+fn reference_decimal(bytes: &[u8]) -> Option<f64> {
+    if !bytes
+        .iter()
+        .all(|b| b.is_ascii_digit() || b".+-eE".contains(b))
+    {
+        return None;
+    }
+    let value: f64 = std::str::from_utf8(bytes).ok()?.parse().ok()?;
+    value.is_finite().then_some(value)
+}
+
+/// `(rate, capacity, cost)` or the first argument at fault, from the documentation alone.
+fn reference_acquire(
+    rate: &[u8],
+    capacity: &[u8],
+    cost: Option<&[u8]>,
+) -> Result<(f64, f64, f64), Error> {
+    let rate = reference_decimal(rate)
+        .filter(|r| (MIN_RATE_PER_S..=MAX_RATE_PER_S).contains(r))
+        .ok_or(Error::Rate)?;
+    let capacity = reference_decimal(capacity)
+        .filter(|c| *c > 0.0 && *c <= MAX_CAPACITY)
+        .ok_or(Error::Capacity)?;
+    if capacity / rate > MAX_REFILL_S {
+        return Err(Error::RefillTime);
+    }
+    let cost = match cost {
+        None => 1.0,
+        Some(bytes) => reference_decimal(bytes)
+            .filter(|c| *c >= 0.0)
+            .ok_or(Error::Cost)?,
+    };
+    Ok((rate, capacity, cost))
+}
+
+/// A `throttle` integer: ASCII digits only, saturating at `u64::MAX` (callers range-check).
+fn reference_integer(bytes: &[u8]) -> Option<u64> {
+    if bytes.is_empty() || !bytes.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    Some(std::str::from_utf8(bytes).ok()?.parse().unwrap_or(u64::MAX))
+}
+
+/// `(rate, capacity, cost, total)` of `RL.THROTTLE`, or the first argument at fault.
+fn reference_throttle(
+    max_burst: &[u8],
+    count: &[u8],
+    period: &[u8],
+    quantity: Option<&[u8]>,
+) -> Result<(f64, f64, f64, u64), Error> {
+    let max_burst = reference_integer(max_burst)
+        .filter(|&n| n <= 999_999_999_999_999)
+        .ok_or(Error::MaxBurst)?;
+    let count = reference_integer(count)
+        .filter(|n| (1..=1_000_000_000).contains(n))
+        .ok_or(Error::CountPerPeriod)?;
+    let period = reference_integer(period)
+        .filter(|n| (1..=3_153_600_000).contains(n))
+        .ok_or(Error::Period)?;
+    let cost = match quantity {
+        None => 1.0,
+        Some(bytes) => reference_integer(bytes).ok_or(Error::Quantity)? as f64,
+    };
+    let rate = count as f64 / period as f64;
+    let total = max_burst + 1;
+    if !(MIN_RATE_PER_S..=MAX_RATE_PER_S).contains(&rate) {
+        return Err(Error::ThrottleRate);
+    }
+    if total as f64 / rate > MAX_REFILL_S {
+        return Err(Error::ThrottleRefillTime);
+    }
+    Ok((rate, total as f64, cost, total))
+}
+
+/// `full_at_ns`: 1 to 19 ASCII digits (so at most `i64::MAX`'s length; longer spellings with
+/// leading zeros are refused too) holding a value in `1..=i64::MAX`.
+fn reference_full_at(bytes: &[u8]) -> Option<u64> {
+    if bytes.is_empty() || bytes.len() > 19 || !bytes.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let value: u64 = std::str::from_utf8(bytes).ok()?.parse().ok()?;
+    (1..=MAX_FULL_AT_NS).contains(&value).then_some(value)
+}
+
+fn check_full_at(bytes: &[u8]) {
+    let got = args::full_at_ns(bytes);
+    if let Ok(state) = got {
+        assert!((1..=i64::MAX as u64).contains(&state.full_at_ns()));
+    }
+    match (got, reference_full_at(bytes)) {
+        (Ok(state), Some(want)) => assert_eq!(state.full_at_ns(), want, "{bytes:?}"),
+        (Err(e), None) => assert_eq!(e, Error::FullAt),
+        (got, want) => panic!("full_at_ns({bytes:?}) = {got:?}, reference {want:?}"),
+    }
+}
+
+fn check_acquire(rate: &[u8], capacity: &[u8], cost: Option<&[u8]>) {
+    let got = args::acquire(rate, capacity, cost);
+    if let Ok(a) = got {
+        let (r, c, k) = (a.limit.rate_per_s(), a.limit.capacity(), a.cost.tokens());
+        assert!((1e-6..=1e9).contains(&r), "rate {r}");
+        assert!(c > 0.0 && c <= 1e15, "capacity {c}");
+        assert!(k.is_finite() && k >= 0.0, "cost {k}");
+        assert!(c / r <= 3_153_600_000.0, "refill {c} / {r}");
+    }
+    match (got, reference_acquire(rate, capacity, cost)) {
+        (Ok(a), Ok((r, c, k))) => {
+            // Bit-for-bit: the fast path must round exactly as the general parser.
+            assert_eq!(a.limit.rate_per_s().to_bits(), r.to_bits(), "rate {rate:?}");
+            assert_eq!(
+                a.limit.capacity().to_bits(),
+                c.to_bits(),
+                "capacity {capacity:?}"
+            );
+            assert_eq!(a.cost.tokens().to_bits(), k.to_bits(), "cost {cost:?}");
+        }
+        (Err(e), Err(want)) => assert_eq!(e, want, "{rate:?} {capacity:?} {cost:?}"),
+        (got, want) => {
+            panic!("acquire({rate:?}, {capacity:?}, {cost:?}) = {got:?}, reference {want:?}")
+        }
+    }
+}
+
+fn check_throttle(max_burst: &[u8], count: &[u8], period: &[u8], quantity: Option<&[u8]>) {
+    let got = args::throttle(max_burst, count, period, quantity);
+    if let Ok(t) = got {
+        let (r, c, k) = (t.limit.rate_per_s(), t.limit.capacity(), t.cost.tokens());
+        assert!((1e-6..=1e9).contains(&r), "rate {r}");
+        assert!((1.0..=1e15).contains(&c) && c == c.floor(), "capacity {c}");
+        assert!(k.is_finite() && k >= 0.0 && k == k.floor(), "quantity {k}");
+        assert!(c / r <= 3_153_600_000.0, "refill {c} / {r}");
+        assert_eq!(t.total as f64, c, "total");
+    }
+    match (got, reference_throttle(max_burst, count, period, quantity)) {
+        (Ok(t), Ok((r, c, k, total))) => {
+            assert_eq!(t.limit.rate_per_s().to_bits(), r.to_bits(), "rate");
+            assert_eq!(t.limit.capacity().to_bits(), c.to_bits(), "capacity");
+            assert_eq!(t.cost.tokens().to_bits(), k.to_bits(), "quantity");
+            assert_eq!(t.total, total, "total");
+        }
+        (Err(e), Err(want)) => assert_eq!(e, want, "{max_burst:?} {count:?} {period:?} {quantity:?}"),
+        (got, want) => panic!(
+            "throttle({max_burst:?}, {count:?}, {period:?}, {quantity:?}) = {got:?}, reference {want:?}"
+        ),
+    }
+}
+
+fuzz_target!(|data: &[u8]| {
+    let parts: Vec<&[u8]> = data.splitn(4, |&b| b == 0).collect();
+    for part in &parts {
+        check_full_at(part);
+    }
+    match parts[..] {
+        [rate, capacity] => check_acquire(rate, capacity, None),
+        [a, b, c] => {
+            check_acquire(a, b, Some(c));
+            check_throttle(a, b, c, None);
+        }
+        [a, b, c, d] => {
+            check_acquire(a, b, Some(c));
+            check_throttle(a, b, c, Some(d));
+        }
+        _ => {}
+    }
+});
