@@ -34,6 +34,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use common::rdb::{crc64, crc64_bitwise, rdb_len, CRASH_MARKERS};
 use common::{dump, Server};
 use redis::{Connection, Value};
 
@@ -50,77 +51,9 @@ const MAX_FULL_AT_NS: u64 = i64::MAX as u64;
 
 const BAD_DATA: &str = "ERR Bad data format";
 
-/// What the server log must never contain.
-const CRASH_MARKERS: &[&str] = &[
-    "crashed by signal",
-    "Guru Meditation",
-    "ASSERTION FAILED",
-    "STACK TRACE",
-    "caught a panic",
-];
-
 // ---------------------------------------------------------------------------------------
-// The DUMP format (as in tests/persistence.rs)
+// The DUMP format (CRC-64 and rdbSaveLen are in tests/common/rdb.rs)
 // ---------------------------------------------------------------------------------------
-
-/// CRC-64/Jones as in Redis's `crc64.c`: polynomial 0xad93d23594c935a9, reflected in and
-/// out, initial value 0, no final xor. Table-driven: the fuzzer checksums every input.
-fn crc64(data: &[u8]) -> u64 {
-    const POLY_REFLECTED: u64 = 0xad93_d235_94c9_35a9_u64.reverse_bits();
-    static TABLE: std::sync::OnceLock<[u64; 256]> = std::sync::OnceLock::new();
-    let table = TABLE.get_or_init(|| {
-        let mut table = [0u64; 256];
-        for (i, slot) in table.iter_mut().enumerate() {
-            let mut crc = i as u64;
-            for _ in 0..8 {
-                crc = if crc & 1 == 1 {
-                    (crc >> 1) ^ POLY_REFLECTED
-                } else {
-                    crc >> 1
-                };
-            }
-            *slot = crc;
-        }
-        table
-    });
-    data.iter().fold(0u64, |crc, &byte| {
-        table[((crc ^ u64::from(byte)) & 0xff) as usize] ^ (crc >> 8)
-    })
-}
-
-/// The bitwise textbook form, to check the table against.
-fn crc64_bitwise(data: &[u8]) -> u64 {
-    const POLY_REFLECTED: u64 = 0xad93_d235_94c9_35a9_u64.reverse_bits();
-    let mut crc = 0u64;
-    for &byte in data {
-        crc ^= u64::from(byte);
-        for _ in 0..8 {
-            crc = if crc & 1 == 1 {
-                (crc >> 1) ^ POLY_REFLECTED
-            } else {
-                crc >> 1
-            };
-        }
-    }
-    crc
-}
-
-/// `rdbSaveLen`: the canonical 6-bit, 14-bit, 32-bit or 64-bit big-endian form.
-fn rdb_len(value: u64) -> Vec<u8> {
-    if value < 1 << 6 {
-        vec![value as u8]
-    } else if value < 1 << 14 {
-        vec![0x40 | (value >> 8) as u8, value as u8]
-    } else if value <= u64::from(u32::MAX) {
-        let mut out = vec![0x80];
-        out.extend_from_slice(&(value as u32).to_be_bytes());
-        out
-    } else {
-        let mut out = vec![0x81];
-        out.extend_from_slice(&value.to_be_bytes());
-        out
-    }
-}
 
 /// What `rdbLoadLen(rdb, NULL)` reads: the value and the bytes it took, or `None` where it
 /// fails (a short read, or a `10xxxxxx` prefix other than 0x80 and 0x81). A `11xxxxxx`

@@ -20,6 +20,7 @@ use std::path::Path;
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
+use common::rdb::{crc64, rdb_len, CRASH_MARKERS};
 use common::{acquire, dump, error_text, exists, pexpiretime, Server};
 use redis::Connection;
 
@@ -40,53 +41,9 @@ const ENCVER_MASK: u64 = (1 << 10) - 1;
 const BAD_PAYLOAD: &str = "ERR DUMP payload version or checksum are wrong";
 const BAD_DATA: &str = "ERR Bad data format";
 
-/// What the server log must never contain.
-const CRASH_MARKERS: &[&str] = &[
-    "crashed by signal",
-    "Guru Meditation",
-    "ASSERTION FAILED",
-    "STACK TRACE",
-    "caught a panic",
-];
-
 // ---------------------------------------------------------------------------------------
 // The DUMP format
 // ---------------------------------------------------------------------------------------
-
-/// CRC-64/Jones as in Redis's `crc64.c`: polynomial 0xad93d23594c935a9, reflected in and
-/// out, initial value 0, no final xor. Bitwise: slow, and obviously the textbook form.
-fn crc64(data: &[u8]) -> u64 {
-    const POLY_REFLECTED: u64 = 0xad93_d235_94c9_35a9_u64.reverse_bits();
-    let mut crc = 0u64;
-    for &byte in data {
-        crc ^= u64::from(byte);
-        for _ in 0..8 {
-            crc = if crc & 1 == 1 {
-                (crc >> 1) ^ POLY_REFLECTED
-            } else {
-                crc >> 1
-            };
-        }
-    }
-    crc
-}
-
-/// `rdbSaveLen`: 6-bit, 14-bit, 32-bit or 64-bit big-endian forms.
-fn rdb_len(value: u64) -> Vec<u8> {
-    if value < 1 << 6 {
-        vec![value as u8]
-    } else if value < 1 << 14 {
-        vec![0x40 | (value >> 8) as u8, value as u8]
-    } else if value <= u64::from(u32::MAX) {
-        let mut out = vec![0x80];
-        out.extend_from_slice(&(value as u32).to_be_bytes());
-        out
-    } else {
-        let mut out = vec![0x81];
-        out.extend_from_slice(&value.to_be_bytes());
-        out
-    }
-}
 
 /// Reads one `rdbSaveLen` value: the value and how many bytes it took.
 fn read_rdb_len(bytes: &[u8]) -> (u64, usize) {

@@ -18,6 +18,7 @@
 pub mod cluster;
 pub mod info;
 pub mod lua;
+pub mod rdb;
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
