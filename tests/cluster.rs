@@ -21,7 +21,9 @@ use std::time::{Duration, Instant};
 
 use common::cluster::{Cluster, SETTLE_DEADLINE};
 use common::info::info;
-use common::{acquire_cmd, dbsize, dump, pexpiretime, server_time_ms, wait_for_replica};
+use common::{
+    acquire_cmd, dbsize, dump, pexpiretime, server_time_ms, wait_for_replica_after_others,
+};
 use redis::{Connection, ConnectionLike, RedisError, Value};
 
 /// How long a refused call (MOVED, TRYAGAIN, CLUSTERDOWN, ...) is retried.
@@ -216,7 +218,8 @@ fn manual_failover_keeps_every_bucket() {
     );
 
     let mut on_master = cluster.conn(master);
-    wait_for_replica(&mut on_master);
+    // The takes went through the cluster client's connection, not this one.
+    wait_for_replica_after_others(&mut on_master, "{rl:failover}:wait");
     // A master with a replica must have replicated the takes, not skipped them.
     let rl = info(&mut on_master, "rl");
     assert!(
@@ -284,7 +287,7 @@ fn manual_failover_keeps_every_bucket() {
     );
 
     // The new master replicates to the old one.
-    wait_for_replica(&mut promoted);
+    wait_for_replica_after_others(&mut promoted, "{rl:failover}:wait");
     let mut demoted = replica_conn(&cluster, master);
     assert_eq!(state(&mut demoted, partial), state(&mut promoted, partial));
     assert_eq!(state(&mut demoted, empty), before_empty);
@@ -402,7 +405,7 @@ fn resharding_a_slot_moves_the_exact_bucket() {
     );
 
     // The target's replica got the buckets too, identical.
-    wait_for_replica(&mut on_target);
+    wait_for_replica_after_others(&mut on_target, "{rl:reshard}:wait");
     let mut target_replica = replica_conn(&cluster, after.replica_of(target));
     for key in [empty, partial] {
         assert_eq!(state(&mut target_replica, key), state(&mut on_target, key));

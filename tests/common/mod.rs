@@ -432,6 +432,23 @@ pub fn server_time_ms(con: &mut Connection) -> i64 {
 
 /// `WAIT 1 5000` on a master: returns once its one replica has acknowledged everything
 /// written so far.
+/// `WAIT 1` covering writes that *other* connections made (a cluster client, `MIGRATE`):
+/// `WAIT` only waits for the calling connection's own last write, so this one first writes
+/// and deletes `marker` (give it the buckets' hash tag in a cluster), and the stream being
+/// ordered, its acknowledgement covers everything before it. Leaves no key behind.
+pub fn wait_for_replica_after_others(master: &mut Connection, marker: &str) {
+    let _: () = redis::cmd("SET")
+        .arg(marker)
+        .arg(1)
+        .query(master)
+        .expect("SET marker");
+    let _: i64 = redis::cmd("DEL")
+        .arg(marker)
+        .query(master)
+        .expect("DEL marker");
+    wait_for_replica(master);
+}
+
 pub fn wait_for_replica(master: &mut Connection) {
     let acked: i64 = redis::cmd("WAIT")
         .arg(1)
