@@ -104,27 +104,21 @@ fn integer(bytes: &[u8]) -> Option<u64> {
 /// # Errors
 /// [`Error::FullAt`] unless it is an integer in `1..=i64::MAX`.
 pub fn full_at_ns(bytes: &[u8]) -> Result<State, Error> {
-    if bytes.is_empty() || bytes.len() > 19 || !bytes.iter().all(u8::is_ascii_digit) {
-        return Err(Error::FullAt);
-    }
-    let value = bytes
-        .iter()
-        .try_fold(0u64, |acc, &b| {
-            acc.checked_mul(10)?.checked_add(u64::from(b - b'0'))
-        })
-        .ok_or(Error::FullAt)?;
-    State::from_full_at_ns(value).ok_or(Error::FullAt)
+    // At most 19 digits, so `integer` cannot saturate; `State` rejects what is past i64::MAX.
+    integer(bytes)
+        .filter(|_| bytes.len() <= 19)
+        .and_then(State::from_full_at_ns)
+        .ok_or(Error::FullAt)
 }
 
 /// A finite decimal such as `0.5`, `100` or `2.5e3`. `None` for anything else: empty input,
 /// whitespace, trailing junk, `nan`, `inf`, and values that overflow to infinity.
 fn decimal(bytes: &[u8]) -> Option<f64> {
     // Fast path for the common case, plain integers: up to 15 digits convert exactly.
-    if !bytes.is_empty() && bytes.len() <= 15 && bytes.iter().all(u8::is_ascii_digit) {
-        let value = bytes
-            .iter()
-            .fold(0u64, |acc, &b| acc * 10 + u64::from(b - b'0'));
-        return Some(value as f64);
+    if bytes.len() <= 15 {
+        if let Some(value) = integer(bytes) {
+            return Some(value as f64);
+        }
     }
     // Rust's float grammar would also take "inf", "NaN" and "infinity"; allowing only these
     // characters keeps the grammar to plain decimals.
