@@ -86,18 +86,7 @@ pub const SPECS: &[Spec] = &[
         tips: Some(c"nondeterministic_output"),
         in_category: true,
     },
-    Spec {
-        name: c"RL.THROTTLE",
-        handler: commands::throttle,
-        flags: c"write deny-oom fast",
-        keys: (1, 1, 1),
-        key_flags: WRITE,
-        arity: -5,
-        summary: c"redis-cell's CL.THROTTLE: same arguments and reply, on an RL token bucket.",
-        complexity: c"O(1)",
-        tips: Some(c"nondeterministic_output"),
-        in_category: true,
-    },
+    THROTTLE,
     Spec {
         name: c"RL.REFUND",
         handler: commands::refund,
@@ -128,12 +117,18 @@ pub const SPECS: &[Spec] = &[
 /// redis-cell users switch without renaming (and without clashing with redis-cell itself).
 pub const CL_THROTTLE: Spec = Spec {
     name: c"CL.THROTTLE",
+    summary: c"Alias of RL.THROTTLE, for redis-cell clients.",
+    ..THROTTLE
+};
+
+const THROTTLE: Spec = Spec {
+    name: c"RL.THROTTLE",
     handler: commands::throttle,
     flags: c"write deny-oom fast",
     keys: (1, 1, 1),
     key_flags: WRITE,
     arity: -5,
-    summary: c"Alias of RL.THROTTLE, for redis-cell clients.",
+    summary: c"redis-cell's CL.THROTTLE: same arguments and reply, on an RL token bucket.",
     complexity: c"O(1)",
     tips: Some(c"nondeterministic_output"),
     in_category: true,
