@@ -4,7 +4,8 @@
 //! key; handlers parse everything first.
 
 use crate::bucket::{
-    Cost, Limit, LimitError, State, MAX_CAPACITY, MAX_RATE_PER_S, MAX_REFILL_S, MIN_RATE_PER_S,
+    Cost, Limit, LimitError, State, MAX_CAPACITY, MAX_FULL_AT_FRAC, MAX_RATE_PER_S, MAX_REFILL_S,
+    MIN_RATE_PER_S,
 };
 use crate::error::Error;
 
@@ -80,7 +81,10 @@ pub fn throttle(
             .ok_or(Error::Quantity)?,
     };
     let total = max_burst + 1;
-    let limit = Limit::new(count as f64 / period_s as f64, total as f64).map_err(|e| match e {
+    // Exactly `count` tokens every `period` seconds: T = period × 1e9 / count ns, not the
+    // double nearest to count / period (which for "3 per 10 s" refills 2 tokens in 10 s).
+    let period_ns = period_s.saturating_mul(1_000_000_000);
+    let limit = Limit::per_period(count, period_ns, total as f64).map_err(|e| match e {
         LimitError::Rate => Error::ThrottleRate,
         LimitError::Capacity => Error::MaxBurst,
         LimitError::RefillTime => Error::ThrottleRefillTime,
@@ -99,16 +103,23 @@ fn integer(bytes: &[u8]) -> Option<u64> {
     }))
 }
 
-/// Parses the `full_at_ns` of `RL.SETSTATE`: a plain decimal integer, no sign, no junk.
+/// Parses the `full_at_ns [full_at_frac]` of `RL.SETSTATE`: plain decimal integers, no sign,
+/// no junk. 0.1.0 wrote the first alone; a state with a fraction of a nanosecond adds the
+/// second (units of 2^-63 ns).
 ///
 /// # Errors
-/// [`Error::FullAt`] unless it is an integer in `1..=i64::MAX`.
-pub fn full_at_ns(bytes: &[u8]) -> Result<State, Error> {
-    // At most 19 digits, so `integer` cannot saturate; `State` rejects what is past i64::MAX.
-    integer(bytes)
-        .filter(|_| bytes.len() <= 19)
-        .and_then(State::from_full_at_ns)
-        .ok_or(Error::FullAt)
+/// [`Error::FullAt`] unless `full_at_ns` is an integer in `1..=i64::MAX`;
+/// [`Error::FullAtFrac`] unless `full_at_frac` is an integer in `0..=i64::MAX`.
+pub fn state(full_at_ns: &[u8], full_at_frac: Option<&[u8]>) -> Result<State, Error> {
+    // Leading zeros are allowed; `integer` saturates, and `State` rejects what is past i64::MAX.
+    let full_at_ns = integer(full_at_ns).ok_or(Error::FullAt)?;
+    let full_at_frac = match full_at_frac {
+        None => 0,
+        Some(bytes) => integer(bytes)
+            .filter(|&frac| frac <= MAX_FULL_AT_FRAC)
+            .ok_or(Error::FullAtFrac)?,
+    };
+    State::from_parts(full_at_ns, full_at_frac).ok_or(Error::FullAt)
 }
 
 /// A finite decimal such as `0.5`, `100` or `2.5e3`. `None` for anything else: empty input,
@@ -226,25 +237,35 @@ mod tests {
     }
 
     #[test]
-    fn full_at_is_a_bounded_integer() {
-        assert!(full_at_ns(b"1").is_ok());
-        assert!(full_at_ns(b"9223372036854775807").is_ok());
-        for bad in [
-            &b""[..],
-            b"0",
-            b"-1",
-            b"+1",
-            b"1.0",
-            b"9223372036854775808",
-            b"99999999999999999999",
-            b"1 ",
-        ] {
-            assert_eq!(
-                full_at_ns(bad),
-                Err(Error::FullAt),
-                "{:?}",
-                String::from_utf8_lossy(bad)
-            );
+    fn set_state_takes_bounded_integers_with_an_optional_fraction() {
+        let good: &[(&[u8], Option<&[u8]>, (u64, u64))] = &[
+            (b"1", None, (1, 0)),
+            (b"9223372036854775807", None, (i64::MAX as u64, 0)),
+            (b"00000000000000000001", None, (1, 0)), // leading zeros are still the integer
+            (b"5", Some(b"0"), (5, 0)),
+            (b"5", Some(b"9223372036854775807"), (5, i64::MAX as u64)),
+        ];
+        for &(ns, frac, want) in good {
+            let got = state(ns, frac).map(|s| (s.full_at_ns(), s.full_at_frac()));
+            assert_eq!(got, Ok(want), "{:?} {frac:?}", String::from_utf8_lossy(ns));
+        }
+        let bad: &[(&[u8], Option<&[u8]>, Error)] = &[
+            (b"", None, Error::FullAt),
+            (b"0", None, Error::FullAt),
+            (b"-1", None, Error::FullAt),
+            (b"+1", None, Error::FullAt),
+            (b"1.0", None, Error::FullAt),
+            (b"9223372036854775808", None, Error::FullAt),
+            (b"99999999999999999999", None, Error::FullAt),
+            (b"1 ", None, Error::FullAt),
+            (b"0", Some(b"1"), Error::FullAt),
+            (b"5", Some(b""), Error::FullAtFrac),
+            (b"5", Some(b"-1"), Error::FullAtFrac),
+            (b"5", Some(b"9223372036854775808"), Error::FullAtFrac),
+            (b"5", Some(b"1e3"), Error::FullAtFrac),
+        ];
+        for &(ns, frac, want) in bad {
+            assert_eq!(state(ns, frac), Err(want), "{:?} {frac:?}", String::from_utf8_lossy(ns));
         }
     }
 }

@@ -95,7 +95,7 @@ handler!(
     refund, c"RL.REFUND", refund_body, true
 );
 handler!(
-    /// `RL.SETSTATE key full_at_ns`: sets a bucket's exact state and derives its absolute
+    /// `RL.SETSTATE key full_at_ns [full_at_frac]`: sets a bucket's exact state and derives its absolute
     /// expiry. It is what `RL.ACQUIRE` replicates and what AOF rewrites emit; it reads no
     /// clock, so replaying it anywhere gives the same bucket. Not counted: it is internal.
     set_state, c"RL.SETSTATE", set_state_body, false
@@ -322,11 +322,13 @@ fn set_state_body(
     ctx: *mut RedisModuleCtx,
     argv: &[*mut RedisModuleString],
 ) -> Result<Reply, Failure> {
-    let &[_, key, full_at_ns] = argv else {
-        return Err(Failure::Arity);
+    let (key, full_at_ns, full_at_frac) = match *argv {
+        [_, key, ns] => (key, ns, None),
+        [_, key, ns, frac] => (key, ns, Some(frac)),
+        _ => return Err(Failure::Arity),
     };
-    // SAFETY: an argument of the running command.
-    let state = args::full_at_ns(unsafe { bytes(full_at_ns) })?;
+    // SAFETY (both): arguments of the running command.
+    let state = unsafe { args::state(bytes(full_at_ns), full_at_frac.map(|f| bytes(f))) }?;
     // SAFETY: `ctx` and `key` belong to the running command.
     let bucket_key = unsafe { BucketKey::open(ctx, key) }?;
     let existed = bucket_key.state()?.is_some();
@@ -369,19 +371,27 @@ fn propagate(
     // SAFETY: read once, after load.
     let replicate = unsafe { raw::RedisModule_Replicate }.ok_or(Error::Internal)?;
     // SAFETY: the format strings match the variadic arguments: a RedisModuleString, and for
-    // "sl" a long long.
+    // each "l" a long long.
     let status = unsafe {
         match change {
             Change::Set(state) => {
                 let full_at_ns =
                     c_longlong::try_from(state.full_at_ns()).map_err(|_| Error::Internal)?;
-                replicate(
-                    ctx,
-                    c"RL.SETSTATE".as_ptr(),
-                    c"sl".as_ptr(),
-                    key,
-                    full_at_ns,
-                )
+                let full_at_frac =
+                    c_longlong::try_from(state.full_at_frac()).map_err(|_| Error::Internal)?;
+                // A whole-nanosecond state keeps 0.1.0's two-argument form.
+                if full_at_frac == 0 {
+                    replicate(ctx, c"RL.SETSTATE".as_ptr(), c"sl".as_ptr(), key, full_at_ns)
+                } else {
+                    replicate(
+                        ctx,
+                        c"RL.SETSTATE".as_ptr(),
+                        c"sll".as_ptr(),
+                        key,
+                        full_at_ns,
+                        full_at_frac,
+                    )
+                }
             }
             Change::Delete => replicate(ctx, c"DEL".as_ptr(), c"s".as_ptr(), key),
             Change::Keep => raw::REDISMODULE_OK as c_int,

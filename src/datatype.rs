@@ -1,9 +1,11 @@
 //! The `rl-bucket` module type: its callbacks (RDB, AOF, digest, copy, memory) and the
 //! open-key handle that commands read and write buckets through.
 //!
-//! The value is the bucket's 64-bit [`State`] stored in the value pointer itself, so a bucket
-//! costs no allocation of ours and `free` has nothing to do. Loading trusts nothing: a value
-//! that is not a [`State`] fails the load instead of becoming a bucket.
+//! A whole-nanosecond [`State`] (every state at rates dividing 1e9) lives in the value pointer
+//! itself, tagged with its low bit, so it costs no allocation of ours. A state with a fraction
+//! of a nanosecond (rates such as 3/s) is a 16-byte allocation, `[full_at_ns, full_at_frac]`,
+//! updated in place by later writes. Loading trusts nothing: a value that is not a [`State`]
+//! fails the load instead of becoming a bucket.
 
 use std::ffi::{c_int, c_void, CStr};
 use std::ptr;
@@ -17,8 +19,9 @@ use crate::error::Error;
 
 /// The type's name in RDB files (exactly 9 characters, as Redis requires).
 pub const TYPE_NAME: &str = "rl-bucket";
-/// The RDB encoding: 1 is one unsigned integer, `full_at_ns`.
-pub const ENCODING_VERSION: i32 = 1;
+/// The RDB encoding written: 2 is two unsigned integers, `full_at_ns` and `full_at_frac`.
+/// Version 1 (0.1.0) is `full_at_ns` alone, and still loads.
+pub const ENCODING_VERSION: i32 = 2;
 
 // The state lives in the pointer, so pointers must hold 64 bits.
 const _: () = assert!(usize::BITS == 64);
@@ -70,17 +73,52 @@ fn bucket_type() -> *mut raw::RedisModuleType {
     TYPE_PTR.load(Ordering::Relaxed)
 }
 
+/// A heap-held state: `[full_at_ns, full_at_frac]`.
+type Boxed = [u64; 2];
+
+/// The value pointer for `state`: inline (`full_at_ns << 1 | 1`) when it has no fraction,
+/// else a new allocation that `free` releases.
 fn to_value(state: State) -> *mut c_void {
-    state.full_at_ns() as usize as *mut c_void
+    if state.full_at_frac() == 0 {
+        // full_at_ns < 2^63, so the shift keeps every bit.
+        ((state.full_at_ns() << 1) | 1) as usize as *mut c_void
+    } else {
+        Box::into_raw(Box::new([state.full_at_ns(), state.full_at_frac()])).cast()
+    }
+}
+
+/// An allocation is aligned, so its low bit is clear; an inline state's is set.
+fn is_boxed(value: *const c_void) -> bool {
+    !value.is_null() && (value as usize) & 1 == 0
 }
 
 fn from_value(value: *const c_void) -> Option<State> {
-    State::from_full_at_ns(value as usize as u64)
+    if is_boxed(value) {
+        // SAFETY: a boxed value is only ever made by `to_value`, and is live until `free`.
+        let [full_at_ns, full_at_frac] = unsafe { *value.cast::<Boxed>() };
+        State::from_parts(full_at_ns, full_at_frac)
+    } else {
+        State::from_full_at_ns((value as usize as u64) >> 1).filter(|_| !value.is_null())
+    }
 }
 
-/// The signed form used in commands and digests; `State` guarantees it fits.
-fn full_at_i64(state: State) -> i64 {
-    i64::try_from(state.full_at_ns()).unwrap_or(i64::MAX)
+/// Releases what `to_value` allocated, if anything.
+///
+/// # Safety
+/// `value` must be a value made by `to_value` and no longer referenced by any key.
+unsafe fn free_value(value: *mut c_void) {
+    if is_boxed(value) {
+        // SAFETY: made by `Box::into_raw` in `to_value`, released once (caller).
+        drop(unsafe { Box::from_raw(value.cast::<Boxed>()) });
+    }
+}
+
+/// The signed form used in commands and digests; `State` guarantees both fit.
+fn full_at_i64(state: State) -> (i64, i64) {
+    (
+        i64::try_from(state.full_at_ns()).unwrap_or(i64::MAX),
+        i64::try_from(state.full_at_frac()).unwrap_or(i64::MAX),
+    )
 }
 
 /// A key opened for writing, closed on drop.
@@ -171,21 +209,44 @@ impl BucketKey {
     /// # Errors
     /// [`Error::Internal`] if the server refuses the write.
     pub fn write(&self, state: State, existed: bool, event: &CStr) -> Result<(), Error> {
-        let value = to_value(state);
         let expire_at_ms = i64::try_from(state.expire_at_ms()).map_err(|_| Error::Internal)?;
-        // SAFETY: `self.key` is open for writing; the type is ours; the value needs no free.
+        // SAFETY: `self.key` is open for writing and, when `existed`, holds a value of our type
+        // (`state()` checked it); values are only ever made by `to_value`.
         let ok = unsafe {
-            let set = if existed {
-                // Swapping the pointer in place keeps the key object and its expiry entry,
-                // where SetValue would delete and re-create both.
-                let replace = raw::RedisModule_ModuleTypeReplaceValue.ok_or(Error::Internal)?;
-                replace(self.key, bucket_type(), value, ptr::null_mut())
+            let stored = if existed {
+                raw::RedisModule_ModuleTypeGetValue.ok_or(Error::Internal)?(self.key)
             } else {
-                raw::RedisModule_ModuleTypeSetValue.ok_or(Error::Internal)?(
+                ptr::null_mut()
+            };
+            let set = if is_boxed(stored) && state.full_at_frac() != 0 {
+                // The common write at rates with a fraction: update the allocation in place.
+                *stored.cast::<Boxed>() = [state.full_at_ns(), state.full_at_frac()];
+                raw::REDISMODULE_OK as c_int
+            } else if existed {
+                // Swapping the pointer in place keeps the key object and its expiry entry,
+                // where SetValue would delete and re-create both. Redis hands the old value
+                // back instead of freeing it.
+                let replace = raw::RedisModule_ModuleTypeReplaceValue.ok_or(Error::Internal)?;
+                let value = to_value(state);
+                let mut old = ptr::null_mut();
+                let set = replace(self.key, bucket_type(), value, &mut old);
+                if set == raw::REDISMODULE_OK as c_int {
+                    free_value(old);
+                } else {
+                    free_value(value);
+                }
+                set
+            } else {
+                let value = to_value(state);
+                let set = raw::RedisModule_ModuleTypeSetValue.ok_or(Error::Internal)?(
                     self.key,
                     bucket_type(),
                     value,
-                )
+                );
+                if set != raw::REDISMODULE_OK as c_int {
+                    free_value(value);
+                }
+                set
             };
             set == raw::REDISMODULE_OK as c_int
                 && raw::RedisModule_SetAbsExpire.ok_or(Error::Internal)?(self.key, expire_at_ms)
@@ -255,7 +316,7 @@ pub enum DecodeError {
     Version,
     /// The server reported a short or mistyped read.
     Io,
-    /// `full_at_ns` is 0 or past `MAX_FULL_AT_NS`.
+    /// `full_at_ns` is 0 or past `MAX_FULL_AT_NS`, or `full_at_frac` past `MAX_FULL_AT_FRAC`.
     Range,
 }
 
@@ -263,16 +324,24 @@ pub enum DecodeError {
 /// unsigned field, or `None` on an I/O error. Pure, so fuzzers drive it with arbitrary input.
 ///
 /// # Errors
-/// A [`DecodeError`] for anything but encoding version 1 holding a valid [`State`].
+/// A [`DecodeError`] for anything but encoding version 1 (`full_at_ns`) or 2 (`full_at_ns`,
+/// `full_at_frac`) holding a valid [`State`].
 pub fn decode(
     encver: i32,
     mut next_unsigned: impl FnMut() -> Option<u64>,
 ) -> Result<State, DecodeError> {
-    if encver != ENCODING_VERSION {
-        return Err(DecodeError::Version);
-    }
+    let fields = match encver {
+        1 => 1,
+        ENCODING_VERSION => 2,
+        _ => return Err(DecodeError::Version),
+    };
     let full_at_ns = next_unsigned().ok_or(DecodeError::Io)?;
-    State::from_full_at_ns(full_at_ns).ok_or(DecodeError::Range)
+    let full_at_frac = if fields == 2 {
+        next_unsigned().ok_or(DecodeError::Io)?
+    } else {
+        0
+    };
+    State::from_parts(full_at_ns, full_at_frac).ok_or(DecodeError::Range)
 }
 
 unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *mut c_void {
@@ -291,7 +360,7 @@ unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *m
             ptr::null_mut()
         }
         Err(DecodeError::Range) => {
-            log_warning(c"rl-bucket: stored full_at_ns out of range, refusing to load the value");
+            log_warning(c"rl-bucket: stored state out of range, refusing to load the value");
             ptr::null_mut()
         }
     }
@@ -301,7 +370,10 @@ unsafe extern "C" fn rdb_save(rdb: *mut raw::RedisModuleIO, value: *mut c_void) 
     if let (Some(state), Some(save)) = (from_value(value), unsafe { raw::RedisModule_SaveUnsigned })
     {
         // SAFETY: `rdb` is the live IO handle Redis passed in.
-        unsafe { save(rdb, state.full_at_ns()) };
+        unsafe {
+            save(rdb, state.full_at_ns());
+            save(rdb, state.full_at_frac());
+        }
     }
 }
 
@@ -311,23 +383,34 @@ unsafe extern "C" fn aof_rewrite(
     value: *mut c_void,
 ) {
     if let (Some(state), Some(emit)) = (from_value(value), unsafe { raw::RedisModule_EmitAOF }) {
-        // SAFETY: live handles from Redis; "sl" matches one RedisModuleString and one long long.
-        // The key's expiry follows as a PEXPIREAT that Redis writes itself.
+        let (full_at_ns, full_at_frac) = full_at_i64(state);
+        // SAFETY: live handles from Redis; "sl" matches one RedisModuleString and one long long,
+        // "sll" two. The key's expiry follows as a PEXPIREAT that Redis writes itself. A
+        // whole-nanosecond state keeps 0.1.0's form, so its AOF reads the same.
         unsafe {
-            emit(
-                aof,
-                c"RL.SETSTATE".as_ptr(),
-                c"sl".as_ptr(),
-                key,
-                full_at_i64(state),
-            );
+            if full_at_frac == 0 {
+                emit(aof, c"RL.SETSTATE".as_ptr(), c"sl".as_ptr(), key, full_at_ns);
+            } else {
+                emit(
+                    aof,
+                    c"RL.SETSTATE".as_ptr(),
+                    c"sll".as_ptr(),
+                    key,
+                    full_at_ns,
+                    full_at_frac,
+                );
+            }
         }
     }
 }
 
-/// The state lives in the value pointer: the bucket owns no memory of its own.
-unsafe extern "C" fn mem_usage(_value: *const c_void) -> usize {
-    0
+/// An inline state owns no memory; a boxed one owns its 16 bytes.
+unsafe extern "C" fn mem_usage(value: *const c_void) -> usize {
+    if is_boxed(value) {
+        std::mem::size_of::<Boxed>()
+    } else {
+        0
+    }
 }
 
 unsafe extern "C" fn digest(md: *mut raw::RedisModuleDigest, value: *mut c_void) {
@@ -338,23 +421,33 @@ unsafe extern "C" fn digest(md: *mut raw::RedisModuleDigest, value: *mut c_void)
                 raw::RedisModule_DigestAddLongLong,
                 raw::RedisModule_DigestEndSequence,
             ) {
-                add(md, full_at_i64(state));
+                let (full_at_ns, full_at_frac) = full_at_i64(state);
+                add(md, full_at_ns);
+                // Whole-nanosecond states digest as in 0.1.0.
+                if full_at_frac != 0 {
+                    add(md, full_at_frac);
+                }
                 end(md);
             }
         }
     }
 }
 
-/// Nothing to free: the value is the state, not a pointer to it.
-unsafe extern "C" fn free(_value: *mut c_void) {}
+unsafe extern "C" fn free(value: *mut c_void) {
+    // SAFETY: Redis frees a value once, when no key holds it any more.
+    unsafe { free_value(value) }
+}
 
-/// `COPY`: the value is plain data, so the copy is the same 64 bits.
+/// `COPY`: an inline value is plain data; a boxed one gets an allocation of its own.
 unsafe extern "C" fn copy(
     _from_key: *mut raw::RedisModuleString,
     _to_key: *mut raw::RedisModuleString,
     value: *const c_void,
 ) -> *mut c_void {
-    value.cast_mut()
+    match from_value(value) {
+        Some(state) => to_value(state),
+        None => ptr::null_mut(),
+    }
 }
 
 #[cfg(test)]
@@ -362,28 +455,49 @@ mod tests {
     use super::*;
 
     #[test]
-    fn decode_accepts_only_version_one_with_a_valid_state() {
-        let rows: &[(i32, Option<u64>, Result<u64, DecodeError>)] = &[
-            (1, Some(1), Ok(1)),                                     // smallest state
-            (1, Some(i64::MAX as u64), Ok(i64::MAX as u64)),         // latest state
-            (1, Some(0), Err(DecodeError::Range)),                   // zero is not a state
-            (1, Some(i64::MAX as u64 + 1), Err(DecodeError::Range)), // past 2262
-            (1, Some(u64::MAX), Err(DecodeError::Range)),            // all ones
-            (1, None, Err(DecodeError::Io)),                         // short read
-            (0, Some(1), Err(DecodeError::Version)),                 // unknown older version
-            (2, Some(1), Err(DecodeError::Version)),                 // unknown newer version
+    fn decode_accepts_versions_one_and_two_with_a_valid_state() {
+        const MAX_NS: u64 = i64::MAX as u64;
+        type Row = (i32, &'static [Option<u64>], Result<(u64, u64), DecodeError>);
+        let rows: &[Row] = &[
+            (1, &[Some(1)], Ok((1, 0))),                                   // 0.1.0, smallest
+            (1, &[Some(MAX_NS)], Ok((MAX_NS, 0))),                         // 0.1.0, latest
+            (1, &[Some(0)], Err(DecodeError::Range)),                      // zero is not a state
+            (1, &[Some(MAX_NS + 1)], Err(DecodeError::Range)),             // past 2262
+            (1, &[None], Err(DecodeError::Io)),                            // short read
+            (2, &[Some(5), Some(0)], Ok((5, 0))),                          // whole ns
+            (2, &[Some(5), Some(MAX_NS)], Ok((5, MAX_NS))),                // largest fraction
+            (2, &[Some(5), Some(MAX_NS + 1)], Err(DecodeError::Range)),    // fraction past 2^63
+            (2, &[Some(0), Some(1)], Err(DecodeError::Range)),             // zero instant
+            (2, &[Some(u64::MAX), Some(0)], Err(DecodeError::Range)),      // all ones
+            (2, &[Some(5), None], Err(DecodeError::Io)),                   // truncated fraction
+            (2, &[None, None], Err(DecodeError::Io)),                      // nothing at all
+            (0, &[Some(1)], Err(DecodeError::Version)),                    // unknown older
+            (3, &[Some(1), Some(0)], Err(DecodeError::Version)),           // unknown newer
         ];
-        for &(encver, field, want) in rows {
-            let got = decode(encver, || field).map(State::full_at_ns);
-            assert_eq!(got, want, "encver {encver}, field {field:?}");
+        for &(encver, fields, want) in rows {
+            let mut next = fields.iter().copied();
+            let got = decode(encver, || next.next().flatten())
+                .map(|s| (s.full_at_ns(), s.full_at_frac()));
+            assert_eq!(got, want, "encver {encver}, fields {fields:?}");
         }
     }
 
     #[test]
-    fn values_round_trip_through_the_pointer() {
-        for full_at_ns in [1, 1_700_000_000_000_000_123, i64::MAX as u64] {
-            let state = State::from_full_at_ns(full_at_ns).unwrap();
-            assert_eq!(from_value(to_value(state)), Some(state));
+    fn values_round_trip_through_the_pointer_inline_or_boxed() {
+        let cases = [
+            (1, 0, false),
+            (1_700_000_000_000_000_123, 0, false),
+            (i64::MAX as u64, 0, false),
+            (1_700_000_000_000_000_123, 1, true),
+            (i64::MAX as u64, i64::MAX as u64, true),
+        ];
+        for (full_at_ns, full_at_frac, boxed) in cases {
+            let state = State::from_parts(full_at_ns, full_at_frac).unwrap();
+            let value = to_value(state);
+            assert_eq!(is_boxed(value), boxed, "{state:?}");
+            assert_eq!(from_value(value), Some(state));
+            // SAFETY: made by to_value just above, referenced by nothing else.
+            unsafe { free_value(value) };
         }
         assert_eq!(from_value(ptr::null()), None);
     }

@@ -30,6 +30,8 @@ pub enum Error {
     ThrottleRefillTime,
     /// `full_at_ns` (of `RL.SETSTATE`) is not an integer in range.
     FullAt,
+    /// `full_at_frac` (of `RL.SETSTATE`) is not an integer in range.
+    FullAtFrac,
     /// The key holds a value of another type.
     WrongType,
     /// A Redis API call failed, or a bug was caught before it could reach the server.
@@ -59,6 +61,7 @@ impl Error {
                 c"ERR (max_burst + 1) * period / count_per_period must be at most 3153600000 (a full refill within 100 years)"
             }
             Error::FullAt => c"ERR full_at_ns must be an integer from 1 to 9223372036854775807 (ns since the Unix epoch)",
+            Error::FullAtFrac => c"ERR full_at_frac must be an integer from 0 to 9223372036854775807 (units of 2^-63 ns)",
             Error::WrongType => c"WRONGTYPE Operation against a key holding the wrong kind of value",
             Error::Internal => c"ERR rl internal error, see the server log",
         }

@@ -105,7 +105,7 @@ pub const SPECS: &[Spec] = &[
         flags: c"write deny-oom fast",
         keys: (1, 1, 1),
         key_flags: OVERWRITE,
-        arity: 3,
+        arity: -3,
         summary: c"Sets a bucket's exact state (internal: what RL.ACQUIRE replicates and AOF rewrites emit).",
         complexity: c"O(1)",
         tips: None,

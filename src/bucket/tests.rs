@@ -234,15 +234,16 @@ fn acquire_replies_exactly() {
             call(1.0, 10.0, None, NOW_US, 0.5),
             reply(Allowed, 9, (0, 0), (500 * MS, 500), Some(NOW_NS + 500 * MS)),
         ),
-        // Slowest rate, largest capacity it accepts (3153 tokens: a century of refill): one
-        // token is 1e15 ns (11.6 days) of refill.
+        // Slowest rate, largest capacity it accepts (3153 tokens: a century of refill). The
+        // double nearest 1e-6 is 0.000000999999999999999954748…, so one token is
+        // 1e15 + 0.045… ns of refill: the state keeps the fraction, the reply rounds up.
         (
             call(1e-6, 3153.0, None, NOW_US, 1.0),
             reply(
                 Allowed,
                 3152,
                 (0, 0),
-                (1_000_000_000_000_000, 1_000_000_000),
+                (1_000_000_000_000_001, 1_000_000_001),
                 Some(NOW_NS + 1_000_000_000_000_000),
             ),
         ),
@@ -404,7 +405,9 @@ fn sequences_burst_refill_and_clock_steps() {
                 step(t + S_US, 2.0, Denied, 1),
                 step(t + 2 * S_US, 2.0, Allowed, 0),
                 step(t + S_US, 1.0, Denied, 0),
-                step(t, 0.0, Allowed, 0),
+                // Back at t the bucket owes 5 s, more than its whole capacity (3 s): even
+                // cost 0 ("am I limited?") is denied.
+                step(t, 0.0, Denied, 0),
             ],
         ),
         // A take at a later time is charged from the stored full_at, so stepping back after it
@@ -415,7 +418,8 @@ fn sequences_burst_refill_and_clock_steps() {
             "take then step back 10 s",
             vec![
                 step(t + 10 * S_US, 1.0, Allowed, 2),
-                step(t, 0.0, Allowed, 0),
+                // 11 s short of full is more than the capacity (3 s): cost 0 is denied too.
+                step(t, 0.0, Denied, 0),
                 step(t, 1.0, Denied, 0),
                 step(t + 8_999_999, 1.0, Denied, 0),
                 step(t + 9 * S_US, 1.0, Allowed, 0),
@@ -705,14 +709,19 @@ fn extreme_limits_never_panic_and_keep_the_invariants() {
                     );
                     match d.outcome {
                         Outcome::Allowed if c > 0.0 => {
-                            let new_full_at =
-                                new_state.expect("an allowed take writes").full_at_ns();
-                            let old_full_at = st.map_or(0, State::full_at_ns);
+                            let new = new_state.expect("an allowed take writes");
+                            let new_full_at = new.full_at_ns();
+                            let old = st.map_or((0, 0), |s| (s.full_at_ns(), s.full_at_frac()));
                             assert!(
-                                new_full_at > old_full_at.max(now_ns),
+                                (new_full_at, new.full_at_frac()) > old.max((now_ns, 0)),
                                 "take moved full_at, {at}"
                             );
-                            assert_eq!(d.reset_after_ns, new_full_at - now_ns, "{at}");
+                            let frac = new_state.map_or(0, State::full_at_frac);
+                            assert_eq!(
+                                d.reset_after_ns,
+                                new_full_at + u64::from(frac > 0) - now_ns,
+                                "{at}"
+                            );
                         }
                         Outcome::Allowed => assert_eq!(new_state, None, "cost 0 writes, {at}"),
                         Outcome::Denied => {
@@ -743,10 +752,11 @@ fn cost_equal_to_capacity_empties_a_full_bucket() {
         (1e9, 1.0, 1),
         // Fastest rate, largest capacity: 1e15 ns (11.6 days).
         (1e9, 1e15, 1_000_000_000_000_000),
-        // Slowest rate, one token: 1e15 ns.
-        (1e-6, 1.0, 1_000_000_000_000_000),
-        // Slowest rate, 1000 tokens: 1e18 ns (31.7 years), still representable.
-        (1e-6, 1000.0, 1_000_000_000_000_000_000),
+        // Slowest rate, one token: 1e15 + 0.045… ns (1e-6 is a double just below 1e-6),
+        // rounded up.
+        (1e-6, 1.0, 1_000_000_000_000_001),
+        // Slowest rate, 1000 tokens: 1e18 + 45.25… ns (31.7 years), still representable.
+        (1e-6, 1000.0, 1_000_000_000_000_000_046),
         // Fractional capacity at 1/s: 2.5 s.
         (1.0, 2.5, 2500 * MS),
     ];
@@ -756,9 +766,11 @@ fn cost_equal_to_capacity_empties_a_full_bucket() {
         assert_eq!(d.outcome, Outcome::Allowed, "{at}");
         assert_eq!(d.remaining, 0, "{at}");
         assert_eq!(d.reset_after_ns, refill_ns, "{at}");
+        // The whole nanoseconds of the state, plus its fraction, round up to the reset.
+        let st = new_state.unwrap();
         assert_eq!(
-            new_state.map(State::full_at_ns),
-            Some(NOW_NS + refill_ns),
+            st.full_at_ns() + u64::from(st.full_at_frac() > 0),
+            NOW_NS + refill_ns,
             "{at}"
         );
     }
