@@ -265,7 +265,12 @@ mod tests {
             (b"5", Some(b"1e3"), Error::FullAtFrac),
         ];
         for &(ns, frac, want) in bad {
-            assert_eq!(state(ns, frac), Err(want), "{:?} {frac:?}", String::from_utf8_lossy(ns));
+            assert_eq!(
+                state(ns, frac),
+                Err(want),
+                "{:?} {frac:?}",
+                String::from_utf8_lossy(ns)
+            );
         }
     }
 }

@@ -567,10 +567,7 @@ fn mul_f64(a: u128, x: f64, round: Round) -> Option<u128> {
             return None;
         }
         let mask = (1u128 << shift) - 1;
-        (
-            (high << (64 - shift)) | (low >> shift),
-            low & mask != 0,
-        )
+        ((high << (64 - shift)) | (low >> shift), low & mask != 0)
     } else if shift < 192 {
         let t = shift - 64;
         let mask = if t == 0 { 0 } else { (1u128 << t) - 1 };
@@ -591,5 +588,7 @@ fn gcd(mut a: u128, mut b: u128) -> u128 {
     a
 }
 
+#[cfg(test)]
+mod model;
 #[cfg(test)]
 mod tests;

@@ -381,7 +381,13 @@ fn propagate(
                     c_longlong::try_from(state.full_at_frac()).map_err(|_| Error::Internal)?;
                 // A whole-nanosecond state keeps 0.1.0's two-argument form.
                 if full_at_frac == 0 {
-                    replicate(ctx, c"RL.SETSTATE".as_ptr(), c"sl".as_ptr(), key, full_at_ns)
+                    replicate(
+                        ctx,
+                        c"RL.SETSTATE".as_ptr(),
+                        c"sl".as_ptr(),
+                        key,
+                        full_at_ns,
+                    )
                 } else {
                     replicate(
                         ctx,

@@ -389,7 +389,13 @@ unsafe extern "C" fn aof_rewrite(
         // whole-nanosecond state keeps 0.1.0's form, so its AOF reads the same.
         unsafe {
             if full_at_frac == 0 {
-                emit(aof, c"RL.SETSTATE".as_ptr(), c"sl".as_ptr(), key, full_at_ns);
+                emit(
+                    aof,
+                    c"RL.SETSTATE".as_ptr(),
+                    c"sl".as_ptr(),
+                    key,
+                    full_at_ns,
+                );
             } else {
                 emit(
                     aof,
@@ -459,20 +465,20 @@ mod tests {
         const MAX_NS: u64 = i64::MAX as u64;
         type Row = (i32, &'static [Option<u64>], Result<(u64, u64), DecodeError>);
         let rows: &[Row] = &[
-            (1, &[Some(1)], Ok((1, 0))),                                   // 0.1.0, smallest
-            (1, &[Some(MAX_NS)], Ok((MAX_NS, 0))),                         // 0.1.0, latest
-            (1, &[Some(0)], Err(DecodeError::Range)),                      // zero is not a state
-            (1, &[Some(MAX_NS + 1)], Err(DecodeError::Range)),             // past 2262
-            (1, &[None], Err(DecodeError::Io)),                            // short read
-            (2, &[Some(5), Some(0)], Ok((5, 0))),                          // whole ns
-            (2, &[Some(5), Some(MAX_NS)], Ok((5, MAX_NS))),                // largest fraction
-            (2, &[Some(5), Some(MAX_NS + 1)], Err(DecodeError::Range)),    // fraction past 2^63
-            (2, &[Some(0), Some(1)], Err(DecodeError::Range)),             // zero instant
-            (2, &[Some(u64::MAX), Some(0)], Err(DecodeError::Range)),      // all ones
-            (2, &[Some(5), None], Err(DecodeError::Io)),                   // truncated fraction
-            (2, &[None, None], Err(DecodeError::Io)),                      // nothing at all
-            (0, &[Some(1)], Err(DecodeError::Version)),                    // unknown older
-            (3, &[Some(1), Some(0)], Err(DecodeError::Version)),           // unknown newer
+            (1, &[Some(1)], Ok((1, 0))),                       // 0.1.0, smallest
+            (1, &[Some(MAX_NS)], Ok((MAX_NS, 0))),             // 0.1.0, latest
+            (1, &[Some(0)], Err(DecodeError::Range)),          // zero is not a state
+            (1, &[Some(MAX_NS + 1)], Err(DecodeError::Range)), // past 2262
+            (1, &[None], Err(DecodeError::Io)),                // short read
+            (2, &[Some(5), Some(0)], Ok((5, 0))),              // whole ns
+            (2, &[Some(5), Some(MAX_NS)], Ok((5, MAX_NS))),    // largest fraction
+            (2, &[Some(5), Some(MAX_NS + 1)], Err(DecodeError::Range)), // fraction past 2^63
+            (2, &[Some(0), Some(1)], Err(DecodeError::Range)), // zero instant
+            (2, &[Some(u64::MAX), Some(0)], Err(DecodeError::Range)), // all ones
+            (2, &[Some(5), None], Err(DecodeError::Io)),       // truncated fraction
+            (2, &[None, None], Err(DecodeError::Io)),          // nothing at all
+            (0, &[Some(1)], Err(DecodeError::Version)),        // unknown older
+            (3, &[Some(1), Some(0)], Err(DecodeError::Version)), // unknown newer
         ];
         for &(encver, fields, want) in rows {
             let mut next = fields.iter().copied();

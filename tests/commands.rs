@@ -452,14 +452,16 @@ fn multi_sees_its_own_earlier_take_of_a_key_named_twice() {
         }
     );
     assert_eq!(peek(&mut con, &["s", "0.001", "2"])[..2], [0, 0]);
-    // A different limit on the same key in the same call reads the same stored instant.
+    // A different limit on the same key in the same call reads the same stored instant: 7
+    // tokens (7000 s) short after the first group, which at 0.002/s is 14 tokens of 20.
     acquire(&mut con, &["t", "0.001", "10", "4"]);
     let reply = multi(
         &mut con,
-        &["t", "0.001", "10", "3", "t", "0.002", "10", "0"],
+        &["t", "0.001", "10", "3", "t", "0.002", "20", "0"],
     );
     assert_eq!(reply.allowed, 1);
     assert_eq!(reply.buckets[0][1], 3, "{reply:?}");
+    assert_eq!(reply.buckets[1][1], 20 - 14, "{reply:?}");
 }
 
 #[test]

@@ -8,6 +8,7 @@
 
 use super::*;
 use proptest::prelude::*;
+use Outcome::{Allowed, Denied};
 
 /// A realistic instant: 2023-11-14T22:13:20Z, in µs.
 const NOW_US: u64 = 1_700_000_000_000_000;
@@ -801,79 +802,6 @@ fn refills_longer_than_a_century_are_rejected_and_the_longest_is_takeable() {
     }
 }
 
-/// Asserts that `remaining` at this level is exactly the largest whole cost `acquire` allows.
-fn assert_remaining_is_exact(lim: &Limit, st: Option<State>, now_us: u64) {
-    let (probe, _) = acquire(lim, st, now_us, Cost::new(0.0).unwrap());
-    let k = probe.remaining as f64;
-    let at = format!("{lim:?} {st:?} now_us {now_us}: remaining {k}");
-    if k > 0.0 {
-        assert!(
-            acquire(lim, st, now_us, cost(k)).0.allowed(),
-            "not takeable, {at}"
-        );
-    }
-    assert!(
-        !acquire(lim, st, now_us, cost(k + 1.0)).0.allowed(),
-        "one more takeable, {at}"
-    );
-}
-
-#[test]
-fn remaining_is_exact_at_float_rounding_edges() {
-    // (rate, capacity, ns short of full): levels where the float estimate of whole tokens is
-    // one off and must be corrected (found by a search over edges).
-    let rows: Vec<(f64, f64, u64)> = vec![
-        // The estimate is one too low here ...
-        (0.01070596949841726, 45145.0, 2_654_593_776_322_783),
-        (0.00439727515276694, 13598.0, 2_999_130_038_906_387),
-        (
-            0.00017520900769126956,
-            60191.20744167172,
-            316_720_060_075_066_752,
-        ),
-        // ... and one too high here.
-        (
-            0.0001036247895807354,
-            117918.70367106106,
-            540_611_024_617_952_129,
-        ),
-    ];
-    for (rate, capacity, debt_ns) in rows {
-        assert_remaining_is_exact(
-            &limit(rate, capacity),
-            Some(state(NOW_NS + debt_ns)),
-            NOW_US,
-        );
-    }
-
-    // And a seeded sweep of edges: exactly (capacity - k) × T short of full, and 1 ns more.
-    let mut rng: u64 = 0x2545_f491_4f6c_dd1d;
-    let mut next = move || {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        rng
-    };
-    for _ in 0..20_000 {
-        let rate = 10f64.powf(-6.0 + 15.0 * (next() % 1_000_000) as f64 / 1e6);
-        let capacity = match next() % 3 {
-            0 => (1 + next() % 1_000_000) as f64,
-            1 => (1 + next() % 4_000_000) as f64 / 4.0,
-            _ => (1 + next() % 1_000_000_000) as f64 / 1000.0,
-        };
-        if capacity / rate > HORIZON_S {
-            continue;
-        }
-        let lim = limit(rate, capacity);
-        let k = next() % (capacity.floor() as u64 + 1);
-        let edge_ns = ((capacity - k as f64) * (1e9 / rate)).floor() as u64;
-        for nudge in [0, 1] {
-            let st = State::from_full_at_ns(NOW_NS + edge_ns + nudge);
-            assert_remaining_is_exact(&lim, st, NOW_US);
-        }
-    }
-}
-
 // ---------------------------------------------------------------------------------------------
 // No drift: a saturated caller over a million calls gets exactly the model's count.
 // ---------------------------------------------------------------------------------------------
@@ -893,13 +821,6 @@ impl Rate {
     /// `floor(rate × ns / 1e9)`: whole tokens refilled in `ns`.
     fn tokens_in(self, ns: u64) -> u64 {
         let t = u128::from(ns) * u128::from(self.num) / (u128::from(self.den) * u128::from(S));
-        u64::try_from(t).unwrap()
-    }
-
-    /// `ceil(rate × ns / 1e9)`.
-    fn tokens_in_ceil(self, ns: u64) -> u64 {
-        let t =
-            (u128::from(ns) * u128::from(self.num)).div_ceil(u128::from(self.den) * u128::from(S));
         u64::try_from(t).unwrap()
     }
 
@@ -1058,39 +979,224 @@ fn no_drift_near_saturation_and_with_integer_costs() {
     }
 }
 
+/// The classic bucket, "tokens and last update", in integers: with `T = p / q` ns (from the
+/// exact double, reduced by `BigRational`), a token is `p` units and a nanosecond refills `q`
+/// units. Independent of `acquire`'s GCRA form and its ticks; forward time only.
+struct Classic {
+    p: i128,
+    q: i128,
+    capacity_units: i128,
+    tokens_units: i128,
+    last_ns: i128,
+}
+
+impl Classic {
+    fn new(model_ns_per_token: num_rational::BigRational, capacity: u64) -> Self {
+        use num_traits::ToPrimitive;
+        let p = model_ns_per_token.numer().to_i128().unwrap();
+        let q = model_ns_per_token.denom().to_i128().unwrap();
+        let capacity_units = i128::from(capacity) * p;
+        Self {
+            p,
+            q,
+            capacity_units,
+            tokens_units: capacity_units,
+            last_ns: 0,
+        }
+    }
+
+    /// (allowed, remaining) for a take of `cost` at `now_ns`.
+    fn take(&mut self, now_ns: i128, cost: u64) -> (bool, u64) {
+        if self.last_ns != 0 {
+            let refill = (now_ns - self.last_ns) * self.q;
+            self.tokens_units = (self.tokens_units + refill).min(self.capacity_units);
+        }
+        self.last_ns = now_ns;
+        let need = i128::from(cost) * self.p;
+        let allowed = self.tokens_units >= need;
+        if allowed {
+            self.tokens_units -= need;
+        }
+        (allowed, u64::try_from(self.tokens_units / self.p).unwrap())
+    }
+}
+
 #[test]
-fn at_other_rates_the_count_never_exceeds_the_model_and_lags_by_under_a_ns_per_take() {
-    let rates = [
-        // T = 333_333_333.3 ns
-        Rate { num: 3, den: 1 },
-        // T = 142_857_142.86 ns
-        Rate { num: 7, den: 1 },
-        // T = 3000.003 ns: the lag adds up to ~333 tokens over a million takes
-        Rate {
-            num: 333_333,
-            den: 1,
-        },
-        // 0.3/s: T = 3_333_333_333.3 ns
-        Rate { num: 3, den: 10 },
+fn no_drift_over_a_million_calls_at_rates_that_do_not_divide_1e9() {
+    // (rate, capacity, cost, µs between calls): each caller asks faster than the refill, so
+    // it is saturated and every call's answer depends on the exact remainder.
+    let rows: [(f64, u64, u64, u64); 6] = [
+        (3.0, 4, 1, 111_111),   // T = 333_333_333.3… ns: three calls per token
+        (7.0, 7, 1, 47_619),    // T = 142_857_142.8… ns
+        (0.3, 3, 1, 1_111_111), // 0.3 is the double 5404319552844595 / 2^54
+        (333_333.0, 10, 1, 1),  // T = 3000.003 ns: several calls per µs tick
+        (3e8, 4500, 1500, 2),   // bytes per second: 1500 B packets, T = 3.3… ns
+        (6000.0, 6001, 7, 1),   // redis-cell's 6000/s, integer cost 7
     ];
-    for (i, rate) in rates.into_iter().enumerate() {
-        for (start_us, clock) in [
-            (NOW_US, Clock::Fraction(1, 3)),
-            (ODD_START_US, Clock::Random(0x1234_5678 + i as u64)),
-        ] {
-            let capacity = 4;
-            let run = drive(rate, capacity, 1, start_us, 1_000_000, clock);
-            let elapsed_ns = (run.last_us - run.first_us) * 1000;
-            let model = capacity + rate.tokens_in(elapsed_ns);
-            // Each take is charged up to 1 ns late, which is rate × 1 ns of a token.
-            let lag = 1 + rate.tokens_in_ceil(run.allowed);
-            let at = format!(
-                "rate {rate:?}, {clock:?}: allowed {}, model {model}",
-                run.allowed
+    for (rate, capacity, cost_tokens, step_us) in rows {
+        let lim = limit(rate, capacity as f64);
+        let mut classic = Classic::new(model::Model::new(rate, 1.0).ns_per_token(), capacity);
+        let mut current = None;
+        let (mut allowed, mut model_allowed) = (0u64, 0u64);
+        for i in 0..1_000_000u64 {
+            let now_us = ODD_START_US + i * step_us;
+            let (d, new_state) = acquire(&lim, current, now_us, cost(cost_tokens as f64));
+            current = new_state.or(current);
+            let (ok, remaining) = classic.take(i128::from(now_us) * 1000, cost_tokens);
+            assert_eq!(
+                (d.allowed(), d.remaining),
+                (ok, remaining),
+                "rate {rate}, call {i}"
             );
-            assert!(run.allowed <= model, "more than the model, {at}");
-            assert!(run.allowed + lag >= model, "lags more than {lag}, {at}");
-            assert!(run.allowed < run.calls, "never saturated, {at}");
+            allowed += u64::from(d.allowed());
+            model_allowed += u64::from(ok);
+        }
+        assert_eq!(allowed, model_allowed, "rate {rate}");
+        assert!(allowed < 1_000_000, "rate {rate}: never saturated");
+    }
+}
+
+/// Compares one call with the model, every field.
+fn assert_matches(d: &Decision, want: &model::Reply, at: &str) {
+    let outcome = match want.allowed {
+        None => Outcome::Impossible,
+        Some(true) => Outcome::Allowed,
+        Some(false) => Outcome::Denied,
+    };
+    assert_eq!(d.outcome, outcome, "outcome, {at}");
+    assert_eq!(d.remaining, want.remaining, "remaining, {at}");
+    assert_eq!(
+        d.retry_after_ns, want.retry_after_ns,
+        "retry_after_ns, {at}"
+    );
+    assert_eq!(
+        d.reset_after_ns, want.reset_after_ns,
+        "reset_after_ns, {at}"
+    );
+}
+
+#[test]
+fn the_issue_transcripts_hold_in_the_math() {
+    // A fresh bucket of 7 at 7/s: one take leaves 6 (it reported 5).
+    let (d, st) = acquire(&limit(7.0, 7.0), None, NOW_US, Cost::ONE);
+    assert_eq!(
+        (d.outcome, d.remaining, d.reset_after_ms()),
+        (Allowed, 6, 143)
+    );
+    // A burst of 3 at 3/s in one instant gets 3 (it got 2).
+    let lim = limit(3.0, 3.0);
+    let mut current = st.and(None);
+    for want_remaining in [2, 1, 0] {
+        let (d, st) = acquire(&lim, current, NOW_US, Cost::ONE);
+        assert_eq!((d.outcome, d.remaining), (Allowed, want_remaining));
+        current = st;
+    }
+    let (d, _) = acquire(&lim, current, NOW_US, Cost::ONE);
+    assert_eq!(
+        (d.outcome, d.retry_after_ms(), d.reset_after_ms()),
+        (Denied, 334, 1000)
+    );
+    // RL.THROTTLE t 2 3 10: 3 tokens, 3 per 10 s; redis-cell answers remaining 2, reset 4 s.
+    let (d, _) = acquire(
+        &Limit::per_period(3, 10 * S, 3.0).unwrap(),
+        None,
+        NOW_US,
+        Cost::ONE,
+    );
+    assert_eq!((d.remaining, d.reset_after_ns.div_ceil(S)), (2, 4));
+    // RL.THROTTLE a 6000 6000 1: 6001 tokens, one taken, 6000 remain (it said 5999).
+    let (d, _) = acquire(
+        &Limit::per_period(6000, S, 6001.0).unwrap(),
+        None,
+        NOW_US,
+        Cost::ONE,
+    );
+    assert_eq!(d.remaining, 6000);
+}
+
+#[test]
+fn three_per_ten_seconds_refills_three_in_ten_seconds() {
+    // As a period, exactly 3 tokens in 10 s; as the double 0.3/s (just below 3/10), 2.
+    let lim = Limit::per_period(3, 10 * S, 3.0).unwrap();
+    let (_, st) = acquire(&lim, None, NOW_US, cost(3.0));
+    assert_eq!(peek(&lim, st, NOW_US + 10 * S_US, Cost::ONE).remaining, 3);
+    assert_eq!(
+        peek(&lim, st, NOW_US + 10 * S_US - 1, Cost::ONE).remaining,
+        2
+    );
+    let lim = limit(0.3, 3.0);
+    let (_, st) = acquire(&lim, None, NOW_US, cost(3.0));
+    assert_eq!(peek(&lim, st, NOW_US + 10 * S_US, Cost::ONE).remaining, 2);
+}
+
+#[test]
+fn zero_cost_after_a_limit_shrank_is_denied_until_the_debt_fits() {
+    // Drained at capacity 10 and 1/s, then asked at capacity 4: it owes 10 s, 6 s past full.
+    let (_, st) = acquire(&limit(1.0, 10.0), None, NOW_US, cost(10.0));
+    let small = limit(1.0, 4.0);
+    let d = peek(&small, st, NOW_US, cost(0.0));
+    assert_eq!(
+        (d.outcome, d.remaining, d.retry_after_ms()),
+        (Denied, 0, 6000)
+    );
+    let (d, writes) = acquire(&small, st, NOW_US, cost(0.0));
+    assert_eq!((d.outcome, d.retry_after_ns, writes), (Denied, 6 * S, None));
+    // Waiting that long is enough, and 1 µs less is not.
+    assert_eq!(
+        acquire(&small, st, NOW_US + 6 * S_US, cost(0.0)).0.outcome,
+        Allowed
+    );
+    assert_eq!(
+        acquire(&small, st, NOW_US + 6 * S_US - 1, cost(0.0))
+            .0
+            .outcome,
+        Denied
+    );
+}
+
+#[test]
+fn peek_and_refund_against_the_model() {
+    // (rate, capacity, costs taken first, peek cost, refund): at rates that do not divide.
+    let rows: [(f64, f64, &[f64], f64, f64); 4] = [
+        (3.0, 3.0, &[1.0, 1.0], 2.0, 1.0),
+        (7.0, 7.0, &[7.0], 1.0, 3.0),
+        (0.3, 5.0, &[2.0, 2.0], 0.0, 10.0), // refund more than taken: capped, key deleted
+        (333_333.0, 100.0, &[99.0], 2.0, 0.0),
+    ];
+    for (rate, capacity, takes, peek_cost, back) in rows {
+        let lim = limit(rate, capacity);
+        let mut m = model::Model::new(rate, capacity);
+        let mut st = None;
+        for &c in takes {
+            let (d, new) = acquire(&lim, st, NOW_US, cost(c));
+            assert_matches(&d, &m.acquire(NOW_US, c), &format!("take, rate {rate}"));
+            st = new.or(st);
+        }
+        let later = NOW_US + 1234;
+        let d = peek(&lim, st, later, cost(peek_cost));
+        assert_matches(&d, &m.peek(later, peek_cost), &format!("peek, rate {rate}"));
+        // A refund of `back` is the model's bucket with `back × T` less debt, capped at full.
+        let (d, change) = refund(&lim, st, later, cost(back));
+        let mut refunded = m.clone();
+        refunded.refund(later, back);
+        assert_matches(
+            &d,
+            &refunded.peek(later, 0.0),
+            &format!("refund, rate {rate}"),
+        );
+        let full = refunded.is_full(later);
+        assert_eq!(
+            change == Change::Delete,
+            full && back > 0.0,
+            "deletes iff full, rate {rate}"
+        );
+        if let Change::Set(new) = change {
+            assert!(!full, "a full bucket is deleted, not written");
+            assert_matches(
+                &peek(&lim, Some(new), later, Cost::ONE),
+                &refunded.peek(later, 1.0),
+                &format!("state after refund, rate {rate}"),
+            );
         }
     }
 }
@@ -1297,6 +1403,202 @@ proptest! {
         if let Some(w) = written {
             let (back, _) = acquire(&lim, Some(w), earlier_us, cost(0.0));
             prop_assert!(back.remaining <= later.remaining);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Properties against the exact model (`model.rs`): every field of every reply.
+// ---------------------------------------------------------------------------------------------
+
+/// Rates log-uniform over the whole range, and the awkward ones by name.
+fn any_rate() -> impl Strategy<Value = f64> {
+    prop_oneof![
+        3 => (-6.0..=9.0f64).prop_map(|e| 10f64.powf(e).clamp(MIN_RATE_PER_S, MAX_RATE_PER_S)),
+        1 => prop::sample::select(vec![3.0, 7.0, 0.3, 333_333.0, 6000.0, 3e8, 1e-6, 1e9, 0.1]),
+    ]
+}
+
+/// A rate and an integer capacity it accepts (a full refill within the century).
+fn integer_limits() -> impl Strategy<Value = (f64, u64)> {
+    (
+        any_rate(),
+        prop_oneof![1u64..=10, 1u64..=1000, 1u64..=1_000_000],
+    )
+        .prop_filter_map("refill longer than a century", |(rate, capacity)| {
+            Limit::new(rate, capacity as f64)
+                .ok()
+                .map(|_| (rate, capacity))
+        })
+}
+
+/// Calls of integer costs (0 to capacity + 1) separated by `0..=max_step_us`.
+fn integer_calls(capacity: u64, max_step_us: u64) -> impl Strategy<Value = Vec<(u64, u64)>> {
+    let cost = prop_oneof![1 => Just(0u64), 6 => 1..=capacity.min(4), 2 => 0..=capacity + 1];
+    prop::collection::vec((0..=max_step_us, cost), 1..48)
+}
+
+/// Drives `acquire` and the model through the same calls, comparing every reply.
+fn run_against_model(rate: f64, capacity: u64, start_us: u64, calls: &[(u64, u64)]) {
+    let lim = limit(rate, capacity as f64);
+    let mut m = model::Model::new(rate, capacity as f64);
+    let mut current = None;
+    let mut now_us = start_us;
+    for (i, &(step_us, c)) in calls.iter().enumerate() {
+        now_us += step_us;
+        let at = format!(
+            "rate {rate}, capacity {capacity}, call {i} at +{} µs, cost {c}",
+            now_us - start_us
+        );
+        let seen = peek(&lim, current, now_us, cost(c as f64));
+        assert_matches(&seen, &m.peek(now_us, c as f64), &format!("peek, {at}"));
+        let (d, new_state) = acquire(&lim, current, now_us, cost(c as f64));
+        assert_matches(&d, &m.acquire(now_us, c as f64), &at);
+        assert_eq!(
+            new_state.is_some(),
+            d.allowed() && c > 0,
+            "writes iff it took, {at}"
+        );
+        current = new_state.or(current);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    /// Points 1 and 4: at one instant, from full, takes are allowed while their sum fits, and
+    /// every reply (remaining, retry, reset) is the model's; cost 0 included.
+    #[test]
+    fn bursts_in_one_instant_match_the_model(
+        ((rate, capacity), calls) in integer_limits()
+            .prop_flat_map(|(r, c)| (Just((r, c)), integer_calls(c, 0))),
+        start_us in nows(),
+    ) {
+        run_against_model(rate, capacity, start_us, &calls);
+    }
+
+    /// Points 2 and 4: at random µs instants, refill is exact and every reply is the model's.
+    #[test]
+    fn calls_at_random_instants_match_the_model(
+        ((rate, capacity), calls) in integer_limits().prop_flat_map(|(r, c)| {
+            // Steps up to about two token intervals, so calls see partial refills.
+            let max_step_us = ((2e6 / r) as u64).clamp(1, 1_000_000_000_000);
+            (Just((r, c)), integer_calls(c, max_step_us))
+        }),
+        start_us in nows(),
+    ) {
+        run_against_model(rate, capacity, start_us, &calls);
+    }
+
+    /// Point 2, the other half: `retry_after_ms` is enough. The same request, made that many
+    /// ms later, is allowed (the model agrees, so this is the bucket's promise to a client).
+    #[test]
+    fn waiting_retry_after_ms_is_enough(
+        ((rate, capacity), calls) in integer_limits()
+            .prop_flat_map(|(r, c)| (Just((r, c)), integer_calls(c, 0))),
+        start_us in nows(),
+    ) {
+        let lim = limit(rate, capacity as f64);
+        let mut current = None;
+        for &(_, c) in &calls {
+            let (d, new_state) = acquire(&lim, current, start_us, cost(c as f64));
+            if d.outcome == Denied {
+                let wait_us = u64::try_from(d.retry_after_ms()).unwrap() * 1000;
+                let (later, _) = acquire(&lim, current, start_us + wait_us, cost(c as f64));
+                prop_assert!(later.allowed(), "denied again after {} ms", d.retry_after_ms());
+            }
+            current = new_state.or(current);
+        }
+    }
+
+    /// Point 4: after the capacity shrank below what the bucket owes, cost 0 is denied for
+    /// exactly as long as the model says, and RL.PEEK agrees.
+    #[test]
+    fn zero_cost_after_a_shrink_matches_the_model(
+        ((rate, capacity), taken, smaller, wait_us) in integer_limits()
+            .prop_filter("room to shrink", |&(_, c)| c >= 2)
+            .prop_flat_map(|(r, c)| {
+                let interval_us = ((1e6 / r) as u64).clamp(1, 1_000_000_000_000);
+                (Just((r, c)), 1..=c, 1..c, 0..=interval_us * c)
+            }),
+        start_us in nows(),
+    ) {
+        let (big, small) = (limit(rate, capacity as f64), limit(rate, smaller as f64));
+        let mut m = model::Model::new(rate, capacity as f64);
+        m.acquire(start_us, taken as f64);
+        let (_, st) = acquire(&big, None, start_us, cost(taken as f64));
+        let shrunk = m.relimit(&model::Model::new(rate, smaller as f64));
+        let now_us = start_us + wait_us;
+        let (d, writes) = acquire(&small, st, now_us, cost(0.0));
+        assert_matches(&d, &shrunk.clone().acquire(now_us, 0.0), "acquire cost 0");
+        prop_assert_eq!(writes, None);
+        assert_matches(&peek(&small, st, now_us, cost(0.0)), &shrunk.peek(now_us, 0.0), "peek cost 0");
+    }
+
+    /// Point 5: fractional rates, capacities and costs. Following the same takes, the bucket
+    /// never allows what the model refuses, and refuses only within its documented bound:
+    /// each take charged under one tick (1/den ns) more, and capacity and cost each rounded
+    /// by under a tick.
+    #[test]
+    fn fractional_values_are_never_laxer_and_within_the_bound(
+        rate in prop_oneof![Just(0.5), Just(3.0), Just(0.3), any_rate()],
+        capacity_tenths in 1u32..=100_000,
+        calls in prop::collection::vec((0u64..=2_000_000, 0u32..=50), 1..48),
+        start_us in nows(),
+    ) {
+        let capacity = f64::from(capacity_tenths) / 10.0;
+        let Ok(lim) = Limit::new(rate, capacity) else { return Ok(()) };
+        let ticks_per_ns = lim.ns_per_token().1;
+        let mut m = model::Model::new(rate, capacity);
+        let mut current = None;
+        let mut now_us = start_us;
+        let mut takes = 0u64;
+        for (step_us, tenths) in calls {
+            now_us += step_us;
+            let c = f64::from(tenths) / 10.0;
+            let (d, new_state) = acquire(&lim, current, now_us, cost(c));
+            let zero = num_rational::BigRational::from_integer(0.into());
+            let model_allows = m.fits_within(now_us, c, &zero);
+            if d.allowed() {
+                prop_assert!(model_allows, "allowed {} that the model refuses", c);
+                if c > 0.0 {
+                    m.force_take(now_us, c);
+                    takes += 1;
+                }
+            } else if model_allows {
+                let bound = num_rational::BigRational::new(
+                    (takes + 2).into(),
+                    ticks_per_ns.into(),
+                );
+                prop_assert!(
+                    !m.fits_within(now_us, c, &-bound),
+                    "refused {} by more than {} ticks", c, takes + 2
+                );
+            }
+            current = new_state.or(current);
+        }
+    }
+
+    /// RL.THROTTLE's limits, "count per period seconds", are exact as fractions: bursts and
+    /// refills match the model of `period × 1e9 / count` ns per token.
+    #[test]
+    fn per_period_limits_match_the_model(
+        count in prop_oneof![1u64..=10, 1u64..=1_000_000_000],
+        period_s in prop_oneof![1u64..=60, 1u64..=3_153_600],
+        max_burst in 0u64..=100,
+        calls in prop::collection::vec((0u64..=3_000_000, 0u64..=3), 1..32),
+        start_us in nows(),
+    ) {
+        let total = max_burst + 1;
+        let Ok(lim) = Limit::per_period(count, period_s * S, total as f64) else { return Ok(()) };
+        let mut m = model::Model::per_period(count, period_s * S, total as f64);
+        let mut current = None;
+        let mut now_us = start_us;
+        for (step_us, c) in calls {
+            now_us += step_us;
+            let (d, new_state) = acquire(&lim, current, now_us, cost(c as f64));
+            assert_matches(&d, &m.acquire(now_us, c as f64), &format!("{count} per {period_s} s"));
+            current = new_state.or(current);
         }
     }
 }
