@@ -194,3 +194,44 @@ fn lua_baseline_writes_on_denial_where_rl_acquire_does_not() {
         "RL.ACQUIRE's denial changed something"
     );
 }
+
+/// At rates where `1e9 / rate` is not a whole number of ns, a burst at one instant gets the
+/// same answers from the module and the classic script, and both are the exact model's:
+/// `capacity` allowed, `remaining` counting down, then a denial. The script is given one
+/// `now_ms` for every call; all calls run in one MULTI so the module's refill stays far
+/// below a token (the fastest rate here needs 143 ms for one).
+#[test]
+fn bursts_at_one_instant_match_the_lua_baseline_at_rates_that_do_not_divide() {
+    let server = Server::start();
+    let mut con = server.conn();
+    let sha = load_script(&mut con);
+    for (rate, capacity) in [("3", 3i64), ("7", 7), ("0.3", 5), ("3.3", 10)] {
+        let now_ms = server_time_ms(&mut con);
+        let (rl_key, lua_key) = (format!("rl:{rate}"), format!("lua:{rate}"));
+        let mut pipe = redis::pipe();
+        pipe.atomic();
+        for _ in 0..=capacity {
+            pipe.cmd("RL.ACQUIRE").arg(&rl_key).arg(rate).arg(capacity);
+            pipe.cmd("EVALSHA")
+                .arg(&sha)
+                .arg(1)
+                .arg(&lua_key)
+                .arg(rate)
+                .arg(capacity)
+                .arg(now_ms);
+        }
+        let replies: Vec<Vec<i64>> = pipe.query(&mut con).expect("EXEC");
+        for (i, pair) in replies.chunks(2).enumerate() {
+            let (rl, lua) = (&pair[0], &pair[1]);
+            let at = format!("rate {rate}, capacity {capacity}, call {i}: {rl:?} / {lua:?}");
+            assert_eq!(rl[..2], lua[..], "{at}");
+            let i = i as i64;
+            let want = if i < capacity {
+                [1, capacity - 1 - i]
+            } else {
+                [0, 0]
+            };
+            assert_eq!(rl[..2], want, "{at}");
+        }
+    }
+}
