@@ -51,15 +51,23 @@ PIPELINES = (1, 16)
 # Requests per run at each pipeline depth, before --requests-scale: about 2-4 s per run.
 BASE_REQUESTS = {1: 200_000, 16: 1_000_000}
 
-# Allowed path: a rate slow enough that a bucket lives on between calls (each take pushes its
-# "full again" instant 100 s out), so random keys exercise the update path, as live buckets
-# do, and a capacity so large that no run can drain it (a million takes on the hot key owe
-# 1e8 s of its 1e9 s). capacity / rate stays within the module's 100-year refill bound.
-ALLOW_RATE, ALLOW_CAPACITY = "0.01", "1e7"
-# Denied path: after one take, the bucket needs 1e6 s to refill.
-DENY_RATE, DENY_CAPACITY = "0.000001", "1"
-# Memory test: a rate at which a second call 1 ms later leaves a fractional token count in
-# the Lua hash (8.0000029999999995), as in real use, and keys that outlive the test.
+# Each limiter figure is taken at a rate whose token interval is a whole number of ns (10/s:
+# the state stays inline in the value pointer) and at one whose is not (3/s: the exact state
+# carries a fraction of a ns in a 16-byte allocation).
+#
+# Allowed path: each take costs 100 s of refill, so a bucket lives on between calls and
+# random keys exercise the update path, as live buckets do; the capacity holds a 1e9 s refill,
+# so no run can drain it (a million takes on the hot key owe 1e8 s), within the module's
+# 100-year bound. (rate, capacity, cost)
+# At 3/s the cost is not a multiple of 3, so every state has a fraction of a ns.
+ALLOW = {"10": ("10", "1e10", "1000"), "3": ("3", "3e9", "301")}
+# Denied path: the prefill takes the whole capacity, a million seconds of refill, and every
+# benchmarked call asks for all of it again.
+DENY = {"10": ("10", "1e7", "1e7"), "3": ("3", "3000001", "3000001")}
+# Memory test: one bucket per key at each rate, and the Lua hash at a rate at which a second
+# call 1 ms later leaves a fractional token count (8.0000029999999995), as in real use.
+# Each take is 1e5 s of refill, so the keys outlive the test. (rate, capacity, cost)
+MEM = {"10": ("10", "1e10", "1000000"), "3": ("3", "3e9", "300001")}
 MEM_RATE, MEM_CAPACITY = "0.003", "10"
 FLOOR_VALUE = "1234567890123456789"  # 19 digits: what an 8-byte bucket would be as a string
 HASH_TOKENS = "8.0000029999999995"  # a typical Lua-written token count, for HMGET's hash
@@ -287,31 +295,36 @@ class Workload:
 
 
 def workloads(sha, now_ms):
-    def rl(rate, capacity):
-        return lambda key: ["RL.ACQUIRE", key, rate, capacity, "1"]
+    def rl(rate, capacity, cost):
+        return lambda key: ["RL.ACQUIRE", key, rate, capacity, cost]
 
-    def lua(rate, capacity):
-        return lambda key: ["EVALSHA", sha, "1", key, rate, capacity, str(now_ms), "1"]
+    def lua(rate, capacity, cost):
+        return lambda key: ["EVALSHA", sha, "1", key, rate, capacity, str(now_ms), cost]
 
     def hash_prefill(key):
         return ["HSET", key, "tokens", HASH_TOKENS, "ts", str(now_ms)]
 
-    rl_deny, lua_deny = rl(DENY_RATE, DENY_CAPACITY), lua(DENY_RATE, DENY_CAPACITY)
-    return [
-        Workload("rl_allowed", "RL.ACQUIRE allowed", "RL.ACQUIRE", rl(ALLOW_RATE, ALLOW_CAPACITY),
+    found = []
+    for rate in ALLOW:
+        rl_deny, lua_deny = rl(*DENY[rate]), lua(*DENY[rate])
+        found += [
+            Workload("rl_allowed_%s" % rate, "RL.ACQUIRE allowed %s/s" % rate, "RL.ACQUIRE",
+                     rl(*ALLOW[rate]), expect="allowed"),
+            Workload("rl_denied_%s" % rate, "RL.ACQUIRE denied %s/s" % rate, "RL.ACQUIRE",
+                     rl_deny, prefill=rl_deny, expect="denied"),
+        ]
+    found += [
+        Workload("lua_allowed", "Lua script allowed", "evalsha", lua(*ALLOW["10"]),
                  expect="allowed"),
-        Workload("rl_denied", "RL.ACQUIRE denied", "RL.ACQUIRE", rl_deny,
-                 prefill=rl_deny, expect="denied"),
-        Workload("lua_allowed", "Lua script allowed", "evalsha", lua(ALLOW_RATE, ALLOW_CAPACITY),
-                 expect="allowed"),
-        Workload("lua_denied", "Lua script denied", "evalsha", lua_deny,
-                 prefill=lua_deny, expect="denied"),
+        Workload("lua_denied", "Lua script denied", "evalsha", lua(*DENY["10"]),
+                 prefill=lua(*DENY["10"]), expect="denied"),
         Workload("set_px", "SET PX (floor)", "set",
                  lambda key: ["SET", key, FLOOR_VALUE, "PX", "60000"]),
         Workload("hmget", "HMGET (floor)", "hmget",
                  lambda key: ["HMGET", key, "tokens", "ts"], prefill=hash_prefill),
         Workload("incr", "INCR (floor)", "incr", lambda key: ["INCR", key]),
     ]
+    return found
 
 
 def check_reply(workload, reply, command):
@@ -428,8 +441,10 @@ def run_on_own_connection(port, passes, keys, what):
 def memory_per_key(conn, sha, now_ms, n_keys):
     keys = [rand_key(i) for i in range(n_keys)]
     variants = [
-        ("RL.ACQUIRE (module)", "rl",
-         [lambda k: ["RL.ACQUIRE", k, MEM_RATE, MEM_CAPACITY, "1"]]),
+        ("RL.ACQUIRE 10/s (module, inline)", "rl_10",
+         [lambda k: ["RL.ACQUIRE", k] + list(MEM["10"])]),
+        ("RL.ACQUIRE 3/s (module, fraction)", "rl_3",
+         [lambda k: ["RL.ACQUIRE", k] + list(MEM["3"])]),
         ("Lua script (hash)", "lua",
          [lambda k: ["EVALSHA", sha, "1", k, MEM_RATE, MEM_CAPACITY, str(now_ms), "1"],
           lambda k: ["EVALSHA", sha, "1", k, MEM_RATE, MEM_CAPACITY, str(now_ms + 1), "1"]]),
@@ -464,7 +479,7 @@ def memory_per_key(conn, sha, now_ms, n_keys):
                 raise BenchError("memory test: the Lua bucket's token count is %r, expected "
                                  "a fraction" % tokens)
             note = "hash, %s; tokens = %s" % (conn.call("OBJECT", "ENCODING", sample), tokens)
-        elif name == "rl":
+        elif name.startswith("rl"):
             note = "type %s" % conn.call("TYPE", sample)
         else:
             note = "string, %s encoding" % conn.call("OBJECT", "ENCODING", sample)
@@ -502,23 +517,32 @@ def targets_table(med, memory):
     def add(number, label, num, den, target, op):
         rows.append([number, label] + ratio_cells(num, den, target, op))
 
-    for p in PIPELINES:
-        add("1", "RL.ACQUIRE allowed ÷ SET PX: server µs/call, random keys, -P %d" % p,
-            get("rl_allowed", "random", p, "usec"), get("set_px", "random", p, "usec"), 1.0, "≤")
-    for p in PIPELINES:
-        add("1", "Lua allowed ÷ RL.ACQUIRE allowed: server µs/call, random keys, -P %d" % p,
-            get("lua_allowed", "random", p, "usec"), get("rl_allowed", "random", p, "usec"), 5, "≥")
-    add("2", "RL.ACQUIRE allowed ÷ Lua allowed: req/s, random keys, -P 16",
-        get("rl_allowed", "random", 16, "rps"), get("lua_allowed", "random", 16, "rps"), 4, "≥")
-    add("2", "RL.ACQUIRE allowed ÷ SET PX: req/s, random keys, -P 16",
-        get("rl_allowed", "random", 16, "rps"), get("set_px", "random", 16, "rps"), 0.9, "≥")
-    for p in PIPELINES:
-        add("3", "RL.ACQUIRE denied ÷ HMGET: server µs/call, hot key, -P %d" % p,
-            get("rl_denied", "hot", p, "usec"), get("hmget", "hot", p, "usec"), 2, "≤")
+    for rate in ALLOW:
+        for p in PIPELINES:
+            add("1", "RL.ACQUIRE allowed %s/s ÷ SET PX: server µs/call, random keys, -P %d" % (rate, p),
+                get("rl_allowed_" + rate, "random", p, "usec"), get("set_px", "random", p, "usec"),
+                1.1, "≤")
+    for rate in ALLOW:
+        for p in PIPELINES:
+            add("1", "Lua allowed ÷ RL.ACQUIRE allowed %s/s: server µs/call, random keys, -P %d" % (rate, p),
+                get("lua_allowed", "random", p, "usec"), get("rl_allowed_" + rate, "random", p, "usec"),
+                5, "≥")
+    for rate in ALLOW:
+        add("2", "RL.ACQUIRE allowed %s/s ÷ Lua allowed: req/s, random keys, -P 16" % rate,
+            get("rl_allowed_" + rate, "random", 16, "rps"), get("lua_allowed", "random", 16, "rps"),
+            4, "≥")
+        add("2", "RL.ACQUIRE allowed %s/s ÷ SET PX: req/s, random keys, -P 16" % rate,
+            get("rl_allowed_" + rate, "random", 16, "rps"), get("set_px", "random", 16, "rps"),
+            0.9, "≥")
+    for rate in ALLOW:
+        for p in PIPELINES:
+            add("3", "RL.ACQUIRE denied %s/s ÷ HMGET: server µs/call, hot key, -P %d" % (rate, p),
+                get("rl_denied_" + rate, "hot", p, "usec"), get("hmget", "hot", p, "usec"), 2, "≤")
     if memory:
-        diff = memory["rl"]["bytes"] - memory["floor"]["bytes"]
-        rows.append(["4", "memory per bucket: RL.ACQUIRE − SET PX floor", "%.2f B" % diff,
-                     "≤ 16 B", "met" if diff <= 16 else "**not met**"])
+        for name, bound, what in (("rl_10", 16, "10/s, inline"), ("rl_3", 32, "3/s, with a fraction")):
+            diff = memory[name]["bytes"] - memory["floor"]["bytes"]
+            rows.append(["4", "memory per bucket %s: RL.ACQUIRE − SET PX floor" % what,
+                         "%.2f B" % diff, "≤ %d B" % bound, "met" if diff <= bound else "**not met**"])
     lines = ["| " + " | ".join(rows[0]) + " |", "| --- | --- | ---: | --- | --- |"]
     lines += ["| " + " | ".join(row) + " |" for row in rows[1:]]
     return "\n".join(lines)
@@ -568,13 +592,17 @@ def write_results(path, meta, opts, wls, med, memory, n_for, sha):
       " clock, so every `EVALSHA` carries the same constant `now_ms` (%d). The script never"
       " refills during a run; its per-call work is otherwise what production sees."
       " `RL.ACQUIRE` reads the server's clock on every call." % meta["now_ms"])
-    w("- Allowed path: rate %s/s, capacity %s for both limiters, so every call is allowed and a"
-      " bucket, once created, outlives the run (random keys mix first-time creates with"
-      " updates, as `SET` does). Denied path: rate %s/s, capacity %s; every bucket is taken"
-      " once before the run (the hot key, or all %s random keys by a pipelined prefill), and"
-      " a sample of the benchmarked command is checked to be denied. A denied `RL.ACQUIRE`"
+    w("- Each `RL.ACQUIRE` figure is taken at 10/s, whose token interval is a whole number of"
+      " ns (the state stays inline in the value pointer), and at 3/s, whose is not (the exact"
+      " state carries a fraction of a ns in a 16-byte allocation). The script runs at 10/s.")
+    w("- Allowed path: (rate, capacity, cost) = %s, so every call is allowed and a bucket, once"
+      " created, outlives the run: each take is 100 s of refill (random keys mix first-time"
+      " creates with updates, as `SET` does). Denied path: %s; every bucket is emptied once"
+      " before the run (the hot key, or all %s random keys by a pipelined prefill), and a"
+      " sample of the benchmarked command is checked to be denied. A denied `RL.ACQUIRE`"
       " writes nothing; the script writes (`HSET` + `PEXPIRE`) even on a denial."
-      % (ALLOW_RATE, ALLOW_CAPACITY, DENY_RATE, DENY_CAPACITY, fmt_int(opts.keyspace)))
+      % (", ".join("(%s)" % ", ".join(v) for v in ALLOW.values()),
+         ", ".join("(%s)" % ", ".join(v) for v in DENY.values()), fmt_int(opts.keyspace)))
     w("- Before each run: `FLUSHALL`, `CONFIG RESETSTAT`, any prefill, `CONFIG RESETSTAT`, so"
       " `INFO commandstats` counts only the measured calls. Every command was sent once by"
       " hand before benchmarking and did not answer an error, and every run ended with zero"
@@ -620,19 +648,20 @@ def write_results(path, meta, opts, wls, med, memory, n_for, sha):
         w("## Memory per bucket")
         w("")
         w("Growth of `used_memory` (INFO memory) over %s new keys in a `FLUSHALL`ed server,"
-          " divided by the key count; same key names for all three, each key with an expiry."
+          " divided by the key count; same key names for all four, each key with an expiry."
           " Includes the key, its value, and its share of the keyspace and expiry tables."
           % fmt_int(meta["memory_keys"]))
         w("")
         w("| bucket | bytes per key | note |")
         w("| --- | ---: | --- |")
-        for name in ("rl", "lua", "floor"):
+        for name in ("rl_10", "rl_3", "lua", "floor"):
             m = memory[name]
             w("| %s | %.1f | %s |" % (m["label"], m["bytes"], m["note"]))
         w("")
-        w("The module bucket is created by one `RL.ACQUIRE k %s %s 1`; the Lua bucket by two"
-          " `EVALSHA` calls 1 ms apart, so its `tokens` field holds a fraction as in real use."
-          % (MEM_RATE, MEM_CAPACITY))
+        w("Each module bucket is created by one `RL.ACQUIRE k <rate> <capacity> <cost>` with %s; the"
+          " Lua bucket by two `EVALSHA` calls at %s/s, capacity %s, 1 ms apart, so its `tokens`"
+          " field holds a fraction as in real use."
+          % (" and ".join("(%s, %s, %s)" % v for v in MEM.values()), MEM_RATE, MEM_CAPACITY))
         w("")
     w("## Chart")
     w("")
