@@ -44,12 +44,13 @@ run: build ## Start redis-server on 127.0.0.1:6379 with the module loaded (foreg
 test: deps ## Run every test: unit, property, doc and real-server integration tests
 	@# cargo test does not rebuild the cdylib the integration tests load, so build it first.
 	$(CARGO) build --lib
+	$(CARGO) test -p rl-bucket
 	$(CARGO) test --lib --tests
 	$(CARGO) test --doc --features system-alloc
 
 lint: ## clippy with warnings as errors, and rustfmt --check
-	$(CARGO) clippy --all-targets -- -D warnings
-	$(CARGO) fmt --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(CARGO) fmt --all --check
 
 .PHONY: bench bench-smoke
 

@@ -238,7 +238,8 @@ mod tests {
 
     #[test]
     fn set_state_takes_bounded_integers_with_an_optional_fraction() {
-        let good: &[(&[u8], Option<&[u8]>, (u64, u64))] = &[
+        type Good = (&'static [u8], Option<&'static [u8]>, (u64, u64));
+        let good: &[Good] = &[
             (b"1", None, (1, 0)),
             (b"9223372036854775807", None, (i64::MAX as u64, 0)),
             (b"00000000000000000001", None, (1, 0)), // leading zeros are still the integer
@@ -249,7 +250,8 @@ mod tests {
             let got = state(ns, frac).map(|s| (s.full_at_ns(), s.full_at_frac()));
             assert_eq!(got, Ok(want), "{:?} {frac:?}", String::from_utf8_lossy(ns));
         }
-        let bad: &[(&[u8], Option<&[u8]>, Error)] = &[
+        type Bad = (&'static [u8], Option<&'static [u8]>, Error);
+        let bad: &[Bad] = &[
             (b"", None, Error::FullAt),
             (b"0", None, Error::FullAt),
             (b"-1", None, Error::FullAt),

@@ -1,7 +1,8 @@
 //! redis-rl: native rate-limit commands for Redis and Valkey.
 //!
 //! # Layout
-//! - [`bucket`]: the token bucket, pure math with the time passed in. Knows nothing of Redis.
+//! - [`bucket`]: the token bucket (the `rl-bucket` crate), pure math with the time passed in.
+//!   Knows nothing of Redis.
 //! - [`args`]: argument parsing and validation, one function per command.
 //! - [`commands`]: the command handlers, thin glue between the others.
 //! - [`datatype`]: the `rl-bucket` module type and the key handle commands use.
@@ -31,7 +32,7 @@
 )]
 
 pub mod args;
-pub mod bucket;
+pub use rl_bucket as bucket;
 pub mod clock;
 pub mod commands;
 pub mod config;

@@ -1,7 +1,8 @@
 //! The token bucket: pure, exact math over one instant. No Redis types, no clock.
 //!
-//! Time comes in as `now_us`, so every rule here is testable with an injected clock.
-//! `commands` depends on this file; this file depends on nothing of the crate.
+//! Time comes in as `now_us`, so every rule here is testable with an injected clock. A crate
+//! of its own with no dependencies: the module (`redis_rl::bucket` re-exports it), the Rust
+//! client's local fallback and the fuzzers all run this same code.
 //!
 //! # Representation
 //!
@@ -63,7 +64,7 @@
 //!   the wait until the debt fits again, as redis-cell answers.
 //!
 //! ```
-//! use redis_rl::bucket::{acquire, Cost, Limit};
+//! use rl_bucket::{acquire, Cost, Limit};
 //!
 //! let limit = Limit::new(7.0, 7.0).unwrap(); // 7 tokens/s, burst of 7
 //! let (decision, state) = acquire(&limit, None, 1_000_000, Cost::ONE);
@@ -73,6 +74,22 @@
 //! let (decision, _) = acquire(&limit, state, 1_000_000, Cost::new(6.0).unwrap());
 //! assert_eq!(decision.remaining, 0); // a burst of 7 in one instant gets exactly 7
 //! ```
+
+#![deny(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+#![cfg_attr(
+    test,
+    allow(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic,
+        clippy::indexing_slicing
+    )
+)]
 
 use std::num::NonZeroU64;
 
