@@ -79,6 +79,23 @@ fn bucket_math(c: &mut Criterion) {
         )
     });
 
+    // At 3/s every state carries a fraction of a ns: the exact path with its decoding.
+    let limit_3 = Limit::new(3.0, 1000.0).expect("valid limit");
+    let (_, half_3) = acquire(&limit_3, None, NOW_US, Cost::new(500.0).expect("cost"));
+    group.bench_function("acquire/allowed at 3/s (state with a fraction)", |b| {
+        b.iter(|| {
+            acquire(
+                black_box(&limit_3),
+                black_box(half_3),
+                black_box(NOW_US),
+                Cost::ONE,
+            )
+        })
+    });
+    group.bench_function("parse/limit at 3/s (exact T as a fraction)", |b| {
+        b.iter(|| Limit::new(black_box(3.0), black_box(1000.0)))
+    });
+
     group.bench_function("parse/rate capacity cost", |b| {
         b.iter(|| args::acquire(black_box(b"100"), black_box(b"1000"), black_box(Some(b"1"))))
     });

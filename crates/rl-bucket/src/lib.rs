@@ -245,13 +245,17 @@ impl Limit {
     /// `debt_ticks <= capacity_ticks - k × T`, so that a request for `remaining` tokens is
     /// always allowed. 0 when the bucket owes more than its capacity.
     fn whole_tokens(&self, debt_ticks: u128) -> u64 {
-        let held = self.capacity_ticks.saturating_sub(debt_ticks) / self.ticks_per_token;
+        let (held, _) = div_rem(
+            self.capacity_ticks.saturating_sub(debt_ticks),
+            self.ticks_per_token,
+        );
         u64::try_from(held).unwrap_or(u64::MAX)
     }
 
     /// `ticks` as whole nanoseconds, rounded up.
     fn ns_ceil(&self, ticks: u128) -> u64 {
-        u64::try_from(ticks.div_ceil(u128::from(self.ticks_per_ns))).unwrap_or(u64::MAX)
+        let (ns, rem) = div_rem(ticks, u128::from(self.ticks_per_ns));
+        u64::try_from(ns + u128::from(rem > 0)).unwrap_or(u64::MAX)
     }
 
     fn now_ticks(&self, now_us: u64) -> u128 {
@@ -341,10 +345,14 @@ impl State {
     /// The state at `ticks` of `1 / ticks_per_ns` ns; `None` past [`MAX_FULL_AT_NS`].
     fn from_ticks(ticks: u128, ticks_per_ns: u64) -> Option<Self> {
         let d = u128::from(ticks_per_ns);
-        let full_at_ns = u64::try_from(ticks / d).ok()?;
-        let rem = ticks % d;
+        let (full_at_ns, rem) = div_rem(ticks, d);
+        let full_at_ns = u64::try_from(full_at_ns).ok()?;
         // rem < d < 2^63, so the shift fits and the quotient is below 2^63.
-        let full_at_frac = u64::try_from((rem << FRAC_BITS).div_ceil(d)).ok()?;
+        let full_at_frac = if rem == 0 {
+            0
+        } else {
+            u64::try_from((rem << FRAC_BITS).div_ceil(d)).ok()?
+        };
         Self::from_parts(full_at_ns, full_at_frac)
     }
 }
@@ -595,6 +603,18 @@ fn mul_f64(a: u128, x: f64, round: Round) -> Option<u128> {
     match round {
         Round::Down => Some(quotient),
         Round::Up => quotient.checked_add(u128::from(inexact)),
+    }
+}
+
+/// `(n / d, n % d)` for `d > 0`, in 64-bit arithmetic when both fit (the usual case, and
+/// several times faster than a 128-bit division), and `d == 1` for free.
+fn div_rem(n: u128, d: u128) -> (u128, u128) {
+    if d == 1 {
+        return (n, 0);
+    }
+    match (u64::try_from(n), u64::try_from(d)) {
+        (Ok(n), Ok(d)) if d > 0 => (u128::from(n / d), u128::from(n % d)),
+        _ => (n.checked_div(d).unwrap_or(0), n.checked_rem(d).unwrap_or(0)),
     }
 }
 
