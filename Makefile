@@ -61,7 +61,11 @@ bench-smoke: deps ## Seconds-long bench run for CI: checks each benchmarked comm
 	$(CARGO) build --release --lib
 	python3 bench/bench.py --smoke
 
-.PHONY: bench-math
+.PHONY: bench-math bench-multi
+
+bench-multi: deps ## Server time of one RL.ACQUIRE.MULTI at 1,000 (the cap) and more buckets (release build)
+	$(CARGO) build --release --lib
+	python3 bench/multi.py --sizes 10,100,1000,1001 --rounds 5
 
 bench-math: ## Criterion micro-benchmark of the pure bucket math and argument parsing
 	$(CARGO) bench --features system-alloc --bench bucket

@@ -30,6 +30,8 @@ pub enum Error {
     ThrottleRefillTime,
     /// `full_at_ns` (of `RL.SETSTATE`) is not an integer in range.
     FullAt,
+    /// `RL.ACQUIRE.MULTI` names more buckets than [`crate::commands::MAX_MULTI_BUCKETS`].
+    TooManyBuckets,
     /// The key holds a value of another type.
     WrongType,
     /// A Redis API call failed, or a bug was caught before it could reach the server.
@@ -59,8 +61,23 @@ impl Error {
                 c"ERR (max_burst + 1) * period / count_per_period must be at most 3153600000 (a full refill within 100 years)"
             }
             Error::FullAt => c"ERR full_at_ns must be an integer from 1 to 9223372036854775807 (ns since the Unix epoch)",
+            Error::TooManyBuckets => {
+                c"ERR RL.ACQUIRE.MULTI takes at most 1000 buckets (key rate capacity cost groups) per call"
+            }
             Error::WrongType => c"WRONGTYPE Operation against a key holding the wrong kind of value",
             Error::Internal => c"ERR rl internal error, see the server log",
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_bucket_cap_text_names_the_cap() {
+        let text = Error::TooManyBuckets.text().to_string_lossy().into_owned();
+        let cap = crate::commands::MAX_MULTI_BUCKETS.to_string();
+        assert!(text.contains(&format!(" at most {cap} buckets ")), "{text}");
     }
 }
