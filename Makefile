@@ -125,6 +125,21 @@ test-servers: deps-valkey ## Run the integration suite against every server foun
 	if [ -n "$$failed" ]; then echo "test-servers: FAILED against:$$failed"; exit 1; fi; \
 	echo "test-servers: passed against:$$ran"
 
+.PHONY: soak soak-smoke
+
+# The soak (tests/soak.rs): SOAK_CALLS mixed calls against one server on the release build,
+# then every key deleted and used_memory / RSS checked. REDIS_SERVER picks the server.
+SOAK_CALLS ?= 1000000
+SOAK_SMOKE_CALLS ?= 50000
+
+soak: deps ## 1,000,000 mixed calls (SOAK_CALLS=) on one server, then a leak check of used_memory and RSS
+	$(CARGO) build --release --lib
+	SOAK_CALLS=$(SOAK_CALLS) RL_MODULE=$(MODULE) $(CARGO) test --test soak -- --ignored --nocapture
+
+soak-smoke: deps ## The soak at 50,000 calls (SOAK_SMOKE_CALLS=), for CI
+	$(CARGO) build --release --lib
+	SOAK_CALLS=$(SOAK_SMOKE_CALLS) RL_MODULE=$(MODULE) $(CARGO) test --test soak -- --ignored --nocapture
+
 .PHONY: fuzz fuzz-smoke
 
 # Fuzzing (fuzz/README.md): the libFuzzer targets in fuzz/ through cargo-fuzz, then the restore

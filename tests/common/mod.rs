@@ -187,6 +187,11 @@ impl Server {
         client.get_connection_with_timeout(Duration::from_secs(2))
     }
 
+    /// The server's process ID, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// A new connection.
     pub fn conn(&self) -> Connection {
         self.try_conn().expect("connect to the test server")
