@@ -107,6 +107,14 @@ impl Server {
         }
     }
 
+    /// Tries once to start a server on `port`, which the caller chose. `Err` when it did not
+    /// come up as our own process on that port.
+    pub fn try_start_on_port(port: u16) -> Result<Server, String> {
+        let mut server = Server::unstarted(&[], &[]);
+        server.port = port;
+        server.spawn().map(|()| server)
+    }
+
     fn unstarted(extra: &[&str], module_args: &[&str]) -> Server {
         Server {
             child: None,
@@ -121,14 +129,21 @@ impl Server {
     }
 
     fn spawn_on_free_port(&mut self) {
-        // The port is free when chosen but could be taken before the server binds it; retry.
-        for _ in 0..5 {
+        // The port is free when chosen but could be taken before the server binds it (then
+        // `spawn` sees another process answer); retry on another port.
+        let mut failures = Vec::new();
+        for _ in 0..10 {
             self.port = free_port();
-            if self.spawn().is_ok() {
-                return;
+            match self.spawn() {
+                Ok(()) => return,
+                Err(e) => failures.push(e),
             }
         }
-        panic!("redis-server did not start; log:\n{}", self.log());
+        panic!(
+            "redis-server did not start: {}; log:\n{}",
+            failures.join("; "),
+            self.log()
+        );
     }
 
     fn spawn(&mut self) -> Result<(), String> {
@@ -173,13 +188,36 @@ impl Server {
             if let Ok(mut con) = self.try_conn() {
                 // LOADING replies are errors; wait until the dataset is in.
                 if redis::cmd("PING").query::<String>(&mut con).is_ok() {
-                    return Ok(());
+                    return self.check_answered_by_child(&mut con);
                 }
             }
             sleep(Duration::from_millis(20));
         }
         self.kill();
         Err("server not ready before the deadline".into())
+    }
+
+    /// Whether the server that answered on our port is our child. Another test's server can
+    /// take the port between `free_port` and our bind; then ours exits ("Address already in
+    /// use") while the other answers PING, and the test would run against a stranger (with
+    /// other keys, config, and a lifetime of its own). `INFO server`'s `process_id` tells.
+    fn check_answered_by_child(&mut self, con: &mut Connection) -> Result<(), String> {
+        let Some(pid) = self.child.as_ref().map(Child::id) else {
+            return Err("the server exited".into());
+        };
+        let text: String = redis::cmd("INFO")
+            .arg("server")
+            .query(con)
+            .map_err(|e| format!("INFO server: {e}"))?;
+        let answered = info::info_field(&text, "process_id").and_then(|p| p.parse::<u32>().ok());
+        if answered == Some(pid) {
+            return Ok(());
+        }
+        self.kill();
+        Err(format!(
+            "port {} is answered by process {answered:?}, not by our server (pid {pid})",
+            self.port
+        ))
     }
 
     fn try_conn(&self) -> redis::RedisResult<Connection> {
