@@ -19,7 +19,7 @@ mod common;
 
 use common::info::{calls, info, info_field};
 use common::{
-    all_keys, assert_rejected_on_empty_server, command, dbsize, dump, error_text, exists,
+    all_keys, assert_rejected_on_empty_server, command, dbsize, dump, error_text, exists, fresh,
     pexpiretime, show, wait_for_replica, Server,
 };
 use redis::Connection;
@@ -341,7 +341,8 @@ fn multi_takes_from_every_bucket_or_from_none() {
         }
     );
     let before = snapshot(&mut con);
-    assert_eq!(before.len(), 2);
+    let names: Vec<&[u8]> = before.iter().map(|(key, _, _)| &key[..]).collect();
+    assert_eq!(names, [&b"a"[..], b"b"], "both buckets, and nothing else");
 
     // `b` is empty now: the call is refused at index 1 and nothing is taken from `a`, whose
     // reply still shows what it alone would answer (allowed).
@@ -689,7 +690,21 @@ fn throttle_accepts_the_edges_of_each_range() {
         &["f", "5", "1", "1", "999999999999999999"],  // a huge quantity is a denial
     ];
     for args in good {
-        assert_eq!(throttle(&mut con, args).len(), 5, "RL.THROTTLE {args:?}");
+        // Each key is new: the whole reply follows from the arguments.
+        let reply = throttle(&mut con, args);
+        let number = |i: usize| args.get(i).map(|a| a.parse::<u64>().expect("an integer"));
+        let (head, (reset_low, reset_high)) = fresh::throttle(
+            number(1).unwrap(),
+            number(2).unwrap(),
+            number(3).unwrap(),
+            number(4).unwrap_or(1),
+        );
+        assert_eq!(reply[..4], head, "RL.THROTTLE {args:?}: {reply:?}");
+        assert!(
+            (reset_low..=reset_high).contains(&reply[4]),
+            "RL.THROTTLE {args:?}: reset_after {} not in {reset_low}..={reset_high}",
+            reply[4]
+        );
     }
 }
 
