@@ -30,12 +30,12 @@ pub enum Error {
     ThrottleRefillTime,
     /// `full_at_ns` (of `RL.SETSTATE`) is not an integer in range.
     FullAt,
-    /// `RL.ACQUIRE.MULTI` names more buckets than [`crate::commands::MAX_MULTI_BUCKETS`].
-    TooManyBuckets,
     /// The key holds a value of another type.
     WrongType,
     /// A Redis API call failed, or a bug was caught before it could reach the server.
     Internal,
+    /// `RL.ACQUIRE.MULTI` names more buckets than [`crate::commands::MAX_MULTI_BUCKETS`].
+    TooManyBuckets,
 }
 
 impl Error {
@@ -61,11 +61,11 @@ impl Error {
                 c"ERR (max_burst + 1) * period / count_per_period must be at most 3153600000 (a full refill within 100 years)"
             }
             Error::FullAt => c"ERR full_at_ns must be an integer from 1 to 9223372036854775807 (ns since the Unix epoch)",
+            Error::WrongType => c"WRONGTYPE Operation against a key holding the wrong kind of value",
+            Error::Internal => c"ERR rl internal error, see the server log",
             Error::TooManyBuckets => {
                 c"ERR RL.ACQUIRE.MULTI takes at most 1000 buckets (key rate capacity cost groups) per call"
             }
-            Error::WrongType => c"WRONGTYPE Operation against a key holding the wrong kind of value",
-            Error::Internal => c"ERR rl internal error, see the server log",
         }
     }
 }
