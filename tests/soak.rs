@@ -470,8 +470,9 @@ fn check_and_delete_every_key(con: &mut Connection) -> i64 {
 }
 
 /// `used_memory` once it has stopped moving (the server shrinks emptied hash tables in its
-/// cron, not at once): the reading that stayed the same for a second, or, at the deadline,
-/// the lowest reading. With `target`, returns as soon as a reading is at or below it.
+/// cron, ten times a second, not at once): the reading that stayed the same for two seconds,
+/// or, at the deadline, the lowest reading. With `target`, returns as soon as a reading is at
+/// or below it (such a reading can be one taken while a table is still shrinking).
 fn settled_used_memory(server: &Server, target: Option<i64>) -> i64 {
     let deadline = Instant::now() + SETTLE;
     let (mut last, mut same_since, mut lowest) = (i64::MIN, Instant::now(), i64::MAX);
@@ -484,7 +485,7 @@ fn settled_used_memory(server: &Server, target: Option<i64>) -> i64 {
         }
         if used != last {
             (last, same_since) = (used, Instant::now());
-        } else if same_since.elapsed() >= Duration::from_secs(1) {
+        } else if same_since.elapsed() >= Duration::from_secs(2) {
             return used;
         }
         if Instant::now() > deadline {
