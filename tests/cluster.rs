@@ -362,7 +362,8 @@ fn resharding_a_slot_moves_the_exact_bucket() {
             .arg(target)
             .arg("")
             .arg(0)
-            .arg(5000)
+            // An I/O timeout, not a wait: generous for a loaded machine.
+            .arg(30_000)
             .arg("KEYS")
             .arg(&keys)
             .query(&mut on_source)
