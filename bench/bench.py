@@ -220,7 +220,11 @@ class Server:
                     break
                 try:
                     conn = Conn(self.port)
-                    if conn.call("PING") == "PONG":
+                    # Another process's server can hold a port found free (ours then exits on
+                    # "Address already in use"): only our own child counts. taskset execs the
+                    # server, so the child's pid is the server's.
+                    if (conn.call("PING") == "PONG"
+                            and conn.info("server").get("process_id") == str(self.proc.pid)):
                         return conn
                     conn.close()
                 except (OSError, BenchError):

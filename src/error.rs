@@ -36,6 +36,8 @@ pub enum Error {
     WrongType,
     /// A Redis API call failed, or a bug was caught before it could reach the server.
     Internal,
+    /// `RL.ACQUIRE.MULTI` names more buckets than [`crate::commands::MAX_MULTI_BUCKETS`].
+    TooManyBuckets,
 }
 
 impl Error {
@@ -64,6 +66,21 @@ impl Error {
             Error::FullAtFrac => c"ERR full_at_frac must be an integer from 0 to 9223372036854775807 (units of 2^-63 ns)",
             Error::WrongType => c"WRONGTYPE Operation against a key holding the wrong kind of value",
             Error::Internal => c"ERR rl internal error, see the server log",
+            Error::TooManyBuckets => {
+                c"ERR RL.ACQUIRE.MULTI takes at most 1000 buckets (key rate capacity cost groups) per call"
+            }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_bucket_cap_text_names_the_cap() {
+        let text = Error::TooManyBuckets.text().to_string_lossy().into_owned();
+        let cap = crate::commands::MAX_MULTI_BUCKETS.to_string();
+        assert!(text.contains(&format!(" at most {cap} buckets ")), "{text}");
     }
 }

@@ -82,7 +82,9 @@ pub const SPECS: &[Spec] = &[
         key_flags: WRITE,
         arity: -5,
         summary: c"Takes from several buckets atomically: all of them, or none.",
-        complexity: c"O(N) where N is the number of buckets",
+        // A stable sort of the key names finds the keys named twice (see
+        // commands::first_naming); N is capped at commands::MAX_MULTI_BUCKETS.
+        complexity: c"O(N log N) where N is the number of buckets (at most 1000 per call)",
         tips: Some(c"nondeterministic_output"),
         in_category: true,
     },

@@ -10,14 +10,16 @@
 //! cannot change a reply during a test. Where a reply depends on how much time passed since an
 //! earlier call, the test asserts an exact relation instead of a value (two waits differing by
 //! a whole number of tokens, an expiry moving by exactly the refunded time), or relies on a
-//! wait being rounded up to a whole second, which holds while a call takes under a second.
-//! Nothing asserts a wall-clock duration.
+//! wait being rounded up to a whole second. That holds only while the calls span less than a
+//! second, so those runs measure their span on the server's clock and are repeated on new keys
+//! when a stalled machine made them longer (`within_server_time`). Nothing asserts a
+//! wall-clock duration.
 
 mod common;
 
 use common::info::{calls, info, info_field};
 use common::{
-    all_keys, assert_rejected_on_empty_server, command, dbsize, dump, error_text, exists,
+    all_keys, assert_rejected_on_empty_server, command, dbsize, dump, error_text, exists, fresh,
     pexpiretime, show, wait_for_replica, Server,
 };
 use redis::Connection;
@@ -93,6 +95,35 @@ fn multi(con: &mut Connection, args: &[&str]) -> Multi {
         retry_after_ms,
         buckets,
     }
+}
+
+/// The server's clock (`TIME`) in µs.
+fn server_time_us(con: &mut Connection) -> i64 {
+    let (secs, micros): (i64, i64) = redis::cmd("TIME").query(con).expect("TIME");
+    secs * 1_000_000 + micros
+}
+
+/// Runs `steps` until one run spans less than `limit_us` of the server's clock (`TIME` before
+/// and after), at most five times, passing the run's number so each run can use new keys.
+/// For replies that are exact only while the calls take less than a rounding unit: on a
+/// machine stalled that long, the run is repeated rather than asserted on, since the stall,
+/// not the module, changed the replies.
+fn within_server_time<T>(
+    con: &mut Connection,
+    limit_us: i64,
+    mut steps: impl FnMut(&mut Connection, usize) -> T,
+) -> T {
+    let mut spans = Vec::new();
+    for run in 0..5 {
+        let before = server_time_us(con);
+        let result = steps(con, run);
+        let span = server_time_us(con) - before;
+        if span < limit_us {
+            return result;
+        }
+        spans.push(span);
+    }
+    panic!("every run took {limit_us} µs or more of the server's clock: {spans:?}");
 }
 
 /// Each key's DUMP payload and PEXPIRETIME, sorted by key.
@@ -310,7 +341,8 @@ fn multi_takes_from_every_bucket_or_from_none() {
         }
     );
     let before = snapshot(&mut con);
-    assert_eq!(before.len(), 2);
+    let names: Vec<&[u8]> = before.iter().map(|(key, _, _)| &key[..]).collect();
+    assert_eq!(names, [&b"a"[..], b"b"], "both buckets, and nothing else");
 
     // `b` is empty now: the call is refused at index 1 and nothing is taken from `a`, whose
     // reply still shows what it alone would answer (allowed).
@@ -514,14 +546,26 @@ fn throttle_counts_down_then_limits() {
     let server = Server::start();
     let mut con = server.conn();
     // A burst of 3 (max_burst 2), one more per hour. Each wait rounds up to a whole second,
-    // so a call taking less than a second cannot change these replies.
-    let args = ["t", "2", "1", "3600"];
-    assert_eq!(throttle(&mut con, &args), [0, 3, 2, -1, 3600]);
-    assert_eq!(throttle(&mut con, &args), [0, 3, 1, -1, 7200]);
-    assert_eq!(throttle(&mut con, &args), [0, 3, 0, -1, 10800]);
-    let before = snapshot(&mut con);
-    assert_eq!(throttle(&mut con, &args), [1, 3, 0, 3600, 10800]);
-    assert_eq!(snapshot(&mut con), before, "a limited call wrote");
+    // so these replies are exact while the four calls span less than a second of the
+    // server's clock; a run that took longer (a stalled machine) is repeated on a new key.
+    let (key, replies, before, after) = within_server_time(&mut con, 1_000_000, |con, run| {
+        let key = format!("t{run}");
+        let args = [key.as_str(), "2", "1", "3600"];
+        let mut replies: Vec<Vec<i64>> = (0..3).map(|_| throttle(con, &args)).collect();
+        let before = snapshot(con);
+        replies.push(throttle(con, &args));
+        (key, replies, before, snapshot(con))
+    });
+    assert_eq!(
+        replies,
+        [
+            [0, 3, 2, -1, 3600],
+            [0, 3, 1, -1, 7200],
+            [0, 3, 0, -1, 10800],
+            [1, 3, 0, 3600, 10800],
+        ]
+    );
+    assert_eq!(after, before, "a limited call wrote");
 
     // quantity: 3 at once, more than the limit (never: -1, limited), and 0 (a read).
     assert_eq!(
@@ -539,7 +583,7 @@ fn throttle_counts_down_then_limits() {
     assert!(!exists(&mut con, b"n"), "neither call may create the key");
     // An RL.THROTTLE bucket is an ordinary bucket of max_burst + 1 tokens at count/period.
     assert_eq!(
-        peek(&mut con, &["t", "0.000277777777777778", "3"])[..2],
+        peek(&mut con, &[&key, "0.000277777777777778", "3"])[..2],
         [0, 0]
     );
 }
@@ -549,10 +593,15 @@ fn throttle_rounds_waits_up_to_whole_seconds() {
     let server = Server::start();
     let mut con = server.conn();
     // max_burst 0, one per 60 s: the second call is limited, and its wait equals the reset
-    // (one token is the whole bucket), rounded up: 60, not 59.
-    let args = ["r", "0", "1", "60"];
-    assert_eq!(throttle(&mut con, &args), [0, 1, 0, -1, 60]);
-    let [limited, limit, remaining, retry_s, reset_s] = throttle(&mut con, &args)[..] else {
+    // (one token is the whole bucket), rounded up: 60, not 59, while the two calls span less
+    // than a second (else the run is repeated on a new key).
+    let (first, second) = within_server_time(&mut con, 1_000_000, |con, run| {
+        let key = format!("r{run}");
+        let args = [key.as_str(), "0", "1", "60"];
+        (throttle(con, &args), throttle(con, &args))
+    });
+    assert_eq!(first, [0, 1, 0, -1, 60]);
+    let [limited, limit, remaining, retry_s, reset_s] = second[..] else {
         unreachable!()
     };
     assert_eq!((limited, limit, remaining), (1, 1, 0));
@@ -562,20 +611,21 @@ fn throttle_rounds_waits_up_to_whole_seconds() {
     );
     assert_eq!(retry_s, 60, "59.99x s rounds up");
 
-    // A bucket full 59.5 s from now: the wait is between 59 and 59.5 s when the command runs,
-    // which rounds down or to nearest as 59, and up as 60.
-    let (secs, micros): (i64, i64) = redis::cmd("TIME").query(&mut con).expect("TIME");
-    let full_at_ns = (secs * 1_000_000 + micros + 59_500_000) * 1_000;
-    let ok: String = redis::cmd("RL.SETSTATE")
-        .arg("half")
-        .arg(full_at_ns)
-        .query(&mut con)
-        .expect("RL.SETSTATE");
-    assert_eq!(ok, "OK");
-    assert_eq!(
-        throttle(&mut con, &["half", "0", "1", "60"]),
-        [1, 1, 0, 60, 60]
-    );
+    // A bucket full 59.5 s from now: the wait is between 59 and 59.5 s when the command runs
+    // within half a second (else the run is repeated on a new key), which rounds down or to
+    // nearest as 59, and up as 60.
+    let reply = within_server_time(&mut con, 500_000, |con, run| {
+        let key = format!("half{run}");
+        let full_at_ns = (server_time_us(con) + 59_500_000) * 1_000;
+        let ok: String = redis::cmd("RL.SETSTATE")
+            .arg(&key)
+            .arg(full_at_ns)
+            .query(con)
+            .expect("RL.SETSTATE");
+        assert_eq!(ok, "OK");
+        throttle(con, &[&key, "0", "1", "60"])
+    });
+    assert_eq!(reply, [1, 1, 0, 60, 60]);
 }
 
 #[test]
@@ -642,7 +692,21 @@ fn throttle_accepts_the_edges_of_each_range() {
         &["f", "5", "1", "1", "999999999999999999"],  // a huge quantity is a denial
     ];
     for args in good {
-        assert_eq!(throttle(&mut con, args).len(), 5, "RL.THROTTLE {args:?}");
+        // Each key is new: the whole reply follows from the arguments.
+        let reply = throttle(&mut con, args);
+        let number = |i: usize| args.get(i).map(|a| a.parse::<u64>().expect("an integer"));
+        let (head, (reset_low, reset_high)) = fresh::throttle(
+            number(1).unwrap(),
+            number(2).unwrap(),
+            number(3).unwrap(),
+            number(4).unwrap_or(1),
+        );
+        assert_eq!(reply[..4], head, "RL.THROTTLE {args:?}: {reply:?}");
+        assert!(
+            (reset_low..=reset_high).contains(&reply[4]),
+            "RL.THROTTLE {args:?}: reset_after {} not in {reset_low}..={reset_high}",
+            reply[4]
+        );
     }
 }
 

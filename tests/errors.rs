@@ -10,8 +10,8 @@
 mod common;
 
 use common::{
-    assert_rejected_on_empty_server, command, dbsize, dump, error_text, exists, pexpiretime, show,
-    Server,
+    assert_rejected_on_empty_server, command, dbsize, dump, error_text, exists, fresh, pexpiretime,
+    show, Server,
 };
 use redis::Connection;
 
@@ -182,10 +182,20 @@ fn boundary_values_are_accepted() {
         &[b"e", b"1", b"10", b"1"],   // key, rate, capacity, cost: the most arguments
     ];
     for args in good {
-        let reply: Vec<i64> = command("RL.ACQUIRE", args)
+        let reply: [i64; 4] = command("RL.ACQUIRE", args)
             .query(&mut con)
             .expect("accepted");
-        assert_eq!(reply.len(), 4, "RL.ACQUIRE {}", show(args));
+        // Each key is new: the whole reply follows from the arguments.
+        let text = |i: usize| args.get(i).map(|a| std::str::from_utf8(a).expect("ASCII"));
+        let (head, (reset_low, reset_high)) =
+            fresh::acquire(text(1).unwrap(), text(2).unwrap(), text(3));
+        assert_eq!(reply[..3], head, "RL.ACQUIRE {}: {reply:?}", show(args));
+        assert!(
+            (reset_low..=reset_high).contains(&reply[3]),
+            "RL.ACQUIRE {}: reset_after_ms {} not in {reset_low}..={reset_high}",
+            show(args),
+            reply[3]
+        );
     }
     // One second more than a century of refill is refused, naming both halves.
     let err = error_text(

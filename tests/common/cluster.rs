@@ -17,7 +17,7 @@ use std::hash::BuildHasher;
 use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::sync::Mutex;
+use std::sync::{Condvar, Mutex};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
@@ -29,12 +29,16 @@ use super::{server_binary, Server};
 /// Nodes per cluster: three masters, each with one replica.
 pub const NODES: usize = 6;
 /// How long creating the cluster, a failover or a slot move may take to settle.
-pub const SETTLE_DEADLINE: Duration = Duration::from_secs(30);
+/// A deadline, not a wait: generous, because a loaded machine can be slow to gossip.
+pub const SETTLE_DEADLINE: Duration = Duration::from_secs(60);
 /// Every slot of a cluster.
 pub const SLOTS: u16 = 16384;
 
 /// The cluster settings each node starts with (on top of the harness's own: module, `--save ""`,
-/// temp dir, log file). A 2 s node timeout keeps failure detection quick; a full sync to a new
+/// temp dir, log file). No test kills a node and waits for the cluster to notice (the failover
+/// is a coordinated `CLUSTER FAILOVER`), so the node timeout only has to be long enough that a
+/// node starved of CPU on a loaded machine is never marked failing: with 2 s, a stall of 2 s
+/// flagged it, turned the cluster's state to `fail` and failed the test. A full sync to a new
 /// replica starts at once instead of after Redis 7.0's default 5 s delay.
 const NODE_ARGS: &[&str] = &[
     "--cluster-enabled",
@@ -42,7 +46,7 @@ const NODE_ARGS: &[&str] = &[
     "--cluster-config-file",
     "nodes.conf",
     "--cluster-node-timeout",
-    "2000",
+    "20000",
     "--appendonly",
     "no",
     "--repl-diskless-sync-delay",
@@ -246,18 +250,54 @@ impl Topology {
     }
 }
 
+/// At most this many clusters run at once in one test binary: cargo runs as many tests at
+/// once as the machine has CPUs, and five clusters of six nodes on a small machine starve
+/// each other. Others wait in [`Cluster::start`].
+const MAX_RUNNING_CLUSTERS: usize = 2;
+static RUNNING_CLUSTERS: (Mutex<usize>, Condvar) = (Mutex::new(0), Condvar::new());
+
+/// A place among the [`MAX_RUNNING_CLUSTERS`], given back on drop.
+struct Permit;
+
+impl Permit {
+    fn acquire() -> Permit {
+        let (count, freed) = &RUNNING_CLUSTERS;
+        let mut running = count.lock().unwrap_or_else(|e| e.into_inner());
+        while *running >= MAX_RUNNING_CLUSTERS {
+            running = freed.wait(running).unwrap_or_else(|e| e.into_inner());
+        }
+        *running += 1;
+        Permit
+    }
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        let (count, freed) = &RUNNING_CLUSTERS;
+        let mut running = count.lock().unwrap_or_else(|e| e.into_inner());
+        *running = running.saturating_sub(1);
+        freed.notify_one();
+    }
+}
+
 /// A running six-node cluster; every node is killed when it drops.
 pub struct Cluster {
     /// The nodes in the order they were created (the first three started as masters).
     pub nodes: Vec<Server>,
+    /// Declared after `nodes`, so it is given back once they are killed.
+    _permit: Permit,
 }
 
 impl Cluster {
     /// Starts six nodes, creates the cluster with `redis-cli --cluster create`, and waits
     /// until it is settled (see [`Cluster::wait_settled`]).
     pub fn start() -> Cluster {
+        let permit = Permit::acquire();
         let nodes: Vec<Server> = (0..NODES).map(|_| start_node()).collect();
-        let cluster = Cluster { nodes };
+        let cluster = Cluster {
+            nodes,
+            _permit: permit,
+        };
         let addresses: Vec<String> = cluster
             .nodes
             .iter()

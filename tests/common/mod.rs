@@ -9,13 +9,14 @@
 //! commands (`acquire`, `acquire_cmd`, `command`, `show`, `error_text`, `config_set`), a table
 //! of bad arguments checked against an empty server (`assert_rejected_on_empty_server`), key
 //! state (`dump`, `pexpiretime`, `exists`, `dbsize`, `all_keys`), the server's clock, and
-//! `WAIT` for a replica. Submodules: [`info`] reads `INFO`, [`lua`] runs the classic Lua token
+//! `WAIT` for a replica. Submodules: [`fresh`] computes the reply to a first call, [`info`] reads `INFO`, [`lua`] runs the classic Lua token
 //! bucket, and [`cluster`] starts a Redis Cluster. Each test binary uses a subset of all this,
 //! hence `allow(dead_code)`.
 
 #![allow(dead_code)]
 
 pub mod cluster;
+pub mod fresh;
 pub mod info;
 pub mod lua;
 pub mod rdb;
@@ -28,8 +29,9 @@ use std::time::{Duration, Instant};
 
 use redis::{Connection, Value};
 
-/// How long a server may take to answer PING after start.
-const READY_DEADLINE: Duration = Duration::from_secs(15);
+/// How long a server may take to answer PING after start (a deadline, not a wait: generous
+/// for a loaded 2-CPU machine).
+const READY_DEADLINE: Duration = Duration::from_secs(30);
 
 /// The module under test: `RL_MODULE`, else the cdylib cargo built next to this test binary.
 pub fn module_path() -> PathBuf {
@@ -107,6 +109,14 @@ impl Server {
         }
     }
 
+    /// Tries once to start a server on `port`, which the caller chose. `Err` when it did not
+    /// come up as our own process on that port.
+    pub fn try_start_on_port(port: u16) -> Result<Server, String> {
+        let mut server = Server::unstarted(&[], &[]);
+        server.port = port;
+        server.spawn().map(|()| server)
+    }
+
     fn unstarted(extra: &[&str], module_args: &[&str]) -> Server {
         Server {
             child: None,
@@ -121,14 +131,21 @@ impl Server {
     }
 
     fn spawn_on_free_port(&mut self) {
-        // The port is free when chosen but could be taken before the server binds it; retry.
-        for _ in 0..5 {
+        // The port is free when chosen but could be taken before the server binds it (then
+        // `spawn` sees another process answer); retry on another port.
+        let mut failures = Vec::new();
+        for _ in 0..10 {
             self.port = free_port();
-            if self.spawn().is_ok() {
-                return;
+            match self.spawn() {
+                Ok(()) => return,
+                Err(e) => failures.push(e),
             }
         }
-        panic!("redis-server did not start; log:\n{}", self.log());
+        panic!(
+            "redis-server did not start: {}; log:\n{}",
+            failures.join("; "),
+            self.log()
+        );
     }
 
     fn spawn(&mut self) -> Result<(), String> {
@@ -173,7 +190,7 @@ impl Server {
             if let Ok(mut con) = self.try_conn() {
                 // LOADING replies are errors; wait until the dataset is in.
                 if redis::cmd("PING").query::<String>(&mut con).is_ok() {
-                    return Ok(());
+                    return self.check_answered_by_child(&mut con);
                 }
             }
             sleep(Duration::from_millis(20));
@@ -182,9 +199,37 @@ impl Server {
         Err("server not ready before the deadline".into())
     }
 
+    /// Whether the server that answered on our port is our child. Another test's server can
+    /// take the port between `free_port` and our bind; then ours exits ("Address already in
+    /// use") while the other answers PING, and the test would run against a stranger (with
+    /// other keys, config, and a lifetime of its own). `INFO server`'s `process_id` tells.
+    fn check_answered_by_child(&mut self, con: &mut Connection) -> Result<(), String> {
+        let Some(pid) = self.child.as_ref().map(Child::id) else {
+            return Err("the server exited".into());
+        };
+        let text: String = redis::cmd("INFO")
+            .arg("server")
+            .query(con)
+            .map_err(|e| format!("INFO server: {e}"))?;
+        let answered = info::info_field(&text, "process_id").and_then(|p| p.parse::<u32>().ok());
+        if answered == Some(pid) {
+            return Ok(());
+        }
+        self.kill();
+        Err(format!(
+            "port {} is answered by process {answered:?}, not by our server (pid {pid})",
+            self.port
+        ))
+    }
+
     fn try_conn(&self) -> redis::RedisResult<Connection> {
         let client = redis::Client::open(format!("redis://127.0.0.1:{}/", self.port))?;
         client.get_connection_with_timeout(Duration::from_secs(2))
+    }
+
+    /// The server's process ID, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
     }
 
     /// A new connection.
@@ -430,8 +475,6 @@ pub fn server_time_ms(con: &mut Connection) -> i64 {
     secs * 1000 + micros / 1000
 }
 
-/// `WAIT 1 5000` on a master: returns once its one replica has acknowledged everything
-/// written so far.
 /// `WAIT 1` covering writes that *other* connections made (a cluster client, `MIGRATE`):
 /// `WAIT` only waits for the calling connection's own last write, so this one first writes
 /// and deletes `marker` (give it the buckets' hash tag in a cluster), and the stream being
@@ -449,10 +492,13 @@ pub fn wait_for_replica_after_others(master: &mut Connection, marker: &str) {
     wait_for_replica(master);
 }
 
+/// `WAIT 1 30000` on a master: returns once its one replica has acknowledged everything
+/// written so far. WAIT returns at the acknowledgement, so the long timeout costs nothing
+/// unless the replica is stalled, and a loaded machine can stall one for seconds.
 pub fn wait_for_replica(master: &mut Connection) {
     let acked: i64 = redis::cmd("WAIT")
         .arg(1)
-        .arg(5000)
+        .arg(30_000)
         .query(master)
         .expect("WAIT");
     assert_eq!(
