@@ -82,8 +82,9 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
         return Status::Err;
     }
     // SAFETY: `ctx.ctx` is the context passed to RedisModule_OnLoad.
-    if unsafe { registry::register(ctx.ctx) }.is_err() {
-        ctx.log_warning("rl: could not register the commands");
+    if let Err(message) = unsafe { registry::register(ctx.ctx) } {
+        // The server unregisters whatever was registered before the failure.
+        ctx.log_warning(&format!("rl: {message}; the module is not loaded"));
         return Status::Err;
     }
     // SAFETY: `ctx.ctx` is the context passed to RedisModule_OnLoad.
