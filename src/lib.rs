@@ -73,8 +73,15 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
     }
     // SAFETY: `ctx.ctx` is the load-time context; the options are plain flags.
     unsafe {
+        let mut options = server::module_options(ctx.ctx);
+        let migration = server::VALKEY_HANDLE_ATOMIC_SLOT_MIGRATION;
+        // Atomic slot migration is declared only with its events subscribed.
+        if options & migration != 0 && !propagation::subscribe_slot_migration(ctx.ctx) {
+            options &= !migration;
+            ctx.log_notice("rl: no slot migration events here; atomic slot migration not declared");
+        }
         if let Some(set_options) = raw::RedisModule_SetModuleOptions {
-            set_options(ctx.ctx, server::module_options(ctx.ctx));
+            set_options(ctx.ctx, options);
         }
     }
     if datatype::cache_type().is_err() {
