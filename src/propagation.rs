@@ -245,3 +245,54 @@ unsafe fn describe_migration(info: *const SlotMigrationInfo) -> (String, String)
         .join(" ");
     (job, slots)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn migration_events_are_described_from_valkeys_struct() {
+        let ranges = [
+            SlotRange { start: 0, end: 99 },
+            SlotRange {
+                start: 5171,
+                end: 5171,
+            },
+        ];
+        let mut job_name = [0 as c_char; 41];
+        for (slot, byte) in job_name
+            .iter_mut()
+            .zip(b"2187bd299e1f6ea9ad376d1b80e42eb034bcfd3a")
+        {
+            *slot = *byte as c_char;
+        }
+        let info = SlotMigrationInfo {
+            version: 1,
+            job_name,
+            slot_ranges: ranges.as_ptr(),
+            num_slot_ranges: 2,
+        };
+        // SAFETY: a live struct whose array holds num_slot_ranges entries.
+        let (job, slots) = unsafe { describe_migration(&info) };
+        assert_eq!(job, "2187bd299e1f6ea9ad376d1b80e42eb034bcfd3a");
+        assert_eq!(slots, "0-99 5171-5171");
+        // No data, an unknown version, or no ranges: still a line, never a crash.
+        // SAFETY: null is allowed.
+        assert_eq!(unsafe { describe_migration(std::ptr::null()) }.0, "?");
+        let old = SlotMigrationInfo { version: 0, ..info };
+        // SAFETY: as above.
+        assert_eq!(unsafe { describe_migration(&old) }.1, "?");
+        let empty = SlotMigrationInfo {
+            version: 1,
+            job_name: [0; 41],
+            slot_ranges: std::ptr::null(),
+            num_slot_ranges: 3,
+        };
+        // SAFETY: a null array is never read.
+        assert_eq!(
+            unsafe { describe_migration(&empty) },
+            (String::new(), String::new())
+        );
+        assert_eq!(SLOT_MIGRATION_SUBEVENTS[4], "import completed");
+    }
+}

@@ -469,3 +469,59 @@ fn gcra_alias_refuses_to_load_where_the_server_has_a_gcra_command() {
     assert_eq!(echoed, "hello");
     assert_eq!(gcra(&mut con, &["k", "0", "1", "60"]), [0, 1, 0, -1, 60]);
 }
+
+#[test]
+fn info_counts_gcra_calls_decisions_and_errors() {
+    let server = Server::start_with_module_args(&[], &["gcra-alias", "yes"]);
+    let mut con = server.conn();
+    let counters = |con: &mut Connection| -> [u64; 4] {
+        let text = info(con, "rl");
+        ["rl_calls", "rl_allowed", "rl_denied", "rl_errors"].map(|name| {
+            info_field(&text, name)
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("no {name} in\n{text}"))
+        })
+    };
+    let _: () = redis::cmd("SET")
+        .arg("str")
+        .arg("x")
+        .query(&mut con)
+        .expect("SET");
+    // Each step: the call, and how [calls, allowed, denied, errors] must move.
+    type Step = (&'static str, &'static [&'static [u8]], [u64; 4]);
+    let steps: &[Step] = &[
+        ("RL.GCRA", &[b"g", b"0", b"1", b"60"], [1, 1, 0, 0]),
+        ("RL.GCRA", &[b"g", b"0", b"1", b"60"], [1, 0, 1, 0]),
+        (
+            "GCRA",
+            &[b"g", b"0", b"1", b"60", b"TOKENS", b"2"],
+            [1, 0, 1, 0],
+        ), // impossible
+        (
+            "GCRA",
+            &[b"g", b"0", b"1", b"60", b"TOKENS", b"0"],
+            [1, 1, 0, 0],
+        ), // a check
+        (
+            "RL.GCRA",
+            &[b"g", b"0", b"1", b"60", b"TOKENS"],
+            [1, 0, 0, 1],
+        ),
+        ("RL.GCRA", &[b"str", b"0", b"1", b"60"], [1, 0, 0, 1]), // WRONGTYPE
+        // Too few arguments: the server refuses before the module runs.
+        ("RL.GCRA", &[b"g", b"0", b"1"], [0, 0, 0, 0]),
+    ];
+    let mut want = counters(&mut con);
+    for (name, args, delta) in steps {
+        let _ = command(name, args).query::<redis::Value>(&mut con);
+        for (w, d) in want.iter_mut().zip(delta) {
+            *w += d;
+        }
+        assert_eq!(
+            counters(&mut con),
+            want,
+            "after {name} {} ([calls, allowed, denied, errors])",
+            show(args)
+        );
+    }
+}
