@@ -26,7 +26,7 @@ use std::thread::sleep;
 use std::time::{Duration, Instant};
 
 use common::cluster::{Cluster, SETTLE_DEADLINE};
-use common::info::info;
+use common::info::{calls, info};
 use common::{dump, pexpiretime, wait_for_replica_after_others, Server};
 use redis::{Connection, Value};
 
@@ -321,6 +321,18 @@ fn keys_held(con: &mut Connection) -> i64 {
         .unwrap_or(0)
 }
 
+/// Waits until the node has answered some `RL.ACQUIRE` calls (from `INFO commandstats`).
+fn wait_for_calls(con: &mut Connection) {
+    let deadline = Instant::now() + SETTLE_DEADLINE;
+    while Instant::now() < deadline {
+        if calls(con, "rl.acquire").is_some_and(|n| n >= 100) {
+            return;
+        }
+        sleep(Duration::from_millis(10));
+    }
+    panic!("the clients made no calls on this node");
+}
+
 fn assert_logged(cluster: &Cluster, port: u16, line: &str) {
     let log = cluster.node(port).log();
     assert!(
@@ -353,7 +365,7 @@ fn migrating_a_slot_while_clients_acquire_moves_every_bucket_exactly() {
         // Let the clients run on the source, then migrate while they go on. The test hook
         // holds the migration in its streaming phase for a while, so takes are certainly
         // streamed to the target, then lets it hand the slot over.
-        sleep(Duration::from_millis(200));
+        wait_for_calls(&mut on_source);
         ok(
             &mut on_source,
             &["DEBUG", "SLOTMIGRATION", "PREVENT-PAUSE", "1"],
@@ -378,8 +390,8 @@ fn migrating_a_slot_while_clients_acquire_moves_every_bucket_exactly() {
             &["DEBUG", "SLOTMIGRATION", "PREVENT-PAUSE", "0"],
         );
         wait_for_export(&mut on_source, "success");
-        // And on the new owner for a while.
-        sleep(Duration::from_millis(200));
+        // And on the new owner.
+        wait_for_calls(&mut cluster.conn(target));
     });
     let after = cluster.wait_settled();
     assert_eq!(after.owner(slot), target, "the slot did not move");
