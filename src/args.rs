@@ -92,6 +92,59 @@ pub fn throttle(
     Ok(Throttle { limit, cost, total })
 }
 
+/// The largest `tokens_per_period`: like a capacity, an integer every `f64` holds exactly.
+const MAX_TOKENS_PER_PERIOD: u64 = MAX_CAPACITY as u64;
+
+/// Parses `max_burst tokens_per_period period [TOKENS count]`, the arguments of Redis 8.8's
+/// `GCRA`, into the same bucket as [`throttle`]: `max_burst + 1` tokens refilling
+/// `tokens_per_period` every `period` seconds. Unlike `RL.THROTTLE`, `period` is a decimal
+/// (`0.5`, `60`, `1e-3`), and the cost is an option: `option` is its name and count as given.
+///
+/// # Errors
+/// In argument order: [`Error::MaxBurst`], [`Error::TokensPerPeriod`], [`Error::GcraPeriod`],
+/// [`Error::GcraOption`] for a name other than `TOKENS` (any case), [`Error::TokensMissing`],
+/// [`Error::Tokens`]; then [`Error::GcraRate`] or [`Error::GcraRefillTime`] for what the
+/// arguments make together.
+pub fn gcra(
+    max_burst: &[u8],
+    tokens_per_period: &[u8],
+    period: &[u8],
+    option: Option<(&[u8], Option<&[u8]>)>,
+) -> Result<Throttle, Error> {
+    let max_burst = integer(max_burst)
+        .filter(|&n| n < MAX_CAPACITY as u64)
+        .ok_or(Error::MaxBurst)?;
+    let tokens = integer(tokens_per_period)
+        .filter(|n| (1..=MAX_TOKENS_PER_PERIOD).contains(n))
+        .ok_or(Error::TokensPerPeriod)?;
+    let period_s = decimal(period)
+        .filter(|&s| s > 0.0)
+        .ok_or(Error::GcraPeriod)?;
+    let cost = match option {
+        None => Cost::ONE,
+        Some((name, count)) => {
+            if !name.eq_ignore_ascii_case(b"TOKENS") {
+                return Err(Error::GcraOption);
+            }
+            let count = count.ok_or(Error::TokensMissing)?;
+            // A count too large for any bucket is valid: a request that can never succeed.
+            integer(count)
+                .and_then(|n| Cost::new(n as f64))
+                .ok_or(Error::Tokens)?
+        }
+    };
+    let total = max_burst + 1;
+    // The period to the nearest nanosecond, then T = period / tokens exactly: "0.1" is 1e8 ns,
+    // not the double 0.1000000000000000055…, and 3 per 299.99 s is exact. `as` saturates.
+    let period_ns = (period_s * 1e9).round() as u64;
+    let limit = Limit::per_period(tokens, period_ns, total as f64).map_err(|e| match e {
+        LimitError::Rate => Error::GcraRate,
+        LimitError::Capacity => Error::MaxBurst,
+        LimitError::RefillTime => Error::GcraRefillTime,
+    })?;
+    Ok(Throttle { limit, cost, total })
+}
+
 /// A plain non-negative decimal integer, saturating at `u64::MAX`: callers range-check it,
 /// and a huge `quantity` is a request that can never succeed, not a malformed one.
 fn integer(bytes: &[u8]) -> Option<u64> {
@@ -233,6 +286,102 @@ mod tests {
                 throttle(burst, count, period, *quantity).unwrap_err(),
                 *want
             );
+        }
+    }
+
+    #[test]
+    fn gcra_takes_redis_8_8_arguments() {
+        let t = gcra(b"15", b"30", b"60", None).unwrap();
+        assert_eq!(
+            (t.total, t.limit.capacity(), t.limit.rate_per_s(), t.cost),
+            (16, 16.0, 0.5, Cost::ONE)
+        );
+        // period is a decimal; TOKENS in any case; a count of 0 is a check.
+        let t = gcra(b"0", b"1", b"0.5", Some((b"tokens", Some(b"0")))).unwrap();
+        assert_eq!((t.limit.rate_per_s(), t.cost.tokens()), (2.0, 0.0));
+        assert_eq!(
+            gcra(b"0", b"3", b"1e-3", Some((b"ToKeNs", Some(b"7"))))
+                .unwrap()
+                .cost
+                .tokens(),
+            7.0
+        );
+        let huge = gcra(
+            b"1",
+            b"1",
+            b"1",
+            Some((b"TOKENS", Some(b"100000000000000000000"))),
+        );
+        assert!(huge.unwrap().cost.tokens() > 2.0);
+        type Row<'a> = (
+            &'a [u8],
+            &'a [u8],
+            &'a [u8],
+            Option<(&'a [u8], Option<&'a [u8]>)>,
+            Error,
+        );
+        let rows: &[Row] = &[
+            (b"-1", b"30", b"60", None, Error::MaxBurst), // negative burst
+            (b"1.5", b"30", b"60", None, Error::MaxBurst), // not an integer
+            (b"1000000000000000", b"1", b"1", None, Error::MaxBurst), // burst + 1 above 1e15
+            (b"15", b"0", b"60", None, Error::TokensPerPeriod), // no refill
+            (b"15", b"1.5", b"60", None, Error::TokensPerPeriod), // not an integer
+            (
+                b"15",
+                b"1000000000000001",
+                b"60",
+                None,
+                Error::TokensPerPeriod,
+            ), // above 1e15
+            (b"15", b"30", b"0", None, Error::GcraPeriod), // zero period
+            (b"15", b"30", b"-1", None, Error::GcraPeriod), // negative period
+            (b"15", b"30", b"inf", None, Error::GcraPeriod), // not finite
+            (b"15", b"30", b"x", None, Error::GcraPeriod), // junk
+            (
+                b"15",
+                b"30",
+                b"60",
+                Some((b"COUNT", Some(b"1"))),
+                Error::GcraOption,
+            ),
+            (
+                b"15",
+                b"30",
+                b"60",
+                Some((b"NUM_REQUESTS", Some(b"1"))),
+                Error::GcraOption,
+            ),
+            (
+                b"15",
+                b"30",
+                b"60",
+                Some((b"TOKENS", None)),
+                Error::TokensMissing,
+            ),
+            (
+                b"15",
+                b"30",
+                b"60",
+                Some((b"TOKENS", Some(b"-1"))),
+                Error::Tokens,
+            ),
+            (
+                b"15",
+                b"30",
+                b"60",
+                Some((b"TOKENS", Some(b"1.5"))),
+                Error::Tokens,
+            ),
+            (b"15", b"1", b"1000001", None, Error::GcraRate), // just under 1e-6/s
+            (b"0", b"1000000000000000", b"1", None, Error::GcraRate), // 1e15/s
+            (b"3153600000", b"1", b"1", None, Error::GcraRefillTime), // century+ refill
+            // the first bad argument, in order, is named
+            (b"-1", b"0", b"0", Some((b"X", None)), Error::MaxBurst),
+            (b"1", b"1", b"0", Some((b"X", None)), Error::GcraPeriod),
+            (b"1", b"1", b"1", Some((b"X", None)), Error::GcraOption),
+        ];
+        for (burst, tokens, period, option, want) in rows {
+            assert_eq!(gcra(burst, tokens, period, *option).unwrap_err(), *want);
         }
     }
 

@@ -21,7 +21,7 @@ enum Reply {
     Decision([i64; 4]),
     /// The same four integers from `RL.PEEK`, which decides nothing.
     Peek([i64; 4]),
-    /// The five integers of `RL.THROTTLE` (redis-cell's reply).
+    /// The five integers of `RL.THROTTLE` and `RL.GCRA` (redis-cell's reply).
     Throttle([i64; 5]),
     /// `RL.REFUND`: remaining, reset_after_ms.
     Pair([i64; 2]),
@@ -89,6 +89,10 @@ handler!(
 handler!(
     /// `RL.THROTTLE key max_burst count_per_period period [quantity]` (and `CL.THROTTLE`)
     throttle, c"RL.THROTTLE", throttle_body, true
+);
+handler!(
+    /// `RL.GCRA key max_burst tokens_per_period period [TOKENS count]` (and `GCRA`)
+    gcra, c"RL.GCRA", gcra_body, true
 );
 handler!(
     /// `RL.REFUND key rate capacity [cost]`
@@ -206,18 +210,29 @@ fn throttle_body(
         )
     }?;
     let decision = take(ctx, key, &parsed.limit, parsed.cost)?;
-    // redis-cell's reply, in whole seconds; waits round up so that waiting that long works.
-    let retry_after_s = match decision.outcome {
-        Outcome::Denied => seconds_ceil(decision.retry_after_ns),
-        Outcome::Allowed | Outcome::Impossible => -1,
+    Ok(Reply::Throttle(five(&decision, parsed.total)))
+}
+
+/// Redis 8.8's `GCRA`, on the same bucket as `RL.THROTTLE`: `TOKENS count` is the cost (0
+/// checks without taking), and the reply is redis-cell's five integers.
+fn gcra_body(ctx: *mut RedisModuleCtx, argv: &[*mut RedisModuleString]) -> Result<Reply, Failure> {
+    let (key, max_burst, tokens, period, option) = match *argv {
+        [_, key, a, b, c] => (key, a, b, c, None),
+        [_, key, a, b, c, name] => (key, a, b, c, Some((name, None))),
+        [_, key, a, b, c, name, count] => (key, a, b, c, Some((name, Some(count)))),
+        _ => return Err(Failure::Arity),
     };
-    Ok(Reply::Throttle([
-        i64::from(!decision.allowed()),
-        saturating_i64(parsed.total),
-        saturating_i64(decision.remaining),
-        retry_after_s,
-        seconds_ceil(decision.reset_after_ns),
-    ]))
+    // SAFETY (all): the strings are arguments of the running command.
+    let parsed = unsafe {
+        args::gcra(
+            bytes(max_burst),
+            bytes(tokens),
+            bytes(period),
+            option.map(|(name, count)| (bytes(name), count.map(|c| bytes(c)))),
+        )
+    }?;
+    let decision = take(ctx, key, &parsed.limit, parsed.cost)?;
+    Ok(Reply::Throttle(five(&decision, parsed.total)))
 }
 
 /// One bucket of an `RL.ACQUIRE.MULTI` call, and the key handle it shares with any other
@@ -381,6 +396,23 @@ fn four(decision: &Decision) -> [i64; 4] {
         saturating_i64(decision.remaining),
         decision.retry_after_ms(),
         decision.reset_after_ms(),
+    ]
+}
+
+/// The five integers of redis-cell's reply (RL.GCRA's): limited, `total`, remaining,
+/// retry_after_s (-1 unless waiting helps), reset_after_s. Waits round up to whole seconds, so
+/// that waiting that long works.
+fn five(decision: &Decision, total: u64) -> [i64; 5] {
+    let retry_after_s = match decision.outcome {
+        Outcome::Denied => seconds_ceil(decision.retry_after_ns),
+        Outcome::Allowed | Outcome::Impossible => -1,
+    };
+    [
+        i64::from(!decision.allowed()),
+        saturating_i64(total),
+        saturating_i64(decision.remaining),
+        retry_after_s,
+        seconds_ceil(decision.reset_after_ns),
     ]
 }
 

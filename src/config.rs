@@ -5,10 +5,19 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 
 static CL_THROTTLE_ALIAS: AtomicBool = AtomicBool::new(false);
+static GCRA_ALIAS: AtomicBool = AtomicBool::new(false);
+
+/// Every load argument, as the log names them when one is unknown.
+const KNOWN: &str = "cl-throttle-alias yes|no, gcra-alias yes|no";
 
 /// Whether `CL.THROTTLE` is registered as an alias of `RL.THROTTLE`.
 pub fn cl_throttle_alias() -> bool {
     CL_THROTTLE_ALIAS.load(Ordering::Relaxed)
+}
+
+/// Whether `GCRA` is registered as an alias of `RL.GCRA`.
+pub fn gcra_alias() -> bool {
+    GCRA_ALIAS.load(Ordering::Relaxed)
 }
 
 /// Applies `name value` pairs.
@@ -23,11 +32,8 @@ pub fn apply(args: &[String]) -> Result<(), String> {
         // Name first, so a stray word is reported as unknown rather than as lacking a value.
         let setting = match name.to_ascii_lowercase().as_str() {
             "cl-throttle-alias" => &CL_THROTTLE_ALIAS,
-            _ => {
-                return Err(format!(
-                    "unknown module argument '{name}' (known: cl-throttle-alias yes|no)"
-                ))
-            }
+            "gcra-alias" => &GCRA_ALIAS,
+            _ => return Err(format!("unknown module argument '{name}' (known: {KNOWN})")),
         };
         let value = rest
             .first()
@@ -63,9 +69,14 @@ mod tests {
         assert!(apply(&strings(&["CL-THROTTLE-ALIAS", "YES"])).is_ok());
         assert!(cl_throttle_alias());
         CL_THROTTLE_ALIAS.store(false, Ordering::Relaxed);
+        assert!(apply(&strings(&["gcra-alias", "yes", "cl-throttle-alias", "no"])).is_ok());
+        assert!(gcra_alias() && !cl_throttle_alias());
+        GCRA_ALIAS.store(false, Ordering::Relaxed);
         for bad in [
             &["cl-throttle-alias"][..],
             &["cl-throttle-alias", "maybe"],
+            &["gcra-alias"],
+            &["gcra-alias", "1"],
             &["colour", "blue"],
         ] {
             let err = apply(&strings(bad)).unwrap_err();

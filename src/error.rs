@@ -28,6 +28,20 @@ pub enum Error {
     ThrottleRate,
     /// `max_burst + 1` tokens would take more than a century to refill.
     ThrottleRefillTime,
+    /// `tokens_per_period` (of `RL.GCRA`) is not an integer in range.
+    TokensPerPeriod,
+    /// `period` (of `RL.GCRA`) is not a finite number of seconds above 0.
+    GcraPeriod,
+    /// `RL.GCRA` got an option other than `TOKENS`.
+    GcraOption,
+    /// `TOKENS` came without its count.
+    TokensMissing,
+    /// The count after `TOKENS` is not a non-negative integer.
+    Tokens,
+    /// `tokens_per_period / period` is outside the supported rates.
+    GcraRate,
+    /// `max_burst + 1` tokens would take more than a century to refill at `RL.GCRA`'s rate.
+    GcraRefillTime,
     /// `full_at_ns` (of `RL.SETSTATE`) is not an integer in range.
     FullAt,
     /// `full_at_frac` (of `RL.SETSTATE`) is not an integer in range.
@@ -61,6 +75,19 @@ impl Error {
             }
             Error::ThrottleRefillTime => {
                 c"ERR (max_burst + 1) * period / count_per_period must be at most 3153600000 (a full refill within 100 years)"
+            }
+            Error::TokensPerPeriod => {
+                c"ERR tokens_per_period must be an integer from 1 to 1000000000000000"
+            }
+            Error::GcraPeriod => c"ERR period must be a finite number of seconds above 0",
+            Error::GcraOption => c"ERR unknown option: RL.GCRA takes only TOKENS count after period",
+            Error::TokensMissing => c"ERR TOKENS must be followed by a count",
+            Error::Tokens => c"ERR TOKENS count must be an integer >= 0",
+            Error::GcraRate => {
+                c"ERR tokens_per_period / period must be from 0.000001 to 1000000000 per second"
+            }
+            Error::GcraRefillTime => {
+                c"ERR (max_burst + 1) * period / tokens_per_period must be at most 3153600000 (a full refill within 100 years)"
             }
             Error::FullAt => c"ERR full_at_ns must be an integer from 1 to 9223372036854775807 (ns since the Unix epoch)",
             Error::FullAtFrac => c"ERR full_at_frac must be an integer from 0 to 9223372036854775807 (units of 2^-63 ns)",

@@ -29,14 +29,8 @@ unsafe extern "C" fn info(ctx: *mut RedisModuleInfoCtx, _for_crash_report: c_int
         ("version", env!("CARGO_PKG_VERSION")),
         ("clock", clock::source().name()),
         ("propagation", propagation::describe()),
-        (
-            "cl_throttle_alias",
-            if config::cl_throttle_alias() {
-                "yes"
-            } else {
-                "no"
-            },
-        ),
+        ("cl_throttle_alias", yes_no(config::cl_throttle_alias())),
+        ("gcra_alias", yes_no(config::gcra_alias())),
     ];
     // SAFETY: `ctx` is the live info context Redis passed in; strings are NUL-terminated.
     unsafe {
@@ -61,5 +55,13 @@ unsafe extern "C" fn info(ctx: *mut RedisModuleInfoCtx, _for_crash_report: c_int
                 }
             }
         }
+    }
+}
+
+fn yes_no(on: bool) -> &'static str {
+    if on {
+        "yes"
+    } else {
+        "no"
     }
 }

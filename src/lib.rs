@@ -74,8 +74,15 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
     }
     // SAFETY: `ctx.ctx` is the load-time context; the options are plain flags.
     unsafe {
+        let mut options = server::module_options(ctx.ctx);
+        let migration = server::VALKEY_HANDLE_ATOMIC_SLOT_MIGRATION;
+        // Atomic slot migration is declared only with its events subscribed.
+        if options & migration != 0 && !propagation::subscribe_slot_migration(ctx.ctx) {
+            options &= !migration;
+            ctx.log_notice("rl: no slot migration events here; atomic slot migration not declared");
+        }
         if let Some(set_options) = raw::RedisModule_SetModuleOptions {
-            set_options(ctx.ctx, server::module_options(ctx.ctx));
+            set_options(ctx.ctx, options);
         }
     }
     if datatype::cache_type().is_err() {
@@ -83,8 +90,9 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
         return Status::Err;
     }
     // SAFETY: `ctx.ctx` is the context passed to RedisModule_OnLoad.
-    if unsafe { registry::register(ctx.ctx) }.is_err() {
-        ctx.log_warning("rl: could not register the commands");
+    if let Err(message) = unsafe { registry::register(ctx.ctx) } {
+        // The server unregisters whatever was registered before the failure.
+        ctx.log_warning(&format!("rl: {message}; the module is not loaded"));
         return Status::Err;
     }
     // SAFETY: `ctx.ctx` is the context passed to RedisModule_OnLoad.

@@ -10,7 +10,6 @@ use std::ptr;
 
 use redis_module::raw::{self, RedisModuleCtx, RedisModuleString};
 
-use crate::error::Error;
 use crate::{commands, config};
 
 type Handler =
@@ -39,6 +38,9 @@ pub struct Spec {
     /// Whether the command joins the `ratelimit` ACL category (not the internal RL.SETSTATE,
     /// so `+@ratelimit` never lets an application reset its own limits).
     pub in_category: bool,
+    /// Whether the command also joins the server's own `rate_limit` category where the server
+    /// has one (a Redis built with its GCRA command), as that server's `GCRA` does.
+    pub in_server_category: bool,
 }
 
 const WRITE: u32 =
@@ -61,6 +63,7 @@ pub const SPECS: &[Spec] = &[
         // The reply depends on the server's clock.
         tips: Some(c"nondeterministic_output"),
         in_category: true,
+        in_server_category: false,
     },
     Spec {
         name: c"RL.PEEK",
@@ -73,6 +76,7 @@ pub const SPECS: &[Spec] = &[
         complexity: c"O(1)",
         tips: Some(c"nondeterministic_output"),
         in_category: true,
+        in_server_category: false,
     },
     Spec {
         name: c"RL.ACQUIRE.MULTI",
@@ -87,8 +91,10 @@ pub const SPECS: &[Spec] = &[
         complexity: c"O(N log N) where N is the number of buckets (at most 1000 per call)",
         tips: Some(c"nondeterministic_output"),
         in_category: true,
+        in_server_category: false,
     },
     THROTTLE,
+    GCRA_SPEC,
     Spec {
         name: c"RL.REFUND",
         handler: commands::refund,
@@ -100,6 +106,7 @@ pub const SPECS: &[Spec] = &[
         complexity: c"O(1)",
         tips: Some(c"nondeterministic_output"),
         in_category: true,
+        in_server_category: false,
     },
     Spec {
         name: c"RL.SETSTATE",
@@ -112,6 +119,7 @@ pub const SPECS: &[Spec] = &[
         complexity: c"O(1)",
         tips: None,
         in_category: false,
+        in_server_category: false,
     },
 ];
 
@@ -134,23 +142,75 @@ const THROTTLE: Spec = Spec {
     complexity: c"O(1)",
     tips: Some(c"nondeterministic_output"),
     in_category: true,
+    in_server_category: false,
+};
+
+/// `GCRA`, registered only with the `gcra-alias yes` load argument, for clients written for
+/// Redis 8.8's pulled `GCRA` command (rueidis, Redisson, …). The module refuses to load if the
+/// server already has a `GCRA`.
+pub const GCRA: Spec = Spec {
+    name: c"GCRA",
+    summary: c"Alias of RL.GCRA, for clients of Redis 8.8's GCRA command.",
+    ..GCRA_SPEC
+};
+
+const GCRA_SPEC: Spec = Spec {
+    name: c"RL.GCRA",
+    handler: commands::gcra,
+    flags: c"write deny-oom fast",
+    keys: (1, 1, 1),
+    key_flags: WRITE,
+    arity: -5,
+    summary: c"Redis 8.8's GCRA command: same arguments and reply, on an RL token bucket.",
+    complexity: c"O(1)",
+    tips: Some(c"nondeterministic_output"),
+    in_category: true,
+    in_server_category: true,
 };
 
 /// The ACL category every command joins where the server supports module categories
 /// (Redis 7.4+, Valkey), so `ACL SETUSER app +@ratelimit` works.
 pub const ACL_CATEGORY: &CStr = c"ratelimit";
 
+/// [`ACL_CATEGORY`] plus the server's own rate-limit category, for the commands that join it
+/// where it exists. Setting a category the server does not know fails, so this is tried first
+/// and [`ACL_CATEGORY`] alone is the fallback.
+const WITH_SERVER_CATEGORY: &CStr = c"ratelimit rate_limit";
+
 /// Registers [`SPECS`], with key specs and docs where the server supports them.
 ///
 /// # Errors
-/// [`Error::Internal`] if the server rejects a registration.
+/// A message for the log naming the command the server refused. For an alias the reason is
+/// almost surely that the name is taken (the same flags were just accepted for the original),
+/// and the message says so: a server may already have a `GCRA` command (a Redis built with
+/// its own), or another module may own `CL.THROTTLE` (redis-cell).
 ///
 /// # Safety
 /// `ctx` must be the context passed to `RedisModule_OnLoad`.
-pub unsafe fn register(ctx: *mut RedisModuleCtx) -> Result<(), Error> {
+pub unsafe fn register(ctx: *mut RedisModuleCtx) -> Result<(), String> {
+    let refused = |spec: &Spec| -> String {
+        let name = spec.name.to_string_lossy();
+        let alias_of = |original: &Spec| original.name.to_string_lossy().into_owned();
+        match spec.name {
+            n if n == GCRA.name => format!(
+                "cannot register {name} (gcra-alias yes): this server already has a {name} \
+                 command (a Redis built with its own, or another module's); use {} instead, or \
+                 load without gcra-alias",
+                alias_of(&GCRA_SPEC)
+            ),
+            n if n == CL_THROTTLE.name => format!(
+                "cannot register {name} (cl-throttle-alias yes): another module (redis-cell?) \
+                 already has a {name} command; use {} instead, or load without \
+                 cl-throttle-alias",
+                alias_of(&THROTTLE)
+            ),
+            _ => format!("the server refused to register {name}"),
+        }
+    };
     // SAFETY: load-time context (caller); static NUL-terminated strings; handlers match.
     unsafe {
-        let create = raw::RedisModule_CreateCommand.ok_or(Error::Internal)?;
+        let create = raw::RedisModule_CreateCommand
+            .ok_or_else(|| "this server has no RedisModule_CreateCommand".to_string())?;
         // Probed by function pointer, never by version: Redis 7.0 has no module categories.
         let category = match raw::RedisModule_AddACLCategory {
             Some(add) if add(ctx, ACL_CATEGORY.as_ptr()) == raw::REDISMODULE_OK as c_int => {
@@ -158,8 +218,11 @@ pub unsafe fn register(ctx: *mut RedisModuleCtx) -> Result<(), Error> {
             }
             _ => None,
         };
-        let alias = config::cl_throttle_alias().then_some(&CL_THROTTLE);
-        for spec in SPECS.iter().chain(alias) {
+        let aliases = [
+            config::cl_throttle_alias().then_some(&CL_THROTTLE),
+            config::gcra_alias().then_some(&GCRA),
+        ];
+        for spec in SPECS.iter().chain(aliases.into_iter().flatten()) {
             let (first, last, step) = spec.keys;
             let status = create(
                 ctx,
@@ -171,7 +234,7 @@ pub unsafe fn register(ctx: *mut RedisModuleCtx) -> Result<(), Error> {
                 step,
             );
             if status != raw::REDISMODULE_OK as c_int {
-                return Err(Error::Internal);
+                return Err(refused(spec));
             }
             if let (Some(get_command), Some(set_info)) =
                 (raw::RedisModule_GetCommand, raw::RedisModule_SetCommandInfo)
@@ -181,12 +244,21 @@ pub unsafe fn register(ctx: *mut RedisModuleCtx) -> Result<(), Error> {
                     || set_info(command, &command_info(spec, &mut key_specs(spec)))
                         != raw::REDISMODULE_OK as c_int
                 {
-                    return Err(Error::Internal);
+                    return Err(format!(
+                        "the server refused the command info of {}",
+                        spec.name.to_string_lossy()
+                    ));
                 }
                 if let (Some(set_category), true) = (category, spec.in_category) {
-                    if set_category(command, ACL_CATEGORY.as_ptr()) != raw::REDISMODULE_OK as c_int
-                    {
-                        return Err(Error::Internal);
+                    let ok = |status: c_int| status == raw::REDISMODULE_OK as c_int;
+                    let joined = (spec.in_server_category
+                        && ok(set_category(command, WITH_SERVER_CATEGORY.as_ptr())))
+                        || ok(set_category(command, ACL_CATEGORY.as_ptr()));
+                    if !joined {
+                        return Err(format!(
+                            "the server refused the ACL category of {}",
+                            spec.name.to_string_lossy()
+                        ));
                     }
                 }
             }

@@ -8,13 +8,21 @@ use redis_module::raw::{self, RedisModuleCtx};
 /// Valkey's module option: `ValkeyModule_Replicate` skips its command-name lookup, which
 /// costs more than the rest of a replicated write.
 const VALKEY_SKIP_COMMAND_VALIDATION: c_int = 1 << 4;
+/// Valkey's module option (`VALKEYMODULE_OPTIONS_HANDLE_ATOMIC_SLOT_MIGRATION`, Valkey 9.0+):
+/// the module's keys may move with `CLUSTER MIGRATESLOTS`. Without it a loaded module makes
+/// the server refuse atomic slot migration for the whole cluster.
+///
+/// The migration sends the slot as an AOF-format snapshot (the type's `aof_rewrite`:
+/// `RL.SETSTATE` with the exact state, then the key's `PEXPIREAT`) followed by the slot's
+/// share of the replication stream. Both carry exact effects, never a clock-dependent command,
+/// so the target ends DUMP-identical to the source. Buckets are plain keys with no per-slot
+/// state of the module's, and cluster nodes always propagate (see `propagation`), so no write
+/// can skip the stream.
+pub const VALKEY_HANDLE_ATOMIC_SLOT_MIGRATION: c_int = 1 << 5;
 
 /// The module options to set: the portable ones, plus Valkey's own where this is Valkey and
-/// it reports supporting them (the bits mean something else, or nothing, to Redis).
-///
-/// Valkey 9's atomic slot migration (`HANDLE_ATOMIC_SLOT_MIGRATION`) is deliberately not
-/// declared: it streams writes to the target node like a replica, and `propagation` cannot
-/// yet see that stream, so a write could skip it. Classic `MIGRATE` resharding works.
+/// it reports supporting them (the bits mean something else, or nothing, to Redis), so
+/// atomic slot migration is declared exactly on Valkey 9+.
 ///
 /// # Safety
 /// `ctx` must be the context passed to `RedisModule_OnLoad`.
@@ -24,14 +32,18 @@ pub unsafe fn module_options(ctx: *mut RedisModuleCtx) -> c_int {
     // SAFETY: load-time context (caller); the info data is freed before returning.
     unsafe {
         if let (true, Some(all)) = (is_valkey(ctx), raw::RedisModule_GetModuleOptionsAll) {
-            options |= all() & VALKEY_SKIP_COMMAND_VALIDATION;
+            options |=
+                all() & (VALKEY_SKIP_COMMAND_VALIDATION | VALKEY_HANDLE_ATOMIC_SLOT_MIGRATION);
         }
     }
     options
 }
 
 /// Whether `INFO server` says `server_name:valkey`.
-unsafe fn is_valkey(ctx: *mut RedisModuleCtx) -> bool {
+///
+/// # Safety
+/// `ctx` must be a live context.
+pub unsafe fn is_valkey(ctx: *mut RedisModuleCtx) -> bool {
     // SAFETY: as in `module_options`.
     unsafe {
         with_info(ctx, c"server", |info| {

@@ -1205,7 +1205,7 @@ fn bad_module_arguments_fail_the_load_and_name_the_argument() {
     let rows: &[(&[&str], &str)] = &[
         (
             &["colour", "blue"],
-            "rl: unknown module argument 'colour' (known: cl-throttle-alias yes|no)",
+            "rl: unknown module argument 'colour' (known: cl-throttle-alias yes|no, gcra-alias yes|no)",
         ),
         (
             &["cl-throttle-alias"],

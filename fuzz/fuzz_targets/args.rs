@@ -1,11 +1,13 @@
 //! `args`: the argument parsers on arbitrary bytes: `args::acquire` (`rate capacity [cost]`),
-//! `args::throttle` (`max_burst count_per_period period [quantity]`) and `args::full_at_ns`
-//! (the integer of `RL.SETSTATE`).
+//! `args::throttle` (`max_burst count_per_period period [quantity]`), `args::gcra`
+//! (`max_burst tokens_per_period period [TOKENS count]`) and `args::full_at_ns` (the integer
+//! of `RL.SETSTATE`).
 //!
 //! Input: 1 to 4 arguments separated by NUL bytes (the 4th takes the rest, NULs included), so
 //! a corpus file reads like a command line: `5\x0010\x001`. Every argument goes through
 //! `full_at_ns`; with 2 or more, the first three go through `acquire`, and with 3 or more,
-//! all of them through `throttle`.
+//! all of them through `throttle` and `gcra` (whose option is the 4th argument, split at its
+//! first NUL into the name and the count).
 //!
 //! Checks, besides "never panics":
 //! - every `Ok` is within the documented ranges: rate in [1e-6, 1e9], capacity in (0, 1e15],
@@ -100,6 +102,42 @@ fn reference_throttle(
     Ok((rate, total as f64, cost, total))
 }
 
+/// `(rate, capacity, cost, total)` of `RL.GCRA`, or the first argument at fault.
+fn reference_gcra(
+    max_burst: &[u8],
+    tokens: &[u8],
+    period: &[u8],
+    option: Option<(&[u8], Option<&[u8]>)>,
+) -> Result<(f64, f64, f64, u64), Error> {
+    let max_burst = reference_integer(max_burst)
+        .filter(|&n| n <= 999_999_999_999_999)
+        .ok_or(Error::MaxBurst)?;
+    let tokens = reference_integer(tokens)
+        .filter(|n| (1..=1_000_000_000_000_000).contains(n))
+        .ok_or(Error::TokensPerPeriod)?;
+    let period = reference_decimal(period)
+        .filter(|p| *p > 0.0)
+        .ok_or(Error::GcraPeriod)?;
+    let cost = match option {
+        None => 1.0,
+        Some((name, count)) => {
+            if !name.eq_ignore_ascii_case(b"tokens") {
+                return Err(Error::GcraOption);
+            }
+            reference_integer(count.ok_or(Error::TokensMissing)?).ok_or(Error::Tokens)? as f64
+        }
+    };
+    let rate = tokens as f64 / period;
+    let total = max_burst + 1;
+    if !(MIN_RATE_PER_S..=MAX_RATE_PER_S).contains(&rate) {
+        return Err(Error::GcraRate);
+    }
+    if total as f64 / rate > MAX_REFILL_S {
+        return Err(Error::GcraRefillTime);
+    }
+    Ok((rate, total as f64, cost, total))
+}
+
 /// `full_at_ns`: 1 to 19 ASCII digits (so at most `i64::MAX`'s length; longer spellings with
 /// leading zeros are refused too) holding a value in `1..=i64::MAX`.
 fn reference_full_at(bytes: &[u8]) -> Option<u64> {
@@ -173,6 +211,35 @@ fn check_throttle(max_burst: &[u8], count: &[u8], period: &[u8], quantity: Optio
     }
 }
 
+fn check_gcra(max_burst: &[u8], tokens: &[u8], period: &[u8], option: Option<&[u8]>) {
+    // The option as a command line gives it: a name, then (after a NUL) a count.
+    let option = option.map(|o| match o.iter().position(|&b| b == 0) {
+        Some(at) => (&o[..at], Some(&o[at + 1..])),
+        None => (o, None),
+    });
+    let got = args::gcra(max_burst, tokens, period, option);
+    if let Ok(t) = got {
+        let (r, c, k) = (t.limit.rate_per_s(), t.limit.capacity(), t.cost.tokens());
+        assert!((1e-6..=1e9).contains(&r), "rate {r}");
+        assert!((1.0..=1e15).contains(&c) && c == c.floor(), "capacity {c}");
+        assert!(k.is_finite() && k >= 0.0 && k == k.floor(), "count {k}");
+        assert!(c / r <= 3_153_600_000.0, "refill {c} / {r}");
+        assert_eq!(t.total as f64, c, "total");
+    }
+    match (got, reference_gcra(max_burst, tokens, period, option)) {
+        (Ok(t), Ok((r, c, k, total))) => {
+            assert_eq!(t.limit.rate_per_s().to_bits(), r.to_bits(), "rate");
+            assert_eq!(t.limit.capacity().to_bits(), c.to_bits(), "capacity");
+            assert_eq!(t.cost.tokens().to_bits(), k.to_bits(), "count");
+            assert_eq!(t.total, total, "total");
+        }
+        (Err(e), Err(want)) => assert_eq!(e, want, "{max_burst:?} {tokens:?} {period:?} {option:?}"),
+        (got, want) => panic!(
+            "gcra({max_burst:?}, {tokens:?}, {period:?}, {option:?}) = {got:?}, reference {want:?}"
+        ),
+    }
+}
+
 fuzz_target!(|data: &[u8]| {
     let parts: Vec<&[u8]> = data.splitn(4, |&b| b == 0).collect();
     for part in &parts {
@@ -183,10 +250,12 @@ fuzz_target!(|data: &[u8]| {
         [a, b, c] => {
             check_acquire(a, b, Some(c));
             check_throttle(a, b, c, None);
+            check_gcra(a, b, c, None);
         }
         [a, b, c, d] => {
             check_acquire(a, b, Some(c));
             check_throttle(a, b, c, Some(d));
+            check_gcra(a, b, c, Some(d));
         }
         _ => {}
     }

@@ -101,7 +101,13 @@ impl Server {
     /// Tries once to start a server with these module load arguments. `Err` holds the
     /// server's log when it did not come up (a module that fails to load stops the server).
     pub fn try_start_with_module_args(module_args: &[&str]) -> Result<Server, String> {
-        let mut server = Server::unstarted(&[], module_args);
+        Server::try_start(&[], module_args)
+    }
+
+    /// Tries once to start a server with extra config arguments and module load arguments.
+    /// `Err` holds the server's log when it did not come up.
+    pub fn try_start(extra: &[&str], module_args: &[&str]) -> Result<Server, String> {
+        let mut server = Server::unstarted(extra, module_args);
         server.port = free_port();
         match server.spawn() {
             Ok(()) => Ok(server),

@@ -1,0 +1,538 @@
+//! `RL.GCRA`, the interface of Redis 8.8's pulled `GCRA` command, against a real server: its
+//! documented reply, a transcript at a rate whose token interval is no whole number of
+//! nanoseconds, every bad argument with its exact error, `WRONGTYPE`, replication by effect,
+//! the declared keys, flags and ACL category, and the `gcra-alias yes` load argument, with the
+//! refusal to load where the server already has a `GCRA` command.
+//!
+//! Time: rates are one token per minute or slower, so refill cannot change a reply during a
+//! test; each wait is rounded up to a whole second, which holds while the calls take under a
+//! second. The transcript at 3 tokens per 299.99 s (one token every 99.99666… s) reports
+//! waits of a whole number of seconds plus 0.9966… s, which round up to the same value while
+//! the calls take under 0.99 s in all. Nothing asserts a wall-clock duration.
+
+mod common;
+
+use common::info::{calls, info, info_field};
+use common::{
+    all_keys, assert_rejected_on_empty_server, command, dump, error_text, exists, pexpiretime,
+    show, wait_for_replica, Server,
+};
+use redis::Connection;
+
+const MAX_BURST: &str = "ERR max_burst must be an integer from 0 to 999999999999999";
+const TOKENS_PER_PERIOD: &str =
+    "ERR tokens_per_period must be an integer from 1 to 1000000000000000";
+const PERIOD: &str = "ERR period must be a finite number of seconds above 0";
+const OPTION: &str = "ERR unknown option: RL.GCRA takes only TOKENS count after period";
+const TOKENS_MISSING: &str = "ERR TOKENS must be followed by a count";
+const TOKENS: &str = "ERR TOKENS count must be an integer >= 0";
+const RATE: &str = "ERR tokens_per_period / period must be from 0.000001 to 1000000000 per second";
+const REFILL: &str = "ERR (max_burst + 1) * period / tokens_per_period must be at most 3153600000 (a full refill within 100 years)";
+const WRONGTYPE: &str = "WRONGTYPE Operation against a key holding the wrong kind of value";
+
+/// `name args…` as the five integers of its reply.
+fn ints(con: &mut Connection, name: &str, args: &[&str]) -> Vec<i64> {
+    redis::cmd(name)
+        .arg(args)
+        .query(con)
+        .unwrap_or_else(|e| panic!("{name} {args:?}: {e}"))
+}
+
+fn gcra(con: &mut Connection, args: &[&str]) -> Vec<i64> {
+    ints(con, "RL.GCRA", args)
+}
+
+/// Every key with its `DUMP` and `PEXPIRETIME`, sorted by key.
+fn snapshot(con: &mut Connection) -> Vec<(Vec<u8>, Option<Vec<u8>>, i64)> {
+    all_keys(con)
+        .into_iter()
+        .map(|key| {
+            let payload = dump(con, &key);
+            let expire_at = pexpiretime(con, &key);
+            (key, payload, expire_at)
+        })
+        .collect()
+}
+
+#[test]
+fn gcra_gives_the_documented_reply() {
+    let server = Server::start();
+    let mut con = server.conn();
+    // Redis's documentation example shape: a burst of 16, 30 per minute, on a fresh key:
+    // allowed, 16 in all, 15 left, no retry, full again in one token's 2 s.
+    assert_eq!(
+        gcra(&mut con, &["user123", "15", "30", "60"]),
+        [0, 16, 15, -1, 2]
+    );
+    // The same bucket as RL.THROTTLE's with the same numbers, and as RL.PEEK's at 0.5/s.
+    assert_eq!(
+        ints(&mut con, "RL.THROTTLE", &["user123", "15", "30", "60"])[..3],
+        [0, 16, 14]
+    );
+    assert_eq!(
+        ints(&mut con, "RL.PEEK", &["user123", "0.5", "16"])[..2],
+        [1, 14]
+    );
+}
+
+#[test]
+fn gcra_counts_down_then_limits() {
+    let server = Server::start();
+    let mut con = server.conn();
+    // max_burst 2 (3 tokens), one token every 64 s (a period written as a decimal). Each wait
+    // rounds up to a whole second, so calls taking under a second cannot change these replies.
+    let args = ["k", "2", "1", "6.4e1"];
+    assert_eq!(gcra(&mut con, &args), [0, 3, 2, -1, 64]);
+    assert_eq!(gcra(&mut con, &args), [0, 3, 1, -1, 128]);
+    assert_eq!(gcra(&mut con, &args), [0, 3, 0, -1, 192]);
+    let before = snapshot(&mut con);
+    // Limited: one token's wait; nothing written.
+    assert_eq!(gcra(&mut con, &args), [1, 3, 0, 64, 192]);
+    // TOKENS 0 checks without taking: the drained bucket owes nothing beyond its capacity.
+    assert_eq!(
+        gcra(&mut con, &["k", "2", "1", "64", "TOKENS", "0"]),
+        [0, 3, 0, -1, 192]
+    );
+    // More than the bucket can ever hold: limited, and no wait helps.
+    assert_eq!(
+        gcra(&mut con, &["k", "2", "1", "64", "tokens", "4"]),
+        [1, 3, 0, -1, 192]
+    );
+    assert_eq!(snapshot(&mut con), before, "a call that took nothing wrote");
+
+    // TOKENS takes several at once; the option name is case-insensitive.
+    assert_eq!(
+        gcra(&mut con, &["w", "2", "1", "64", "Tokens", "2"]),
+        [0, 3, 1, -1, 128]
+    );
+    assert_eq!(
+        gcra(&mut con, &["w", "2", "1", "64", "TOKENS", "2"]),
+        [1, 3, 1, 64, 128]
+    );
+    // Neither a check nor an impossible request creates a key.
+    gcra(&mut con, &["fresh", "2", "1", "64", "TOKENS", "0"]);
+    gcra(&mut con, &["fresh", "2", "1", "64", "TOKENS", "9"]);
+    assert!(!exists(&mut con, b"fresh"));
+
+    // The key expires the moment the bucket is full: 3 tokens (192 s) after the first call.
+    let ttl_ms: i64 = redis::cmd("PTTL").arg("k").query(&mut con).expect("PTTL");
+    assert!((182_000..=192_000).contains(&ttl_ms), "{ttl_ms}");
+}
+
+/// The same transcript at 3 tokens per 299.99 s: one token every 99.99666… s, no whole number
+/// of nanoseconds. Exact replies here need issue 8's exact bucket (a sub-nanosecond
+/// remainder): the bucket this branch has rounds each take up to a whole nanosecond, which
+/// shows as one token fewer remaining.
+#[test]
+fn gcra_transcript_at_a_rate_with_no_whole_nanosecond_interval() {
+    let server = Server::start();
+    let mut con = server.conn();
+    // Every wait is a whole number of seconds plus 0.9966… s, so it rounds up to the same
+    // value while the calls take under 0.99 s in all.
+    let args = ["k", "2", "3", "299.99"];
+    assert_eq!(gcra(&mut con, &args), [0, 3, 2, -1, 100]);
+    assert_eq!(gcra(&mut con, &args), [0, 3, 1, -1, 200]);
+    assert_eq!(gcra(&mut con, &args), [0, 3, 0, -1, 300]);
+    let before = snapshot(&mut con);
+    assert_eq!(gcra(&mut con, &args), [1, 3, 0, 100, 300]);
+    assert_eq!(
+        gcra(&mut con, &["k", "2", "3", "299.99", "TOKENS", "0"]),
+        [0, 3, 0, -1, 300]
+    );
+    assert_eq!(
+        gcra(&mut con, &["k", "2", "3", "299.99", "TOKENS", "4"]),
+        [1, 3, 0, -1, 300]
+    );
+    assert_eq!(snapshot(&mut con), before, "a call that took nothing wrote");
+    assert_eq!(
+        gcra(&mut con, &["w", "2", "3", "299.99", "TOKENS", "2"]),
+        [0, 3, 1, -1, 200]
+    );
+    assert_eq!(
+        gcra(&mut con, &["w", "2", "3", "299.99", "TOKENS", "1"]),
+        [0, 3, 0, -1, 300]
+    );
+    assert_eq!(
+        gcra(&mut con, &["w", "2", "3", "299.99", "TOKENS", "1"]),
+        [1, 3, 0, 100, 300]
+    );
+    // Three takes of 99.99666… s: the bucket is full 299.99 s after the first.
+    let ttl_ms: i64 = redis::cmd("PTTL").arg("k").query(&mut con).expect("PTTL");
+    assert!((289_990..=299_990).contains(&ttl_ms), "{ttl_ms}");
+}
+
+/// The zero-cost rule of issue 8: `TOKENS 0` is allowed iff the bucket holds at least zero
+/// tokens. A bucket drained under a larger limit owes more than a smaller limit's capacity,
+/// so a check under the smaller limit is limited, with the wait until it is not.
+#[test]
+fn gcra_check_is_limited_while_the_bucket_owes_more_than_its_capacity() {
+    let server = Server::start();
+    let mut con = server.conn();
+    // 10 tokens taken at one per 64 s: full again in 640 s.
+    assert_eq!(
+        gcra(&mut con, &["k", "9", "1", "64", "TOKENS", "10"]),
+        [0, 10, 0, -1, 640]
+    );
+    // Under a burst of 2 the bucket owes 640 s against a capacity of 128 s: limited until
+    // 512 s have passed, and nothing written.
+    let before = snapshot(&mut con);
+    assert_eq!(
+        gcra(&mut con, &["k", "1", "1", "64", "TOKENS", "0"]),
+        [1, 2, 0, 512, 640]
+    );
+    assert_eq!(snapshot(&mut con), before);
+}
+
+#[test]
+fn gcra_accepts_the_edges_of_each_range() {
+    let server = Server::start();
+    let mut con = server.conn();
+    let good: &[&[&str]] = &[
+        &["a", "0", "1", "1"],                                   // smallest burst
+        &["b", "999999999999999", "1000000000", "1"],            // largest burst, fastest rate
+        &["c", "0", "1", "1000000"],                             // slowest rate: 1e-6 per second
+        &["d", "0", "1000000000000000", "1000000"],              // most tokens per period: 1e9/s
+        &["e", "0", "1", "0.000001"],                            // a period of a microsecond
+        &["f", "0", "3", "2.5e2"],                               // an exponent
+        &["g", "5", "1", "1", "TOKENS", "0"],                    // a check
+        &["h", "5", "1", "1", "TOKENS", "99999999999999999999"], // never possible
+    ];
+    for args in good {
+        let reply = gcra(&mut con, args);
+        assert_eq!(reply.len(), 5, "RL.GCRA {args:?}: {reply:?}");
+    }
+    assert_eq!(
+        gcra(&mut con, &["h", "5", "1", "1", "TOKENS", "7"])[..4],
+        [1, 6, 6, -1]
+    );
+}
+
+#[test]
+fn gcra_rejects_each_bad_argument_with_its_exact_error() {
+    let a = "ERR wrong number of arguments for 'RL.GCRA' command";
+    let rows: &[(&[&[u8]], &str)] = &[
+        // --- arity: key max_burst tokens_per_period period [TOKENS count]
+        (&[], a),                                                 // nothing after the name
+        (&[b"k"], a),                                             // key only
+        (&[b"k", b"15", b"30"], a),                               // no period
+        (&[b"k", b"15", b"30", b"60", b"TOKENS", b"1", b"x"], a), // one argument too many
+        // --- max_burst
+        (&[b"k", b"-1", b"30", b"60"], MAX_BURST), // negative
+        (&[b"k", b"1.5", b"30", b"60"], MAX_BURST), // not an integer
+        (&[b"k", b"x", b"30", b"60"], MAX_BURST),  // junk
+        (&[b"k", b"", b"30", b"60"], MAX_BURST),   // empty
+        (&[b"k", b"1000000000000000", b"1", b"1"], MAX_BURST), // 1e15 + 1 tokens
+        (&[b"k", b"\xff", b"30", b"60"], MAX_BURST), // not UTF-8
+        // --- tokens_per_period
+        (&[b"k", b"15", b"0", b"60"], TOKENS_PER_PERIOD), // no refill
+        (&[b"k", b"15", b"-1", b"60"], TOKENS_PER_PERIOD), // negative
+        (&[b"k", b"15", b"1.5", b"60"], TOKENS_PER_PERIOD), // not an integer
+        (&[b"k", b"15", b"x", b"60"], TOKENS_PER_PERIOD), // junk
+        (
+            &[b"k", b"15", b"1000000000000001", b"60"],
+            TOKENS_PER_PERIOD,
+        ), // above 1e15
+        // --- period
+        (&[b"k", b"15", b"30", b"0"], PERIOD),     // zero
+        (&[b"k", b"15", b"30", b"-60"], PERIOD),   // negative
+        (&[b"k", b"15", b"30", b"-0.5"], PERIOD),  // negative fraction
+        (&[b"k", b"15", b"30", b"x"], PERIOD),     // junk
+        (&[b"k", b"15", b"30", b""], PERIOD),      // empty
+        (&[b"k", b"15", b"30", b"inf"], PERIOD),   // infinite
+        (&[b"k", b"15", b"30", b"nan"], PERIOD),   // not a number
+        (&[b"k", b"15", b"30", b"1e999"], PERIOD), // overflows to infinity
+        (&[b"k", b"15", b"30", b" 60"], PERIOD),   // leading space
+        // --- the option
+        (&[b"k", b"15", b"30", b"60", b"COUNT", b"1"], OPTION), // another name
+        (&[b"k", b"15", b"30", b"60", b"NUM_REQUESTS", b"1"], OPTION), // the pre-8.8 name
+        (&[b"k", b"15", b"30", b"60", b"1"], OPTION),           // RL.THROTTLE's bare quantity
+        (&[b"k", b"15", b"30", b"60", b"TOKENS"], TOKENS_MISSING), // no count
+        (&[b"k", b"15", b"30", b"60", b"tokens"], TOKENS_MISSING), // in any case
+        (&[b"k", b"15", b"30", b"60", b"TOKENS", b"-1"], TOKENS), // negative
+        (&[b"k", b"15", b"30", b"60", b"TOKENS", b"1.5"], TOKENS), // not an integer
+        (&[b"k", b"15", b"30", b"60", b"TOKENS", b""], TOKENS), // empty
+        // --- the rate and the refill they make together
+        (&[b"k", b"15", b"1", b"1000001"], RATE), // just under 1e-6 per second
+        (&[b"k", b"0", b"1000000000000000", b"1"], RATE), // 1e15 per second
+        (&[b"k", b"0", b"1", b"0.0000000001"], RATE), // 1e10 per second
+        (&[b"k", b"3153600000", b"1", b"1"], REFILL), // a century and more to refill
+        // --- several bad: the first one, in argument order, is named
+        (&[b"k", b"-1", b"0", b"0", b"X"], MAX_BURST),
+        (&[b"k", b"1", b"0", b"0", b"X"], TOKENS_PER_PERIOD),
+        (&[b"k", b"1", b"1", b"0", b"X"], PERIOD),
+        (&[b"k", b"1", b"1", b"1", b"X", b"-1"], OPTION),
+        (&[b"k", b"15", b"1", b"1000001", b"TOKENS", b"-1"], TOKENS),
+    ];
+    assert_rejected_on_empty_server("RL.GCRA", rows);
+}
+
+#[test]
+fn gcra_on_a_foreign_key_is_wrongtype_and_leaves_it_untouched() {
+    let server = Server::start();
+    let mut con = server.conn();
+    let _: () = redis::cmd("SET")
+        .arg("w")
+        .arg("hello")
+        .query(&mut con)
+        .expect("SET");
+    let _: i64 = redis::cmd("RPUSH")
+        .arg("l")
+        .arg("a")
+        .query(&mut con)
+        .expect("RPUSH");
+    let before = snapshot(&mut con);
+    for key in [&b"w"[..], b"l"] {
+        for args in [
+            &[key, b"15", b"30", b"60"][..],
+            &[key, b"15", b"30", b"60", b"TOKENS", b"0"],
+            &[key, b"15", b"30", b"60", b"TOKENS", b"99"],
+        ] {
+            let got = error_text(&mut con, &command("RL.GCRA", args));
+            assert_eq!(got, WRONGTYPE, "RL.GCRA {}", show(args));
+            assert_eq!(snapshot(&mut con), before, "RL.GCRA {} wrote", show(args));
+        }
+    }
+    server.assert_alive();
+}
+
+#[test]
+fn gcra_replicates_its_effect_never_itself() {
+    let master_server = Server::start();
+    let mut master = master_server.conn();
+    let replica_server = master_server.start_replica();
+    let mut replica = replica_server.conn();
+
+    let args = ["k", "2", "1", "64"];
+    for _ in 0..3 {
+        assert_eq!(gcra(&mut master, &args)[0], 0);
+    }
+    // A limited call, a check and an impossible request: nothing to ship.
+    assert_eq!(gcra(&mut master, &args)[0], 1);
+    gcra(&mut master, &["k", "2", "1", "64", "TOKENS", "0"]);
+    gcra(&mut master, &["k", "2", "1", "64", "TOKENS", "4"]);
+    assert_eq!(
+        gcra(&mut master, &["w", "0", "7", "1e3", "TOKENS", "1"])[0],
+        0
+    );
+
+    wait_for_replica(&mut master);
+    let on_master = snapshot(&mut master);
+    assert_eq!(on_master.len(), 2, "{on_master:?}");
+    assert_eq!(
+        snapshot(&mut replica),
+        on_master,
+        "the replica differs (DUMP/PEXPIRETIME)"
+    );
+    // Exactly one RL.SETSTATE per allowed call, and never the clock-dependent command.
+    assert_eq!(calls(&mut replica, "rl.setstate"), Some(4));
+    assert_eq!(
+        calls(&mut replica, "rl.gcra"),
+        None,
+        "RL.GCRA reached the replica"
+    );
+}
+
+#[test]
+fn gcra_declares_its_key_flags_and_category() {
+    let server = Server::start();
+    let mut con = server.conn();
+    let mut keys: Vec<(String, Vec<String>)> = redis::cmd("COMMAND")
+        .arg("GETKEYSANDFLAGS")
+        .arg(&["RL.GCRA", "g", "15", "30", "60", "TOKENS", "2"][..])
+        .query(&mut con)
+        .expect("COMMAND GETKEYSANDFLAGS");
+    keys.iter_mut().for_each(|(_, flags)| flags.sort());
+    assert_eq!(
+        keys,
+        [(
+            "g".to_string(),
+            vec!["RW".to_string(), "access".into(), "update".into()]
+        )]
+    );
+    let info: redis::Value = redis::cmd("COMMAND")
+        .arg("INFO")
+        .arg("RL.GCRA")
+        .query(&mut con)
+        .expect("COMMAND INFO");
+    let text = format!("{info:?}");
+    for flag in ["write", "denyoom", "fast"] {
+        assert!(text.contains(flag), "no {flag} in {text}");
+    }
+    // The ratelimit category where the server has module categories (Redis 7.4+, Valkey 9).
+    let categories: Vec<String> = redis::cmd("ACL")
+        .arg("CAT")
+        .query(&mut con)
+        .expect("ACL CAT");
+    if categories.iter().any(|c| c == "ratelimit") {
+        let members: Vec<String> = redis::cmd("ACL")
+            .arg("CAT")
+            .arg("ratelimit")
+            .query(&mut con)
+            .expect("ACL CAT ratelimit");
+        assert!(
+            members.iter().any(|m| m.eq_ignore_ascii_case("rl.gcra")),
+            "{members:?}"
+        );
+    } else {
+        println!("this server has no module ACL categories: ratelimit not checked");
+    }
+}
+
+#[test]
+fn gcra_alias_is_registered_only_when_asked() {
+    for module_args in [&[][..], &["gcra-alias", "no"]] {
+        let server = Server::start_with_module_args(&[], module_args);
+        let mut con = server.conn();
+        let err = error_text(&mut con, &command("GCRA", &[b"k", b"15", b"30", b"60"]));
+        assert!(
+            err.starts_with("ERR unknown command"),
+            "{module_args:?}: {err}"
+        );
+        assert_eq!(
+            info_field(&info(&mut con, "rl"), "rl_gcra_alias"),
+            Some("no")
+        );
+    }
+
+    let server = Server::start_with_module_args(&[], &["gcra-alias", "yes"]);
+    let mut con = server.conn();
+    assert_eq!(
+        info_field(&info(&mut con, "rl"), "rl_gcra_alias"),
+        Some("yes")
+    );
+    // What a Redis 8.8 client sends, as it sends it.
+    assert_eq!(
+        ints(&mut con, "GCRA", &["u", "15", "30", "60"]),
+        [0, 16, 15, -1, 2]
+    );
+    assert_eq!(
+        ints(&mut con, "GCRA", &["u", "15", "30", "60", "TOKENS", "3"]),
+        [0, 16, 12, -1, 8]
+    );
+    // The same bucket as RL.GCRA's, the same errors, and the same declared key.
+    assert_eq!(gcra(&mut con, &["u", "15", "30", "60"])[..3], [0, 16, 11]);
+    assert_eq!(
+        error_text(
+            &mut con,
+            &command("GCRA", &[b"u", b"15", b"30", b"60", b"TOKENS"])
+        ),
+        TOKENS_MISSING
+    );
+    let keys: Vec<(String, Vec<String>)> = redis::cmd("COMMAND")
+        .arg("GETKEYSANDFLAGS")
+        .arg(&["GCRA", "u", "15", "30", "60"][..])
+        .query(&mut con)
+        .expect("COMMAND GETKEYSANDFLAGS");
+    assert_eq!(keys.len(), 1);
+    assert_eq!(keys[0].0, "u");
+    assert!(keys[0].1.contains(&"RW".to_string()), "{keys:?}");
+    // Both aliases at once.
+    let server =
+        Server::start_with_module_args(&[], &["cl-throttle-alias", "yes", "gcra-alias", "yes"]);
+    let mut con = server.conn();
+    assert_eq!(
+        ints(&mut con, "GCRA", &["v", "0", "1", "60"]),
+        [0, 1, 0, -1, 60]
+    );
+    assert_eq!(
+        ints(&mut con, "CL.THROTTLE", &["v", "0", "1", "60"])[..2],
+        [1, 1]
+    );
+}
+
+#[test]
+fn gcra_alias_refuses_to_load_where_the_server_has_a_gcra_command() {
+    // A server with a command named GCRA of its own: rename a built-in to that name (as a
+    // Redis built with its GCRA would have one). The rename applies before modules load.
+    let taken = ["--rename-command", "ECHO", "GCRA"];
+    match Server::try_start(&taken, &["gcra-alias", "yes"]) {
+        Ok(server) => panic!(
+            "the module loaded beside the server's GCRA; log:\n{}",
+            server.log()
+        ),
+        Err(log) => assert!(
+            log.contains(
+                "rl: cannot register GCRA (gcra-alias yes): this server already has a GCRA command"
+            ),
+            "the log does not say why:\n{log}"
+        ),
+    }
+    // Without the alias the module loads, and the server's GCRA stays what it was.
+    let server = Server::try_start(&taken, &[]).unwrap_or_else(|log| panic!("{log}"));
+    let mut con = server.conn();
+    let echoed: String = redis::cmd("GCRA")
+        .arg("hello")
+        .query(&mut con)
+        .expect("GCRA");
+    assert_eq!(echoed, "hello");
+    assert_eq!(gcra(&mut con, &["k", "0", "1", "60"]), [0, 1, 0, -1, 60]);
+
+    // The same refusal, named, for CL.THROTTLE where another module (redis-cell) has it.
+    let taken = ["--rename-command", "ECHO", "CL.THROTTLE"];
+    match Server::try_start(&taken, &["cl-throttle-alias", "yes"]) {
+        Ok(server) => panic!(
+            "the module loaded beside another CL.THROTTLE; log:\n{}",
+            server.log()
+        ),
+        Err(log) => assert!(
+            log.contains("rl: cannot register CL.THROTTLE (cl-throttle-alias yes)"),
+            "the log does not say why:\n{log}"
+        ),
+    }
+}
+
+#[test]
+fn info_counts_gcra_calls_decisions_and_errors() {
+    let server = Server::start_with_module_args(&[], &["gcra-alias", "yes"]);
+    let mut con = server.conn();
+    let counters = |con: &mut Connection| -> [u64; 4] {
+        let text = info(con, "rl");
+        ["rl_calls", "rl_allowed", "rl_denied", "rl_errors"].map(|name| {
+            info_field(&text, name)
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("no {name} in\n{text}"))
+        })
+    };
+    let _: () = redis::cmd("SET")
+        .arg("str")
+        .arg("x")
+        .query(&mut con)
+        .expect("SET");
+    // Each step: the call, and how [calls, allowed, denied, errors] must move.
+    type Step = (&'static str, &'static [&'static [u8]], [u64; 4]);
+    let steps: &[Step] = &[
+        ("RL.GCRA", &[b"g", b"0", b"1", b"60"], [1, 1, 0, 0]),
+        ("RL.GCRA", &[b"g", b"0", b"1", b"60"], [1, 0, 1, 0]),
+        (
+            "GCRA",
+            &[b"g", b"0", b"1", b"60", b"TOKENS", b"2"],
+            [1, 0, 1, 0],
+        ), // impossible
+        (
+            "GCRA",
+            &[b"g", b"0", b"1", b"60", b"TOKENS", b"0"],
+            [1, 1, 0, 0],
+        ), // a check
+        (
+            "RL.GCRA",
+            &[b"g", b"0", b"1", b"60", b"TOKENS"],
+            [1, 0, 0, 1],
+        ),
+        ("RL.GCRA", &[b"str", b"0", b"1", b"60"], [1, 0, 0, 1]), // WRONGTYPE
+        // Too few arguments: the server refuses before the module runs.
+        ("RL.GCRA", &[b"g", b"0", b"1"], [0, 0, 0, 0]),
+    ];
+    let mut want = counters(&mut con);
+    for (name, args, delta) in steps {
+        let _ = command(name, args).query::<redis::Value>(&mut con);
+        for (w, d) in want.iter_mut().zip(delta) {
+            *w += d;
+        }
+        assert_eq!(
+            counters(&mut con),
+            want,
+            "after {name} {} ([calls, allowed, denied, errors])",
+            show(args)
+        );
+    }
+}
