@@ -6,7 +6,7 @@ REDIS_SERVER ?= redis-server
 PORT ?= 6379
 MODULE := $(CURDIR)/target/release/libredis_rl.so
 # Debian/Ubuntu packages the build and tests need, and the command each provides.
-APT_PACKAGES := redis-server redis-tools clang libclang-dev
+APT_PACKAGES := redis-server redis-tools clang libclang-dev lua5.1
 
 .DEFAULT_GOAL := help
 .PHONY: help deps build run test lint clean
@@ -20,6 +20,7 @@ deps: ## Install missing system packages (apt-get, as root), or say what to inst
 	command -v redis-cli >/dev/null || missing="$$missing redis-tools"; \
 	command -v redis-benchmark >/dev/null || missing="$$missing redis-tools"; \
 	command -v clang >/dev/null || missing="$$missing clang"; \
+	command -v lua5.1 >/dev/null || missing="$$missing lua5.1"; \
 	ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 || ls /usr/lib/*/libclang*.so* >/dev/null 2>&1 || missing="$$missing libclang-dev"; \
 	if [ -z "$$missing" ]; then exit 0; fi; \
 	missing=$$(echo $$missing | tr ' ' '\n' | sort -u | tr '\n' ' '); \
@@ -29,7 +30,7 @@ deps: ## Install missing system packages (apt-get, as root), or say what to inst
 	else \
 		echo "Missing system packages:$$missing"; \
 		echo "Install them with: sudo apt-get install -y $(APT_PACKAGES)"; \
-		echo "(elsewhere: a redis-server and redis-tools of 7.0 or newer, plus clang and libclang for bindgen)"; \
+		echo "(elsewhere: a redis-server and redis-tools of 7.0 or newer, clang and libclang for bindgen, and lua5.1 for the client tests)"; \
 		exit 1; \
 	fi
 
@@ -167,3 +168,26 @@ examples: deps ## Test the Python, Node and Rust client examples against a serve
 
 clean: ## Remove build output
 	$(CARGO) clean
+
+.PHONY: deps-clients test-clients test-clients-python test-clients-node bench-clients bench-clients-smoke
+
+# Where the client tests install redis-py (pip --target, so an externally managed python3 is
+# fine) and the Python library itself, as `pip install ./clients/python` builds it.
+CLIENTS_PYDEPS := $(CURDIR)/target/clients-python-deps
+CLIENTS_PYPKG := $(CURDIR)/target/clients-python-pkg
+CLIENTS_PYPATH := $(CLIENTS_PYPKG):$(CLIENTS_PYDEPS)
+
+deps-clients: deps ## Install what the client libraries' tests need: redis-py (pip) and the Node packages (npm)
+	@PYTHONPATH="$(CLIENTS_PYDEPS)" python3 -c 'import redis' 2>/dev/null \
+		|| python3 -m pip install --quiet --upgrade --target "$(CLIENTS_PYDEPS)" 'redis>=5,<9'
+	@command -v npm >/dev/null || { echo "deps-clients: npm not found; install Node.js 18+ and npm"; exit 1; }
+	cd clients/node && npm install --no-audit --no-fund --loglevel=error
+
+test-clients: test-clients-python test-clients-node ## Test the Python and Node libraries and the Lua script against real servers
+
+test-clients-python: deps-clients ## The Python library: vectors, Lua script, module, plain server, outages, shield
+	@# The tests load the debug build of the module; cargo test does not build it.
+	$(CARGO) build --lib
+	python3 clients/vectors/generate.py --check
+	python3 -m pip install --quiet --no-deps --upgrade --target "$(CLIENTS_PYPKG)" ./clients/python
+	PYTHONPATH="$(CLIENTS_PYPATH)" python3 clients/python/tests/run.py

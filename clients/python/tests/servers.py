@@ -81,4 +81,5 @@ class Server:
         import redis
 
         stats = redis.Redis(port=self.port).info("commandstats")
-        return stats.get(f"cmdstat_{command.lower()}", {}).get("calls", 0)
+        # Module commands keep their case (cmdstat_RL.ACQUIRE), built-ins are lower case.
+        return sum(v.get("calls", 0) for k, v in stats.items() if k.lower() == f"cmdstat_{command.lower()}")

@@ -61,5 +61,14 @@ class Vectors(unittest.TestCase):
         self.assertEqual(local.acquire("a", a, 0, 0)[1], 4)  # but nothing was taken
 
 
+class Packaging(unittest.TestCase):
+    def test_package_ships_the_shared_lua_script(self):
+        from importlib import resources
+
+        shared = os.path.join(os.path.dirname(__file__), "..", "..", "lua", "rl.lua")
+        with open(shared) as f:
+            self.assertEqual(resources.files("redis_rl").joinpath("rl.lua").read_text(), f.read())
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -167,7 +167,7 @@ class Limiter:
     # The call into Redis --------------------------------------------------------------------
 
     async def _detect(self):
-        reply = await self.client.execute_command("COMMAND", "INFO", "RL.ACQUIRE")
+        reply = await self.client.execute_command("COMMAND INFO", "RL.ACQUIRE")
         self._engine.detected(reply)
 
     async def _call(self, op, items):

@@ -184,7 +184,7 @@ class Limiter:
     # The call into Redis --------------------------------------------------------------------
 
     def _detect(self):
-        reply = self.client.execute_command("COMMAND", "INFO", "RL.ACQUIRE")
+        reply = self.client.execute_command("COMMAND INFO", "RL.ACQUIRE")
         self._engine.detected(reply)
 
     def _call(self, op, items):
