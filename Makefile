@@ -191,3 +191,15 @@ test-clients-python: deps-clients ## The Python library: vectors, Lua script, mo
 	python3 clients/vectors/generate.py --check
 	python3 -m pip install --quiet --no-deps --upgrade --target "$(CLIENTS_PYPKG)" ./clients/python
 	PYTHONPATH="$(CLIENTS_PYPATH)" python3 clients/python/tests/run.py
+
+test-clients-node: deps-clients ## The Node library: vectors, Lua script, module, plain server, outages, shield (ioredis and node-redis)
+	$(CARGO) build --lib
+	cd clients/node && npm test
+
+bench-clients: deps-clients ## Flood one denied key through the Python and Node libraries, with and without the shield; writes clients/bench/results.md
+	$(CARGO) build --lib
+	PYTHONPATH="$(CURDIR)/clients/python/src:$(CLIENTS_PYDEPS)" python3 clients/bench/bench_clients.py
+
+bench-clients-smoke: deps-clients ## Seconds-long bench-clients for CI: checks it works, writes nothing
+	$(CARGO) build --lib
+	PYTHONPATH="$(CURDIR)/clients/python/src:$(CLIENTS_PYDEPS)" python3 clients/bench/bench_clients.py --smoke

@@ -58,3 +58,31 @@ test("local acquireAll takes nothing when one bucket refuses", () => {
   assert.deepEqual([allowed, refused, retry], [0, 1, 1000]);
   assert.equal(local.acquire("a", a, 0, 0n)[1], 4);
 });
+
+import { spawnSync } from "node:child_process";
+import { fileURLToPath } from "node:url";
+
+const LUA = ["lua5.1", "lua"].find((l) => spawnSync(l, ["-v"]).status === 0);
+const luaDir = fileURLToPath(new URL("../../lua/", import.meta.url));
+
+test("the Lua script, given this library's arguments, replies as the vectors say", { skip: !LUA && "no lua5.1" }, () => {
+  const lines = [], expected = [], names = [];
+  vectors.cases.forEach((c, n) => {
+    const limit = new Limit(Number(c.rate), Number(c.capacity));
+    c.steps.forEach((step, i) => {
+      const args = limit.scriptArgs(Number(step.cost), step.op === "refund");
+      lines.push([step.now_us, `case${n}`, step.op, ...args].join(" "));
+      expected.push(step.expect);
+      names.push(`${c.name}, step ${i}`);
+    });
+  });
+  const out = spawnSync(LUA, [luaDir + "harness.lua", luaDir + "rl.lua"], { input: lines.join("\n") + "\n", encoding: "utf8" });
+  assert.equal(out.status, 0, out.stderr);
+  const replies = out.stdout.trim().split("\n");
+  assert.equal(replies.length, expected.length);
+  replies.forEach((r, i) => assert.deepEqual(r.split(" ").map(Number), expected[i], names[i]));
+});
+
+test("the package ships the shared Lua script", () => {
+  assert.equal(readFileSync(new URL("../src/rl.lua", import.meta.url), "utf8"), readFileSync(luaDir + "rl.lua", "utf8"));
+});

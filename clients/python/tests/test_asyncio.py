@@ -25,6 +25,7 @@ class Async(unittest.IsolatedAsyncioTestCase):
     async def limiter(self, server, **kwargs):
         client = redis.asyncio.Redis(port=server.port)
         self.addAsyncCleanup(client.aclose)
+        kwargs.setdefault("timeout_ms", 500)  # generous for a loaded machine
         return Limiter(client, **kwargs)
 
     async def test_module_and_lua_paths_decide_alike(self):

@@ -44,6 +44,8 @@ class Servers(unittest.TestCase):
 
     def limiter(self, server, **kwargs):
         kwargs.setdefault("on_error", "closed")
+        # A deadline generous enough for a loaded machine; the SIGSTOP test sets its own.
+        kwargs.setdefault("timeout_ms", 500)
         client = redis.Redis(port=server.port)
         self.addCleanup(client.close)
         limiter = Limiter(client, **kwargs)
