@@ -26,6 +26,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "python", "tests"))
 import redis  # noqa: E402
 
 from redis_rl import Limit, Limiter  # noqa: E402
+import servers  # noqa: E402
 from servers import Server  # noqa: E402
 
 LIMIT = Limit(0.001, 1)  # one token, then a denial with retry_after about 1000 s
@@ -95,7 +96,8 @@ def main():
         f"denied it (plus the take and the first denial), one call at a time on one connection, "
         f"Redis {version.removeprefix('v=')} on loopback, Python {platform.python_version()}"
         + (f", Node {subprocess.run(['node', '--version'], capture_output=True, text=True).stdout.strip()}" if node else "")
-        + ". Calls reaching Redis are INFO commandstats; latency is per call, as the caller sees it.", "",
+        + f". Module: {os.path.relpath(servers.MODULE, os.path.join(HERE, '..', '..'))}. Calls reaching Redis are INFO "
+        "commandstats; latency is per call, as the caller sees it, on a shared 2-core machine.", "",
         "| library | path | shield | calls | reached Redis | p50 µs | p99 µs |",
         "| --- | --- | --- | ---: | ---: | ---: | ---: |",
     ]
