@@ -153,15 +153,18 @@ fuzz-smoke: deps ## Short fuzz run for CI: each target for FUZZ_SMOKE_SECONDS (d
 
 .PHONY: examples
 
-# Where `make examples` installs redis-py when pip may not write to python3's own environment.
+# Where `make examples` installs redis-py when pip may not write to python3's own environment,
+# and where it installs the redis_rl library (`pip install ./clients/python`) the example uses.
 EXAMPLES_PYDEPS := $(CURDIR)/target/examples-python
+EXAMPLES_PYPKG := $(CURDIR)/target/examples-python-pkg
 
-examples: deps ## Test the Python, Node and Rust client examples against a server with the module
+examples: deps ## Test the Python, Node and Rust examples (apps on the client libraries) against a server with the module
 	@# cargo test does not build the cdylib; the examples load the debug build.
 	$(CARGO) build --lib
 	@PYTHONPATH="$(EXAMPLES_PYDEPS)" python3 -c 'import redis' 2>/dev/null \
 		|| python3 -m pip install --quiet -r examples/python/requirements.txt 2>/dev/null \
 		|| python3 -m pip install --quiet --upgrade --target "$(EXAMPLES_PYDEPS)" -r examples/python/requirements.txt
+	python3 -m pip install --quiet --no-deps --upgrade --target "$(EXAMPLES_PYPKG)" ./clients/python
 	@command -v npm >/dev/null || { echo "examples: npm not found; install Node.js 18+ and npm"; exit 1; }
 	cd examples/node && npm ci --no-audit --no-fund --loglevel=error
 	RL_MODULE="$(CURDIR)/target/debug/libredis_rl.so" REDIS_SERVER="$(REDIS_SERVER)" examples/run.sh

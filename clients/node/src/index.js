@@ -175,6 +175,9 @@ export class Limiter {
       onError, instances = 1, denyCache = false, withoutModule = "lua", timeoutMs = 50,
       probeIntervalMs = 100, localMaxKeys = 100_000, clock = () => performance.now(), logger = console,
     } = options;
+    if (onError === undefined) {
+      throw new TypeError('onError is required: "open", "closed" or "local" (there is no default: choose per limit)');
+    }
     if (!POLICIES.includes(onError)) {
       throw new RangeError('onError must be "open", "closed" or "local" (there is no default: choose per limit)');
     }
