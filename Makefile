@@ -172,7 +172,7 @@ examples: deps ## Test the Python, Node and Rust examples (apps on the client li
 clean: ## Remove build output
 	$(CARGO) clean
 
-.PHONY: deps-clients test-clients test-clients-python test-clients-node bench-clients bench-clients-smoke
+.PHONY: deps-clients test-clients test-clients-python test-clients-node test-clients-cluster bench-clients bench-clients-smoke
 
 # Where the client tests install redis-py (pip --target, so an externally managed python3 is
 # fine) and the Python library itself, as `pip install ./clients/python` builds it.
@@ -186,7 +186,7 @@ deps-clients: deps ## Install what the client libraries' tests need: redis-py (p
 	@command -v npm >/dev/null || { echo "deps-clients: npm not found; install Node.js 18+ and npm"; exit 1; }
 	cd clients/node && npm install --no-audit --no-fund --loglevel=error
 
-test-clients: test-clients-python test-clients-node ## Test the Python and Node libraries and the Lua script against real servers
+test-clients: test-clients-python test-clients-node test-clients-cluster ## Test the Python and Node libraries and the Lua script against real servers and a cluster
 
 test-clients-python: deps-clients ## The Python library: vectors, Lua script, module, plain server, outages, shield
 	@# The tests load the debug build of the module; cargo test does not build it.
@@ -206,3 +206,19 @@ bench-clients: deps-clients ## Flood one denied key through the Python and Node 
 bench-clients-smoke: deps-clients ## Seconds-long bench-clients for CI: checks it works, writes nothing
 	$(CARGO) build --lib
 	PYTHONPATH="$(CURDIR)/clients/python/src:$(CLIENTS_PYDEPS)" python3 clients/bench/bench_clients.py --smoke
+
+test-clients-cluster: deps-clients ## Both libraries on the `make cluster` cluster (started here on CLUSTER_PORT, and stopped, unless one runs)
+	$(CARGO) build --lib
+	python3 -m pip install --quiet --no-deps --upgrade --target "$(CLIENTS_PYPKG)" ./clients/python
+	@port="$${CLUSTER_PORT:-30001}"; started=""; \
+	if [ ! -d .run/cluster ]; then \
+		MODULE="$(CURDIR)/target/debug/libredis_rl.so" REDIS_SERVER="$(REDIS_SERVER)" CLUSTER_PORT="$$port" \
+			scripts/cluster.sh start >/dev/null || exit 1; \
+		started=1; \
+	else echo "test-clients-cluster: using the running cluster on 127.0.0.1:$$port"; fi; \
+	status=0; \
+	(cd clients/python/tests && RL_CLUSTER="127.0.0.1:$$port" PYTHONPATH="$(CLIENTS_PYPATH)" python3 -m unittest -v test_cluster) \
+		|| status=1; \
+	(cd clients/node && RL_CLUSTER="127.0.0.1:$$port" node --test test/cluster.test.js) || status=1; \
+	if [ -n "$$started" ]; then REDIS_SERVER="$(REDIS_SERVER)" scripts/cluster.sh stop >/dev/null; fi; \
+	exit $$status

@@ -167,7 +167,12 @@ class Limiter:
     # The call into Redis --------------------------------------------------------------------
 
     async def _detect(self):
-        reply = await self.client.execute_command("COMMAND INFO", "RL.ACQUIRE")
+        # A cluster client needs a node for a command without keys: any one will do.
+        options = {}
+        if hasattr(self.client, "get_random_node"):
+            await self.client.initialize()  # an asyncio cluster client learns its nodes here
+            options = {"target_nodes": self.client.get_random_node()}
+        reply = await self.client.execute_command("COMMAND INFO", "RL.ACQUIRE", **options)
         self._engine.detected(reply)
 
     async def _call(self, op, items):
@@ -189,6 +194,11 @@ class Limiter:
         engine = self._engine
         args = engine.command(op, items)
         if engine.mode == "module":
+            if op == "multi" and hasattr(self.client, "get_node_from_key"):
+                # redis-py's cluster client refuses a command name with two dots
+                # (RL.ACQUIRE.MULTI), so send it to the node that owns the first key's slot.
+                node = self.client.get_node_from_key(items[0][0])
+                return await node.execute_command(*args)
             return await self.client.execute_command(*args)
         if engine.sha is None:
             engine.sha = await self.client.script_load(engine.script)

@@ -184,7 +184,9 @@ class Limiter:
     # The call into Redis --------------------------------------------------------------------
 
     def _detect(self):
-        reply = self.client.execute_command("COMMAND INFO", "RL.ACQUIRE")
+        # A cluster client needs a node for a command without keys: any one will do.
+        options = {"target_nodes": self.client.get_random_node()} if hasattr(self.client, "get_random_node") else {}
+        reply = self.client.execute_command("COMMAND INFO", "RL.ACQUIRE", **options)
         self._engine.detected(reply)
 
     def _call(self, op, items):
@@ -206,6 +208,11 @@ class Limiter:
         engine = self._engine
         args = engine.command(op, items)
         if engine.mode == "module":
+            if op == "multi" and hasattr(self.client, "get_node_from_key"):
+                # redis-py's cluster client refuses a command name with two dots
+                # (RL.ACQUIRE.MULTI), so send it to the node that owns the first key's slot.
+                node = self.client.get_node_from_key(items[0][0])
+                return node.redis_connection.execute_command(*args)
             return self.client.execute_command(*args)
         if engine.sha is None:
             engine.sha = self.client.script_load(engine.script)
