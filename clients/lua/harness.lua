@@ -1,7 +1,7 @@
 -- Runs rl.lua outside Redis, for tests: a stand-in `redis` whose TIME is the time the test
 -- gives, and whose keys live in a table. Reads calls from stdin, one a line:
 --
---   now_us key mode n1 .. n10
+--   now_us key[,key...] mode n1 .. n10 [n1 .. n10 ...]
 --
 -- and prints each reply as space-separated integers (nested arrays flattened), or
 -- "error <text>". Used by clients/python/tests/test_lua_vectors.py to hold the script to
@@ -46,7 +46,8 @@ for line in io.lines() do
   local words = {}
   for w in string.gmatch(line, '%S+') do words[#words + 1] = w end
   now_us = tonumber(words[1])
-  KEYS = {words[2]}
+  KEYS = {}
+  for k in string.gmatch(words[2], '[^,]+') do KEYS[#KEYS + 1] = k end
   ARGV = {}
   for i = 3, #words do ARGV[#ARGV + 1] = words[i] end
   local reply = chunk()

@@ -103,7 +103,7 @@ class Limiter:
         sent_at = engine.clock()
         try:
             reply = self._call("acquire", items)
-        except redis_errors.RedisError as error:
+        except (redis_errors.RedisError, redis_errors.RedisClusterException) as error:
             if not is_unavailable(error):
                 raise
             engine.failed(error)
@@ -122,7 +122,7 @@ class Limiter:
             return engine.policy_acquire(key, limit, cost, take=False)
         try:
             reply = self._call("peek", [(key, limit, cost)])
-        except redis_errors.RedisError as error:
+        except (redis_errors.RedisError, redis_errors.RedisClusterException) as error:
             if not is_unavailable(error):
                 raise
             engine.failed(error)
@@ -148,7 +148,7 @@ class Limiter:
         sent_at = engine.clock()
         try:
             allowed, refused, retry, replies = self._call("multi", items)
-        except redis_errors.RedisError as error:
+        except (redis_errors.RedisError, redis_errors.RedisClusterException) as error:
             if not is_unavailable(error):
                 raise
             engine.failed(error)
@@ -172,7 +172,7 @@ class Limiter:
             return engine.policy_refund(key, limit, cost)
         try:
             remaining, reset_after_ms = self._call("refund", [(key, limit, cost)])
-        except redis_errors.RedisError as error:
+        except (redis_errors.RedisError, redis_errors.RedisClusterException) as error:
             if not is_unavailable(error):
                 raise
             engine.failed(error)

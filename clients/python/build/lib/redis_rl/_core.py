@@ -234,6 +234,8 @@ def is_unavailable(error):
         kind = getattr(e, name, None)
         if kind is not None and isinstance(error, kind):
             return True
+    if type(error).__name__ == "RedisClusterException" and "cannot be connected" in str(error):
+        return True  # a cluster client that could reach none of its startup nodes
     if isinstance(error, e.ResponseError):
         text = str(error)
         return text.startswith(("OOM", "READONLY", "LOADING", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN"))

@@ -86,7 +86,7 @@ class Limiter:
         sent_at = engine.clock()
         try:
             reply = await self._deadline(self._call("acquire", items))
-        except (redis_errors.RedisError, OSError, asyncio.TimeoutError) as error:
+        except (redis_errors.RedisError, redis_errors.RedisClusterException, OSError, asyncio.TimeoutError) as error:
             if not is_unavailable(error):
                 raise
             engine.failed(error)
@@ -105,7 +105,7 @@ class Limiter:
             return engine.policy_acquire(key, limit, cost, take=False)
         try:
             reply = await self._deadline(self._call("peek", [(key, limit, cost)]))
-        except (redis_errors.RedisError, OSError, asyncio.TimeoutError) as error:
+        except (redis_errors.RedisError, redis_errors.RedisClusterException, OSError, asyncio.TimeoutError) as error:
             if not is_unavailable(error):
                 raise
             engine.failed(error)
@@ -131,7 +131,7 @@ class Limiter:
         sent_at = engine.clock()
         try:
             allowed, refused, retry, replies = await self._deadline(self._call("multi", items))
-        except (redis_errors.RedisError, OSError, asyncio.TimeoutError) as error:
+        except (redis_errors.RedisError, redis_errors.RedisClusterException, OSError, asyncio.TimeoutError) as error:
             if not is_unavailable(error):
                 raise
             engine.failed(error)
@@ -155,7 +155,7 @@ class Limiter:
             return engine.policy_refund(key, limit, cost)
         try:
             remaining, reset_after_ms = await self._deadline(self._call("refund", [(key, limit, cost)]))
-        except (redis_errors.RedisError, OSError, asyncio.TimeoutError) as error:
+        except (redis_errors.RedisError, redis_errors.RedisClusterException, OSError, asyncio.TimeoutError) as error:
             if not is_unavailable(error):
                 raise
             engine.failed(error)
