@@ -154,6 +154,39 @@ for (const kind of Object.keys(CLIENTS)) {
     }));
   }
 
+  test(`${kind}: a server that does not answer times out into the policy`, () => withSetup(async (t) => {
+    const s = await t.server();
+    const limiter = await t.limiter(kind, s, { onError: "open", timeoutMs: 100, probeIntervalMs: 0 });
+    assert.equal((await limiter.acquire("k", SLOW)).source, "redis");
+    process.kill(s.proc.pid, "SIGSTOP"); // accepts nothing, answers nothing
+    let d;
+    try {
+      d = await limiter.acquire("k", SLOW);
+    } finally {
+      process.kill(s.proc.pid, "SIGCONT");
+    }
+    assert.equal(d.source, "open");
+    assert.match(limiter.logs[0], /no reply within 100 ms/);
+  }));
+
+  test(`${kind}: OOM and READONLY replies apply the policy`, () => withSetup(async (t) => {
+    for (const module of [true, false]) {
+      const s = await t.server(module);
+      const limiter = await t.limiter(kind, s, { onError: "closed", probeIntervalMs: 0 });
+      const admin = adapt((await t.client(s)).client);
+      assert.equal((await limiter.acquire("k", SLOW)).allowed, true);
+      await admin.send(["CONFIG", "SET", "maxmemory-policy", "noeviction"]);
+      await admin.send(["CONFIG", "SET", "maxmemory", "1"]);
+      assert.equal((await limiter.acquire("k2", SLOW)).source, "closed", `OOM, module=${module}`);
+      await admin.send(["CONFIG", "SET", "maxmemory", "0"]);
+      assert.notEqual((await limiter.acquire("k2", SLOW)).source, "closed");
+      await admin.send(["REPLICAOF", "127.0.0.1", "1"]);
+      assert.equal((await limiter.acquire("k3", SLOW)).source, "closed", `READONLY, module=${module}`);
+      assert.equal(limiter.counters.outages, 2);
+      assert.match(limiter.logs.at(-1), /READONLY/);
+    }
+  }));
+
   test(`${kind}: the deny cache keeps a denied key off the server`, () => withSetup(async (t) => {
     for (const [module, denyCache, expected] of [[true, true, 2], [false, true, 2], [true, false, 201]]) {
       const s = await t.server(module);

@@ -200,6 +200,24 @@ class Outage(Servers):
         down = self.outage("local", module=False, instances=4)
         self.assertEqual([d.allowed for d in down], [True, False, False, False, False, False])
 
+    def test_peek_refund_and_acquire_all_use_the_local_policy_too(self):
+        s = self.server()
+        limiter = self.limiter(s, on_error="local", instances=1, probe_interval_ms=0)
+        limiter.acquire("warm", SLOW)
+        s.stop()
+        limit = Limit(0.001, 2)
+        self.assertEqual(limiter.acquire("k", limit).remaining, 1)
+        peek = limiter.peek("k", limit)
+        self.assertEqual((peek.allowed, peek.remaining, peek.source), (True, 1, "local"))
+        refund = limiter.refund("k", limit)
+        self.assertEqual((refund.remaining, refund.source), (2, "local"))
+        items = [("{t}a", limit, 2), ("{t}b", Limit(0.001, 1), 2)]
+        multi = limiter.acquire_all(items)
+        self.assertEqual((multi.allowed, multi.refused_index, multi.retry_after_ms, multi.source),
+                         (False, 1, -1, "local"))
+        self.assertEqual(limiter.peek("{t}a", limit).remaining, 2)  # all or nothing: untouched
+        self.assertEqual(limiter.counters["local"], 5)
+
     def test_a_stopped_server_times_out_into_the_policy(self):
         s = self.server()
         limiter = self.limiter(s, on_error="open", timeout_ms=100, probe_interval_ms=0)
