@@ -210,11 +210,15 @@ bench-clients-smoke: deps-clients ## Seconds-long bench-clients for CI: checks i
 test-clients-cluster: deps-clients ## Both libraries on the `make cluster` cluster (started here on CLUSTER_PORT, and stopped, unless one runs)
 	$(CARGO) build --lib
 	python3 -m pip install --quiet --no-deps --upgrade --target "$(CLIENTS_PYPKG)" ./clients/python
+	@# On a shared machine a port block can be taken meanwhile: try two more blocks after it.
 	@port="$${CLUSTER_PORT:-30001}"; started=""; \
 	if [ ! -d .run/cluster ]; then \
-		MODULE="$(CURDIR)/target/debug/libredis_rl.so" REDIS_SERVER="$(REDIS_SERVER)" CLUSTER_PORT="$$port" \
-			scripts/cluster.sh start >/dev/null || exit 1; \
-		started=1; \
+		for try in 1 2 3; do \
+			if MODULE="$(CURDIR)/target/debug/libredis_rl.so" REDIS_SERVER="$(REDIS_SERVER)" CLUSTER_PORT="$$port" \
+				scripts/cluster.sh start >/dev/null; then started=1; break; fi; \
+			port=$$((port + 1000)); \
+		done; \
+		[ -n "$$started" ] || { echo "test-clients-cluster: could not start a cluster"; exit 1; }; \
 	else echo "test-clients-cluster: using the running cluster on 127.0.0.1:$$port"; fi; \
 	status=0; \
 	(cd clients/python/tests && RL_CLUSTER="127.0.0.1:$$port" PYTHONPATH="$(CLIENTS_PYPATH)" python3 -m unittest -v test_cluster) \
