@@ -6,7 +6,7 @@ REDIS_SERVER ?= redis-server
 PORT ?= 6379
 MODULE := $(CURDIR)/target/release/libredis_rl.so
 # Debian/Ubuntu packages the build and tests need, and the command each provides.
-APT_PACKAGES := redis-server redis-tools clang libclang-dev
+APT_PACKAGES := redis-server redis-tools clang libclang-dev lua5.1
 
 .DEFAULT_GOAL := help
 .PHONY: help deps build run test lint clean
@@ -20,6 +20,7 @@ deps: ## Install missing system packages (apt-get, as root), or say what to inst
 	command -v redis-cli >/dev/null || missing="$$missing redis-tools"; \
 	command -v redis-benchmark >/dev/null || missing="$$missing redis-tools"; \
 	command -v clang >/dev/null || missing="$$missing clang"; \
+	command -v lua5.1 >/dev/null || missing="$$missing lua5.1"; \
 	ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 || ls /usr/lib/*/libclang*.so* >/dev/null 2>&1 || missing="$$missing libclang-dev"; \
 	if [ -z "$$missing" ]; then exit 0; fi; \
 	missing=$$(echo $$missing | tr ' ' '\n' | sort -u | tr '\n' ' '); \
@@ -29,7 +30,7 @@ deps: ## Install missing system packages (apt-get, as root), or say what to inst
 	else \
 		echo "Missing system packages:$$missing"; \
 		echo "Install them with: sudo apt-get install -y $(APT_PACKAGES)"; \
-		echo "(elsewhere: a redis-server and redis-tools of 7.0 or newer, plus clang and libclang for bindgen)"; \
+		echo "(elsewhere: a redis-server and redis-tools of 7.0 or newer, clang and libclang for bindgen, and lua5.1 for the client tests)"; \
 		exit 1; \
 	fi
 
@@ -179,18 +180,76 @@ fuzz-smoke: deps ## Short fuzz run for CI: each target for FUZZ_SMOKE_SECONDS (d
 
 .PHONY: examples
 
-# Where `make examples` installs redis-py when pip may not write to python3's own environment.
+# Where `make examples` installs redis-py when pip may not write to python3's own environment,
+# and where it installs the redis_rl library (`pip install ./clients/python`) the example uses.
 EXAMPLES_PYDEPS := $(CURDIR)/target/examples-python
+EXAMPLES_PYPKG := $(CURDIR)/target/examples-python-pkg
 
-examples: deps ## Test the Python, Node and Rust client examples against a server with the module
+examples: deps ## Test the Python, Node and Rust examples (apps on the client libraries) against a server with the module
 	@# cargo test does not build the cdylib; the examples load the debug build.
 	$(CARGO) build --lib
 	@PYTHONPATH="$(EXAMPLES_PYDEPS)" python3 -c 'import redis' 2>/dev/null \
 		|| python3 -m pip install --quiet -r examples/python/requirements.txt 2>/dev/null \
 		|| python3 -m pip install --quiet --upgrade --target "$(EXAMPLES_PYDEPS)" -r examples/python/requirements.txt
+	python3 -m pip install --quiet --no-deps --upgrade --target "$(EXAMPLES_PYPKG)" ./clients/python
 	@command -v npm >/dev/null || { echo "examples: npm not found; install Node.js 18+ and npm"; exit 1; }
 	cd examples/node && npm ci --no-audit --no-fund --loglevel=error
 	RL_MODULE="$(CURDIR)/target/debug/libredis_rl.so" REDIS_SERVER="$(REDIS_SERVER)" examples/run.sh
 
 clean: ## Remove build output
 	$(CARGO) clean
+
+.PHONY: deps-clients test-clients test-clients-python test-clients-node test-clients-cluster bench-clients bench-clients-smoke
+
+# Where the client tests install redis-py (pip --target, so an externally managed python3 is
+# fine) and the Python library itself, as `pip install ./clients/python` builds it.
+CLIENTS_PYDEPS := $(CURDIR)/target/clients-python-deps
+CLIENTS_PYPKG := $(CURDIR)/target/clients-python-pkg
+CLIENTS_PYPATH := $(CLIENTS_PYPKG):$(CLIENTS_PYDEPS)
+
+deps-clients: deps ## Install what the client libraries' tests need: redis-py (pip) and the Node packages (npm)
+	@PYTHONPATH="$(CLIENTS_PYDEPS)" python3 -c 'import redis' 2>/dev/null \
+		|| python3 -m pip install --quiet --upgrade --target "$(CLIENTS_PYDEPS)" 'redis>=5,<9'
+	@command -v npm >/dev/null || { echo "deps-clients: npm not found; install Node.js 18+ and npm"; exit 1; }
+	cd clients/node && npm install --no-audit --no-fund --loglevel=error
+
+test-clients: test-clients-python test-clients-node test-clients-cluster ## Test the Python and Node libraries and the Lua script against real servers and a cluster
+
+test-clients-python: deps-clients ## The Python library: vectors, Lua script, module, plain server, outages, shield
+	@# The tests load the debug build of the module; cargo test does not build it.
+	$(CARGO) build --lib
+	python3 clients/vectors/generate.py --check
+	python3 -m pip install --quiet --no-deps --upgrade --target "$(CLIENTS_PYPKG)" ./clients/python
+	PYTHONPATH="$(CLIENTS_PYPATH)" python3 clients/python/tests/run.py
+
+test-clients-node: deps-clients ## The Node library: vectors, Lua script, module, plain server, outages, shield (ioredis and node-redis)
+	$(CARGO) build --lib
+	cd clients/node && npm test
+
+bench-clients: deps-clients ## Flood one denied key through the Python and Node libraries, with and without the shield; writes clients/bench/results.md
+	$(CARGO) build --lib
+	PYTHONPATH="$(CURDIR)/clients/python/src:$(CLIENTS_PYDEPS)" python3 clients/bench/bench_clients.py
+
+bench-clients-smoke: deps-clients ## Seconds-long bench-clients for CI: checks it works, writes nothing
+	$(CARGO) build --lib
+	PYTHONPATH="$(CURDIR)/clients/python/src:$(CLIENTS_PYDEPS)" python3 clients/bench/bench_clients.py --smoke
+
+test-clients-cluster: deps-clients ## Both libraries on the `make cluster` cluster (started here on CLUSTER_PORT, and stopped, unless one runs)
+	$(CARGO) build --lib
+	python3 -m pip install --quiet --no-deps --upgrade --target "$(CLIENTS_PYPKG)" ./clients/python
+	@# On a shared machine a port block can be taken meanwhile: try two more blocks after it.
+	@port="$${CLUSTER_PORT:-30001}"; started=""; \
+	if [ ! -d .run/cluster ]; then \
+		for try in 1 2 3; do \
+			if MODULE="$(CURDIR)/target/debug/libredis_rl.so" REDIS_SERVER="$(REDIS_SERVER)" CLUSTER_PORT="$$port" \
+				scripts/cluster.sh start >/dev/null; then started=1; break; fi; \
+			port=$$((port + 1000)); \
+		done; \
+		[ -n "$$started" ] || { echo "test-clients-cluster: could not start a cluster"; exit 1; }; \
+	else echo "test-clients-cluster: using the running cluster on 127.0.0.1:$$port"; fi; \
+	status=0; \
+	(cd clients/python/tests && RL_CLUSTER="127.0.0.1:$$port" PYTHONPATH="$(CLIENTS_PYPATH)" python3 -m unittest -v test_cluster) \
+		|| status=1; \
+	(cd clients/node && RL_CLUSTER="127.0.0.1:$$port" node --test test/cluster.test.js) || status=1; \
+	if [ -n "$$started" ]; then REDIS_SERVER="$(REDIS_SERVER)" scripts/cluster.sh stop >/dev/null; fi; \
+	exit $$status

@@ -1,53 +1,35 @@
-"""WSGI middleware that rate-limits requests with RL.ACQUIRE (redis-rl), using redis-py.
+"""WSGI middleware that rate-limits requests with the redis_rl library (clients/python).
 
-    app = RateLimit(app, make_client(os.environ["REDIS_URL"]),
-                    rate=5, capacity=10, key=lambda environ: environ.get("HTTP_X_API_KEY"),
-                    on_error="open")
+    app = RateLimit(app, connect(os.environ["REDIS_URL"]), rate=5, capacity=10,
+                    key=lambda environ: environ.get("HTTP_X_API_KEY"), on_error="open")
 
-Each request takes `cost` tokens from the bucket of its key. Allowed requests go through with
-X-RateLimit-* headers added; refused ones get 429 with `Retry-After`.
-
-When Redis cannot decide (unreachable, timed out, OOM, read-only replica, a key of another
-type, ...) the middleware applies `on_error`, which has no default so every limit states it:
-
-- "open": let the request through. For limits that protect capacity or fairness (a public
-  API quota): a limiter outage must not become an API outage.
-- "closed": refuse with 503. For limits that are a security control (logins, OTP, password
-  resets): an attacker who can knock Redis over must not get unlimited tries.
-
-Either way the decision is logged and counted (`failed_open`, `failed_closed`), and the client
-in `make_client` has short timeouts and no retries, so a slow Redis degrades to the policy in
-tens of milliseconds instead of piling up requests.
+A thin app on the library: each request takes `cost` tokens from the bucket of its key;
+allowed requests go through with the Decision's X-RateLimit-* headers added, refused ones get
+429 with `Retry-After`. The library applies `on_error` (no default: "open", "closed" or
+"local") when Redis cannot decide, logs it once per outage and counts it; this middleware
+turns a "closed" decision into 503, lets an "open" one through without headers, and applies
+the same choice to errors that are not outages (a key of another type, say), which the
+library raises. The deny cache is on: a flooded, denied key costs Redis nothing until its
+retry_after has passed.
 
 Run `python3 rate_limit.py` for a demo server on 127.0.0.1:8000 (REDIS_URL, default
 redis://127.0.0.1:6379).
 """
 
 import logging
-import math
 import os
 
 import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
+
+from redis_rl import Limit, Limiter, connect
+from redis_rl._core import check_cost
 
 log = logging.getLogger("rate_limit")
-
-# The module's accepted ranges, checked at construction so a bad limit fails at start-up
-# rather than on every request.
-MIN_RATE, MAX_RATE = 0.000001, 1_000_000_000
-MAX_CAPACITY = 1e15
-MAX_REFILL_S = 3_153_600_000
 
 
 def make_client(url, timeout_s=0.05):
     """A redis-py client for a limiter: short timeouts and no retries (the policy decides)."""
-    return redis.Redis.from_url(
-        url,
-        socket_timeout=timeout_s,
-        socket_connect_timeout=timeout_s,
-        retry=Retry(NoBackoff(), 0),
-    )
+    return connect(url, timeout_ms=timeout_s * 1000)
 
 
 def client_address(environ):
@@ -55,34 +37,29 @@ def client_address(environ):
     return environ.get("REMOTE_ADDR", "")
 
 
-def ceil_seconds(ms):
-    """Milliseconds to whole seconds, rounded up (waiting that long is enough)."""
-    return math.ceil(ms / 1000)
-
-
 class RateLimit:
     """WSGI middleware: a token bucket per key, `rate` tokens/s, burst `capacity`."""
 
     def __init__(self, app, client, *, rate, capacity, on_error, cost=1,
-                 key=client_address, prefix="rl:"):
-        if on_error not in ("open", "closed"):
-            raise ValueError('on_error must be "open" or "closed"')
-        if not MIN_RATE <= rate <= MAX_RATE:
-            raise ValueError(f"rate must be from {MIN_RATE} to {MAX_RATE} tokens/s")
-        if not 0 < capacity <= MAX_CAPACITY or capacity / rate > MAX_REFILL_S:
-            raise ValueError("capacity must be above 0, at most 1e15 and refill within 100 years")
-        if not (callable(cost) or (math.isfinite(cost) and cost >= 0)):
-            raise ValueError("cost must be a finite number >= 0, or a function of the environ")
+                 key=client_address, prefix="rl:", instances=1):
+        self.limit = Limit(rate, capacity)  # ValueError naming the argument
+        if not callable(cost):
+            check_cost(cost)
+        self.limiter = Limiter(client, on_error=on_error, instances=instances, deny_cache=True,
+                               timeout_ms=_timeout_ms(client))
         self.app = app
-        self.client = client
-        self.rate = rate
-        self.capacity = capacity
         self.cost = cost
         self.key = key
         self.prefix = prefix
         self.on_error = on_error
-        self.failed_open = 0
-        self.failed_closed = 0
+
+    @property
+    def failed_open(self):
+        return self.limiter.counters["open"]
+
+    @property
+    def failed_closed(self):
+        return self.limiter.counters["closed"]
 
     def __call__(self, environ, start_response):
         key = self.key(environ)
@@ -90,20 +67,18 @@ class RateLimit:
             return self.app(environ, start_response)
         cost = self.cost(environ) if callable(self.cost) else self.cost
         try:
-            allowed, remaining, retry_after_ms, reset_after_ms = self.client.execute_command(
-                "RL.ACQUIRE", self.prefix + key, self.rate, self.capacity, cost)
-        except (redis.RedisError, OSError) as error:
-            return self._unavailable(error, environ, start_response)
-
-        headers = [
-            ("X-RateLimit-Limit", _number(self.capacity)),
-            ("X-RateLimit-Remaining", str(remaining)),
-            ("X-RateLimit-Reset", str(ceil_seconds(reset_after_ms))),
-        ]
-        if not allowed:
-            # retry_after_ms is -1 when cost > capacity: no wait helps, so no Retry-After.
-            if retry_after_ms >= 0:
-                headers.append(("Retry-After", str(ceil_seconds(retry_after_ms))))
+            decision = self.limiter.acquire(self.prefix + key, self.limit, cost)
+        except redis.RedisError as error:  # not an outage: the same choice, said loudly
+            log.warning("rate limiter error, failing %s: %s", "open" if self.on_error == "open" else "closed", error)
+            if self.on_error == "open":
+                return self.app(environ, start_response)
+            return _unavailable(start_response)
+        if decision.source == "open":
+            return self.app(environ, start_response)
+        if decision.source == "closed":
+            return _unavailable(start_response)
+        headers = list(decision.headers().items())
+        if not decision.allowed:
             body = b"Too Many Requests\n"
             start_response("429 Too Many Requests", headers + [
                 ("Content-Type", "text/plain"), ("Content-Length", str(len(body)))])
@@ -114,23 +89,18 @@ class RateLimit:
 
         return self.app(environ, start_with_headers)
 
-    def _unavailable(self, error, environ, start_response):
-        if self.on_error == "open":
-            self.failed_open += 1
-            log.warning("rate limiter unavailable, failing open: %s", error)
-            return self.app(environ, start_response)
-        self.failed_closed += 1
-        log.warning("rate limiter unavailable, failing closed: %s", error)
-        body = b"Service Unavailable: rate limiter unavailable\n"
-        start_response("503 Service Unavailable", [
-            ("Retry-After", "1"), ("Content-Type", "text/plain"),
-            ("Content-Length", str(len(body)))])
-        return [body]
+
+def _timeout_ms(client):
+    """The client's socket timeout as the limiter's deadline (50 ms if it has none)."""
+    timeout_s = client.connection_pool.connection_kwargs.get("socket_timeout") or 0.05
+    return timeout_s * 1000
 
 
-def _number(value):
-    """`10` rather than `10.0` for whole numbers."""
-    return str(int(value)) if float(value).is_integer() else str(value)
+def _unavailable(start_response):
+    body = b"Service Unavailable: rate limiter unavailable\n"
+    start_response("503 Service Unavailable", [
+        ("Retry-After", "1"), ("Content-Type", "text/plain"), ("Content-Length", str(len(body)))])
+    return [body]
 
 
 def hello(environ, start_response):

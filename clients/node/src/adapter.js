@@ -1,0 +1,39 @@
+// The call into Redis, for either client: ioredis (Redis, Cluster) or node-redis (v4/v5
+// createClient, createCluster). One method, send(args, key), returning the raw reply; key
+// routes the command in a cluster.
+
+import { createHash } from "node:crypto";
+
+/** Whether an error is a reply from the server (as opposed to a transport failure). */
+export function isReplyError(error) {
+  if (!error || typeof error !== "object") return false;
+  if (error.name === "ReplyError") return true; // ioredis
+  for (let c = error.constructor; c && c !== Error; c = Object.getPrototypeOf(c)) {
+    if (c.name === "ErrorReply") return true; // node-redis (SimpleError, BlobError extend it)
+  }
+  return false;
+}
+
+export const sha1 = (text) => createHash("sha1").update(text).digest("hex");
+
+/** Wraps a client into {send(args, key), cluster}. */
+export function adapt(client) {
+  if (client && typeof client.call === "function") {
+    // ioredis: Cluster routes by the key it finds for known commands and follows MOVED for
+    // the module's commands, which it does not know.
+    return {
+      cluster: client.isCluster === true,
+      send: (args) => client.call(args[0], ...args.slice(1)),
+    };
+  }
+  if (client && typeof client.sendCommand === "function") {
+    const isCluster = "masters" in client || typeof client.getSlotMaster === "function";
+    return {
+      cluster: isCluster,
+      send: isCluster
+        ? (args, key) => client.sendCommand(key, false, args)
+        : (args) => client.sendCommand(args),
+    };
+  }
+  throw new TypeError("redis-rl: pass an ioredis client (Redis or Cluster) or a node-redis client or cluster");
+}

@@ -1,0 +1,99 @@
+// Types for redis-rl's Node client (src/index.js).
+
+/** Who decided: the module, the Lua fallback, the deny cache, or the failure policy. */
+export type Source = "redis" | "lua" | "cache" | "local" | "open" | "closed";
+export type OnError = "open" | "closed" | "local";
+
+/** A validated limit: `rate` tokens per second, a burst of `capacity` tokens. Throws a
+ * RangeError naming the argument when the module would refuse it. */
+export class Limit {
+  constructor(rate: number, capacity: number);
+  constructor(limit: { rate: number; capacity: number });
+  readonly rate: number;
+  readonly capacity: number;
+  equals(other: Limit): boolean;
+  /** `rate capacity` as the module's arguments. */
+  args(): [string, string];
+  /** The 10 numbers clients/lua/rl.lua takes for this limit and cost. */
+  scriptArgs(cost: number, refund?: boolean): string[];
+}
+
+export class Decision {
+  readonly allowed: boolean;
+  /** Whole tokens left after this call. */
+  readonly remaining: number;
+  /** 0 when allowed; the wait (ms, rounded up) when denied; -1 when cost > capacity. */
+  readonly retryAfterMs: number;
+  /** Until the bucket is full, ms rounded up. */
+  readonly resetAfterMs: number;
+  readonly limit: Limit;
+  readonly source: Source;
+  /** X-RateLimit-Limit, -Remaining, -Reset (s), and Retry-After (s) when denied. */
+  headers(): Record<string, string>;
+}
+
+export class MultiDecision {
+  readonly allowed: boolean;
+  /** The first refusing item, -1 when allowed. */
+  readonly refusedIndex: number;
+  /** The longest wait among the refusing items, -1 if one can never succeed. */
+  readonly retryAfterMs: number;
+  /** One per item; empty when source is "cache". */
+  readonly decisions: Decision[];
+  readonly source: Source;
+}
+
+export class Refund {
+  readonly remaining: number;
+  readonly resetAfterMs: number;
+  readonly source: Source;
+}
+
+export class RateLimitError extends Error {}
+export class ModuleMissingError extends RateLimitError {}
+export const CLOSED_RETRY_AFTER_MS: number;
+
+export interface LimiterOptions {
+  /** Required: "open" allows, "closed" denies, "local" decides in process with
+   * rate / instances and capacity / instances per key, when Redis cannot decide. */
+  onError: OnError;
+  /** Processes sharing the limit, for "local". Default 1. */
+  instances?: number;
+  /** The hot-key shield: true (10,000 entries), false (default) or a size bound. */
+  denyCache?: boolean | number;
+  /** On a server without the module: the Lua script ("lua", default) or an error. */
+  withoutModule?: "lua" | "refuse";
+  /** Each call's deadline, ms. Default 50. */
+  timeoutMs?: number;
+  /** During an outage, Redis is tried at most this often (ms). Default 100. */
+  probeIntervalMs?: number;
+  /** Most buckets kept by "local". Default 100,000. */
+  localMaxKeys?: number;
+  /** A monotonic clock in ms (tests). Default performance.now. */
+  clock?: () => number;
+  /** Where outages are logged, once each. Default console. */
+  logger?: { warn(message: string): void };
+}
+
+/** An ioredis Redis or Cluster, or a node-redis client or cluster. */
+export type Client = object;
+export type Item = [key: string, limit: Limit] | [key: string, limit: Limit, cost: number];
+
+export class Limiter {
+  constructor(client: Client, options: LimiterOptions);
+  /** Decisions by source, and outages seen. */
+  readonly counters: Record<Source | "outages", number>;
+  /** "module", "lua", "missing", or null before the first call. */
+  readonly path: "module" | "lua" | "missing" | null;
+  acquire(key: string, limit: Limit, cost?: number): Promise<Decision>;
+  peek(key: string, limit: Limit, cost?: number): Promise<Decision>;
+  /** All or nothing; in a cluster give every key one hash tag ("{user:42}:s"). */
+  acquireAll(items: Item[]): Promise<MultiDecision>;
+  /** Gives tokens back and clears the deny cache's entry for `key`. */
+  refund(key: string, limit: Limit, cost?: number): Promise<Refund>;
+}
+
+export class LocalBuckets {
+  constructor(instances?: number, maxKeys?: number);
+  readonly size: number;
+}

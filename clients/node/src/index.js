@@ -1,0 +1,454 @@
+// redis-rl client for Node: rate limits on Redis with the redis-rl module, with an explicit
+// failure policy, a hot-key shield and a Lua fallback for servers without the module.
+//
+// Layout: the types (Limit, Decision, MultiDecision, Refund), the call into Redis
+// (adapter.js: ioredis or node-redis, standalone or cluster), the failure policy and the
+// shield (Limiter, below), the exact in-process bucket (bucket.js) and the fallback script
+// (rl.lua, the same file as clients/lua/rl.lua). The same names as the Python library.
+
+import { readFileSync } from "node:fs";
+import { performance } from "node:perf_hooks";
+import { LocalBuckets, Q, fromDouble } from "./bucket.js";
+import { adapt, isReplyError, sha1 } from "./adapter.js";
+
+export { LocalBuckets } from "./bucket.js";
+
+const SCRIPT = readFileSync(new URL("./rl.lua", import.meta.url), "utf8");
+const SCRIPT_SHA = sha1(SCRIPT);
+
+// The module's accepted ranges (README, RL.ACQUIRE).
+const MIN_RATE = 1e-6, MAX_RATE = 1e9, MAX_CAPACITY = 1e15, MAX_REFILL_S = 3_153_600_000;
+const POLICIES = ["open", "closed", "local"];
+/** What a `closed` decision tells the caller to wait, in ms. */
+export const CLOSED_RETRY_AFTER_MS = 1000;
+const MAX_EXACT_DENOMINATOR = 1n << 31n;
+const ROUNDED_DENOMINATOR = 1n << 30n;
+
+/** Base class of this package's own errors. */
+export class RateLimitError extends Error {}
+/** The server has no RL.ACQUIRE and the limiter was built with withoutModule: "refuse". */
+export class ModuleMissingError extends RateLimitError {}
+class DeadlineError extends Error {}
+
+/** A double as the module parses it back to the same double (JS prints the shortest). */
+const numberArg = (x) => String(x);
+
+function finite(value, name) {
+  const x = typeof value === "number" ? value : typeof value === "string" && value.trim() !== "" ? Number(value) : NaN;
+  if (!Number.isFinite(x)) {
+    if (name === "cost") throw new RangeError("cost must be a finite number >= 0 (tokens)");
+    throw new RangeError(`${name} must be a finite number`);
+  }
+  return x;
+}
+
+function checkCost(cost) {
+  const x = finite(cost, "cost");
+  if (x < 0) throw new RangeError("cost must be a finite number >= 0 (tokens)");
+  return x;
+}
+
+const divmod = (n, d) => {
+  let q = n / d, r = n % d;
+  if (r < 0n) { q -= 1n; r += d; }
+  return [q, r];
+};
+
+/** A validated limit: `rate` tokens per second, a burst of `capacity` tokens. */
+export class Limit {
+  constructor(rate, capacity) {
+    if (typeof rate === "object" && rate !== null) ({ rate, capacity } = rate);
+    rate = finite(rate, "rate");
+    capacity = finite(capacity, "capacity");
+    if (!(rate >= MIN_RATE && rate <= MAX_RATE)) {
+      throw new RangeError("rate must be a number from 0.000001 to 1000000000 (tokens per second)");
+    }
+    if (!(capacity > 0 && capacity <= MAX_CAPACITY)) {
+      throw new RangeError("capacity must be a number above 0 and at most 1e15 (tokens)");
+    }
+    if (capacity / rate > MAX_REFILL_S) {
+      throw new RangeError("capacity / rate must be at most 3153600000 (a full refill within 100 years)");
+    }
+    this.rate = rate;
+    this.capacity = capacity;
+    this.rateQ = fromDouble(rate);
+    this.capacityQ = fromDouble(capacity);
+    Object.freeze(this);
+  }
+
+  equals(other) {
+    return other instanceof Limit && other.rate === this.rate && other.capacity === this.capacity;
+  }
+
+  /** `rate capacity` as the module's arguments. */
+  args() {
+    return [numberArg(this.rate), numberArg(this.capacity)];
+  }
+
+  /** The 10 numbers the Lua script takes for this limit and cost (clients/lua/rl.lua). */
+  scriptArgs(cost, refund = false) {
+    let tUs = new Q(1_000_000n).div(this.rateQ);
+    let d = tUs.d;
+    if (d >= MAX_EXACT_DENOMINATOR) {
+      d = ROUNDED_DENOMINATOR; // not representable: round T up, so the script is only stricter
+      tUs = new Q(tUs.mul(d).ceil(), d);
+    }
+    const cap = this.capacityQ;
+    const c = Q.of(cost);
+    const [tq, tr] = divmod(tUs.mul(d).ceil(), d);
+    const [cq, cr] = divmod(cap.mul(tUs).mul(d).floor(), d);
+    const [sq, sr] = c.cmp(cap) > 0 ? [-1n, 0n] : divmod(cap.sub(c).mul(tUs).mul(d).floor(), d);
+    const k = c.mul(tUs).mul(d);
+    const [kq, kr] = divmod(refund ? k.floor() : k.ceil(), d);
+    return [d, tq, tr, cq, cr, sq, sr, kq, kr, cap.floor()].map(String);
+  }
+}
+
+const ceilS = (ms) => Math.ceil(ms / 1000);
+
+/** Who decided what for one call; `source` is redis, lua, cache, local, open or closed. */
+export class Decision {
+  constructor(allowed, remaining, retryAfterMs, resetAfterMs, limit, source) {
+    this.allowed = Boolean(allowed);
+    this.remaining = Number(remaining);
+    this.retryAfterMs = Number(retryAfterMs);
+    this.resetAfterMs = Number(resetAfterMs);
+    this.limit = limit;
+    this.source = source;
+  }
+
+  /** X-RateLimit-Limit, -Remaining, -Reset (s, rounded up), Retry-After (s) when denied. */
+  headers() {
+    const h = {
+      "X-RateLimit-Limit": numberArg(this.limit.capacity),
+      "X-RateLimit-Remaining": String(this.remaining),
+      "X-RateLimit-Reset": String(ceilS(this.resetAfterMs)),
+    };
+    if (!this.allowed && this.retryAfterMs >= 0) h["Retry-After"] = String(ceilS(this.retryAfterMs));
+    return h;
+  }
+}
+
+/** acquireAll's answer: all or nothing. `decisions` is empty when `source` is "cache". */
+export class MultiDecision {
+  constructor(allowed, refusedIndex, retryAfterMs, decisions, source) {
+    this.allowed = Boolean(allowed);
+    this.refusedIndex = Number(refusedIndex);
+    this.retryAfterMs = Number(retryAfterMs);
+    this.decisions = decisions;
+    this.source = source;
+  }
+}
+
+/** refund's answer. */
+export class Refund {
+  constructor(remaining, resetAfterMs, source) {
+    this.remaining = Number(remaining);
+    this.resetAfterMs = Number(resetAfterMs);
+    this.source = source;
+  }
+}
+
+const UNAVAILABLE = /^(OOM|READONLY|LOADING|MASTERDOWN|CLUSTERDOWN|TRYAGAIN)\b/;
+
+/** Whether Redis cannot decide now: transport errors, deadlines, and OOM/READONLY/LOADING. */
+function isUnavailable(error) {
+  if (error instanceof DeadlineError) return true;
+  if (isReplyError(error)) return UNAVAILABLE.test(error.message);
+  return !(error instanceof RateLimitError) && !(error instanceof RangeError) && !(error instanceof TypeError);
+}
+
+const isUnknownCommand = (e) => isReplyError(e) && /unknown command/i.test(e.message);
+const isNoScript = (e) => isReplyError(e) && e.message.startsWith("NOSCRIPT");
+
+/**
+ * Rate limits with an explicit failure policy. Options:
+ * - onError (required): "open" allows, "closed" denies, "local" decides in process with an
+ *   exact bucket of rate / instances and capacity / instances per key;
+ * - instances (1), denyCache (false; true = 10,000 entries, or a number), withoutModule
+ *   ("lua" or "refuse"), timeoutMs (50: each call's deadline), probeIntervalMs (100: how
+ *   often Redis is tried during an outage), localMaxKeys (100,000).
+ */
+export class Limiter {
+  constructor(client, options = {}) {
+    const {
+      onError, instances = 1, denyCache = false, withoutModule = "lua", timeoutMs = 50,
+      probeIntervalMs = 100, localMaxKeys = 100_000, clock = () => performance.now(), logger = console,
+    } = options;
+    if (onError === undefined) {
+      throw new TypeError('onError is required: "open", "closed" or "local" (there is no default: choose per limit)');
+    }
+    if (!POLICIES.includes(onError)) {
+      throw new RangeError('onError must be "open", "closed" or "local" (there is no default: choose per limit)');
+    }
+    if (!["lua", "refuse"].includes(withoutModule)) throw new RangeError('withoutModule must be "lua" or "refuse"');
+    if (!(timeoutMs > 0 && timeoutMs <= 60_000)) throw new RangeError("timeoutMs must be above 0 and at most 60000");
+    this.redis = adapt(client);
+    this.onError = onError;
+    this.withoutModule = withoutModule;
+    this.timeoutMs = timeoutMs;
+    this.probeIntervalMs = probeIntervalMs;
+    this.clock = clock; // milliseconds, monotonic
+    this.logger = logger;
+    this.local = new LocalBuckets(instances, localMaxKeys);
+    this.cacheSize = denyCache === true ? 10_000 : denyCache === false ? 0 : denyCache;
+    if (!Number.isInteger(this.cacheSize) || this.cacheSize < 0) {
+      throw new RangeError("denyCache must be true, false or a size bound (entries)");
+    }
+    this.cache = new Map(); // key -> {limit, cost, until, remaining, resetUntil}
+    this.path = null; // null until detected; "module", "lua" or "missing"
+    this.counters = { redis: 0, lua: 0, cache: 0, local: 0, open: 0, closed: 0, outages: 0 };
+    this.downSince = null;
+    this.nextProbe = 0;
+    this.withoutRedis = 0;
+  }
+
+  // The shield ------------------------------------------------------------------------------
+
+  cached(key, limit, cost) {
+    if (!this.cacheSize) return null;
+    const entry = this.cache.get(key);
+    if (!entry) return null;
+    const now = this.clock();
+    if (now >= entry.until) {
+      this.cache.delete(key);
+      return null;
+    }
+    if (!entry.limit.equals(limit) || cost < entry.cost) return null;
+    this.cache.delete(key);
+    this.cache.set(key, entry);
+    this.counters.cache++;
+    return new Decision(false, entry.remaining, Math.ceil(entry.until - now),
+      Math.max(0, Math.ceil(entry.resetUntil - now)), limit, "cache");
+  }
+
+  remember(key, limit, cost, d, sentAt) {
+    if (!this.cacheSize || d.allowed || d.retryAfterMs <= 0) return;
+    this.cache.delete(key);
+    this.cache.set(key, { limit, cost, until: sentAt + d.retryAfterMs, remaining: d.remaining, resetUntil: sentAt + d.resetAfterMs });
+    while (this.cache.size > this.cacheSize) this.cache.delete(this.cache.keys().next().value);
+  }
+
+  // The failure policy ----------------------------------------------------------------------
+
+  skipRedis() {
+    if (this.downSince === null) return false;
+    const now = this.clock();
+    if (now >= this.nextProbe) {
+      this.nextProbe = now + this.probeIntervalMs;
+      return false;
+    }
+    return true;
+  }
+
+  answered(source) {
+    this.counters[source]++;
+    if (this.downSince !== null) {
+      this.logger.warn(`redis-rl: Redis answers again after ${((this.clock() - this.downSince) / 1000).toFixed(1)} s; ` +
+        `${this.withoutRedis} decisions were taken without it (onError=${this.onError})`);
+      this.downSince = null;
+      this.withoutRedis = 0;
+    }
+  }
+
+  failed(error) {
+    if (this.downSince !== null) return;
+    this.downSince = this.clock();
+    this.nextProbe = this.downSince + this.probeIntervalMs;
+    this.counters.outages++;
+    this.logger.warn(`redis-rl: Redis cannot decide (${error.name}: ${error.message}); ` +
+      `deciding with onError=${this.onError} until it answers`);
+  }
+
+  countPolicy() {
+    this.counters[this.onError]++;
+    this.withoutRedis++;
+  }
+
+  nowUs() {
+    return BigInt(Math.floor(this.clock() * 1000));
+  }
+
+  policyAcquire(key, limit, cost, take = true) {
+    this.countPolicy();
+    if (this.onError === "open") return new Decision(true, 0, 0, 0, limit, "open");
+    if (this.onError === "closed") return new Decision(false, 0, CLOSED_RETRY_AFTER_MS, 0, limit, "closed");
+    return new Decision(...this.local.acquire(key, limit, cost, this.nowUs(), take), limit, "local");
+  }
+
+  policyAcquireAll(items) {
+    this.countPolicy();
+    const p = this.onError;
+    if (p === "local") {
+      const [allowed, refused, retry, replies] = this.local.acquireAll(items, this.nowUs());
+      return new MultiDecision(allowed, refused, retry, replies.map((r, i) => new Decision(...r, items[i][1], "local")), "local");
+    }
+    const open = p === "open";
+    return new MultiDecision(open, open ? -1 : 0, open ? 0 : CLOSED_RETRY_AFTER_MS,
+      items.map(([, limit]) => new Decision(open, 0, open ? 0 : CLOSED_RETRY_AFTER_MS, 0, limit, p)), p);
+  }
+
+  policyRefund(key, limit, cost) {
+    this.countPolicy();
+    if (this.onError !== "local") return new Refund(0, 0, this.onError);
+    return new Refund(...this.local.refund(key, limit, cost, this.nowUs()), "local");
+  }
+
+  // The API ---------------------------------------------------------------------------------
+
+  /** Takes `cost` tokens (default 1) from bucket `key` of `limit`. */
+  async acquire(key, limit, cost = 1) {
+    cost = checkCost(cost);
+    const hit = this.cached(key, limit, cost);
+    if (hit) return hit;
+    if (this.skipRedis()) return this.policyAcquire(key, limit, cost);
+    const sentAt = this.clock();
+    let reply;
+    try {
+      reply = await this.call("acquire", [[key, limit, cost]]);
+    } catch (error) {
+      if (!isUnavailable(error)) throw error;
+      this.failed(error);
+      return this.policyAcquire(key, limit, cost);
+    }
+    const source = this.source();
+    this.answered(source);
+    const d = new Decision(...reply, limit, source);
+    this.remember(key, limit, cost, d, sentAt);
+    return d;
+  }
+
+  /** What acquire would decide for `cost`, taking nothing. */
+  async peek(key, limit, cost = 1) {
+    cost = checkCost(cost);
+    if (this.skipRedis()) return this.policyAcquire(key, limit, cost, false);
+    let reply;
+    try {
+      reply = await this.call("peek", [[key, limit, cost]]);
+    } catch (error) {
+      if (!isUnavailable(error)) throw error;
+      this.failed(error);
+      return this.policyAcquire(key, limit, cost, false);
+    }
+    const source = this.source();
+    this.answered(source);
+    return new Decision(...reply, limit, source);
+  }
+
+  /**
+   * All or nothing over [[key, limit]] or [[key, limit, cost]]. In a cluster every key must
+   * hash to one slot: give them one hash tag ("{user:42}:s", "{user:42}:h").
+   */
+  async acquireAll(items) {
+    items = items.map(([key, limit, cost = 1]) => [key, limit, checkCost(cost)]);
+    if (items.length === 0) throw new RangeError("acquireAll needs at least one [key, limit]");
+    for (const [i, [key, limit, cost]] of items.entries()) {
+      const hit = this.cached(key, limit, cost);
+      if (hit) return new MultiDecision(false, i, hit.retryAfterMs, [], "cache");
+    }
+    if (this.skipRedis()) return this.policyAcquireAll(items);
+    const sentAt = this.clock();
+    let reply;
+    try {
+      reply = await this.call("multi", items);
+    } catch (error) {
+      if (!isUnavailable(error)) throw error;
+      this.failed(error);
+      return this.policyAcquireAll(items);
+    }
+    const source = this.source();
+    this.answered(source);
+    const [allowed, refused, retry, replies] = reply;
+    const decisions = replies.map((r, i) => new Decision(...r, items[i][1], source));
+    if (!allowed) items.forEach(([key, limit, cost], i) => this.remember(key, limit, cost, decisions[i], sentAt));
+    return new MultiDecision(allowed, refused, retry, decisions, source);
+  }
+
+  /** Gives `cost` tokens back and clears the deny cache's entry for `key`. */
+  async refund(key, limit, cost = 1) {
+    cost = checkCost(cost);
+    this.cache.delete(key);
+    if (this.skipRedis()) return this.policyRefund(key, limit, cost);
+    let reply;
+    try {
+      reply = await this.call("refund", [[key, limit, cost]]);
+    } catch (error) {
+      if (!isUnavailable(error)) throw error;
+      this.failed(error);
+      return this.policyRefund(key, limit, cost);
+    }
+    const source = this.source();
+    this.answered(source);
+    return new Refund(...reply, source);
+  }
+
+  // The call into Redis ---------------------------------------------------------------------
+
+  source() {
+    return this.path === "module" ? "redis" : "lua";
+  }
+
+  /** Runs `op` under the deadline. */
+  async call(op, items) {
+    let timer;
+    const deadline = new Promise((_, reject) => {
+      timer = setTimeout(() => reject(new DeadlineError(`no reply within ${this.timeoutMs} ms`)), this.timeoutMs);
+    });
+    const work = this.callUnbounded(op, items);
+    work.catch(() => {}); // a reply after the deadline is dropped
+    try {
+      return await Promise.race([work, deadline]);
+    } finally {
+      clearTimeout(timer);
+    }
+  }
+
+  async detect() {
+    const reply = await this.redis.send(["COMMAND", "INFO", "RL.ACQUIRE"], undefined);
+    const present = Array.isArray(reply) && reply.length > 0 && reply[0] !== null && reply[0] !== undefined;
+    this.path = present ? "module" : this.withoutModule === "lua" ? "lua" : "missing";
+  }
+
+  refuseIfMissing() {
+    if (this.path === "missing") {
+      throw new ModuleMissingError('the server has no RL.ACQUIRE (the redis-rl module is not loaded) and this ' +
+        'limiter was built with withoutModule: "refuse"; load the module or use withoutModule: "lua"');
+    }
+  }
+
+  async callUnbounded(op, items) {
+    if (this.path === null) await this.detect();
+    this.refuseIfMissing();
+    try {
+      return await this.send(op, items);
+    } catch (error) {
+      if (!isUnknownCommand(error)) throw error;
+      // The module went away (or came): look again, then retry once on the new path.
+      await this.detect();
+      this.refuseIfMissing();
+      return this.send(op, items);
+    }
+  }
+
+  async send(op, items) {
+    const firstKey = items[0][0];
+    if (this.path === "module") {
+      const name = { acquire: "RL.ACQUIRE", peek: "RL.PEEK", refund: "RL.REFUND", multi: "RL.ACQUIRE.MULTI" }[op];
+      const args = [name];
+      for (const [key, limit, cost] of items) args.push(key, ...limit.args(), numberArg(cost));
+      return this.redis.send(args, firstKey);
+    }
+    const args = [String(items.length), ...items.map(([key]) => key), op];
+    for (const [, limit, cost] of items) args.push(...limit.scriptArgs(cost, op === "refund"));
+    try {
+      return await this.redis.send(["EVALSHA", SCRIPT_SHA, ...args], firstKey);
+    } catch (error) {
+      if (!isNoScript(error)) throw error;
+      // SCRIPT LOAD, then EVALSHA again. A cluster client would send SCRIPT LOAD to any
+      // node, so there EVAL runs it on the key's node, which caches it the same way.
+      if (this.redis.cluster) return this.redis.send(["EVAL", SCRIPT, ...args], firstKey);
+      await this.redis.send(["SCRIPT", "LOAD", SCRIPT], firstKey);
+      return this.redis.send(["EVALSHA", SCRIPT_SHA, ...args], firstKey);
+    }
+  }
+}

@@ -1,0 +1,21 @@
+"""redis-rl client: rate limits on Redis with the redis-rl module, with an explicit failure
+policy, a hot-key shield and a Lua fallback for servers without the module.
+
+    from redis_rl import Limiter, Limit, connect
+    limiter = Limiter(connect("redis://127.0.0.1:6379"), on_error="local", instances=4,
+                      deny_cache=True, without_module="lua")
+    d = limiter.acquire("user:42", Limit(rate=5, capacity=10), cost=1)
+    if not d.allowed: ...  # 429 with d.headers()
+
+Layout: `_core` holds the types, the policy and the shield (no I/O); `client` the sync
+limiter; `asyncio` its awaited twin; `bucket` the exact in-process bucket; `rl.lua` the
+fallback script (the same file as clients/lua/rl.lua).
+"""
+
+from ._core import (CLOSED_RETRY_AFTER_MS, Decision, Error, Limit, ModuleMissingError,
+                    MultiDecision, Refund)
+from .client import Limiter, connect, connect_cluster
+
+__all__ = ["Limiter", "Limit", "Decision", "MultiDecision", "Refund", "Error",
+           "ModuleMissingError", "CLOSED_RETRY_AFTER_MS", "connect", "connect_cluster"]
+__version__ = "0.1.0"

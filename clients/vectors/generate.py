@@ -1,0 +1,187 @@
+#!/usr/bin/env python3
+"""Writes clients/vectors/bucket.json (and bucket.txt, the same in lines): test vectors for every implementation of the bucket.
+
+The vectors come from the slow, obviously right model below: exact rationals (fractions) and
+the formulas of the README, nothing else. Each library's in-process bucket (Python, Node) must
+reproduce every step of every case; the module's own bucket is checked against the same file
+by a Rust test (the lead adds it with the bucket rewrite of issue 8).
+
+Run from the repository root:  python3 clients/vectors/generate.py  (rewrites the file; the
+output is deterministic, so `git diff` shows any change in the model.)
+
+Format (version 1): {"format": 1, "cases": [case, ...]}, each case
+
+    {"name": str, "rate": str, "capacity": str, "steps": [step, ...]}
+
+where rate and capacity are decimal strings, parsed to the nearest double exactly as the
+module parses its arguments, and every step is
+
+    {"op": "acquire" | "peek" | "refund", "now_us": int, "cost": str, "expect": [int, ...]}
+
+starting from a missing key (a full bucket). `expect` is the module's reply: for acquire and
+peek [allowed, remaining, retry_after_ms, reset_after_ms], for refund [remaining,
+reset_after_ms]. The state carries over from step to step; now_us never goes backwards except
+where a case says so in its name (a clock stepping back).
+"""
+
+import json
+import os
+import sys
+from fractions import Fraction
+from math import ceil, floor
+
+NS_PER_S = 10**9
+
+
+def ceil_ms(ns):
+    return ceil(ns / Fraction(10**6))
+
+
+class Model:
+    """One bucket, as the README defines it. full_at is an exact rational ns instant."""
+
+    def __init__(self, rate, capacity):
+        self.rate = Fraction(float(rate))  # the exact value of the parsed double
+        self.capacity = Fraction(float(capacity))
+        self.t_ns = NS_PER_S / self.rate  # ns per token, exact
+        self.full_at = None  # a missing key: full
+
+    def debt(self, now_ns):
+        return max(Fraction(0), (self.full_at or 0) - now_ns)
+
+    def tokens(self, debt):
+        return self.capacity - debt * self.rate / NS_PER_S
+
+    def reply(self, allowed, debt, retry_after_ms):
+        remaining = max(0, floor(self.tokens(debt)))
+        return [int(allowed), remaining, retry_after_ms, ceil_ms(debt)]
+
+    def acquire(self, now_us, cost, take=True):
+        now_ns = now_us * 1000
+        cost = Fraction(float(cost))
+        debt = self.debt(now_ns)
+        if cost > self.capacity:
+            return self.reply(False, debt, -1)
+        slack = (self.capacity - cost) * self.t_ns
+        if debt > slack:
+            return self.reply(False, debt, ceil_ms(debt - slack))
+        if cost > 0 and take:
+            self.full_at = max(self.full_at or 0, now_ns) + cost * self.t_ns
+            debt = self.debt(now_ns)
+        return self.reply(True, debt, 0)
+
+    def refund(self, now_us, cost):
+        now_ns = now_us * 1000
+        debt = self.debt(now_ns)
+        debt = max(Fraction(0), debt - Fraction(float(cost)) * self.t_ns)
+        self.full_at = None if debt == 0 else now_ns + debt
+        remaining = max(0, floor(self.tokens(debt)))
+        return [remaining, ceil_ms(debt)]
+
+    def step(self, op, now_us, cost):
+        if op == "acquire":
+            return self.acquire(now_us, cost)
+        if op == "peek":
+            return self.acquire(now_us, cost, take=False)
+        return self.refund(now_us, cost)
+
+
+T0 = 1_700_000_000_000_000  # a plausible Unix-epoch µs, so sums are of realistic size
+
+
+def burst(count, cost="1"):
+    return [("acquire", 0, cost)] * count
+
+
+def case(name, rate, capacity, steps):
+    model = Model(rate, capacity)
+    out = []
+    for op, dt_us, cost in steps:
+        now_us = T0 + dt_us
+        out.append({"op": op, "now_us": now_us, "cost": cost, "expect": model.step(op, now_us, cost)})
+    return {"name": name, "rate": rate, "capacity": capacity, "steps": out}
+
+
+def spaced(op, cost, start_us, every_us, count):
+    return [(op, start_us + i * every_us, cost) for i in range(count)]
+
+
+def cases():
+    yield case("burst of capacity then denied, 5/s cap 10", "5", "10",
+               burst(11) + [("peek", 0, "1"), ("acquire", 199_999, "1"), ("acquire", 200_000, "1")])
+    yield case("cost above capacity is impossible (-1)", "1", "3",
+               [("acquire", 0, "4"), ("acquire", 0, "3"), ("acquire", 0, "4"), ("peek", 0, "4")])
+    yield case("cost 0 reads and writes nothing", "1", "3",
+               [("acquire", 0, "0"), ("acquire", 0, "2"), ("acquire", 0, "0"), ("acquire", 500_000, "0")])
+    yield case("3/s: 1e9/rate is not a whole ns", "3", "3",
+               burst(4) + spaced("acquire", "1", 333_333, 1, 3) + spaced("acquire", "1", 666_666, 1, 3)
+               + spaced("acquire", "1", 1_000_000, 1, 3))
+    yield case("0.1/s is not a dyadic rate", "0.1", "2",
+               burst(3) + [("acquire", 9_999_999, "1"), ("acquire", 10_000_000, "1"), ("acquire", 10_000_001, "1")])
+    yield case("1/60 per second (one a minute)", "0.016666666666666666", "5",
+               burst(6) + [("acquire", 59_999_999, "1"), ("acquire", 60_000_000, "1"), ("peek", 60_000_000, "1")])
+    yield case("7 per second, a million-µs walk", "7", "2",
+               spaced("acquire", "1", 0, 142_857, 30))
+    yield case("fractional costs", "2", "2.5",
+               [("acquire", 0, "0.5"), ("acquire", 0, "1.5"), ("acquire", 0, "0.6"), ("acquire", 0, "0.5"),
+                ("acquire", 249_999, "0.5"), ("acquire", 250_000, "0.5")])
+    yield case("fractional capacity, remaining rounds down", "1", "1.5",
+               [("peek", 0, "1"), ("acquire", 0, "1"), ("peek", 0, "1"), ("acquire", 499_999, "1"),
+                ("acquire", 500_000, "1")])
+    yield case("refund gives back and deletes when full", "1", "5",
+               [("acquire", 0, "3"), ("refund", 0, "1"), ("acquire", 0, "3"), ("refund", 10, "10"),
+                ("peek", 10, "5"), ("refund", 20, "1")])
+    yield case("refund on a missing key changes nothing", "2", "4",
+               [("refund", 0, "1"), ("peek", 0, "4")])
+    yield case("costs that sum exactly to capacity at 3/s", "3", "1",
+               [("acquire", 0, "0.25"), ("acquire", 0, "0.25"), ("acquire", 0, "0.5"), ("acquire", 0, "0.000001"),
+                ("peek", 333_333, "1"), ("peek", 333_334, "1")])
+    yield case("clock steps back: never adds tokens", "1", "2",
+               [("acquire", 5_000_000, "2"), ("acquire", 4_000_000, "1"), ("peek", 4_000_000, "1"),
+                ("acquire", 6_000_000, "1")])
+    yield case("slowest rate, one token per 11.6 days", "0.000001", "1",
+               [("acquire", 0, "1"), ("acquire", 999_999_999_999, "1"), ("acquire", 1_000_000_000_000, "1")])
+    yield case("fastest rate, one token per ns", "1000000000", "1000",
+               burst(2, "1000") + [("acquire", 1, "1000"), ("acquire", 1, "999"), ("peek", 2, "1000")])
+    yield case("largest capacity", "1000000", "1000000000000000",
+               [("acquire", 0, "999999999999999"), ("acquire", 0, "2"), ("acquire", 1, "1"), ("peek", 0, "0")])
+    yield case("a full refill of 100 years", "0.001", "3153600",
+               [("acquire", 0, "3153600"), ("acquire", 1_000_000_000, "1"), ("acquire", 1_000_000_000, "1")])
+    yield case("2.5e3 per second, many calls in one instant", "2.5e3", "10",
+               burst(12) + spaced("acquire", "1", 400, 400, 5))
+    yield case("rate 0.3 with cost 3 against capacity 3", "0.3", "3",
+               [("acquire", 0, "3"), ("peek", 9_999_999, "3"), ("acquire", 10_000_000, "3"),
+                ("acquire", 10_000_001, "1")])
+
+
+def as_text(doc):
+    """The same vectors, one step a line, for readers without a JSON parser (the Rust test):
+    `case <name>` starts a case from a missing key, then each step is
+    `<rate> <capacity> <op> <now_us> <cost> <expect...>`, separated by single spaces."""
+    lines = ["# generated by clients/vectors/generate.py from the same model as bucket.json"]
+    for c in doc["cases"]:
+        lines.append(f"case {c['name']}")
+        for step in c["steps"]:
+            lines.append(" ".join([c["rate"], c["capacity"], step["op"], str(step["now_us"]), step["cost"],
+                                   *map(str, step["expect"])]))
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    here = os.path.dirname(os.path.abspath(__file__))
+    doc = {"format": 1, "cases": list(cases())}
+    outputs = {os.path.join(here, "bucket.json"): json.dumps(doc, indent=1) + "\n",
+               os.path.join(here, "bucket.txt"): as_text(doc)}
+    for path, text in outputs.items():
+        if "--check" in sys.argv:
+            with open(path) as f:
+                if f.read() != text:
+                    sys.exit(f"{path} is stale: run python3 clients/vectors/generate.py")
+            continue
+        with open(path, "w") as f:
+            f.write(text)
+        print(f"wrote {path}: {len(doc['cases'])} cases, {sum(len(c['steps']) for c in doc['cases'])} steps")
+
+
+if __name__ == "__main__":
+    main()
