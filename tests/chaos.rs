@@ -807,13 +807,19 @@ struct Log {
 }
 
 impl Log {
+    /// A transition done.
     fn step(&mut self, what: impl Into<String>) {
         let what = what.into();
+        self.note(&what);
+        self.steps.push(what);
+    }
+
+    /// A line of progress that is no transition.
+    fn note(&self, what: &str) {
         eprintln!(
             "chaos: {:7.1} s  {what}",
             self.started.elapsed().as_secs_f64()
         );
-        self.steps.push(what);
     }
 }
 
@@ -958,7 +964,7 @@ fn state_survives_reconfiguration_under_full_load() {
         wait_for_calls(&run, 10_000);
         let mode = propagation(&mut con);
         assert_eq!(mode, "skip", "no AOF, no save points, no replica: skip");
-        log.step("under load, rl_propagation:skip");
+        log.note("under load, rl_propagation:skip");
 
         aof_on(&mut con);
         log.step("CONFIG SET appendonly yes (rl_propagation:replicate)");
@@ -1020,6 +1026,8 @@ fn state_survives_reconfiguration_under_full_load() {
         assert_eq!(in_rdb, run.buckets.len(), "buckets in the RDB");
         let witnesses_in_rdb = snap.len() - in_rdb;
         rdb_check = Some(snap);
+        drop(lcon);
+        drop(loaded);
         log.step(format!(
             "redis-cli --rdb: {size} bytes, {} buckets and {witnesses_in_rdb} witness keys loaded back",
             run.buckets.len()
@@ -1076,7 +1084,7 @@ fn state_survives_reconfiguration_under_full_load() {
                 }
             }
         }
-        log.step("quiesce");
+        log.note("quiesce");
     });
     let drained = drain_fresh(&mut con, &run);
     let last_us = server_time_us(&mut con);
@@ -1195,8 +1203,11 @@ fn acknowledged_admissions_survive_sigkill_failover_under_load() {
         run.wait_for_replica.store(true, Ordering::SeqCst);
         // Kill once the time is up and enough pipelines were acknowledged to prove something.
         let kill_at = started + Duration::from_secs(seconds);
+        while Instant::now() < kill_at {
+            sleep(Duration::from_millis(100));
+        }
         wait_until("acknowledged pipelines", || {
-            Instant::now() >= kill_at && run.acked_waits.load(Ordering::SeqCst) >= 100
+            run.acked_waits.load(Ordering::SeqCst) >= 100
         });
         // Mid-pipeline: the clients are sending and waiting all the time.
         run.killing.store(true, Ordering::SeqCst);
