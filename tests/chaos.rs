@@ -14,9 +14,16 @@
 //!
 //! Time: the load is real time, so nothing here asserts a duration. Bounds use the server's
 //! `TIME` read before the first and after the last call, floored to the millisecond (Redis
-//! 7.0's module clock is milliseconds, truncated). Every bucket class refills fully in at
-//! least 200 s, so no key expires during the end-of-run comparisons; the deadlines below only
-//! guard against a hang.
+//! 7.0's module clock is milliseconds, truncated). Every bucket class takes 200 s or more to
+//! refill, and the load ends by emptying each bucket, so no key expires during the end-of-run
+//! comparisons; witness keys refill in 11 days. The deadlines below only guard against a hang.
+//!
+//! Checks, besides no error reply: every replica (the chained one too) and the master replayed
+//! from its AOF hold every key `DUMP`- and `PEXPIRETIME`-identical to the master; no bucket
+//! gave out more than `capacity + floor(rate × elapsed)` tokens; each bucket's expiry covers
+//! the tokens taken from it (exactly, for the seeded buckets); every witness key created is
+//! there. Failover: every admission and witness key acknowledged by `WAIT 1` is on the
+//! promoted replica, and its seeded buckets hold no take the master did not make.
 
 mod common;
 
