@@ -10,11 +10,13 @@
 //! of bad arguments checked against an empty server (`assert_rejected_on_empty_server`), key
 //! state (`dump`, `pexpiretime`, `exists`, `dbsize`, `all_keys`), the server's clock, and
 //! `WAIT` for a replica. Submodules: [`info`] reads `INFO`, [`lua`] runs the classic Lua token
-//! bucket, and [`cluster`] starts a Redis Cluster. Each test binary uses a subset of all this,
+//! bucket, [`cluster`] starts a Redis Cluster, [`aof`] reads AOF files and [`rdb`] builds `DUMP`
+//! payloads. Each test binary uses a subset of all this,
 //! hence `allow(dead_code)`.
 
 #![allow(dead_code)]
 
+pub mod aof;
 pub mod cluster;
 pub mod info;
 pub mod lua;
