@@ -957,7 +957,8 @@ fn restore_refuses_bad_bodies_with_a_valid_checksum() {
     }
     // The same payloads with valid fields load, to the state they hold, so the rows above fail
     // for their reason: (what, encoding version, fields, the state loaded).
-    let valid: &[(&str, u64, &[u64], (u64, u64))] = &[
+    type Valid = (&'static str, u64, &'static [u64], (u64, u64));
+    let valid: &[Valid] = &[
         (
             "v2 whole",
             2,
