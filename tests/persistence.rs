@@ -6,7 +6,7 @@
 //! allocation). Corrupt payloads are refused without a crash, and what 0.1.0 wrote still
 //! loads as the same bucket: the checked-in v1 `DUMP`, RDB file and AOF file fixtures.
 //!
-//! Time: every bucket is at least 300 s from full (rates of 0.001 to 10 tokens/s with costs
+//! Time: every bucket is at least 180 s from full (rates of 0.001 to 10 tokens/s with costs
 //! to match), so none refills or expires during a test, and the fixtures' states lie in the
 //! year 2100. Nothing here asserts a duration; the one reply that depends on the clock is
 //! checked against bounds read from `TIME`.
