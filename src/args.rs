@@ -4,8 +4,8 @@
 //! key; handlers parse everything first.
 
 use crate::bucket::{
-    Cost, Limit, LimitError, State, MAX_CAPACITY, MAX_FULL_AT_FRAC, MAX_RATE_PER_S, MAX_REFILL_S,
-    MIN_RATE_PER_S,
+    Cost, Limit, LimitError, State, MAX_CAPACITY, MAX_FULL_AT_FRAC, MAX_FULL_AT_NS, MAX_RATE_PER_S,
+    MAX_REFILL_S, MIN_RATE_PER_S,
 };
 use crate::error::Error;
 
@@ -165,7 +165,9 @@ fn integer(bytes: &[u8]) -> Option<u64> {
 /// [`Error::FullAtFrac`] unless `full_at_frac` is an integer in `0..=i64::MAX`.
 pub fn state(full_at_ns: &[u8], full_at_frac: Option<&[u8]>) -> Result<State, Error> {
     // Leading zeros are allowed; `integer` saturates, and `State` rejects what is past i64::MAX.
-    let full_at_ns = integer(full_at_ns).ok_or(Error::FullAt)?;
+    let full_at_ns = integer(full_at_ns)
+        .filter(|ns| (1..=MAX_FULL_AT_NS).contains(ns))
+        .ok_or(Error::FullAt)?;
     let full_at_frac = match full_at_frac {
         None => 0,
         Some(bytes) => integer(bytes)

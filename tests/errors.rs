@@ -22,6 +22,8 @@ const CAPACITY: &str = "ERR capacity must be a number above 0 and at most 1e15 (
 const COST: &str = "ERR cost must be a finite number >= 0 (tokens)";
 const FULL_AT: &str =
     "ERR full_at_ns must be an integer from 1 to 9223372036854775807 (ns since the Unix epoch)";
+const FULL_AT_FRAC: &str =
+    "ERR full_at_frac must be an integer from 0 to 9223372036854775807 (units of 2^-63 ns)";
 const WRONGTYPE: &str = "WRONGTYPE Operation against a key holding the wrong kind of value";
 
 /// 400 nines: a valid decimal far beyond f64's range, so it parses to infinity.
@@ -124,32 +126,56 @@ const RATE_OUT_OF_RANGE_BEFORE_BAD_CAPACITY: &[Row] = &[
     (&[b"k", b"0.0000001", b"1x"], RATE), // too slow, trailing junk in capacity
 ];
 
-/// Bad `RL.SETSTATE` calls: `full_at_ns` must be a plain integer in `1..=i64::MAX`.
+/// Bad `RL.SETSTATE key full_at_ns [full_at_frac]` calls: `full_at_ns` must be a plain
+/// integer in `1..=i64::MAX`, `full_at_frac` one in `0..=i64::MAX`.
 const BAD_SETSTATE: &[Row] = &[
-    (&[], SETSTATE_ARITY),                          // nothing after the name
-    (&[b"k"], SETSTATE_ARITY),                      // key only
-    (&[b"k", b"1", b"1"], SETSTATE_ARITY),          // one argument too many
-    (&[b"k", b"x", b"x"], SETSTATE_ARITY),          // arity is checked before values
-    (&[b"k", b"0"], FULL_AT),                       // zero is not a state
-    (&[b"k", b"-1"], FULL_AT),                      // negative
-    (&[b"k", b"+1"], FULL_AT),                      // no sign allowed
-    (&[b"k", b"1.5"], FULL_AT),                     // fraction
-    (&[b"k", b"1.0"], FULL_AT),                     // integral, but written as a float
-    (&[b"k", b"1e3"], FULL_AT),                     // exponent
-    (&[b"k", b"9223372036854775808"], FULL_AT),     // i64::MAX + 1
-    (&[b"k", b"18446744073709551615"], FULL_AT),    // u64::MAX
-    (&[b"k", b"18446744073709551616"], FULL_AT),    // u64::MAX + 1
-    (&[b"k", b"99999999999999999999999"], FULL_AT), // far past u64
-    (&[b"k", b""], FULL_AT),                        // empty string
-    (&[b"k", b"abc"], FULL_AT),                     // not a number
-    (&[b"k", b"1x"], FULL_AT),                      // trailing junk
-    (&[b"k", b"1 "], FULL_AT),                      // trailing space
-    (&[b"k", b" 1"], FULL_AT),                      // leading space
-    (&[b"k", b"0x10"], FULL_AT),                    // hex
-    (&[b"k", b"1,5"], FULL_AT),                     // comma
-    (&[b"k", b"\xff\xfe"], FULL_AT),                // not UTF-8
-    (&[b"k", b"nan"], FULL_AT),                     // NaN
-    (&[b"k", b"inf"], FULL_AT),                     // infinity
+    (&[], SETSTATE_ARITY),                             // nothing after the name
+    (&[b"k"], SETSTATE_ARITY),                         // key only
+    (&[b"k", b"1", b"1", b"1"], SETSTATE_ARITY),       // one argument too many
+    (&[b"k", b"x", b"x", b"x"], SETSTATE_ARITY),       // arity is checked before values
+    (&[b"k", b"x", b"x", b"x", b"x"], SETSTATE_ARITY), // two too many
+    (&[b"k", b"0"], FULL_AT),                          // zero is not a state
+    (&[b"k", b"-1"], FULL_AT),                         // negative
+    (&[b"k", b"+1"], FULL_AT),                         // no sign allowed
+    (&[b"k", b"1.5"], FULL_AT),                        // fraction
+    (&[b"k", b"1.0"], FULL_AT),                        // integral, but written as a float
+    (&[b"k", b"1e3"], FULL_AT),                        // exponent
+    (&[b"k", b"9223372036854775808"], FULL_AT),        // i64::MAX + 1
+    (&[b"k", b"18446744073709551615"], FULL_AT),       // u64::MAX
+    (&[b"k", b"18446744073709551616"], FULL_AT),       // u64::MAX + 1
+    (&[b"k", b"99999999999999999999999"], FULL_AT),    // far past u64
+    (&[b"k", b""], FULL_AT),                           // empty string
+    (&[b"k", b"abc"], FULL_AT),                        // not a number
+    (&[b"k", b"1x"], FULL_AT),                         // trailing junk
+    (&[b"k", b"1 "], FULL_AT),                         // trailing space
+    (&[b"k", b" 1"], FULL_AT),                         // leading space
+    (&[b"k", b"0x10"], FULL_AT),                       // hex
+    (&[b"k", b"1,5"], FULL_AT),                        // comma
+    (&[b"k", b"\xff\xfe"], FULL_AT),                   // not UTF-8
+    (&[b"k", b"nan"], FULL_AT),                        // NaN
+    (&[b"k", b"inf"], FULL_AT),                        // infinity
+    // --- full_at_frac, after a valid full_at_ns
+    (&[b"k", b"1", b"9223372036854775808"], FULL_AT_FRAC), // 2^63: a whole nanosecond
+    (&[b"k", b"1", b"18446744073709551615"], FULL_AT_FRAC), // u64::MAX
+    (&[b"k", b"1", b"18446744073709551616"], FULL_AT_FRAC), // u64::MAX + 1
+    (&[b"k", b"1", b"99999999999999999999999"], FULL_AT_FRAC), // far past u64
+    (&[b"k", b"1", b"-1"], FULL_AT_FRAC),                  // negative
+    (&[b"k", b"1", b"-0"], FULL_AT_FRAC),                  // no sign allowed, even on zero
+    (&[b"k", b"1", b"+1"], FULL_AT_FRAC),                  // no sign allowed
+    (&[b"k", b"1", b"0.5"], FULL_AT_FRAC),                 // a fraction of a unit
+    (&[b"k", b"1", b"1e3"], FULL_AT_FRAC),                 // exponent
+    (&[b"k", b"1", b""], FULL_AT_FRAC),                    // empty string
+    (&[b"k", b"1", b"x"], FULL_AT_FRAC),                   // not a number
+    (&[b"k", b"1", b"1 "], FULL_AT_FRAC),                  // trailing space
+    (&[b"k", b"1", b" 1"], FULL_AT_FRAC),                  // leading space
+    (&[b"k", b"1", b"0x10"], FULL_AT_FRAC),                // hex
+    (&[b"k", b"1", b"\xff"], FULL_AT_FRAC),                // not UTF-8
+    (&[b"k", b"1", b"nan"], FULL_AT_FRAC),                 // NaN
+    // --- both bad: full_at_ns, the first argument, is named first
+    (&[b"k", b"0", b"x"], FULL_AT), // a zero instant with a junk fraction
+    (&[b"k", b"9223372036854775808", b"1"], FULL_AT), // instant past 2262, valid fraction
+    (&[b"k", b"x", b"9223372036854775808"], FULL_AT), // junk instant, fraction too big
+    (&[b"k", b"0", b"0"], FULL_AT), // a zero fraction does not help
 ];
 
 #[test]
@@ -217,16 +243,65 @@ fn boundary_values_are_accepted() {
         .query(&mut con)
         .expect("zero cost");
     assert_eq!(reply, [1, 10, 0, 0]);
-    for full_at in [&b"1"[..], b"9223372036854775807"] {
-        let ok: String = command("RL.SETSTATE", &[b"s", full_at])
+    // RL.SETSTATE's edges, with and without a fraction (4 arguments is the most). The
+    // smallest instants are long past, so their keys expire at once: only OK is checked.
+    let past: [&[&[u8]]; 3] = [
+        &[b"s", b"1"],
+        &[b"s", b"1", b"0"],
+        &[b"s", b"1", b"9223372036854775807"],
+    ];
+    for args in past {
+        let ok: String = command("RL.SETSTATE", args)
             .query(&mut con)
-            .expect("accepted");
+            .unwrap_or_else(|e| panic!("RL.SETSTATE {}: {e}", show(args)));
         assert_eq!(ok, "OK");
     }
-    assert_eq!(
-        pexpiretime(&mut con, b"s"),
-        9_223_372_036_855,
-        "ceil(i64::MAX / 1e6) ms"
+    // Future instants, each with the expiry it gets: full_at rounded up to a millisecond, where
+    // any fraction counts as part of a nanosecond more.
+    let states: &[(&[&[u8]], i64)] = &[
+        (&[b"s", b"4102444800000000000"], 4_102_444_800_000),
+        (&[b"s", b"4102444800000000000", b"0"], 4_102_444_800_000),
+        (&[b"s", b"4102444800000000000", b"1"], 4_102_444_800_001), // 2^-63 ns past the ms
+        (&[b"s", b"4102444800000000001", b"0"], 4_102_444_800_001),
+        // Just under the millisecond: the fraction rounds up to it, not past it.
+        (
+            &[b"s", b"4102444799999999999", b"9223372036854775807"],
+            4_102_444_800_000,
+        ),
+        (&[b"s", b"9223372036854775807"], 9_223_372_036_855), // ceil(i64::MAX / 1e6) ms
+        (
+            &[b"s", b"9223372036854775807", b"9223372036854775807"],
+            9_223_372_036_855,
+        ),
+        (&[b"s", b"0004102444800000000000", b"00"], 4_102_444_800_000), // leading zeros
+    ];
+    for (args, expire_at_ms) in states {
+        let ok: String = command("RL.SETSTATE", args)
+            .query(&mut con)
+            .unwrap_or_else(|e| panic!("RL.SETSTATE {}: {e}", show(args)));
+        assert_eq!(ok, "OK");
+        assert_eq!(
+            pexpiretime(&mut con, b"s"),
+            *expire_at_ms,
+            "RL.SETSTATE {}",
+            show(args)
+        );
+    }
+    // A zero fraction is the 2-argument state, byte for byte.
+    let _: String = command("RL.SETSTATE", &[b"s", b"4102444800000000123", b"0"])
+        .query(&mut con)
+        .expect("accepted");
+    let _: String = command("RL.SETSTATE", &[b"t", b"4102444800000000123"])
+        .query(&mut con)
+        .expect("accepted");
+    assert_eq!(dump(&mut con, b"s"), dump(&mut con, b"t"));
+    let _: String = command("RL.SETSTATE", &[b"t", b"4102444800000000123", b"1"])
+        .query(&mut con)
+        .expect("accepted");
+    assert_ne!(
+        dump(&mut con, b"s"),
+        dump(&mut con, b"t"),
+        "a fraction is stored"
     );
 }
 
@@ -291,6 +366,12 @@ fn foreign_types_get_wrongtype_and_stay_untouched() {
         ("RL.ACQUIRE", &[b"w", b"0.001", b"10", b"0"], WRONGTYPE), // zero cost writes nothing, still refused
         ("RL.ACQUIRE", &[b"w", b"0.001", b"10", b"11"], WRONGTYPE), // impossible cost, still refused
         ("RL.SETSTATE", &[b"w", b"4102444800000000123"], WRONGTYPE), // the replicated form
+        (
+            "RL.SETSTATE",
+            &[b"w", b"4102444800000000123", b"5"],
+            WRONGTYPE,
+        ), // with a fraction
+        ("RL.SETSTATE", &[b"w", b"1", b"x"], FULL_AT_FRAC),         // arguments are parsed first
         ("RL.ACQUIRE", &[b"w", b"x", b"10"], RATE),                 // arguments are parsed first
         ("RL.SETSTATE", &[b"w", b"0"], FULL_AT),                    // arguments are parsed first
     ];

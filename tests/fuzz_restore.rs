@@ -19,8 +19,9 @@
 //! Checks for every input:
 //! - the reply is `OK` or exactly `ERR Bad data format`, and the server answers `PING`;
 //! - `OK` exactly when the body is what the v2 module format and the decoder's contract accept
-//!   (encoding version 1, one unsigned field of 1..=i64::MAX, then EOF, in any length
-//!   encoding `rdbLoadLen` reads), modelled below from Redis's loader;
+//!   (encoding version 2: two unsigned fields, `full_at_ns` in 1..=i64::MAX and `full_at_frac`
+//!   in 0..=i64::MAX; or encoding version 1, as 0.1.0 wrote: `full_at_ns` alone; then EOF,
+//!   in any length encoding `rdbLoadLen` reads), modelled below from Redis's loader;
 //! - after `OK`: `DUMP` holds exactly the loaded state in canonical form, `TYPE` is
 //!   `rl-bucket`, `DEBUG DIGEST-VALUE` works and `RL.ACQUIRE` on the key replies normally;
 //! - at the end, the server log holds no crash report.
@@ -48,6 +49,9 @@ const OPCODE_DOUBLE: u64 = 4;
 const OPCODE_STRING: u64 = 5;
 const ENCVER_BITS: u32 = 10;
 const MAX_FULL_AT_NS: u64 = i64::MAX as u64;
+const MAX_FULL_AT_FRAC: u64 = i64::MAX as u64;
+/// The encoding version written today: `full_at_ns`, `full_at_frac`.
+const ENCVER_NOW: u64 = 2;
 
 const BAD_DATA: &str = "ERR Bad data format";
 
@@ -95,9 +99,10 @@ fn seal(type_and_body: &[u8], rdb_version: u16) -> Vec<u8> {
 /// LoadUnsigned` reads the value with `rdbLoadLen`; in format 2 it first reads an opcode that
 /// must be UINT, and after `rdb_load` Redis reads an EOF opcode that must be 0. A failed read
 /// sets the IO error flag the module checks; a NULL value refuses the load; bytes after the
-/// value are not read. The module accepts encoding version 1 with one value in
-/// `1..=i64::MAX`.
-fn expected_state(payload: &[u8], module_sign: u64) -> Option<u64> {
+/// value are not read. The module accepts encoding version 2 with two values, `full_at_ns` in
+/// `1..=i64::MAX` and `full_at_frac` in `0..=i64::MAX`, and encoding version 1 with the first
+/// alone (its fraction is 0). Returns `(full_at_ns, full_at_frac)`.
+fn expected_state(payload: &[u8], module_sign: u64) -> Option<(u64, u64)> {
     let (&type_byte, body) = payload.split_first()?;
     let format_2 = match type_byte {
         RDB_TYPE_MODULE_2 => true,
@@ -106,25 +111,35 @@ fn expected_state(payload: &[u8], module_sign: u64) -> Option<u64> {
     };
     let (id, used) = read_len(body)?;
     let mut body = body.get(used..)?;
-    if id >> ENCVER_BITS != module_sign || id & ((1 << ENCVER_BITS) - 1) != 1 {
+    if id >> ENCVER_BITS != module_sign {
         return None;
     }
-    if format_2 {
-        let (opcode, used) = read_len(body)?;
-        body = body.get(used..)?;
-        if opcode != OPCODE_UINT {
-            return None;
+    let fields = match id & ((1 << ENCVER_BITS) - 1) {
+        1 => 1,
+        ENCVER_NOW => 2,
+        _ => return None,
+    };
+    let mut values = [0u64; 2];
+    for value in values.iter_mut().take(fields) {
+        if format_2 {
+            let (opcode, used) = read_len(body)?;
+            body = body.get(used..)?;
+            if opcode != OPCODE_UINT {
+                return None;
+            }
         }
+        let (read, used) = read_len(body)?;
+        body = body.get(used..)?;
+        *value = read;
     }
-    let (value, used) = read_len(body)?;
-    body = body.get(used..)?;
-    if !(1..=MAX_FULL_AT_NS).contains(&value) {
+    let [full_at_ns, full_at_frac] = values;
+    if !(1..=MAX_FULL_AT_NS).contains(&full_at_ns) || full_at_frac > MAX_FULL_AT_FRAC {
         return None;
     }
     if format_2 && read_len(body)?.0 != OPCODE_EOF {
         return None;
     }
-    Some(value)
+    Some((full_at_ns, full_at_frac))
 }
 
 // ---------------------------------------------------------------------------------------
@@ -181,6 +196,10 @@ const INTERESTING: &[u64] = &[
     MAX_FULL_AT_NS,
     MAX_FULL_AT_NS + 1,
     u64::MAX,
+    // Fractions of a nanosecond (units of 2^-63 ns): a third, two thirds, a half.
+    3_074_457_345_618_258_603,
+    6_148_914_691_236_517_206,
+    1 << 62,
 ];
 
 const INTERESTING_BYTES: &[u8] = &[
@@ -228,11 +247,13 @@ fn encode_len(rng: &mut Rng, value: u64) -> Vec<u8> {
 /// A body made field by field: module id, 0 to 3 fields, usually an EOF, sometimes trailing
 /// bytes.
 fn structured(rng: &mut Rng, module_sign: u64) -> Vec<u8> {
-    let encver = if rng.chance(85) {
-        1
-    } else {
-        let random = rng.next() & 1023;
-        rng.pick(&[0, 2, 3, 1023, random])
+    let encver = match rng.below(20) {
+        0..=10 => ENCVER_NOW,
+        11..=16 => 1,
+        _ => {
+            let random = rng.next() & 1023;
+            rng.pick(&[0, 3, 4, 1023, random])
+        }
     };
     let id = match rng.below(10) {
         0 => rng.next(),
@@ -241,7 +262,16 @@ fn structured(rng: &mut Rng, module_sign: u64) -> Vec<u8> {
     };
     let mut body = vec![RDB_TYPE_MODULE_2];
     body.extend(encode_len(rng, id));
-    let fields = rng.pick(&[0, 1, 1, 1, 1, 1, 2, 3]);
+    // Mostly the field count of the version, sometimes one more or fewer.
+    let fields = if rng.chance(75) {
+        if encver == 1 {
+            1
+        } else {
+            2
+        }
+    } else {
+        rng.pick(&[0, 1, 2, 3])
+    };
     for _ in 0..fields {
         let opcode = if rng.chance(70) {
             OPCODE_UINT
@@ -369,10 +399,11 @@ fn split_dump(payload: &[u8]) -> (Vec<u8>, u16) {
     (body.to_vec(), u16::from_le_bytes([footer[0], footer[1]]))
 }
 
-fn set_state(con: &mut Connection, key: &str, full_at_ns: u64) {
+fn set_state(con: &mut Connection, key: &str, full_at_ns: u64, full_at_frac: u64) {
     let ok: String = redis::cmd("RL.SETSTATE")
         .arg(key)
         .arg(full_at_ns)
+        .arg(full_at_frac)
         .query(con)
         .expect("RL.SETSTATE");
     assert_eq!(ok, "OK");
@@ -472,7 +503,7 @@ impl Fuzzer {
             },
         };
         match (loaded, expected) {
-            (true, Some(full_at_ns)) => self.check_loaded(input, full_at_ns),
+            (true, Some(state)) => self.check_loaded(input, state),
             (false, None) => {}
             (true, None) => fail(
                 &self.server,
@@ -484,7 +515,7 @@ impl Fuzzer {
                 &self.server,
                 input,
                 self.seed,
-                &format!("RESTORE refused a valid body (full_at_ns {v})"),
+                &format!("RESTORE refused a valid body (full_at_ns, full_at_frac {v:?})"),
             ),
         }
         if loaded {
@@ -493,12 +524,15 @@ impl Fuzzer {
         loaded
     }
 
-    /// A loaded bucket holds `full_at_ns`, canonically, and works.
-    fn check_loaded(&mut self, input: &[u8], full_at_ns: u64) {
+    /// A loaded bucket holds `(full_at_ns, full_at_frac)`, canonically in today's encoding
+    /// version, and works.
+    fn check_loaded(&mut self, input: &[u8], (full_at_ns, full_at_frac): (u64, u64)) {
         let mut canonical = vec![RDB_TYPE_MODULE_2];
-        canonical.extend(rdb_len(self.module_sign << ENCVER_BITS | 1));
-        canonical.push(OPCODE_UINT as u8);
-        canonical.extend(rdb_len(full_at_ns));
+        canonical.extend(rdb_len(self.module_sign << ENCVER_BITS | ENCVER_NOW));
+        for value in [full_at_ns, full_at_frac] {
+            canonical.push(OPCODE_UINT as u8);
+            canonical.extend(rdb_len(value));
+        }
         canonical.push(OPCODE_EOF as u8);
         let want = seal(&canonical, self.rdb_version);
         let replies: Vec<Value> = match redis::pipe()
@@ -540,8 +574,8 @@ impl Fuzzer {
                 input,
                 self.seed,
                 &format!(
-                    "loaded full_at_ns {full_at_ns}, then DUMP, TYPE, DEBUG DIGEST-VALUE, \
-                     RL.ACQUIRE replied {replies:?}"
+                    "loaded ({full_at_ns}, {full_at_frac}), then DUMP, TYPE, DEBUG \
+                     DIGEST-VALUE, RL.ACQUIRE replied {replies:?}"
                 ),
             );
         }
@@ -551,75 +585,184 @@ impl Fuzzer {
 /// Replays the checked-in failures, then the model's own cases.
 fn fixed_inputs(fuzzer: &Fuzzer) -> Vec<(String, Vec<u8>, bool)> {
     let sign = fuzzer.module_sign;
-    let id = rdb_len(sign << ENCVER_BITS | 1);
-    let body = |fields: &[&[u8]]| -> Vec<u8> {
+    let body_of = |encver: u64, fields: &[&[u8]]| -> Vec<u8> {
         let mut out = vec![RDB_TYPE_MODULE_2];
-        out.extend(&id);
+        out.extend(rdb_len(sign << ENCVER_BITS | encver));
         for f in fields {
             out.extend_from_slice(f);
         }
         out
     };
-    let mut inputs = vec![
-        ("valid".into(), body(&[&[2], &rdb_len(1 << 40), &[0]]), true),
-        ("state 1".into(), body(&[&[2, 1, 0]]), true),
-        ("state 0".into(), body(&[&[2, 0, 0]]), false),
-        ("value as 0xc5".into(), body(&[&[2, 0xc5, 0]]), true),
+    let v1 = |fields: &[&[u8]]| body_of(1, fields);
+    let v2 = |fields: &[&[u8]]| body_of(ENCVER_NOW, fields);
+    let pre_ga = |body: Vec<u8>| [&[RDB_TYPE_MODULE_PRE_GA][..], &body[1..]].concat();
+    let big = rdb_len(1 << 40);
+    let max = rdb_len(MAX_FULL_AT_NS);
+    let past = rdb_len(MAX_FULL_AT_NS + 1);
+    // The body cut short after its last opcode reads the rest from the footer, the RDB
+    // version's two little-endian bytes (10, 0 on Redis 7.0: a value of 10, then EOF). Past
+    // version 63 the first byte is a longer length form: the model alone decides.
+    let from_footer = |body: Vec<u8>| {
+        let valid = fuzzer.rdb_version < 64
+            || expected_state(&seal(&body, fuzzer.rdb_version), sign).is_some();
+        (body, valid)
+    };
+    let (v1_footer, v1_footer_valid) = from_footer(v1(&[&[2]]));
+    let (v2_footer, v2_footer_valid) = from_footer(v2(&[&[2, 5, 2]]));
+    let (pre_ga_footer, pre_ga_footer_valid) = from_footer(pre_ga(v2(&[&[5]])));
+    let mut inputs: Vec<(String, Vec<u8>, bool)> = vec![
+        // --- encoding version 1, as 0.1.0 wrote it
+        ("v1 valid".into(), v1(&[&[2], &big, &[0]]), true),
+        ("v1 state 1".into(), v1(&[&[2, 1, 0]]), true),
+        ("v1 state 0".into(), v1(&[&[2, 0, 0]]), false),
+        ("v1 value as 0xc5".into(), v1(&[&[2, 0xc5, 0]]), true),
         (
-            "opcode as 0x40 0x02".into(),
-            body(&[&[0x40, 2, 5, 0]]),
+            "v1 opcode as 0x40 0x02".into(),
+            v1(&[&[0x40, 2, 5, 0]]),
             true,
         ),
         (
-            "EOF as 0x81 + 8 zero bytes".into(),
-            body(&[&[2, 5, 0x81, 0, 0, 0, 0, 0, 0, 0, 0]]),
+            "v1 EOF as 0x81 + 8 zero bytes".into(),
+            v1(&[&[2, 5, 0x81, 0, 0, 0, 0, 0, 0, 0, 0]]),
             true,
         ),
         (
-            "bytes after the EOF".into(),
-            body(&[&[2, 5, 0, 0xde, 0xad]]),
+            "v1 bytes after the EOF".into(),
+            v1(&[&[2, 5, 0, 0xde, 0xad]]),
             true,
         ),
+        ("v1 i64::MAX".into(), v1(&[&[2], &max, &[0]]), true),
+        ("v1 i64::MAX + 1".into(), v1(&[&[2], &past, &[0]]), false),
         (
-            "i64::MAX".into(),
-            body(&[&[2], &rdb_len(MAX_FULL_AT_NS), &[0]]),
-            true,
-        ),
-        (
-            "i64::MAX + 1".into(),
-            body(&[&[2], &rdb_len(MAX_FULL_AT_NS + 1), &[0]]),
+            "v1 unknown length prefix 0x82".into(),
+            v1(&[&[2, 0x82, 0]]),
             false,
         ),
         (
-            "unknown length prefix 0x82".into(),
-            body(&[&[2, 0x82, 0]]),
+            "v1 a second field (v2's layout)".into(),
+            v1(&[&[2, 5, 2, 5, 0]]),
             false,
         ),
-        ("a second field".into(), body(&[&[2, 5, 2, 5, 0]]), false),
-        ("no EOF".into(), body(&[&[2, 5]]), false),
-        // Cut short after the opcode: the loader reads the value and EOF from the footer, the
-        // RDB version's two little-endian bytes (10, 0 on Redis 7.0: a state of 10 ns). Past
-        // version 63 the first byte is a longer length form: the model alone decides.
+        ("v1 no EOF".into(), v1(&[&[2, 5]]), false),
         (
-            "value and EOF from the footer".into(),
-            body(&[&[2]]),
-            fuzzer.rdb_version < 64
-                || expected_state(&seal(&body(&[&[2]]), fuzzer.rdb_version), sign).is_some(),
+            "v1 value and EOF from the footer".into(),
+            v1_footer,
+            v1_footer_valid,
         ),
-        ("signed field".into(), body(&[&[1, 5, 0]]), false),
+        ("v1 signed field".into(), v1(&[&[1, 5, 0]]), false),
         (
-            "pre-GA format: the value alone".into(),
-            [&[RDB_TYPE_MODULE_PRE_GA][..], &body(&[&[5]])[1..]].concat(),
+            "v1 pre-GA format: the value alone".into(),
+            pre_ga(v1(&[&[5]])),
             true,
         ),
         (
-            "pre-GA format with an opcode".into(),
-            [&[RDB_TYPE_MODULE_PRE_GA][..], &body(&[&[2, 0]])[1..]].concat(),
+            "v1 pre-GA format with an opcode".into(),
+            pre_ga(v1(&[&[2, 0]])),
             true,
         ),
         (
-            "pre-GA format, state 0".into(),
-            [&[RDB_TYPE_MODULE_PRE_GA][..], &body(&[&[0]])[1..]].concat(),
+            "v1 pre-GA format, state 0".into(),
+            pre_ga(v1(&[&[0]])),
+            false,
+        ),
+        // --- encoding version 2: full_at_ns, full_at_frac
+        (
+            "v2 valid, whole".into(),
+            v2(&[&[2], &big, &[2, 0, 0]]),
+            true,
+        ),
+        (
+            "v2 valid, a fraction".into(),
+            v2(&[&[2], &big, &[2, 7, 0]]),
+            true,
+        ),
+        (
+            "v2 the largest fraction".into(),
+            v2(&[&[2], &big, &[2], &max, &[0]]),
+            true,
+        ),
+        (
+            "v2 the latest state".into(),
+            v2(&[&[2], &max, &[2], &max, &[0]]),
+            true,
+        ),
+        (
+            "v2 state 0, fraction 1".into(),
+            v2(&[&[2, 0, 2, 1, 0]]),
+            false,
+        ),
+        (
+            "v2 full_at_ns i64::MAX + 1".into(),
+            v2(&[&[2], &past, &[2, 0, 0]]),
+            false,
+        ),
+        (
+            "v2 fraction 2^63".into(),
+            v2(&[&[2, 5, 2], &past, &[0]]),
+            false,
+        ),
+        (
+            "v2 fraction u64::MAX".into(),
+            v2(&[&[2, 5, 2], &rdb_len(u64::MAX), &[0]]),
+            false,
+        ),
+        (
+            "v2 only full_at_ns, then EOF".into(),
+            v2(&[&[2, 5, 0]]),
+            false,
+        ),
+        ("v2 only full_at_ns".into(), v2(&[&[2, 5]]), false),
+        (
+            "v2 fraction and EOF from the footer".into(),
+            v2_footer,
+            v2_footer_valid,
+        ),
+        (
+            "v2 a third field".into(),
+            v2(&[&[2, 5, 2, 5, 2, 5, 0]]),
+            false,
+        ),
+        ("v2 no EOF".into(), v2(&[&[2, 5, 2, 5]]), false),
+        ("v2 signed fraction".into(), v2(&[&[2, 5, 1, 5, 0]]), false),
+        (
+            "v2 fraction as 0xc7".into(),
+            v2(&[&[2, 5, 2, 0xc7, 0]]),
+            true,
+        ),
+        (
+            "v2 bytes after the EOF".into(),
+            v2(&[&[2, 5, 2, 5, 0, 0xbe, 0xef]]),
+            true,
+        ),
+        (
+            "v2 pre-GA format: two values".into(),
+            pre_ga(v2(&[&[5, 7]])),
+            true,
+        ),
+        (
+            "v2 pre-GA format: the fraction from the footer".into(),
+            pre_ga_footer,
+            pre_ga_footer_valid,
+        ),
+        (
+            "v2 pre-GA format, fraction 2^63".into(),
+            pre_ga(v2(&[&[5], &past])),
+            false,
+        ),
+        // --- other encoding versions
+        (
+            "encoding version 0".into(),
+            body_of(0, &[&[2, 5, 2, 0, 0]]),
+            false,
+        ),
+        (
+            "encoding version 3".into(),
+            body_of(3, &[&[2, 5, 2, 0, 0]]),
+            false,
+        ),
+        (
+            "encoding version 1023".into(),
+            body_of(1023, &[&[2, 5, 0]]),
             false,
         ),
     ];
@@ -669,17 +812,22 @@ fn fuzz_restore() {
         .trim()
         .to_string();
 
-    // Seeds: real DUMP bodies, whose state lengths take each rdbSaveLen form but the shortest.
+    // Seeds: real DUMP bodies, whose state lengths take each rdbSaveLen form but the shortest,
+    // whole and with a fraction of a nanosecond.
     let mut seeds = Vec::new();
     let mut rdb_version = 0;
     let states = [
-        4_102_444_800_000_000_123,
-        MAX_FULL_AT_NS,
-        MAX_FULL_AT_NS - 1,
+        (4_102_444_800_000_000_123, 0),
+        (4_102_444_800_000_000_123, 3_074_457_345_618_258_603),
+        (MAX_FULL_AT_NS, 0),
+        (MAX_FULL_AT_NS, MAX_FULL_AT_FRAC),
+        (MAX_FULL_AT_NS - 1, 1),
+        (4_102_444_800_000_000_000, 40),
+        (4_102_444_800_000_000_000, 20_000),
     ];
-    for (i, state) in states.iter().enumerate() {
+    for (i, &(full_at_ns, full_at_frac)) in states.iter().enumerate() {
         let key = format!("seed{i}");
-        set_state(&mut con, &key, *state);
+        set_state(&mut con, &key, full_at_ns, full_at_frac);
         let payload = dump(&mut con, key.as_bytes()).expect("a seed bucket");
         assert_eq!(
             crc64(&payload[..payload.len() - 8]),
@@ -698,6 +846,16 @@ fn fuzz_restore() {
         .expect("RL.ACQUIRE");
     assert_eq!(acquired[0], 1);
     seeds.push(split_dump(&dump(&mut con, b"seed-acquired").expect("a bucket")).0);
+    // At 3 tokens/s, 1000 tokens are 1e12/3 ns: a state with a fraction.
+    let acquired: Vec<i64> = redis::cmd("RL.ACQUIRE")
+        .arg("seed-third")
+        .arg(3)
+        .arg(3000)
+        .arg(1000)
+        .query(&mut con)
+        .expect("RL.ACQUIRE");
+    assert_eq!(acquired[0], 1);
+    seeds.push(split_dump(&dump(&mut con, b"seed-third").expect("a bucket")).0);
     let (module_id, _) = read_len(&seeds[0][1..]).expect("a module id");
     let module_sign = module_id >> ENCVER_BITS;
     let _: () = redis::cmd("FLUSHALL").query(&mut con).expect("FLUSHALL");

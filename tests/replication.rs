@@ -1,15 +1,19 @@
 //! Replication against a real master and replica: the replica holds byte-identical buckets
 //! (after a full sync and from the command stream), the stream carries `RL.SETSTATE` and
 //! never `RL.ACQUIRE`, calls that change nothing ship nothing, and a client's `RL.SETSTATE`
-//! travels verbatim.
+//! travels verbatim. States with a fraction of a nanosecond (rates such as 3/s and 7/s) ship
+//! as `RL.SETSTATE key full_at_ns full_at_frac`, whole ones in 0.1.0's two-argument form, and
+//! both replay from the AOF to the same bytes.
 //!
-//! Time: every rate is slow enough that no bucket fills up (and so no key expires) during a
-//! test. Nothing here asserts a duration.
+//! Time: every bucket is far enough from full (slow rates, or costs of hundreds of tokens at
+//! 3 to 10/s) that none fills up (and so no key expires) during a test. Nothing here asserts
+//! a duration.
 
 mod common;
 
 use std::path::Path;
 
+use common::aof::{parse_aof, uint_arg};
 use common::info::{calls, info_number};
 use common::{
     acquire, acquire_cmd, all_keys, dump, error_text, exists, pexpiretime, wait_for_replica, Server,
@@ -21,8 +25,18 @@ fn repl_offset(con: &mut Connection) -> i64 {
     info_number(con, "replication", "master_repl_offset")
 }
 
-/// Asserts that master and replica hold the same keys, with equal DUMP payloads and equal
-/// PEXPIRETIME for each.
+/// `DEBUG DIGEST-VALUE key`: the digest of the value in memory (through the type's digest
+/// callback, not its RDB form, so a state that lost its fraction on the way shows here).
+fn digest_value(con: &mut Connection, key: &[u8]) -> Vec<String> {
+    redis::cmd("DEBUG")
+        .arg("DIGEST-VALUE")
+        .arg(key)
+        .query(con)
+        .expect("DEBUG DIGEST-VALUE")
+}
+
+/// Asserts that master and replica hold the same keys, with equal DUMP payloads, in-memory
+/// digests and PEXPIRETIME for each.
 fn assert_same_state(master: &mut Connection, replica: &mut Connection) {
     let keys = all_keys(master);
     assert_eq!(
@@ -37,6 +51,11 @@ fn assert_same_state(master: &mut Connection, replica: &mut Connection) {
             dump(replica, key),
             Some(payload),
             "DUMP differs for {name:?}"
+        );
+        assert_eq!(
+            digest_value(replica, key),
+            digest_value(master, key),
+            "DEBUG DIGEST-VALUE differs for {name:?}"
         );
         let expire_at = pexpiretime(master, key);
         assert!(expire_at > 0, "{name:?} has no expiry ({expire_at})");
@@ -90,8 +109,12 @@ fn replica_holds_identical_state() {
             (b"frac", "0.01", "2.5", Some("0.75"), false),
             (BINARY_KEY, "0.001", "2", None, true),
             (b"big", "1", "100", Some("60"), true), // full again in 60 s
-            (b"never", "1", "5", Some("6"), false), // cost above capacity: no key
-            (b"zero", "1", "5", Some("0"), true),   // cost 0: no key
+            (b"third", "3", "3000", Some("1000"), true), // a fraction of a ns: 1000 × 1e9/3
+            (b"third", "3", "3000", Some("1"), true),
+            (b"seventh", "7", "7000", Some("6999"), true), // full again in 999.86 s
+            (b"tenth", "10", "10000", Some("5000"), true), // whole ns at 10/s
+            (b"never", "1", "5", Some("6"), false),        // cost above capacity: no key
+            (b"zero", "1", "5", Some("0"), true),          // cost 0: no key
         ],
     );
     assert!(!exists(&mut master, b"never") && !exists(&mut master, b"zero"));
@@ -114,7 +137,12 @@ fn replica_holds_identical_state() {
             (BINARY_KEY, "0.001", "2", Some("0.5"), false),
             (b"big", "1", "100", Some("0"), true), // cost 0 on an existing bucket
             (b"big", "1", "100", Some("39"), true),
-            (b"late", "0.002", "4", Some("3.5"), true), // created while streaming
+            (b"third", "3", "3000", Some("1"), true), // updated in place on the master
+            (b"seventh", "7", "7000", Some("1"), true),
+            (b"seventh", "7", "7000", Some("1000"), false), // 143 s of refill short
+            (b"tenth", "10", "10000", Some("1"), true),
+            (b"sevens", "7", "7000", Some("700"), true), // a new fractional bucket
+            (b"late", "0.002", "4", Some("3.5"), true),  // created while streaming
             (b"late", "0.002", "4", None, false),
             (b"never", "1", "5", Some("6"), false),
         ],
@@ -123,47 +151,19 @@ fn replica_holds_identical_state() {
     assert_same_state(&mut master, &mut replica);
     assert_eq!(
         all_keys(&mut master),
-        [&b"a"[..], b"big", b"frac", b"late", BINARY_KEY],
+        [
+            &b"a"[..],
+            b"big",
+            b"frac",
+            b"late",
+            b"sevens",
+            b"seventh",
+            b"tenth",
+            b"third",
+            BINARY_KEY
+        ],
         "exactly the buckets that took tokens exist"
     );
-}
-
-/// Splits an AOF (plain RESP, no RDB preamble) into commands.
-fn parse_aof(bytes: &[u8]) -> Vec<Vec<Vec<u8>>> {
-    fn line<'a>(bytes: &'a [u8], pos: &mut usize) -> &'a [u8] {
-        let start = *pos;
-        let len = bytes[start..]
-            .windows(2)
-            .position(|w| w == b"\r\n")
-            .expect("CRLF in AOF");
-        *pos = start + len + 2;
-        &bytes[start..start + len]
-    }
-    fn number(header: &[u8], prefix: u8) -> usize {
-        assert_eq!(
-            header.first(),
-            Some(&prefix),
-            "AOF framing: {:?}",
-            String::from_utf8_lossy(header)
-        );
-        std::str::from_utf8(&header[1..])
-            .expect("ASCII length")
-            .parse()
-            .expect("length")
-    }
-    let mut commands = Vec::new();
-    let mut pos = 0;
-    while pos < bytes.len() {
-        let argc = number(line(bytes, &mut pos), b'*');
-        let mut args = Vec::with_capacity(argc);
-        for _ in 0..argc {
-            let len = number(line(bytes, &mut pos), b'$');
-            args.push(bytes[pos..pos + len].to_vec());
-            pos += len + 2;
-        }
-        commands.push(args);
-    }
-    commands
 }
 
 /// Every command in the incremental AOF files under `dir/appendonlydir`.
@@ -210,9 +210,14 @@ fn replication_stream_carries_setstate_never_acquire() {
         (b"s2", "0.01", "1.5", Some("0"), true),  // cost 0
         (b"s2", "0.01", "1.5", Some("2"), false), // cost above capacity
         (BINARY_KEY, "0.001", "1", None, true),
+        (b"s3", "3", "3000", Some("1000"), true), // a fraction of a nanosecond
+        (b"s3", "3", "3000", Some("1"), true),
+        (b"s7", "7", "7000", Some("6999"), true),
+        (b"s7", "7", "7000", Some("1000"), false), // denied: 143 s of refill short
+        (b"s10", "10", "10000", Some("5000"), true), // whole nanoseconds
     ];
     run_calls(&mut master, mix);
-    let allowed_writes = 4; // the allowed calls with a cost above 0
+    let allowed_writes = 8; // the allowed calls with a cost above 0
     wait_for_replica(&mut master);
 
     // The replica executed one RL.SETSTATE per write and never an RL.ACQUIRE.
@@ -241,21 +246,56 @@ fn replication_stream_carries_setstate_never_acquire() {
         .collect();
     assert_eq!(set_states.len() as u64, allowed_writes, "AOF: {names:?}");
     // Each key's last RL.SETSTATE is its exact state: its expiry is the full_at instant
-    // rounded up to a millisecond, as the master holds it.
-    for key in [&b"s1"[..], b"s2", BINARY_KEY] {
+    // rounded up to a millisecond, as the master holds it. A state with a fraction of a
+    // nanosecond carries it as a third argument; a whole one keeps 0.1.0's two.
+    let keys: &[(&[u8], bool)] = &[
+        (b"s1", true), // 0.001 is not exactly 1/1000 as a double
+        (b"s2", true),
+        (BINARY_KEY, true),
+        (b"s3", true),
+        (b"s7", true),
+        (b"s10", false),
+    ];
+    for &(key, has_fraction) in keys {
+        let name = String::from_utf8_lossy(key);
         let last = set_states
             .iter()
             .rev()
             .find(|c| c[1] == key)
-            .unwrap_or_else(|| panic!("no RL.SETSTATE for {:?}", String::from_utf8_lossy(key)));
-        assert_eq!(last.len(), 3, "RL.SETSTATE key full_at_ns");
-        let full_at_ns: u64 = std::str::from_utf8(&last[2])
-            .expect("ASCII")
-            .parse()
-            .expect("integer");
-        let expire_at_ms = i64::try_from(full_at_ns.div_ceil(1_000_000)).expect("fits");
-        assert_eq!(pexpiretime(&mut master, key), expire_at_ms);
+            .unwrap_or_else(|| panic!("no RL.SETSTATE for {name:?}"));
+        let full_at_ns = uint_arg(&last[2]);
+        let full_at_frac = match last.len() {
+            3 => 0,
+            4 => uint_arg(&last[3]),
+            n => panic!("RL.SETSTATE for {name:?} with {n} arguments"),
+        };
+        assert_eq!(last.len() == 4, has_fraction, "{name:?}: {last:?}");
+        assert_eq!(full_at_frac != 0, has_fraction, "{name:?}: {last:?}");
+        let ns_ceil = full_at_ns + u64::from(full_at_frac > 0);
+        let expire_at_ms = i64::try_from(ns_ceil.div_ceil(1_000_000)).expect("fits");
+        assert_eq!(pexpiretime(&mut master, key), expire_at_ms, "{name:?}");
     }
+
+    // The AOF replays to the same bytes: restart the master from it. The replica is detached
+    // first, so it keeps what the stream gave it instead of resyncing from the replay.
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("NO")
+        .arg("ONE")
+        .query(&mut replica)
+        .expect("REPLICAOF NO ONE");
+    let mut server = server;
+    let master_args = [
+        "--appendonly",
+        "yes",
+        "--aof-use-rdb-preamble",
+        "no",
+        "--appendfsync",
+        "always",
+    ];
+    server.restart_with(&master_args);
+    let mut replayed = server.conn();
+    assert_same_state(&mut replayed, &mut replica);
+    assert_eq!(all_keys(&mut replayed).len(), keys.len());
 }
 
 #[test]

@@ -1,21 +1,25 @@
 //! `args`: the argument parsers on arbitrary bytes: `args::acquire` (`rate capacity [cost]`),
 //! `args::throttle` (`max_burst count_per_period period [quantity]`), `args::gcra`
-//! (`max_burst tokens_per_period period [TOKENS count]`) and `args::full_at_ns` (the integer
-//! of `RL.SETSTATE`).
+//! (`max_burst tokens_per_period period [TOKENS count]`) and `args::state`
+//! (`full_at_ns [full_at_frac]` of `RL.SETSTATE`).
 //!
 //! Input: 1 to 4 arguments separated by NUL bytes (the 4th takes the rest, NULs included), so
 //! a corpus file reads like a command line: `5\x0010\x001`. Every argument goes through
-//! `full_at_ns`; with 2 or more, the first three go through `acquire`, and with 3 or more,
-//! all of them through `throttle` and `gcra` (whose option is the 4th argument, split at its
-//! first NUL into the name and the count).
+//! `state` alone, and every pair of neighbours as `full_at_ns full_at_frac`; with 2 or more,
+//! the first three go through `acquire`, and with 3 or more, all of them through `throttle`
+//! and `gcra` (whose option is the 4th argument, split at its first NUL into the name and the
+//! count).
 //!
 //! Checks, besides "never panics":
 //! - every `Ok` is within the documented ranges: rate in [1e-6, 1e9], capacity in (0, 1e15],
-//!   capacity / rate at most 100 years, cost finite and >= 0, full_at in 1..=i64::MAX;
+//!   capacity / rate at most 100 years, cost finite and >= 0, full_at_ns in 1..=i64::MAX,
+//!   full_at_frac in 0..=i64::MAX;
 //! - the parsers agree exactly (same value, same error, same argument named) with a reference
 //!   written from their documentation: a plain decimal is what Rust's `f64` parser accepts
 //!   from the characters `0-9 . + - e E`, when finite; a throttle integer is digits only,
-//!   saturating at `u64::MAX`.
+//!   saturating at `u64::MAX`, as are `full_at_ns` and `full_at_frac` (leading zeros allowed);
+//!   a throttle limit is exactly `count` tokens per `period` seconds (`T = period × 1e9 /
+//!   count` ns in lowest terms).
 //!   That also cross-checks the integer fast path of the decimal parser against the general
 //!   one.
 #![no_main]
@@ -23,7 +27,7 @@
 use libfuzzer_sys::fuzz_target;
 use redis_rl::args;
 use redis_rl::bucket::{
-    MAX_CAPACITY, MAX_FULL_AT_NS, MAX_RATE_PER_S, MAX_REFILL_S, MIN_RATE_PER_S,
+    MAX_CAPACITY, MAX_FULL_AT_FRAC, MAX_FULL_AT_NS, MAX_RATE_PER_S, MAX_REFILL_S, MIN_RATE_PER_S,
 };
 use redis_rl::error::Error;
 
@@ -91,9 +95,13 @@ fn reference_throttle(
         None => 1.0,
         Some(bytes) => reference_integer(bytes).ok_or(Error::Quantity)? as f64,
     };
-    let rate = count as f64 / period as f64;
+    // The rate as documented, tokens × 1e9 / period_ns; its range is checked exactly.
+    let period_ns = period.saturating_mul(1_000_000_000);
+    let rate = count as f64 * 1e9 / period_ns as f64;
     let total = max_burst + 1;
-    if !(MIN_RATE_PER_S..=MAX_RATE_PER_S).contains(&rate) {
+    let scaled = u128::from(count) * 1_000_000_000;
+    if scaled * 1_000_000 < u128::from(period_ns) || scaled > u128::from(period_ns) * 1_000_000_000
+    {
         return Err(Error::ThrottleRate);
     }
     if total as f64 / rate > MAX_REFILL_S {
@@ -127,37 +135,49 @@ fn reference_gcra(
             reference_integer(count.ok_or(Error::TokensMissing)?).ok_or(Error::Tokens)? as f64
         }
     };
-    let rate = tokens as f64 / period;
+    // The period to the nearest ns; T = period_ns / tokens exactly, range-checked exactly.
+    let period_ns = (period * 1e9).round() as u64;
     let total = max_burst + 1;
-    if !(MIN_RATE_PER_S..=MAX_RATE_PER_S).contains(&rate) {
+    let scaled = u128::from(tokens) * 1_000_000_000;
+    if period_ns == 0
+        || scaled * 1_000_000 < u128::from(period_ns)
+        || scaled > u128::from(period_ns) * 1_000_000_000
+    {
         return Err(Error::GcraRate);
     }
+    let rate = tokens as f64 * 1e9 / period_ns as f64;
     if total as f64 / rate > MAX_REFILL_S {
         return Err(Error::GcraRefillTime);
     }
     Ok((rate, total as f64, cost, total))
 }
 
-/// `full_at_ns`: 1 to 19 ASCII digits (so at most `i64::MAX`'s length; longer spellings with
-/// leading zeros are refused too) holding a value in `1..=i64::MAX`.
-fn reference_full_at(bytes: &[u8]) -> Option<u64> {
-    if bytes.is_empty() || bytes.len() > 19 || !bytes.iter().all(u8::is_ascii_digit) {
-        return None;
+/// `(full_at_ns, full_at_frac)` or the argument at fault: ASCII digits only (any number of
+/// leading zeros), `full_at_ns` in `1..=i64::MAX`, `full_at_frac` (0 when absent) in
+/// `0..=i64::MAX`. Checked in order: a bad `full_at_ns` is named first.
+fn reference_state(ns: &[u8], frac: Option<&[u8]>) -> Result<(u64, u64), Error> {
+    let ns = reference_integer(ns)
+        .filter(|n| (1..=MAX_FULL_AT_NS).contains(n))
+        .ok_or(Error::FullAt)?;
+    let frac = match frac {
+        None => 0,
+        Some(bytes) => reference_integer(bytes)
+            .filter(|&f| f <= MAX_FULL_AT_FRAC)
+            .ok_or(Error::FullAtFrac)?,
+    };
+    if (1..=MAX_FULL_AT_NS).contains(&ns) {
+        Ok((ns, frac))
+    } else {
+        Err(Error::FullAt)
     }
-    let value: u64 = std::str::from_utf8(bytes).ok()?.parse().ok()?;
-    (1..=MAX_FULL_AT_NS).contains(&value).then_some(value)
 }
 
-fn check_full_at(bytes: &[u8]) {
-    let got = args::full_at_ns(bytes);
-    if let Ok(state) = got {
-        assert!((1..=i64::MAX as u64).contains(&state.full_at_ns()));
+fn check_state(ns: &[u8], frac: Option<&[u8]>) {
+    let got = args::state(ns, frac).map(|s| (s.full_at_ns(), s.full_at_frac()));
+    if let Ok((n, f)) = got {
+        assert!((1..=i64::MAX as u64).contains(&n) && f <= i64::MAX as u64);
     }
-    match (got, reference_full_at(bytes)) {
-        (Ok(state), Some(want)) => assert_eq!(state.full_at_ns(), want, "{bytes:?}"),
-        (Err(e), None) => assert_eq!(e, Error::FullAt),
-        (got, want) => panic!("full_at_ns({bytes:?}) = {got:?}, reference {want:?}"),
-    }
+    assert_eq!(got, reference_state(ns, frac), "state({ns:?}, {frac:?})");
 }
 
 fn check_acquire(rate: &[u8], capacity: &[u8], cost: Option<&[u8]>) {
@@ -200,6 +220,17 @@ fn check_throttle(max_burst: &[u8], count: &[u8], period: &[u8], quantity: Optio
     match (got, reference_throttle(max_burst, count, period, quantity)) {
         (Ok(t), Ok((r, c, k, total))) => {
             assert_eq!(t.limit.rate_per_s().to_bits(), r.to_bits(), "rate");
+            // T = period × 1e9 / count ns exactly, in lowest terms.
+            let (count, period_ns) = (
+                reference_integer(count).unwrap_or(0),
+                reference_integer(period).unwrap_or(0) * 1_000_000_000,
+            );
+            let g = gcd(period_ns, count);
+            assert_eq!(
+                t.limit.ns_per_token(),
+                (u128::from(period_ns / g), count / g),
+                "T of {count} per {period_ns} ns"
+            );
             assert_eq!(t.limit.capacity().to_bits(), c.to_bits(), "capacity");
             assert_eq!(t.cost.tokens().to_bits(), k.to_bits(), "quantity");
             assert_eq!(t.total, total, "total");
@@ -233,17 +264,29 @@ fn check_gcra(max_burst: &[u8], tokens: &[u8], period: &[u8], option: Option<&[u
             assert_eq!(t.cost.tokens().to_bits(), k.to_bits(), "count");
             assert_eq!(t.total, total, "total");
         }
-        (Err(e), Err(want)) => assert_eq!(e, want, "{max_burst:?} {tokens:?} {period:?} {option:?}"),
+        (Err(e), Err(want)) => {
+            assert_eq!(e, want, "{max_burst:?} {tokens:?} {period:?} {option:?}")
+        }
         (got, want) => panic!(
             "gcra({max_burst:?}, {tokens:?}, {period:?}, {option:?}) = {got:?}, reference {want:?}"
         ),
     }
 }
 
+fn gcd(mut a: u64, mut b: u64) -> u64 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
+}
+
 fuzz_target!(|data: &[u8]| {
     let parts: Vec<&[u8]> = data.splitn(4, |&b| b == 0).collect();
     for part in &parts {
-        check_full_at(part);
+        check_state(part, None);
+    }
+    for pair in parts.windows(2) {
+        check_state(pair[0], Some(pair[1]));
     }
     match parts[..] {
         [rate, capacity] => check_acquire(rate, capacity, None),

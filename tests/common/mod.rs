@@ -9,12 +9,15 @@
 //! commands (`acquire`, `acquire_cmd`, `command`, `show`, `error_text`, `config_set`), a table
 //! of bad arguments checked against an empty server (`assert_rejected_on_empty_server`), key
 //! state (`dump`, `pexpiretime`, `exists`, `dbsize`, `all_keys`), the server's clock, and
-//! `WAIT` for a replica. Submodules: [`fresh`] computes the reply to a first call, [`info`] reads `INFO`, [`lua`] runs the classic Lua token
-//! bucket, and [`cluster`] starts a Redis Cluster. Each test binary uses a subset of all this,
+//! `WAIT` for a replica. Submodules: [`fresh`] computes the reply to a first call, [`info`]
+//! reads `INFO`, [`lua`] runs the classic Lua token bucket, [`cluster`] starts a Redis Cluster,
+//! [`aof`] reads AOF files and [`rdb`] builds `DUMP` payloads. Each test binary uses a subset
+//! of all this,
 //! hence `allow(dead_code)`.
 
 #![allow(dead_code)]
 
+pub mod aof;
 pub mod cluster;
 pub mod fresh;
 pub mod info;

@@ -6,7 +6,10 @@ use rl_bucket::{self as bucket, Change, Cost, Limit, State};
 
 #[test]
 fn bucket_replies_as_the_shared_vectors_say() {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../clients/vectors/bucket.txt");
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../clients/vectors/bucket.txt"
+    );
     let text = std::fs::read_to_string(path).expect("read the vectors");
     let mut state: Option<State> = None;
     let mut case = String::new();
