@@ -325,9 +325,15 @@ unsafe extern "C" fn aof_rewrite(
     }
 }
 
-/// The state lives in the value pointer: the bucket owns no memory of its own.
+/// The server's record of each module value (`moduleValue`: the type pointer and the value
+/// word, which holds the state inline): memory the bucket costs that no server counts itself.
+const VALUE_RECORD_BYTES: usize = 2 * std::mem::size_of::<usize>();
+
+/// The value record plus what the value owns (nothing: the state is inline). Never 0: Valkey
+/// 8.1 answers `MEMORY USAGE` of a module key with this number alone (the key is embedded in
+/// its object, and neither is added), so 0 made every bucket look free there.
 unsafe extern "C" fn mem_usage(_value: *const c_void) -> usize {
-    0
+    VALUE_RECORD_BYTES
 }
 
 unsafe extern "C" fn digest(md: *mut raw::RedisModuleDigest, value: *mut c_void) {
