@@ -110,8 +110,17 @@ SERVERS ?=
 test-servers: servers ## Run the integration suite on each server of the matrix in turn, with a summary
 	@# One build for all: cargo test does not rebuild the cdylib the integration tests load.
 	$(CARGO) build --lib
-	$(CARGO) test --tests --no-run
+	$(CARGO) test --test '*' --no-run
 	scripts/servers.sh test $(SERVERS)
+
+.PHONY: dist dist-check
+
+dist: deps ## Release tarball in target/dist/: the .so linked for glibc 2.17 (cargo-zigbuild), docs, SHA256SUMS
+	scripts/dist.sh build
+
+dist-check: servers ## Check the tarball: SHA256SUMS, no symbol past GLIBC_2.17 (objdump -T), the suite on Redis 7.0 and Valkey 9 with its .so
+	$(CARGO) test --test '*' --no-run
+	scripts/dist.sh check
 
 .PHONY: fuzz fuzz-smoke
 

@@ -5,7 +5,7 @@
 #   scripts/servers.sh fetch    fetch and unpack whatever is missing, then check each launcher
 #   scripts/servers.sh list     print the launchers, one per line, oldest first
 #   scripts/servers.sh test [NAME…]
-#                               run the integration suite (cargo test --tests) against each
+#                               run the integration suite (cargo test --test '*') against each
 #                               server in turn (all six by default), then print one line per
 #                               server: passed, failed and seconds. The module and the test
 #                               binaries must be built already (make test-servers does that).
@@ -201,10 +201,11 @@ case "${1:-fetch}" in
     for name in "$@"; do
       [ -x "$BIN/$name" ] || { say "no launcher $BIN/$name (make servers)"; exit 1; }
       log="$ROOT/test-$name.log"
-      echo "=== cargo test --tests with REDIS_SERVER=target/servers/bin/$name ($("$BIN/$name" --version))"
+      echo "=== cargo test --test '*' with REDIS_SERVER=target/servers/bin/$name${RL_MODULE:+ RL_MODULE=$RL_MODULE} ($("$BIN/$name" --version))"
       start=$SECONDS
       status=0
-      REDIS_SERVER="$BIN/$name" cargo test --tests --no-fail-fast 2>&1 | tee "$log" || status=$?
+      # --test '*': the integration tests only; the unit tests never start a server.
+      REDIS_SERVER="$BIN/$name" cargo test --test '*' --no-fail-fast 2>&1 | tee "$log" || status=$?
       seconds=$((SECONDS - start))
       # Each test binary ends with "test result: ok. N passed; M failed; …": add them up.
       read -r passed fails < <(awk '/^test result:/ { p += $4; f += $6 } END { print p + 0, f + 0 }' "$log")
