@@ -6,7 +6,7 @@ REDIS_SERVER ?= redis-server
 PORT ?= 6379
 MODULE := $(CURDIR)/target/release/libredis_rl.so
 # Debian/Ubuntu packages the build and tests need, and the command each provides.
-APT_PACKAGES := redis-server redis-tools clang libclang-dev
+APT_PACKAGES := redis-server redis-tools clang libclang-dev binutils
 
 .DEFAULT_GOAL := help
 .PHONY: help deps build run test lint clean
@@ -20,6 +20,7 @@ deps: ## Install missing system packages (apt-get, as root), or say what to inst
 	command -v redis-cli >/dev/null || missing="$$missing redis-tools"; \
 	command -v redis-benchmark >/dev/null || missing="$$missing redis-tools"; \
 	command -v clang >/dev/null || missing="$$missing clang"; \
+	command -v objdump >/dev/null || missing="$$missing binutils"; \
 	ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 || ls /usr/lib/*/libclang*.so* >/dev/null 2>&1 || missing="$$missing libclang-dev"; \
 	if [ -z "$$missing" ]; then exit 0; fi; \
 	missing=$$(echo $$missing | tr ' ' '\n' | sort -u | tr '\n' ' '); \
