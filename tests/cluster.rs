@@ -223,10 +223,12 @@ fn manual_failover_keeps_every_bucket() {
     let mut on_master = cluster.conn(master);
     // The takes went through the cluster client's connection, not this one.
     wait_for_replica_after_others(&mut on_master, "{rl:failover}:wait");
-    // A master with a replica must have replicated the takes, not skipped them.
+    // A master with a replica must have replicated the takes, not skipped them. "unknown" is
+    // fine: an event after the takes (the replica's sync forking, say) cleared the cached
+    // answer, which the next write recomputes; the replica's state below is the real check.
     let rl = info(&mut on_master, "rl");
     assert!(
-        rl.contains("rl_propagation:replicate"),
+        !rl.contains("rl_propagation:skip"),
         "{rl}\n{}",
         info(&mut on_master, "replication")
     );
