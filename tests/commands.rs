@@ -789,6 +789,9 @@ fn refund_gives_tokens_back_capped_at_capacity() {
     // Fractions too.
     assert_eq!(refund(&mut con, &["k", "0.001", "5", "1.5"])[0], 4);
     assert_eq!(pexpiretime(&mut con, b"k"), expire_at - 2_500_000);
+    // Not full yet (half a token short): the key stays, the other half of "deletes exactly
+    // when full".
+    assert!(exists(&mut con, b"k"), "a bucket short of full must not be deleted");
 
     // Cost 0 changes nothing.
     let before = snapshot(&mut con);
@@ -800,10 +803,15 @@ fn refund_gives_tokens_back_capped_at_capacity() {
     assert!(!exists(&mut con, b"k"), "a full bucket must be deleted");
     assert_eq!(peek(&mut con, &["k", "0.001", "5"]), [1, 5, 0, 0]);
 
-    // Exactly back to full deletes it as well.
+    // One tick short of full keeps the key; exactly back to full deletes it as well.
     acquire(&mut con, &["e", "0.001", "5", "2"]);
-    assert_eq!(refund(&mut con, &["e", "0.001", "5", "2"]), [5, 0]);
+    assert_eq!(refund(&mut con, &["e", "0.001", "5", "1.999"])[0], 4);
+    assert!(exists(&mut con, b"e"), "deleted while still short of full");
+    assert_eq!(refund(&mut con, &["e", "0.001", "5", "1"]), [5, 0]);
     assert!(!exists(&mut con, b"e"));
+    acquire(&mut con, &["f", "0.001", "5", "2"]);
+    assert_eq!(refund(&mut con, &["f", "0.001", "5", "2"]), [5, 0]);
+    assert!(!exists(&mut con, b"f"));
 }
 
 #[test]
