@@ -803,7 +803,7 @@ fn refund_gives_tokens_back_capped_at_capacity() {
     assert!(!exists(&mut con, b"k"), "a full bucket must be deleted");
     assert_eq!(peek(&mut con, &["k", "0.001", "5"]), [1, 5, 0, 0]);
 
-    // One tick short of full keeps the key; exactly back to full deletes it as well.
+    // A thousandth of a token short of full keeps the key; back to full deletes it.
     acquire(&mut con, &["e", "0.001", "5", "2"]);
     assert_eq!(refund(&mut con, &["e", "0.001", "5", "1.999"])[0], 4);
     assert!(exists(&mut con, b"e"), "deleted while still short of full");
