@@ -177,5 +177,12 @@ test-clients-rust: deps ## The Rust client (clients/rust): vectors, module, plai
 	@if $(CARGO) tree -p redis-rl-client | grep -i -E 'redis-module|bindgen|clang'; then \
 		echo "test-clients-rust: redis-rl-client depends on the module's build (see above)"; exit 1; fi
 
+.PHONY: bench-clients-rust
+
+bench-clients-rust: deps ## Flood one denied key through the Rust client, shield off and on: calls reaching Redis, p50/p99 (BENCH_CALLS=20000)
+	$(CARGO) build --lib
+	$(CARGO) build --release -p redis-rl-client --example flood
+	RL_MODULE="$(CURDIR)/target/debug/libredis_rl.so" REDIS_SERVER="$(REDIS_SERVER)" clients/rust/bench/flood.sh $(or $(BENCH_CALLS),20000)
+
 clean: ## Remove build output
 	$(CARGO) clean

@@ -18,10 +18,12 @@ enum Step {
 }
 
 /// One fixed sequence of calls: bursts, denials, the impossible, cost 0, peek, refund,
-/// acquire_all; at 1/s and at rates whose period is not a whole number of ns or µs.
+/// acquire_all; at 1/s and at rates whose period is not a whole number of ns or µs: exact
+/// ones (0.75/s: T = 4e9/3 ns, 0.875/s: T = 8e9/7 ns) and an inexact one (0.3/s), all slow
+/// enough that a stall of the machine mid-sequence refills nothing.
 fn sequence(limiter: &Limiter) -> Vec<Step> {
     let mut out = Vec::new();
-    for (rate, capacity) in [(1.0, 5.0), (3.0, 3.0), (7.0, 7.0), (0.3, 3.0)] {
+    for (rate, capacity) in [(1.0, 5.0), (0.75, 3.0), (0.875, 7.0), (0.3, 3.0)] {
         let key = format!("a:{rate}");
         let limit = Limit::new(rate, capacity).unwrap();
         let burst = capacity as usize;
