@@ -236,7 +236,10 @@ impl Options {
         self
     }
 
-    /// Each call's deadline (connect, send and reply). Past it the failure policy decides.
+    /// Each call's deadline; past it the failure policy decides. The async limiter bounds the
+    /// whole call with it; the blocking one sets it as the connect, read and write timeouts,
+    /// so a call that also detects the module or loads the script (its first, or the first
+    /// after an "unknown command" or NOSCRIPT) can take up to three of them.
     pub fn timeout(mut self, timeout: Duration) -> Options {
         self.timeout = timeout.max(Duration::from_millis(1));
         self

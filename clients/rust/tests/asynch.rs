@@ -166,3 +166,21 @@ async fn the_shield_keeps_a_hot_key_off_the_server() {
     assert_eq!(server.calls("RL.ACQUIRE"), 2);
     assert_eq!(limiter.counters().cache, 99);
 }
+
+/// Both limiters can be shared across threads, and the async calls can be spawned on a
+/// multi-threaded runtime (their futures are Send). A compile-time check.
+#[allow(dead_code)]
+fn limiters_are_send_and_sync(limiter: AsyncLimiter<ConnectionManager>, limit: Limit) {
+    fn send_sync<T: Send + Sync>(_: &T) {}
+    fn send<T: Send>(_: T) {}
+    send_sync(&limiter);
+    send_sync(&redis_rl_client::Limiter::new(
+        redis::Client::open("redis://127.0.0.1/").unwrap(),
+        Options::new(OnError::Open),
+    ));
+    send(async move {
+        let _ = limiter.acquire("k", &limit, 1.0).await;
+        let _ = limiter.acquire_all(&[("k", limit, 1.0)]).await;
+        let _ = limiter.refund("k", &limit, 1.0).await;
+    });
+}
