@@ -136,14 +136,21 @@ impl LocalBuckets {
         self.states.len()
     }
 
-    /// This instance's share of `limit`. With one instance it is the limit itself, exactly;
-    /// otherwise the divided doubles, each within half an ulp of the exact share.
+    /// This instance's share of `limit`. With one instance it is the limit itself, exactly.
+    /// An integer rate `R` is shared exactly too, as `R` tokens per `instances` seconds;
+    /// another rate, and the capacity, are the divided doubles (within half an ulp).
     fn share(&self, limit: &Limit) -> Option<rl_bucket::Limit> {
         if self.instances == 1 {
             return Some(*limit.bucket());
         }
         let n = f64::from(self.instances);
-        rl_bucket::Limit::new(limit.rate_per_s() / n, limit.capacity() / n).ok()
+        let (rate, capacity) = (limit.rate_per_s(), limit.capacity() / n);
+        if rate.fract() == 0.0 {
+            // rate <= 1e9, so both fit u64 exactly.
+            let period_ns = u64::from(self.instances).saturating_mul(1_000_000_000);
+            return rl_bucket::Limit::per_period(rate as u64, period_ns, capacity).ok();
+        }
+        rl_bucket::Limit::new(rate / n, capacity).ok()
     }
 
     pub(crate) fn acquire(
@@ -372,6 +379,25 @@ mod tests {
             local.acquire(&format!("other{i}"), &limit, 1.0, now_us, true);
         }
         assert_eq!(local.len(), 3);
+    }
+
+    /// 7/s and 21 over 3 instances: a share of 7 tokens per 3 s (T = 3e9/7 ns, built with
+    /// `per_period`, so not 7/3 rounded to a double) and a burst of 7.
+    #[test]
+    fn an_integer_rate_is_shared_exactly() {
+        let limit = Limit::new(7.0, 21.0).unwrap();
+        let mut local = LocalBuckets::new(3, 10);
+        let now_us = 1_000_000;
+        for _ in 0..7 {
+            assert!(local.acquire("k", &limit, 1.0, now_us, true).allowed);
+        }
+        assert!(!local.acquire("k", &limit, 1.0, now_us, true).allowed);
+        // After 3 s, 7 tokens are back, and one more takes 3/7 s.
+        let later = now_us + 3_000_000;
+        assert_eq!(local.acquire("k", &limit, 7.0, later, false).remaining, 7);
+        assert!(local.acquire("k", &limit, 7.0, later, true).allowed);
+        let denied = local.acquire("k", &limit, 1.0, later, true);
+        assert_eq!((denied.allowed, denied.retry_after_ms), (false, 429));
     }
 
     #[test]
