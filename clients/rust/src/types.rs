@@ -291,7 +291,8 @@ impl Counters {
         *slot = slot.saturating_add(1);
     }
 
-    /// Decisions taken without Redis: by the policy or the deny cache.
+    /// Decisions the failure policy took without Redis (`local + open + closed`; the deny
+    /// cache's answers are counted apart, in `cache`).
     pub fn without_redis(&self) -> u64 {
         self.local
             .saturating_add(self.open)
