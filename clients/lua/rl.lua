@@ -51,16 +51,21 @@ local function muldiv(k, m, d)
   local rest = k - k2 * P42
   local k1 = math.floor(rest / P21)
   local k0 = rest - k1 * P21
-  local q, r = 0, 0
-  for _, limb in ipairs({k2, k1, k0}) do
-    local t = r * P21 + limb * m
-    local qd = math.floor(t / d)
-    local rd = t - qd * d
-    if rd < 0 then qd = qd - 1; rd = rd + d elseif rd >= d then qd = qd + 1; rd = rd - d end
-    q = q * P21 + qd
-    r = rd
-  end
-  return q, r
+  -- One step of long division per limb, high to low (unrolled: no table per call).
+  local t = k2 * m
+  local q = math.floor(t / d)
+  local r = t - q * d
+  if r < 0 then q = q - 1; r = r + d elseif r >= d then q = q + 1; r = r - d end
+  t = r * P21 + k1 * m
+  local qd = math.floor(t / d)
+  r = t - qd * d
+  if r < 0 then qd = qd - 1; r = r + d elseif r >= d then qd = qd + 1; r = r - d end
+  q = q * P21 + qd
+  t = r * P21 + k0 * m
+  qd = math.floor(t / d)
+  r = t - qd * d
+  if r < 0 then qd = qd - 1; r = r + d elseif r >= d then qd = qd + 1; r = r - d end
+  return q * P21 + qd, r
 end
 
 -- ceil((q + r/D) / 1000) for q >= 0: a duration in µs to whole milliseconds, rounded up.
@@ -101,14 +106,16 @@ end
 -- The limit of key i, from ARGV.
 local function limit_of(i)
   local base = 1 + (i - 1) * 10
-  local v = {}
-  for j = 1, 10 do
-    local x = tonumber(ARGV[base + j])
-    if x == nil then return redis.error_reply('ERR redis-rl script: argument ' .. (base + j) .. ' is not a number') end
-    v[j] = x
+  for j = base + 1, base + 10 do
+    if tonumber(ARGV[j]) == nil then
+      return redis.error_reply('ERR redis-rl script: argument ' .. j .. ' is not a number')
+    end
   end
-  return {d = v[1], tq = v[2], tr = v[3], cq = v[4], cr = v[5], sq = v[6], sr = v[7],
-          kq = v[8], kr = v[9], cfloor = v[10]}
+  local a = ARGV
+  return {d = tonumber(a[base + 1]), tq = tonumber(a[base + 2]), tr = tonumber(a[base + 3]),
+          cq = tonumber(a[base + 4]), cr = tonumber(a[base + 5]), sq = tonumber(a[base + 6]),
+          sr = tonumber(a[base + 7]), kq = tonumber(a[base + 8]), kr = tonumber(a[base + 9]),
+          cfloor = tonumber(a[base + 10])}
 end
 
 -- The stored instant of key, as {q, r} over lim.d, or nil for a missing key.
@@ -137,6 +144,12 @@ local function debt_of(full)
   return q, r
 end
 
+-- Whether n tokens' refill time, n * T, is at most (aq, ar).
+local function fits(lim, n, aq, ar)
+  local q, r = muldiv(n, lim.tr, lim.d)
+  return less_eq(q + n * lim.tq, r, aq, ar)
+end
+
 -- floor(tokens) for a bucket `debt` short of full: the largest whole k <= floor(capacity) with
 -- k * T <= capacity * T - debt, found from a float estimate settled with exact comparisons.
 local function remaining_of(lim, dq, dr)
@@ -146,16 +159,11 @@ local function remaining_of(lim, dq, dr)
   local k = math.floor((aq + ar / lim.d) / t)
   if k > lim.cfloor then k = lim.cfloor end
   if k < 0 then k = 0 end
-  local function fits(n)
-    local q, r = muldiv(n, lim.tr, lim.d)
-    q = q + n * lim.tq
-    return less_eq(q, r, aq, ar)
+  for _ = 1, 64 do
+    if k > 0 and not fits(lim, k, aq, ar) then k = k - 1 else break end
   end
   for _ = 1, 64 do
-    if k > 0 and not fits(k) then k = k - 1 else break end
-  end
-  for _ = 1, 64 do
-    if k < lim.cfloor and fits(k + 1) then k = k + 1 else break end
+    if k < lim.cfloor and fits(lim, k + 1, aq, ar) then k = k + 1 else break end
   end
   return k
 end
