@@ -223,6 +223,24 @@ examples: deps ## Test the Python, Node and Rust examples (apps on the client li
 	cd examples/node && npm ci --no-audit --no-fund --loglevel=error
 	RL_MODULE="$(CURDIR)/target/debug/libredis_rl.so" REDIS_SERVER="$(REDIS_SERVER)" examples/run.sh
 
+.PHONY: test-clients-rust
+
+test-clients-rust: deps ## The Rust client (clients/rust): vectors, module, plain server (Lua), outages, shield, cluster
+	@# The tests load the debug build of the module; cargo test does not build it.
+	$(CARGO) build --lib
+	$(CARGO) test -p rl-bucket --test vectors
+	$(CARGO) test -p redis-rl-client
+	@# The client must not pull in the module's build dependencies.
+	@if $(CARGO) tree -p redis-rl-client | grep -i -E 'redis-module|bindgen|clang'; then \
+		echo "test-clients-rust: redis-rl-client depends on the module's build (see above)"; exit 1; fi
+
+.PHONY: bench-clients-rust
+
+bench-clients-rust: deps ## Flood one denied key through the Rust client, shield off and on: calls reaching Redis, p50/p99 (BENCH_CALLS=20000)
+	$(CARGO) build --lib
+	$(CARGO) build --release -p redis-rl-client --example flood
+	RL_MODULE="$(CURDIR)/target/debug/libredis_rl.so" REDIS_SERVER="$(REDIS_SERVER)" clients/rust/bench/flood.sh $(or $(BENCH_CALLS),20000)
+
 clean: ## Remove build output
 	$(CARGO) clean
 

@@ -1,4 +1,6 @@
-//! A typed client for `RL.ACQUIRE` (redis-rl) with an explicit failure policy.
+//! A thin app on the redis-rl client library (`clients/rust`, crate `redis-rl-client`): a
+//! per-request limiter with an explicit fail-open or fail-closed policy and HTTP-style
+//! answers.
 //!
 //! ```no_run
 //! use redis_rl_limiter::{FailurePolicy, Limiter};
@@ -12,39 +14,30 @@
 //! # Ok::<(), redis_rl_limiter::Error>(())
 //! ```
 //!
-//! # Errors and the failure policy
+//! Everything that matters lives in the library: the typed decision, the failure policy
+//! (applied to connection errors, timeouts and OOM / READONLY / LOADING, counted and logged
+//! once per outage), the deny cache (on here: a flooded, denied key costs Redis nothing until
+//! its wait has passed) and the Lua fallback for servers without the module. This app adds
+//! two things:
 //!
-//! [`Limiter::acquire`] returns `Err` only when the *call* is wrong: a rate, capacity or cost
-//! outside the module's ranges, checked before any I/O. A bug in the caller must not be
-//! mistaken for an outage.
-//!
-//! Everything that keeps Redis from deciding (it is unreachable, too slow, out of memory, a
-//! read-only replica, the module is not loaded, the key holds another type) is an outage, and
-//! the limiter's [`FailurePolicy`] decides instead: `Ok(Decision)` with
-//! [`Decision::fallback`] set to the reason. There is no default policy, so every limiter
-//! states its choice, and each fallback decision is counted ([`Limiter::failed_open`],
-//! [`Limiter::failed_closed`]).
-//!
-//! - [`FailurePolicy::Open`] allows: for limits that protect capacity or fairness (an API
-//!   quota), where a limiter outage must not become an API outage.
-//! - [`FailurePolicy::Closed`] refuses: for limits that are a security control (logins, OTP,
-//!   password resets), where an attacker who can knock Redis over must not get unlimited tries.
-//!
-//! The connection has short timeouts (50 ms by default, [`Limiter::with_timeout`]), so a slow
-//! Redis degrades to the policy instead of stacking up requests. This example keeps one
-//! connection behind a mutex; a busy service would use a pool.
+//! - [`Limiter::acquire`] returns `Err` only when the *call* is wrong (a rate, capacity or
+//!   cost outside the module's ranges, checked before any I/O): a bug in the caller must not
+//!   be mistaken for an outage.
+//! - An error reply the library does not treat as an outage (the key holds another type) is
+//!   decided by the same policy here, with [`Decision::fallback`] saying why.
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
 use std::time::Duration;
+
+use redis_rl_client::{Limit, OnError, Options, Source};
 
 /// What to decide when Redis cannot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FailurePolicy {
-    /// Allow the request.
+    /// Allow the request: for limits that protect capacity or fairness (an API quota).
     Open,
-    /// Refuse the request.
+    /// Refuse the request: for limits that are a security control (logins, OTP).
     Closed,
 }
 
@@ -81,6 +74,8 @@ pub struct Decision {
     pub reset_after: Duration,
     /// `Some` when Redis could not decide and the [`FailurePolicy`] did.
     pub fallback: Option<Fallback>,
+    /// The library's headers (X-RateLimit-*, Retry-After when denied).
+    pub headers: Vec<(&'static str, String)>,
 }
 
 impl Decision {
@@ -97,19 +92,23 @@ impl Decision {
         ceil_secs(self.reset_after)
     }
 
-    /// The module's reply: `[allowed, remaining, retry_after_ms, reset_after_ms]`.
-    fn from_reply((allowed, remaining, retry_ms, reset_ms): (i64, i64, i64, i64)) -> Decision {
+    fn from_library(d: &redis_rl_client::Decision, policy: FailurePolicy) -> Decision {
         let millis = |ms: i64| Duration::from_millis(u64::try_from(ms).unwrap_or(0));
+        let decided_without_redis = matches!(d.source, Source::Open | Source::Closed);
         Decision {
-            allowed: allowed == 1,
-            remaining: u64::try_from(remaining).unwrap_or(0),
-            retry_after: match (allowed, retry_ms) {
-                (1, _) => RetryAfter::Now,
-                (_, ms) if ms < 0 => RetryAfter::Never,
-                (_, ms) => RetryAfter::After(millis(ms)),
+            allowed: d.allowed,
+            remaining: d.remaining,
+            retry_after: match (d.allowed, d.retry_after_ms) {
+                (true, _) => RetryAfter::Now,
+                (false, ms) if ms < 0 => RetryAfter::Never,
+                (false, ms) => RetryAfter::After(millis(ms)),
             },
-            reset_after: millis(reset_ms),
-            fallback: None,
+            reset_after: millis(d.reset_after_ms),
+            fallback: decided_without_redis.then(|| Fallback {
+                policy,
+                reason: "Redis could not decide (logged once per outage by redis-rl)".into(),
+            }),
+            headers: d.headers(),
         }
     }
 }
@@ -138,20 +137,13 @@ impl fmt::Display for Error {
 
 impl std::error::Error for Error {}
 
-// The module's accepted ranges.
-const MIN_RATE: f64 = 0.000_001;
-const MAX_RATE: f64 = 1e9;
-const MAX_CAPACITY: f64 = 1e15;
-const MAX_REFILL_S: f64 = 3_153_600_000.0;
-
 /// Token buckets in Redis, one per key.
 pub struct Limiter {
     client: redis::Client,
     policy: FailurePolicy,
-    timeout: Duration,
-    connection: Mutex<Option<redis::Connection>>,
-    failed_open: AtomicU64,
-    failed_closed: AtomicU64,
+    inner: redis_rl_client::Limiter,
+    /// Error replies that were not outages (WRONGTYPE), decided by the policy here.
+    failed_on_errors: AtomicU64,
 }
 
 impl Limiter {
@@ -162,20 +154,26 @@ impl Limiter {
     /// [`Error::InvalidUrl`] if `url` is not a Redis URL.
     pub fn new(url: &str, policy: FailurePolicy) -> Result<Limiter, Error> {
         let client = redis::Client::open(url).map_err(|e| Error::InvalidUrl(e.to_string()))?;
-        Ok(Limiter {
-            client,
-            policy,
-            timeout: Duration::from_millis(50),
-            connection: Mutex::new(None),
-            failed_open: AtomicU64::new(0),
-            failed_closed: AtomicU64::new(0),
-        })
+        Ok(Limiter::build(client, policy, Duration::from_millis(50)))
     }
 
-    /// Sets the connect, read and write timeout (default 50 ms).
-    pub fn with_timeout(mut self, timeout: Duration) -> Limiter {
-        self.timeout = timeout;
-        self
+    fn build(client: redis::Client, policy: FailurePolicy, timeout: Duration) -> Limiter {
+        let on_error = match policy {
+            FailurePolicy::Open => OnError::Open,
+            FailurePolicy::Closed => OnError::Closed,
+        };
+        let options = Options::new(on_error).deny_cache(true).timeout(timeout);
+        Limiter {
+            inner: redis_rl_client::Limiter::new(client.clone(), options),
+            client,
+            policy,
+            failed_on_errors: AtomicU64::new(0),
+        }
+    }
+
+    /// Sets each call's deadline (default 50 ms).
+    pub fn with_timeout(self, timeout: Duration) -> Limiter {
+        Limiter::build(self.client, self.policy, timeout)
     }
 
     /// Takes `cost` tokens from the bucket at `key` (refilling `rate` per second, holding at
@@ -191,88 +189,59 @@ impl Limiter {
         capacity: f64,
         cost: f64,
     ) -> Result<Decision, Error> {
-        if !(MIN_RATE..=MAX_RATE).contains(&rate) {
-            return Err(Error::InvalidArgument(
-                "rate must be from 0.000001 to 1e9 tokens/s",
-            ));
+        let limit = Limit::new(rate, capacity).map_err(invalid)?;
+        match self.inner.acquire(key, &limit, cost) {
+            Ok(d) => Ok(Decision::from_library(&d, self.policy)),
+            Err(e @ redis_rl_client::Error::Invalid(_)) => Err(invalid(e)),
+            Err(e) => Ok(self.fall_back(e.to_string())),
         }
-        if !(capacity > 0.0 && capacity <= MAX_CAPACITY) || capacity / rate > MAX_REFILL_S {
-            return Err(Error::InvalidArgument(
-                "capacity must be above 0, at most 1e15, and refill within 100 years",
-            ));
-        }
-        if !(cost.is_finite() && cost >= 0.0) {
-            return Err(Error::InvalidArgument("cost must be a finite number >= 0"));
-        }
-        let reply = self.query(
-            redis::cmd("RL.ACQUIRE")
-                .arg(key)
-                .arg(rate)
-                .arg(capacity)
-                .arg(cost),
-        );
-        Ok(match reply {
-            Ok(reply) => Decision::from_reply(reply),
-            Err(error) => self.fall_back(error.to_string()),
-        })
     }
 
     /// How many calls the policy allowed because Redis could not decide.
     pub fn failed_open(&self) -> u64 {
-        self.failed_open.load(Ordering::Relaxed)
+        self.inner.counters().open + self.on_errors(FailurePolicy::Open)
     }
 
     /// How many calls the policy refused because Redis could not decide.
     pub fn failed_closed(&self) -> u64 {
-        self.failed_closed.load(Ordering::Relaxed)
+        self.inner.counters().closed + self.on_errors(FailurePolicy::Closed)
     }
 
-    fn query(&self, cmd: &redis::Cmd) -> redis::RedisResult<(i64, i64, i64, i64)> {
-        // A panic elsewhere while holding the lock leaves a connection that is still usable.
-        let mut slot = self.connection.lock().unwrap_or_else(|p| p.into_inner());
-        let con = match &mut *slot {
-            Some(con) => con,
-            empty => empty.insert(self.connect()?),
-        };
-        let result = cmd.query(con);
-        if let Err(error) = &result {
-            // After a timeout or I/O error the connection may hold a late reply: start afresh.
-            if error.code().is_none() {
-                *slot = None;
-            }
+    fn on_errors(&self, policy: FailurePolicy) -> u64 {
+        if self.policy == policy {
+            self.failed_on_errors.load(Ordering::Relaxed)
+        } else {
+            0
         }
-        result
-    }
-
-    fn connect(&self) -> redis::RedisResult<redis::Connection> {
-        let con = self.client.get_connection_with_timeout(self.timeout)?;
-        con.set_read_timeout(Some(self.timeout))?;
-        con.set_write_timeout(Some(self.timeout))?;
-        Ok(con)
     }
 
     fn fall_back(&self, reason: String) -> Decision {
+        self.failed_on_errors.fetch_add(1, Ordering::Relaxed);
         let allowed = self.policy == FailurePolicy::Open;
-        let counter = if allowed {
-            &self.failed_open
-        } else {
-            &self.failed_closed
-        };
-        counter.fetch_add(1, Ordering::Relaxed);
         Decision {
             allowed,
             remaining: 0,
-            // A short back-off, since nobody knows when the limiter will be back.
             retry_after: if allowed {
                 RetryAfter::Now
             } else {
-                RetryAfter::After(Duration::from_secs(1))
+                RetryAfter::After(Duration::from_millis(
+                    redis_rl_client::CLOSED_RETRY_AFTER_MS as u64,
+                ))
             },
             reset_after: Duration::ZERO,
             fallback: Some(Fallback {
                 policy: self.policy,
                 reason,
             }),
+            headers: Vec::new(),
         }
+    }
+}
+
+fn invalid(e: redis_rl_client::Error) -> Error {
+    match e {
+        redis_rl_client::Error::Invalid(text) => Error::InvalidArgument(text),
+        // Limit::new and the cost check only ever fail with Invalid.
+        _ => Error::InvalidArgument("invalid argument"),
     }
 }

@@ -174,3 +174,34 @@ fn invalid_arguments_are_errors_never_fallbacks() {
         Err(Error::InvalidUrl(_))
     ));
 }
+
+#[test]
+fn a_refusal_carries_the_librarys_headers() {
+    let limiter = Limiter::new(&redis_url(), FailurePolicy::Closed)
+        .expect("url")
+        .with_timeout(Duration::from_secs(2));
+    let key = unique("headers");
+    assert!(
+        limiter
+            .acquire(&key, 0.001, 1.0, 1.0)
+            .expect("valid")
+            .allowed
+    );
+    for _ in 0..3 {
+        // The first refusal comes from Redis, the next from the library's deny cache: the
+        // same answer either way.
+        let d = limiter.acquire(&key, 0.001, 1.0, 1.0).expect("valid");
+        assert!(!d.allowed);
+        assert_eq!(d.fallback, None);
+        assert!(
+            d.headers.contains(&("X-RateLimit-Limit", "1".to_string())),
+            "{:?}",
+            d.headers
+        );
+        assert!(
+            d.headers.contains(&("Retry-After", "1000".to_string())),
+            "{:?}",
+            d.headers
+        );
+    }
+}

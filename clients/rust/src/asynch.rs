@@ -1,0 +1,195 @@
+//! The async limiter, on any `redis::aio::ConnectionLike` that can be cloned: a
+//! `redis::aio::ConnectionManager` (reconnects by itself) or a cluster's
+//! `redis::cluster_async::ClusterConnection`. Tokio only.
+//!
+//! Each call runs under `tokio::time::timeout` with the limiter's deadline, so a slow or
+//! unreachable Redis costs at most that before the failure policy decides. The rules live in
+//! `engine`; this file only sends.
+
+use std::time::Instant;
+
+use redis::aio::ConnectionLike;
+use redis::Value;
+
+use crate::engine::{is_noscript, is_unknown_command, CallError, Engine, Op, Path};
+use crate::types::{check_cost, Counters, Decision, Error, Limit, MultiDecision, Options, Refund};
+
+/// The async twin of [`crate::Limiter`], with the same methods, awaited.
+///
+/// A plain `MultiplexedConnection` does not reconnect after the server restarts; use a
+/// `ConnectionManager` (or a cluster connection), and decisions go back to Redis when it
+/// answers again.
+///
+/// ```no_run
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// use redis_rl_client::{AsyncLimiter, Limit, OnError, Options};
+///
+/// let client = redis::Client::open("redis://127.0.0.1/")?;
+/// let connection = client.get_connection_manager().await?;
+/// let limiter = AsyncLimiter::new(connection, Options::new(OnError::Closed));
+/// let d = limiter.acquire("login:alice", &Limit::new(0.1, 5.0)?, 1.0).await?;
+/// # let _ = d;
+/// # Ok(())
+/// # }
+/// ```
+pub struct AsyncLimiter<C> {
+    connection: C,
+    engine: Engine,
+}
+
+impl<C: ConnectionLike + Clone + Send + Sync> AsyncLimiter<C> {
+    /// A limiter on `connection` with `options` (which carry the failure policy).
+    pub fn new(connection: C, options: Options) -> Self {
+        AsyncLimiter {
+            connection,
+            engine: Engine::new(options),
+        }
+    }
+
+    /// Decisions by source, and outages seen.
+    pub fn counters(&self) -> Counters {
+        self.engine.counters()
+    }
+
+    /// How Redis is reached; `None` before the first call that reached it.
+    pub fn path(&self) -> Option<Path> {
+        self.engine.path()
+    }
+
+    /// Takes `cost` tokens from the bucket `key` of `limit`.
+    ///
+    /// # Errors
+    /// As for [`crate::Limiter::acquire`].
+    pub async fn acquire(&self, key: &str, limit: &Limit, cost: f64) -> Result<Decision, Error> {
+        self.decide(key, limit, cost, true).await
+    }
+
+    /// What [`AsyncLimiter::acquire`] would decide for `cost`, taking nothing.
+    ///
+    /// # Errors
+    /// As for [`crate::Limiter::acquire`].
+    pub async fn peek(&self, key: &str, limit: &Limit, cost: f64) -> Result<Decision, Error> {
+        self.decide(key, limit, cost, false).await
+    }
+
+    async fn decide(
+        &self,
+        key: &str,
+        limit: &Limit,
+        cost: f64,
+        take: bool,
+    ) -> Result<Decision, Error> {
+        let cost = check_cost(cost)?;
+        if let Some(decision) = self.engine.before(key, limit, cost, take) {
+            return Ok(decision);
+        }
+        let op = if take { Op::Acquire } else { Op::Peek };
+        let sent_at = Instant::now();
+        let result = self.call(op, &[(key, *limit, cost)]).await;
+        self.engine.after(result, (key, limit, cost), take, sent_at)
+    }
+
+    /// All or nothing, as [`crate::Limiter::acquire_all`]; in a cluster the keys need one
+    /// hash tag.
+    ///
+    /// # Errors
+    /// As for [`crate::Limiter::acquire_all`].
+    pub async fn acquire_all(&self, items: &[(&str, Limit, f64)]) -> Result<MultiDecision, Error> {
+        if items.is_empty() {
+            return Err(Error::Invalid(
+                "acquire_all needs at least one (key, limit, cost)",
+            ));
+        }
+        for (_, _, cost) in items {
+            check_cost(*cost)?;
+        }
+        if let Some(multi) = self.engine.before_multi(items) {
+            return Ok(multi);
+        }
+        let sent_at = Instant::now();
+        let result = self.call(Op::Multi, items).await;
+        self.engine.after_multi(result, items, sent_at)
+    }
+
+    /// Gives `cost` tokens back and clears the deny cache's entry for `key`.
+    ///
+    /// # Errors
+    /// As for [`crate::Limiter::acquire`].
+    pub async fn refund(&self, key: &str, limit: &Limit, cost: f64) -> Result<Refund, Error> {
+        let cost = check_cost(cost)?;
+        if let Some(refund) = self.engine.before_refund(key, limit, cost) {
+            return Ok(refund);
+        }
+        let result = self.call(Op::Refund, &[(key, *limit, cost)]).await;
+        self.engine.after_refund(result, (key, limit, cost))
+    }
+
+    // The call into Redis ------------------------------------------------------------------
+
+    async fn call(&self, op: Op, items: &[(&str, Limit, f64)]) -> Result<Value, CallError> {
+        let mut connection = self.connection.clone();
+        let deadline = self.engine.options.timeout;
+        match tokio::time::timeout(deadline, self.call_on(&mut connection, op, items)).await {
+            Ok(result) => result,
+            Err(_) => Err(CallError::Timeout),
+        }
+    }
+
+    async fn call_on(
+        &self,
+        connection: &mut C,
+        op: Op,
+        items: &[(&str, Limit, f64)],
+    ) -> Result<Value, CallError> {
+        let path = match self.engine.ready()? {
+            Some(path) => path,
+            None => self.detect(connection).await?,
+        };
+        match self.send(connection, path, op, items).await {
+            Err(CallError::Redis(e)) if is_unknown_command(&e) => {
+                let path = self.detect(connection).await?;
+                self.send(connection, path, op, items).await
+            }
+            result => result,
+        }
+    }
+
+    async fn detect(&self, connection: &mut C) -> Result<Path, CallError> {
+        let reply: Value = Engine::detect_command().query_async(connection).await?;
+        self.engine.detected(&reply)
+    }
+
+    async fn send(
+        &self,
+        connection: &mut C,
+        path: Path,
+        op: Op,
+        items: &[(&str, Limit, f64)],
+    ) -> Result<Value, CallError> {
+        if path == Path::Module {
+            return Ok(Engine::command(path, "", op, items)
+                .query_async(connection)
+                .await?);
+        }
+        let sha = match self.engine.sha() {
+            Some(sha) => sha,
+            None => self
+                .engine
+                .set_sha(Engine::script_load().query_async(connection).await?)?,
+        };
+        match Engine::command(path, &sha, op, items)
+            .query_async(connection)
+            .await
+        {
+            Err(e) if is_noscript(&e) => {
+                let sha = self
+                    .engine
+                    .set_sha(Engine::script_load().query_async(connection).await?)?;
+                Ok(Engine::command(path, &sha, op, items)
+                    .query_async(connection)
+                    .await?)
+            }
+            result => Ok(result?),
+        }
+    }
+}

@@ -1,0 +1,668 @@
+//! What the sync and async limiters share: which path reaches Redis (module, Lua, missing),
+//! the outage and its counters, the deny cache and the local buckets, behind one lock; the
+//! commands to send; the replies read back; the errors that mean "Redis cannot decide".
+//!
+//! Nothing here does I/O. `sync` and `asynch` send what [`Engine::command`] builds and hand
+//! back what came; the lock is never held across a call into Redis.
+
+use std::sync::{Mutex, MutexGuard};
+use std::time::Instant;
+
+use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
+
+use crate::local::{DenyCache, LocalBuckets, Reply};
+use crate::script;
+use crate::types::{
+    number, Counters, Decision, Error, Limit, MultiDecision, OnError, Options, Refund, Source,
+    WithoutModule, CLOSED_RETRY_AFTER_MS,
+};
+
+/// What a call asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Op {
+    Acquire,
+    Peek,
+    Refund,
+    Multi,
+}
+
+/// How Redis is reached, once detected.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Path {
+    /// RL.* commands of the module.
+    Module,
+    /// The Lua script through EVALSHA.
+    Lua,
+    /// No module, and `WithoutModule::Refuse`.
+    Missing,
+}
+
+/// Why a call into Redis gave no reply.
+#[derive(Debug)]
+pub(crate) enum CallError {
+    Redis(RedisError),
+    /// The per-call deadline passed (async: the whole call; sync: the socket timeouts).
+    Timeout,
+    Missing,
+    Reply(String),
+}
+
+impl From<RedisError> for CallError {
+    fn from(e: RedisError) -> Self {
+        CallError::Redis(e)
+    }
+}
+
+impl CallError {
+    /// Whether the failure policy decides this one.
+    pub(crate) fn unavailable(&self) -> bool {
+        match self {
+            CallError::Timeout => true,
+            CallError::Redis(e) => is_unavailable(e),
+            CallError::Missing | CallError::Reply(_) => false,
+        }
+    }
+
+    pub(crate) fn into_error(self) -> Error {
+        match self {
+            CallError::Redis(e) => Error::Redis(e),
+            CallError::Timeout => Error::Reply("timeout".into()),
+            CallError::Missing => Error::ModuleMissing,
+            CallError::Reply(text) => Error::Reply(text),
+        }
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            CallError::Redis(e) => e.to_string(),
+            CallError::Timeout => "the call's deadline passed".into(),
+            CallError::Missing => "module missing".into(),
+            CallError::Reply(text) => text.clone(),
+        }
+    }
+}
+
+/// Connection errors, timeouts, and the replies of a server that cannot take writes now:
+/// OOM, READONLY, LOADING, and a cluster that is down, has no master or asks to try again.
+pub(crate) fn is_unavailable(e: &RedisError) -> bool {
+    if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() || e.is_connection_refusal() {
+        return true;
+    }
+    if matches!(
+        e.kind(),
+        ErrorKind::ClusterConnectionNotFound
+            | ErrorKind::Server(
+                ServerErrorKind::BusyLoading
+                    | ServerErrorKind::ReadOnly
+                    | ServerErrorKind::ClusterDown
+                    | ServerErrorKind::MasterDown
+                    | ServerErrorKind::TryAgain
+            )
+    ) {
+        return true;
+    }
+    matches!(
+        e.code(),
+        Some("OOM" | "READONLY" | "LOADING" | "MASTERDOWN" | "CLUSTERDOWN" | "TRYAGAIN")
+    )
+}
+
+pub(crate) fn is_unknown_command(e: &RedisError) -> bool {
+    e.code() == Some("ERR") && e.to_string().to_lowercase().contains("unknown command")
+}
+
+pub(crate) fn is_noscript(e: &RedisError) -> bool {
+    e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) || e.code() == Some("NOSCRIPT")
+}
+
+/// One limiter's state; see [`crate::Limiter`] for the meaning of each option.
+#[derive(Debug)]
+pub(crate) struct Engine {
+    pub(crate) options: Options,
+    /// The local buckets' clock: microseconds since this engine was built, plus one second so
+    /// no instant is 0 (a state is a nonzero instant). Monotonic, so a wall clock stepping
+    /// back cannot refill them.
+    epoch: Instant,
+    inner: Mutex<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    path: Option<Path>,
+    sha: Option<String>,
+    counters: Counters,
+    down_since: Option<Instant>,
+    next_probe: Instant,
+    /// Decisions taken without Redis in the current outage.
+    without_redis: u64,
+    cache: DenyCache,
+    local: LocalBuckets,
+}
+
+impl Engine {
+    pub(crate) fn new(options: Options) -> Engine {
+        let now = Instant::now();
+        Engine {
+            epoch: now,
+            inner: Mutex::new(Inner {
+                path: None,
+                sha: None,
+                counters: Counters::default(),
+                down_since: None,
+                next_probe: now,
+                without_redis: 0,
+                cache: DenyCache::new(options.deny_cache),
+                local: LocalBuckets::new(options.instances, options.local_max_keys),
+            }),
+            options,
+        }
+    }
+
+    /// The lock, even if a thread panicked holding it: every field stays consistent between
+    /// statements, so the state is still usable.
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    pub(crate) fn counters(&self) -> Counters {
+        self.lock().counters
+    }
+
+    pub(crate) fn path(&self) -> Option<Path> {
+        self.lock().path
+    }
+
+    fn now_us(&self) -> u64 {
+        let us = self.epoch.elapsed().as_micros().saturating_add(1_000_000);
+        u64::try_from(us).unwrap_or(u64::MAX)
+    }
+
+    // The shield ---------------------------------------------------------------------------
+
+    /// A denial from the deny cache, counted, or `None`.
+    pub(crate) fn cached(&self, key: &str, limit: &Limit, cost: f64) -> Option<Decision> {
+        let mut inner = self.lock();
+        if !inner.cache.enabled() {
+            return None;
+        }
+        let (remaining, retry_after_ms, reset_after_ms) =
+            inner.cache.lookup(key, limit, cost, Instant::now())?;
+        inner.counters.count(Source::Cache);
+        Some(Decision {
+            allowed: false,
+            remaining,
+            retry_after_ms,
+            reset_after_ms,
+            limit: *limit,
+            source: Source::Cache,
+        })
+    }
+
+    pub(crate) fn remember(&self, key: &str, cost: f64, decision: &Decision, sent_at: Instant) {
+        if decision.allowed {
+            return;
+        }
+        let mut inner = self.lock();
+        if inner.cache.enabled() {
+            inner.cache.remember(key, cost, decision, sent_at);
+        }
+    }
+
+    pub(crate) fn forget(&self, key: &str) {
+        self.lock().cache.forget(key);
+    }
+
+    // The failure policy -------------------------------------------------------------------
+
+    /// During an outage, Redis is tried again only every `probe_interval`.
+    pub(crate) fn skip_redis(&self) -> bool {
+        let mut inner = self.lock();
+        if inner.down_since.is_none() {
+            return false;
+        }
+        let now = Instant::now();
+        if now >= inner.next_probe {
+            inner.next_probe = now + self.options.probe_interval;
+            return false;
+        }
+        true
+    }
+
+    /// Redis answered: counts it, and ends an outage (logged once).
+    pub(crate) fn answered(&self) -> Source {
+        let mut inner = self.lock();
+        let source = match inner.path {
+            Some(Path::Lua) => Source::Lua,
+            _ => Source::Redis,
+        };
+        inner.counters.count(source);
+        if let Some(since) = inner.down_since.take() {
+            log::warn!(
+                "redis-rl: Redis answers again after {:.1} s; {} decisions were taken without \
+                 it (on_error={:?})",
+                since.elapsed().as_secs_f64(),
+                inner.without_redis,
+                self.options.on_error
+            );
+            inner.without_redis = 0;
+        }
+        source
+    }
+
+    /// Redis could not answer: starts an outage (logged once, not once per call).
+    pub(crate) fn failed(&self, error: &CallError) {
+        let mut inner = self.lock();
+        if inner.down_since.is_none() {
+            let now = Instant::now();
+            inner.down_since = Some(now);
+            inner.next_probe = now + self.options.probe_interval;
+            inner.counters.outages = inner.counters.outages.saturating_add(1);
+            log::warn!(
+                "redis-rl: Redis cannot decide ({}); deciding with on_error={:?} until it answers",
+                error.describe(),
+                self.options.on_error
+            );
+        }
+    }
+
+    fn count_policy(&self, inner: &mut Inner) -> Source {
+        let source = match self.options.on_error {
+            OnError::Open => Source::Open,
+            OnError::Closed => Source::Closed,
+            OnError::Local => Source::Local,
+        };
+        inner.counters.count(source);
+        inner.without_redis = inner.without_redis.saturating_add(1);
+        source
+    }
+
+    pub(crate) fn policy_acquire(
+        &self,
+        key: &str,
+        limit: &Limit,
+        cost: f64,
+        take: bool,
+    ) -> Decision {
+        let now_us = self.now_us();
+        let mut inner = self.lock();
+        let source = self.count_policy(&mut inner);
+        let reply = match source {
+            Source::Open => open_reply(),
+            Source::Closed => closed_reply(),
+            _ => inner.local.acquire(key, limit, cost, now_us, take),
+        };
+        decision(reply, limit, source)
+    }
+
+    pub(crate) fn policy_acquire_all(&self, items: &[(&str, Limit, f64)]) -> MultiDecision {
+        let now_us = self.now_us();
+        let mut inner = self.lock();
+        let source = self.count_policy(&mut inner);
+        let (allowed, refused_index, retry_after_ms, replies) = match source {
+            Source::Open => (true, None, 0, vec![open_reply(); items.len()]),
+            Source::Closed => (
+                false,
+                Some(0),
+                CLOSED_RETRY_AFTER_MS,
+                vec![closed_reply(); items.len()],
+            ),
+            _ => inner.local.acquire_all(items, now_us),
+        };
+        MultiDecision {
+            allowed,
+            refused_index,
+            retry_after_ms,
+            decisions: replies
+                .into_iter()
+                .zip(items)
+                .map(|(reply, (_, limit, _))| decision(reply, limit, source))
+                .collect(),
+            source,
+        }
+    }
+
+    pub(crate) fn policy_refund(&self, key: &str, limit: &Limit, cost: f64) -> Refund {
+        let now_us = self.now_us();
+        let mut inner = self.lock();
+        let source = self.count_policy(&mut inner);
+        let (remaining, reset_after_ms) = match source {
+            Source::Local => inner.local.refund(key, limit, cost, now_us),
+            _ => (0, 0),
+        };
+        Refund {
+            remaining,
+            reset_after_ms,
+            source,
+        }
+    }
+
+    // One call's flow, shared by the sync and async limiters ------------------------------
+
+    /// Before asking Redis for an acquire or peek: the deny cache's answer, or the policy's
+    /// during an outage between probes.
+    pub(crate) fn before(
+        &self,
+        key: &str,
+        limit: &Limit,
+        cost: f64,
+        take: bool,
+    ) -> Option<Decision> {
+        if take {
+            if let Some(hit) = self.cached(key, limit, cost) {
+                return Some(hit);
+            }
+        }
+        self.skip_redis()
+            .then(|| self.policy_acquire(key, limit, cost, take))
+    }
+
+    /// After asking Redis for an acquire or peek sent at `sent_at`.
+    pub(crate) fn after(
+        &self,
+        result: Result<Value, CallError>,
+        (key, limit, cost): (&str, &Limit, f64),
+        take: bool,
+        sent_at: Instant,
+    ) -> Result<Decision, Error> {
+        match result {
+            Ok(value) => {
+                let source = self.answered();
+                let decision =
+                    read_decision(&value, limit, source).map_err(CallError::into_error)?;
+                if take {
+                    self.remember(key, cost, &decision, sent_at);
+                }
+                Ok(decision)
+            }
+            Err(e) if e.unavailable() => {
+                self.failed(&e);
+                Ok(self.policy_acquire(key, limit, cost, take))
+            }
+            Err(e) => Err(e.into_error()),
+        }
+    }
+
+    pub(crate) fn before_multi(&self, items: &[(&str, Limit, f64)]) -> Option<MultiDecision> {
+        for (index, (key, limit, cost)) in items.iter().enumerate() {
+            if let Some(hit) = self.cached(key, limit, *cost) {
+                return Some(MultiDecision {
+                    allowed: false,
+                    refused_index: Some(index),
+                    retry_after_ms: hit.retry_after_ms,
+                    decisions: Vec::new(),
+                    source: Source::Cache,
+                });
+            }
+        }
+        self.skip_redis().then(|| self.policy_acquire_all(items))
+    }
+
+    pub(crate) fn after_multi(
+        &self,
+        result: Result<Value, CallError>,
+        items: &[(&str, Limit, f64)],
+        sent_at: Instant,
+    ) -> Result<MultiDecision, Error> {
+        match result {
+            Ok(value) => {
+                let source = self.answered();
+                let multi = read_multi(&value, items, source).map_err(CallError::into_error)?;
+                if !multi.allowed {
+                    // Only refusing buckets are remembered, each with its own wait.
+                    for ((key, _, cost), d) in items.iter().zip(&multi.decisions) {
+                        self.remember(key, *cost, d, sent_at);
+                    }
+                }
+                Ok(multi)
+            }
+            Err(e) if e.unavailable() => {
+                self.failed(&e);
+                Ok(self.policy_acquire_all(items))
+            }
+            Err(e) => Err(e.into_error()),
+        }
+    }
+
+    /// Before a refund: clears the deny cache's entry; the policy's answer between probes.
+    pub(crate) fn before_refund(&self, key: &str, limit: &Limit, cost: f64) -> Option<Refund> {
+        self.forget(key);
+        self.skip_redis()
+            .then(|| self.policy_refund(key, limit, cost))
+    }
+
+    pub(crate) fn after_refund(
+        &self,
+        result: Result<Value, CallError>,
+        (key, limit, cost): (&str, &Limit, f64),
+    ) -> Result<Refund, Error> {
+        match result {
+            Ok(value) => {
+                let source = self.answered();
+                read_refund(&value, source).map_err(CallError::into_error)
+            }
+            Err(e) if e.unavailable() => {
+                self.failed(&e);
+                Ok(self.policy_refund(key, limit, cost))
+            }
+            Err(e) => Err(e.into_error()),
+        }
+    }
+
+    // Building commands and reading replies ------------------------------------------------
+
+    /// The path to use, if detected; `Missing` fails the call with `ModuleMissing`.
+    pub(crate) fn ready(&self) -> Result<Option<Path>, CallError> {
+        match self.lock().path {
+            Some(Path::Missing) => Err(CallError::Missing),
+            path => Ok(path),
+        }
+    }
+
+    /// `COMMAND INFO RL.ACQUIRE`: the probe for the module.
+    pub(crate) fn detect_command() -> redis::Cmd {
+        let mut cmd = redis::cmd("COMMAND");
+        cmd.arg("INFO").arg("RL.ACQUIRE");
+        cmd
+    }
+
+    /// Reads COMMAND INFO's reply (a list holding nil when there is no such command).
+    pub(crate) fn detected(&self, reply: &Value) -> Result<Path, CallError> {
+        let present = match reply {
+            Value::Array(items) => items.iter().any(|v| !matches!(v, Value::Nil)),
+            Value::Map(items) => !items.is_empty(),
+            _ => false,
+        };
+        let path = match (present, self.options.without_module) {
+            (true, _) => Path::Module,
+            (false, WithoutModule::Lua) => Path::Lua,
+            (false, WithoutModule::Refuse) => Path::Missing,
+        };
+        let mut inner = self.lock();
+        if inner.path != Some(path) {
+            log::info!(
+                "redis-rl: {path:?} path (module {})",
+                if present { "found" } else { "not loaded" }
+            );
+        }
+        inner.path = Some(path);
+        match path {
+            Path::Missing => Err(CallError::Missing),
+            path => Ok(path),
+        }
+    }
+
+    pub(crate) fn sha(&self) -> Option<String> {
+        self.lock().sha.clone()
+    }
+
+    pub(crate) fn set_sha(&self, reply: Value) -> Result<String, CallError> {
+        let sha: String = redis::from_redis_value(reply)
+            .map_err(|e| CallError::Reply(format!("SCRIPT LOAD: {e}")))?;
+        self.lock().sha = Some(sha.clone());
+        Ok(sha)
+    }
+
+    pub(crate) fn script_load() -> redis::Cmd {
+        let mut cmd = redis::cmd("SCRIPT");
+        cmd.arg("LOAD").arg(script::SCRIPT);
+        cmd
+    }
+
+    /// The module command, or EVALSHA with `sha` and the script's arguments.
+    pub(crate) fn command(
+        path: Path,
+        sha: &str,
+        op: Op,
+        items: &[(&str, Limit, f64)],
+    ) -> redis::Cmd {
+        if path == Path::Module {
+            let name = match op {
+                Op::Acquire => "RL.ACQUIRE",
+                Op::Peek => "RL.PEEK",
+                Op::Refund => "RL.REFUND",
+                Op::Multi => "RL.ACQUIRE.MULTI",
+            };
+            let mut cmd = redis::cmd(name);
+            for (key, limit, cost) in items {
+                cmd.arg(*key)
+                    .arg(number(limit.rate_per_s()))
+                    .arg(number(limit.capacity()))
+                    .arg(number(*cost));
+            }
+            return cmd;
+        }
+        let mode = match op {
+            Op::Acquire => "acquire",
+            Op::Peek => "peek",
+            Op::Refund => "refund",
+            Op::Multi => "multi",
+        };
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(sha).arg(items.len());
+        for (key, _, _) in items {
+            cmd.arg(*key);
+        }
+        cmd.arg(mode);
+        for (_, limit, cost) in items {
+            for arg in script::args(limit, *cost, op == Op::Refund) {
+                cmd.arg(arg);
+            }
+        }
+        cmd
+    }
+}
+
+fn open_reply() -> Reply {
+    Reply {
+        allowed: true,
+        remaining: 0,
+        retry_after_ms: 0,
+        reset_after_ms: 0,
+    }
+}
+
+fn closed_reply() -> Reply {
+    Reply {
+        allowed: false,
+        remaining: 0,
+        retry_after_ms: CLOSED_RETRY_AFTER_MS,
+        reset_after_ms: 0,
+    }
+}
+
+fn decision(reply: Reply, limit: &Limit, source: Source) -> Decision {
+    Decision {
+        allowed: reply.allowed,
+        remaining: reply.remaining,
+        retry_after_ms: reply.retry_after_ms,
+        reset_after_ms: reply.reset_after_ms,
+        limit: *limit,
+        source,
+    }
+}
+
+fn integers(value: &Value, what: &str, len: usize) -> Result<Vec<i64>, CallError> {
+    let bad = || CallError::Reply(format!("{what}: {value:?}"));
+    let Value::Array(items) = value else {
+        return Err(bad());
+    };
+    if items.len() != len {
+        return Err(bad());
+    }
+    items
+        .iter()
+        .map(|v| match v {
+            Value::Int(i) => Ok(*i),
+            _ => Err(bad()),
+        })
+        .collect()
+}
+
+fn reply_of(value: &Value) -> Result<Reply, CallError> {
+    let v = integers(value, "RL.ACQUIRE reply", 4)?;
+    match v.as_slice() {
+        [allowed, remaining, retry, reset] => Ok(Reply {
+            allowed: *allowed == 1,
+            remaining: u64::try_from(*remaining).unwrap_or(0),
+            retry_after_ms: *retry,
+            reset_after_ms: *reset,
+        }),
+        _ => Err(CallError::Reply(format!("RL.ACQUIRE reply: {value:?}"))),
+    }
+}
+
+/// RL.ACQUIRE / RL.PEEK (or the script's acquire / peek) reply as a decision.
+pub(crate) fn read_decision(
+    value: &Value,
+    limit: &Limit,
+    source: Source,
+) -> Result<Decision, CallError> {
+    Ok(decision(reply_of(value)?, limit, source))
+}
+
+/// RL.REFUND's reply: `[remaining, reset_after_ms]`.
+pub(crate) fn read_refund(value: &Value, source: Source) -> Result<Refund, CallError> {
+    let v = integers(value, "RL.REFUND reply", 2)?;
+    match v.as_slice() {
+        [remaining, reset] => Ok(Refund {
+            remaining: u64::try_from(*remaining).unwrap_or(0),
+            reset_after_ms: *reset,
+            source,
+        }),
+        _ => Err(CallError::Reply(format!("RL.REFUND reply: {value:?}"))),
+    }
+}
+
+/// RL.ACQUIRE.MULTI's reply: `[allowed, refused_index, retry_after_ms, [reply …]]`.
+pub(crate) fn read_multi(
+    value: &Value,
+    items: &[(&str, Limit, f64)],
+    source: Source,
+) -> Result<MultiDecision, CallError> {
+    let bad = || CallError::Reply(format!("RL.ACQUIRE.MULTI reply: {value:?}"));
+    let Value::Array(parts) = value else {
+        return Err(bad());
+    };
+    let [Value::Int(allowed), Value::Int(refused), Value::Int(retry), Value::Array(replies)] =
+        parts.as_slice()
+    else {
+        return Err(bad());
+    };
+    if replies.len() != items.len() {
+        return Err(bad());
+    }
+    let decisions = replies
+        .iter()
+        .zip(items)
+        .map(|(reply, (_, limit, _))| read_decision(reply, limit, source))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(MultiDecision {
+        allowed: *allowed == 1,
+        refused_index: usize::try_from(*refused).ok(),
+        retry_after_ms: *retry,
+        decisions,
+        source,
+    })
+}

@@ -1,0 +1,82 @@
+//! redis-rl client: rate limits on Redis with the redis-rl module, with an explicit failure
+//! policy, a hot-key shield and a Lua fallback for servers without the module.
+//!
+//! ```no_run
+//! use redis_rl_client::{Limit, Limiter, OnError, Options, Source, WithoutModule};
+//!
+//! let client = redis::Client::open("redis://127.0.0.1/")?;
+//! let limiter = Limiter::new(
+//!     client,
+//!     Options::new(OnError::Local).instances(4).deny_cache(true).without_module(WithoutModule::Lua),
+//! );
+//! let d = limiter.acquire("user:42", &Limit::new(5.0, 10.0)?, 1.0)?;
+//! if !d.allowed {
+//!     for (name, value) in d.headers() { /* 429 with these */ let _ = (name, value); }
+//! }
+//! assert!(matches!(d.source, Source::Redis | Source::Lua | Source::Cache | Source::Local));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! The same shape as the Python (`redis_rl`) and Node libraries:
+//!
+//! - [`Limit`] is validated at construction with the module's ranges (it is `rl_bucket`'s).
+//! - [`Decision`] says who decided in [`Source`]: `Redis` (the module), `Lua` (the fallback
+//!   script), `Cache` (the deny cache), or the failure policy: `Local`, `Open`, `Closed`.
+//! - [`OnError`] has no default. It applies to connection errors, timeouts (each call has a
+//!   deadline, 50 ms by default) and the OOM, READONLY and LOADING replies. `Local` decides
+//!   with the module's own pure bucket (`rl_bucket`) at `rate / instances` and
+//!   `capacity / instances` per key, at most `local_max_keys` keys. Decisions without Redis
+//!   are counted ([`Limiter::counters`]) and logged once per outage through the `log` crate;
+//!   Redis is probed again every `probe_interval`, and decisions go back to it once it
+//!   answers.
+//! - The deny cache (`Options::deny_cache`): after Redis denies `(key, cost)` with
+//!   `retry_after_ms = R`, the key is denied here, `Source::Cache`, until R has passed, for
+//!   any cost at least as large. Nothing extra gets through: tokens reappear only by refill
+//!   (R counts it) or a refund, and this library's `refund` clears the entry. The one
+//!   approximation: a refund made by another instance is not seen until R passes.
+//! - Without the module (detected with `COMMAND INFO RL.ACQUIRE` once, and again after an
+//!   "unknown command" error), [`WithoutModule::Lua`] runs `clients/lua/rl.lua` (compiled in)
+//!   with EVALSHA, loading it on NOSCRIPT; [`WithoutModule::Refuse`] fails with
+//!   [`Error::ModuleMissing`].
+//!
+//! # Layout
+//!
+//! `types` the values; `engine` the rules shared by both limiters (no I/O); `sync` the
+//! blocking [`Limiter`] on a `redis::Client` or `ClusterClient`; `asynch` the tokio
+//! [`AsyncLimiter`]; `local` the bounded local buckets and deny cache; `script` the Lua
+//! script and its arguments.
+
+#![deny(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+#![cfg_attr(
+    test,
+    allow(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic,
+        clippy::indexing_slicing
+    )
+)]
+
+mod asynch;
+mod engine;
+mod local;
+mod script;
+mod sync;
+mod types;
+
+pub use asynch::AsyncLimiter;
+pub use engine::Path;
+pub use sync::{Connect, Limiter};
+pub use types::{
+    Counters, Decision, Error, Limit, MultiDecision, OnError, Options, Refund, Source,
+    WithoutModule, CLOSED_RETRY_AFTER_MS, DEFAULT_DENY_CACHE_ENTRIES,
+};
+
+/// The Lua fallback script this library runs on servers without the module
+/// (`clients/lua/rl.lua`), for tools that load it themselves.
+pub const LUA_SCRIPT: &str = script::SCRIPT;

@@ -1,0 +1,179 @@
+//! The Lua fallback for servers without the module: the shipped script (the same file as
+//! `clients/lua/rl.lua`, compiled in) and the ten fixed-point numbers it takes per key.
+//!
+//! The script only adds, compares and multiplies integers below 2^53; the exact rational
+//! arithmetic that turns a limit into its pairs `(q, r)` (q + r/D µs) happens here, on the
+//! exact values of the doubles, as in the Python and Node libraries.
+
+use num_bigint::BigInt;
+use num_integer::Integer;
+use num_rational::BigRational;
+use num_traits::{One, Signed, Zero};
+
+use crate::types::Limit;
+
+/// The script every library ships.
+pub(crate) const SCRIPT: &str = include_str!("../../lua/rl.lua");
+
+/// Denominators of the script's pairs must stay below 2^31.
+const MAX_EXACT_DENOMINATOR: u64 = 1 << 31;
+/// When `T = 1e6 / rate` µs has no denominator below 2^31, it is rounded up to 2^-30 µs.
+const ROUNDED_DENOMINATOR: u64 = 1 << 30;
+
+/// `D` and `T × D` for a limit: the script's denominator and the µs per token in units of
+/// 1/D µs (a whole number; `T` rounded up when not exact, so the script is only stricter).
+fn period(limit: &Limit) -> (BigInt, BigInt) {
+    let rate = exact(limit.rate_per_s());
+    let t_us = BigRational::from_integer(BigInt::from(1_000_000)) / rate;
+    if *t_us.denom() < BigInt::from(MAX_EXACT_DENOMINATOR) {
+        (t_us.denom().clone(), t_us.numer().clone())
+    } else {
+        let d = BigInt::from(ROUNDED_DENOMINATOR);
+        let scaled = (t_us * BigRational::from_integer(d.clone()))
+            .ceil()
+            .to_integer();
+        (d, scaled)
+    }
+}
+
+/// The exact value of a double (finite: limits and costs are validated before).
+fn exact(x: f64) -> BigRational {
+    BigRational::from_float(x).unwrap_or_else(BigRational::zero)
+}
+
+/// The 10 numbers of `clients/lua/rl.lua` for one key: D, T, C, S, K as pairs, floor(C).
+/// `refund` rounds `cost × T` down (never give back more), the others round it up.
+pub(crate) fn args(limit: &Limit, cost: f64, refund: bool) -> [String; 10] {
+    let (d, t_d) = period(limit);
+    let cap = exact(limit.capacity());
+    let cost = exact(cost);
+    let t_d = BigRational::from_integer(t_d);
+    let split = |units: BigInt| -> (BigInt, BigInt) { units.div_rem(&d) };
+    let (tq, tr) = split(t_d.to_integer());
+    let (cq, cr) = split((&cap * &t_d).floor().to_integer());
+    let (sq, sr) = if cost > cap {
+        (-BigInt::one(), BigInt::zero())
+    } else {
+        split(((&cap - &cost) * &t_d).floor().to_integer())
+    };
+    let k = &cost * &t_d;
+    let k = if refund { k.floor() } else { k.ceil() };
+    let (kq, kr) = split(k.to_integer());
+    let cfloor = cap.floor().to_integer();
+    debug_assert!(!tq.is_negative());
+    [d.clone(), tq, tr, cq, cr, sq, sr, kq, kr, cfloor].map(|x| x.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exact_rates_keep_their_denominator() {
+        // 3/s: T = 1e6/3 µs, D = 3.
+        let a = args(&Limit::new(3.0, 3.0).unwrap(), 1.0, false);
+        assert_eq!(
+            a,
+            ["3", "333333", "1", "1000000", "0", "666666", "2", "333333", "1", "3"]
+        );
+        // cost above capacity: S = -1.
+        let a = args(&Limit::new(1.0, 2.0).unwrap(), 3.0, false);
+        assert_eq!(&a[5..7], ["-1", "0"]);
+    }
+
+    /// The same numbers as the Python library's `Limit.script_args` (its own exact
+    /// rationals), for rates whose T is not exact and fractional capacities and costs.
+    #[test]
+    fn agrees_with_the_python_library() {
+        let rows: [(f64, f64, f64, bool, [&str; 10]); 5] = [
+            (
+                0.1,
+                2.0,
+                1.0,
+                false,
+                [
+                    "1073741824",
+                    "10000000",
+                    "0",
+                    "20000000",
+                    "0",
+                    "10000000",
+                    "0",
+                    "10000000",
+                    "0",
+                    "2",
+                ],
+            ),
+            (
+                0.1,
+                2.0,
+                1.0,
+                true,
+                [
+                    "1073741824",
+                    "10000000",
+                    "0",
+                    "20000000",
+                    "0",
+                    "10000000",
+                    "0",
+                    "10000000",
+                    "0",
+                    "2",
+                ],
+            ),
+            (
+                0.3,
+                3.0,
+                3.0,
+                false,
+                [
+                    "1073741824",
+                    "3333333",
+                    "357913942",
+                    "10000000",
+                    "2",
+                    "0",
+                    "0",
+                    "10000000",
+                    "2",
+                    "3",
+                ],
+            ),
+            (
+                2.0,
+                2.5,
+                0.7,
+                false,
+                [
+                    "1", "500000", "0", "1250000", "0", "900000", "0", "350000", "0", "2",
+                ],
+            ),
+            (
+                1.0 / 60.0,
+                5.0,
+                1.0,
+                true,
+                [
+                    "1073741824",
+                    "60000000",
+                    "1",
+                    "300000000",
+                    "5",
+                    "240000000",
+                    "4",
+                    "60000000",
+                    "1",
+                    "5",
+                ],
+            ),
+        ];
+        for (rate, capacity, cost, refund, expect) in rows {
+            let got = args(&Limit::new(rate, capacity).unwrap(), cost, refund);
+            assert_eq!(
+                got, expect,
+                "rate {rate} capacity {capacity} cost {cost} refund {refund}"
+            );
+        }
+    }
+}

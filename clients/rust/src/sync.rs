@@ -1,0 +1,233 @@
+//! The blocking limiter, on a `redis::Client` or a `redis::cluster::ClusterClient`.
+//!
+//! It keeps one connection behind a mutex, made through [`Connect`] with the call's deadline
+//! as connect, read and write timeouts, and drops it on a connection error so the next call
+//! (the next probe, during an outage) connects again. The rules live in `engine`.
+
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use redis::{ConnectionLike, RedisResult, Value};
+
+use crate::engine::{is_noscript, is_unknown_command, CallError, Engine, Op, Path};
+use crate::types::{check_cost, Counters, Decision, Error, Limit, MultiDecision, Options, Refund};
+
+/// How the blocking limiter opens a connection with a deadline.
+pub trait Connect {
+    /// The connection it opens.
+    type Connection: ConnectionLike;
+
+    /// Opens a connection whose connect, read and write each give up after `timeout`.
+    ///
+    /// # Errors
+    /// The connection error (refused, timed out …), which the failure policy then decides.
+    fn connect(&self, timeout: Duration) -> RedisResult<Self::Connection>;
+}
+
+impl Connect for redis::Client {
+    type Connection = redis::Connection;
+
+    fn connect(&self, timeout: Duration) -> RedisResult<redis::Connection> {
+        let connection = self.get_connection_with_timeout(timeout)?;
+        connection.set_read_timeout(Some(timeout))?;
+        connection.set_write_timeout(Some(timeout))?;
+        Ok(connection)
+    }
+}
+
+/// A cluster connection: build the `ClusterClient` with `.connection_timeout(..)` and
+/// `.response_timeout(..)` as short as the limiter's deadline; the read and write timeouts
+/// are set here.
+impl Connect for redis::cluster::ClusterClient {
+    type Connection = redis::cluster::ClusterConnection;
+
+    fn connect(&self, timeout: Duration) -> RedisResult<redis::cluster::ClusterConnection> {
+        let connection = self.get_connection()?;
+        connection.set_read_timeout(Some(timeout))?;
+        connection.set_write_timeout(Some(timeout))?;
+        Ok(connection)
+    }
+}
+
+/// Rate limits on Redis with the redis-rl module (or its Lua fallback), with an explicit
+/// failure policy, blocking. Share one across threads; calls take turns on its connection, so
+/// a busy service gives each worker its own, or uses [`crate::AsyncLimiter`].
+///
+/// ```no_run
+/// use redis_rl_client::{Limit, Limiter, OnError, Options};
+///
+/// let client = redis::Client::open("redis://127.0.0.1/")?;
+/// let limiter = Limiter::new(client, Options::new(OnError::Local).instances(4).deny_cache(true));
+/// let d = limiter.acquire("user:42", &Limit::new(5.0, 10.0)?, 1.0)?;
+/// if !d.allowed {
+///     // 429 with d.headers()
+/// }
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct Limiter<K: Connect = redis::Client> {
+    connector: K,
+    connection: Mutex<Option<K::Connection>>,
+    engine: Engine,
+}
+
+impl<K: Connect> Limiter<K> {
+    /// A limiter on `connector` with `options` (which carry the failure policy).
+    pub fn new(connector: K, options: Options) -> Self {
+        Limiter {
+            connector,
+            connection: Mutex::new(None),
+            engine: Engine::new(options),
+        }
+    }
+
+    /// Decisions by source, and outages seen.
+    pub fn counters(&self) -> Counters {
+        self.engine.counters()
+    }
+
+    /// How Redis is reached; `None` before the first call that reached it.
+    pub fn path(&self) -> Option<Path> {
+        self.engine.path()
+    }
+
+    /// Takes `cost` tokens from the bucket `key` of `limit`.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] for a bad cost; [`Error::ModuleMissing`] under
+    /// `WithoutModule::Refuse`; [`Error::Redis`] for an error reply the failure policy does
+    /// not cover (WRONGTYPE). Outages are decided by the policy, not returned.
+    pub fn acquire(&self, key: &str, limit: &Limit, cost: f64) -> Result<Decision, Error> {
+        self.decide(key, limit, cost, true)
+    }
+
+    /// What [`Limiter::acquire`] would decide for `cost`, taking nothing.
+    ///
+    /// # Errors
+    /// As for [`Limiter::acquire`].
+    pub fn peek(&self, key: &str, limit: &Limit, cost: f64) -> Result<Decision, Error> {
+        self.decide(key, limit, cost, false)
+    }
+
+    fn decide(&self, key: &str, limit: &Limit, cost: f64, take: bool) -> Result<Decision, Error> {
+        let cost = check_cost(cost)?;
+        if let Some(decision) = self.engine.before(key, limit, cost, take) {
+            return Ok(decision);
+        }
+        let op = if take { Op::Acquire } else { Op::Peek };
+        let sent_at = Instant::now();
+        let result = self.call(op, &[(key, *limit, cost)]);
+        self.engine.after(result, (key, limit, cost), take, sent_at)
+    }
+
+    /// All or nothing over `(key, limit, cost)`: takes every bucket's cost if each holds it,
+    /// else nothing (RL.ACQUIRE.MULTI). In a cluster every key must hash to one slot: give
+    /// them one hash tag, as in `{user:42}:s` and `{user:42}:h`.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] for no items or a bad cost, and as for [`Limiter::acquire`].
+    pub fn acquire_all(&self, items: &[(&str, Limit, f64)]) -> Result<MultiDecision, Error> {
+        if items.is_empty() {
+            return Err(Error::Invalid(
+                "acquire_all needs at least one (key, limit, cost)",
+            ));
+        }
+        for (_, _, cost) in items {
+            check_cost(*cost)?;
+        }
+        if let Some(multi) = self.engine.before_multi(items) {
+            return Ok(multi);
+        }
+        let sent_at = Instant::now();
+        let result = self.call(Op::Multi, items);
+        self.engine.after_multi(result, items, sent_at)
+    }
+
+    /// Gives `cost` tokens back (a request that failed before doing any work), capped at the
+    /// capacity, and clears the deny cache's entry for `key`.
+    ///
+    /// # Errors
+    /// As for [`Limiter::acquire`].
+    pub fn refund(&self, key: &str, limit: &Limit, cost: f64) -> Result<Refund, Error> {
+        let cost = check_cost(cost)?;
+        if let Some(refund) = self.engine.before_refund(key, limit, cost) {
+            return Ok(refund);
+        }
+        let result = self.call(Op::Refund, &[(key, *limit, cost)]);
+        self.engine.after_refund(result, (key, limit, cost))
+    }
+
+    // The call into Redis ------------------------------------------------------------------
+
+    fn lock(&self) -> MutexGuard<'_, Option<K::Connection>> {
+        self.connection
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn call(&self, op: Op, items: &[(&str, Limit, f64)]) -> Result<Value, CallError> {
+        let mut slot = self.lock();
+        let result = match slot.as_mut() {
+            Some(connection) => self.call_on(connection, op, items),
+            None => match self.connector.connect(self.engine.options.timeout) {
+                Ok(connection) => self.call_on(slot.insert(connection), op, items),
+                Err(e) => Err(CallError::Redis(e)),
+            },
+        };
+        if result.as_ref().is_err_and(CallError::unavailable) {
+            *slot = None; // connect again on the next try
+        }
+        result
+    }
+
+    fn call_on(
+        &self,
+        connection: &mut K::Connection,
+        op: Op,
+        items: &[(&str, Limit, f64)],
+    ) -> Result<Value, CallError> {
+        let path = match self.engine.ready()? {
+            Some(path) => path,
+            None => self.detect(connection)?,
+        };
+        match self.send(connection, path, op, items) {
+            Err(CallError::Redis(e)) if is_unknown_command(&e) => {
+                // The module went away (or came): look again, then retry once on the new path.
+                let path = self.detect(connection)?;
+                self.send(connection, path, op, items)
+            }
+            result => result,
+        }
+    }
+
+    fn detect(&self, connection: &mut K::Connection) -> Result<Path, CallError> {
+        let reply: Value = Engine::detect_command().query(connection)?;
+        self.engine.detected(&reply)
+    }
+
+    fn send(
+        &self,
+        connection: &mut K::Connection,
+        path: Path,
+        op: Op,
+        items: &[(&str, Limit, f64)],
+    ) -> Result<Value, CallError> {
+        if path == Path::Module {
+            return Ok(Engine::command(path, "", op, items).query(connection)?);
+        }
+        let sha = match self.engine.sha() {
+            Some(sha) => sha,
+            None => self
+                .engine
+                .set_sha(Engine::script_load().query(connection)?)?,
+        };
+        match Engine::command(path, &sha, op, items).query(connection) {
+            Err(e) if is_noscript(&e) => {
+                let sha = self
+                    .engine
+                    .set_sha(Engine::script_load().query(connection)?)?;
+                Ok(Engine::command(path, &sha, op, items).query(connection)?)
+            }
+            result => Ok(result?),
+        }
+    }
+}

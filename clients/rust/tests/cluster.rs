@@ -1,0 +1,281 @@
+//! Real Redis Clusters. With the module on every node (three masters, three replicas: the
+//! repository's harness in tests/common/cluster.rs), the blocking limiter on a
+//! `ClusterClient` and the async one on a `cluster_async::ClusterConnection` route each key
+//! to its slot's master, and `acquire_all` works across buckets that share a hash tag. On a
+//! cluster of plain servers (three masters, no module: a managed service), the Lua path does
+//! the same, with the script loaded on every master.
+
+#[path = "../../../tests/common/mod.rs"]
+mod root;
+
+use std::process::{Child, Command, Stdio};
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+use redis::cluster::ClusterClient;
+use redis_rl_client::{AsyncLimiter, Error, Limit, Limiter, OnError, Options, Source};
+use root::cluster::{cli_binary, free_cluster_port, Cluster};
+
+fn client(cluster: &Cluster) -> ClusterClient {
+    cluster_client(cluster.nodes.iter().map(|n| n.port))
+}
+
+fn cluster_client(ports: impl Iterator<Item = u16>) -> ClusterClient {
+    let urls: Vec<String> = ports
+        .map(|port| format!("redis://127.0.0.1:{port}/"))
+        .collect();
+    ClusterClient::builder(urls)
+        .connection_timeout(Duration::from_secs(2))
+        .response_timeout(Duration::from_secs(2))
+        .build()
+        .expect("cluster client")
+}
+
+/// Keys spread over the slots, so all three masters hold some.
+fn keys() -> Vec<String> {
+    (0..12).map(|i| format!("user:{i}")).collect()
+}
+
+#[test]
+fn limiters_work_on_a_cluster() {
+    let cluster = Cluster::start();
+    let limit = Limit::new(0.001, 2.0).unwrap();
+    let limiter = Limiter::new(
+        client(&cluster),
+        Options::new(OnError::Closed).timeout(Duration::from_secs(2)),
+    );
+    let keys = keys();
+    for key in &keys {
+        for remaining in [1, 0] {
+            let d = limiter.acquire(key, &limit, 1.0).unwrap();
+            assert_eq!(
+                (d.allowed, d.remaining, d.source),
+                (true, remaining, Source::Redis),
+                "{key}"
+            );
+        }
+        assert!(!limiter.acquire(key, &limit, 1.0).unwrap().allowed, "{key}");
+    }
+    // Each key's state lives on the master of its slot.
+    let topology = cluster.topology();
+    let mut masters = std::collections::BTreeSet::new();
+    for key in &keys {
+        let port = topology.owner(cluster.keyslot(key.as_bytes()));
+        masters.insert(port);
+        let exists: i64 = redis::cmd("EXISTS")
+            .arg(key)
+            .query(&mut cluster.conn(port))
+            .unwrap();
+        assert_eq!(exists, 1, "{key} on its master {port}");
+    }
+    assert_eq!(masters.len(), 3, "the keys cover every master");
+
+    let items = [
+        ("{u:42}:s", Limit::new(0.001, 1.0).unwrap(), 1.0),
+        ("{u:42}:h", Limit::new(0.001, 5.0).unwrap(), 1.0),
+    ];
+    assert!(limiter.acquire_all(&items).unwrap().allowed);
+    let refused = limiter.acquire_all(&items).unwrap();
+    assert_eq!((refused.allowed, refused.refused_index), (false, Some(0)));
+    // Without a shared hash tag the keys are in different slots: an error, not an outage.
+    let spread = [("a", limit, 1.0), ("b", limit, 1.0)];
+    assert!(matches!(limiter.acquire_all(&spread), Err(Error::Redis(_))));
+    assert_eq!(limiter.counters().outages, 0);
+
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let connection = client(&cluster)
+            .get_async_connection()
+            .await
+            .expect("async cluster");
+        let limiter = AsyncLimiter::new(
+            connection,
+            Options::new(OnError::Closed).timeout(Duration::from_secs(2)),
+        );
+        for key in &keys {
+            // The blocking limiter emptied these buckets.
+            let d = limiter.acquire(key, &limit, 1.0).await.unwrap();
+            assert_eq!((d.allowed, d.source), (false, Source::Redis), "{key}");
+            assert_eq!(limiter.refund(key, &limit, 1.0).await.unwrap().remaining, 1);
+        }
+        let refused = limiter.acquire_all(&items).await.unwrap();
+        assert_eq!((refused.allowed, refused.refused_index), (false, Some(0)));
+    });
+}
+
+/// One plain cluster node (no module), killed on drop.
+struct PlainNode {
+    child: Child,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for PlainNode {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The reply of `args` on the node at `port`, if it answers.
+fn ask(port: u16, args: &[&str]) -> Option<String> {
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).ok()?;
+    let mut con = client
+        .get_connection_with_timeout(Duration::from_secs(1))
+        .ok()?;
+    let mut cmd = redis::cmd(args.first()?);
+    for arg in args.iter().skip(1) {
+        cmd.arg(*arg);
+    }
+    cmd.query::<String>(&mut con).ok()
+}
+
+/// Three plain masters joined by `redis-cli --cluster create`, every slot served.
+fn plain_cluster() -> Vec<PlainNode> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let nodes: Vec<PlainNode> = (0..3)
+        .map(|_| {
+            let port = free_cluster_port();
+            let dir = tempfile::tempdir().expect("temp dir");
+            let child = Command::new(root::server_binary())
+                .args([
+                    "--port",
+                    &port.to_string(),
+                    "--bind",
+                    "127.0.0.1",
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                ])
+                .args([
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                ])
+                .args(["--cluster-node-timeout", "2000", "--logfile", "server.log"])
+                .arg("--dir")
+                .arg(dir.path())
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("spawn redis-server");
+            PlainNode {
+                child,
+                port,
+                _dir: dir,
+            }
+        })
+        .collect();
+    for node in &nodes {
+        while ask(node.port, &["PING"]).as_deref() != Some("PONG") {
+            assert!(
+                Instant::now() < deadline,
+                "node {} never answered",
+                node.port
+            );
+            sleep(Duration::from_millis(50));
+        }
+    }
+    let output = Command::new(cli_binary())
+        .args(["--cluster", "create"])
+        .args(nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)))
+        .args(["--cluster-replicas", "0", "--cluster-yes"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("run redis-cli");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stdout)
+    );
+    for node in &nodes {
+        while !ask(node.port, &["CLUSTER", "INFO"])
+            .is_some_and(|info| info.contains("cluster_state:ok"))
+        {
+            assert!(
+                Instant::now() < deadline,
+                "cluster never settled on {}",
+                node.port
+            );
+            sleep(Duration::from_millis(50));
+        }
+    }
+    nodes
+}
+
+#[test]
+fn the_lua_path_works_on_a_cluster_without_the_module() {
+    let nodes = plain_cluster();
+    let ports = || nodes.iter().map(|n| n.port);
+    let limit = Limit::new(0.001, 2.0).unwrap();
+    let limiter = Limiter::new(
+        cluster_client(ports()),
+        Options::new(OnError::Closed).timeout(Duration::from_secs(2)),
+    );
+    let keys = keys();
+    for key in &keys {
+        for remaining in [1, 0] {
+            let d = limiter.acquire(key, &limit, 1.0).unwrap();
+            assert_eq!(
+                (d.allowed, d.remaining, d.source),
+                (true, remaining, Source::Lua),
+                "{key}"
+            );
+        }
+        assert!(!limiter.acquire(key, &limit, 1.0).unwrap().allowed, "{key}");
+    }
+    // The keys live on every master, and the library loaded the script on each (SCRIPT
+    // LOAD goes to every master), so no EVALSHA met NOSCRIPT.
+    for port in ports() {
+        let stats = ask(port, &["INFO", "commandstats"]).unwrap_or_default();
+        let calls = |name: &str| -> u64 {
+            stats
+                .lines()
+                .find_map(|line| line.strip_prefix(&format!("cmdstat_{name}:calls=")))
+                .and_then(|rest| rest.split(',').next())
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0)
+        };
+        assert_eq!(calls("script|load"), 1, "node {port}: {stats}");
+        assert!(
+            calls("evalsha") > 0,
+            "node {port} decided some of the buckets"
+        );
+    }
+    let items = [
+        ("{u:42}:s", Limit::new(0.001, 1.0).unwrap(), 1.0),
+        ("{u:42}:h", Limit::new(0.001, 5.0).unwrap(), 1.0),
+    ];
+    assert!(limiter.acquire_all(&items).unwrap().allowed);
+    let refused = limiter.acquire_all(&items).unwrap();
+    assert_eq!(
+        (refused.allowed, refused.refused_index, refused.source),
+        (false, Some(0), Source::Lua)
+    );
+
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let connection = cluster_client(ports())
+            .get_async_connection()
+            .await
+            .expect("async cluster");
+        let limiter = AsyncLimiter::new(
+            connection,
+            Options::new(OnError::Closed).timeout(Duration::from_secs(2)),
+        );
+        for key in &keys {
+            let d = limiter.acquire(key, &limit, 1.0).await.unwrap();
+            assert_eq!((d.allowed, d.source), (false, Source::Lua), "{key}");
+            assert_eq!(limiter.refund(key, &limit, 1.0).await.unwrap().remaining, 1);
+        }
+    });
+}
