@@ -258,7 +258,7 @@ deps-clients: deps ## Install what the client libraries' tests need: redis-py (p
 	@command -v npm >/dev/null || { echo "deps-clients: npm not found; install Node.js 18+ and npm"; exit 1; }
 	cd clients/node && npm install --no-audit --no-fund --loglevel=error
 
-test-clients: test-clients-python test-clients-node test-clients-cluster ## Test the Python and Node libraries and the Lua script against real servers and a cluster
+test-clients: test-clients-python test-clients-node test-clients-rust test-clients-cluster ## Test the Python, Node and Rust libraries and the Lua script against real servers and a cluster
 
 test-clients-python: deps-clients ## The Python library: vectors, Lua script, module, plain server, outages, shield
 	@# The tests load the debug build of the module; cargo test does not build it.
