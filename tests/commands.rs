@@ -791,7 +791,10 @@ fn refund_gives_tokens_back_capped_at_capacity() {
     assert_eq!(pexpiretime(&mut con, b"k"), expire_at - 2_500_000);
     // Not full yet (half a token short): the key stays, the other half of "deletes exactly
     // when full".
-    assert!(exists(&mut con, b"k"), "a bucket short of full must not be deleted");
+    assert!(
+        exists(&mut con, b"k"),
+        "a bucket short of full must not be deleted"
+    );
 
     // Cost 0 changes nothing.
     let before = snapshot(&mut con);
