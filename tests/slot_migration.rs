@@ -13,7 +13,7 @@
 //! Servers without the feature (Redis, Valkey before 9) skip each test with a printed reason:
 //! `CLUSTER MIGRATESLOTS` is unknown there.
 //!
-//! Time: the rate is 0.001 token/s, so no bucket refills a token during a test, and each
+//! Time: the rate is 2^-10 token/s, so no bucket refills a token during a test, and each
 //! bucket starts from an exact state set with `RL.SETSTATE`. Waits poll the cluster's state
 //! up to a deadline; nothing asserts a duration. `DEBUG SLOTMIGRATION PREVENT-PAUSE`, Valkey's
 //! test hook, holds a migration in its streaming phase for as long as a test needs.
@@ -31,8 +31,10 @@ use common::{dump, pexpiretime, wait_for_replica_after_others, Server};
 use redis::{Connection, Value};
 
 /// One token every 1000 s: no refill during a test, and a whole number of nanoseconds.
-const RATE: &str = "0.001";
-const NS_PER_TOKEN: i64 = 1_000_000_000_000;
+// 2^-10 token/s: a whole number of ns per token (1.024e12), so the reference state built
+// with the two-argument RL.SETSTATE is exact. (The double 0.001 is not a thousandth.)
+const RATE: &str = "0.0009765625";
+const NS_PER_TOKEN: i64 = 1_024_000_000_000;
 /// The buckets every client takes from, in one slot, and the capacity of each.
 const BIG: [&str; 3] = ["{rl:asm}:a", "{rl:asm}:b", "{rl:asm}:c"];
 const BIG_CAPACITY: i64 = 1_000_000;
