@@ -64,7 +64,14 @@ bench-smoke: deps ## Seconds-long bench run for CI: checks each benchmarked comm
 	$(CARGO) build --release --lib
 	python3 bench/bench.py --smoke
 
-.PHONY: bench-math bench-multi
+.PHONY: bench-math bench-multi bench-instructions
+
+bench-instructions: deps ## Instructions per call inside Redis's call() (callgrind): RL.ACQUIRE at 10/s and 3/s against SET PX
+	$(CARGO) build --release --lib
+	@command -v valgrind >/dev/null || { echo "bench-instructions: needs valgrind (apt-get install valgrind)"; exit 1; }
+	bench/instructions.sh $(MODULE) SET b:__rand_int__ 1234567890123456789 PX 60000
+	bench/instructions.sh $(MODULE) RL.ACQUIRE b:__rand_int__ 10 1e10 1000
+	bench/instructions.sh $(MODULE) RL.ACQUIRE b:__rand_int__ 3 3e9 301
 
 bench-multi: deps ## Server time of one RL.ACQUIRE.MULTI at 1,000 (the cap) and more buckets (release build)
 	$(CARGO) build --release --lib

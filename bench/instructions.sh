@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Instructions executed inside Redis's call() per command, under callgrind: a count that does
+# not move with the machine's load, unlike server µs. Usage (make bench-instructions):
+#   bench/instructions.sh MODULE.so COMMAND ARGS...   (redis-benchmark syntax, __rand_int__ ok)
+# Prints "<command>  <Ir per call>". Needs valgrind (callgrind_annotate) and redis-benchmark.
+set -euo pipefail
+N=${N:-20000}
+module=$1; shift
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+# Only call() and what it calls is counted: the command's own work, as INFO commandstats times it.
+valgrind --tool=callgrind --collect-atstart=no --toggle-collect=call \
+    --callgrind-out-file="$dir/cg.out" redis-server --port "$port" --bind 127.0.0.1 \
+    --save "" --appendonly no --dir "$dir" --loadmodule "$module" >/dev/null 2>&1 &
+server=$!
+for _ in $(seq 200); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.3; done
+reply=$(redis-cli -p "$port" "${@//__rand_int__/1}")
+case "$reply" in ERR*|WRONGTYPE*) echo "$* answers an error: $reply" >&2; exit 1;; esac
+redis-benchmark -p "$port" -n "$N" -c 1 -P 16 -r 100000 "$@" >/dev/null
+redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true
+wait "$server" 2>/dev/null || true
+callgrind_annotate "$dir/cg.out" >"$dir/annotated.txt"
+total=$(awk '/PROGRAM TOTALS/ { gsub(",", "", $1); print $1; exit }' "$dir/annotated.txt")
+# N benchmarked calls, plus the check above and the SHUTDOWN.
+echo "$* $total $((N + 2))" | awk '{n = $NF; t = $(NF-1); $NF = ""; $(NF-1) = ""; printf "%-55s %7.0f Ir/call\n", $0, t / n}'
