@@ -258,6 +258,11 @@ impl Limit {
         u64::try_from(ns + u128::from(rem > 0)).unwrap_or(u64::MAX)
     }
 
+    /// The stored instant in ticks; 0 for a missing key (a full bucket).
+    fn full_ticks(&self, state: Option<State>) -> u128 {
+        state.map_or(0, |s| s.ticks(self.ticks_per_ns))
+    }
+
     fn now_ticks(&self, now_us: u64) -> u128 {
         u128::from(now_us.saturating_mul(NS_PER_US)) * u128::from(self.ticks_per_ns)
     }
@@ -421,8 +426,20 @@ pub fn acquire(
     now_us: u64,
     cost: Cost,
 ) -> (Decision, Option<State>) {
+    let (decision, new_state, _) = decide(limit, state, now_us, cost);
+    (decision, new_state)
+}
+
+/// [`acquire`], also returning how far short of full the bucket was before the call, which
+/// [`peek`] reports.
+fn decide(
+    limit: &Limit,
+    state: Option<State>,
+    now_us: u64,
+    cost: Cost,
+) -> (Decision, Option<State>, u128) {
     let now_ticks = limit.now_ticks(now_us);
-    let full_ticks = state.map_or(0, |s| s.ticks(limit.ticks_per_ns));
+    let full_ticks = limit.full_ticks(state);
     let debt_ticks = full_ticks.saturating_sub(now_ticks);
     let report = |outcome, debt_ticks, retry_ticks| Decision {
         outcome,
@@ -432,37 +449,42 @@ pub fn acquire(
     };
 
     let Some(cost_ticks) = limit.cost_ticks(cost) else {
-        return (report(Outcome::Impossible, debt_ticks, 0), None);
+        return (report(Outcome::Impossible, debt_ticks, 0), None, debt_ticks);
     };
     // The bucket holds `cost` tokens iff it is at most (capacity - cost) × T short of full.
     let slack_ticks = limit.capacity_ticks.saturating_sub(cost_ticks);
     if debt_ticks > slack_ticks {
         let retry_ticks = debt_ticks - slack_ticks;
-        return (report(Outcome::Denied, debt_ticks, retry_ticks), None);
+        return (
+            report(Outcome::Denied, debt_ticks, retry_ticks),
+            None,
+            debt_ticks,
+        );
     }
     if cost_ticks == 0 {
-        return (report(Outcome::Allowed, debt_ticks, 0), None);
+        return (report(Outcome::Allowed, debt_ticks, 0), None, debt_ticks);
     }
     let new_state = full_ticks
         .max(now_ticks)
         .checked_add(cost_ticks)
         .and_then(|ticks| Some((ticks, State::from_ticks(ticks, limit.ticks_per_ns)?)));
     let Some((new_full_ticks, new_state)) = new_state else {
-        return (report(Outcome::Impossible, debt_ticks, 0), None);
+        return (report(Outcome::Impossible, debt_ticks, 0), None, debt_ticks);
     };
     let new_debt_ticks = new_full_ticks - now_ticks;
-    (report(Outcome::Allowed, new_debt_ticks, 0), Some(new_state))
+    (
+        report(Outcome::Allowed, new_debt_ticks, 0),
+        Some(new_state),
+        debt_ticks,
+    )
 }
 
 /// What [`acquire`] would decide for `cost`, taking nothing. `remaining` and
 /// `reset_after_ns` describe the bucket as it is now; `retry_after_ns` is the wait until
 /// `cost` tokens are there (0 if they are).
 pub fn peek(limit: &Limit, state: Option<State>, now_us: u64, cost: Cost) -> Decision {
-    let (mut decision, taken) = acquire(limit, state, now_us, cost);
+    let (mut decision, taken, debt_ticks) = decide(limit, state, now_us, cost);
     if taken.is_some() {
-        let debt_ticks = state
-            .map_or(0, |s| s.ticks(limit.ticks_per_ns))
-            .saturating_sub(limit.now_ticks(now_us));
         decision.remaining = limit.whole_tokens(debt_ticks);
         decision.reset_after_ns = limit.ns_ceil(debt_ticks);
     }
@@ -490,9 +512,7 @@ pub fn refund(
     tokens: Cost,
 ) -> (Decision, Change) {
     let now_ticks = limit.now_ticks(now_us);
-    let debt_ticks = state
-        .map_or(0, |s| s.ticks(limit.ticks_per_ns))
-        .saturating_sub(now_ticks);
+    let debt_ticks = limit.full_ticks(state).saturating_sub(now_ticks);
     let give_ticks = mul_f64(
         limit.ticks_per_token,
         tokens.0.min(limit.capacity),
@@ -502,11 +522,14 @@ pub fn refund(
     let (new_debt_ticks, change) = match state {
         Some(_) if debt_ticks > 0 && give_ticks > 0 => {
             let new_debt_ticks = debt_ticks.saturating_sub(give_ticks);
-            // `now + new_debt` is below the stored instant, so it is always a valid state.
-            match State::from_ticks(now_ticks + new_debt_ticks, limit.ticks_per_ns) {
-                _ if new_debt_ticks == 0 => (0, Change::Delete),
-                Some(new_state) => (new_debt_ticks, Change::Set(new_state)),
-                None => (debt_ticks, Change::Keep),
+            if new_debt_ticks == 0 {
+                (0, Change::Delete)
+            } else {
+                // `now + new_debt` is below the stored instant, so it is always a valid state.
+                match State::from_ticks(now_ticks + new_debt_ticks, limit.ticks_per_ns) {
+                    Some(new_state) => (new_debt_ticks, Change::Set(new_state)),
+                    None => (debt_ticks, Change::Keep),
+                }
             }
         }
         _ => (debt_ticks, Change::Keep),
