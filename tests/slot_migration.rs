@@ -343,23 +343,52 @@ fn assert_logged(cluster: &Cluster, port: u16, line: &str) {
     );
 }
 
+/// A cluster with the module, the slot of the test's buckets, the master that owns it and the
+/// one it will move to.
+struct Migration {
+    cluster: Cluster,
+    slot: u16,
+    source: u16,
+    target: u16,
+    target_id: String,
+}
+
+impl Migration {
+    fn start() -> Migration {
+        let cluster = Cluster::start();
+        let topology = cluster.topology();
+        let slot = cluster.keyslot(SMALL.as_bytes());
+        let source = topology.owner(slot);
+        let target = topology
+            .masters()
+            .iter()
+            .map(|m| m.port)
+            .find(|&m| m != source)
+            .expect("another master");
+        let target_id = cluster.node_id(target);
+        Migration {
+            cluster,
+            slot,
+            source,
+            target,
+            target_id,
+        }
+    }
+}
+
 #[test]
 fn migrating_a_slot_while_clients_acquire_moves_every_bucket_exactly() {
     if let Some(reason) = skip_reason() {
         println!("{reason}");
         return;
     }
-    let cluster = Cluster::start();
-    let topology = cluster.topology();
-    let slot = cluster.keyslot(SMALL.as_bytes());
-    let source = topology.owner(slot);
-    let target = topology
-        .masters()
-        .iter()
-        .map(|m| m.port)
-        .find(|&m| m != source)
-        .expect("another master");
-    let target_id = cluster.node_id(target);
+    let Migration {
+        cluster,
+        slot,
+        source,
+        target,
+        target_id,
+    } = Migration::start();
     let mut on_source = cluster.conn(source);
     let seeded = seed(&mut on_source);
 
@@ -461,17 +490,13 @@ fn a_cancelled_migration_leaves_the_source_intact() {
         println!("{reason}");
         return;
     }
-    let cluster = Cluster::start();
-    let topology = cluster.topology();
-    let slot = cluster.keyslot(SMALL.as_bytes());
-    let source = topology.owner(slot);
-    let target = topology
-        .masters()
-        .iter()
-        .map(|m| m.port)
-        .find(|&m| m != source)
-        .expect("another master");
-    let target_id = cluster.node_id(target);
+    let Migration {
+        cluster,
+        slot,
+        source,
+        target,
+        target_id,
+    } = Migration::start();
     let mut on_source = cluster.conn(source);
     let mut on_target = cluster.conn(target);
     seed(&mut on_source);
