@@ -175,6 +175,12 @@ impl Decimal {
         }
     }
 
+    /// `(digits, exp10)`: the value is `digits × 10^exp10`, with no trailing zeros in
+    /// `digits` (zero is `(0, 0)`).
+    pub fn parts(self) -> (u128, i32) {
+        (self.digits, self.exp10)
+    }
+
     pub(crate) fn digits(self) -> u128 {
         self.digits
     }
