@@ -76,9 +76,9 @@
 //!   `cost × T` up to a whole tick, from the exact decimals. A decision is at most two ticks
 //!   (under 2 ns of refill) stricter than the model and never laxer.
 //! - **A refund** gives back `cost × T` rounded down to a tick: never more than asked.
-//! - **A denial near 2262.** If taking `cost` at the promised retry would store an instant
-//!   past [`MAX_FULL_AT_NS`], the request is [`Outcome::Impossible`] now, rather than a
-//!   promise that the retry would break.
+//! - **A denial near 2262.** If taking `cost` after the promised `retry_after_ms` would
+//!   store an instant past [`MAX_FULL_AT_NS`], the request is [`Outcome::Impossible`] now,
+//!   rather than a promise that the retry would break.
 //!
 //! Other properties:
 //!
@@ -605,13 +605,16 @@ fn decide(
     // The bucket holds `cost` tokens iff it is at most (capacity - cost) × T short of full.
     let slack_ticks = limit.capacity_ticks.saturating_sub(cost_ticks);
     if debt_ticks > slack_ticks {
-        // At `now + retry` the bucket is still `full_ticks` (it is not full), so the take
-        // then moves it to `full_ticks + cost_ticks`. If that cannot be stored, the retry
-        // would be answered "impossible": say so now rather than promise it.
-        if !limit.storable(full_ticks.saturating_add(cost_ticks)) {
+        let retry_ticks = debt_ticks - slack_ticks;
+        // A client retries after `retry_after_ms`: the take then starts from the later of
+        // the stored instant and that moment. If it could not be stored (past 2262), the
+        // retry would be answered "impossible": say so now rather than promise it.
+        let wait_ns = ms_ceil(limit.ns_ceil(retry_ticks)).unsigned_abs() * NS_PER_MS;
+        let retry_at_ticks = now_ticks
+            .saturating_add(u128::from(wait_ns).saturating_mul(u128::from(limit.ticks_per_ns)));
+        if !limit.storable(full_ticks.max(retry_at_ticks).saturating_add(cost_ticks)) {
             return (report(Outcome::Impossible, debt_ticks, 0), None, debt_ticks);
         }
-        let retry_ticks = debt_ticks - slack_ticks;
         return (
             report(Outcome::Denied, debt_ticks, retry_ticks),
             None,
