@@ -233,15 +233,15 @@ fn gcra_rejects_each_bad_argument_with_its_exact_error() {
             TOKENS_PER_PERIOD,
         ), // above 1e15
         // --- period
-        (&[b"k", b"15", b"30", b"0"], PERIOD),     // zero
-        (&[b"k", b"15", b"30", b"-60"], PERIOD),   // negative
-        (&[b"k", b"15", b"30", b"-0.5"], PERIOD),  // negative fraction
-        (&[b"k", b"15", b"30", b"x"], PERIOD),     // junk
-        (&[b"k", b"15", b"30", b""], PERIOD),      // empty
-        (&[b"k", b"15", b"30", b"inf"], PERIOD),   // infinite
-        (&[b"k", b"15", b"30", b"nan"], PERIOD),   // not a number
-        (&[b"k", b"15", b"30", b"1e999"], PERIOD), // overflows to infinity
-        (&[b"k", b"15", b"30", b" 60"], PERIOD),   // leading space
+        (&[b"k", b"15", b"30", b"0"], PERIOD),    // zero
+        (&[b"k", b"15", b"30", b"-60"], PERIOD),  // negative
+        (&[b"k", b"15", b"30", b"-0.5"], PERIOD), // negative fraction
+        (&[b"k", b"15", b"30", b"x"], PERIOD),    // junk
+        (&[b"k", b"15", b"30", b""], PERIOD),     // empty
+        (&[b"k", b"15", b"30", b"inf"], PERIOD),  // infinite
+        (&[b"k", b"15", b"30", b"nan"], PERIOD),  // not a number
+        (&[b"k", b"15", b"30", b"1e999"], RATE),  // an exact period, far too long for any rate
+        (&[b"k", b"15", b"30", b" 60"], PERIOD),  // leading space
         // --- the option
         (&[b"k", b"15", b"30", b"60", b"COUNT", b"1"], OPTION), // another name
         (&[b"k", b"15", b"30", b"60", b"NUM_REQUESTS", b"1"], OPTION), // the pre-8.8 name
