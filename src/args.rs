@@ -394,7 +394,8 @@ mod tests {
         let t = gcra(b"0", b"1", b"1.4e-9", None).unwrap();
         assert_eq!(t.limit.ns_per_token(), (7, 5));
         // The ends of the range, exactly; a hair past either is refused.
-        let ends: &[(&[u8], &[u8], Result<(u128, u64), Error>)] = &[
+        type End = (&'static [u8], &'static [u8], Result<(u128, u64), Error>);
+        let ends: &[End] = &[
             (b"1", b"1e-9", Ok((1, 1))),
             (b"1", b"0.0000000009999999999999", Err(Error::GcraRate)),
             (b"1", b"1000000", Ok((1_000_000_000_000_000, 1))),

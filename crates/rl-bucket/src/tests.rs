@@ -514,7 +514,8 @@ fn clock_stepping_back_never_adds_tokens() {
 #[test]
 fn decimals_parse_exactly_in_the_plain_grammar() {
     // (text, Some((digits, exp10)) for digits × 10^exp10, or None for not a decimal).
-    let rows: &[(&[u8], Option<(u128, i32)>)] = &[
+    type Row = (&'static [u8], Option<(u128, i32)>);
+    let rows: &[Row] = &[
         (b"0.5", Some((5, -1))),      // fraction
         (b"100", Some((1, 2))),       // integer, stored without trailing zeros
         (b"2.5e3", Some((25, 2))),    // exponent
@@ -605,6 +606,51 @@ fn rates_parse_as_exact_decimals_and_fractions() {
             num_rational::BigRational::new(p.into(), q.into()),
             "rate {rate} against the model"
         );
+    }
+}
+
+/// 0.1.0 and 0.2.0 took a rate as its double's exact value and stored the instants it made
+/// (rounded up to 2^-63 ns). Read under the decimal rate, such an instant is re-expressed in
+/// the decimal's ticks, rounded up: never earlier (never laxer), and less than one tick
+/// (plus the 2^-63 ns of the stored rounding) later.
+#[test]
+fn states_written_under_the_double_read_at_most_one_tick_stricter() {
+    use num_rational::BigRational;
+    let two63 = BigRational::new(1.into(), num_bigint::BigInt::from(1u64) << 63);
+    for rate in [
+        0.1,
+        0.3,
+        0.000001,
+        0.001,
+        0.01,
+        3.0,
+        7.0,
+        1e-5,
+        123.456,
+        0.0003208400192360113,
+    ] {
+        let decimal = Limit::new(rate, 1e6f64.min(rate * MAX_REFILL_S).floor()).unwrap();
+        let (_, q) = decimal.ns_per_token();
+        let tick = BigRational::new(1.into(), q.into());
+        let t_double = BigRational::from_integer(1_000_000_000.into()) / model::exact_double(rate);
+        for takes in [1u64, 7, 1000] {
+            // What the old code stored: the exact instant, its fraction rounded up.
+            let old = BigRational::from_integer(NOW_NS.into())
+                + BigRational::from_integer(takes.into()) * &t_double;
+            let ns = old.floor();
+            let frac = ((&old - &ns) * BigRational::from_integer((1u64 << 63).into())).ceil();
+            let st = State::from_parts(
+                ns.to_integer().try_into().unwrap(),
+                frac.to_integer().try_into().unwrap(),
+            )
+            .unwrap();
+            let read = BigRational::new(st.ticks(q).into(), q.into());
+            assert!(read >= old, "rate {rate}, {takes} takes: read earlier");
+            assert!(
+                read < &old + &tick + &two63,
+                "rate {rate}, {takes} takes: a tick or more later"
+            );
+        }
     }
 }
 
