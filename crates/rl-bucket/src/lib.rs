@@ -167,6 +167,8 @@ pub struct Limit {
     ticks_per_ns: u64,
     /// `capacity × T` in ticks, rounded down (exact for an integer capacity).
     capacity_ticks: u128,
+    /// Whether one token fits the capacity: the default cost, checked once here.
+    holds_one: bool,
 }
 
 /// Which half of a limit was out of range.
@@ -217,7 +219,7 @@ impl Limit {
         let (tokens, period_s) = parse_rate(rate).ok_or(LimitError::Rate)?;
         rate_in_range(tokens, period_s)?;
         let capacity = Decimal::parse(capacity).ok_or(LimitError::Capacity)?;
-        Self::from_decimals(tokens, period_s, capacity)
+        Self::build(tokens, period_s, capacity)
     }
 
     /// A limit of `tokens` every `period_s` seconds and a burst of `capacity`, all exact
@@ -232,6 +234,11 @@ impl Limit {
         capacity: Decimal,
     ) -> Result<Self, LimitError> {
         rate_in_range(tokens, period_s)?;
+        Self::build(tokens, period_s, capacity)
+    }
+
+    /// [`Limit::from_decimals`] for a rate already checked by [`rate_in_range`].
+    fn build(tokens: Decimal, period_s: Decimal, capacity: Decimal) -> Result<Self, LimitError> {
         if capacity.is_zero() || capacity > Decimal::from_int(MAX_CAPACITY_TOKENS) {
             return Err(LimitError::Capacity);
         }
@@ -267,6 +274,7 @@ impl Limit {
             ticks_per_token,
             ticks_per_ns,
             capacity_ticks,
+            holds_one: capacity >= Decimal::ONE,
         })
     }
 
@@ -284,7 +292,7 @@ impl Limit {
         let rate = Decimal::from_f64(rate_per_s).ok_or(LimitError::Rate)?;
         rate_in_range(rate, Decimal::ONE)?;
         let capacity = Decimal::from_f64(capacity).ok_or(LimitError::Capacity)?;
-        Self::from_decimals(rate, Decimal::ONE, capacity)
+        Self::build(rate, Decimal::ONE, capacity)
     }
 
     /// Builds a limit of `tokens` every `period_ns` nanoseconds, exactly: "3 per 10 s" is
@@ -299,7 +307,7 @@ impl Limit {
         );
         rate_in_range(tokens, period_s)?;
         let capacity = Decimal::from_f64(capacity).ok_or(LimitError::Capacity)?;
-        Self::from_decimals(tokens, period_s, capacity)
+        Self::build(tokens, period_s, capacity)
     }
 
     /// Tokens added per second, as the nearest double (for display; the bucket uses the exact
@@ -332,7 +340,7 @@ impl Limit {
     fn cost_ticks(&self, cost: Cost) -> Option<u128> {
         // One token is the common case, and exact without the general product.
         if cost == Cost::ONE {
-            return (self.capacity >= Decimal::ONE).then_some(self.ticks_per_token);
+            return self.holds_one.then_some(self.ticks_per_token);
         }
         if cost.0 > self.capacity {
             return None;
@@ -608,12 +616,18 @@ fn decide(
         let retry_ticks = debt_ticks - slack_ticks;
         // A client retries after `retry_after_ms`: the take then starts from the later of
         // the stored instant and that moment. If it could not be stored (past 2262), the
-        // retry would be answered "impossible": say so now rather than promise it.
-        let wait_ns = ms_ceil(limit.ns_ceil(retry_ticks)).unsigned_abs() * NS_PER_MS;
-        let retry_at_ticks = now_ticks
-            .saturating_add(u128::from(wait_ns).saturating_mul(u128::from(limit.ticks_per_ns)));
-        if !limit.storable(full_ticks.max(retry_at_ticks).saturating_add(cost_ticks)) {
-            return (report(Outcome::Impossible, debt_ticks, 0), None, debt_ticks);
+        // retry would be answered "impossible": say so now rather than promise it. The
+        // retry rounds up by under 1 ms + 1 ns past `now + retry = full - slack`, so a take
+        // from `full` with that much to spare always fits (the usual case: one comparison).
+        let d = u128::from(limit.ticks_per_ns);
+        let spare_ticks = u128::from(NS_PER_MS + 1) * d;
+        let take_ticks = full_ticks.saturating_add(cost_ticks);
+        if !limit.storable(take_ticks.saturating_add(spare_ticks)) {
+            let wait_ns = ms_ceil(limit.ns_ceil(retry_ticks)).unsigned_abs() * NS_PER_MS;
+            let retry_at_ticks = now_ticks.saturating_add(u128::from(wait_ns).saturating_mul(d));
+            if !limit.storable(full_ticks.max(retry_at_ticks).saturating_add(cost_ticks)) {
+                return (report(Outcome::Impossible, debt_ticks, 0), None, debt_ticks);
+            }
         }
         return (
             report(Outcome::Denied, debt_ticks, retry_ticks),
