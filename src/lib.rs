@@ -15,22 +15,6 @@
 //!
 //! This file holds module registration only.
 
-#![deny(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
-#![cfg_attr(
-    test,
-    allow(
-        clippy::unwrap_used,
-        clippy::expect_used,
-        clippy::panic,
-        clippy::indexing_slicing
-    )
-)]
-
 pub mod args;
 pub use rl_bucket as bucket;
 pub mod clock;

@@ -1,12 +1,11 @@
 //! Real Redis Clusters. With the module on every node (three masters, three replicas: the
-//! repository's harness in tests/common/cluster.rs), the blocking limiter on a
+//! repository's harness, rl-testkit's cluster), the blocking limiter on a
 //! `ClusterClient` and the async one on a `cluster_async::ClusterConnection` route each key
 //! to its slot's master, and `acquire_all` works across buckets that share a hash tag. On a
 //! cluster of plain servers (three masters, no module: a managed service), the Lua path does
 //! the same, with the script loaded on every master.
 
-#[path = "../../../tests/common/mod.rs"]
-mod root;
+#![cfg(test)]
 
 use std::process::{Child, Command, Stdio};
 use std::thread::sleep;
@@ -14,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use redis::cluster::ClusterClient;
 use redis_rl_client::{AsyncLimiter, Error, Limit, Limiter, OnError, Options, Source};
-use root::cluster::{cli_binary, free_cluster_port, Cluster};
+use rl_testkit::cluster::{cli_binary, free_cluster_port, Cluster};
 
 fn client(cluster: &Cluster) -> ClusterClient {
     cluster_client(cluster.nodes.iter().map(|n| n.port))
@@ -140,7 +139,7 @@ fn plain_cluster() -> Vec<PlainNode> {
         .map(|_| {
             let port = free_cluster_port();
             let dir = tempfile::tempdir().expect("temp dir");
-            let child = Command::new(root::server_binary())
+            let child = Command::new(rl_testkit::server_binary())
                 .args([
                     "--port",
                     &port.to_string(),
