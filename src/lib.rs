@@ -74,10 +74,17 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
         return Status::Err;
     }
     // SAFETY: `ctx.ctx` is the context passed to RedisModule_OnLoad.
-    if let Err(message) = unsafe { registry::register(ctx.ctx) } {
-        // The server unregisters whatever was registered before the failure.
-        ctx.log_warning(&format!("rl: {message}; the module is not loaded"));
-        return Status::Err;
+    match unsafe { registry::register(ctx.ctx) } {
+        Ok(skipped) => {
+            for warning in skipped {
+                ctx.log_warning(&format!("rl: {warning}"));
+            }
+        }
+        Err(message) => {
+            // The server unregisters whatever was registered before the failure.
+            ctx.log_warning(&format!("rl: {message}; the module is not loaded"));
+            return Status::Err;
+        }
     }
     // SAFETY: `ctx.ctx` is the context passed to RedisModule_OnLoad.
     if !unsafe { info::register(ctx.ctx) } {

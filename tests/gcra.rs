@@ -428,19 +428,6 @@ fn gcra_alias_refuses_to_load_where_the_server_has_a_gcra_command() {
         .expect("GCRA");
     assert_eq!(echoed, "hello");
     assert_eq!(gcra(&mut con, &["k", "0", "1", "60"]), [0, 1, 0, -1, 60]);
-
-    // The same refusal, named, for CL.THROTTLE where another module (redis-cell) has it.
-    let taken = ["--rename-command", "ECHO", "CL.THROTTLE"];
-    match Server::try_start(&taken, &["cl-throttle-alias", "yes"]) {
-        Ok(server) => panic!(
-            "the module loaded beside another CL.THROTTLE; log:\n{}",
-            server.log()
-        ),
-        Err(log) => assert!(
-            log.contains("rl: cannot register CL.THROTTLE (cl-throttle-alias yes)"),
-            "the log does not say why:\n{log}"
-        ),
-    }
 }
 
 #[test]

@@ -1,5 +1,6 @@
 //! The module as a whole, across its commands, against a real server: the load arguments
-//! (and a bad one failing the load with its name), the `INFO rl` section and its counters,
+//! (and a bad one failing the load with its name), a command name the server already has
+//! (skipped with a warning, the rest loaded), the `INFO rl` section and its counters,
 //! the keys and flags each command declares, the complexity each states, and `WATCH`, which
 //! only a write may break.
 //!
@@ -54,6 +55,94 @@ fn bad_module_arguments_fail_the_load_and_name_the_argument() {
     );
 }
 
+/// The warning lines of a server log (`#` is the warning level) that mention `name`.
+fn warnings_naming(log: &str, name: &str) -> Vec<String> {
+    log.lines()
+        .filter(|line| line.contains(" # ") && line.contains(name))
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn a_command_name_the_server_already_has_is_skipped_with_a_warning() {
+    // A server with an RL.THROTTLE of its own (valkey-io/valkey#4081 proposes a built-in):
+    // rename a built-in to that name. The rename applies before modules load.
+    let taken = ["--rename-command", "ECHO", "RL.THROTTLE"];
+    let server = Server::try_start(&taken, &[])
+        .unwrap_or_else(|log| panic!("the module did not load beside RL.THROTTLE: {log}"));
+    let mut con = server.conn();
+    // The module loaded: its other commands work.
+    assert_eq!(
+        acquire(&mut con, &["k", "0.001", "3"]),
+        [1, 2, 0, 1_000_000]
+    );
+    // RL.THROTTLE is the server's command (ECHO's reply), not ours.
+    let echoed: String = redis::cmd("RL.THROTTLE")
+        .arg("hello")
+        .query(&mut con)
+        .expect("the server's RL.THROTTLE");
+    assert_eq!(echoed, "hello");
+    let text = info(&mut con, "rl");
+    assert_eq!(
+        info_field(&text, "rl_skipped_commands"),
+        Some("rl.throttle"),
+        "{text}"
+    );
+    // A warning names it and how to reach ours.
+    let warned = warnings_naming(&server.log(), "RL.THROTTLE");
+    assert!(
+        warned
+            .iter()
+            .any(|line| line.contains("skipped RL.THROTTLE")
+                && line.contains("cl-throttle-alias yes")),
+        "no warning naming RL.THROTTLE and the way to ours:\n{}",
+        server.log()
+    );
+
+    // With cl-throttle-alias yes, CL.THROTTLE is ours, and RL.THROTTLE still the server's.
+    let server = Server::try_start(&taken, &["cl-throttle-alias", "yes"])
+        .unwrap_or_else(|log| panic!("{log}"));
+    let mut con = server.conn();
+    assert_eq!(
+        ints(&mut con, "CL.THROTTLE", &["u", "15", "30", "60"]),
+        [0, 16, 15, -1, 2]
+    );
+    let echoed: String = redis::cmd("RL.THROTTLE")
+        .arg("hello")
+        .query(&mut con)
+        .expect("the server's RL.THROTTLE");
+    assert_eq!(echoed, "hello");
+    assert_eq!(
+        info_field(&info(&mut con, "rl"), "rl_skipped_commands"),
+        Some("rl.throttle")
+    );
+
+    // The alias itself taken (another module, redis-cell, owns CL.THROTTLE): skipped the same
+    // way, and RL.THROTTLE is ours.
+    let taken = ["--rename-command", "ECHO", "CL.THROTTLE"];
+    let server = Server::try_start(&taken, &["cl-throttle-alias", "yes"])
+        .unwrap_or_else(|log| panic!("the module did not load beside CL.THROTTLE: {log}"));
+    let mut con = server.conn();
+    assert_eq!(
+        ints(&mut con, "RL.THROTTLE", &["u", "15", "30", "60"]),
+        [0, 16, 15, -1, 2]
+    );
+    let echoed: String = redis::cmd("CL.THROTTLE")
+        .arg("hello")
+        .query(&mut con)
+        .expect("the server's CL.THROTTLE");
+    assert_eq!(echoed, "hello");
+    assert_eq!(
+        info_field(&info(&mut con, "rl"), "rl_skipped_commands"),
+        Some("cl.throttle")
+    );
+    assert!(
+        !warnings_naming(&server.log(), "skipped CL.THROTTLE").is_empty(),
+        "no warning naming CL.THROTTLE:\n{}",
+        server.log()
+    );
+}
+
 #[test]
 fn info_counts_calls_decisions_and_errors() {
     let server = Server::start();
@@ -70,6 +159,7 @@ fn info_counts_calls_decisions_and_errors() {
     );
     assert!(info_field(&text, "rl_propagation").is_some(), "{text}");
     assert_eq!(info_field(&text, "rl_cl_throttle_alias"), Some("no"));
+    assert_eq!(info_field(&text, "rl_skipped_commands"), Some(""));
 
     assert_eq!(rl_counters(&mut con), [0, 0, 0, 0]);
     let _: () = redis::cmd("SET")
