@@ -406,7 +406,7 @@ fn gcra_alias_is_registered_only_when_asked() {
         info_field(&info(&mut con, "rl"), "rl_gcra_alias"),
         Some("yes")
     );
-    // What a Redis 8.8 client sends, as it sends it.
+    // What a client of the 8.8 milestones sends, as it sends it.
     assert_eq!(
         ints(&mut con, "GCRA", &["u", "15", "30", "60"]),
         [0, 16, 15, -1, 2]
