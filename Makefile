@@ -57,7 +57,7 @@ test: $(MODULE_DEBUG) ## Run every test: unit, property, doc and real-server int
 	$(CARGO) test --lib --tests
 	$(CARGO) test --doc --features system-alloc
 
-lint: ## clippy with warnings as errors, and rustfmt --check
+lint: links ## clippy with warnings as errors, rustfmt --check, and the Markdown link check (make links)
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(CARGO) fmt --all --check
 
@@ -81,3 +81,4 @@ include mk/stress.mk
 include mk/bench.mk
 include mk/clients.mk
 include mk/release.mk
+include mk/docs.mk
