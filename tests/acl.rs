@@ -13,7 +13,7 @@
 //! By name, because module commands belong to no ACL category on Redis 7.0: `-@write` does
 //! not remove RL.SETSTATE, and `+@write` does not grant RL.ACQUIRE. (Where the server supports
 //! module categories, Redis 7.4+ and Valkey, the rate-limit commands also join `@ratelimit`,
-//! which leaves RL.SETSTATE out; tests/commands.rs covers that.)
+//! which leaves RL.SETSTATE out; the last test here covers that.)
 //!
 //! Time: the rate is 0.000001 token/s, so no bucket gains a token during a test.
 
