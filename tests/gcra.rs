@@ -435,13 +435,9 @@ fn gcra_alias_refuses_to_load_where_the_server_has_a_gcra_command() {
 fn info_counts_gcra_calls_decisions_and_errors() {
     let server = Server::start_with_module_args(&[], &["gcra-alias", "yes"]);
     let mut con = server.conn();
-    let _: () = redis::cmd("SET")
-        .arg("str")
-        .arg("x")
-        .query(&mut con)
-        .expect("SET");
     // Each step: the call, and how [calls, allowed, denied, errors] must move.
     let steps: &[CounterStep] = &[
+        ("SET", &[b"str", b"x"], [0, 0, 0, 0]), // a foreign key, for WRONGTYPE below
         ("RL.GCRA", &[b"g", b"0", b"1", b"60"], [1, 1, 0, 0]),
         ("RL.GCRA", &[b"g", b"0", b"1", b"60"], [1, 0, 1, 0]),
         (

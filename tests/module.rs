@@ -162,14 +162,9 @@ fn info_counts_calls_decisions_and_errors() {
     assert_eq!(info_field(&text, "rl_skipped_commands"), Some(""));
 
     assert_eq!(rl_counters(&mut con), [0, 0, 0, 0]);
-    let _: () = redis::cmd("SET")
-        .arg("str")
-        .arg("x")
-        .query(&mut con)
-        .expect("SET");
-
     // Each step: the call, and how [calls, allowed, denied, errors] must move.
     let steps: &[CounterStep] = &[
+        ("SET", &[b"str", b"x"], [0, 0, 0, 0]), // a foreign key, for WRONGTYPE below
         ("RL.ACQUIRE", &[b"a", b"0.001", b"1"], [1, 1, 0, 0]),
         ("RL.ACQUIRE", &[b"a", b"0.001", b"1"], [1, 0, 1, 0]),
         ("RL.ACQUIRE", &[b"a", b"0.001", b"1", b"2"], [1, 0, 1, 0]), // impossible: a denial
