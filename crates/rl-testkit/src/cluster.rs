@@ -471,12 +471,19 @@ impl Cluster {
     }
 }
 
-/// Starts one cluster-enabled node on a port pair of its own, retrying on another pair if the
-/// server cannot bind (someone took a port between the check and the start).
+/// Starts one cluster-enabled node with the module on a port pair of its own, retrying on
+/// another pair if the server cannot bind (someone took a port between the check and the start).
 fn start_node() -> Server {
+    start_cluster_node(true)
+}
+
+/// Starts one cluster-enabled node, with the module or without it (a plain server, for a
+/// cluster of the kind a managed service offers), not yet joined to any cluster.
+pub fn start_cluster_node(module: bool) -> Server {
     let mut last_log = String::new();
     for _ in 0..5 {
         let mut server = Server::unstarted(NODE_ARGS, &[]);
+        server.module = module;
         server.port = free_cluster_port();
         if server.spawn().is_ok() {
             return server;
