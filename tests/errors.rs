@@ -1,4 +1,7 @@
-//! Bad input against a real server: wrong arity, every malformed number, foreign key types.
+//! Bad input against a real server, across commands: the bad-argument tables of RL.ACQUIRE
+//! and RL.SETSTATE (tests/common/tables.rs; acquire.rs and setstate.rs run them on an empty
+//! server) run again against an existing bucket, the edges of each range are accepted, and
+//! every command answers `WRONGTYPE` on every foreign type.
 //!
 //! Every case asserts the exact reply text, that nothing was written (no key created, an
 //! existing value byte-identical by `DUMP` with the same expiry), and that the server still
@@ -21,7 +24,7 @@ use redis::Connection;
 
 #[test]
 fn boundary_values_are_accepted() {
-    // The edges of each range, so the tables above reject for the reason they claim.
+    // The edges of each range, so the tables in common::tables reject for the reason they claim.
     let server = Server::start();
     let mut con = server.conn();
     let good: &[&[&[u8]]] = &[
