@@ -207,12 +207,20 @@ fn all_specs() -> impl Iterator<Item = &'static Spec> {
 static SKIPPED: AtomicU32 = AtomicU32::new(0);
 const _: () = assert!(SPECS.len() + ALIASES.len() <= u32::BITS as usize);
 
+/// The bit of [`SKIPPED`] for the `index`-th of [`all_specs`].
+fn bit(index: usize) -> u32 {
+    u32::try_from(index)
+        .ok()
+        .and_then(|i| 1u32.checked_shl(i))
+        .unwrap_or(0)
+}
+
 /// The commands skipped at load because the server already had their names.
 pub fn skipped() -> impl Iterator<Item = &'static CStr> {
     let mask = SKIPPED.load(Ordering::Relaxed);
     all_specs()
         .enumerate()
-        .filter(move |(i, _)| mask & (1u32 << i) != 0)
+        .filter(move |&(i, _)| mask & bit(i) != 0)
         .map(|(_, spec)| spec.name)
 }
 
@@ -235,9 +243,15 @@ fn skip_warning(spec: &Spec) -> String {
             "another module (redis-cell?) has it; use {} instead",
             THROTTLE.name.to_string_lossy()
         ),
-        _ => format!("to reach ours, free the name with rename-command {name} <new-name> in the server's config"),
+        _ => format!(
+            "to reach ours, free the name with rename-command {name} <new-name> in the \
+             server's config"
+        ),
     };
-    format!("skipped {name}: this server already has a command of that name, which stays the server's; {reach}")
+    format!(
+        "skipped {name}: this server already has a command of that name, which stays the \
+         server's; {reach}"
+    )
 }
 
 /// Registers [`SPECS`] and the aliases the load arguments ask for, with key specs and docs
@@ -292,7 +306,7 @@ pub unsafe fn register(ctx: *mut RedisModuleCtx) -> Result<Vec<String>, String> 
                         GCRA_SPEC.name.to_string_lossy()
                     ));
                 }
-                skipped |= 1u32.checked_shl(index as u32).unwrap_or(0);
+                skipped |= bit(index);
                 warnings.push(skip_warning(spec));
                 continue;
             }
