@@ -19,13 +19,20 @@ pub enum Want<'a> {
     Error(&'a str),
 }
 
-/// What a table's second column may be: an error text as `&str` or `String`, or a [`Want`].
+/// What a table's second column may be: an error text (`&str`, `String`, `&String`), or a
+/// [`Want`].
 pub trait Expected {
     /// The row's expectation.
     fn want(&self) -> Want<'_>;
 }
 
-impl Expected for &str {
+impl<T: Expected + ?Sized> Expected for &T {
+    fn want(&self) -> Want<'_> {
+        (**self).want()
+    }
+}
+
+impl Expected for str {
     fn want(&self) -> Want<'_> {
         Want::Error(self)
     }
