@@ -7,17 +7,16 @@
 //! about 95 years, so a take starts from that stored instant whatever the clock says, and
 //! every state compared is exact. Nothing asserts a wall-clock duration.
 
+#![cfg(test)]
+
 mod common;
 
+use common::texts::{CAPACITY, GCRA_RATE, RATE};
 use common::{dump, error_text, exists, pexpiretime, Server};
 use redis::Connection;
 
 /// 2100-01-01T00:00:00Z in ns: far enough that takes start from the stored instant.
 const BASE_NS: u64 = 4_102_444_800_000_000_000;
-const RATE: &str = "ERR rate must be a number from 0.000001 to 1000000000 (tokens per second)";
-const CAPACITY: &str = "ERR capacity must be a number above 0 and at most 1e15 (tokens)";
-const GCRA_RATE: &str =
-    "ERR tokens_per_period / period must be from 0.000001 to 1000000000 per second";
 
 /// `RL.SETSTATE key full_at_ns [full_at_frac]`.
 fn set_state(con: &mut Connection, key: &str, full_at_ns: u64, full_at_frac: u64) {
