@@ -258,10 +258,12 @@ clean: ## Remove build output
 CLIENTS_PYDEPS := $(CURDIR)/target/clients-python-deps
 CLIENTS_PYPKG := $(CURDIR)/target/clients-python-pkg
 CLIENTS_PYPATH := $(CLIENTS_PYPKG):$(CLIENTS_PYDEPS)
+# The frameworks the HTTP middleware tests run in (redis_rl.asgi, redis_rl.wsgi).
+CLIENTS_PYHTTP := starlette fastapi httpx flask
 
-deps-clients: deps ## Install what the client libraries' tests need: redis-py (pip) and the Node packages (npm)
-	@PYTHONPATH="$(CLIENTS_PYDEPS)" python3 -c 'import redis' 2>/dev/null \
-		|| python3 -m pip install --quiet --upgrade --target "$(CLIENTS_PYDEPS)" 'redis>=5,<9'
+deps-clients: deps ## Install what the client libraries' tests need: redis-py and the web frameworks (pip), the Node packages (npm)
+	@PYTHONPATH="$(CLIENTS_PYDEPS)" python3 -c 'import redis, starlette, fastapi, httpx, flask' 2>/dev/null \
+		|| python3 -m pip install --quiet --upgrade --target "$(CLIENTS_PYDEPS)" 'redis>=5,<9' $(CLIENTS_PYHTTP)
 	@command -v npm >/dev/null || { echo "deps-clients: npm not found; install Node.js 18+ and npm"; exit 1; }
 	cd clients/node && npm install --no-audit --no-fund --loglevel=error
 
