@@ -232,14 +232,17 @@ examples: deps ## Test the Python, Node and Rust examples (apps on the client li
 
 .PHONY: test-clients-rust
 
-test-clients-rust: deps ## The Rust client (clients/rust): vectors, module, plain server (Lua), outages, shield, cluster
+test-clients-rust: deps ## The Rust client (clients/rust): vectors, module, plain server (Lua), outages, shield, cluster, wait, tower layer
 	@# The tests load the debug build of the module; cargo test does not build it.
 	$(CARGO) build --lib
 	$(CARGO) test -p rl-bucket --test vectors
-	$(CARGO) test -p redis-rl-client
+	$(CARGO) test -p redis-rl-client --features tower
 	@# The client must not pull in the module's build dependencies.
 	@if $(CARGO) tree -p redis-rl-client | grep -i -E 'redis-module|bindgen|clang'; then \
 		echo "test-clients-rust: redis-rl-client depends on the module's build (see above)"; exit 1; fi
+	@# Nor HTTP crates for users who did not ask for the tower feature.
+	@if $(CARGO) tree -p redis-rl-client -e normal | grep -E ' (tower|http|axum) v'; then \
+		echo "test-clients-rust: redis-rl-client pulls in HTTP crates without the tower feature"; exit 1; fi
 
 .PHONY: bench-clients-rust
 
