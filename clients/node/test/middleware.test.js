@@ -9,7 +9,7 @@ import Redis from "ioredis";
 import { Limit, Limiter } from "../src/index.js";
 import { RedisRlStore, clientAddress, rateLimit } from "../src/middleware.js";
 import { BlockList } from "node:net";
-import { Server } from "./servers.js";
+import { Server, withCleanups } from "./servers.js";
 
 const LIMIT = new Limit(0.01, 3); // 3 of burst, one more each 100 s: no refill during a test
 
@@ -20,14 +20,10 @@ const expected = (remaining, resetS, legacy = true) => ({
 });
 const rateHeaders = (r) => Object.fromEntries([...r.headers].filter(([k]) => k.includes("ratelimit") || k === "retry-after"));
 
-async function withSetup(body) {
-  const cleanups = [];
+/** withCleanups, plus a dead port, limiters, and a fetch on a listening app. */
+const withSetup = (body) => withCleanups(async (scope) => {
   const ctx = {
-    async server(module = true) {
-      const s = await Server.start(module);
-      cleanups.push(() => s.close());
-      return s;
-    },
+    ...scope,
     async deadPort() {
       const s = await Server.start(false);
       await s.close();
@@ -36,24 +32,20 @@ async function withSetup(body) {
     async limiter(port, options = {}) {
       const c = new Redis({ port, host: "127.0.0.1", retryStrategy: () => 50, enableOfflineQueue: false });
       c.on("error", () => {});
-      cleanups.push(() => c.disconnect());
+      scope.defer(() => c.disconnect());
       if (!options.dead) await new Promise((r) => c.once("ready", r));
       return new Limiter(c, { onError: "closed", timeoutMs: 1000, logger: { warn() {} }, ...options });
     },
     /** Listens on 127.0.0.1:0 and returns a fetch on it. */
     async listen(app) {
       const http = await new Promise((r) => { const h = app.listen(0, "127.0.0.1", () => r(h)); });
-      cleanups.push(() => new Promise((r) => http.close(r)));
+      scope.defer(() => new Promise((r) => http.close(r)));
       const base = `http://127.0.0.1:${http.address().port}`;
       return (path = "/", headers = {}) => fetch(base + path, { headers });
     },
   };
-  try {
-    await body(ctx);
-  } finally {
-    for (const c of cleanups.reverse()) await c();
-  }
-}
+  await body(ctx);
+});
 
 function app(limiter, options = {}) {
   const a = express();

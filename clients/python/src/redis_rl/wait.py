@@ -42,8 +42,17 @@ class WaitCancelledError(Error):
     """The sync `wait` saw its `cancel` event set; it holds no tokens."""
 
 
-def _sleep_s(decision):
-    return max(_MIN_SLEEP_S, decision.retry_after_ms / 1000 * (1 + random.uniform(0, JITTER)))
+def _next_sleep_s(decision, deadline, now, timeout):
+    """After a denial: the sleep before the next try, or the error to raise."""
+    if decision.retry_after_ms < 0:
+        raise WaitNeverError(decision)
+    sleep_s = max(_MIN_SLEEP_S, decision.retry_after_ms / 1000 * (1 + random.uniform(0, JITTER)))
+    if deadline is None:
+        return sleep_s
+    left_s = deadline - now
+    if left_s <= 0:
+        raise WaitTimeoutError(decision, timeout)
+    return min(sleep_s, left_s)  # sleep to the deadline at most, then try once more there
 
 
 def _check(timeout):
@@ -62,16 +71,7 @@ def wait(limiter, key, limit, cost=1, timeout=None, cancel=None):
         decision = limiter.acquire(key, limit, cost)
         if decision.allowed:
             return decision
-        if decision.retry_after_ms < 0:
-            raise WaitNeverError(decision)
-        sleep_s = _sleep_s(decision)
-        if deadline is not None:
-            left_s = deadline - time.monotonic()
-            if left_s <= 0:
-                raise WaitTimeoutError(decision, timeout)
-            # Sleep to the deadline at most, then try once more there.
-            sleep_s = min(sleep_s, left_s)
-        cancel.wait(sleep_s)
+        cancel.wait(_next_sleep_s(decision, deadline, time.monotonic(), timeout))
 
 
 async def wait_async(limiter, key, limit, cost=1, timeout=None):
@@ -83,15 +83,7 @@ async def wait_async(limiter, key, limit, cost=1, timeout=None):
         decision = await _acquire_or_give_back(limiter, key, limit, cost)
         if decision.allowed:
             return decision
-        if decision.retry_after_ms < 0:
-            raise WaitNeverError(decision)
-        sleep_s = _sleep_s(decision)
-        if deadline is not None:
-            left_s = deadline - loop.time()
-            if left_s <= 0:
-                raise WaitTimeoutError(decision, timeout)
-            sleep_s = min(sleep_s, left_s)
-        await asyncio.sleep(sleep_s)
+        await asyncio.sleep(_next_sleep_s(decision, deadline, loop.time(), timeout))
 
 
 async def _acquire_or_give_back(limiter, key, limit, cost):
