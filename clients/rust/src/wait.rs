@@ -21,10 +21,10 @@ use crate::{AsyncLimiter, Limiter};
 /// Why a wait returned no token.
 #[derive(Debug)]
 pub enum WaitError {
-    /// The timeout passed; the last denial.
-    Timeout(Decision),
+    /// The timeout passed; the last denial (boxed: a `Decision` is large).
+    Timeout(Box<Decision>),
     /// The cost exceeds the limit's capacity (`retry_after_ms = -1`): no wait can help.
-    Never(Decision),
+    Never(Box<Decision>),
     /// A call failed with an error the failure policy does not cover.
     Limiter(Error),
 }
@@ -73,7 +73,7 @@ fn jitter_fraction() -> f64 {
 /// What to do after a denial: the sleep before the next try, or the error to return.
 fn next_sleep(decision: Decision, deadline: Option<Instant>) -> Result<Duration, WaitError> {
     if decision.retry_after_ms < 0 {
-        return Err(WaitError::Never(decision));
+        return Err(WaitError::Never(Box::new(decision)));
     }
     let wait_ms = (decision.retry_after_ms as f64 * (1.0 + jitter_fraction())).max(1.0);
     let sleep = Duration::from_secs_f64(wait_ms / 1000.0);
@@ -82,7 +82,7 @@ fn next_sleep(decision: Decision, deadline: Option<Instant>) -> Result<Duration,
         Some(deadline) => match deadline.checked_duration_since(Instant::now()) {
             // Sleep to the deadline at most, then try once more there.
             Some(left) if !left.is_zero() => Ok(sleep.min(left)),
-            _ => Err(WaitError::Timeout(decision)),
+            _ => Err(WaitError::Timeout(Box::new(decision))),
         },
     }
 }
