@@ -124,10 +124,21 @@ export function rateLimit(options) {
   };
 }
 
+/** `limit` per `windowMs` as a Limit: exactly "limit/seconds" where Limit takes `{ per }`;
+ * a Limit without it refuses the object (a RangeError) and gets the rate as a double. */
+function bucketFor(limit, windowMs) {
+  try {
+    return new Limit(limit, { per: windowMs / 1000 });
+  } catch (error) {
+    if (!(error instanceof RangeError) && !(error instanceof TypeError)) throw error;
+    return new Limit((limit * 1000) / windowMs, limit);
+  }
+}
+
 /**
  * A Store for express-rate-limit (v7, v8) on the Limiter: `limit` requests per `windowMs`
- * become one token bucket per key of rate limit / windowMs (limit tokens per windowMs
- * seconds) and capacity `limit`: a client may burst `limit` requests, then one more each
+ * become one token bucket per key of `limit` tokens per `windowMs / 1000` seconds (the exact
+ * N/S rate "100/60") and capacity `limit`: a client may burst `limit` requests, then one more each
  * windowMs / limit, instead of a fixed window that lets 2 x limit through across a window's
  * edge. `totalHits` is the tokens in use (limit - remaining), or limit + 1 when denied, and
  * `resetTime` is when the bucket is full again (when denied: when the next token arrives, so
@@ -147,7 +158,7 @@ export class RedisRlStore {
     if (typeof options.limit !== "number") {
       throw new TypeError("RedisRlStore needs a numeric limit (a function cannot name one bucket)");
     }
-    this.bucket = new Limit((options.limit * 1000) / options.windowMs, options.limit);
+    this.bucket = bucketFor(options.limit, options.windowMs);
   }
 
   async increment(key) {
