@@ -115,6 +115,17 @@ class Asgi(unittest.IsolatedAsyncioTestCase):
         health = [await http.get("/health", headers={"X-Api-Key": "alice"}) for _ in range(3)]
         self.assertEqual([(r.status_code, rate_headers(r)) for r in health], [(200, {})] * 3)
 
+    async def test_the_shield_answers_a_flood_without_redis(self):
+        s = self.server()
+        http = await self.http(starlette_app(await self.limiter(s.port, deny_cache=True)))
+        got = [await http.get("/") for _ in range(10)]
+        self.assertEqual([r.status_code for r in got], [200] * 3 + [429] * 7)
+        # The first denial came from Redis; the six after it from the deny cache, with the
+        # same fields (the wait counts down from the denial, so it still rounds up to 100 s).
+        for r in got[3:]:
+            self.assertEqual(rate_headers(r), {**expected(0, 300), "retry-after": "100"})
+        self.assertEqual(s.calls("rl.acquire"), 4)
+
     async def test_outage_applies_the_failure_policy(self):
         dead = free_port()
         closed = await self.http(starlette_app(await self.limiter(dead, timeout_ms=100)))
