@@ -67,7 +67,8 @@ class Policy:
         self.legacy_headers = legacy_headers
         self.skip = skip
         self.on_limited = on_limited
-        self.window_s = max(1, math.ceil(limit.capacity / limit.rate))
+        # Exact: the seconds a refill from empty takes, rounded up.
+        self.window_s = max(1, math.ceil(limit.capacity_fraction / limit.rate_fraction))
 
     # The key -------------------------------------------------------------------------------
 
@@ -116,7 +117,7 @@ class Policy:
         limit = decision.limit
         reset_s = -(-decision.reset_after_ms // 1000)
         out = [
-            ("RateLimit-Policy", f'"{self.policy_name}";q={math.floor(limit.capacity)};w={self.window_s}'),
+            ("RateLimit-Policy", f'"{self.policy_name}";q={math.floor(limit.capacity_fraction)};w={self.window_s}'),
             ("RateLimit", f'"{self.policy_name}";r={decision.remaining};t={reset_s}'),
         ]
         legacy = decision.headers()  # X-RateLimit-* and Retry-After, as the library writes them

@@ -33,8 +33,7 @@ class WaitNeverError(Error):
     """The cost exceeds the limit's capacity (retry_after_ms = -1): no wait can help."""
 
     def __init__(self, decision):
-        super().__init__(f"cost can never be taken: it exceeds the capacity "
-                         f"{decision.limit.capacity:g} of the limit")
+        super().__init__(f"cost can never be taken: it exceeds the capacity of {decision.limit!r}")
         self.decision = decision
 
 
