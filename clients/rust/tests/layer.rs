@@ -2,6 +2,8 @@
 //! as raw HTTP/1.1: against the module, the Lua fallback (a plain server) and an outage (a
 //! dead port). Exact counts, header fields and problem+json bodies. Needs `--features tower`.
 
+#![cfg(test)]
+
 mod common;
 
 use std::collections::HashMap;
@@ -169,7 +171,7 @@ async fn three_allowed_then_a_problem_429_on_module_and_lua() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn header_key_cost_skip_custom_response_and_trusted_proxies() {
-    let server = Server::with_module();
+    let server = Server::start();
     let limiter = limiter(server.port, OnError::Closed).await;
     let layer = RateLimitLayer::new(limiter.clone(), limit())
         .key_header(http::HeaderName::from_static("x-api-key"))
@@ -238,11 +240,11 @@ async fn header_key_cost_skip_custom_response_and_trusted_proxies() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_outage_is_decided_by_the_failure_policy() {
-    let mut server = Server::with_module();
+    let mut server = Server::start();
     let closed = limiter(server.port, OnError::Closed).await;
     let open = limiter(server.port, OnError::Open).await;
     let local = limiter(server.port, OnError::Local).await;
-    server.stop();
+    server.kill();
     let r = get_once(serve(RateLimitLayer::new(closed, limit())).await, "/", &[]).await;
     assert_eq!((r.status, r.headers["retry-after"].as_str()), (429, "1"));
     assert_eq!(r.headers["ratelimit"], "\"default\";r=0;t=0");

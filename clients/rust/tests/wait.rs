@@ -3,6 +3,8 @@
 //! token (checked with RL.PEEK, also when its take was in flight), the Lua path, and an
 //! outage decided by the failure policy.
 
+#![cfg(test)]
+
 mod common;
 
 use std::sync::Arc;
@@ -50,7 +52,7 @@ fn peek_remaining(server: &Server, key: &str, rate: &str, capacity: &str) -> i64
 
 fn signal(server: &Server, name: &str) {
     let status = std::process::Command::new("kill")
-        .args([name, &server.pid().to_string()])
+        .args([name, &server.pid().expect("running").to_string()])
         .status()
         .unwrap();
     assert!(status.success());
@@ -58,7 +60,7 @@ fn signal(server: &Server, name: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn twenty_waiters_on_five_per_second_take_turns_at_the_rate() {
-    let server = Server::with_module();
+    let server = Server::start();
     let limiter = shared(&server, Options::new(OnError::Closed)).await;
     let five = Limit::new(5.0, 1.0).unwrap(); // one token every 200 ms, no burst
     let start = Instant::now();
@@ -131,7 +133,7 @@ fn sync_wait_takes_turns_times_out_and_refuses_never_at_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_wait_holds_no_token() {
-    let server = Server::with_module();
+    let server = Server::start();
     let limiter = shared(&server, Options::new(OnError::Closed)).await;
     let two = Limit::new(2.0, 1.0).unwrap(); // a token every 500 ms
     limiter.acquire("k", &two, 1.0).await.unwrap();
@@ -165,14 +167,14 @@ async fn a_dropped_wait_holds_no_token() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_outage_is_decided_by_the_failure_policy() {
-    let mut server = Server::with_module();
+    let mut server = Server::start();
     let closed = shared(
         &server,
         Options::new(OnError::Closed).probe_interval(Duration::ZERO),
     )
     .await;
     let local = shared(&server, Options::new(OnError::Local)).await;
-    server.stop();
+    server.kill();
     match closed
         .clone()
         .wait("k", &slow(), 1.0, Some(Duration::from_millis(200)))
