@@ -15,8 +15,8 @@ Format (version 1): {"format": 1, "cases": [case, ...]}, each case
 
 where capacity is a decimal string and rate a decimal string or `N/S` (N tokens per S
 seconds, both decimal strings), each meaning its exact value, as the module parses its
-arguments (digits, an optional point and fraction, an optional exponent `e`/`E` with an
-optional sign: "0.1" is one tenth, not the double nearest it). Every step is
+arguments (an optional `+`, digits with at most one point, an optional exponent `e`/`E` with
+an optional sign: "0.1" is one tenth, not the double nearest it). Every step is
 
     {"op": "acquire" | "peek" | "refund", "now_us": int, "cost": str, "expect": [int, ...]}
 
@@ -35,9 +35,8 @@ from math import ceil, floor
 
 NS_PER_S = 10**9
 
-# The module's decimal grammar (what every library sends): digits, an optional fraction, an
-# optional exponent.
-DECIMAL = re.compile(r"[0-9]+(\.[0-9]+)?([eE][+-]?[0-9]+)?")
+# The module's decimal grammar (rl_bucket::Decimal::parse).
+DECIMAL = re.compile(r"\+?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?")
 
 
 def decimal(text):

@@ -32,8 +32,9 @@ function gcd(a, b) {
   return a || 1n;
 }
 
-// The module's decimal grammar: digits, an optional fraction, an optional exponent.
-const DECIMAL = /^([0-9]+)(?:\.([0-9]+))?(?:[eE]([+-]?[0-9]+))?$/;
+// The module's decimal grammar (rl_bucket::Decimal::parse): an optional "+", digits with at
+// most one point and a digit on at least one side, an optional exponent.
+const DECIMAL = /^\+?(?=[0-9]|\.[0-9])([0-9]*)(?:\.([0-9]*))?(?:[eE]([+-]?[0-9]+))?$/;
 
 /** The text the module is sent for a finite number: its shortest round-trip decimal
  * (String: "0.1", "1e-7", "2500"), which the module reads as an exact decimal. */
@@ -47,7 +48,7 @@ export function fromDecimal(text) {
   const m = DECIMAL.exec(text);
   if (!m) throw new RangeError(`not a decimal: ${JSON.stringify(text)}`);
   const [, whole, fraction = "", exp = "0"] = m;
-  const digits = BigInt(whole + fraction);
+  const digits = BigInt(whole + fraction || "0");
   const shift = BigInt(exp) - BigInt(fraction.length);
   return shift >= 0n ? new Q(digits * 10n ** shift) : new Q(digits, 10n ** -shift);
 }

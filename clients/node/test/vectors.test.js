@@ -36,7 +36,9 @@ test("numbers are sent as their shortest decimal and mean its exact value", () =
   assert.deepEqual(fromDecimal("1e-7"), new Q(1n, 10_000_000n));
   assert.deepEqual(fromRate("100/60"), new Q(5n, 3n));
   assert.deepEqual(fromRate("2.5/0.5"), new Q(5n));
-  for (const bad of ["", ".5", "5.", "1e", "-1", "0x10", "1/2/3", "1/0"]) {
+  assert.deepEqual(fromDecimal(".5"), new Q(1n, 2n));
+  assert.deepEqual(fromDecimal("+5."), new Q(5n));
+  for (const bad of ["", ".", "1e", "-1", "0x10", " 1", "1/2/3", "1/0"]) {
     assert.throws(() => fromRate(bad), RangeError, bad);
   }
   // JavaScript's String switches to e notation below 1e-6 and from 1e21: both are decimals.

@@ -76,10 +76,11 @@ class Decimals(unittest.TestCase):
         self.assertEqual(Limit(0.1, 1).script_args(1)[:3], ["1", "10000000", "0"])
 
     def test_the_grammar_is_the_modules(self):
-        for good, value in (("0.1", Fraction(1, 10)), ("1e-06", Fraction(1, 10**6)),
+        for good, value in (("0.1", Fraction(1, 10)), ("1e-06", Fraction(1, 10**6)), (".5", Fraction(1, 2)),
+                            ("5.", Fraction(5)), ("+2", Fraction(2)),
                             ("2.5E+3", Fraction(2500)), ("100/60", Fraction(5, 3)), ("2.5/0.5", Fraction(5))):
             self.assertEqual(_decimal.parse_rate(good), value, good)
-        for bad in ("", ".5", "5.", "1e", "-1", "0x10", "inf", "1/0", "1/2/3"):
+        for bad in ("", ".", "1e", "-1", "0x10", "inf", " 1", "1/0", "1/2/3"):
             with self.assertRaises(ValueError, msg=bad):
                 _decimal.parse_rate(bad)
         for number in (0.1, 1e-06, 1e16, 123.456, 1e-300, 2**60, 7):

@@ -1,7 +1,8 @@
 """Numbers as the module reads them: the text sent for a caller's number, and its exact value.
 
-The module parses `rate`, `capacity` and `cost` as exact decimals (digits, an optional point
-and fraction, an optional exponent `e`/`E` with an optional sign), and `rate` also as `N/S`,
+The module parses `rate`, `capacity` and `cost` as exact decimals (an optional `+`, digits with
+at most one point and a digit on at least one side of it, an optional exponent `e`/`E` with an
+optional sign; at most 38 significant digits), and `rate` also as `N/S`,
 N tokens per S seconds. This library sends the shortest decimal that round-trips the caller's
 number (`repr`, or the digits of an integer), and every local computation (the in-process
 bucket, the Lua script's arguments) uses that text's exact value, not the double's: `0.1` is
@@ -13,8 +14,9 @@ import math
 import re
 from fractions import Fraction
 
-#: What the module accepts as a decimal (and what `text` produces for a number >= 0).
-DECIMAL = re.compile(r"[0-9]+(\.[0-9]+)?([eE][+-]?[0-9]+)?")
+#: The module's decimal grammar (rl_bucket::Decimal::parse; its 38-digit cap is not checked
+#: here: `text` never writes more than 17 significant digits for a float).
+DECIMAL = re.compile(r"\+?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?")
 
 
 def text(value):
