@@ -3,14 +3,15 @@
 //!
 //! The script only adds, compares and multiplies integers below 2^53; the exact rational
 //! arithmetic that turns a limit into its pairs `(q, r)` (q + r/D µs) happens here, on the
-//! exact values of the doubles, as in the Python and Node libraries.
+//! exact values of the texts the module would be sent (0.1 is one tenth; `100/60` five
+//! thirds), as in the Python and Node libraries.
 
 use num_bigint::BigInt;
 use num_integer::Integer;
 use num_rational::BigRational;
 use num_traits::{One, Signed, Zero};
 
-use crate::types::Limit;
+use crate::types::{number, Limit};
 
 /// The script every library ships.
 pub(crate) const SCRIPT: &str = include_str!("../../lua/rl.lua");
@@ -23,7 +24,7 @@ const ROUNDED_DENOMINATOR: u64 = 1 << 30;
 /// `D` and `T × D` for a limit: the script's denominator and the µs per token in units of
 /// 1/D µs (a whole number; `T` rounded up when not exact, so the script is only stricter).
 fn period(limit: &Limit) -> (BigInt, BigInt) {
-    let rate = exact(limit.rate_per_s());
+    let rate = exact(&limit.rate_text());
     let t_us = BigRational::from_integer(BigInt::from(1_000_000)) / rate;
     if *t_us.denom() < BigInt::from(MAX_EXACT_DENOMINATOR) {
         (t_us.denom().clone(), t_us.numer().clone())
@@ -36,17 +37,31 @@ fn period(limit: &Limit) -> (BigInt, BigInt) {
     }
 }
 
-/// The exact value of a double (finite: limits and costs are validated before).
-fn exact(x: f64) -> BigRational {
-    BigRational::from_float(x).unwrap_or_else(BigRational::zero)
+/// The exact value of a text this library sends: a plain decimal ("0.1", "2500", as Rust
+/// prints a double or a period) or `N/S`. Validated before, so anything else is not expected;
+/// it reads as zero.
+fn exact(text: &str) -> BigRational {
+    let decimal = |part: &str| -> Option<BigRational> {
+        let (whole, fraction) = part.split_once('.').unwrap_or((part, ""));
+        let digits: BigInt = format!("{whole}{fraction}").parse().ok()?;
+        let scale = BigInt::from(10).pow(u32::try_from(fraction.len()).ok()?);
+        Some(BigRational::new(digits, scale))
+    };
+    let value = match text.split_once('/') {
+        Some((count, period)) => decimal(period)
+            .filter(|p| !p.is_zero())
+            .and_then(|p| Some(decimal(count)? / p)),
+        None => decimal(text),
+    };
+    value.unwrap_or_else(BigRational::zero)
 }
 
 /// The 10 numbers of `clients/lua/rl.lua` for one key: D, T, C, S, K as pairs, floor(C).
 /// `refund` rounds `cost × T` down (never give back more), the others round it up.
 pub(crate) fn args(limit: &Limit, cost: f64, refund: bool) -> [String; 10] {
     let (d, t_d) = period(limit);
-    let cap = exact(limit.capacity());
-    let cost = exact(cost);
+    let cap = exact(&limit.capacity_text());
+    let cost = exact(&number(cost));
     let t_d = BigRational::from_integer(t_d);
     let split = |units: BigInt| -> (BigInt, BigInt) { units.div_rem(&d) };
     let (tq, tr) = split(t_d.to_integer());
