@@ -91,7 +91,7 @@ pub const SPECS: &[Spec] = &[
         arity: -5,
         summary: c"Takes from several buckets atomically: all of them, or none.",
         // A stable sort of the key names finds the keys named twice (see
-        // commands::first_naming); N is capped at commands::MAX_MULTI_BUCKETS.
+        // commands::first_naming); N is capped at error::MAX_MULTI_BUCKETS.
         complexity: c"O(N log N) where N is the number of buckets (at most 1000 per call)",
         since: c"0.1.0",
         tips: Some(c"nondeterministic_output"),
