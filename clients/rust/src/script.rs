@@ -97,64 +97,42 @@ mod tests {
     }
 
     /// The same numbers as the Python library's `Limit.script_args` (its own exact
-    /// rationals), for rates whose T is not exact and fractional capacities and costs.
+    /// rationals of the same decimals), for rates whose T is not whole, decimal capacities and
+    /// costs, and a rate whose T has no denominator below 2^31.
     #[test]
     fn agrees_with_the_python_library() {
-        let rows: [(f64, f64, f64, bool, [&str; 10]); 5] = [
+        let rows: [(f64, f64, f64, bool, [&str; 10]); 6] = [
+            // 0.1 is one tenth: T = 1e7 µs, exact over D = 1
             (
                 0.1,
                 2.0,
                 1.0,
                 false,
                 [
-                    "1073741824",
-                    "10000000",
-                    "0",
-                    "20000000",
-                    "0",
-                    "10000000",
-                    "0",
-                    "10000000",
-                    "0",
-                    "2",
+                    "1", "10000000", "0", "20000000", "0", "10000000", "0", "10000000", "0", "2",
                 ],
             ),
+            // the same, refunding
             (
                 0.1,
                 2.0,
                 1.0,
                 true,
                 [
-                    "1073741824",
-                    "10000000",
-                    "0",
-                    "20000000",
-                    "0",
-                    "10000000",
-                    "0",
-                    "10000000",
-                    "0",
-                    "2",
+                    "1", "10000000", "0", "20000000", "0", "10000000", "0", "10000000", "0", "2",
                 ],
             ),
+            // T = 1e7/3 µs, over D = 3
             (
                 0.3,
                 3.0,
                 3.0,
                 false,
                 [
-                    "1073741824",
-                    "3333333",
-                    "357913942",
-                    "10000000",
-                    "2",
-                    "0",
-                    "0",
-                    "10000000",
-                    "2",
-                    "3",
+                    "3", "3333333", "1", "10000000", "0", "0", "0", "10000000", "0", "3",
                 ],
             ),
+            // decimal capacity and cost: 0.7 × 5e5 µs is whole
             (
                 2.0,
                 2.5,
@@ -164,6 +142,7 @@ mod tests {
                     "1", "500000", "0", "1250000", "0", "900000", "0", "350000", "0", "2",
                 ],
             ),
+            // the double nearest 1/60 prints 0.016666666666666666: T rounded up over 2^30
             (
                 1.0 / 60.0,
                 5.0,
@@ -172,14 +151,24 @@ mod tests {
                 [
                     "1073741824",
                     "60000000",
-                    "1",
+                    "3",
                     "300000000",
-                    "5",
+                    "15",
                     "240000000",
-                    "4",
+                    "12",
                     "60000000",
-                    "1",
+                    "3",
                     "5",
+                ],
+            ),
+            // tenths at 7/s: 1e5/7 µs over D = 7
+            (
+                7.0,
+                0.3,
+                0.1,
+                false,
+                [
+                    "7", "142857", "1", "42857", "1", "28571", "3", "14285", "5", "0",
                 ],
             ),
         ];

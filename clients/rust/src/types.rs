@@ -115,12 +115,12 @@ impl Limit {
         // The very texts that will be sent, parsed as the module parses them.
         let bucket = rl_bucket::Limit::parse(rate.text().as_bytes(), number(capacity).as_bytes())
             .map_err(|e| {
-                Error::Invalid(match e {
-                    rl_bucket::LimitError::Rate => RATE_ERROR,
-                    rl_bucket::LimitError::Capacity => CAPACITY_ERROR,
-                    rl_bucket::LimitError::RefillTime => REFILL_ERROR,
-                })
-            })?;
+            Error::Invalid(match e {
+                rl_bucket::LimitError::Rate => RATE_ERROR,
+                rl_bucket::LimitError::Capacity => CAPACITY_ERROR,
+                rl_bucket::LimitError::RefillTime => REFILL_ERROR,
+            })
+        })?;
         Ok(Limit {
             rate,
             capacity,
@@ -556,12 +556,17 @@ mod tests {
     #[test]
     fn numbers_and_periods_are_sent_as_exact_decimals() {
         let limit = Limit::per(100, Duration::from_secs(60)).unwrap();
-        assert_eq!((limit.rate_text(), limit.capacity_text()), ("100/60".to_string(), "100".to_string()));
+        assert_eq!(
+            (limit.rate_text(), limit.capacity_text()),
+            ("100/60".to_string(), "100".to_string())
+        );
         assert_eq!(limit.bucket().ns_per_token(), (600_000_000, 1));
         let limit = Limit::per(3, Duration::from_millis(1500)).unwrap();
         assert_eq!(limit.rate_text(), "3/1.5");
         assert_eq!(
-            Limit::per(1, Duration::from_nanos(1_000_000_001)).unwrap().rate_text(),
+            Limit::per(1, Duration::from_nanos(1_000_000_001))
+                .unwrap()
+                .rate_text(),
             "1/1.000000001"
         );
         assert_eq!(Limit::new(0.1, 1e-7).unwrap().rate_text(), "0.1");
@@ -577,12 +582,21 @@ mod tests {
             .unwrap();
         assert_eq!(burst.capacity(), 5.0);
         assert_eq!(burst.period(), Some((100, Duration::from_secs(60))));
-        assert!(matches!(Limit::per(0, Duration::from_secs(1)), Err(Error::Invalid(RATE_ERROR))));
-        assert!(matches!(Limit::per(1, Duration::ZERO), Err(Error::Invalid(RATE_ERROR))));
+        assert!(matches!(
+            Limit::per(0, Duration::from_secs(1)),
+            Err(Error::Invalid(RATE_ERROR))
+        ));
+        assert!(matches!(
+            Limit::per(1, Duration::ZERO),
+            Err(Error::Invalid(RATE_ERROR))
+        ));
         assert!(matches!(
             Limit::per(1, Duration::from_secs(10_000_000)),
             Err(Error::Invalid(RATE_ERROR))
         ));
-        assert!(matches!(burst.with_capacity(0.0), Err(Error::Invalid(CAPACITY_ERROR))));
+        assert!(matches!(
+            burst.with_capacity(0.0),
+            Err(Error::Invalid(CAPACITY_ERROR))
+        ));
     }
 }
