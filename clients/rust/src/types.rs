@@ -599,4 +599,20 @@ mod tests {
             Err(Error::Invalid(CAPACITY_ERROR))
         ));
     }
+
+    #[test]
+    fn a_share_divides_the_rate_exactly() {
+        // 100 a minute over 4 instances: 100 every 240 s, 2.4 s a token, exactly.
+        let share = Limit::per(100, Duration::from_secs(60))
+            .unwrap()
+            .share(4)
+            .unwrap();
+        assert_eq!(share.ns_per_token(), (2_400_000_000, 1));
+        assert_eq!(share.capacity(), 25.0);
+        // 0.3 per second over 3: one token every 10 s.
+        let share = Limit::new(0.3, 3.0).unwrap().share(3).unwrap();
+        assert_eq!(share.ns_per_token(), (10_000_000_000, 1));
+        // Below the slowest rate: no share (the Local policy then denies, as Closed would).
+        assert!(Limit::new(0.000001, 1.0).unwrap().share(2).is_none());
+    }
 }
