@@ -98,6 +98,18 @@ for (const kind of Object.keys(CLIENTS)) {
     assert.equal("Retry-After" in impossible.headers(), false);
   }));
 
+  test(`${kind}: e notation reaches the module as exact decimals`, () => withSetup(async (t) => {
+    // String writes 1e-7 and 1e+21: the module reads each exactly.
+    const limiter = await t.limiter(kind, await t.server());
+    const limit = new Limit(0.000001, 2e-7);
+    assert.deepEqual(limit.args(), ["0.000001", "2e-7"]);
+    const taken = [];
+    for (let i = 0; i < 3; i++) taken.push((await limiter.acquire("e", limit, 1e-7)).allowed);
+    assert.deepEqual(taken, [true, true, false]);
+    const impossible = await limiter.acquire("e", new Limit(1, 1), 1e21);
+    assert.deepEqual([impossible.allowed, impossible.retryAfterMs], [false, -1]);
+  }));
+
   test(`${kind}: the Lua path gives the module's decisions for the same calls`, () => withSetup(async (t) => {
     const withModule = await t.limiter(kind, await t.server(true));
     const plain = await t.limiter(kind, await t.server(false));

@@ -69,6 +69,17 @@ class Servers(unittest.TestCase):
 
 
 class WithModule(Servers):
+    def test_e_notation_reaches_the_module_as_exact_decimals(self):
+        # repr writes 1e-06, 1e-07 and 1e+16: the module reads each exactly.
+        limiter = self.limiter(self.server())
+        limit = Limit(1e-06, 2e-07)
+        self.assertEqual(limit.args(), ["1e-06", "2e-07"])
+        self.assertTrue(limiter.acquire("e", limit, 1e-07).allowed)
+        self.assertTrue(limiter.acquire("e", limit, 1e-07).allowed)
+        self.assertFalse(limiter.acquire("e", limit, 1e-07).allowed)
+        impossible = limiter.acquire("e", Limit(1, 1), 1e16)
+        self.assertEqual((impossible.allowed, impossible.retry_after_ms), (False, -1))
+
     def test_acquire_reports_the_modules_reply(self):
         limiter = self.limiter(self.server())
         first = limiter.acquire("user:42", Limit(5, 10))
