@@ -63,6 +63,16 @@ class Ranges(unittest.TestCase):
 
 
 class Decimals(unittest.TestCase):
+    def test_a_numeric_cost_of_any_type_is_a_number(self):
+        from redis_rl._core import check_cost
+
+        self.assertEqual(check_cost("2"), 2.0)
+        self.assertEqual(check_cost(2), 2)
+        self.assertEqual(check_cost(0.1), 0.1)
+        for bad in ("x", None, True, float("nan"), -1):
+            with self.assertRaises(ValueError, msg=repr(bad)):
+                check_cost(bad)
+
     def test_numbers_are_sent_as_their_shortest_decimal(self):
         self.assertEqual(Limit(0.1, 1).args(), ["0.1", "1"])
         self.assertEqual(Limit(5.0, 10.0).args(), ["5", "10"])

@@ -165,7 +165,9 @@ def check_cost(cost):
     _, exact = _argument(cost, "cost")
     if exact < MIN_COST:
         raise ValueError(RANGES["cost"]["error"])
-    return cost
+    # An int stays exact however large; anything else (a numeric string, a Decimal) becomes
+    # the float whose shortest decimal is what will be sent.
+    return cost if isinstance(cost, (int, float)) else float(cost)
 
 
 def _ceil_s(ms):
