@@ -77,6 +77,24 @@ fn every_boundary_case_gets_the_shared_answer_from_every_command() {
 }
 
 #[test]
+fn the_test_tables_texts_are_the_files() {
+    // tests/common/texts.rs names these for every command family's tables: one statement.
+    let doc = ranges();
+    for (argument, text) in [
+        ("rate", common::texts::RATE),
+        ("capacity", common::texts::CAPACITY),
+        ("refill", common::texts::REFILL),
+        ("cost", common::texts::COST),
+    ] {
+        assert_eq!(
+            text.strip_prefix("ERR "),
+            doc[argument]["error"].as_str(),
+            "{argument}"
+        );
+    }
+}
+
+#[test]
 fn the_files_texts_are_the_modules_replies_for_each_argument() {
     // The four texts, each provoked by a value far out of range, so the check holds whatever
     // the boundary cases cover.
