@@ -9,6 +9,8 @@
 //!
 //! Time: nothing here depends on it; only whether a call is refused is compared.
 
+#![cfg(test)]
+
 mod common;
 
 use common::{command, error_text, exists, Server};
