@@ -124,17 +124,6 @@ export function rateLimit(options) {
   };
 }
 
-/** `limit` per `windowMs` as a Limit: exactly "limit/seconds" where Limit takes `{ per }`;
- * a Limit without it refuses the object (a RangeError) and gets the rate as a double. */
-function bucketFor(limit, windowMs) {
-  try {
-    return new Limit(limit, { per: windowMs / 1000 });
-  } catch (error) {
-    if (!(error instanceof RangeError) && !(error instanceof TypeError)) throw error;
-    return new Limit((limit * 1000) / windowMs, limit);
-  }
-}
-
 /**
  * A Store for express-rate-limit (v7, v8) on the Limiter: `limit` requests per `windowMs`
  * become one token bucket per key of `limit` tokens per `windowMs / 1000` seconds (the exact
@@ -158,7 +147,7 @@ export class RedisRlStore {
     if (typeof options.limit !== "number") {
       throw new TypeError("RedisRlStore needs a numeric limit (a function cannot name one bucket)");
     }
-    this.bucket = bucketFor(options.limit, options.windowMs);
+    this.bucket = new Limit(options.limit, { per: options.windowMs / 1000 });
   }
 
   async increment(key) {

@@ -129,6 +129,9 @@ function ercApp(limiter) {
 }
 
 test("express-rate-limit with RedisRlStore: limit per windowMs as one exact bucket", () => withSetup(async (t) => {
+  const store = new RedisRlStore({ limiter: {} });
+  store.init({ limit: 3, windowMs: 100_000 });
+  assert.deepEqual(store.bucket.args(), ["3/100", "3"]); // the exact N/S rate, capacity = limit
   for (const [module, source] of [[true, "redis"], [false, "lua"]]) {
     const s = await t.server(module);
     const limiter = await t.limiter(s.port);
