@@ -10,8 +10,10 @@ import { readFileSync } from "node:fs";
 import { performance } from "node:perf_hooks";
 import { LocalBuckets, Q, fromDecimal, numberText } from "./bucket.js";
 import { adapt, isReplyError, sha1 } from "./adapter.js";
+import { wait } from "./wait.js";
 
 export { LocalBuckets } from "./bucket.js";
+export { WaitNeverError, WaitTimeoutError } from "./wait.js";
 
 const SCRIPT = readFileSync(new URL("./rl.lua", import.meta.url), "utf8");
 const SCRIPT_SHA = sha1(SCRIPT);
@@ -471,5 +473,12 @@ export class Limiter {
       await this.redis.send(["SCRIPT", "LOAD", SCRIPT], firstKey);
       return this.redis.send(["EVALSHA", SCRIPT_SHA, ...args], firstKey);
     }
+  }
+
+  // Waiting ---------------------------------------------------------------------------------
+
+  /** Takes `cost` tokens once the bucket holds them (see wait.js): { cost, timeoutMs, signal }. */
+  wait(key, limit, options = {}) {
+    return wait(this, key, limit, options);
   }
 }

@@ -17,7 +17,9 @@ fallback script (the same file as clients/lua/rl.lua).
 from ._core import (CLOSED_RETRY_AFTER_MS, Decision, Error, Limit, ModuleMissingError,
                     MultiDecision, Refund)
 from .client import Limiter, connect, connect_cluster
+from .wait import WaitCancelledError, WaitNeverError, WaitTimeoutError
 
 __all__ = ["Limiter", "Limit", "Decision", "MultiDecision", "Refund", "Error",
-           "ModuleMissingError", "CLOSED_RETRY_AFTER_MS", "connect", "connect_cluster"]
+           "ModuleMissingError", "CLOSED_RETRY_AFTER_MS", "connect", "connect_cluster",
+           "WaitTimeoutError", "WaitNeverError", "WaitCancelledError"]
 __version__ = "0.1.0"
