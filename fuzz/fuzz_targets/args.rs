@@ -338,10 +338,16 @@ fn check_state(ns: &[u8], frac: Option<&[u8]>) {
 fn check_acquire(rate: &[u8], capacity: &[u8], cost: Option<&[u8]>) {
     let got = args::acquire(rate, capacity, cost);
     if let Ok(a) = got {
-        let (r, c) = (a.limit.rate_per_s(), a.limit.capacity());
-        assert!((1e-6..=1e9).contains(&r), "rate {r}");
-        assert!(c > 0.0 && c <= 1e15, "capacity {c}");
-        assert!(a.cost.tokens() >= 0.0, "cost");
+        // On the exact values: a double can round a tiny capacity to 0, or a rate N/S just
+        // outside its range.
+        let (t, c) = exact(&a.limit);
+        assert!(t >= int(1) && t <= int(1_000_000_000_000_000), "T {t} ns");
+        assert!(
+            c.is_positive() && c <= int(1_000_000_000_000_000),
+            "capacity {c}"
+        );
+        assert!(!refill_too_long(&t, &c), "refill {c} × {t}");
+        assert!(!decimal(a.cost.exact()).is_negative(), "cost");
     }
     match (got, reference_acquire(rate, capacity, cost)) {
         (Ok(a), Ok((t, c, k))) => {

@@ -545,20 +545,27 @@ fn decimals_parse_exactly_in_the_plain_grammar() {
             Some((1, -44)),
         ),
         (b"999999999999999999999999999999999999999", None), // 39 significant digits
-        (b"-1", None),                                      // negative
-        (b"", None),                                        // empty
-        (b".", None),                                       // a point alone
-        (b"e5", None),                                      // an exponent alone
-        (b"1e", None),                                      // an exponent without digits
-        (b" 1", None),                                      // leading space
-        (b"1 ", None),                                      // trailing space
-        (b"1x", None),                                      // trailing junk
-        (b"nan", None),                                     // NaN spelled out
-        (b"inf", None),                                     // infinity spelled out
-        (b"0x10", None),                                    // hex
-        (b"1,5", None),                                     // locale comma
-        (b"1..2", None),                                    // two points
-        (b"+-1", None),                                     // two signs
+        (b"1e999999999", Some((1, 999_999_999))),           // the largest exponent
+        (b"1e-999999999", Some((1, -999_999_999))),
+        (b"1e1000000000", None), // beyond it: refused, not clamped
+        (b"10e999999999", None),
+        (b"0.1e-999999999", None),
+        (b"1e99999999999999999999999", None),
+        (b"0e99999999999999999999999", Some((0, 0))), // zero in any spelling
+        (b"-1", None),                                // negative
+        (b"", None),                                  // empty
+        (b".", None),                                 // a point alone
+        (b"e5", None),                                // an exponent alone
+        (b"1e", None),                                // an exponent without digits
+        (b" 1", None),                                // leading space
+        (b"1 ", None),                                // trailing space
+        (b"1x", None),                                // trailing junk
+        (b"nan", None),                               // NaN spelled out
+        (b"inf", None),                               // infinity spelled out
+        (b"0x10", None),                              // hex
+        (b"1,5", None),                               // locale comma
+        (b"1..2", None),                              // two points
+        (b"+-1", None),                               // two signs
         (b"1/2", None),  // a fraction is a rate's form, not a decimal's
         (b"\xff", None), // not UTF-8
     ];
@@ -655,6 +662,15 @@ fn states_written_under_the_double_read_at_most_one_tick_stricter() {
 }
 
 #[test]
+fn huge_decimals_count_through_their_ratio() {
+    // 10/s from two decimals near the exponent limit (too large for the model to build).
+    let limit = Limit::parse(b"1e999999999/1e999999998", b"1").unwrap();
+    assert_eq!(limit.ns_per_token(), (100_000_000, 1));
+    let limit = Limit::parse(b"3e-999999999/1e-999999998", b"1").unwrap();
+    assert_eq!(limit.ns_per_token(), (10_000_000_000, 3)); // 0.3/s
+}
+
+#[test]
 fn rates_and_capacities_out_of_range_name_their_argument() {
     use LimitError::{Capacity, Rate, RefillTime};
     let rows: &[(&str, &str, LimitError)] = &[
@@ -673,6 +689,9 @@ fn rates_and_capacities_out_of_range_name_their_argument() {
         ("1/2/3", "1", Rate),
         ("1 /2", "1", Rate),
         ("-1/-2", "1", Rate),
+        // A huge N over a huge S: the ratio counts, so exponents are never clamped.
+        ("1e999999999/1e999999989", "1", Rate), // 1e10 per second
+        ("1e2000000000/1e2000000000", "1", Rate), // beyond the exponent limit: not decimals
         ("inf", "1", Rate),
         ("x", "x", Rate), // the first bad argument is named
         ("0", "x", Rate),
