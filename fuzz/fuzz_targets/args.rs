@@ -80,11 +80,12 @@ fn reference_digits(bytes: &[u8]) -> Option<(String, i64, bool)> {
     }
     // Normalized: the significant digits, and the exponent that makes up the trailing zeros.
     let trailing = (leading.len() - significant.len()) as i64;
-    Some((
-        significant.to_string(),
-        exponent - frac_part.len() as i64 + trailing,
-        zero,
-    ))
+    let exp10 = exponent - frac_part.len() as i64 + trailing;
+    // Documented: a nonzero value beyond 10^±999999999 is not a decimal.
+    if !zero && exp10.abs() > 999_999_999 {
+        return None;
+    }
+    Some((significant.to_string(), exp10, zero))
 }
 
 /// `digits × 10^exp10` exactly; `None` when the exponent is too large to build (past every
@@ -122,17 +123,36 @@ fn value(digits: &str, exp10: i64) -> BigRational {
         .unwrap_or_else(|| rational("1", 2000 * exp10.signum()).unwrap_or_default())
 }
 
-/// The decimal cut to 18 significant digits, rounded down or up.
-fn round18(bytes: &[u8], up: bool) -> Option<BigRational> {
+/// The decimal's significant digits and exponent, cut to 18 digits, rounded down or up.
+fn round18(bytes: &[u8], up: bool) -> Option<(BigInt, i64)> {
     let (significant, exp10, _) = reference_digits(bytes)?;
     let len = significant.len() as i64;
     if len <= 18 {
-        return reference_decimal(bytes);
+        return Some((significant.parse().ok()?, exp10));
     }
     let kept: BigInt = significant[..18].parse().ok()?;
     let dropped = significant[18..].bytes().any(|b| b != b'0');
     let kept = if up && dropped { kept + 1 } else { kept };
-    Some(BigRational::from_integer(kept) * rational("1", exp10 + len - 18)?)
+    Some((kept, exp10 + len - 18))
+}
+
+/// `a / b` for decimals given as digits and exponents: only the exponents' difference counts
+/// (beyond ±2000, past every range, it is taken as ±2000).
+fn ratio((a, ea): (BigInt, i64), (b, eb): (BigInt, i64)) -> Option<BigRational> {
+    if b.is_zero() {
+        return None;
+    }
+    let scale = rational("1", (ea - eb).clamp(-2000, 2000))?;
+    Some(BigRational::new(a, b) * scale)
+}
+
+/// A decimal's digits and exponent, exactly.
+fn parts_of(bytes: &[u8]) -> Option<(BigInt, i64)> {
+    let (significant, exp10, zero) = reference_digits(bytes)?;
+    if zero {
+        return Some((BigInt::zero(), 0));
+    }
+    Some((significant.parse().ok()?, exp10))
 }
 
 fn int(n: u128) -> BigRational {
@@ -151,11 +171,11 @@ fn split_rate(rate: &[u8]) -> (&[u8], &[u8]) {
 /// denominator exceeds 2^62, from the decimals cut to 18 digits toward the slower rate
 /// (never slower than 1e15 ns).
 fn reference_t(tokens: &[u8], period: &[u8]) -> Option<BigRational> {
-    let t = reference_decimal(period)? * int(1_000_000_000) / reference_decimal(tokens)?;
+    let t = ratio(parts_of(period)?, parts_of(tokens)?)? * int(1_000_000_000);
     if t.denom() <= &BigInt::from(1u64 << 62) {
         return Some(t);
     }
-    let t = round18(period, true)? * int(1_000_000_000) / round18(tokens, false)?;
+    let t = ratio(round18(period, true)?, round18(tokens, false)?)? * int(1_000_000_000);
     Some(t.min(int(1_000_000_000_000_000)))
 }
 
@@ -185,12 +205,12 @@ fn reference_limit(
     rate_error: Error,
     capacity_error: Error,
 ) -> Result<(BigRational, BigRational), Error> {
-    let n = reference_decimal(tokens).filter(|n| n.is_positive());
-    let s = reference_decimal(period).filter(|s| s.is_positive());
+    let n = parts_of(tokens).filter(|(n, _)| n.is_positive());
+    let s = parts_of(period).filter(|(s, _)| s.is_positive());
     let (Some(n), Some(s)) = (n, s) else {
         return Err(rate_error);
     };
-    let rate = &n / &s;
+    let rate = ratio(n, s).ok_or(rate_error)?;
     if rate < BigRational::new(1.into(), 1_000_000.into()) || rate > int(1_000_000_000) {
         return Err(rate_error);
     }
