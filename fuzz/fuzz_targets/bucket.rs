@@ -213,6 +213,17 @@ fn beyond_state_range(model: &Model, now_us: u64, cost: f64) -> bool {
     })
 }
 
+/// Whether a denial must be impossible: taking `cost` after the retry it would promise (the
+/// stored instant, or up to 1 ms + 1 ns past it where `retry_after_ms` rounds up) could not
+/// be stored. 2 ns more of slack for the bucket's rounding up to a tick.
+fn retry_beyond_state_range(model: &Model, now_us: u64, cost: f64) -> bool {
+    let mut taken = model.clone();
+    taken.force_take(now_us, cost);
+    taken
+        .full_at_ns
+        .is_some_and(|full_at| full_at + int(1_000_003) > int(MAX_FULL_AT_NS) + BigRational::one())
+}
+
 fn model_outcome(reply: &Reply) -> Outcome {
     match reply.allowed {
         Some(true) => Outcome::Allowed,
@@ -301,6 +312,13 @@ impl Follow {
         if d.outcome == Outcome::Impossible && reply.allowed == Some(true) {
             // The one impossibility the model does not know: a full_at no state can hold.
             assert!(beyond_state_range(&self.model, now_us, c), "{}", ctx());
+        } else if d.outcome == Outcome::Impossible && reply.allowed == Some(false) {
+            // Nor one whose promised retry could not take: impossible at once.
+            assert!(
+                retry_beyond_state_range(&self.model, now_us, c),
+                "{}",
+                ctx()
+            );
         } else if self.exact_for(c) {
             assert_eq!(d.outcome, model_outcome(&reply), "{}", ctx());
             assert_eq!(d.remaining, reply.remaining, "remaining: {}", ctx());
@@ -342,6 +360,12 @@ impl Follow {
         };
         if p.outcome == Outcome::Impossible && reply.allowed == Some(true) {
             assert!(beyond_state_range(&self.model, now_us, c), "{}", ctx());
+        } else if p.outcome == Outcome::Impossible && reply.allowed == Some(false) {
+            assert!(
+                retry_beyond_state_range(&self.model, now_us, c),
+                "{}",
+                ctx()
+            );
         } else if self.exact_for(c) {
             assert_eq!(p.outcome, model_outcome(&reply), "{}", ctx());
             assert_eq!(p.retry_after_ns, reply.retry_after_ns, "{}", ctx());
