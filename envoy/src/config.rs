@@ -251,7 +251,9 @@ impl Config {
                 _ => return Err(err("config file must be a map".into())),
             };
             validate_keys(map).map_err(err)?;
-            let domain = string_field(map, "domain").map_err(err)?.unwrap_or_default();
+            let domain = string_field(map, "domain")
+                .map_err(err)?
+                .unwrap_or_default();
             if domain.is_empty() {
                 return Err(err("config file cannot have empty domain".into()));
             }
@@ -616,14 +618,19 @@ descriptors:
         assert_eq!(m.stats_key, "d.k1_v1");
         // Another value falls back to the key-only default.
         let m = c.lookup("d", &entries(&[("k1", "other")])).unwrap();
-        assert_eq!((m.rate_limit.requests_per_unit, m.rate_limit.unit), (3, Unit::Hour));
+        assert_eq!(
+            (m.rate_limit.requests_per_unit, m.rate_limit.unit),
+            (3, Unit::Hour)
+        );
         assert_eq!(m.stats_key, "d.k1");
     }
 
     #[test]
     fn a_limit_applies_only_at_the_request_depth() {
         let c = load(BASIC).unwrap();
-        let m = c.lookup("d", &entries(&[("k1", "v1"), ("k2", "x")])).unwrap();
+        let m = c
+            .lookup("d", &entries(&[("k1", "v1"), ("k2", "x")]))
+            .unwrap();
         assert_eq!(m.rate_limit.name, "inner");
         assert_eq!(m.stats_key, "d.k1_v1.k2");
         // One entry too many: no limit.

@@ -115,7 +115,9 @@ pub fn parse_request(body: &[u8]) -> Result<RateLimitRequest, String> {
                 let unit = match &o.unit {
                     None => 0,
                     Some(Value::String(s)) => Unit::parse(s).map_or(0, Unit::proto),
-                    Some(Value::Number(n)) => n.as_i64().and_then(|n| i32::try_from(n).ok()).unwrap_or(0),
+                    Some(Value::Number(n)) => {
+                        n.as_i64().and_then(|n| i32::try_from(n).ok()).unwrap_or(0)
+                    }
                     Some(_) => return Err("limit.unit must be a unit name".into()),
                 };
                 Some(RateLimitOverride {
@@ -217,7 +219,11 @@ async fn json_endpoint(State(service): State<Arc<Service>>, body: axum::body::By
     let request = match parse_request(&body) {
         Ok(r) => r,
         Err(text) => {
-            service.metrics.errors.with_label_values(&["invalid_argument"]).inc();
+            service
+                .metrics
+                .errors
+                .with_label_values(&["invalid_argument"])
+                .inc();
             return (StatusCode::BAD_REQUEST, text).into_response();
         }
     };
@@ -292,7 +298,11 @@ mod tests {
             br#"{"domain":"d","descriptors":[{"hitsAddend":"-1"}]}"#,
             br#"{"domain":"d","hitsAddend":99999999999}"#,
         ] {
-            assert!(parse_request(body).is_err(), "{}", String::from_utf8_lossy(body));
+            assert!(
+                parse_request(body).is_err(),
+                "{}",
+                String::from_utf8_lossy(body)
+            );
         }
     }
 }

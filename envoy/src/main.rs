@@ -148,21 +148,34 @@ async fn connect(settings: &Settings) -> Result<Backend, String> {
         // About 128 bytes per remembered key.
         options = options.deny_cache_entries((settings.local_cache_size_in_bytes / 128).max(1));
     }
+    // The client library's deadline (RL_TIMEOUT_MS) is the one that counts: the redis
+    // crate's own response timeout (500 ms by default) would otherwise cut a slow call short
+    // with an error of its own. Connecting keeps a bound of its own.
+    let response_timeout = Duration::from_millis(settings.timeout_ms.max(1000));
+    let connect_timeout = Duration::from_secs(2);
     if settings.redis_type == "cluster" {
-        let client = redis::cluster::ClusterClient::new(urls)
+        let client = redis::cluster::ClusterClient::builder(urls)
+            .response_timeout(response_timeout)
+            .connection_timeout(connect_timeout)
+            .build()
             .map_err(|e| format!("REDIS_URL: {e}"))?;
-        let connection = client
-            .get_async_connection()
-            .await
-            .map_err(|e| format!("cannot reach the Redis cluster at {}: {e}", settings.redis_url))?;
+        let connection = client.get_async_connection().await.map_err(|e| {
+            format!(
+                "cannot reach the Redis cluster at {}: {e}",
+                settings.redis_url
+            )
+        })?;
         return Ok(Backend::Cluster(AsyncLimiter::new(connection, options)));
     }
     let url = urls.first().ok_or("REDIS_URL is empty")?;
     let client = redis::Client::open(url.as_str()).map_err(|e| format!("REDIS_URL: {e}"))?;
     let mut connections = Vec::with_capacity(settings.redis_pool_size);
     for _ in 0..settings.redis_pool_size {
+        let config = redis::aio::ConnectionManagerConfig::new()
+            .set_response_timeout(Some(response_timeout))
+            .set_connection_timeout(Some(connect_timeout));
         let manager = client
-            .get_connection_manager()
+            .get_connection_manager_with_config(config)
             .await
             .map_err(|e| format!("cannot reach Redis at {}: {e}", settings.redis_url))?;
         connections.push(manager);
@@ -282,7 +295,8 @@ async fn main() -> ExitCode {
         };
         tokio::spawn(async move {
             let mut last = (fingerprint(&dir), fingerprint(&watched));
-            let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+            let mut hup =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
             loop {
                 let hangup = async {
                     match hup.as_mut() {

@@ -37,11 +37,12 @@ impl Metrics {
     /// Only if two metrics shared a name, which the names below never do.
     pub fn new() -> Result<Metrics, prometheus::Error> {
         let registry = Registry::new();
-        let counter = |name: &str, help: &str, labels: &[&str]| -> Result<IntCounterVec, prometheus::Error> {
-            let c = IntCounterVec::new(Opts::new(name, help), labels)?;
-            registry.register(Box::new(c.clone()))?;
-            Ok(c)
-        };
+        let counter =
+            |name: &str, help: &str, labels: &[&str]| -> Result<IntCounterVec, prometheus::Error> {
+                let c = IntCounterVec::new(Opts::new(name, help), labels)?;
+                registry.register(Box::new(c.clone()))?;
+                Ok(c)
+            };
         let plain = |name: &str, help: &str| -> Result<IntCounter, prometheus::Error> {
             let c = IntCounter::new(name, help)?;
             registry.register(Box::new(c.clone()))?;

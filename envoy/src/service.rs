@@ -65,7 +65,10 @@ pub enum Backend {
 }
 
 impl Backend {
-    async fn acquire_all(&self, items: &[(&str, Limit, f64)]) -> Result<MultiDecision, ClientError> {
+    async fn acquire_all(
+        &self,
+        items: &[(&str, Limit, f64)],
+    ) -> Result<MultiDecision, ClientError> {
         match self {
             Backend::Single(l) => l.acquire_all(items).await,
             Backend::Cluster(l) => l.acquire_all(items).await,
@@ -132,7 +135,12 @@ enum Outcome {
 
 impl Service {
     /// A service on `backend` with `config`.
-    pub fn new(config: Config, backend: Backend, settings: Arc<Settings>, metrics: Metrics) -> Self {
+    pub fn new(
+        config: Config,
+        backend: Backend,
+        settings: Arc<Settings>,
+        metrics: Metrics,
+    ) -> Self {
         Service {
             config: RwLock::new(Arc::new(config)),
             backend,
@@ -165,7 +173,10 @@ impl Service {
         method: &str,
     ) -> Result<RateLimitResponse, Failure> {
         let started = Instant::now();
-        self.metrics.total_requests.with_label_values(&[method]).inc();
+        self.metrics
+            .total_requests
+            .with_label_values(&[method])
+            .inc();
         let result = self.decide(request).await;
         if let Err(e) = &result {
             self.metrics.errors.with_label_values(&[e.kind()]).inc();
@@ -179,6 +190,22 @@ impl Service {
     }
 
     async fn decide(&self, request: &RateLimitRequest) -> Result<RateLimitResponse, Failure> {
+        tracing::debug!(
+            "ShouldRateLimit domain={} descriptors={:?} hits_addend={}",
+            request.domain,
+            request
+                .descriptors
+                .iter()
+                .map(|d| (
+                    d.entries
+                        .iter()
+                        .map(|e| (&e.key, &e.value))
+                        .collect::<Vec<_>>(),
+                    d.hits_addend.map(|h| h.value),
+                ))
+                .collect::<Vec<_>>(),
+            request.hits_addend
+        );
         let wanted = check(request, &self.settings.cache_key_prefix)?;
         let config = self.config();
         let mut statuses: Vec<DescriptorStatus> = wanted
@@ -216,8 +243,11 @@ impl Service {
             }
         }
         // `replaces`: a limit named in another matched limit's list does not apply.
-        let replaced = crate::config::replaced_names(found.iter().map(|(_, m, _, _)| &m.rate_limit));
-        found.retain(|(_, m, _, _)| m.rate_limit.name.is_empty() || !replaced.contains(&m.rate_limit.name));
+        let replaced =
+            crate::config::replaced_names(found.iter().map(|(_, m, _, _)| &m.rate_limit));
+        found.retain(|(_, m, _, _)| {
+            m.rate_limit.name.is_empty() || !replaced.contains(&m.rate_limit.name)
+        });
 
         let mut limited: Vec<Limited> = Vec::new();
         let mut refunds: Vec<Limited> = Vec::new();
@@ -240,7 +270,11 @@ impl Service {
                 m.rate_limit.capacity(),
             )
             .map_err(Failure::Invalid)?;
-            let key = redis_key(&self.settings.cache_key_prefix, &request.domain, &m.key_entries);
+            let key = redis_key(
+                &self.settings.cache_key_prefix,
+                &request.domain,
+                &m.key_entries,
+            );
             let shadow = m.shadow_mode || self.settings.shadow_mode;
             let item = Limited {
                 index,
@@ -278,31 +312,52 @@ impl Service {
                 continue;
             };
             let labels = Metrics::labels(&request.domain, &item.found.stats_key);
-            self.metrics.total_hits.with_label_values(&labels).inc_by(item.cost);
+            self.metrics
+                .total_hits
+                .with_label_values(&labels)
+                .inc_by(item.cost);
             let decision = match outcome {
                 Outcome::Taken(d) => {
-                    self.metrics.within_limit.with_label_values(&labels).inc_by(item.cost);
+                    self.metrics
+                        .within_limit
+                        .with_label_values(&labels)
+                        .inc_by(item.cost);
                     let near = near_limit_hits(item, d, self.settings.near_limit_ratio);
                     if near > 0 {
-                        self.metrics.near_limit.with_label_values(&labels).inc_by(near);
+                        self.metrics
+                            .near_limit
+                            .with_label_values(&labels)
+                            .inc_by(near);
                     }
                     Some(*d)
                 }
                 Outcome::Over(d) => {
-                    self.metrics.over_limit.with_label_values(&labels).inc_by(item.cost);
+                    self.metrics
+                        .over_limit
+                        .with_label_values(&labels)
+                        .inc_by(item.cost);
                     status.code = Code::OverLimit as i32;
                     overall = Code::OverLimit;
                     *d
                 }
                 Outcome::ShadowOver(d) => {
-                    self.metrics.over_limit.with_label_values(&labels).inc_by(item.cost);
-                    self.metrics.shadow_mode.with_label_values(&labels).inc_by(item.cost);
+                    self.metrics
+                        .over_limit
+                        .with_label_values(&labels)
+                        .inc_by(item.cost);
+                    self.metrics
+                        .shadow_mode
+                        .with_label_values(&labels)
+                        .inc_by(item.cost);
                     *d
                 }
                 Outcome::Skipped => None,
             };
             if let Some(d) = decision {
-                self.metrics.decisions.with_label_values(&[d.source.as_str()]).inc();
+                self.metrics
+                    .decisions
+                    .with_label_values(&[d.source.as_str()])
+                    .inc();
                 status.limit_remaining = if status.code == Code::OverLimit as i32 {
                     0
                 } else {
@@ -374,7 +429,9 @@ impl Service {
                 self.policy_check(multi.source)?;
                 if multi.allowed {
                     for (pos, &i) in asking.iter().enumerate() {
-                        if let (Some(slot), Some(d)) = (outcomes.get_mut(i), multi.decisions.get(pos)) {
+                        if let (Some(slot), Some(d)) =
+                            (outcomes.get_mut(i), multi.decisions.get(pos))
+                        {
                             *slot = Outcome::Taken(*d);
                         }
                         taken.push(i);
@@ -437,7 +494,10 @@ impl Service {
                         #[allow(clippy::cast_precision_loss)]
                         let cost = it.cost as f64;
                         if let Err(e) = self.backend.refund(&it.key, &it.limit, cost).await {
-                            tracing::warn!("refund of {} after a later slot refused failed: {e}", it.key);
+                            tracing::warn!(
+                                "refund of {} after a later slot refused failed: {e}",
+                                it.key
+                            );
                         }
                     }
                 }
@@ -485,15 +545,21 @@ fn near_limit_hits(item: &Limited, d: &Decision, ratio: f64) -> u64 {
     over
 }
 
+/// Whole seconds, rounded up: Envoy's x-ratelimit-reset reads only the seconds, and a
+/// reset rounded down would tell a client to come back before the token is there.
 fn duration(ms: i64) -> ProtoDuration {
     let ms = ms.max(0);
     ProtoDuration {
-        seconds: ms / 1000,
-        nanos: i32::try_from((ms % 1000) * 1_000_000).unwrap_or(0),
+        seconds: ms / 1000 + i64::from(ms % 1000 > 0),
+        nanos: 0,
     }
 }
 
-fn response(code: Code, statuses: Vec<DescriptorStatus>, headers: Vec<HeaderValue>) -> RateLimitResponse {
+fn response(
+    code: Code,
+    statuses: Vec<DescriptorStatus>,
+    headers: Vec<HeaderValue>,
+) -> RateLimitResponse {
     RateLimitResponse {
         overall_code: code as i32,
         statuses,
@@ -547,7 +613,13 @@ pub fn redis_key(prefix: &str, domain: &str, entries: &[(String, String)]) -> St
 
 fn escaped_len(text: &str) -> usize {
     text.bytes()
-        .map(|b| if matches!(b, b'%' | b'_' | b'{' | b'}') { 3 } else { 1 })
+        .map(|b| {
+            if matches!(b, b'%' | b'_' | b'{' | b'}') {
+                3
+            } else {
+                1
+            }
+        })
         .sum()
 }
 
@@ -569,7 +641,13 @@ fn check(request: &RateLimitRequest, prefix: &str) -> Result<Vec<Wanted>, Failur
     let request_cost = u64::from(request.hits_addend.max(1));
     let mut wanted = Vec::with_capacity(request.descriptors.len());
     for (i, d) in request.descriptors.iter().enumerate() {
-        wanted.push(check_descriptor(i, d, &request.domain, prefix, request_cost)?);
+        wanted.push(check_descriptor(
+            i,
+            d,
+            &request.domain,
+            prefix,
+            request_cost,
+        )?);
     }
     Ok(wanted)
 }
@@ -607,18 +685,17 @@ fn check_descriptor(
     if cost > MAX_COST {
         return bad(format!("hits_addend must be at most {MAX_COST}"));
     }
-    let override_limit = match &d.limit {
-        None => None,
-        Some(o) => match Unit::from_proto(o.unit) {
-            Some(unit) if o.requests_per_unit > 0 => Some((o.requests_per_unit, unit)),
-            _ => {
-                return bad(
+    let override_limit =
+        match &d.limit {
+            None => None,
+            Some(o) => match Unit::from_proto(o.unit) {
+                Some(unit) if o.requests_per_unit > 0 => Some((o.requests_per_unit, unit)),
+                _ => return bad(
                     "limit needs requests_per_unit of at least 1 and a unit from SECOND to YEAR"
                         .into(),
-                )
-            }
-        },
-    };
+                ),
+            },
+        };
     Ok(Wanted {
         entries: d
             .entries
@@ -646,10 +723,22 @@ mod tests {
     fn keys_are_distinct_whatever_the_underscores() {
         // Each pair would collide if `_` separated parts without escaping.
         let pairs = [
-            (redis_key("", "d", &e(&[("a_b", "c")])), redis_key("", "d", &e(&[("a", "b_c")]))),
-            (redis_key("", "d_a", &e(&[("b", "c")])), redis_key("", "d", &e(&[("a_b", "c")]))),
-            (redis_key("", "d", &e(&[("a", ""), ("b", "")])), redis_key("", "d", &e(&[("a", "_b_")]))),
-            (redis_key("", "d", &e(&[("a", "%5F")])), redis_key("", "d", &e(&[("a", "_")]))),
+            (
+                redis_key("", "d", &e(&[("a_b", "c")])),
+                redis_key("", "d", &e(&[("a", "b_c")])),
+            ),
+            (
+                redis_key("", "d_a", &e(&[("b", "c")])),
+                redis_key("", "d", &e(&[("a_b", "c")])),
+            ),
+            (
+                redis_key("", "d", &e(&[("a", ""), ("b", "")])),
+                redis_key("", "d", &e(&[("a", "_b_")])),
+            ),
+            (
+                redis_key("", "d", &e(&[("a", "%5F")])),
+                redis_key("", "d", &e(&[("a", "_")])),
+            ),
         ];
         for (a, b) in pairs {
             assert_ne!(a, b);
@@ -683,7 +772,10 @@ mod tests {
             (req("d", vec![desc("", "v")]), "key must not be empty"),
             (req("d", vec![desc("k", &huge)]), "at most 1024"),
             (req("d", vec![max_cost]), "hits_addend"),
-            (req("d", vec![RateLimitDescriptor::default()]), "entries must not be empty"),
+            (
+                req("d", vec![RateLimitDescriptor::default()]),
+                "entries must not be empty",
+            ),
         ];
         for (r, words) in cases {
             match check(&r, "") {

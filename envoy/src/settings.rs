@@ -175,7 +175,9 @@ impl Settings {
         }
         let log_format = text("LOG_FORMAT", "text").to_ascii_lowercase();
         if !matches!(log_format.as_str(), "text" | "json") {
-            return Err(format!("LOG_FORMAT must be text or json, not {log_format:?}"));
+            return Err(format!(
+                "LOG_FORMAT must be text or json, not {log_format:?}"
+            ));
         }
         let log_level = text("LOG_LEVEL", "WARN").to_ascii_lowercase();
         if !matches!(
@@ -300,7 +302,10 @@ mod tests {
     fn defaults_are_the_go_services() {
         let s = with(&[]).unwrap();
         assert_eq!((s.port, s.grpc_port), (8080, 8081));
-        assert_eq!(s.config_dir(), PathBuf::from("/srv/runtime_data/current/config"));
+        assert_eq!(
+            s.config_dir(),
+            PathBuf::from("/srv/runtime_data/current/config")
+        );
         assert_eq!(s.redis_socket_type, "unix");
         assert_eq!(s.near_limit_ratio, 0.8);
         assert_eq!(s.limit_remaining_header, "RateLimit-Remaining");

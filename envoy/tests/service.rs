@@ -78,11 +78,18 @@ fn config_lookup_matches_the_go_service() {
     let redis = common::Server::start();
     let svc = Service::start(&redis_url(redis.port), &[("parity.yaml", PARITY)], &[]);
     // (entries, the limit expected: requests_per_unit, unit, name; None = no limit)
-    let cases: Vec<(Vec<(&str, &str)>, Option<(u64, &str, &str)>)> = vec![
+    type Case<'a> = (Vec<(&'a str, &'a str)>, Option<(u64, &'a str, &'a str)>);
+    let cases: Vec<Case> = vec![
         // A nested key-only default under an exact value.
-        (vec![("key1", "value1"), ("subkey1", "x")], Some((5, "SECOND", ""))),
+        (
+            vec![("key1", "value1"), ("subkey1", "x")],
+            Some((5, "SECOND", "")),
+        ),
         // The exact nested value beats the key-only default.
-        (vec![("key1", "value1"), ("subkey1", "subvalue1")], Some((10, "SECOND", "sub"))),
+        (
+            vec![("key1", "value1"), ("subkey1", "subvalue1")],
+            Some((10, "SECOND", "sub")),
+        ),
         // The request stops above the level that holds the limit: no limit.
         (vec![("key1", "value1")], None),
         // One entry more than the config's depth: no limit.
@@ -110,7 +117,10 @@ fn config_lookup_matches_the_go_service() {
         let status = &statuses(&body)[0];
         assert_eq!(status["code"], "OK", "{entries:?}");
         match expected {
-            None => assert!(status.get("currentLimit").is_none(), "{entries:?}: {status}"),
+            None => assert!(
+                status.get("currentLimit").is_none(),
+                "{entries:?}: {status}"
+            ),
             Some((rpu, unit, name)) => {
                 let limit = &status["currentLimit"];
                 assert_eq!(limit["requestsPerUnit"], json!(rpu), "{entries:?}");
@@ -128,7 +138,11 @@ fn config_lookup_matches_the_go_service() {
     assert!(statuses(&body)[0].get("currentLimit").is_none());
     let mut con = redis.conn();
     let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut con).unwrap();
-    assert!(keys.iter().all(|k| !k.contains("key6") && !k.contains("elsewhere")), "{keys:?}");
+    assert!(
+        keys.iter()
+            .all(|k| !k.contains("key6") && !k.contains("elsewhere")),
+        "{keys:?}"
+    );
 }
 
 #[test]
@@ -162,7 +176,10 @@ fn replaces_wildcards_share_threshold_and_detailed_metric() {
         svc.metrics()
     );
     // Nested stats keys fill key2, as the Go service's Prometheus mapper names them.
-    svc.json(&one("parity", &[("key1", "value1"), ("subkey1", "subvalue1")]));
+    svc.json(&one(
+        "parity",
+        &[("key1", "value1"), ("subkey1", "subvalue1")],
+    ));
     assert_eq!(
         svc.metric(r#"ratelimit_service_rate_limit_total_hits{domain="parity",key1="key1_value1",key2="subkey1_subvalue1"}"#),
         1
@@ -191,7 +208,11 @@ fn burst_cost_refund_and_override_are_exact() {
                "hitsAddend": n.to_string(), "isNegativeHits": negative}]})
         .to_string()
     };
-    assert_eq!(svc.json(&cost(31, false)).status, 429, "more than the burst never fits");
+    assert_eq!(
+        svc.json(&cost(31, false)).status,
+        429,
+        "more than the burst never fits"
+    );
     assert_eq!(svc.json(&cost(30, false)).status, 200);
     assert_eq!(svc.json(&cost(1, false)).status, 429);
     // A negative addend gives 10 back: exactly 10 more fit.
@@ -203,11 +224,15 @@ fn burst_cost_refund_and_override_are_exact() {
     assert_eq!(svc.json(&req.to_string()).status, 200);
     assert_eq!(svc.json(&one("parity", &[("key5", "z")])).status, 429);
     // Envoy's limit override wins over the config (key3 is 1/hour in the file).
-    let with_override = json!({"domain": "parity", "descriptors": [{"entries": [{"key": "key3", "value": "o"}],
+    let with_override =
+        json!({"domain": "parity", "descriptors": [{"entries": [{"key": "key3", "value": "o"}],
         "limit": {"requestsPerUnit": 2, "unit": "HOUR"}}]})
-    .to_string();
+        .to_string();
     let body = svc.json(&with_override).json();
-    assert_eq!(statuses(&body)[0]["currentLimit"]["requestsPerUnit"], json!(2));
+    assert_eq!(
+        statuses(&body)[0]["currentLimit"]["requestsPerUnit"],
+        json!(2)
+    );
     assert_eq!(svc.json(&with_override).status, 200);
     assert_eq!(svc.json(&with_override).status, 429);
 }
@@ -252,7 +277,13 @@ fn bad_requests_are_refused_and_write_nothing() {
     ];
     for body in &bodies {
         let reply = svc.json(body);
-        assert_eq!(reply.status, 400, "{}: {}", &body[..body.len().min(80)], reply.body);
+        assert_eq!(
+            reply.status,
+            400,
+            "{}: {}",
+            &body[..body.len().min(80)],
+            reply.body
+        );
     }
     let mut con = redis.conn();
     let size: i64 = redis::cmd("DBSIZE").query(&mut con).unwrap();
@@ -285,7 +316,10 @@ fn each_bad_config_is_refused_at_startup_naming_file_and_problem() {
             panic!("accepted: {text}");
         };
         assert!(log.starts_with("exited exit status: 1"), "{log}");
-        assert!(log.contains("bad.yaml") && log.contains(words), "{words}: {log}");
+        assert!(
+            log.contains("bad.yaml") && log.contains(words),
+            "{words}: {log}"
+        );
     }
     // Two files with one domain.
     let dup = Service::try_start(
@@ -293,14 +327,22 @@ fn each_bad_config_is_refused_at_startup_naming_file_and_problem() {
         &[("a.yaml", "domain: same\n"), ("b.yaml", "domain: same\n")],
         &[],
     );
-    let Err(log) = dup else { panic!("duplicate domain accepted") };
-    assert!(log.contains("b.yaml") && log.contains("duplicate domain 'same'"), "{log}");
+    let Err(log) = dup else {
+        panic!("duplicate domain accepted")
+    };
+    assert!(
+        log.contains("b.yaml") && log.contains("duplicate domain 'same'"),
+        "{log}"
+    );
 }
 
 fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
     let started = Instant::now();
     while !done() {
-        assert!(started.elapsed() < Duration::from_secs(20), "timed out waiting for {what}");
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "timed out waiting for {what}"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
 }
@@ -312,7 +354,8 @@ fn reload_applies_good_files_and_keeps_the_old_config_on_bad_ones() {
     let v2 = "domain: r\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 7}\n";
     let svc = Service::start(&redis_url(redis.port), &[("r.yaml", v1)], &[]);
     let limit_of = |svc: &Service| {
-        svc.json(&one("r", &[("k", "x")])).json()["statuses"][0]["currentLimit"]["requestsPerUnit"].clone()
+        svc.json(&one("r", &[("k", "x")])).json()["statuses"][0]["currentLimit"]["requestsPerUnit"]
+            .clone()
     };
     assert_eq!(limit_of(&svc), json!(5));
     let file = Service::config_dir(svc.root.path()).join("r.yaml");
@@ -321,14 +364,22 @@ fn reload_applies_good_files_and_keeps_the_old_config_on_bad_ones() {
     wait_for("the reload of v2", || limit_of(&svc) == json!(7));
     // A bad file is refused: the old config stays, a metric and a log line say so.
     std::fs::write(&file, "domain: r\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n").unwrap();
-    wait_for("the refused reload", || svc.metric("ratelimit_service_config_load_error") >= 1);
+    wait_for("the refused reload", || {
+        svc.metric("ratelimit_service_config_load_error") >= 1
+    });
     assert_eq!(limit_of(&svc), json!(7));
-    assert!(svc.log().contains("config reload refused") && svc.log().contains("fortnight"), "{}", svc.log());
+    assert!(
+        svc.log().contains("config reload refused") && svc.log().contains("fortnight"),
+        "{}",
+        svc.log()
+    );
     // SIGHUP reloads too.
     std::fs::write(&file, v1).unwrap();
     let before = svc.metric("ratelimit_service_config_load_success");
     svc.signal("HUP");
-    wait_for("the SIGHUP reload", || svc.metric("ratelimit_service_config_load_success") > before && limit_of(&svc) == json!(5));
+    wait_for("the SIGHUP reload", || {
+        svc.metric("ratelimit_service_config_load_success") > before && limit_of(&svc) == json!(5)
+    });
 }
 
 #[test]
@@ -341,7 +392,8 @@ fn sigterm_drains_and_exits_cleanly() {
     assert!(status.success(), "{status}");
 }
 
-const POLICY: &str = "domain: p\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 2}\n";
+const POLICY: &str =
+    "domain: p\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 2}\n";
 
 #[test]
 fn with_redis_killed_each_on_error_policy_does_what_it_says() {
@@ -362,10 +414,14 @@ fn with_redis_killed_each_on_error_policy_does_what_it_says() {
         );
         assert_eq!(svc.json(&one("p", &[("k", "a")])).status, 200, "{policy}");
         redis.kill();
-        let got: Vec<u16> = (0..3).map(|_| svc.json(&one("p", &[("k", "b")])).status).collect();
+        let got: Vec<u16> = (0..3)
+            .map(|_| svc.json(&one("p", &[("k", "b")])).status)
+            .collect();
         assert_eq!(got, expected, "{policy}: {}", svc.log());
         assert!(
-            svc.metric(&format!("redis_rl_envoy_decisions_total{{source=\"{source}\"}}")) >= 1,
+            svc.metric(&format!(
+                "redis_rl_envoy_decisions_total{{source=\"{source}\"}}"
+            )) >= 1,
             "{policy}: {}",
             svc.metrics()
         );
@@ -385,16 +441,28 @@ fn plain_redis_without_the_module_runs_the_lua_fallback() {
     let kind: String = redis::cmd("TYPE").arg("p_k_a").query(&mut con).unwrap();
     assert_eq!(kind, "hash", "the Lua script keeps a hash per bucket");
     // RL_WITHOUT_MODULE=refuse fails the call instead.
-    let refuse = Service::start(&redis_url(redis.port), &[("p.yaml", POLICY)], &[("RL_WITHOUT_MODULE", "refuse")]);
+    let refuse = Service::start(
+        &redis_url(redis.port),
+        &[("p.yaml", POLICY)],
+        &[("RL_WITHOUT_MODULE", "refuse")],
+    );
     assert_eq!(refuse.json(&one("p", &[("k", "c")])).status, 503);
 }
 
 #[test]
 fn on_a_cluster_slots_are_taken_in_turn_and_refunded_on_denial() {
     let cluster = common::cluster::Cluster::start();
-    let nodes: Vec<String> = cluster.nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect();
+    let nodes: Vec<String> = cluster
+        .nodes
+        .iter()
+        .map(|n| format!("127.0.0.1:{}", n.port))
+        .collect();
     let config = "domain: c\ndescriptors:\n  - key: one\n    rate_limit: {unit: hour, requests_per_unit: 1}\n  - key: five\n    rate_limit: {unit: hour, requests_per_unit: 5}\n";
-    let svc = Service::start(&nodes.join(","), &[("c.yaml", config)], &[("REDIS_TYPE", "cluster")]);
+    let svc = Service::start(
+        &nodes.join(","),
+        &[("c.yaml", config)],
+        &[("REDIS_TYPE", "cluster")],
+    );
     // Pick values so that `five`'s bucket sits in a lower slot than `one`'s: the service
     // takes slots in order, so `five` is taken first and must be refunded when `one` denies.
     let one_key = "c_one_u";
@@ -413,7 +481,11 @@ fn on_a_cluster_slots_are_taken_in_turn_and_refunded_on_denial() {
     }
     // `five` lost only the one token of the allowed call: 4 remain, then none.
     for i in 0..4 {
-        assert_eq!(svc.json(&one("c", &[("five", &five_value)])).status, 200, "call {i}");
+        assert_eq!(
+            svc.json(&one("c", &[("five", &five_value)])).status,
+            200,
+            "call {i}"
+        );
     }
     assert_eq!(svc.json(&one("c", &[("five", &five_value)])).status, 429);
 }

