@@ -12,7 +12,7 @@ use redis_module::raw::{self, RedisModuleCtx, RedisModuleString};
 
 use crate::bucket::{self, Change, Decision, Outcome, State};
 use crate::datatype::BucketKey;
-use crate::error::Error;
+use crate::error::{Error, MAX_MULTI_BUCKETS};
 use crate::{args, clock, propagation, stats};
 
 /// What a command answers when it succeeds.
@@ -213,8 +213,8 @@ fn throttle_body(
     Ok(Reply::Throttle(five(&decision, parsed.total)))
 }
 
-/// Redis 8.8's `GCRA`, on the same bucket as `RL.THROTTLE`: `TOKENS count` is the cost (0
-/// checks without taking), and the reply is redis-cell's five integers.
+/// The `GCRA` of the Redis 8.8 milestones, on the same bucket as `RL.THROTTLE`: `TOKENS count`
+/// is the cost (0 checks without taking), and the reply is redis-cell's five integers.
 fn gcra_body(ctx: *mut RedisModuleCtx, argv: &[*mut RedisModuleString]) -> Result<Reply, Failure> {
     let (key, max_burst, tokens, period, option) = match *argv {
         [_, key, a, b, c] => (key, a, b, c, None),
@@ -250,12 +250,6 @@ struct Opened {
     stored: Option<State>,
     pending: Option<State>,
 }
-
-/// The most buckets (`key rate capacity cost` groups) one `RL.ACQUIRE.MULTI` may name. Chosen
-/// from measurements (bench/results.md, "RL.ACQUIRE.MULTI server time"): 1,000 new buckets
-/// take about 1 ms of server time on the reference machine, so a call at the cap never stalls
-/// other clients for long. Real calls name a handful (per second, per hour, per tenant).
-pub const MAX_MULTI_BUCKETS: usize = 1000;
 
 fn acquire_multi_body(
     ctx: *mut RedisModuleCtx,
