@@ -48,7 +48,7 @@ use tokio::sync::watch;
 use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::service::{Backend, Failure, Service};
-use crate::settings::{Policy, Settings, UNSUPPORTED};
+use crate::settings::{Policy, Settings};
 
 /// The gRPC face of [`Service`].
 struct Grpc(Arc<Service>);
@@ -198,10 +198,15 @@ async fn main() -> ExitCode {
         }
     };
     init_logging(&settings);
-    for name in UNSUPPORTED {
-        if std::env::var_os(name).is_some() {
-            tracing::warn!("{name} is set but not supported by redis-rl-envoy; it has no effect (see docs/envoy.md)");
-        }
+    let mut ignored: Vec<String> = std::env::vars_os()
+        .filter_map(|(name, _)| name.into_string().ok())
+        .filter(|name| settings::unsupported(name))
+        .collect();
+    ignored.sort();
+    for name in ignored {
+        tracing::warn!(
+            "{name} is set but not supported by redis-rl-envoy; it has no effect (see docs/envoy.md)"
+        );
     }
     let dir = settings.config_dir();
     let config = match Config::load_dir(&dir) {

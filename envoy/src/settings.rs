@@ -98,6 +98,24 @@ pub const UNSUPPORTED: &[&str] = &[
     "TRACING_ENABLED",
 ];
 
+/// Families of the Go service's variables this service does not support (TLS, per-second
+/// Redis, memcache, xDS, tracing): any variable starting with one is a warning too.
+pub const UNSUPPORTED_PREFIXES: &[&str] = &[
+    "REDIS_PERSECOND",
+    "REDIS_TLS",
+    "MEMCACHE_",
+    "CONFIG_GRPC_XDS",
+    "XDS_CLIENT_",
+    "GRPC_SERVER_TLS",
+    "GRPC_CLIENT_TLS",
+    "TRACING_",
+];
+
+/// Whether `name` is a Go service variable this service ignores.
+pub fn unsupported(name: &str) -> bool {
+    UNSUPPORTED.contains(&name) || UNSUPPORTED_PREFIXES.iter().any(|p| name.starts_with(p))
+}
+
 impl Settings {
     /// Reads the settings through `var` (the process environment in `main`).
     ///
@@ -327,6 +345,22 @@ mod tests {
         ] {
             let e = with(&[(name, value)]).unwrap_err();
             assert!(e.starts_with(name), "{e}");
+        }
+    }
+
+    #[test]
+    fn go_only_variables_are_recognised() {
+        for name in [
+            "USE_STATSD",
+            "REDIS_PERSECOND_URL",
+            "REDIS_TLS_CACERT",
+            "MEMCACHE_TLS",
+            "TRACING_SERVICE_NAME",
+        ] {
+            assert!(unsupported(name), "{name}");
+        }
+        for name in ["REDIS_URL", "PORT", "RL_ON_ERROR", "PATH"] {
+            assert!(!unsupported(name), "{name}");
         }
     }
 
