@@ -356,9 +356,18 @@ async fn main() -> ExitCode {
     }
 }
 
-/// The gRPC listener as the stream of connections tonic serves.
+/// The gRPC listener as the stream of connections tonic serves, each with TCP_NODELAY: tonic
+/// sets it only on listeners it binds itself, and without it Nagle's algorithm and delayed
+/// ACKs hold each small reply back about 40 ms.
 fn tokio_stream_incoming(
     listener: tokio::net::TcpListener,
 ) -> impl tokio_stream::Stream<Item = Result<tokio::net::TcpStream, std::io::Error>> {
-    tokio_stream::wrappers::TcpListenerStream::new(listener)
+    use tokio_stream::StreamExt;
+    tokio_stream::wrappers::TcpListenerStream::new(listener).map(|accepted| {
+        accepted.inspect(|stream| {
+            if let Err(e) = stream.set_nodelay(true) {
+                tracing::debug!("TCP_NODELAY: {e}");
+            }
+        })
+    })
 }
