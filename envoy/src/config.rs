@@ -290,6 +290,8 @@ impl Config {
         let mut found: Option<Match> = None;
         let mut key_entries = Vec::with_capacity(entries.len());
         let mut stats_key = domain.to_string();
+        // Whether a level on the path names its metric after the request's value.
+        let mut valued = false;
         for (index, (key, value)) in entries.iter().enumerate() {
             let exact = format!("{key}_{value}");
             let (child_key, child) = if let Some(child) = node.children.get(&exact) {
@@ -320,6 +322,7 @@ impl Config {
                     value.clone()
                 },
             ));
+            valued |= flags.value_to_metric && !shared;
             let level_name = if flags.value_to_metric && !shared {
                 exact.clone()
             } else {
@@ -333,7 +336,7 @@ impl Config {
                 if index + 1 == entries.len() {
                     found = Some(Match {
                         rate_limit: limited.rate_limit.clone(),
-                        stats_key: if flags.value_to_metric {
+                        stats_key: if valued {
                             stats_key.clone()
                         } else {
                             limited.full_key.clone()
@@ -654,6 +657,20 @@ descriptors:
         let b = c.lookup("d", &entries(&[("w", "prefix-b")])).unwrap();
         assert_eq!(a.key_entries, b.key_entries);
         assert_eq!(a.key_entries, entries(&[("w", "pre*")]));
+    }
+
+    #[test]
+    fn value_to_metric_names_the_metric_after_the_value() {
+        let c = load(
+            "domain: d\ndescriptors:\n  - key: route\n    value_to_metric: true\n    descriptors:\n      - key: user\n        rate_limit: {unit: second, requests_per_unit: 1}\n",
+        )
+        .unwrap();
+        let m = c
+            .lookup("d", &entries(&[("route", "api"), ("user", "u")]))
+            .unwrap();
+        assert_eq!(m.stats_key, "d.route_api.user");
+        // The bucket is still the request's entries.
+        assert_eq!(m.key_entries, entries(&[("route", "api"), ("user", "u")]));
     }
 
     #[test]

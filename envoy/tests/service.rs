@@ -489,3 +489,53 @@ fn on_a_cluster_slots_are_taken_in_turn_and_refunded_on_denial() {
     }
     assert_eq!(svc.json(&one("c", &[("five", &five_value)])).status, 429);
 }
+
+#[test]
+fn grpc_answers_and_refuses_bad_input_with_invalid_argument() {
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+    use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+    use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+
+    let redis = common::Server::start();
+    let svc = Service::start(&redis_url(redis.port), &[("p.yaml", POLICY)], &[]);
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let mut client =
+            RateLimitServiceClient::connect(format!("http://127.0.0.1:{}", svc.grpc_port))
+                .await
+                .unwrap();
+        let request = |domain: &str, key: &str| RateLimitRequest {
+            domain: domain.into(),
+            descriptors: vec![RateLimitDescriptor {
+                entries: vec![Entry {
+                    key: key.into(),
+                    value: "g".into(),
+                }],
+                ..Default::default()
+            }],
+            hits_addend: 0,
+        };
+        // 2 per hour over gRPC: OK, OK, OVER_LIMIT (codes 1 and 2).
+        let codes: Vec<i32> = {
+            let mut codes = Vec::new();
+            for _ in 0..3 {
+                let r = client.should_rate_limit(request("p", "k")).await.unwrap();
+                codes.push(r.into_inner().overall_code);
+            }
+            codes
+        };
+        assert_eq!(codes, [1, 1, 2]);
+        for bad in [
+            request("", "k"),
+            request("p", ""),
+            RateLimitRequest {
+                domain: "p".into(),
+                ..Default::default()
+            },
+        ] {
+            let status = client.should_rate_limit(bad).await.unwrap_err();
+            assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+        }
+    });
+}
