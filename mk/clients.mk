@@ -37,7 +37,7 @@ test-clients-rust: $(MODULE_DEBUG) ## The Rust client (clients/rust): vectors, m
 	$(CARGO) test -p rl-bucket --test vectors
 	$(CARGO) test -p redis-rl-client
 	@# The client must not pull in the module's build dependencies. `-e normal`: the tree it
-	@# ships with; the shared test harness (a dev-dependency) links the module's crates.
+	@# ships with, not what its tests build (the shared harness, rl-testkit).
 	@if $(CARGO) tree -p redis-rl-client -e normal | grep -i -E 'redis-module|bindgen|clang'; then \
 		echo "test-clients-rust: redis-rl-client depends on the module's build (see above)"; exit 1; fi
 

@@ -7,8 +7,9 @@
 //! except the refill check, which waits the reset Envoy returned and never asserts a
 //! wall-clock duration.
 
-#[path = "../../tests/common/mod.rs"]
-mod common;
+#![cfg(test)]
+
+use rl_testkit as common;
 mod support;
 
 use std::sync::Arc;

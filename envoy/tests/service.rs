@@ -5,8 +5,9 @@
 //!
 //! Time: limits are per minute or slower, so refill cannot change a count within a test.
 
-#[path = "../../tests/common/mod.rs"]
-mod common;
+#![cfg(test)]
+
+use rl_testkit as common;
 mod support;
 
 use std::time::{Duration, Instant};

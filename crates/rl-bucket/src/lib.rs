@@ -103,22 +103,6 @@
 //! assert_eq!(decision.remaining, 0); // a burst of 7 in one instant gets exactly 7
 //! ```
 
-#![deny(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
-#![cfg_attr(
-    test,
-    allow(
-        clippy::unwrap_used,
-        clippy::expect_used,
-        clippy::panic,
-        clippy::indexing_slicing
-    )
-)]
-
 use std::num::NonZeroU64;
 
 mod decimal;

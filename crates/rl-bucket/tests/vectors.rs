@@ -4,6 +4,8 @@
 //! The vectors come from an exact-rational model (clients/vectors/generate.py) that every
 //! client library's in-process bucket is held to as well, so all implementations answer alike.
 
+#![cfg(test)]
+
 use rl_bucket::{acquire, peek, refund, Change, Cost, Limit, State};
 use serde_json::Value;
 

