@@ -152,30 +152,54 @@ static_resources:
       endpoints: [{lb_endpoints: [{endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: {grpc}}}}}]}]
 "#;
 
+/// Whatever Redis the stack runs on, kept alive with it.
+enum Redis {
+    Module(common::Server),
+    Plain(support::PlainRedis),
+    Cluster(common::cluster::Cluster),
+}
+
+impl Redis {
+    fn url(&self) -> String {
+        match self {
+            Redis::Module(s) => format!("127.0.0.1:{}", s.port),
+            Redis::Plain(p) => format!("127.0.0.1:{}", p.port),
+            Redis::Cluster(c) => c
+                .nodes
+                .iter()
+                .map(|n| format!("127.0.0.1:{}", n.port))
+                .collect::<Vec<_>>()
+                .join(","),
+        }
+    }
+}
+
 struct Stack {
-    _redis: common::Server,
+    redis: Redis,
     service: Service,
     envoy: Envoy,
 }
 
 fn stack(env: &[(&str, &str)]) -> Stack {
-    let redis = common::Server::start();
+    stack_on(Redis::Module(common::Server::start()), env)
+}
+
+fn stack_on(redis: Redis, env: &[(&str, &str)]) -> Stack {
     // A debug build on a shared 2-core machine under 1,000 concurrent calls: a generous
     // deadline per Redis call, so the count is not bent by the failure policy.
     let mut env = env.to_vec();
     env.push(("RL_TIMEOUT_MS", "10000"));
     env.push(("LOG_LEVEL", "debug"));
-    let service = Service::start(
-        &format!("127.0.0.1:{}", redis.port),
-        &[("edge.yaml", LIMITS)],
-        &env,
-    );
+    if matches!(redis, Redis::Cluster(_)) {
+        env.push(("REDIS_TYPE", "cluster"));
+    }
+    let service = Service::start(&redis.url(), &[("edge.yaml", LIMITS)], &env);
     let config = ENVOY
         .replace("{upstream}", &upstream().to_string())
         .replace("{grpc}", &service.grpc_port.to_string());
     let envoy = Envoy::start(&config);
     Stack {
-        _redis: redis,
+        redis,
         service,
         envoy,
     }
@@ -305,9 +329,50 @@ fn behind_envoy_redis_down_with_on_error_error_lets_failure_mode_deny_decide() {
     // is refused (500) rather than let through.
     let mut s = stack(&[("RL_ON_ERROR", "error")]);
     assert_eq!(s.envoy.get("/user", &[("x-user", "k")]).status, 200);
-    s._redis.kill();
+    if let Redis::Module(server) = &mut s.redis {
+        server.kill();
+    }
     let status = s.envoy.get("/user", &[("x-user", "k")]).status;
     assert_eq!(status, 500, "{}", s.service.log());
     // Unlimited routes are unaffected.
     assert_eq!(s.envoy.get("/free", &[]).status, 200);
+}
+
+/// The checks that do not depend on where the buckets live, on another Redis.
+fn limits_and_all_or_nothing(s: &Stack) {
+    let e = &s.envoy;
+    assert_eq!(
+        statuses(e, "/user", &[("x-user", "alice")], 4),
+        [200, 200, 200, 429],
+        "{}",
+        s.service.log()
+    );
+    assert_eq!(statuses(e, "/user", &[("x-user", "bob")], 1), [200]);
+    assert_eq!(statuses(e, "/two", &[("x-user", "x")], 2), [200, 200]);
+    assert_eq!(statuses(e, "/two", &[("x-user", "x")], 3), [429, 429, 429]);
+    assert_eq!(statuses(e, "/two", &[("x-user", "y")], 2), [200, 200]);
+    assert_eq!(statuses(e, "/two", &[("x-user", "z")], 2), [200, 429]);
+}
+
+#[test]
+fn behind_envoy_on_a_plain_redis_the_lua_fallback_decides_the_same() {
+    let s = stack_on(Redis::Plain(support::PlainRedis::start()), &[]);
+    limits_and_all_or_nothing(&s);
+    assert!(
+        s.service
+            .metric(r#"redis_rl_envoy_decisions_total{source="lua"}"#)
+            > 0,
+        "{}",
+        s.service.metrics()
+    );
+}
+
+#[test]
+fn behind_envoy_on_a_cluster_limits_hold_and_denials_take_nothing() {
+    // /two's buckets are in different slots: generic_key two's key in slot 6781, x's
+    // pair_user key in 16068. The service takes the lower slot first, so each of x's denials
+    // takes a token from the shared bucket and must refund it: without the refund, y would
+    // find the shared bucket empty.
+    let s = stack_on(Redis::Cluster(common::cluster::Cluster::start()), &[]);
+    limits_and_all_or_nothing(&s);
 }
