@@ -87,14 +87,18 @@ impl Backend {
     }
 }
 
-/// The limit sent to Redis for `requests_per_unit` per `period_s` seconds with `capacity`.
-///
-/// The one place that turns a config limit into a bucket, so moving to the client's exact
-/// `Limit::per` is one line here.
+/// The limit sent to Redis: `requests_per_unit` every `period_s` seconds exactly (the
+/// module's `N/S` rate: 100 per minute is one token every 0.6 s), with `capacity` tokens.
 pub fn bucket_limit(requests_per_unit: u32, period_s: u64, capacity: f64) -> Result<Limit, String> {
-    #[allow(clippy::cast_precision_loss)]
-    let rate_per_s = f64::from(requests_per_unit) / period_s.max(1) as f64;
-    Limit::new(rate_per_s, capacity).map_err(|e| e.to_string())
+    let limit = Limit::per(
+        u64::from(requests_per_unit),
+        std::time::Duration::from_secs(period_s.max(1)),
+    )
+    .map_err(|e| e.to_string())?;
+    if capacity == f64::from(requests_per_unit) {
+        return Ok(limit);
+    }
+    limit.with_capacity(capacity).map_err(|e| e.to_string())
 }
 
 /// The service: the config (swapped whole on reload), the limiter, the settings.
@@ -717,6 +721,19 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect()
+    }
+
+    #[test]
+    fn config_limits_go_to_redis_as_exact_periods() {
+        use std::time::Duration;
+        // 100 per minute: sent as 100/60, not as the double 1.666….
+        let limit = bucket_limit(100, 60, 100.0).unwrap();
+        assert_eq!(limit.period(), Some((100, Duration::from_secs(60))));
+        assert_eq!(limit.capacity(), 100.0);
+        // 20 per 5 minutes (unit_multiplier 5) with a burst of 7.
+        let limit = bucket_limit(20, 300, 7.0).unwrap();
+        assert_eq!(limit.period(), Some((20, Duration::from_secs(300))));
+        assert_eq!(limit.capacity(), 7.0);
     }
 
     #[test]
