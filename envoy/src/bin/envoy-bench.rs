@@ -11,7 +11,9 @@
 //! median of three. The markdown goes to `--out`.
 //!
 //! Environment: `MODULE` (the module .so), `ENVOY` (the envoy binary), `REDIS_SERVER`,
-//! `SECONDS_PER_ROUND` (default 5), `SERVICE` (default: redis-rl-envoy beside this binary).
+//! `SECONDS_PER_ROUND` (default 5), `SERVICE` (default: redis-rl-envoy beside this binary),
+//! `SERVICE_CPU` (the service's taskset list, default `1`), `REDIS_POOL_SIZE` (the service's,
+//! default 10).
 
 use std::error::Error;
 use std::net::TcpListener as StdListener;
