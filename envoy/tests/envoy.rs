@@ -213,16 +213,9 @@ fn statuses(envoy: &Envoy, path: &str, headers: &[(&str, &str)], n: usize) -> Ve
 fn behind_envoy_limits_hold_per_action() {
     let s = stack(&[]);
     let e = &s.envoy;
-    // request_headers: a user's burst of 3 passes, the next gets 429; another user is
-    // independent.
-    assert_eq!(
-        statuses(e, "/user", &[("x-user", "alice")], 4),
-        [200, 200, 200, 429],
-        "{}",
-        s.service.log()
-    );
-    assert_eq!(statuses(e, "/user", &[("x-user", "bob")], 1), [200]);
-    // Envoy's DRAFT_VERSION_03 headers from the statuses: bob has 2 of 3 left.
+    // request_headers (alice's burst, bob independent) and the two actions of /two.
+    limits_and_all_or_nothing(&s);
+    // Envoy's DRAFT_VERSION_03 headers from the statuses: carol's first request leaves 2 of 3.
     let r = e.get("/user", &[("x-user", "carol")]);
     assert_eq!(
         r.header("x-ratelimit-limit")
@@ -256,22 +249,6 @@ fn behind_envoy_limits_hold_per_action() {
         "{}",
         s.service.metrics()
     );
-}
-
-#[test]
-fn behind_envoy_two_actions_are_all_or_nothing() {
-    let s = stack(&[]);
-    let e = &s.envoy;
-    // /two: pair_user (2/hour per user) and generic_key two (5/hour shared).
-    assert_eq!(statuses(e, "/two", &[("x-user", "x")], 2), [200, 200]);
-    // x is over its own limit: these denials must not touch the shared bucket (3 left).
-    assert_eq!(
-        statuses(e, "/two", &[("x-user", "x")], 4),
-        [429, 429, 429, 429]
-    );
-    // y gets exactly the 3 the shared bucket kept, then y's second-limit denial.
-    assert_eq!(statuses(e, "/two", &[("x-user", "y")], 2), [200, 200]);
-    assert_eq!(statuses(e, "/two", &[("x-user", "z")], 2), [200, 429]);
 }
 
 #[test]
@@ -338,20 +315,32 @@ fn behind_envoy_redis_down_with_on_error_error_lets_failure_mode_deny_decide() {
     assert_eq!(s.envoy.get("/free", &[]).status, 200);
 }
 
-/// The checks that do not depend on where the buckets live, on another Redis.
+/// What every Redis must give behind Envoy. request_headers: alice's burst of 3 passes and
+/// the next gets 429; bob is independent. /two's two actions, all or nothing: pair_user (2 per
+/// hour per user) and generic_key two (5 per hour, shared). x's denials by its own limit must
+/// leave the shared bucket's 3 tokens alone, so y gets 2 and z exactly the last one.
 fn limits_and_all_or_nothing(s: &Stack) {
     let e = &s.envoy;
+    let log = || s.service.log();
     assert_eq!(
         statuses(e, "/user", &[("x-user", "alice")], 4),
         [200, 200, 200, 429],
         "{}",
-        s.service.log()
+        log()
     );
     assert_eq!(statuses(e, "/user", &[("x-user", "bob")], 1), [200]);
     assert_eq!(statuses(e, "/two", &[("x-user", "x")], 2), [200, 200]);
-    assert_eq!(statuses(e, "/two", &[("x-user", "x")], 3), [429, 429, 429]);
+    assert_eq!(
+        statuses(e, "/two", &[("x-user", "x")], 4),
+        [429, 429, 429, 429]
+    );
     assert_eq!(statuses(e, "/two", &[("x-user", "y")], 2), [200, 200]);
-    assert_eq!(statuses(e, "/two", &[("x-user", "z")], 2), [200, 429]);
+    assert_eq!(
+        statuses(e, "/two", &[("x-user", "z")], 2),
+        [200, 429],
+        "{}",
+        log()
+    );
 }
 
 #[test]
