@@ -47,26 +47,8 @@ descriptors:
     rate_limit: {unit: day, requests_per_unit: 100}
 ";
 
-const ENVOY: &str = r#"
-admin:
-  address: {socket_address: {address: 127.0.0.1, port_value: {admin}}}
-static_resources:
-  listeners:
-  - name: main
-    address: {socket_address: {address: 127.0.0.1, port_value: {listener}}}
-    filter_chains:
-    - filters:
-      - name: envoy.filters.network.http_connection_manager
-        typed_config:
-          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-          stat_prefix: ingress
-          use_remote_address: true
-          route_config:
-            virtual_hosts:
-            - name: all
-              domains: ["*"]
-              routes:
-              - match: {prefix: "/user"}
+/// The routes of the tests, into `envoy-template.yaml` (shared with `make bench-envoy`).
+const ROUTES: &str = r#"              - match: {prefix: "/user"}
                 route:
                   cluster: upstream
                   rate_limits:
@@ -117,39 +99,6 @@ static_resources:
                   - actions: [{generic_key: {descriptor_value: burst}}]
               - match: {prefix: "/"}
                 route: {cluster: upstream}
-          http_filters:
-          - name: envoy.filters.http.ratelimit
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit
-              domain: edge
-              failure_mode_deny: true
-              timeout: 10s
-              enable_x_ratelimit_headers: DRAFT_VERSION_03
-              rate_limit_service:
-                transport_api_version: V3
-                grpc_service: {envoy_grpc: {cluster_name: ratelimit}}
-          - name: envoy.filters.http.router
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
-  clusters:
-  - name: upstream
-    type: STATIC
-    connect_timeout: 2s
-    load_assignment:
-      cluster_name: upstream
-      endpoints: [{lb_endpoints: [{endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: {upstream}}}}}]}]
-  - name: ratelimit
-    type: STATIC
-    connect_timeout: 2s
-    typed_extension_protocol_options:
-      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
-        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
-        explicit_http_config: {http2_protocol_options: {}}
-    circuit_breakers:
-      thresholds: [{max_connections: 10000, max_pending_requests: 10000, max_requests: 10000}]
-    load_assignment:
-      cluster_name: ratelimit
-      endpoints: [{lb_endpoints: [{endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: {grpc}}}}}]}]
 "#;
 
 /// Whatever Redis the stack runs on, kept alive with it.
@@ -194,7 +143,8 @@ fn stack_on(redis: Redis, env: &[(&str, &str)]) -> Stack {
         env.push(("REDIS_TYPE", "cluster"));
     }
     let service = Service::start(&redis.url(), &[("edge.yaml", LIMITS)], &env);
-    let config = ENVOY
+    let config = include_str!("envoy-template.yaml")
+        .replace("@ROUTES@", ROUTES.trim_matches('\n'))
         .replace("{upstream}", &upstream().to_string())
         .replace("{grpc}", &service.grpc_port.to_string());
     let envoy = Envoy::start(&config);

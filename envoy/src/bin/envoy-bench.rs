@@ -151,7 +151,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 fn request(stream: usize, n: u64) -> RateLimitRequest {
     let key = (stream * 7919 + n as usize) % KEYS;
     RateLimitRequest {
-        domain: "bench".into(),
+        domain: "edge".into(),
         descriptors: vec![RateLimitDescriptor {
             entries: vec![Entry {
                 key: "user".into(),
@@ -256,61 +256,15 @@ async fn upstream() -> Res<u16> {
     Ok(port)
 }
 
-const ENVOY: &str = r#"
-admin:
-  address: {socket_address: {address: 127.0.0.1, port_value: @ADMIN@}}
-static_resources:
-  listeners:
-  - name: main
-    address: {socket_address: {address: 127.0.0.1, port_value: @LISTEN@}}
-    filter_chains:
-    - filters:
-      - name: envoy.filters.network.http_connection_manager
-        typed_config:
-          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-          stat_prefix: ingress
-          route_config:
-            virtual_hosts:
-            - name: all
-              domains: ["*"]
-              routes:
-              - match: {prefix: "/limited"}
+/// The tests' Envoy config (`envoy/tests/envoy-template.yaml`) with two routes: one behind
+/// the rate-limit filter (one request_headers descriptor), one without.
+const ROUTES: &str = r#"              - match: {prefix: "/limited"}
                 route:
                   cluster: upstream
                   rate_limits:
                   - actions: [{request_headers: {header_name: x-user, descriptor_key: user}}]
               - match: {prefix: "/"}
                 route: {cluster: upstream}
-          http_filters:
-          - name: envoy.filters.http.ratelimit
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit
-              domain: bench
-              failure_mode_deny: true
-              timeout: 5s
-              rate_limit_service:
-                transport_api_version: V3
-                grpc_service: {envoy_grpc: {cluster_name: ratelimit}}
-          - name: envoy.filters.http.router
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
-  clusters:
-  - name: upstream
-    type: STATIC
-    connect_timeout: 1s
-    load_assignment:
-      cluster_name: upstream
-      endpoints: [{lb_endpoints: [{endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: @UPSTREAM@}}}}]}]
-  - name: ratelimit
-    type: STATIC
-    connect_timeout: 1s
-    typed_extension_protocol_options:
-      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
-        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
-        explicit_http_config: {http2_protocol_options: {}}
-    load_assignment:
-      cluster_name: ratelimit
-      endpoints: [{lb_endpoints: [{endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: @GRPC@}}}}]}]
 "#;
 
 #[tokio::main]
@@ -337,7 +291,7 @@ async fn main() -> Res<()> {
     std::fs::create_dir_all(dir.join("config"))?;
     std::fs::write(
         dir.join("config/bench.yaml"),
-        "domain: bench\ndescriptors:\n  - key: user\n    rate_limit: {unit: second, requests_per_unit: 1000000000}\n",
+        "domain: edge\ndescriptors:\n  - key: user\n    rate_limit: {unit: second, requests_per_unit: 1000000000}\n",
     )?;
 
     let redis_port = free_port()?;
@@ -446,11 +400,12 @@ async fn main() -> Res<()> {
     // Envoy end to end: the same keep-alive load on a route with the filter and one without.
     let up = upstream().await?;
     let (listen, admin) = (free_port()?, free_port()?);
-    let config = ENVOY
-        .replace("@ADMIN@", &admin.to_string())
-        .replace("@LISTEN@", &listen.to_string())
-        .replace("@UPSTREAM@", &up.to_string())
-        .replace("@GRPC@", &grpc_port.to_string());
+    let config = include_str!("../../tests/envoy-template.yaml")
+        .replace("@ROUTES@", ROUTES.trim_matches('\n'))
+        .replace("{admin}", &admin.to_string())
+        .replace("{listener}", &listen.to_string())
+        .replace("{upstream}", &up.to_string())
+        .replace("{grpc}", &grpc_port.to_string());
     std::fs::write(dir.join("envoy.yaml"), config)?;
     let _envoy = Guard(
         Command::new(&envoy_bin)
