@@ -1,32 +1,35 @@
-//! One handler per command: parse → open key → pure step → write → propagate → reply.
+//! One handler per command: parse → open → pure step → commit → reply. The store handles of
+//! [`crate::datatype`] commit and replicate their own changes.
 //!
 //! Handlers are raw `extern "C"` functions (no per-call argument vector), and each body runs
 //! inside `catch_unwind`, so a bug becomes an error reply and a log line, never an aborted
 //! server. Every clock-dependent write is replicated as its effect (`RL.SETSTATE` with the
 //! exact state, or `DEL`), never as the command itself.
 
-use std::ffi::{c_int, c_longlong, CStr};
+use std::ffi::{c_int, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use redis_module::raw::{self, RedisModuleCtx, RedisModuleString};
 
-use crate::bucket::{self, Change, Decision, Outcome, State};
-use crate::datatype::BucketKey;
+use crate::bucket::{self, Change, Decision, Outcome};
+use crate::datatype::{BucketKey, Store};
 use crate::error::Error;
-use crate::{args, clock, propagation, stats};
+use crate::{args, clock, stats};
 
-/// What a command answers when it succeeds.
+/// What a command answers when it succeeds. Each variant carries the outcome itself, so the
+/// counters read the decision and `send` formats it; nothing is decoded back from integers.
 enum Reply {
-    /// The four integers of `RL.ACQUIRE`.
-    Decision([i64; 4]),
+    /// `RL.ACQUIRE`'s decision, sent as four integers.
+    Decision(Decision),
     /// The same four integers from `RL.PEEK`, which decides nothing.
-    Peek([i64; 4]),
-    /// The five integers of `RL.THROTTLE` and `RL.GCRA` (redis-cell's reply).
-    Throttle([i64; 5]),
+    Peek(Decision),
+    /// `RL.THROTTLE` and `RL.GCRA`: the decision and the limit's `total`, sent as redis-cell's
+    /// five integers.
+    Throttle(Decision, u64),
     /// `RL.REFUND`: remaining, reset_after_ms.
-    Pair([i64; 2]),
-    /// `RL.ACQUIRE.MULTI`: allowed, refused index, retry_after_ms, then one decision per bucket.
-    Multi([i64; 3], Vec<[i64; 4]>),
+    Refund(Decision),
+    /// `RL.ACQUIRE.MULTI`: the first refused bucket if any, and every bucket's decision.
+    Multi(Option<usize>, Vec<Decision>),
     /// `+OK`.
     Ok,
 }
@@ -35,9 +38,9 @@ impl Reply {
     /// Whether the call took its tokens, for the counters; `None` when it decides nothing.
     fn verdict(&self) -> Option<bool> {
         match self {
-            Reply::Decision([allowed, ..]) | Reply::Multi([allowed, ..], _) => Some(*allowed == 1),
-            Reply::Throttle([limited, ..]) => Some(*limited == 0),
-            Reply::Peek(_) | Reply::Pair(_) | Reply::Ok => None,
+            Reply::Decision(decision) | Reply::Throttle(decision, _) => Some(decision.allowed()),
+            Reply::Multi(refused, _) => Some(refused.is_none()),
+            Reply::Peek(_) | Reply::Refund(_) | Reply::Ok => None,
         }
     }
 }
@@ -138,25 +141,38 @@ fn acquire_body(
 ) -> Result<Reply, Failure> {
     let (key, limit_args, cost) = key_two_and_optional(argv)?;
     let parsed = parse_limit(limit_args, cost)?;
-    let decision = take(ctx, key, &parsed.limit, parsed.cost)?;
-    Ok(Reply::Decision(four(&decision)))
+    // SAFETY: `ctx` and `key` belong to the running command.
+    let mut bucket = unsafe { BucketKey::open(ctx, key) }?;
+    Ok(Reply::Decision(take(
+        &mut bucket,
+        &parsed.limit,
+        parsed.cost,
+    )?))
 }
 
-/// Takes `cost` from the bucket at `key`: reads, decides, writes and propagates the effect.
+/// The pure step and commit of every taking command, on either store.
 fn take(
-    ctx: *mut RedisModuleCtx,
-    key: *mut RedisModuleString,
+    store: &mut impl Store,
     limit: &bucket::Limit,
     cost: bucket::Cost,
 ) -> Result<Decision, Error> {
-    // SAFETY: `ctx` and `key` belong to the running command.
-    let bucket_key = unsafe { BucketKey::open(ctx, key) }?;
-    let state = bucket_key.state()?;
-    let (decision, new_state) = bucket::acquire(limit, state, clock::now_us(), cost);
-    if let Some(new_state) = new_state {
-        bucket_key.write(new_state, state.is_some(), c"rl.take")?;
-        propagate(ctx, key, Change::Set(new_state))?;
-    }
+    let (decision, new_state) = bucket::acquire(limit, store.state(), clock::now_us(), cost);
+    store.stage(new_state.map_or(Change::Keep, Change::Set));
+    store.commit(c"rl.take")?;
+    Ok(decision)
+}
+
+/// The pure step of `RL.PEEK` and `RL.HPEEK`: nothing is staged or committed.
+fn look(store: &impl Store, parsed: &args::Acquire) -> Decision {
+    bucket::peek(&parsed.limit, store.state(), clock::now_us(), parsed.cost)
+}
+
+/// The pure step and commit of `RL.REFUND` and `RL.HREFUND`.
+fn give_back(store: &mut impl Store, parsed: &args::Acquire) -> Result<Decision, Error> {
+    let (decision, change) =
+        bucket::refund(&parsed.limit, store.state(), clock::now_us(), parsed.cost);
+    store.stage(change);
+    store.commit(c"rl.refund")?;
     Ok(decision)
 }
 
@@ -164,9 +180,8 @@ fn peek_body(ctx: *mut RedisModuleCtx, argv: &[*mut RedisModuleString]) -> Resul
     let (key, limit_args, cost) = key_two_and_optional(argv)?;
     let parsed = parse_limit(limit_args, cost)?;
     // SAFETY: `ctx` and `key` belong to the running command.
-    let state = unsafe { BucketKey::open_read(ctx, key) }?.state()?;
-    let decision = bucket::peek(&parsed.limit, state, clock::now_us(), parsed.cost);
-    Ok(Reply::Peek(four(&decision)))
+    let bucket = unsafe { BucketKey::open_read(ctx, key) }?;
+    Ok(Reply::Peek(look(&bucket, &parsed)))
 }
 
 fn refund_body(
@@ -176,19 +191,8 @@ fn refund_body(
     let (key, limit_args, cost) = key_two_and_optional(argv)?;
     let parsed = parse_limit(limit_args, cost)?;
     // SAFETY: `ctx` and `key` belong to the running command.
-    let bucket_key = unsafe { BucketKey::open(ctx, key) }?;
-    let state = bucket_key.state()?;
-    let (decision, change) = bucket::refund(&parsed.limit, state, clock::now_us(), parsed.cost);
-    match change {
-        Change::Keep => {}
-        Change::Set(new_state) => bucket_key.write(new_state, state.is_some(), c"rl.refund")?,
-        Change::Delete => bucket_key.delete()?,
-    }
-    propagate(ctx, key, change)?;
-    Ok(Reply::Pair([
-        saturating_i64(decision.remaining),
-        decision.reset_after_ms(),
-    ]))
+    let mut bucket = unsafe { BucketKey::open(ctx, key) }?;
+    Ok(Reply::Refund(give_back(&mut bucket, &parsed)?))
 }
 
 fn throttle_body(
@@ -209,8 +213,10 @@ fn throttle_body(
             quantity.map(|q| bytes(q)),
         )
     }?;
-    let decision = take(ctx, key, &parsed.limit, parsed.cost)?;
-    Ok(Reply::Throttle(five(&decision, parsed.total)))
+    // SAFETY: `ctx` and `key` belong to the running command.
+    let mut bucket = unsafe { BucketKey::open(ctx, key) }?;
+    let decision = take(&mut bucket, &parsed.limit, parsed.cost)?;
+    Ok(Reply::Throttle(decision, parsed.total))
 }
 
 /// Redis 8.8's `GCRA`, on the same bucket as `RL.THROTTLE`: `TOKENS count` is the cost (0
@@ -231,24 +237,10 @@ fn gcra_body(ctx: *mut RedisModuleCtx, argv: &[*mut RedisModuleString]) -> Resul
             option.map(|(name, count)| (bytes(name), count.map(|c| bytes(c)))),
         )
     }?;
-    let decision = take(ctx, key, &parsed.limit, parsed.cost)?;
-    Ok(Reply::Throttle(five(&decision, parsed.total)))
-}
-
-/// One bucket of an `RL.ACQUIRE.MULTI` call, and the key handle it shares with any other
-/// bucket of the same name.
-struct Slot {
-    handle: usize,
-    limit: bucket::Limit,
-    cost: bucket::Cost,
-}
-
-/// An open key and its state as the call goes: buckets named twice see each other's takes.
-struct Opened {
-    name: *mut RedisModuleString,
-    key: BucketKey,
-    stored: Option<State>,
-    pending: Option<State>,
+    // SAFETY: `ctx` and `key` belong to the running command.
+    let mut bucket = unsafe { BucketKey::open(ctx, key) }?;
+    let decision = take(&mut bucket, &parsed.limit, parsed.cost)?;
+    Ok(Reply::Throttle(decision, parsed.total))
 }
 
 /// The most buckets (`key rate capacity cost` groups) one `RL.ACQUIRE.MULTI` may name. Chosen
@@ -277,72 +269,43 @@ fn acquire_multi_body(
         };
         parsed.push((key, parse_limit([rate, capacity], Some(cost))?));
     }
-    let now_us = clock::now_us();
     // SAFETY: argument strings of the running command, which outlive this call.
     let names: Vec<&[u8]> = parsed
         .iter()
         .map(|(name, _)| unsafe { bytes(*name) })
         .collect();
-    let first_namings = first_naming(&names);
-    let mut opened: Vec<Opened> = Vec::new();
-    let mut slots = Vec::with_capacity(parsed.len());
-    for ((name, limit), first) in parsed.into_iter().zip(first_namings) {
-        // A group naming a key already named shares that key's handle; the first naming
-        // comes earlier, so its handle exists. Keys open in the order first named.
-        let handle = match slots.get(first).map(|slot: &Slot| slot.handle) {
-            Some(handle) => handle,
-            None => {
-                // SAFETY: `ctx` and `name` belong to the running command.
-                let key = unsafe { BucketKey::open(ctx, name) }?;
-                let stored = key.state()?;
-                opened.push(Opened {
-                    name,
-                    key,
-                    stored,
-                    pending: stored,
-                });
-                opened.len() - 1
-            }
+    // A group naming a key already named shares that key's handle, so buckets named twice see
+    // each other's takes. Keys open in the order first named.
+    let mut handles: Vec<BucketKey> = Vec::new();
+    let mut handle_of = Vec::with_capacity(parsed.len());
+    for (i, first) in first_naming(&names).into_iter().enumerate() {
+        let handle = if first == i {
+            let (name, _) = parsed.get(i).ok_or(Error::Internal)?;
+            // SAFETY: `ctx` and `name` belong to the running command.
+            handles.push(unsafe { BucketKey::open(ctx, *name) }?);
+            handles.len() - 1
+        } else {
+            // The first naming comes earlier, so its handle exists.
+            *handle_of.get(first).ok_or(Error::Internal)?
         };
-        slots.push(Slot {
-            handle,
-            limit: limit.limit,
-            cost: limit.cost,
-        });
+        handle_of.push(handle);
     }
-    let mut decisions = Vec::with_capacity(slots.len());
-    for slot in &slots {
-        let opened = opened.get_mut(slot.handle).ok_or(Error::Internal)?;
-        let (decision, new_state) = bucket::acquire(&slot.limit, opened.pending, now_us, slot.cost);
-        if let Some(new_state) = new_state {
-            opened.pending = Some(new_state);
-        }
+    let now_us = clock::now_us();
+    let mut decisions = Vec::with_capacity(parsed.len());
+    for ((_, group), &handle) in parsed.iter().zip(&handle_of) {
+        let bucket = handles.get_mut(handle).ok_or(Error::Internal)?;
+        let (decision, new_state) =
+            bucket::acquire(&group.limit, bucket.state(), now_us, group.cost);
+        bucket.stage(new_state.map_or(Change::Keep, Change::Set));
         decisions.push(decision);
     }
     let refused = decisions.iter().position(|d| !d.allowed());
     if refused.is_none() {
-        for o in &opened {
-            if let (Some(new_state), true) = (o.pending, o.pending != o.stored) {
-                o.key.write(new_state, o.stored.is_some(), c"rl.take")?;
-                propagate(ctx, o.name, Change::Set(new_state))?;
-            }
+        for bucket in &mut handles {
+            bucket.commit(c"rl.take")?;
         }
     }
-    // The longest wait among the refusing buckets, or -1 if one of them can never succeed.
-    let retry_after_ms = decisions
-        .iter()
-        .filter(|d| !d.allowed())
-        .map(Decision::retry_after_ms)
-        .try_fold(0i64, |longest, ms| (ms >= 0).then_some(longest.max(ms)))
-        .unwrap_or(-1);
-    Ok(Reply::Multi(
-        [
-            i64::from(refused.is_none()),
-            refused.map_or(-1, |i| i64::try_from(i).unwrap_or(i64::MAX)),
-            retry_after_ms,
-        ],
-        decisions.iter().map(four).collect(),
-    ))
+    Ok(Reply::Multi(refused, decisions))
 }
 
 /// For each name, the position of the first name equal to it (its own position if it is the
@@ -380,12 +343,10 @@ fn set_state_body(
     // SAFETY (both): arguments of the running command.
     let state = unsafe { args::state(bytes(full_at_ns), full_at_frac.map(|f| bytes(f))) }?;
     // SAFETY: `ctx` and `key` belong to the running command.
-    let bucket_key = unsafe { BucketKey::open(ctx, key) }?;
-    let existed = bucket_key.state()?.is_some();
-    bucket_key.write(state, existed, c"rl.setstate")?;
-    // SAFETY: `ctx` is the running command's context. The command is deterministic, so it
-    // travels as it came.
-    unsafe { raw::RedisModule_ReplicateVerbatim.ok_or(Error::Internal)?(ctx) };
+    let mut bucket = unsafe { BucketKey::open(ctx, key) }?;
+    bucket.replicate_verbatim();
+    bucket.stage(Change::Set(state));
+    bucket.commit(c"rl.setstate")?;
     Ok(Reply::Ok)
 }
 
@@ -422,57 +383,6 @@ fn saturating_i64(value: u64) -> i64 {
 
 fn seconds_ceil(ns: u64) -> i64 {
     saturating_i64(ns.div_ceil(1_000_000_000))
-}
-
-/// Replicates the effect of a clock-dependent write: `RL.SETSTATE` with the exact state (whose
-/// expiry follows from it), or `DEL` for a bucket that became full. Skipped when nothing
-/// would receive it (see [`propagation`]).
-fn propagate(
-    ctx: *mut RedisModuleCtx,
-    key: *mut RedisModuleString,
-    change: Change,
-) -> Result<(), Error> {
-    if change == Change::Keep || !propagation::needed(ctx) {
-        return Ok(());
-    }
-    // SAFETY: read once, after load.
-    let replicate = unsafe { raw::RedisModule_Replicate }.ok_or(Error::Internal)?;
-    // SAFETY: the format strings match the variadic arguments: a RedisModuleString, and for
-    // each "l" a long long.
-    let status = unsafe {
-        match change {
-            Change::Set(state) => {
-                let full_at_ns =
-                    c_longlong::try_from(state.full_at_ns()).map_err(|_| Error::Internal)?;
-                let full_at_frac =
-                    c_longlong::try_from(state.full_at_frac()).map_err(|_| Error::Internal)?;
-                // A whole-nanosecond state keeps 0.1.0's two-argument form.
-                if full_at_frac == 0 {
-                    replicate(
-                        ctx,
-                        c"RL.SETSTATE".as_ptr(),
-                        c"sl".as_ptr(),
-                        key,
-                        full_at_ns,
-                    )
-                } else {
-                    replicate(
-                        ctx,
-                        c"RL.SETSTATE".as_ptr(),
-                        c"sll".as_ptr(),
-                        key,
-                        full_at_ns,
-                        full_at_frac,
-                    )
-                }
-            }
-            Change::Delete => replicate(ctx, c"DEL".as_ptr(), c"s".as_ptr(), key),
-            Change::Keep => raw::REDISMODULE_OK as c_int,
-        }
-    };
-    (status == raw::REDISMODULE_OK as c_int)
-        .then_some(())
-        .ok_or(Error::Internal)
 }
 
 /// The bytes of a command argument.
@@ -573,22 +483,43 @@ unsafe fn send(ctx: *mut RedisModuleCtx, reply: &Reply) -> c_int {
     // SAFETY: `ctx` is live (caller).
     unsafe {
         match reply {
-            Reply::Decision(values) | Reply::Peek(values) => send_integers(ctx, values),
-            Reply::Throttle(values) => send_integers(ctx, values),
-            Reply::Pair(values) => send_integers(ctx, values),
-            Reply::Multi(head, buckets) => {
+            Reply::Decision(decision) | Reply::Peek(decision) => {
+                send_integers(ctx, &four(decision))
+            }
+            Reply::Throttle(decision, total) => send_integers(ctx, &five(decision, *total)),
+            Reply::Refund(decision) => send_integers(
+                ctx,
+                &[
+                    saturating_i64(decision.remaining),
+                    decision.reset_after_ms(),
+                ],
+            ),
+            Reply::Multi(refused, decisions) => {
+                // The longest wait among the refusing buckets, or -1 if one of them can never
+                // succeed.
+                let retry_after_ms = decisions
+                    .iter()
+                    .filter(|d| !d.allowed())
+                    .map(Decision::retry_after_ms)
+                    .try_fold(0i64, |longest, ms| (ms >= 0).then_some(longest.max(ms)))
+                    .unwrap_or(-1);
+                let head = [
+                    i64::from(refused.is_none()),
+                    refused.map_or(-1, |i| i64::try_from(i).unwrap_or(i64::MAX)),
+                    retry_after_ms,
+                ];
                 let Some(array) = raw::RedisModule_ReplyWithArray else {
                     return raw::REDISMODULE_ERR as c_int;
                 };
                 array(ctx, (head.len() + 1) as _);
-                for &value in head {
+                for &value in &head {
                     if let Some(integer) = raw::RedisModule_ReplyWithLongLong {
                         integer(ctx, value);
                     }
                 }
-                array(ctx, buckets.len() as _);
-                for bucket in buckets {
-                    send_integers(ctx, bucket);
+                array(ctx, decisions.len() as _);
+                for decision in decisions {
+                    send_integers(ctx, &four(decision));
                 }
                 raw::REDISMODULE_OK as c_int
             }
