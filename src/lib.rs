@@ -43,6 +43,7 @@ pub mod propagation;
 pub mod registry;
 pub mod server;
 pub mod stats;
+pub mod table;
 
 use redis_module::{raw, redis_module, Context, RedisString, Status};
 
