@@ -14,7 +14,8 @@ use redis_module::raw::{self, RedisModuleCtx, RedisModuleString};
 use crate::bucket::{self, Change, Decision, Outcome};
 use crate::datatype::{BucketKey, Store};
 use crate::error::Error;
-use crate::{args, clock, stats};
+use crate::table_type::TableKey;
+use crate::{args, clock, stats, table};
 
 /// What a command answers when it succeeds. Each variant carries the outcome itself, so the
 /// counters read the decision and `send` formats it; nothing is decoded back from integers.
@@ -30,6 +31,8 @@ enum Reply {
     Refund(Decision),
     /// `RL.ACQUIRE.MULTI`: the first refused bucket if any, and every bucket's decision.
     Multi(Option<usize>, Vec<Decision>),
+    /// One integer (`RL.HDEL`, `RL.HLEN`).
+    Integer(u64),
     /// `+OK`.
     Ok,
 }
@@ -40,7 +43,7 @@ impl Reply {
         match self {
             Reply::Decision(decision) | Reply::Throttle(decision, _) => Some(decision.allowed()),
             Reply::Multi(refused, _) => Some(refused.is_none()),
-            Reply::Peek(_) | Reply::Refund(_) | Reply::Ok => None,
+            Reply::Peek(_) | Reply::Refund(_) | Reply::Integer(_) | Reply::Ok => None,
         }
     }
 }
@@ -102,6 +105,32 @@ handler!(
     refund, c"RL.REFUND", refund_body, true
 );
 handler!(
+    /// `RL.HACQUIRE key field rate capacity [cost]`: `RL.ACQUIRE` on one bucket of a table.
+    hacquire, c"RL.HACQUIRE", hacquire_body, true
+);
+handler!(
+    /// `RL.HPEEK key field rate capacity [cost]`
+    hpeek, c"RL.HPEEK", hpeek_body, true
+);
+handler!(
+    /// `RL.HREFUND key field rate capacity [cost]`
+    hrefund, c"RL.HREFUND", hrefund_body, true
+);
+handler!(
+    /// `RL.HDEL key field [field ...]`: resets buckets; replies with how many were live.
+    hdel, c"RL.HDEL", hdel_body, true
+);
+handler!(
+    /// `RL.HLEN key`: buckets held.
+    hlen, c"RL.HLEN", hlen_body, true
+);
+handler!(
+    /// `RL.HSETSTATE key tag full_at_ns full_at_frac [tag full_at_ns full_at_frac ...]`: sets
+    /// (or with `full_at_ns` 0, deletes) table buckets by tag. What table writes replicate and
+    /// AOF rewrites emit; reads no clock and never sweeps. Not counted: it is internal.
+    hset_state, c"RL.HSETSTATE", hset_state_body, false
+);
+handler!(
     /// `RL.SETSTATE key full_at_ns [full_at_frac]`: sets a bucket's exact state and derives its absolute
     /// expiry. It is what `RL.ACQUIRE` replicates and what AOF rewrites emit; it reads no
     /// clock, so replaying it anywhere gives the same bucket. Not counted: it is internal.
@@ -156,7 +185,17 @@ fn take(
     limit: &bucket::Limit,
     cost: bucket::Cost,
 ) -> Result<Decision, Error> {
-    let (decision, new_state) = bucket::acquire(limit, store.state(), clock::now_us(), cost);
+    take_at(store, limit, cost, clock::now_us())
+}
+
+/// [`take`] at a given instant, for a handler that read the clock already.
+fn take_at(
+    store: &mut impl Store,
+    limit: &bucket::Limit,
+    cost: bucket::Cost,
+    now_us: u64,
+) -> Result<Decision, Error> {
+    let (decision, new_state) = bucket::acquire(limit, store.state(), now_us, cost);
     store.stage(new_state.map_or(Change::Keep, Change::Set));
     store.commit(c"rl.take")?;
     Ok(decision)
@@ -168,9 +207,12 @@ fn look(store: &impl Store, parsed: &args::Acquire) -> Decision {
 }
 
 /// The pure step and commit of `RL.REFUND` and `RL.HREFUND`.
-fn give_back(store: &mut impl Store, parsed: &args::Acquire) -> Result<Decision, Error> {
-    let (decision, change) =
-        bucket::refund(&parsed.limit, store.state(), clock::now_us(), parsed.cost);
+fn give_back(
+    store: &mut impl Store,
+    parsed: &args::Acquire,
+    now_us: u64,
+) -> Result<Decision, Error> {
+    let (decision, change) = bucket::refund(&parsed.limit, store.state(), now_us, parsed.cost);
     store.stage(change);
     store.commit(c"rl.refund")?;
     Ok(decision)
@@ -192,7 +234,11 @@ fn refund_body(
     let parsed = parse_limit(limit_args, cost)?;
     // SAFETY: `ctx` and `key` belong to the running command.
     let mut bucket = unsafe { BucketKey::open(ctx, key) }?;
-    Ok(Reply::Refund(give_back(&mut bucket, &parsed)?))
+    Ok(Reply::Refund(give_back(
+        &mut bucket,
+        &parsed,
+        clock::now_us(),
+    )?))
 }
 
 fn throttle_body(
@@ -306,6 +352,144 @@ fn acquire_multi_body(
         }
     }
     Ok(Reply::Multi(refused, decisions))
+}
+
+/// Splits `name key field a b [c]`.
+#[allow(clippy::type_complexity)]
+fn key_field_two_and_optional(
+    argv: &[*mut RedisModuleString],
+) -> Result<
+    (
+        *mut RedisModuleString,
+        *mut RedisModuleString,
+        [*mut RedisModuleString; 2],
+        Option<*mut RedisModuleString>,
+    ),
+    Failure,
+> {
+    match *argv {
+        [_, key, field, a, b] => Ok((key, field, [a, b], None)),
+        [_, key, field, a, b, c] => Ok((key, field, [a, b], Some(c))),
+        _ => Err(Failure::Arity),
+    }
+}
+
+/// The master's clock in ns, for the sweep a table write carries.
+fn sweep_now_ns(now_us: u64) -> Option<u64> {
+    Some(now_us.saturating_mul(1000))
+}
+
+fn hacquire_body(
+    ctx: *mut RedisModuleCtx,
+    argv: &[*mut RedisModuleString],
+) -> Result<Reply, Failure> {
+    let (key, field, limit_args, cost) = key_field_two_and_optional(argv)?;
+    let parsed = parse_limit(limit_args, cost)?;
+    let now_us = clock::now_us();
+    // SAFETY: `ctx`, `key` and `field` belong to the running command.
+    let mut bucket = unsafe { TableKey::open(ctx, key, sweep_now_ns(now_us))?.field(bytes(field)) };
+    Ok(Reply::Decision(take_at(
+        &mut bucket,
+        &parsed.limit,
+        parsed.cost,
+        now_us,
+    )?))
+}
+
+fn hpeek_body(ctx: *mut RedisModuleCtx, argv: &[*mut RedisModuleString]) -> Result<Reply, Failure> {
+    let (key, field, limit_args, cost) = key_field_two_and_optional(argv)?;
+    let parsed = parse_limit(limit_args, cost)?;
+    // SAFETY: `ctx`, `key` and `field` belong to the running command.
+    let bucket = unsafe { TableKey::open_read(ctx, key)?.field(bytes(field)) };
+    Ok(Reply::Peek(look(&bucket, &parsed)))
+}
+
+fn hrefund_body(
+    ctx: *mut RedisModuleCtx,
+    argv: &[*mut RedisModuleString],
+) -> Result<Reply, Failure> {
+    let (key, field, limit_args, cost) = key_field_two_and_optional(argv)?;
+    let parsed = parse_limit(limit_args, cost)?;
+    let now_us = clock::now_us();
+    // SAFETY: `ctx`, `key` and `field` belong to the running command.
+    let mut bucket = unsafe { TableKey::open(ctx, key, sweep_now_ns(now_us))?.field(bytes(field)) };
+    Ok(Reply::Refund(give_back(&mut bucket, &parsed, now_us)?))
+}
+
+fn hdel_body(ctx: *mut RedisModuleCtx, argv: &[*mut RedisModuleString]) -> Result<Reply, Failure> {
+    let [_, key, ref fields @ ..] = *argv else {
+        return Err(Failure::Arity);
+    };
+    if fields.is_empty() {
+        return Err(Failure::Arity);
+    }
+    let now_ns = clock::now_us().saturating_mul(1000);
+    // SAFETY: `ctx` and `key` belong to the running command.
+    let mut table = unsafe { TableKey::open(ctx, key, Some(now_ns)) }?;
+    let mut live = 0;
+    for &field in fields {
+        // SAFETY: an argument of the running command.
+        let removed = table.remove(table::tag(unsafe { bytes(field) }));
+        if removed.is_some_and(|state| !table::is_full(state, now_ns)) {
+            live += 1;
+        }
+    }
+    table.commit(c"rl.hdel")?;
+    Ok(Reply::Integer(live))
+}
+
+fn hlen_body(ctx: *mut RedisModuleCtx, argv: &[*mut RedisModuleString]) -> Result<Reply, Failure> {
+    let [_, key] = *argv else {
+        return Err(Failure::Arity);
+    };
+    // SAFETY: `ctx` and `key` belong to the running command.
+    let table = unsafe { TableKey::open_read(ctx, key) }?;
+    Ok(Reply::Integer(table.len() as u64))
+}
+
+fn hset_state_body(
+    ctx: *mut RedisModuleCtx,
+    argv: &[*mut RedisModuleString],
+) -> Result<Reply, Failure> {
+    let [_, key, ref groups @ ..] = *argv else {
+        return Err(Failure::Arity);
+    };
+    if groups.is_empty() || groups.len() % 3 != 0 {
+        return Err(Failure::Arity);
+    }
+    // Parse every group before touching the key.
+    let mut changes = Vec::with_capacity(groups.len() / 3);
+    for group in groups.chunks_exact(3) {
+        let &[tag, full_at_ns, full_at_frac] = group else {
+            return Err(Failure::Arity);
+        };
+        // SAFETY (all): arguments of the running command.
+        let (tag, full_at_ns, full_at_frac) =
+            unsafe { (bytes(tag), bytes(full_at_ns), bytes(full_at_frac)) };
+        let tag: [u8; 16] = tag.try_into().map_err(|_| Error::Tag)?;
+        let state = if full_at_ns == b"0" {
+            if full_at_frac != b"0" {
+                return Err(Error::FullAtFrac.into());
+            }
+            None
+        } else {
+            Some(args::state(full_at_ns, Some(full_at_frac))?)
+        };
+        changes.push((table::Tag::from_le_bytes(tag), state));
+    }
+    // SAFETY: `ctx` and `key` belong to the running command. No sweep: only the master's own
+    // commands sweep, by the master's clock.
+    let mut table = unsafe { TableKey::open(ctx, key, None) }?;
+    for (tag, state) in changes {
+        match state {
+            Some(state) => table.set(tag, state)?,
+            None => {
+                table.remove(tag);
+            }
+        }
+    }
+    table.commit(c"rl.hsetstate")?;
+    Ok(Reply::Ok)
 }
 
 /// For each name, the position of the first name equal to it (its own position if it is the
@@ -523,6 +707,10 @@ unsafe fn send(ctx: *mut RedisModuleCtx, reply: &Reply) -> c_int {
                 }
                 raw::REDISMODULE_OK as c_int
             }
+            Reply::Integer(value) => match raw::RedisModule_ReplyWithLongLong {
+                Some(integer) => integer(ctx, saturating_i64(*value)),
+                None => raw::REDISMODULE_ERR as c_int,
+            },
             Reply::Ok => match raw::RedisModule_ReplyWithSimpleString {
                 Some(simple) => simple(ctx, c"OK".as_ptr()),
                 None => raw::REDISMODULE_ERR as c_int,

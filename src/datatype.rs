@@ -448,7 +448,7 @@ impl Drop for BucketKey {
 }
 
 /// Logs to the server log at warning level, from a callback that has no context.
-fn log_warning(message: &std::ffi::CStr) {
+pub(crate) fn log_warning(message: &std::ffi::CStr) {
     // SAFETY: a NULL context is allowed by RedisModule_Log; both strings are NUL-terminated.
     unsafe {
         if let Some(log) = raw::RedisModule_Log {

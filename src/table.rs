@@ -498,6 +498,7 @@ impl Table {
     /// and removes the buckets full at `now_ns`, returning their tags (for the caller to
     /// replicate). An unallocated chunk counts as one slot.
     pub fn sweep(&mut self, now_ns: u64, budget: usize) -> Vec<Tag> {
+        self.migrate(MIGRATE_STEP);
         let mut swept = Vec::new();
         for _ in 0..budget {
             let array = &mut self.current;
