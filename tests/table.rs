@@ -593,11 +593,11 @@ fn a_million_buckets_fit_the_memory_budget() {
     let server = Server::start();
     let mut con = server.conn();
     // 1,000,000 buckets over 256 keys, 16-byte fields: at most 40 B each at a whole-ns rate
-    // (1/1024 token/s), and 48 B where states carry a fraction (3/s; costs of 1 against a
-    // capacity of 100 keep every bucket far from full for the test).
+    // (1/1024 token/s), and 48 B where states carry a fraction (0.0003/s, whose 1e9 / rate
+    // is not whole; a token takes an hour to come back, so no bucket fills during the test).
     let whole = bytes_per_bucket(&mut con, 256, 1_000_000, "0.0009765625");
     let _: () = redis::cmd("FLUSHALL").query(&mut con).unwrap();
-    let fraction = bytes_per_bucket(&mut con, 256, 1_000_000, "3");
+    let fraction = bytes_per_bucket(&mut con, 256, 1_000_000, "0.0003");
     println!("bytes per bucket: whole-ns {whole:.1}, with a fraction {fraction:.1}");
     assert!(whole <= 40.0, "{whole}");
     assert!(fraction <= 48.0, "{fraction}");
@@ -609,8 +609,8 @@ fn a_flood_of_one_off_fields_is_reclaimed() {
     let mut con = server.conn();
     let before = used_memory(&mut con);
     let mut peak = 0;
-    // One-off fields at 1 token per 20 s (capacity 1): each bucket is full again 20 s after
-    // its one call, after the flood has ended.
+    // One-off fields at 1 token per 60 s (capacity 1): each bucket is full again 60 s after
+    // its one call.
     let mut pipe = redis::pipe();
     for i in 0..1_000_000 {
         let field = format!("{i:016}");
@@ -618,7 +618,7 @@ fn a_flood_of_one_off_fields_is_reclaimed() {
             "RL.HACQUIRE",
             &format!("flood:{}", i % 256),
             field.as_bytes(),
-            &["0.05", "1"],
+            &["0.0166", "1"],
         ))
         .ignore();
         if i % 10_000 == 9_999 {
@@ -628,12 +628,12 @@ fn a_flood_of_one_off_fields_is_reclaimed() {
         }
     }
     // On a slow machine the sweep reclaims the flood's start before its end: the peak is
-    // whatever it reached, and must still be a real amount.
-    assert!(peak > 5_000_000, "the flood added only {peak} bytes");
+    // whatever it reached, and must still be a real amount (a tenth of the flood at least).
+    assert!(peak > 3_000_000, "the flood added only {peak} bytes");
     // Each table expires with its latest bucket; the server's expiry does the rest.
-    // Time to full (20 s) plus the server's active expiry (a fraction of a second), with a
-    // margin for a loaded machine.
-    let deadline = Instant::now() + Duration::from_secs(40);
+    // Time to full (about 60 s) plus the server's active expiry (a fraction of a second),
+    // with a margin for a loaded machine.
+    let deadline = Instant::now() + Duration::from_secs(90);
     loop {
         let added = used_memory(&mut con) - before;
         if added * 20 <= peak {
@@ -641,7 +641,7 @@ fn a_flood_of_one_off_fields_is_reclaimed() {
         }
         assert!(
             Instant::now() < deadline,
-            "still {added} of {peak} bytes after 40 s"
+            "still {added} of {peak} bytes after 90 s"
         );
         sleep(Duration::from_millis(50));
     }
