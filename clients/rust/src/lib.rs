@@ -46,22 +46,6 @@
 //! [`AsyncLimiter`]; `local` the bounded local buckets and deny cache; `script` the Lua
 //! script and its arguments.
 
-#![deny(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
-#![cfg_attr(
-    test,
-    allow(
-        clippy::unwrap_used,
-        clippy::expect_used,
-        clippy::panic,
-        clippy::indexing_slicing
-    )
-)]
-
 mod asynch;
 mod engine;
 mod local;
