@@ -137,20 +137,27 @@ handler!(
     set_state, c"RL.SETSTATE", set_state_body, false
 );
 
-/// Splits `name key a b [c]` into the key, the two required and the optional argument.
-fn key_two_and_optional(
+/// Splits `name n1 … nN a b [c]`: the `N` names (the key, or the key and a field), the two
+/// required arguments and the optional one.
+#[allow(clippy::type_complexity)]
+fn split_args<const N: usize>(
     argv: &[*mut RedisModuleString],
 ) -> Result<
     (
-        *mut RedisModuleString,
+        [*mut RedisModuleString; N],
         [*mut RedisModuleString; 2],
         Option<*mut RedisModuleString>,
     ),
     Failure,
 > {
-    match *argv {
-        [_, key, a, b] => Ok((key, [a, b], None)),
-        [_, key, a, b, c] => Ok((key, [a, b], Some(c))),
+    let (names, rest) = argv
+        .get(1..)
+        .and_then(|args| args.split_at_checked(N))
+        .ok_or(Failure::Arity)?;
+    let names: [*mut RedisModuleString; N] = names.try_into().map_err(|_| Failure::Arity)?;
+    match *rest {
+        [a, b] => Ok((names, [a, b], None)),
+        [a, b, c] => Ok((names, [a, b], Some(c))),
         _ => Err(Failure::Arity),
     }
 }
@@ -168,7 +175,7 @@ fn acquire_body(
     ctx: *mut RedisModuleCtx,
     argv: &[*mut RedisModuleString],
 ) -> Result<Reply, Failure> {
-    let (key, limit_args, cost) = key_two_and_optional(argv)?;
+    let ([key], limit_args, cost) = split_args(argv)?;
     let parsed = parse_limit(limit_args, cost)?;
     // SAFETY: `ctx` and `key` belong to the running command.
     let mut bucket = unsafe { BucketKey::open(ctx, key) }?;
@@ -219,7 +226,7 @@ fn give_back(
 }
 
 fn peek_body(ctx: *mut RedisModuleCtx, argv: &[*mut RedisModuleString]) -> Result<Reply, Failure> {
-    let (key, limit_args, cost) = key_two_and_optional(argv)?;
+    let ([key], limit_args, cost) = split_args(argv)?;
     let parsed = parse_limit(limit_args, cost)?;
     // SAFETY: `ctx` and `key` belong to the running command.
     let bucket = unsafe { BucketKey::open_read(ctx, key) }?;
@@ -230,7 +237,7 @@ fn refund_body(
     ctx: *mut RedisModuleCtx,
     argv: &[*mut RedisModuleString],
 ) -> Result<Reply, Failure> {
-    let (key, limit_args, cost) = key_two_and_optional(argv)?;
+    let ([key], limit_args, cost) = split_args(argv)?;
     let parsed = parse_limit(limit_args, cost)?;
     // SAFETY: `ctx` and `key` belong to the running command.
     let mut bucket = unsafe { BucketKey::open(ctx, key) }?;
@@ -348,26 +355,6 @@ fn acquire_multi_body(
     Ok(Reply::Multi(refused, decisions))
 }
 
-/// Splits `name key field a b [c]`.
-#[allow(clippy::type_complexity)]
-fn key_field_two_and_optional(
-    argv: &[*mut RedisModuleString],
-) -> Result<
-    (
-        *mut RedisModuleString,
-        *mut RedisModuleString,
-        [*mut RedisModuleString; 2],
-        Option<*mut RedisModuleString>,
-    ),
-    Failure,
-> {
-    match *argv {
-        [_, key, field, a, b] => Ok((key, field, [a, b], None)),
-        [_, key, field, a, b, c] => Ok((key, field, [a, b], Some(c))),
-        _ => Err(Failure::Arity),
-    }
-}
-
 /// The master's clock in ns, for the sweep a table write carries.
 fn sweep_now_ns(now_us: u64) -> Option<u64> {
     Some(now_us.saturating_mul(1000))
@@ -377,7 +364,7 @@ fn hacquire_body(
     ctx: *mut RedisModuleCtx,
     argv: &[*mut RedisModuleString],
 ) -> Result<Reply, Failure> {
-    let (key, field, limit_args, cost) = key_field_two_and_optional(argv)?;
+    let ([key, field], limit_args, cost) = split_args(argv)?;
     let parsed = parse_limit(limit_args, cost)?;
     let now_us = clock::now_us();
     // SAFETY: `ctx`, `key` and `field` belong to the running command.
@@ -391,7 +378,7 @@ fn hacquire_body(
 }
 
 fn hpeek_body(ctx: *mut RedisModuleCtx, argv: &[*mut RedisModuleString]) -> Result<Reply, Failure> {
-    let (key, field, limit_args, cost) = key_field_two_and_optional(argv)?;
+    let ([key, field], limit_args, cost) = split_args(argv)?;
     let parsed = parse_limit(limit_args, cost)?;
     // SAFETY: `ctx`, `key` and `field` belong to the running command.
     let bucket = unsafe { TableKey::open_read(ctx, key)?.field(bytes(field)) };
@@ -402,7 +389,7 @@ fn hrefund_body(
     ctx: *mut RedisModuleCtx,
     argv: &[*mut RedisModuleString],
 ) -> Result<Reply, Failure> {
-    let (key, field, limit_args, cost) = key_field_two_and_optional(argv)?;
+    let ([key, field], limit_args, cost) = split_args(argv)?;
     let parsed = parse_limit(limit_args, cost)?;
     let now_us = clock::now_us();
     // SAFETY: `ctx`, `key` and `field` belong to the running command.

@@ -141,11 +141,70 @@ pub trait Store {
     fn commit(&mut self, event: &CStr) -> Result<(), Error>;
 }
 
-/// A key holding one bucket, opened for a command, closed on drop.
+/// A key of the running command, open for reading (and writing), closed on drop: what the
+/// handles of both stores hold.
+pub(crate) struct OpenKey {
+    pub(crate) ctx: *mut raw::RedisModuleCtx,
+    pub(crate) name: *mut raw::RedisModuleString,
+    /// Null only for a missing key opened for reading.
+    pub(crate) key: *mut raw::RedisModuleKey,
+}
+
+impl OpenKey {
+    /// Opens `name`, for writing too when `write`.
+    ///
+    /// # Errors
+    /// [`Error::Internal`] if the server lacks the API or returns no handle to write through.
+    ///
+    /// # Safety
+    /// `ctx` and `name` must be the live context and an argument of the running command.
+    pub(crate) unsafe fn open(
+        ctx: *mut raw::RedisModuleCtx,
+        name: *mut raw::RedisModuleString,
+        write: bool,
+    ) -> Result<Self, Error> {
+        let mode = if write {
+            raw::REDISMODULE_READ | raw::REDISMODULE_WRITE
+        } else {
+            raw::REDISMODULE_READ
+        };
+        let open = raw::RedisModule_OpenKey.ok_or(Error::Internal)?;
+        // SAFETY: guaranteed by the caller; a non-null handle is closed exactly once, in Drop.
+        let key = unsafe { open(ctx, name, mode as c_int) }.cast::<raw::RedisModuleKey>();
+        let handle = Self { ctx, name, key };
+        if write && key.is_null() {
+            return Err(Error::Internal);
+        }
+        Ok(handle)
+    }
+
+    /// The key's value if it holds `expected_type`, `None` if it is missing.
+    ///
+    /// # Errors
+    /// [`Error::WrongType`] for a key of any other type, whose value is never read.
+    pub(crate) fn value(
+        &self,
+        expected_type: *mut raw::RedisModuleType,
+    ) -> Result<Option<*mut c_void>, Error> {
+        // SAFETY: `self.key` is null or open.
+        unsafe { read(self.key, expected_type) }
+    }
+}
+
+impl Drop for OpenKey {
+    fn drop(&mut self) {
+        // SAFETY: a non-null handle is open and is closed only here.
+        unsafe {
+            if let (false, Some(close)) = (self.key.is_null(), raw::RedisModule_CloseKey) {
+                close(self.key);
+            }
+        }
+    }
+}
+
+/// A key holding one bucket, opened for a command.
 pub struct BucketKey {
-    ctx: *mut raw::RedisModuleCtx,
-    name: *mut raw::RedisModuleString,
-    key: *mut raw::RedisModuleKey,
+    key: OpenKey,
     /// What the key held when opened, updated by each commit.
     stored: Option<State>,
     /// What the next commit writes.
@@ -169,12 +228,7 @@ impl BucketKey {
         name: *mut raw::RedisModuleString,
     ) -> Result<Self, Error> {
         // SAFETY: forwarded (caller).
-        let key =
-            unsafe { Self::open_mode(ctx, name, raw::REDISMODULE_READ | raw::REDISMODULE_WRITE) }?;
-        if key.key.is_null() {
-            return Err(Error::Internal);
-        }
-        Ok(key)
+        Self::with(unsafe { OpenKey::open(ctx, name, true) }?)
     }
 
     /// Opens `name` for reading only (it works on replicas and in read-only scripts). A
@@ -190,32 +244,21 @@ impl BucketKey {
         name: *mut raw::RedisModuleString,
     ) -> Result<Self, Error> {
         // SAFETY: forwarded (caller).
-        unsafe { Self::open_mode(ctx, name, raw::REDISMODULE_READ) }
+        Self::with(unsafe { OpenKey::open(ctx, name, false) }?)
     }
 
-    unsafe fn open_mode(
-        ctx: *mut raw::RedisModuleCtx,
-        name: *mut raw::RedisModuleString,
-        mode: u32,
-    ) -> Result<Self, Error> {
-        let open = raw::RedisModule_OpenKey.ok_or(Error::Internal)?;
-        // SAFETY: guaranteed by the caller; a non-null handle is closed exactly once, in Drop.
-        let key = unsafe { open(ctx, name, mode as c_int) }.cast::<raw::RedisModuleKey>();
-        let mut handle = Self {
-            ctx,
-            name,
-            key,
-            stored: None,
-            staged: Change::Keep,
-            verbatim: false,
-        };
-        // SAFETY: `key` is null or an open handle, as `read` requires.
-        handle.stored = match unsafe { read(key, bucket_type()) }? {
+    fn with(key: OpenKey) -> Result<Self, Error> {
+        let stored = match key.value(bucket_type())? {
             None => None,
             // Only a State is ever stored, so this cannot fail unless memory was corrupted.
             Some(value) => Some(from_value(value).ok_or(Error::Internal)?),
         };
-        Ok(handle)
+        Ok(Self {
+            key,
+            stored,
+            staged: Change::Keep,
+            verbatim: false,
+        })
     }
 
     /// Marks the running command as its own effect (`RL.SETSTATE` reads no clock): a commit
@@ -232,7 +275,7 @@ impl BucketKey {
         // (checked at open); values are only ever made by `to_value`.
         let ok = unsafe {
             let stored = if existed {
-                raw::RedisModule_ModuleTypeGetValue.ok_or(Error::Internal)?(self.key)
+                raw::RedisModule_ModuleTypeGetValue.ok_or(Error::Internal)?(self.key.key)
             } else {
                 ptr::null_mut()
             };
@@ -247,7 +290,7 @@ impl BucketKey {
                 let replace = raw::RedisModule_ModuleTypeReplaceValue.ok_or(Error::Internal)?;
                 let value = to_value(state);
                 let mut old = ptr::null_mut();
-                let set = replace(self.key, bucket_type(), value, &mut old);
+                let set = replace(self.key.key, bucket_type(), value, &mut old);
                 if set == raw::REDISMODULE_OK as c_int {
                     free_value(old);
                 } else {
@@ -257,7 +300,7 @@ impl BucketKey {
             } else {
                 let value = to_value(state);
                 let set = raw::RedisModule_ModuleTypeSetValue.ok_or(Error::Internal)?(
-                    self.key,
+                    self.key.key,
                     bucket_type(),
                     value,
                 );
@@ -267,7 +310,7 @@ impl BucketKey {
                 set
             };
             set == raw::REDISMODULE_OK as c_int
-                && raw::RedisModule_SetAbsExpire.ok_or(Error::Internal)?(self.key, expire_at_ms)
+                && raw::RedisModule_SetAbsExpire.ok_or(Error::Internal)?(self.key.key, expire_at_ms)
                     == raw::REDISMODULE_OK as c_int
         };
         ok.then_some(()).ok_or(Error::Internal)
@@ -295,12 +338,22 @@ impl Store for BucketKey {
             Change::Keep => return Ok(()),
             Change::Set(state) => {
                 self.write(state)?;
-                signal_modified(self.ctx, self.name, raw::REDISMODULE_NOTIFY_MODULE, event)?;
+                signal_modified(
+                    self.key.ctx,
+                    self.key.name,
+                    raw::REDISMODULE_NOTIFY_MODULE,
+                    event,
+                )?;
                 self.stored = Some(state);
             }
             Change::Delete => {
-                delete_key(self.key)?;
-                signal_modified(self.ctx, self.name, raw::REDISMODULE_NOTIFY_GENERIC, c"del")?;
+                delete_key(self.key.key)?;
+                signal_modified(
+                    self.key.ctx,
+                    self.key.name,
+                    raw::REDISMODULE_NOTIFY_GENERIC,
+                    c"del",
+                )?;
                 self.stored = None;
             }
         }
@@ -308,14 +361,14 @@ impl Store for BucketKey {
             // SAFETY: the running command's context.
             let verbatim = unsafe { raw::RedisModule_ReplicateVerbatim }.ok_or(Error::Internal)?;
             // SAFETY: as above.
-            return replicated(unsafe { verbatim(self.ctx) });
+            return replicated(unsafe { verbatim(self.key.ctx) });
         }
-        if !propagation::needed(self.ctx) {
+        if !propagation::needed(self.key.ctx) {
             return Ok(());
         }
         match change {
-            Change::Set(state) => replicate_set_state(self.ctx, self.name, state),
-            _ => replicate_del(self.ctx, self.name),
+            Change::Set(state) => replicate_set_state(self.key.ctx, self.key.name, state),
+            _ => replicate_del(self.key.ctx, self.key.name),
         }
     }
 }
@@ -434,17 +487,6 @@ pub(crate) fn replicated(status: c_int) -> Result<(), Error> {
     (status == raw::REDISMODULE_OK as c_int)
         .then_some(())
         .ok_or(Error::Internal)
-}
-
-impl Drop for BucketKey {
-    fn drop(&mut self) {
-        // SAFETY: a non-null handle is open and is closed only here.
-        unsafe {
-            if let (false, Some(close)) = (self.key.is_null(), raw::RedisModule_CloseKey) {
-                close(self.key);
-            }
-        }
-    }
 }
 
 /// Logs to the server log at warning level, from a callback that has no context.

@@ -22,7 +22,7 @@ use redis_module::native_types::RedisType;
 use redis_module::raw;
 
 use crate::bucket::{Change, State};
-use crate::datatype::{self, Store};
+use crate::datatype::{self, OpenKey, Store};
 use crate::error::Error;
 use crate::propagation;
 use crate::table::{self, Table, Tag};
@@ -79,11 +79,9 @@ fn table_type() -> *mut raw::RedisModuleType {
     TYPE_PTR.load(Ordering::Relaxed)
 }
 
-/// A key holding a table (or nothing yet), opened for a command, closed on drop.
+/// A key holding a table (or nothing yet), opened for a command.
 pub struct TableKey {
-    ctx: *mut raw::RedisModuleCtx,
-    name: *mut raw::RedisModuleString,
-    key: *mut raw::RedisModuleKey,
+    key: OpenKey,
     /// The key's table; null while the key is missing.
     table: *mut Table,
     /// The master's clock for this command, or `None` where nothing may be swept.
@@ -108,14 +106,7 @@ impl TableKey {
         sweep_now_ns: Option<u64>,
     ) -> Result<Self, Error> {
         // SAFETY: forwarded (caller).
-        let key =
-            unsafe { Self::open_mode(ctx, name, raw::REDISMODULE_READ | raw::REDISMODULE_WRITE) }?;
-        if key.key.is_null() {
-            return Err(Error::Internal);
-        }
-        let mut key = key;
-        key.sweep_now_ns = sweep_now_ns;
-        Ok(key)
+        Self::with(unsafe { OpenKey::open(ctx, name, true) }?, sweep_now_ns)
     }
 
     /// Opens `name` for reading only (replicas, read-only scripts). Nothing is committed.
@@ -130,29 +121,20 @@ impl TableKey {
         name: *mut raw::RedisModuleString,
     ) -> Result<Self, Error> {
         // SAFETY: forwarded (caller).
-        unsafe { Self::open_mode(ctx, name, raw::REDISMODULE_READ) }
+        Self::with(unsafe { OpenKey::open(ctx, name, false) }?, None)
     }
 
-    unsafe fn open_mode(
-        ctx: *mut raw::RedisModuleCtx,
-        name: *mut raw::RedisModuleString,
-        mode: u32,
-    ) -> Result<Self, Error> {
-        let open = raw::RedisModule_OpenKey.ok_or(Error::Internal)?;
-        // SAFETY: guaranteed by the caller; a non-null handle is closed exactly once, in Drop.
-        let key = unsafe { open(ctx, name, mode as c_int) }.cast::<raw::RedisModuleKey>();
-        let mut handle = Self {
-            ctx,
-            name,
-            key,
-            table: ptr::null_mut(),
-            sweep_now_ns: None,
-            effects: Vec::new(),
-        };
-        // SAFETY: `key` is null or open; a value of our type is always a `Table`.
-        handle.table = unsafe { datatype::read(key, table_type()) }?
+    fn with(key: OpenKey, sweep_now_ns: Option<u64>) -> Result<Self, Error> {
+        // A value of our type is always a `Table`.
+        let table = key
+            .value(table_type())?
             .map_or(ptr::null_mut(), |value| value.cast::<Table>());
-        Ok(handle)
+        Ok(Self {
+            key,
+            table,
+            sweep_now_ns,
+            effects: Vec::new(),
+        })
     }
 
     fn table(&self) -> Option<&Table> {
@@ -192,7 +174,7 @@ impl TableKey {
             // SAFETY: the key is open for writing and empty; on success the key owns `table`.
             let set = unsafe {
                 raw::RedisModule_ModuleTypeSetValue.ok_or(Error::Internal)?(
-                    self.key,
+                    self.key.key,
                     table_type(),
                     table.cast(),
                 )
@@ -211,10 +193,12 @@ impl TableKey {
         let expire_at_ms = i64::try_from(state.expire_at_ms()).map_err(|_| Error::Internal)?;
         // SAFETY: the key is open for writing and holds our table.
         unsafe {
-            let current = raw::RedisModule_GetAbsExpire.ok_or(Error::Internal)?(self.key);
+            let current = raw::RedisModule_GetAbsExpire.ok_or(Error::Internal)?(self.key.key);
             if current < expire_at_ms {
-                let set =
-                    raw::RedisModule_SetAbsExpire.ok_or(Error::Internal)?(self.key, expire_at_ms);
+                let set = raw::RedisModule_SetAbsExpire.ok_or(Error::Internal)?(
+                    self.key.key,
+                    expire_at_ms,
+                );
                 if set != raw::REDISMODULE_OK as c_int {
                     return Err(Error::Internal);
                 }
@@ -252,26 +236,31 @@ impl TableKey {
             return Ok(());
         }
         let effects = std::mem::take(&mut self.effects);
-        let propagate = propagation::needed(self.ctx);
+        let propagate = propagation::needed(self.key.ctx);
         if self.table().is_some_and(Table::is_empty) {
-            datatype::delete_key(self.key)?;
+            datatype::delete_key(self.key.key)?;
             self.table = ptr::null_mut();
             datatype::signal_modified(
-                self.ctx,
-                self.name,
+                self.key.ctx,
+                self.key.name,
                 raw::REDISMODULE_NOTIFY_GENERIC,
                 c"del",
             )?;
             return if propagate {
-                datatype::replicate_del(self.ctx, self.name)
+                datatype::replicate_del(self.key.ctx, self.key.name)
             } else {
                 Ok(())
             };
         }
-        datatype::signal_modified(self.ctx, self.name, raw::REDISMODULE_NOTIFY_MODULE, event)?;
+        datatype::signal_modified(
+            self.key.ctx,
+            self.key.name,
+            raw::REDISMODULE_NOTIFY_MODULE,
+            event,
+        )?;
         if propagate {
             for (tag, state) in effects {
-                replicate_set_state(self.ctx, self.name, tag, state)?;
+                replicate_set_state(self.key.ctx, self.key.name, tag, state)?;
             }
         }
         Ok(())
@@ -286,17 +275,6 @@ impl TableKey {
             tag,
             stored,
             staged: Change::Keep,
-        }
-    }
-}
-
-impl Drop for TableKey {
-    fn drop(&mut self) {
-        // SAFETY: a non-null handle is open and is closed only here.
-        unsafe {
-            if let (false, Some(close)) = (self.key.is_null(), raw::RedisModule_CloseKey) {
-                close(self.key);
-            }
         }
     }
 }
