@@ -82,3 +82,4 @@ include mk/bench.mk
 include mk/clients.mk
 include mk/release.mk
 include mk/docs.mk
+include mk/envoy.mk

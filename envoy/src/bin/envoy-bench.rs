@@ -1,0 +1,487 @@
+//! `make bench-envoy`: what redis-rl-envoy costs. In one run, on one Redis with the module:
+//!
+//! - `ShouldRateLimit` decisions/s and p50/p99 over gRPC (one HTTP/2 connection, as an Envoy
+//!   worker holds) at 1, 16 and 64 concurrent streams, against the Rust client calling
+//!   `RL.ACQUIRE` directly (one multiplexed connection) at the same concurrency;
+//! - the service's CPU per 10,000 decisions, from `/proc/<pid>/stat`;
+//! - Envoy's requests/s end to end, with the rate-limit filter on and off.
+//!
+//! Redis is pinned to CPU 0 and the service to CPU 1 (taskset); the load generator and
+//! Envoy float. Rounds are interleaved (gRPC, direct, gRPC, direct …) and each figure is the
+//! median of three. The markdown goes to `--out`.
+//!
+//! Environment: `MODULE` (the module .so), `ENVOY` (the envoy binary), `REDIS_SERVER`,
+//! `SECONDS_PER_ROUND` (default 5), `SERVICE` (default: redis-rl-envoy beside this binary),
+//! `SERVICE_CPU` (the service's taskset list, default `1`), `REDIS_POOL_SIZE` (the service's,
+//! default 10).
+
+use std::error::Error;
+use std::net::TcpListener as StdListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use redis_rl_client::{AsyncLimiter, Limit, OnError, Options};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+
+type Res<T> = Result<T, Box<dyn Error + Send + Sync>>;
+
+/// Keys the load spreads over, so no bucket runs dry (each allows far more than a round).
+const KEYS: usize = 10_000;
+
+struct Guard(Child);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> Res<u16> {
+    Ok(StdListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+fn pinned(cpu: &str, program: &str) -> Command {
+    let mut c = Command::new("taskset");
+    c.args(["-c", cpu, program]);
+    c
+}
+
+async fn wait_port(port: u16) -> Res<()> {
+    let started = Instant::now();
+    while tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .is_err()
+    {
+        if started.elapsed() > Duration::from_secs(30) {
+            return Err(format!("nothing listens on {port}").into());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(())
+}
+
+/// Latencies of one round and the calls it made.
+struct Round {
+    calls: u64,
+    seconds: f64,
+    latencies_us: Vec<u64>,
+}
+
+impl Round {
+    fn per_s(&self) -> f64 {
+        self.calls as f64 / self.seconds
+    }
+
+    fn percentile(&self, p: f64) -> u64 {
+        let mut v = self.latencies_us.clone();
+        v.sort_unstable();
+        let i = ((v.len() as f64 * p) as usize).min(v.len().saturating_sub(1));
+        v.get(i).copied().unwrap_or(0)
+    }
+}
+
+/// Runs `streams` loops of `call` for `seconds`; each call's latency is recorded.
+async fn round<F, Fut>(streams: usize, seconds: f64, call: F) -> Res<Round>
+where
+    F: Fn(usize, u64) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Res<()>> + Send,
+{
+    let call = Arc::new(call);
+    let deadline = Instant::now() + Duration::from_secs_f64(seconds);
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for stream in 0..streams {
+        let call = call.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut latencies = Vec::new();
+            let mut n: u64 = 0;
+            while Instant::now() < deadline {
+                let t = Instant::now();
+                call(stream, n).await?;
+                latencies.push(t.elapsed().as_micros() as u64);
+                n += 1;
+            }
+            Ok::<_, Box<dyn Error + Send + Sync>>(latencies)
+        }));
+    }
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await??);
+    }
+    Ok(Round {
+        calls: all.len() as u64,
+        seconds: started.elapsed().as_secs_f64(),
+        latencies_us: all,
+    })
+}
+
+fn cpu_ticks(pid: u32) -> Res<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // Fields after the command name (which may hold spaces) start past the last ')'.
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the whole line: 12 and 13 after the name.
+    let utime: u64 = fields.get(11).ok_or("stat")?.parse()?;
+    let stime: u64 = fields.get(12).ok_or("stat")?.parse()?;
+    Ok(utime + stime)
+}
+
+fn clock_ticks_per_s() -> f64 {
+    Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(100.0)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+fn request(stream: usize, n: u64) -> RateLimitRequest {
+    let key = (stream * 7919 + n as usize) % KEYS;
+    RateLimitRequest {
+        domain: "edge".into(),
+        descriptors: vec![RateLimitDescriptor {
+            entries: vec![Entry {
+                key: "user".into(),
+                value: key.to_string(),
+            }],
+            ..Default::default()
+        }],
+        hits_addend: 1,
+    }
+}
+
+/// A keep-alive HTTP/1.1 GET loop body: one request, the whole reply read.
+async fn http_get(
+    stream: &mut BufReader<tokio::net::TcpStream>,
+    path: &str,
+    user: usize,
+) -> Res<u16> {
+    let req = format!("GET {path} HTTP/1.1\r\nHost: bench\r\nx-user: {user}\r\n\r\n");
+    stream.get_mut().write_all(req.as_bytes()).await?;
+    let mut line = String::new();
+    stream.read_line(&mut line).await?;
+    let status: u16 = line.split_whitespace().nth(1).ok_or("status")?.parse()?;
+    let mut length = 0usize;
+    loop {
+        line.clear();
+        stream.read_line(&mut line).await?;
+        let t = line.trim_end();
+        if t.is_empty() {
+            break;
+        }
+        if let Some((k, v)) = t.split_once(':') {
+            if k.eq_ignore_ascii_case("content-length") {
+                length = v.trim().parse()?;
+            }
+        }
+    }
+    let mut body = vec![0u8; length];
+    stream.read_exact(&mut body).await?;
+    Ok(status)
+}
+
+/// The service's own view: mean time per call inside the service and inside Redis, from its
+/// Prometheus histograms (cumulative since start).
+async fn service_time(metrics_port: u16) -> String {
+    let Ok(stream) = tokio::net::TcpStream::connect(("127.0.0.1", metrics_port)).await else {
+        return String::new();
+    };
+    let mut stream = BufReader::new(stream);
+    let req = "GET /metrics HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n";
+    if stream.get_mut().write_all(req.as_bytes()).await.is_err() {
+        return String::new();
+    }
+    let mut text = String::new();
+    let _ = stream.read_to_string(&mut text).await;
+    let value = |name: &str| -> f64 {
+        text.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0)
+    };
+    let calls = value("ratelimit_service_response_time_seconds_count").max(1.0);
+    format!(
+        "{:.0} µs per call in the service, {:.0} µs of it in Redis",
+        value("ratelimit_service_response_time_seconds_sum") / calls * 1e6,
+        value("redis_rl_envoy_redis_seconds_sum") / calls * 1e6
+    )
+}
+
+async fn upstream() -> Res<u16> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let port = listener.local_addr()?.port();
+    tokio::spawn(async move {
+        while let Ok((socket, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut reader = BufReader::new(socket);
+                let mut line = String::new();
+                loop {
+                    let mut seen = false;
+                    loop {
+                        line.clear();
+                        match reader.read_line(&mut line).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(_) => {}
+                        }
+                        if line.trim_end().is_empty() {
+                            if seen {
+                                break;
+                            }
+                            continue;
+                        }
+                        seen = true;
+                    }
+                    let reply = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+                    if reader.get_mut().write_all(reply).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    Ok(port)
+}
+
+/// The tests' Envoy config (`envoy/tests/envoy-template.yaml`) with two routes: one behind
+/// the rate-limit filter (one request_headers descriptor), one without.
+const ROUTES: &str = r#"              - match: {prefix: "/limited"}
+                route:
+                  cluster: upstream
+                  rate_limits:
+                  - actions: [{request_headers: {header_name: x-user, descriptor_key: user}}]
+              - match: {prefix: "/"}
+                route: {cluster: upstream}
+"#;
+
+#[tokio::main]
+async fn main() -> Res<()> {
+    let args: Vec<String> = std::env::args().collect();
+    let out = args
+        .iter()
+        .position(|a| a == "--out")
+        .and_then(|i| args.get(i + 1))
+        .cloned()
+        .unwrap_or_else(|| "bench/envoy.md".into());
+    let seconds: f64 = std::env::var("SECONDS_PER_ROUND")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(5.0);
+    let module = std::env::var("MODULE").map_err(|_| "MODULE (the module .so) is not set")?;
+    let envoy_bin = std::env::var("ENVOY").unwrap_or_else(|_| "envoy".into());
+    let redis_server = std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".into());
+    let service_bin = match std::env::var("SERVICE") {
+        Ok(s) => PathBuf::from(s),
+        Err(_) => std::env::current_exe()?.with_file_name("redis-rl-envoy"),
+    };
+    let dir = std::env::temp_dir().join(format!("envoy-bench-{}", std::process::id()));
+    std::fs::create_dir_all(dir.join("config"))?;
+    std::fs::write(
+        dir.join("config/bench.yaml"),
+        "domain: edge\ndescriptors:\n  - key: user\n    rate_limit: {unit: second, requests_per_unit: 1000000000}\n",
+    )?;
+
+    let redis_port = free_port()?;
+    let _redis = Guard(
+        pinned("0", &redis_server)
+            .args(["--port", &redis_port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no", "--loadmodule", &module])
+            .stdout(Stdio::null())
+            .spawn()?,
+    );
+    wait_port(redis_port).await?;
+    let (http_port, grpc_port, metrics_port) = (free_port()?, free_port()?, free_port()?);
+    let service = Guard(
+        pinned(
+            &std::env::var("SERVICE_CPU").unwrap_or_else(|_| "1".into()),
+            &service_bin.to_string_lossy(),
+        )
+        .env("RUNTIME_ROOT", &dir)
+        .env("RUNTIME_APPDIRECTORY", "config")
+        .env("REDIS_SOCKET_TYPE", "tcp")
+        .env("REDIS_URL", format!("127.0.0.1:{redis_port}"))
+        .env("PORT", http_port.to_string())
+        .env("GRPC_PORT", grpc_port.to_string())
+        .env("HOST", "127.0.0.1")
+        .env("GRPC_HOST", "127.0.0.1")
+        .env("RL_TIMEOUT_MS", "5000")
+        .env(
+            "REDIS_POOL_SIZE",
+            std::env::var("REDIS_POOL_SIZE").unwrap_or_else(|_| "10".into()),
+        )
+        .env("USE_PROMETHEUS", "true")
+        .env("PROMETHEUS_ADDR", format!("127.0.0.1:{metrics_port}"))
+        .stdout(Stdio::null())
+        .spawn()?,
+    );
+    let service_pid = service.0.id();
+    wait_port(grpc_port).await?;
+    wait_port(http_port).await?;
+
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{grpc_port}"))?
+        .connect()
+        .await?;
+    let grpc = RateLimitServiceClient::new(channel);
+    let connection = redis::Client::open(format!("redis://127.0.0.1:{redis_port}/"))?
+        .get_connection_manager()
+        .await?;
+    let limiter = Arc::new(AsyncLimiter::new(
+        connection,
+        Options::new(OnError::Closed).timeout(Duration::from_secs(5)),
+    ));
+    let limit = Limit::new(1e9, 1e9)?;
+    let ticks = clock_ticks_per_s();
+
+    let mut table = String::new();
+    table.push_str("| streams | ShouldRateLimit decisions/s | p50 µs | p99 µs | RL.ACQUIRE direct/s | p50 µs | p99 µs | gRPC / direct | service CPU ms per 10,000 |\n");
+    table.push_str("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    for streams in [1usize, 16, 64] {
+        let (mut g_rate, mut g_p50, mut g_p99, mut d_rate, mut d_p50, mut d_p99, mut cpu) =
+            (vec![], vec![], vec![], vec![], vec![], vec![], vec![]);
+        for _ in 0..3 {
+            let before = cpu_ticks(service_pid)?;
+            let client = grpc.clone();
+            let r = round(streams, seconds, move |s, n| {
+                let mut client = client.clone();
+                async move {
+                    client.should_rate_limit(request(s, n)).await?;
+                    Ok(())
+                }
+            })
+            .await?;
+            let used_s = (cpu_ticks(service_pid)? - before) as f64 / ticks;
+            cpu.push(used_s * 1000.0 * 10_000.0 / r.calls.max(1) as f64);
+            g_rate.push(r.per_s());
+            g_p50.push(r.percentile(0.5) as f64);
+            g_p99.push(r.percentile(0.99) as f64);
+            let l = limiter.clone();
+            let r = round(streams, seconds, move |s, n| {
+                let l = l.clone();
+                async move {
+                    let key = format!("direct_{}", (s * 7919 + n as usize) % KEYS);
+                    l.acquire(&key, &limit, 1.0).await?;
+                    Ok(())
+                }
+            })
+            .await?;
+            d_rate.push(r.per_s());
+            d_p50.push(r.percentile(0.5) as f64);
+            d_p99.push(r.percentile(0.99) as f64);
+        }
+        let (g, d) = (median(g_rate), median(d_rate));
+        table.push_str(&format!(
+            "| {streams} | {g:.0} | {:.0} | {:.0} | {d:.0} | {:.0} | {:.0} | {:.2} | {:.0} |\n",
+            median(g_p50),
+            median(g_p99),
+            median(d_p50),
+            median(d_p99),
+            g / d.max(1.0),
+            median(cpu)
+        ));
+        eprintln!(
+            "{streams} streams done; service-side time: {}",
+            service_time(metrics_port).await
+        );
+    }
+
+    // Envoy end to end: the same keep-alive load on a route with the filter and one without.
+    let up = upstream().await?;
+    let (listen, admin) = (free_port()?, free_port()?);
+    let config = include_str!("../../tests/envoy-template.yaml")
+        .replace("@ROUTES@", ROUTES.trim_matches('\n'))
+        .replace("{admin}", &admin.to_string())
+        .replace("{listener}", &listen.to_string())
+        .replace("{upstream}", &up.to_string())
+        .replace("{grpc}", &grpc_port.to_string());
+    std::fs::write(dir.join("envoy.yaml"), config)?;
+    let _envoy = Guard(
+        Command::new(&envoy_bin)
+            .arg("-c")
+            .arg(dir.join("envoy.yaml"))
+            .args([
+                "--use-dynamic-base-id",
+                "--log-level",
+                "error",
+                "--concurrency",
+                "1",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?,
+    );
+    wait_port(listen).await?;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut envoy_rows = String::new();
+    for (label, path) in [("filter on", "/limited"), ("filter off", "/open")] {
+        let mut rates = vec![];
+        for _ in 0..3 {
+            let connections = 16;
+            let mut streams = Vec::new();
+            for _ in 0..connections {
+                let s = tokio::net::TcpStream::connect(("127.0.0.1", listen)).await?;
+                streams.push(Arc::new(tokio::sync::Mutex::new(BufReader::new(s))));
+            }
+            let streams = Arc::new(streams);
+            let r = round(connections, seconds, move |s, n| {
+                let streams = streams.clone();
+                async move {
+                    let conn = streams.get(s).ok_or("stream")?.clone();
+                    let mut conn = conn.lock().await;
+                    let status = http_get(&mut conn, path, (s * 7919 + n as usize) % KEYS).await?;
+                    if status != 200 {
+                        return Err(format!("HTTP {status}").into());
+                    }
+                    Ok(())
+                }
+            })
+            .await?;
+            rates.push(r.per_s());
+        }
+        envoy_rows.push_str(&format!("| {label} | {:.0} |\n", median(rates)));
+    }
+
+    let text = format!(
+        "# redis-rl-envoy benchmark\n\n\
+         `make bench-envoy` on {host}: Redis {redis} with the module pinned to CPU 0, \
+         redis-rl-envoy (release) pinned to CPU 1, the load generator and Envoy 1.40 \
+         unpinned. {seconds} s per round, rounds interleaved, each figure the median of three. \
+         Keys spread over {KEYS} buckets that never run dry (the allowed path).\n\n\
+         ## ShouldRateLimit over gRPC against RL.ACQUIRE from the Rust client\n\n\
+         gRPC: one HTTP/2 connection (as one Envoy worker holds), `streams` calls in flight. \
+         Direct: redis-rl-client's AsyncLimiter on one multiplexed connection, the same \
+         number of calls in flight.\n\n{table}\n\
+         ## Envoy end to end\n\n16 keep-alive HTTP/1.1 connections through one Envoy \
+         worker to a tiny upstream, with the rate-limit filter (one descriptor per request) \
+         and without.\n\n| route | requests/s |\n| --- | ---: |\n{envoy_rows}\n\
+         On two cores the service, Redis, Envoy and the load generator share two CPUs, so \
+         the figures are bounded by CPU contention rather than by the service.\n",
+        host = std::env::consts::ARCH,
+        redis = Command::new(&redis_server)
+            .arg("--version")
+            .output()
+            .ok()
+            .and_then(|o| String::from_utf8(o.stdout).ok())
+            .and_then(|s| s
+                .split_whitespace()
+                .find(|w| w.starts_with("v="))
+                .map(|w| w.trim_start_matches("v=").to_string()))
+            .unwrap_or_default(),
+    );
+    std::fs::write(&out, &text)?;
+    println!("{text}");
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}

@@ -1,0 +1,357 @@
+//! redis-rl-envoy: Envoy's global rate-limit service
+//! (`envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit`) on exact token buckets in
+//! Redis, configured the way envoyproxy/ratelimit is (same YAML, same variables).
+//!
+//! # Layout
+//!
+//! `settings` the environment; `config` the YAML and the descriptor lookup (pure);
+//! `service` one call, on redis-rl-client's async limiter; `redis_pool` the multiplexed
+//! connections and the cluster slot; `http` /healthcheck, /json and /metrics; `metrics` the
+//! Prometheus names. This file wires them: startup, reload (file change, SIGHUP) and drain
+//! (SIGTERM). The service never reaches around the client library to Redis.
+
+mod config;
+mod http;
+mod metrics;
+mod redis_pool;
+mod service;
+mod settings;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
+    RateLimitService, RateLimitServiceServer,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use redis_rl_client::{AsyncLimiter, OnError, Options, WithoutModule};
+use tokio::sync::watch;
+
+use crate::config::Config;
+use crate::metrics::Metrics;
+use crate::service::{Backend, Failure, Service};
+use crate::settings::{Policy, Settings};
+
+/// The gRPC face of [`Service`].
+struct Grpc(Arc<Service>);
+
+#[tonic::async_trait]
+impl RateLimitService for Grpc {
+    async fn should_rate_limit(
+        &self,
+        request: tonic::Request<RateLimitRequest>,
+    ) -> Result<tonic::Response<RateLimitResponse>, tonic::Status> {
+        match self
+            .0
+            .should_rate_limit(request.get_ref(), "ShouldRateLimit")
+            .await
+        {
+            Ok(response) => Ok(tonic::Response::new(response)),
+            Err(Failure::Invalid(text)) => Err(tonic::Status::invalid_argument(text)),
+            Err(Failure::Unavailable(text)) => Err(tonic::Status::unavailable(text)),
+            Err(Failure::Internal(text)) => Err(tonic::Status::internal(text)),
+        }
+    }
+}
+
+fn init_logging(settings: &Settings) {
+    let level = match settings.log_level.as_str() {
+        "trace" => tracing::Level::TRACE,
+        "debug" => tracing::Level::DEBUG,
+        "info" => tracing::Level::INFO,
+        "warn" | "warning" => tracing::Level::WARN,
+        _ => tracing::Level::ERROR,
+    };
+    let builder = tracing_subscriber::fmt()
+        .with_max_level(level)
+        .with_writer(std::io::stderr)
+        .with_target(false);
+    if settings.log_format == "json" {
+        builder.json().init();
+    } else {
+        builder.with_ansi(false).init();
+    }
+}
+
+/// A fingerprint of the config directory (names, sizes, modification times): a change means
+/// a reload.
+fn fingerprint(dir: &Path) -> Vec<(PathBuf, u64, Option<SystemTime>)> {
+    let mut all: Vec<_> = std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .filter_map(Result::ok)
+                .filter_map(|e| {
+                    let meta = e.metadata().ok()?;
+                    Some((e.path(), meta.len(), meta.modified().ok()))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    all.sort();
+    all
+}
+
+fn reload(service: &Service, dir: &Path, why: &str) {
+    match Config::load_dir(dir) {
+        Ok(config) => {
+            service.metrics.config_load_success.inc();
+            tracing::warn!(
+                "config reloaded ({why}): {} domain(s) from {}",
+                config.domain_count(),
+                dir.display()
+            );
+            service.replace_config(config);
+        }
+        Err(e) => {
+            service.metrics.config_load_error.inc();
+            tracing::error!("config reload refused ({why}), the previous config stays: {e}");
+        }
+    }
+}
+
+async fn connect(settings: &Settings) -> Result<Backend, String> {
+    let urls = settings.redis_urls();
+    let on_error = match settings.on_error {
+        Policy::Open => OnError::Open,
+        // `error` rides on `closed`: a closed decision means Redis could not decide, and
+        // the service turns it into a failed call.
+        Policy::Closed | Policy::Error => OnError::Closed,
+        Policy::Local => OnError::Local,
+    };
+    let mut options = Options::new(on_error)
+        .instances(settings.instances)
+        .timeout(Duration::from_millis(settings.timeout_ms))
+        .without_module(if settings.without_module_lua {
+            WithoutModule::Lua
+        } else {
+            WithoutModule::Refuse
+        });
+    if settings.local_cache_size_in_bytes > 0 {
+        // About 128 bytes per remembered key.
+        options = options.deny_cache_entries((settings.local_cache_size_in_bytes / 128).max(1));
+    }
+    // The client library's deadline (RL_TIMEOUT_MS) is the one that counts: the redis
+    // crate's own response timeout (500 ms by default) would otherwise cut a slow call short
+    // with an error of its own. Connecting keeps a bound of its own.
+    let response_timeout = Duration::from_millis(settings.timeout_ms.max(1000));
+    let connect_timeout = Duration::from_secs(2);
+    if settings.redis_type == "cluster" {
+        let client = redis::cluster::ClusterClient::builder(urls)
+            .response_timeout(response_timeout)
+            .connection_timeout(connect_timeout)
+            .build()
+            .map_err(|e| format!("REDIS_URL: {e}"))?;
+        let connection = client.get_async_connection().await.map_err(|e| {
+            format!(
+                "cannot reach the Redis cluster at {}: {e}",
+                settings.redis_url
+            )
+        })?;
+        return Ok(Backend::Cluster(AsyncLimiter::new(connection, options)));
+    }
+    let url = urls.first().ok_or("REDIS_URL is empty")?;
+    let client = redis::Client::open(url.as_str()).map_err(|e| format!("REDIS_URL: {e}"))?;
+    let mut connections = Vec::with_capacity(settings.redis_pool_size);
+    for _ in 0..settings.redis_pool_size {
+        let config = redis::aio::ConnectionManagerConfig::new()
+            .set_response_timeout(Some(response_timeout))
+            .set_connection_timeout(Some(connect_timeout));
+        let manager = client
+            .get_connection_manager_with_config(config)
+            .await
+            .map_err(|e| format!("cannot reach Redis at {}: {e}", settings.redis_url))?;
+        connections.push(manager);
+    }
+    let pool = redis_pool::Pool::new(connections).ok_or("REDIS_POOL_SIZE is 0")?;
+    Ok(Backend::Single(AsyncLimiter::new(pool, options)))
+}
+
+async fn shutdown_signal(mut rx: watch::Receiver<bool>) {
+    let _ = rx.wait_for(|stop| *stop).await;
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let settings = match Settings::from_env(|name| std::env::var(name).ok()) {
+        Ok(s) => Arc::new(s),
+        Err(e) => {
+            eprintln!("redis-rl-envoy: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    init_logging(&settings);
+    let mut ignored: Vec<String> = std::env::vars_os()
+        .filter_map(|(name, _)| name.into_string().ok())
+        .filter(|name| settings::unsupported(name))
+        .collect();
+    ignored.sort();
+    for name in ignored {
+        tracing::warn!(
+            "{name} is set but not supported by redis-rl-envoy; it has no effect (see docs/envoy.md)"
+        );
+    }
+    let dir = settings.config_dir();
+    let config = match Config::load_dir(&dir) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!("config refused: {e}");
+            eprintln!("redis-rl-envoy: config refused: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let metrics = match Metrics::new() {
+        Ok(m) => m,
+        Err(e) => {
+            eprintln!("redis-rl-envoy: metrics: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    metrics.config_load_success.inc();
+    tracing::info!(
+        "loaded {} domain(s) from {}: {:?}",
+        config.domain_count(),
+        dir.display(),
+        config::summary(&config)
+    );
+    let backend = match connect(&settings).await {
+        Ok(b) => b,
+        Err(e) => {
+            tracing::error!("{e}");
+            eprintln!("redis-rl-envoy: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let service = Arc::new(Service::new(config, backend, settings.clone(), metrics));
+    let (stop_tx, stop_rx) = watch::channel(false);
+
+    let grpc_addr = format!("{}:{}", settings.grpc_host, settings.grpc_port);
+    let http_addr = format!("{}:{}", settings.host, settings.port);
+    let grpc_listener = match tokio::net::TcpListener::bind(&grpc_addr).await {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("redis-rl-envoy: cannot listen on GRPC {grpc_addr}: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let http_listener = match tokio::net::TcpListener::bind(&http_addr).await {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("redis-rl-envoy: cannot listen on HTTP {http_addr}: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let grpc = tonic::transport::Server::builder()
+        .add_service(RateLimitServiceServer::new(Grpc(service.clone())))
+        .serve_with_incoming_shutdown(
+            tokio_stream_incoming(grpc_listener),
+            shutdown_signal(stop_rx.clone()),
+        );
+    let http = axum::serve(http_listener, http::router(service.clone()))
+        .with_graceful_shutdown(shutdown_signal(stop_rx.clone()));
+    let mut tasks = tokio::task::JoinSet::new();
+    tasks.spawn(async move { grpc.await.map_err(|e| format!("gRPC server: {e}")) });
+    tasks.spawn(async move { http.await.map_err(|e| format!("HTTP server: {e}")) });
+    if settings.use_prometheus {
+        let addr = settings.prometheus_bind();
+        match tokio::net::TcpListener::bind(&addr).await {
+            Ok(listener) => {
+                let page = axum::serve(
+                    listener,
+                    http::metrics_router(service.clone(), &settings.prometheus_path),
+                )
+                .with_graceful_shutdown(shutdown_signal(stop_rx.clone()));
+                tasks.spawn(async move { page.await.map_err(|e| format!("metrics server: {e}")) });
+            }
+            Err(e) => {
+                eprintln!("redis-rl-envoy: cannot listen on PROMETHEUS_ADDR {addr}: {e}");
+                return ExitCode::from(1);
+            }
+        }
+    }
+    tracing::warn!("listening: gRPC {grpc_addr}, HTTP {http_addr}");
+
+    // Reload on a file change (polled each second) and on SIGHUP; drain and stop on SIGTERM
+    // or SIGINT.
+    let watcher = {
+        let service = service.clone();
+        let dir = dir.clone();
+        let watched = if settings.runtime_watch_root {
+            PathBuf::from(&settings.runtime_root)
+        } else {
+            dir.clone()
+        };
+        tokio::spawn(async move {
+            let mut last = (fingerprint(&dir), fingerprint(&watched));
+            let mut hup =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+            loop {
+                let hangup = async {
+                    match hup.as_mut() {
+                        Some(s) => {
+                            s.recv().await;
+                        }
+                        None => std::future::pending::<()>().await,
+                    }
+                };
+                tokio::select! {
+                    _ = hangup => reload(&service, &dir, "SIGHUP"),
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => {
+                        let now = (fingerprint(&dir), fingerprint(&watched));
+                        if now != last {
+                            last = now;
+                            reload(&service, &dir, "a file changed");
+                        }
+                    }
+                }
+            }
+        })
+    };
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("redis-rl-envoy: SIGTERM handler: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let mut failed = false;
+    tokio::select! {
+        _ = term.recv() => tracing::warn!("SIGTERM: draining calls in flight"),
+        _ = tokio::signal::ctrl_c() => tracing::warn!("SIGINT: draining calls in flight"),
+        done = tasks.join_next() => {
+            if let Some(Ok(Err(e))) = done {
+                tracing::error!("{e}");
+                failed = true;
+            }
+        }
+    }
+    watcher.abort();
+    let _ = stop_tx.send(true);
+    while let Some(done) = tasks.join_next().await {
+        if let Ok(Err(e)) = done {
+            tracing::error!("{e}");
+        }
+    }
+    if failed {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+/// The gRPC listener as the stream of connections tonic serves, each with TCP_NODELAY: tonic
+/// sets it only on listeners it binds itself, and without it Nagle's algorithm and delayed
+/// ACKs hold each small reply back about 40 ms.
+fn tokio_stream_incoming(
+    listener: tokio::net::TcpListener,
+) -> impl tokio_stream::Stream<Item = Result<tokio::net::TcpStream, std::io::Error>> {
+    use tokio_stream::StreamExt;
+    tokio_stream::wrappers::TcpListenerStream::new(listener).map(|accepted| {
+        accepted.inspect(|stream| {
+            if let Err(e) = stream.set_nodelay(true) {
+                tracing::debug!("TCP_NODELAY: {e}");
+            }
+        })
+    })
+}

@@ -1,0 +1,143 @@
+//! Prometheus metrics under envoyproxy/ratelimit's names and labels (what its statsd
+//! mapper exports), so dashboards carry over, plus this service's own counters.
+
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts, Registry,
+    TextEncoder,
+};
+
+/// Every metric the service keeps.
+#[derive(Clone)]
+pub struct Metrics {
+    registry: Registry,
+    pub total_hits: IntCounterVec,
+    pub over_limit: IntCounterVec,
+    pub near_limit: IntCounterVec,
+    pub within_limit: IntCounterVec,
+    pub shadow_mode: IntCounterVec,
+    /// Calls by method (`ShouldRateLimit`, `json`).
+    pub total_requests: IntCounterVec,
+    pub response_time: HistogramVec,
+    /// Errors by kind: `invalid_argument`, `redis`, `module_missing`.
+    pub errors: IntCounterVec,
+    pub config_load_success: IntCounter,
+    pub config_load_error: IntCounter,
+    /// Decisions by who took them: redis, lua, cache, local, open, closed, error.
+    pub decisions: IntCounterVec,
+    /// Latency of the Redis part of a call.
+    pub redis_time: Histogram,
+}
+
+const LIMIT_LABELS: &[&str] = &["domain", "key1", "key2"];
+
+impl Metrics {
+    /// A fresh registry with every metric registered.
+    ///
+    /// # Errors
+    /// Only if two metrics shared a name, which the names below never do.
+    pub fn new() -> Result<Metrics, prometheus::Error> {
+        let registry = Registry::new();
+        let counter =
+            |name: &str, help: &str, labels: &[&str]| -> Result<IntCounterVec, prometheus::Error> {
+                let c = IntCounterVec::new(Opts::new(name, help), labels)?;
+                registry.register(Box::new(c.clone()))?;
+                Ok(c)
+            };
+        let plain = |name: &str, help: &str| -> Result<IntCounter, prometheus::Error> {
+            let c = IntCounter::new(name, help)?;
+            registry.register(Box::new(c.clone()))?;
+            Ok(c)
+        };
+        let buckets = vec![
+            0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5,
+        ];
+        let response_time = HistogramVec::new(
+            HistogramOpts::new(
+                "ratelimit_service_response_time_seconds",
+                "Time to answer a call, by method",
+            )
+            .buckets(buckets.clone()),
+            &["grpc_method"],
+        )?;
+        registry.register(Box::new(response_time.clone()))?;
+        let redis_time = Histogram::with_opts(
+            HistogramOpts::new(
+                "redis_rl_envoy_redis_seconds",
+                "Time spent in Redis (or the failure policy) per call",
+            )
+            .buckets(buckets),
+        )?;
+        registry.register(Box::new(redis_time.clone()))?;
+        Ok(Metrics {
+            total_hits: counter(
+                "ratelimit_service_rate_limit_total_hits",
+                "Hits (tokens asked for) per limit",
+                LIMIT_LABELS,
+            )?,
+            over_limit: counter(
+                "ratelimit_service_rate_limit_over_limit",
+                "Hits denied per limit",
+                LIMIT_LABELS,
+            )?,
+            near_limit: counter(
+                "ratelimit_service_rate_limit_near_limit",
+                "Hits allowed past NEAR_LIMIT_RATIO of the burst per limit",
+                LIMIT_LABELS,
+            )?,
+            within_limit: counter(
+                "ratelimit_service_rate_limit_within_limit",
+                "Hits allowed per limit",
+                LIMIT_LABELS,
+            )?,
+            shadow_mode: counter(
+                "ratelimit_service_rate_limit_shadow_mode",
+                "Hits over a shadow-mode limit, allowed anyway",
+                LIMIT_LABELS,
+            )?,
+            total_requests: counter(
+                "ratelimit_service_total_requests",
+                "Calls by method",
+                &["grpc_method"],
+            )?,
+            errors: counter(
+                "ratelimit_service_should_rate_limit_error",
+                "Calls that failed, by kind",
+                &["err_type"],
+            )?,
+            config_load_success: plain(
+                "ratelimit_service_config_load_success",
+                "Config loads that succeeded",
+            )?,
+            config_load_error: plain(
+                "ratelimit_service_config_load_error",
+                "Config loads refused (the previous config stays)",
+            )?,
+            decisions: counter(
+                "redis_rl_envoy_decisions_total",
+                "Decisions by who took them (redis, lua, cache, local, open, closed)",
+                &["source"],
+            )?,
+            redis_time,
+            response_time,
+            registry,
+        })
+    }
+
+    /// The text exposition of every metric.
+    pub fn render(&self) -> String {
+        let mut buffer = Vec::new();
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buffer);
+        String::from_utf8(buffer).unwrap_or_default()
+    }
+
+    /// The `domain`, `key1`, `key2` labels of a stats key `domain.level1.level2…` (levels
+    /// past the second stay in `key2`, joined by dots).
+    pub fn labels<'a>(domain: &'a str, stats_key: &'a str) -> [&'a str; 3] {
+        let rest = stats_key
+            .strip_prefix(domain)
+            .and_then(|r| r.strip_prefix('.'))
+            .unwrap_or("");
+        let (key1, key2) = rest.split_once('.').unwrap_or((rest, ""));
+        [domain, key1, key2]
+    }
+}

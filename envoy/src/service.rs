@@ -1,0 +1,805 @@
+//! One `ShouldRateLimit` call: check the request, find each descriptor's limit in the
+//! config, take every bucket's cost all or nothing through redis-rl-client, and build the
+//! response. The failure policy, the deny cache and the Lua fallback are the client
+//! library's; this file only maps Envoy's request onto `acquire_all` and back.
+//!
+//! All or nothing: on one server every limited descriptor is one `RL.ACQUIRE.MULTI`. On a
+//! cluster the buckets are grouped by hash slot and taken slot by slot; when a later slot
+//! refuses, the slots already taken are refunded (`RL.REFUND`). Between the take and the
+//! refund (one round trip) another call can see those buckets short of the refunded tokens:
+//! that is the one window where a cluster is not atomic.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock};
+use std::time::Instant;
+
+use envoy_types::pb::envoy::config::core::v3::HeaderValue;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
+    Code, DescriptorStatus, RateLimit as ProtoRateLimit,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
+use redis_rl_client::{AsyncLimiter, Decision, Error as ClientError, Limit, MultiDecision, Source};
+
+use crate::config::{Config, Match, RateLimit, Unit};
+use crate::metrics::Metrics;
+use crate::settings::{Policy, Settings};
+
+/// At most this many descriptors per request: Envoy sends one per rate-limit action list,
+/// usually a handful; more is refused before anything is written.
+pub const MAX_DESCRIPTORS: usize = 64;
+/// At most this many entries per descriptor.
+pub const MAX_ENTRIES: usize = 32;
+/// The longest Redis key a descriptor may make, in bytes (prefix, domain and escaped
+/// entries): a megabyte header value is refused rather than stored.
+pub const MAX_KEY_BYTES: usize = 1024;
+/// The largest cost (`hits_addend`), the module's largest capacity.
+pub const MAX_COST: u64 = 1_000_000_000_000_000;
+
+/// Why a call has no response.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Failure {
+    /// A bad request: gRPC INVALID_ARGUMENT, HTTP 400. Nothing was written.
+    Invalid(String),
+    /// Redis could not decide and `RL_ON_ERROR=error`: gRPC UNAVAILABLE, HTTP 500.
+    Unavailable(String),
+    /// Redis answered with an error the policy does not cover: gRPC INTERNAL, HTTP 500.
+    Internal(String),
+}
+
+impl Failure {
+    fn kind(&self) -> &'static str {
+        match self {
+            Failure::Invalid(_) => "invalid_argument",
+            Failure::Unavailable(_) => "redis_unavailable",
+            Failure::Internal(_) => "redis_error",
+        }
+    }
+}
+
+/// The async limiter on one server (a pool of multiplexed connections) or on a cluster.
+pub enum Backend {
+    Single(AsyncLimiter<crate::redis_pool::Pool>),
+    Cluster(AsyncLimiter<redis::cluster_async::ClusterConnection>),
+}
+
+impl Backend {
+    async fn acquire_all(
+        &self,
+        items: &[(&str, Limit, f64)],
+    ) -> Result<MultiDecision, ClientError> {
+        match self {
+            Backend::Single(l) => l.acquire_all(items).await,
+            Backend::Cluster(l) => l.acquire_all(items).await,
+        }
+    }
+
+    async fn refund(&self, key: &str, limit: &Limit, cost: f64) -> Result<(), ClientError> {
+        match self {
+            Backend::Single(l) => l.refund(key, limit, cost).await.map(|_| ()),
+            Backend::Cluster(l) => l.refund(key, limit, cost).await.map(|_| ()),
+        }
+    }
+
+    fn is_cluster(&self) -> bool {
+        matches!(self, Backend::Cluster(_))
+    }
+}
+
+/// The limit sent to Redis: `requests_per_unit` every `period_s` seconds exactly (the
+/// module's `N/S` rate: 100 per minute is one token every 0.6 s), with `capacity` tokens.
+pub fn bucket_limit(requests_per_unit: u32, period_s: u64, capacity: f64) -> Result<Limit, String> {
+    let limit = Limit::per(
+        u64::from(requests_per_unit),
+        std::time::Duration::from_secs(period_s.max(1)),
+    )
+    .map_err(|e| e.to_string())?;
+    if capacity == f64::from(requests_per_unit) {
+        return Ok(limit);
+    }
+    limit.with_capacity(capacity).map_err(|e| e.to_string())
+}
+
+/// The service: the config (swapped whole on reload), the limiter, the settings.
+pub struct Service {
+    config: RwLock<Arc<Config>>,
+    backend: Backend,
+    settings: Arc<Settings>,
+    pub metrics: Metrics,
+}
+
+/// One descriptor after checking.
+struct Wanted {
+    entries: Vec<(String, String)>,
+    cost: u64,
+    refund: bool,
+    override_limit: Option<(u32, Unit)>,
+}
+
+/// One descriptor's limit for this call.
+struct Limited {
+    index: usize,
+    found: Match,
+    key: String,
+    limit: Limit,
+    cost: u64,
+    shadow: bool,
+}
+
+/// What happened to one limited descriptor.
+#[derive(Clone, Copy)]
+enum Outcome {
+    Taken(Decision),
+    Over(Option<Decision>),
+    ShadowOver(Option<Decision>),
+    /// Not asked: an earlier slot refused (cluster only).
+    Skipped,
+}
+
+impl Service {
+    /// A service on `backend` with `config`.
+    pub fn new(
+        config: Config,
+        backend: Backend,
+        settings: Arc<Settings>,
+        metrics: Metrics,
+    ) -> Self {
+        Service {
+            config: RwLock::new(Arc::new(config)),
+            backend,
+            settings,
+            metrics,
+        }
+    }
+
+    /// The config in use.
+    pub fn config(&self) -> Arc<Config> {
+        match self.config.read() {
+            Ok(c) => c.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// Puts `config` in use for the calls that start from now.
+    pub fn replace_config(&self, config: Config) {
+        let config = Arc::new(config);
+        match self.config.write() {
+            Ok(mut c) => *c = config,
+            Err(poisoned) => *poisoned.into_inner() = config,
+        }
+    }
+
+    /// Answers one request; `method` labels the metrics (`ShouldRateLimit`, `json`).
+    pub async fn should_rate_limit(
+        &self,
+        request: &RateLimitRequest,
+        method: &str,
+    ) -> Result<RateLimitResponse, Failure> {
+        let started = Instant::now();
+        self.metrics
+            .total_requests
+            .with_label_values(&[method])
+            .inc();
+        let result = self.decide(request).await;
+        if let Err(e) = &result {
+            self.metrics.errors.with_label_values(&[e.kind()]).inc();
+            tracing::debug!("ShouldRateLimit failed: {e:?}");
+        }
+        self.metrics
+            .response_time
+            .with_label_values(&[method])
+            .observe(started.elapsed().as_secs_f64());
+        result
+    }
+
+    async fn decide(&self, request: &RateLimitRequest) -> Result<RateLimitResponse, Failure> {
+        tracing::debug!(
+            "ShouldRateLimit domain={} descriptors={:?} hits_addend={}",
+            request.domain,
+            request
+                .descriptors
+                .iter()
+                .map(|d| (
+                    d.entries
+                        .iter()
+                        .map(|e| (&e.key, &e.value))
+                        .collect::<Vec<_>>(),
+                    d.hits_addend.map(|h| h.value),
+                ))
+                .collect::<Vec<_>>(),
+            request.hits_addend
+        );
+        let wanted = check(request, &self.settings.cache_key_prefix)?;
+        let config = self.config();
+        let mut statuses: Vec<DescriptorStatus> = wanted
+            .iter()
+            .map(|_| DescriptorStatus {
+                code: Code::Ok as i32,
+                ..Default::default()
+            })
+            .collect();
+        if !config.has_domain(&request.domain) {
+            return Ok(response(Code::Ok, statuses, Vec::new()));
+        }
+        // Each descriptor's limit: Envoy's override first, then the config.
+        let mut found: Vec<(usize, Match, u64, bool)> = Vec::new();
+        for (index, w) in wanted.iter().enumerate() {
+            let m = match w.override_limit {
+                Some((requests_per_unit, unit)) => Some(Match {
+                    rate_limit: RateLimit {
+                        requests_per_unit,
+                        unit,
+                        unit_multiplier: 1,
+                        burst: None,
+                        unlimited: false,
+                        name: String::new(),
+                        replaces: Vec::new(),
+                    },
+                    stats_key: override_stats_key(&request.domain, &w.entries),
+                    shadow_mode: false,
+                    key_entries: w.entries.clone(),
+                }),
+                None => config.lookup(&request.domain, &w.entries),
+            };
+            if let Some(m) = m {
+                found.push((index, m, w.cost, w.refund));
+            }
+        }
+        // `replaces`: a limit named in another matched limit's list does not apply.
+        let replaced =
+            crate::config::replaced_names(found.iter().map(|(_, m, _, _)| &m.rate_limit));
+        found.retain(|(_, m, _, _)| {
+            m.rate_limit.name.is_empty() || !replaced.contains(&m.rate_limit.name)
+        });
+
+        let mut limited: Vec<Limited> = Vec::new();
+        let mut refunds: Vec<Limited> = Vec::new();
+        for (index, m, cost, refund) in found {
+            if let Some(status) = statuses.get_mut(index) {
+                status.current_limit = Some(ProtoRateLimit {
+                    name: m.rate_limit.name.clone(),
+                    requests_per_unit: m.rate_limit.requests_per_unit,
+                    unit: m.rate_limit.unit.proto(),
+                });
+                if m.rate_limit.unlimited {
+                    status.current_limit = None;
+                    status.limit_remaining = u32::MAX;
+                    continue;
+                }
+            }
+            let limit = bucket_limit(
+                m.rate_limit.requests_per_unit,
+                m.rate_limit.period_s(),
+                m.rate_limit.capacity(),
+            )
+            .map_err(Failure::Invalid)?;
+            let key = redis_key(
+                &self.settings.cache_key_prefix,
+                &request.domain,
+                &m.key_entries,
+            );
+            let shadow = m.shadow_mode || self.settings.shadow_mode;
+            let item = Limited {
+                index,
+                found: m,
+                key,
+                limit,
+                cost,
+                shadow,
+            };
+            if refund {
+                refunds.push(item);
+            } else {
+                limited.push(item);
+            }
+        }
+
+        let redis_started = Instant::now();
+        for r in &refunds {
+            #[allow(clippy::cast_precision_loss)]
+            let cost = r.cost as f64;
+            self.backend
+                .refund(&r.key, &r.limit, cost)
+                .await
+                .map_err(|e| self.client_failure(e))?;
+        }
+        let outcomes = self.take(&limited).await?;
+        self.metrics
+            .redis_time
+            .observe(redis_started.elapsed().as_secs_f64());
+
+        let mut overall = Code::Ok;
+        let mut tightest: Option<(u32, u32, i64)> = None;
+        for (item, outcome) in limited.iter().zip(&outcomes) {
+            let Some(status) = statuses.get_mut(item.index) else {
+                continue;
+            };
+            let labels = Metrics::labels(&request.domain, &item.found.stats_key);
+            self.metrics
+                .total_hits
+                .with_label_values(&labels)
+                .inc_by(item.cost);
+            let decision = match outcome {
+                Outcome::Taken(d) => {
+                    self.metrics
+                        .within_limit
+                        .with_label_values(&labels)
+                        .inc_by(item.cost);
+                    let near = near_limit_hits(item, d, self.settings.near_limit_ratio);
+                    if near > 0 {
+                        self.metrics
+                            .near_limit
+                            .with_label_values(&labels)
+                            .inc_by(near);
+                    }
+                    Some(*d)
+                }
+                Outcome::Over(d) => {
+                    self.metrics
+                        .over_limit
+                        .with_label_values(&labels)
+                        .inc_by(item.cost);
+                    status.code = Code::OverLimit as i32;
+                    overall = Code::OverLimit;
+                    *d
+                }
+                Outcome::ShadowOver(d) => {
+                    self.metrics
+                        .over_limit
+                        .with_label_values(&labels)
+                        .inc_by(item.cost);
+                    self.metrics
+                        .shadow_mode
+                        .with_label_values(&labels)
+                        .inc_by(item.cost);
+                    *d
+                }
+                Outcome::Skipped => None,
+            };
+            if let Some(d) = decision {
+                self.metrics
+                    .decisions
+                    .with_label_values(&[d.source.as_str()])
+                    .inc();
+                status.limit_remaining = if status.code == Code::OverLimit as i32 {
+                    0
+                } else {
+                    u32::try_from(d.remaining).unwrap_or(u32::MAX)
+                };
+                status.duration_until_reset = Some(duration(d.reset_after_ms));
+                let rpu = item.found.rate_limit.requests_per_unit;
+                if tightest.is_none_or(|(_, remaining, _)| status.limit_remaining < remaining) {
+                    tightest = Some((rpu, status.limit_remaining, d.reset_after_ms));
+                }
+            }
+        }
+        let mut headers = Vec::new();
+        if self.settings.limit_response_headers_enabled {
+            if let Some((rpu, remaining, reset_ms)) = tightest {
+                let reset_s = (reset_ms.max(0) + 999) / 1000;
+                for (key, value) in [
+                    (&self.settings.limit_limit_header, rpu.to_string()),
+                    (&self.settings.limit_remaining_header, remaining.to_string()),
+                    (&self.settings.limit_reset_header, reset_s.to_string()),
+                ] {
+                    headers.push(HeaderValue {
+                        key: key.clone(),
+                        value,
+                        raw_value: Vec::new(),
+                    });
+                }
+            }
+        }
+        Ok(response(overall, statuses, headers))
+    }
+
+    /// Takes every item's cost, all or nothing; shadow-mode items that refuse are reported
+    /// and left out, and the rest is asked again.
+    async fn take(&self, items: &[Limited]) -> Result<Vec<Outcome>, Failure> {
+        let mut outcomes = vec![Outcome::Skipped; items.len()];
+        // Groups of item indexes that one RL.ACQUIRE.MULTI may take: one on a single server,
+        // one per hash slot on a cluster, in slot order.
+        let mut groups: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
+        for (i, item) in items.iter().enumerate() {
+            let slot = if self.backend.is_cluster() {
+                crate::redis_pool::slot(item.key.as_bytes())
+            } else {
+                0
+            };
+            groups.entry(slot).or_default().push(i);
+        }
+        let mut taken: Vec<usize> = Vec::new();
+        for group in groups.values() {
+            let mut asking: Vec<usize> = group.clone();
+            loop {
+                if asking.is_empty() {
+                    break;
+                }
+                let args: Vec<(&str, Limit, f64)> = asking
+                    .iter()
+                    .filter_map(|&i| items.get(i))
+                    .map(|it| {
+                        #[allow(clippy::cast_precision_loss)]
+                        let cost = it.cost as f64;
+                        (it.key.as_str(), it.limit, cost)
+                    })
+                    .collect();
+                let multi = self
+                    .backend
+                    .acquire_all(&args)
+                    .await
+                    .map_err(|e| self.client_failure(e))?;
+                self.policy_check(multi.source)?;
+                if multi.allowed {
+                    for (pos, &i) in asking.iter().enumerate() {
+                        if let (Some(slot), Some(d)) =
+                            (outcomes.get_mut(i), multi.decisions.get(pos))
+                        {
+                            *slot = Outcome::Taken(*d);
+                        }
+                        taken.push(i);
+                    }
+                    break;
+                }
+                // Which items refused: each decision says so; the deny cache knows only the
+                // first one.
+                let refusing: Vec<usize> = if multi.decisions.is_empty() {
+                    multi
+                        .refused_index
+                        .and_then(|r| asking.get(r).copied())
+                        .into_iter()
+                        .collect()
+                } else {
+                    asking
+                        .iter()
+                        .zip(&multi.decisions)
+                        .filter(|(_, d)| !d.allowed)
+                        .map(|(&i, _)| i)
+                        .collect()
+                };
+                let decision_of = |i: usize| {
+                    asking
+                        .iter()
+                        .position(|&a| a == i)
+                        .and_then(|p| multi.decisions.get(p).copied())
+                };
+                let all_shadow = !refusing.is_empty()
+                    && refusing
+                        .iter()
+                        .all(|&i| items.get(i).is_some_and(|it| it.shadow));
+                if all_shadow {
+                    for &i in &refusing {
+                        if let Some(slot) = outcomes.get_mut(i) {
+                            *slot = Outcome::ShadowOver(decision_of(i));
+                        }
+                    }
+                    asking.retain(|i| !refusing.contains(i));
+                    continue;
+                }
+                for &i in &asking {
+                    if let Some(slot) = outcomes.get_mut(i) {
+                        let d = decision_of(i);
+                        let refused = refusing.contains(&i);
+                        *slot = match (refused, items.get(i).is_some_and(|it| it.shadow)) {
+                            (true, true) => Outcome::ShadowOver(d),
+                            (true, false) => Outcome::Over(d),
+                            // Allowed alone but not taken: reported with what Redis said.
+                            (false, _) => match d {
+                                Some(d) => Outcome::Taken(d),
+                                None => Outcome::Skipped,
+                            },
+                        };
+                    }
+                }
+                // Give back what earlier slots took, so a denied request costs nothing.
+                for &i in &taken {
+                    if let Some(it) = items.get(i) {
+                        #[allow(clippy::cast_precision_loss)]
+                        let cost = it.cost as f64;
+                        if let Err(e) = self.backend.refund(&it.key, &it.limit, cost).await {
+                            tracing::warn!(
+                                "refund of {} after a later slot refused failed: {e}",
+                                it.key
+                            );
+                        }
+                    }
+                }
+                return Ok(outcomes);
+            }
+        }
+        Ok(outcomes)
+    }
+
+    /// RL_ON_ERROR=error: a `closed` decision of the library means Redis could not decide,
+    /// and the call fails instead.
+    fn policy_check(&self, source: Source) -> Result<(), Failure> {
+        if self.settings.on_error == Policy::Error && source == Source::Closed {
+            self.metrics.decisions.with_label_values(&["error"]).inc();
+            return Err(Failure::Unavailable(
+                "Redis cannot decide (RL_ON_ERROR=error)".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    fn client_failure(&self, e: ClientError) -> Failure {
+        match e {
+            ClientError::Invalid(text) => Failure::Invalid(text.to_string()),
+            ClientError::ModuleMissing => Failure::Unavailable(e.to_string()),
+            e => Failure::Internal(e.to_string()),
+        }
+    }
+}
+
+/// Hits allowed past `ratio` of the burst: of this call's cost, the part that landed above
+/// the near-limit threshold (the Go service's near_limit).
+fn near_limit_hits(item: &Limited, d: &Decision, ratio: f64) -> u64 {
+    let capacity = item.limit.capacity();
+    let threshold = (capacity * ratio).floor();
+    #[allow(clippy::cast_precision_loss)]
+    let used_after = capacity - d.remaining as f64;
+    if used_after <= threshold {
+        return 0;
+    }
+    #[allow(clippy::cast_precision_loss)]
+    let over = (used_after - threshold).min(item.cost as f64);
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let over = over.max(0.0) as u64;
+    over
+}
+
+/// Whole seconds, rounded up: Envoy's x-ratelimit-reset reads only the seconds, and a
+/// reset rounded down would tell a client to come back before the token is there.
+fn duration(ms: i64) -> ProtoDuration {
+    let ms = ms.max(0);
+    ProtoDuration {
+        seconds: ms / 1000 + i64::from(ms % 1000 > 0),
+        nanos: 0,
+    }
+}
+
+fn response(
+    code: Code,
+    statuses: Vec<DescriptorStatus>,
+    headers: Vec<HeaderValue>,
+) -> RateLimitResponse {
+    RateLimitResponse {
+        overall_code: code as i32,
+        statuses,
+        response_headers_to_add: headers,
+        ..Default::default()
+    }
+}
+
+/// The Go service's stats key of an Envoy override: `domain.key_value.key…`.
+fn override_stats_key(domain: &str, entries: &[(String, String)]) -> String {
+    let mut key = domain.to_string();
+    for (k, v) in entries {
+        key.push('.');
+        key.push_str(k);
+        if !v.is_empty() {
+            key.push('_');
+            key.push_str(v);
+        }
+    }
+    key
+}
+
+/// Appends `text` with `%` escaping of `%`, `_`, `{` and `}`: the unescaped `_` separates
+/// the parts, so no two descriptors share a key, and no descriptor value can set a cluster
+/// hash tag.
+fn escape_into(out: &mut String, text: &str) {
+    for c in text.chars() {
+        match c {
+            '%' => out.push_str("%25"),
+            '_' => out.push_str("%5F"),
+            '{' => out.push_str("%7B"),
+            '}' => out.push_str("%7D"),
+            c => out.push(c),
+        }
+    }
+}
+
+/// `CACHE_KEY_PREFIX` + escaped domain, then `_key_value` per entry, escaped.
+pub fn redis_key(prefix: &str, domain: &str, entries: &[(String, String)]) -> String {
+    let mut key = String::with_capacity(prefix.len() + domain.len() + 32);
+    key.push_str(prefix);
+    escape_into(&mut key, domain);
+    for (k, v) in entries {
+        key.push('_');
+        escape_into(&mut key, k);
+        key.push('_');
+        escape_into(&mut key, v);
+    }
+    key
+}
+
+fn escaped_len(text: &str) -> usize {
+    text.bytes()
+        .map(|b| {
+            if matches!(b, b'%' | b'_' | b'{' | b'}') {
+                3
+            } else {
+                1
+            }
+        })
+        .sum()
+}
+
+/// Checks a request before anything touches Redis.
+fn check(request: &RateLimitRequest, prefix: &str) -> Result<Vec<Wanted>, Failure> {
+    let bad = |text: String| Err(Failure::Invalid(text));
+    if request.domain.is_empty() {
+        return bad("domain must not be empty".into());
+    }
+    if request.descriptors.is_empty() {
+        return bad("descriptors must not be empty".into());
+    }
+    if request.descriptors.len() > MAX_DESCRIPTORS {
+        return bad(format!(
+            "descriptors must be at most {MAX_DESCRIPTORS} (got {})",
+            request.descriptors.len()
+        ));
+    }
+    let request_cost = u64::from(request.hits_addend.max(1));
+    let mut wanted = Vec::with_capacity(request.descriptors.len());
+    for (i, d) in request.descriptors.iter().enumerate() {
+        wanted.push(check_descriptor(
+            i,
+            d,
+            &request.domain,
+            prefix,
+            request_cost,
+        )?);
+    }
+    Ok(wanted)
+}
+
+fn check_descriptor(
+    i: usize,
+    d: &RateLimitDescriptor,
+    domain: &str,
+    prefix: &str,
+    request_cost: u64,
+) -> Result<Wanted, Failure> {
+    let bad = |text: String| Err(Failure::Invalid(format!("descriptors[{i}]: {text}")));
+    if d.entries.is_empty() {
+        return bad("entries must not be empty".into());
+    }
+    if d.entries.len() > MAX_ENTRIES {
+        return bad(format!("entries must be at most {MAX_ENTRIES}"));
+    }
+    let mut key_len = prefix.len().saturating_add(escaped_len(domain));
+    for (j, e) in d.entries.iter().enumerate() {
+        if e.key.is_empty() {
+            return bad(format!("entries[{j}].key must not be empty"));
+        }
+        key_len = key_len
+            .saturating_add(2)
+            .saturating_add(escaped_len(&e.key))
+            .saturating_add(escaped_len(&e.value));
+    }
+    if key_len > MAX_KEY_BYTES {
+        return bad(format!(
+            "the descriptor's key would be {key_len} bytes; at most {MAX_KEY_BYTES}"
+        ));
+    }
+    let cost = d.hits_addend.map_or(request_cost, |h| h.value);
+    if cost > MAX_COST {
+        return bad(format!("hits_addend must be at most {MAX_COST}"));
+    }
+    let override_limit =
+        match &d.limit {
+            None => None,
+            Some(o) => match Unit::from_proto(o.unit) {
+                Some(unit) if o.requests_per_unit > 0 => Some((o.requests_per_unit, unit)),
+                _ => return bad(
+                    "limit needs requests_per_unit of at least 1 and a unit from SECOND to YEAR"
+                        .into(),
+                ),
+            },
+        };
+    Ok(Wanted {
+        entries: d
+            .entries
+            .iter()
+            .map(|e| (e.key.clone(), e.value.clone()))
+            .collect(),
+        cost,
+        refund: d.is_negative_hits,
+        override_limit,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn e(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn config_limits_go_to_redis_as_exact_periods() {
+        use std::time::Duration;
+        // 100 per minute: sent as 100/60, not as the double 1.666….
+        let limit = bucket_limit(100, 60, 100.0).unwrap();
+        assert_eq!(limit.period(), Some((100, Duration::from_secs(60))));
+        assert_eq!(limit.capacity(), 100.0);
+        // 20 per 5 minutes (unit_multiplier 5) with a burst of 7.
+        let limit = bucket_limit(20, 300, 7.0).unwrap();
+        assert_eq!(limit.period(), Some((20, Duration::from_secs(300))));
+        assert_eq!(limit.capacity(), 7.0);
+    }
+
+    #[test]
+    fn keys_are_distinct_whatever_the_underscores() {
+        // Each pair would collide if `_` separated parts without escaping.
+        let pairs = [
+            (
+                redis_key("", "d", &e(&[("a_b", "c")])),
+                redis_key("", "d", &e(&[("a", "b_c")])),
+            ),
+            (
+                redis_key("", "d_a", &e(&[("b", "c")])),
+                redis_key("", "d", &e(&[("a_b", "c")])),
+            ),
+            (
+                redis_key("", "d", &e(&[("a", ""), ("b", "")])),
+                redis_key("", "d", &e(&[("a", "_b_")])),
+            ),
+            (
+                redis_key("", "d", &e(&[("a", "%5F")])),
+                redis_key("", "d", &e(&[("a", "_")])),
+            ),
+        ];
+        for (a, b) in pairs {
+            assert_ne!(a, b);
+        }
+        assert_eq!(redis_key("rl:", "d", &e(&[("k", "{x}")])), "rl:d_k_%7Bx%7D");
+    }
+
+    #[test]
+    fn bad_requests_are_refused_before_redis() {
+        use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+        use envoy_types::pb::google::protobuf::UInt64Value;
+        let desc = |key: &str, value: &str| RateLimitDescriptor {
+            entries: vec![Entry {
+                key: key.into(),
+                value: value.into(),
+            }],
+            ..Default::default()
+        };
+        let req = |domain: &str, descriptors: Vec<RateLimitDescriptor>| RateLimitRequest {
+            domain: domain.into(),
+            descriptors,
+            hits_addend: 0,
+        };
+        let huge = "x".repeat(1 << 20);
+        let mut max_cost = desc("k", "v");
+        max_cost.hits_addend = Some(UInt64Value { value: u64::MAX });
+        let cases = vec![
+            (req("", vec![desc("k", "v")]), "domain"),
+            (req("d", vec![]), "descriptors must not be empty"),
+            (req("d", vec![desc("k", "v"); 5000]), "at most 64"),
+            (req("d", vec![desc("", "v")]), "key must not be empty"),
+            (req("d", vec![desc("k", &huge)]), "at most 1024"),
+            (req("d", vec![max_cost]), "hits_addend"),
+            (
+                req("d", vec![RateLimitDescriptor::default()]),
+                "entries must not be empty",
+            ),
+        ];
+        for (r, words) in cases {
+            match check(&r, "") {
+                Err(Failure::Invalid(text)) => assert!(text.contains(words), "{text}"),
+                Err(other) => panic!("{other:?}"),
+                Ok(_) => panic!("accepted {words}"),
+            }
+        }
+    }
+}

@@ -1,0 +1,379 @@
+//! The environment variables, read as envoyproxy/ratelimit reads them (same names, same
+//! defaults where they apply), plus this service's own `RL_*`. A bad value is an error that
+//! names the variable; a Go variable this service does not support is a startup warning.
+
+use std::path::PathBuf;
+
+/// What to answer when Redis cannot decide (`RL_ON_ERROR`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Policy {
+    /// The call fails (gRPC UNAVAILABLE, HTTP 500): Envoy's `failure_mode_deny` decides.
+    Error,
+    /// Allow.
+    Open,
+    /// Deny.
+    Closed,
+    /// Decide in process with `rate / RL_INSTANCES` per bucket.
+    Local,
+}
+
+/// Every setting the service reads.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub host: String,
+    pub port: u16,
+    pub grpc_host: String,
+    pub grpc_port: u16,
+    pub runtime_root: String,
+    pub runtime_subdirectory: String,
+    pub runtime_appdirectory: String,
+    pub runtime_watch_root: bool,
+    pub redis_socket_type: String,
+    pub redis_type: String,
+    pub redis_url: String,
+    pub redis_auth: String,
+    pub redis_pool_size: usize,
+    pub use_prometheus: bool,
+    pub prometheus_addr: String,
+    pub prometheus_path: String,
+    pub shadow_mode: bool,
+    pub near_limit_ratio: f64,
+    pub cache_key_prefix: String,
+    pub local_cache_size_in_bytes: usize,
+    pub limit_response_headers_enabled: bool,
+    pub limit_limit_header: String,
+    pub limit_remaining_header: String,
+    pub limit_reset_header: String,
+    pub log_level: String,
+    pub log_format: String,
+    pub on_error: Policy,
+    pub instances: u32,
+    pub without_module_lua: bool,
+    /// RL_TIMEOUT_MS: each Redis call's deadline before the failure policy decides.
+    pub timeout_ms: u64,
+}
+
+/// The Go service's variables this service does not support: each one set is a warning.
+pub const UNSUPPORTED: &[&str] = &[
+    "USE_STATSD",
+    "STATSD_HOST",
+    "STATSD_PORT",
+    "USE_DOG_STATSD",
+    "USE_DOG_STATSD_MOGRIFIERS",
+    "EXTRA_TAGS",
+    "STATS_FLUSH_INTERVAL",
+    "DISABLE_STATS",
+    "PROMETHEUS_MAPPER_YAML",
+    "CONFIG_TYPE",
+    "CONFIG_GRPC_XDS_NODE_ID",
+    "CONFIG_GRPC_XDS_SERVER_URL",
+    "FORCE_START_WITHOUT_INITIAL_CONFIG",
+    "BACKEND_TYPE",
+    "MEMCACHE_HOST_PORT",
+    "MEMCACHE_SRV",
+    "REDIS_PERSECOND",
+    "REDIS_PERSECOND_URL",
+    "REDIS_PERSECOND_TYPE",
+    "REDIS_PERSECOND_SOCKET_TYPE",
+    "REDIS_PERSECOND_AUTH",
+    "REDIS_PERSECOND_POOL_SIZE",
+    "REDIS_PIPELINE_WINDOW",
+    "REDIS_PIPELINE_LIMIT",
+    "REDIS_TLS",
+    "REDIS_TLS_CLIENT_CERT",
+    "REDIS_TLS_CLIENT_KEY",
+    "REDIS_TLS_CACERT",
+    "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION",
+    "GRPC_UDS",
+    "GRPC_SERVER_USE_TLS",
+    "GRPC_MAX_CONNECTION_AGE",
+    "GRPC_MAX_CONNECTION_AGE_GRACE",
+    "DEBUG_HOST",
+    "DEBUG_PORT",
+    "EXPIRATION_JITTER_MAX_SECONDS",
+    "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
+    "MERGE_DOMAIN_CONFIG",
+    "RUNTIME_IGNOREDOTFILES",
+    "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
+    "TRACING_ENABLED",
+];
+
+/// Families of the Go service's variables this service does not support (TLS, per-second
+/// Redis, memcache, xDS, tracing): any variable starting with one is a warning too.
+pub const UNSUPPORTED_PREFIXES: &[&str] = &[
+    "REDIS_PERSECOND",
+    "REDIS_TLS",
+    "MEMCACHE_",
+    "CONFIG_GRPC_XDS",
+    "XDS_CLIENT_",
+    "GRPC_SERVER_TLS",
+    "GRPC_CLIENT_TLS",
+    "TRACING_",
+];
+
+/// Whether `name` is a Go service variable this service ignores.
+pub fn unsupported(name: &str) -> bool {
+    UNSUPPORTED.contains(&name) || UNSUPPORTED_PREFIXES.iter().any(|p| name.starts_with(p))
+}
+
+impl Settings {
+    /// Reads the settings through `var` (the process environment in `main`).
+    ///
+    /// # Errors
+    /// The variable and what it must be.
+    pub fn from_env(var: impl Fn(&str) -> Option<String>) -> Result<Settings, String> {
+        let text = |name: &str, default: &str| var(name).unwrap_or_else(|| default.to_string());
+        let flag = |name: &str, default: bool| -> Result<bool, String> {
+            match var(name) {
+                None => Ok(default),
+                Some(v) => match v.to_ascii_lowercase().as_str() {
+                    "true" | "1" | "t" | "yes" => Ok(true),
+                    "false" | "0" | "f" | "no" | "" => Ok(false),
+                    _ => Err(format!("{name} must be true or false, not {v:?}")),
+                },
+            }
+        };
+        let number = |name: &str, default: u64, max: u64| -> Result<u64, String> {
+            match var(name) {
+                None => Ok(default),
+                Some(v) => v
+                    .trim()
+                    .parse::<u64>()
+                    .ok()
+                    .filter(|n| *n <= max)
+                    .ok_or_else(|| format!("{name} must be a whole number from 0 to {max}")),
+            }
+        };
+        let port = |name: &str, default: u16| -> Result<u16, String> {
+            Ok(u16::try_from(number(name, u64::from(default), 65_535)?).unwrap_or(default))
+        };
+        let on_error = match text("RL_ON_ERROR", "error").to_ascii_lowercase().as_str() {
+            "error" => Policy::Error,
+            "open" => Policy::Open,
+            "closed" => Policy::Closed,
+            "local" => Policy::Local,
+            other => {
+                return Err(format!(
+                    "RL_ON_ERROR must be error, open, closed or local, not {other:?}"
+                ))
+            }
+        };
+        let without_module_lua = match text("RL_WITHOUT_MODULE", "lua")
+            .to_ascii_lowercase()
+            .as_str()
+        {
+            "lua" => true,
+            "refuse" => false,
+            other => {
+                return Err(format!(
+                    "RL_WITHOUT_MODULE must be lua or refuse, not {other:?}"
+                ))
+            }
+        };
+        let near_limit_ratio = match var("NEAR_LIMIT_RATIO") {
+            None => 0.8,
+            Some(v) => v
+                .trim()
+                .parse::<f64>()
+                .ok()
+                .filter(|r| (0.0..=1.0).contains(r))
+                .ok_or("NEAR_LIMIT_RATIO must be a number from 0 to 1")?,
+        };
+        let redis_socket_type = text("REDIS_SOCKET_TYPE", "unix").to_ascii_lowercase();
+        if !matches!(redis_socket_type.as_str(), "tcp" | "unix") {
+            return Err(format!(
+                "REDIS_SOCKET_TYPE must be tcp or unix, not {redis_socket_type:?}"
+            ));
+        }
+        let redis_type = text("REDIS_TYPE", "single").to_ascii_lowercase();
+        if !matches!(redis_type.as_str(), "single" | "cluster") {
+            return Err(format!(
+                "REDIS_TYPE must be single or cluster, not {redis_type:?} (sentinel is not supported)"
+            ));
+        }
+        let log_format = text("LOG_FORMAT", "text").to_ascii_lowercase();
+        if !matches!(log_format.as_str(), "text" | "json") {
+            return Err(format!(
+                "LOG_FORMAT must be text or json, not {log_format:?}"
+            ));
+        }
+        let log_level = text("LOG_LEVEL", "WARN").to_ascii_lowercase();
+        if !matches!(
+            log_level.as_str(),
+            "trace" | "debug" | "info" | "warn" | "warning" | "error" | "fatal" | "panic"
+        ) {
+            return Err(format!(
+                "LOG_LEVEL must be debug, info, warn or error, not {log_level:?}"
+            ));
+        }
+        Ok(Settings {
+            host: text("HOST", "0.0.0.0"),
+            port: port("PORT", 8080)?,
+            grpc_host: text("GRPC_HOST", "0.0.0.0"),
+            grpc_port: port("GRPC_PORT", 8081)?,
+            runtime_root: text("RUNTIME_ROOT", "/srv/runtime_data/current"),
+            runtime_subdirectory: text("RUNTIME_SUBDIRECTORY", ""),
+            runtime_appdirectory: text("RUNTIME_APPDIRECTORY", "config"),
+            runtime_watch_root: flag("RUNTIME_WATCH_ROOT", true)?,
+            redis_socket_type,
+            redis_type,
+            redis_url: text("REDIS_URL", "/var/run/nutcracker/ratelimit.sock"),
+            redis_auth: text("REDIS_AUTH", ""),
+            redis_pool_size: usize::try_from(number("REDIS_POOL_SIZE", 10, 1024)?)
+                .unwrap_or(10)
+                .max(1),
+            use_prometheus: flag("USE_PROMETHEUS", false)?,
+            prometheus_addr: text("PROMETHEUS_ADDR", ":9090"),
+            prometheus_path: text("PROMETHEUS_PATH", "/metrics"),
+            shadow_mode: flag("SHADOW_MODE", false)?,
+            near_limit_ratio,
+            cache_key_prefix: text("CACHE_KEY_PREFIX", ""),
+            local_cache_size_in_bytes: usize::try_from(number(
+                "LOCAL_CACHE_SIZE_IN_BYTES",
+                0,
+                1 << 40,
+            )?)
+            .unwrap_or(0),
+            limit_response_headers_enabled: flag("LIMIT_RESPONSE_HEADERS_ENABLED", false)?,
+            limit_limit_header: text("LIMIT_LIMIT_HEADER", "RateLimit-Limit"),
+            limit_remaining_header: text("LIMIT_REMAINING_HEADER", "RateLimit-Remaining"),
+            limit_reset_header: text("LIMIT_RESET_HEADER", "RateLimit-Reset"),
+            log_level,
+            log_format,
+            on_error,
+            instances: u32::try_from(number("RL_INSTANCES", 1, 1_000_000)?)
+                .unwrap_or(1)
+                .max(1),
+            without_module_lua,
+            timeout_ms: number("RL_TIMEOUT_MS", 50, 60_000)?.max(1),
+        })
+    }
+
+    /// `$RUNTIME_ROOT/$RUNTIME_SUBDIRECTORY/$RUNTIME_APPDIRECTORY`, where the YAML files are.
+    pub fn config_dir(&self) -> PathBuf {
+        let mut dir = PathBuf::from(&self.runtime_root);
+        if !self.runtime_subdirectory.is_empty() {
+            dir.push(&self.runtime_subdirectory);
+        }
+        if !self.runtime_appdirectory.is_empty() {
+            dir.push(&self.runtime_appdirectory);
+        }
+        dir
+    }
+
+    /// The redis crate's URL(s) for REDIS_URL: `host:port` (tcp, a comma-separated list for a
+    /// cluster) or a socket path (unix); a `redis://` or `unix://` URL is taken as is.
+    pub fn redis_urls(&self) -> Vec<String> {
+        self.redis_url
+            .split(',')
+            .map(str::trim)
+            .filter(|u| !u.is_empty())
+            .map(|u| {
+                if u.contains("://") {
+                    return u.to_string();
+                }
+                let auth = if self.redis_auth.is_empty() {
+                    String::new()
+                } else if let Some((user, pass)) = self.redis_auth.split_once(':') {
+                    format!("{user}:{pass}@")
+                } else {
+                    format!(":{}@", self.redis_auth)
+                };
+                if self.redis_socket_type == "unix" {
+                    let pass = if self.redis_auth.is_empty() {
+                        String::new()
+                    } else {
+                        format!("?pass={}", self.redis_auth)
+                    };
+                    format!("unix://{u}{pass}")
+                } else {
+                    format!("redis://{auth}{u}/")
+                }
+            })
+            .collect()
+    }
+
+    /// `host:port` from the Go-style `:9090` (all interfaces) or `host:port`.
+    pub fn prometheus_bind(&self) -> String {
+        if self.prometheus_addr.starts_with(':') {
+            format!("0.0.0.0{}", self.prometheus_addr)
+        } else {
+            self.prometheus_addr.clone()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn with(pairs: &[(&str, &str)]) -> Result<Settings, String> {
+        let map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Settings::from_env(|k| map.get(k).cloned())
+    }
+
+    #[test]
+    fn defaults_are_the_go_services() {
+        let s = with(&[]).unwrap();
+        assert_eq!((s.port, s.grpc_port), (8080, 8081));
+        assert_eq!(
+            s.config_dir(),
+            PathBuf::from("/srv/runtime_data/current/config")
+        );
+        assert_eq!(s.redis_socket_type, "unix");
+        assert_eq!(s.near_limit_ratio, 0.8);
+        assert_eq!(s.limit_remaining_header, "RateLimit-Remaining");
+        assert_eq!(s.on_error, Policy::Error);
+        assert!(s.without_module_lua);
+        assert_eq!(s.prometheus_bind(), "0.0.0.0:9090");
+    }
+
+    #[test]
+    fn bad_values_name_the_variable() {
+        for (name, value) in [
+            ("PORT", "http"),
+            ("RL_ON_ERROR", "maybe"),
+            ("RL_WITHOUT_MODULE", "x"),
+            ("NEAR_LIMIT_RATIO", "2"),
+            ("REDIS_TYPE", "sentinel"),
+            ("USE_PROMETHEUS", "perhaps"),
+            ("LOG_FORMAT", "xml"),
+        ] {
+            let e = with(&[(name, value)]).unwrap_err();
+            assert!(e.starts_with(name), "{e}");
+        }
+    }
+
+    #[test]
+    fn go_only_variables_are_recognised() {
+        for name in [
+            "USE_STATSD",
+            "REDIS_PERSECOND_URL",
+            "REDIS_TLS_CACERT",
+            "MEMCACHE_TLS",
+            "TRACING_SERVICE_NAME",
+        ] {
+            assert!(unsupported(name), "{name}");
+        }
+        for name in ["REDIS_URL", "PORT", "RL_ON_ERROR", "PATH"] {
+            assert!(!unsupported(name), "{name}");
+        }
+    }
+
+    #[test]
+    fn redis_url_forms() {
+        let s = with(&[
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_URL", "a:1,b:2"),
+            ("REDIS_AUTH", "pw"),
+        ])
+        .unwrap();
+        assert_eq!(s.redis_urls(), vec!["redis://:pw@a:1/", "redis://:pw@b:2/"]);
+        let s = with(&[("REDIS_URL", "/tmp/r.sock")]).unwrap();
+        assert_eq!(s.redis_urls(), vec!["unix:///tmp/r.sock"]);
+    }
+}

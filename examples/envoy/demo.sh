@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# make envoy-demo: Redis with the module, redis-rl-envoy, an upstream (python3 -m http.server)
+# and Envoy, all on free ports on 127.0.0.1; a burst with curl, a 429, then everything stops.
+#
+# Environment (the Makefile sets them): MODULE (the module .so), SERVICE (redis-rl-envoy),
+# ENVOY (the envoy binary), REDIS_SERVER (default redis-server).
+set -euo pipefail
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REDIS_SERVER="${REDIS_SERVER:-redis-server}"
+: "${MODULE:?MODULE (the module .so) is not set}" "${SERVICE:?SERVICE is not set}" "${ENVOY:?ENVOY is not set}"
+
+RUN="$(mktemp -d)"
+PIDS=()
+stop() {
+    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+    for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+    rm -rf "$RUN"
+}
+trap stop EXIT
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+wait_for() { # url, what
+    for _ in $(seq 1 300); do curl -sf -o /dev/null "$1" && return 0; sleep 0.1; done
+    echo "envoy-demo: $2 did not come up" >&2; exit 1
+}
+REDIS_PORT=$(free_port) HTTP_PORT=$(free_port) GRPC_PORT=$(free_port)
+UPSTREAM_PORT=$(free_port) LISTEN_PORT=$(free_port) ADMIN_PORT=$(free_port)
+
+"$REDIS_SERVER" --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no \
+    --loadmodule "$MODULE" >"$RUN/redis.log" 2>&1 &
+PIDS+=($!)
+for _ in $(seq 1 100); do redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
+
+RUNTIME_ROOT="$HERE" RUNTIME_APPDIRECTORY=config REDIS_SOCKET_TYPE=tcp REDIS_URL="127.0.0.1:$REDIS_PORT" \
+    HOST=127.0.0.1 PORT="$HTTP_PORT" GRPC_HOST=127.0.0.1 GRPC_PORT="$GRPC_PORT" RL_ON_ERROR=open \
+    "$SERVICE" >"$RUN/service.log" 2>&1 &
+PIDS+=($!)
+wait_for "http://127.0.0.1:$HTTP_PORT/healthcheck" "redis-rl-envoy"
+
+mkdir -p "$RUN/www" && echo "hello from the upstream" >"$RUN/www/index.html"
+python3 -m http.server "$UPSTREAM_PORT" --bind 127.0.0.1 --directory "$RUN/www" >"$RUN/upstream.log" 2>&1 &
+PIDS+=($!)
+wait_for "http://127.0.0.1:$UPSTREAM_PORT/" "the upstream"
+
+sed -e "s/@ADMIN_PORT@/$ADMIN_PORT/" -e "s/@LISTEN_PORT@/$LISTEN_PORT/" \
+    -e "s/@UPSTREAM_PORT@/$UPSTREAM_PORT/" -e "s/@GRPC_PORT@/$GRPC_PORT/" \
+    "$HERE/envoy.yaml" >"$RUN/envoy.yaml"
+"$ENVOY" -c "$RUN/envoy.yaml" --use-dynamic-base-id --log-level warn >"$RUN/envoy.log" 2>&1 &
+PIDS+=($!)
+wait_for "http://127.0.0.1:$ADMIN_PORT/ready" "Envoy"
+
+echo "Envoy on 127.0.0.1:$LISTEN_PORT asks redis-rl-envoy (gRPC $GRPC_PORT) before each request."
+echo "alice may make 5 requests per minute: a burst of 5, then one every 12 s."
+echo
+for i in 1 2 3 4 5 6; do
+    echo "\$ curl -H 'x-user: alice' http://127.0.0.1:$LISTEN_PORT/   (request $i)"
+    curl -s -o /dev/null -D - -H 'x-user: alice' "http://127.0.0.1:$LISTEN_PORT/" \
+        | grep -iE '^(HTTP/|x-ratelimit-)' | tr -d '\r' | sed 's/^/  /'
+done
+echo
+echo "bob is independent:"
+curl -s -o /dev/null -w '  HTTP %{http_code}\n' -H 'x-user: bob' "http://127.0.0.1:$LISTEN_PORT/"
+echo
+echo "The same decision over HTTP (POST /json, protojson in and out):"
+curl -s -w '\n  HTTP %{http_code}\n' -X POST "http://127.0.0.1:$HTTP_PORT/json" \
+    -d '{"domain":"demo","descriptors":[{"entries":[{"key":"user","value":"alice"}]}]}' | sed 's/^/  /'
+echo
+echo "Stopping Redis, redis-rl-envoy, the upstream and Envoy."
