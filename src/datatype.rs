@@ -60,14 +60,23 @@ static TYPE_PTR: AtomicPtr<raw::RedisModuleType> = AtomicPtr::new(ptr::null_mut(
 
 /// Caches the registered type pointer. Call once, after `redis_module!` created the type.
 pub fn cache_type() -> Result<(), Error> {
-    let raw_type = BUCKET_TYPE
+    cache_type_in(&BUCKET_TYPE, &TYPE_PTR)
+}
+
+/// Caches `registered`'s type pointer in `slot`, so the hot path reads one atomic instead of
+/// a RefCell: for each type of the module.
+pub(crate) fn cache_type_in(
+    registered: &RedisType,
+    slot: &AtomicPtr<raw::RedisModuleType>,
+) -> Result<(), Error> {
+    let raw_type = registered
         .raw_type
         .try_borrow()
         .map_err(|_| Error::Internal)?;
     if raw_type.is_null() {
         return Err(Error::Internal);
     }
-    TYPE_PTR.store(*raw_type, Ordering::Relaxed);
+    slot.store(*raw_type, Ordering::Relaxed);
     Ok(())
 }
 

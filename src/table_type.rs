@@ -64,15 +64,7 @@ static TYPE_PTR: AtomicPtr<raw::RedisModuleType> = AtomicPtr::new(ptr::null_mut(
 
 /// Caches the registered type pointer. Call once, after `redis_module!` created the type.
 pub fn cache_type() -> Result<(), Error> {
-    let raw_type = TABLE_TYPE
-        .raw_type
-        .try_borrow()
-        .map_err(|_| Error::Internal)?;
-    if raw_type.is_null() {
-        return Err(Error::Internal);
-    }
-    TYPE_PTR.store(*raw_type, Ordering::Relaxed);
-    Ok(())
+    datatype::cache_type_in(&TABLE_TYPE, &TYPE_PTR)
 }
 
 fn table_type() -> *mut raw::RedisModuleType {
