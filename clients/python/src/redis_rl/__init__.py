@@ -9,13 +9,16 @@ policy, a hot-key shield and a Lua fallback for servers without the module.
 
 Layout: `_core` holds the types, the policy and the shield (no I/O); `client` the sync
 limiter; `asyncio` its awaited twin; `bucket` the exact in-process bucket; `rl.lua` the
-fallback script (the same file as clients/lua/rl.lua).
+fallback script (the same file as clients/lua/rl.lua); `table` the bucket tables
+(`limiter.table(name, shards)`).
 """
 
 from ._core import (CLOSED_RETRY_AFTER_MS, Decision, Error, Limit, ModuleMissingError,
                     MultiDecision, Refund)
 from .client import Limiter, connect, connect_cluster
+from .table import AsyncTable, Table, shard_of
 
 __all__ = ["Limiter", "Limit", "Decision", "MultiDecision", "Refund", "Error",
-           "ModuleMissingError", "CLOSED_RETRY_AFTER_MS", "connect", "connect_cluster"]
+           "ModuleMissingError", "CLOSED_RETRY_AFTER_MS", "connect", "connect_cluster",
+           "Table", "AsyncTable", "shard_of"]
 __version__ = "0.1.0"

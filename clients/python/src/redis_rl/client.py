@@ -90,6 +90,12 @@ class Limiter:
         """How Redis is reached: "module", "lua", "missing", or None before the first call."""
         return self._engine.mode
 
+    def table(self, name, shards=1):
+        """A bucket table of this limiter: `shards` tables `name:{0}` … (redis_rl.table)."""
+        from .table import Table
+
+        return Table(self, name, shards)
+
     def acquire(self, key, limit, cost=1):
         """Takes `cost` tokens from the bucket `key` of `limit`; returns a Decision."""
         cost = check_cost(cost)
