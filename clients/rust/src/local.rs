@@ -153,6 +153,11 @@ impl LocalBuckets {
         rl_bucket::Limit::new(rate / n, capacity).ok()
     }
 
+    /// Drops the bucket of `key`: it is full again.
+    pub(crate) fn forget(&mut self, key: &str) {
+        self.states.remove(key);
+    }
+
     pub(crate) fn acquire(
         &mut self,
         key: &str,
