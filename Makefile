@@ -271,6 +271,7 @@ test-clients-python: deps-clients ## The Python library: vectors, Lua script, mo
 	@# The tests load the debug build of the module; cargo test does not build it.
 	$(CARGO) build --lib
 	python3 clients/vectors/generate.py --check
+	python3 clients/vectors/table_generate.py --check
 	python3 -m pip install --quiet --no-deps --upgrade --target "$(CLIENTS_PYPKG)" ./clients/python
 	PYTHONPATH="$(CLIENTS_PYPATH)" python3 clients/python/tests/run.py
 
@@ -300,8 +301,8 @@ test-clients-cluster: deps-clients ## Both libraries on the `make cluster` clust
 		[ -n "$$started" ] || { echo "test-clients-cluster: could not start a cluster"; exit 1; }; \
 	else echo "test-clients-cluster: using the running cluster on 127.0.0.1:$$port"; fi; \
 	status=0; \
-	(cd clients/python/tests && RL_CLUSTER="127.0.0.1:$$port" PYTHONPATH="$(CLIENTS_PYPATH)" python3 -m unittest -v test_cluster) \
+	(cd clients/python/tests && RL_CLUSTER="127.0.0.1:$$port" PYTHONPATH="$(CLIENTS_PYPATH)" python3 -m unittest -v test_cluster test_table_cluster) \
 		|| status=1; \
-	(cd clients/node && RL_CLUSTER="127.0.0.1:$$port" node --test test/cluster.test.js) || status=1; \
+	(cd clients/node && RL_CLUSTER="127.0.0.1:$$port" node --test test/cluster.test.js test/table-cluster.test.js) || status=1; \
 	if [ -n "$$started" ]; then REDIS_SERVER="$(REDIS_SERVER)" scripts/cluster.sh stop >/dev/null; fi; \
 	exit $$status
