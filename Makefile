@@ -50,7 +50,7 @@ test: deps ## Run every test: unit, property, doc and real-server integration te
 	$(CARGO) test --lib --tests
 	$(CARGO) test --doc --features system-alloc
 
-lint: ## clippy with warnings as errors, and rustfmt --check
+lint: links ## clippy with warnings as errors, rustfmt --check, and the Markdown link check (make links)
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(CARGO) fmt --all --check
 
@@ -306,3 +306,5 @@ test-clients-cluster: deps-clients ## Both libraries on the `make cluster` clust
 	(cd clients/node && RL_CLUSTER="127.0.0.1:$$port" node --test test/cluster.test.js test/table-cluster.test.js) || status=1; \
 	if [ -n "$$started" ]; then REDIS_SERVER="$(REDIS_SERVER)" scripts/cluster.sh stop >/dev/null; fi; \
 	exit $$status
+
+include mk/docs.mk

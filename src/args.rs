@@ -95,9 +95,9 @@ pub fn throttle(
 /// The largest `tokens_per_period`: like a capacity, an integer every `f64` holds exactly.
 const MAX_TOKENS_PER_PERIOD: u64 = MAX_CAPACITY as u64;
 
-/// Parses `max_burst tokens_per_period period [TOKENS count]`, the arguments of Redis 8.8's
-/// `GCRA`, into the same bucket as [`throttle`]: `max_burst + 1` tokens refilling
-/// `tokens_per_period` every `period` seconds. Unlike `RL.THROTTLE`, `period` is a decimal
+/// Parses `max_burst tokens_per_period period [TOKENS count]`, the arguments of the `GCRA`
+/// of the Redis 8.8 milestones (compiled out before 8.8 GA), into the same bucket as
+/// [`throttle`]: `max_burst + 1` tokens refilling `tokens_per_period` every `period` seconds. Unlike `RL.THROTTLE`, `period` is a decimal
 /// (`0.5`, `60`, `1e-3`), and the cost is an option: `option` is its name and count as given.
 ///
 /// # Errors

@@ -265,8 +265,8 @@ fn throttle_body(
     Ok(Reply::Throttle(decision, parsed.total))
 }
 
-/// Redis 8.8's `GCRA`, on the same bucket as `RL.THROTTLE`: `TOKENS count` is the cost (0
-/// checks without taking), and the reply is redis-cell's five integers.
+/// The `GCRA` of the Redis 8.8 milestones, on the same bucket as `RL.THROTTLE`: `TOKENS count`
+/// is the cost (0 checks without taking), and the reply is redis-cell's five integers.
 fn gcra_body(ctx: *mut RedisModuleCtx, argv: &[*mut RedisModuleString]) -> Result<Reply, Failure> {
     let (key, max_burst, tokens, period, option) = match *argv {
         [_, key, a, b, c] => (key, a, b, c, None),

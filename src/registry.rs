@@ -33,6 +33,8 @@ pub struct Spec {
     pub summary: &'static CStr,
     /// Time complexity for `COMMAND DOCS`.
     pub complexity: &'static CStr,
+    /// The module version that added the command, for `COMMAND DOCS`.
+    pub since: &'static CStr,
     /// Command tips for clients and proxies, if any.
     pub tips: Option<&'static CStr>,
     /// Whether the command joins the `ratelimit` ACL category (not the internal RL.SETSTATE,
@@ -60,6 +62,7 @@ pub const SPECS: &[Spec] = &[
         arity: -4,
         summary: c"Refills a token bucket by the elapsed time and takes tokens if it holds enough.",
         complexity: c"O(1)",
+        since: c"0.1.0",
         // The reply depends on the server's clock.
         tips: Some(c"nondeterministic_output"),
         in_category: true,
@@ -74,6 +77,7 @@ pub const SPECS: &[Spec] = &[
         arity: -4,
         summary: c"Replies as RL.ACQUIRE would, taking and writing nothing.",
         complexity: c"O(1)",
+        since: c"0.1.0",
         tips: Some(c"nondeterministic_output"),
         in_category: true,
         in_server_category: false,
@@ -89,6 +93,7 @@ pub const SPECS: &[Spec] = &[
         // A stable sort of the key names finds the keys named twice (see
         // commands::first_naming); N is capped at commands::MAX_MULTI_BUCKETS.
         complexity: c"O(N log N) where N is the number of buckets (at most 1000 per call)",
+        since: c"0.1.0",
         tips: Some(c"nondeterministic_output"),
         in_category: true,
         in_server_category: false,
@@ -104,6 +109,7 @@ pub const SPECS: &[Spec] = &[
         arity: -4,
         summary: c"Gives tokens back to a bucket, capped at its capacity.",
         complexity: c"O(1)",
+        since: c"0.1.0",
         tips: Some(c"nondeterministic_output"),
         in_category: true,
         in_server_category: false,
@@ -197,6 +203,7 @@ pub const SPECS: &[Spec] = &[
         arity: -3,
         summary: c"Sets a bucket's exact state (internal: what RL.ACQUIRE replicates and AOF rewrites emit).",
         complexity: c"O(1)",
+        since: c"0.1.0",
         tips: None,
         in_category: false,
         in_server_category: false,
@@ -220,17 +227,19 @@ const THROTTLE: Spec = Spec {
     arity: -5,
     summary: c"redis-cell's CL.THROTTLE: same arguments and reply, on an RL token bucket.",
     complexity: c"O(1)",
+    since: c"0.1.0",
     tips: Some(c"nondeterministic_output"),
     in_category: true,
     in_server_category: false,
 };
 
 /// `GCRA`, registered only with the `gcra-alias yes` load argument, for clients written for
-/// Redis 8.8's pulled `GCRA` command (rueidis, Redisson, …). The module refuses to load if the
+/// the `GCRA` command of the Redis 8.8 milestones, compiled out before 8.8 GA (Redisson's
+/// `RGcra`, rueidis, phpredis). The module refuses to load if the
 /// server already has a `GCRA`.
 pub const GCRA: Spec = Spec {
     name: c"GCRA",
-    summary: c"Alias of RL.GCRA, for clients of Redis 8.8's GCRA command.",
+    summary: c"Alias of RL.GCRA, for clients of the GCRA command of the Redis 8.8 milestones.",
     ..GCRA_SPEC
 };
 
@@ -241,8 +250,9 @@ const GCRA_SPEC: Spec = Spec {
     keys: (1, 1, 1),
     key_flags: WRITE,
     arity: -5,
-    summary: c"Redis 8.8's GCRA command: same arguments and reply, on an RL token bucket.",
+    summary: c"The GCRA command of the Redis 8.8 milestones: same arguments and reply, on an RL token bucket.",
     complexity: c"O(1)",
+    since: c"0.2.0",
     tips: Some(c"nondeterministic_output"),
     in_category: true,
     in_server_category: true,
@@ -388,7 +398,7 @@ fn command_info(
         version: &INFO_VERSION,
         summary: spec.summary.as_ptr(),
         complexity: spec.complexity.as_ptr(),
-        since: c"0.1.0".as_ptr(),
+        since: spec.since.as_ptr(),
         history: ptr::null_mut(),
         tips: spec.tips.map_or(ptr::null(), CStr::as_ptr),
         arity: spec.arity,

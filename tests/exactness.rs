@@ -38,7 +38,8 @@ fn the_issue_transcripts_are_exact() {
     assert_eq!(acquire(&mut con, b"b", "7", "7", None), [1, 6, 0, 143]);
     // redis-cell's answer: limit 3, remaining 2, reset in 4 s (3.33 s rounded up).
     assert_eq!(throttle(&mut con, &["t", "2", "3", "10"]), [0, 3, 2, -1, 4]);
-    // 6001 tokens, one taken: 6000 remain (it said 5999; redis-cell says 6024, see README).
+    // 6001 tokens, one taken: 6000 remain (it said 5999; redis-cell says 6024, see
+    // docs/commands/rl.throttle.md).
     assert_eq!(
         throttle(&mut con, &["a", "6000", "6000", "1"]),
         [0, 6001, 6000, -1, 1]

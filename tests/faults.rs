@@ -93,7 +93,7 @@ fn out_of_memory_refuses_rl_commands_and_recovers() {
     // capacity), a cost-0 read. `deny-oom` is checked by the server from the command's flags
     // before the module runs, so it cannot know that a denial or a cost-0 call would write
     // nothing; every RL.ACQUIRE is refused, and the caller's fail-open or fail-closed policy
-    // decides (README, "Failing open or failing closed").
+    // decides (docs/clients.md, "The failure policy: open, closed or local").
     for cost in [None, Some("11"), Some("0")] {
         assert_eq!(
             error_text(&mut con, &acquire_cmd(b"rl:old", RATE, "10", cost)),

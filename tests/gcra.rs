@@ -1,4 +1,5 @@
-//! `RL.GCRA`, the interface of Redis 8.8's pulled `GCRA` command, against a real server: its
+//! `RL.GCRA`, the interface of the `GCRA` command of the Redis 8.8 milestones
+//! (compiled out before 8.8 GA), against a real server: its
 //! documented reply, a transcript at a rate whose token interval is no whole number of
 //! nanoseconds, every bad argument with its exact error, `WRONGTYPE`, replication by effect,
 //! the declared keys, flags and ACL category, and the `gcra-alias yes` load argument, with the
@@ -405,7 +406,7 @@ fn gcra_alias_is_registered_only_when_asked() {
         info_field(&info(&mut con, "rl"), "rl_gcra_alias"),
         Some("yes")
     );
-    // What a Redis 8.8 client sends, as it sends it.
+    // What a client of the 8.8 milestones sends, as it sends it.
     assert_eq!(
         ints(&mut con, "GCRA", &["u", "15", "30", "60"]),
         [0, 16, 15, -1, 2]

@@ -237,19 +237,21 @@ fn strings(value: &Value, out: &mut Vec<String>) {
 }
 
 #[test]
-fn every_command_states_its_complexity() {
+fn every_command_states_its_complexity_and_version() {
     let server = Server::start();
     let mut con = server.conn();
     // The one command whose work grows with its arguments says how; the others are O(1).
+    // `since` is the release that added the command: RL.GCRA came in 0.2.0.
     let want = [
-        ("RL.ACQUIRE", "O(1)"),
-        ("RL.PEEK", "O(1)"),
-        ("RL.THROTTLE", "O(1)"),
-        ("RL.REFUND", "O(1)"),
-        ("RL.SETSTATE", "O(1)"),
-        ("RL.ACQUIRE.MULTI", "O(N log N) "),
+        ("RL.ACQUIRE", "O(1)", "0.1.0"),
+        ("RL.PEEK", "O(1)", "0.1.0"),
+        ("RL.THROTTLE", "O(1)", "0.1.0"),
+        ("RL.GCRA", "O(1)", "0.2.0"),
+        ("RL.REFUND", "O(1)", "0.1.0"),
+        ("RL.SETSTATE", "O(1)", "0.1.0"),
+        ("RL.ACQUIRE.MULTI", "O(N log N) ", "0.1.0"),
     ];
-    for (name, prefix) in want {
+    for (name, prefix, since) in want {
         let docs: Value = redis::cmd("COMMAND")
             .arg("DOCS")
             .arg(name)
@@ -257,11 +259,15 @@ fn every_command_states_its_complexity() {
             .expect("COMMAND DOCS");
         let mut words = Vec::new();
         strings(&docs, &mut words);
-        let complexity = words
-            .iter()
-            .position(|w| w == "complexity")
-            .and_then(|i| words.get(i + 1))
-            .unwrap_or_else(|| panic!("COMMAND DOCS {name} has no complexity: {words:?}"));
+        let field = |field: &str| {
+            words
+                .iter()
+                .position(|w| w == field)
+                .and_then(|i| words.get(i + 1))
+                .unwrap_or_else(|| panic!("COMMAND DOCS {name} has no {field}: {words:?}"))
+        };
+        let complexity = field("complexity");
         assert!(complexity.starts_with(prefix), "{name}: {complexity}");
+        assert_eq!(field("since"), since, "{name}: {words:?}");
     }
 }
