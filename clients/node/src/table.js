@@ -14,6 +14,8 @@ import { createHash } from "node:crypto";
 
 /** The most shards a limit may be spread over: there are no more slots than this. */
 export const MAX_SHARDS = 16384;
+/** The most fields delete sends in one command, so no one call keeps the server long. */
+export const DELETE_BATCH = 1000;
 
 /**
  * The shard of `field` among `shards`: the first 8 bytes of SHA-1 over its UTF-8 bytes,
@@ -100,8 +102,11 @@ export class Table {
     const module = (await this.path()) === "module";
     let deleted = 0;
     for (const [table, bs] of groups) {
-      const args = module ? ["RL.HDEL", table, ...bs.map((b) => b.field)] : ["DEL", ...bs.map((b) => b.key)];
-      deleted += Number(await limiter.deadline(limiter.redis.send(args, table)));
+      for (let start = 0; start < bs.length; start += DELETE_BATCH) {
+        const batch = bs.slice(start, start + DELETE_BATCH);
+        const args = module ? ["RL.HDEL", table, ...batch.map((b) => b.field)] : ["DEL", ...batch.map((b) => b.key)];
+        deleted += Number(await limiter.deadline(limiter.redis.send(args, table)));
+      }
     }
     return deleted;
   }

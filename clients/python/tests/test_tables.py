@@ -153,6 +153,18 @@ class Keys(Servers):
         other.acquire("x", SLOW)
         self.assertEqual((table.len(), other.len()), (3, 1))
 
+    def test_delete_sends_at_most_a_batch_of_fields_per_command(self):
+        for module, command in ((True, "RL.HDEL"), (False, "del")):
+            s = self.server(module=module)
+            table = self.limiter(s).table("big", shards=2)
+            fields = [f"f{n}" for n in range(2500)]
+            for field in fields[:1200]:
+                table.acquire(field, SLOW)
+            self.assertEqual(table.delete(*fields, *fields[:10]), 1200, f"module={module}")
+            per_shard = [sum(1 for f in fields if shard_of(f, 2) == i) for i in range(2)]
+            self.assertEqual(s.calls(command), sum(-(-n // 1000) for n in per_shard))
+            self.assertEqual(table.len(), 0)
+
     def test_wrong_type_raises_rather_than_applying_the_policy(self):
         s = self.server(module=True)
         table = self.limiter(s, on_error="open").table("t", shards=1)

@@ -22,6 +22,9 @@ use crate::types::{Decision, Error, Limit, Refund};
 /// The most shards a limit may be spread over: there are no more cluster slots than this.
 pub const MAX_SHARDS: u32 = 16384;
 
+/// The most fields `delete` sends in one command, so no one call keeps the server long.
+const DELETE_BATCH: usize = 1000;
+
 /// The shard of `field` among `shards`: the first 8 bytes of SHA-1 over its UTF-8 bytes, read
 /// big-endian, modulo `shards` (the Python and Node libraries compute the same; the cases are
 /// in `clients/vectors/table.json`). `shards` of 0 is taken as 1.
@@ -87,17 +90,21 @@ impl Shards {
         format!("{}:{field}", self.key(shard_of(field, self.shards)))
     }
 
-    /// The distinct fields by table key, in the order first given.
+    /// The distinct fields by table key, in the order first given, at most
+    /// [`DELETE_BATCH`] to a group.
     fn groups<'f>(&self, fields: &[&'f str]) -> Vec<(String, Vec<&'f str>)> {
-        let mut groups: Vec<(String, Vec<&'f str>)> = Vec::new();
-        for (n, field) in fields.iter().enumerate() {
-            if fields.get(..n).is_some_and(|before| before.contains(field)) {
-                continue;
+        let mut seen = std::collections::HashSet::new();
+        let mut by_table: std::collections::BTreeMap<String, Vec<&'f str>> = Default::default();
+        for field in fields {
+            if seen.insert(*field) {
+                let table = self.key(shard_of(field, self.shards));
+                by_table.entry(table).or_default().push(field);
             }
-            let table = self.key(shard_of(field, self.shards));
-            match groups.iter_mut().find(|(t, _)| *t == table) {
-                Some((_, group)) => group.push(field),
-                None => groups.push((table, vec![field])),
+        }
+        let mut groups = Vec::new();
+        for (table, group) in by_table {
+            for batch in group.chunks(DELETE_BATCH) {
+                groups.push((table.clone(), batch.to_vec()));
             }
         }
         groups
@@ -493,6 +500,19 @@ mod tests {
         for (table, group) in &groups {
             assert!(group.iter().all(|f| shards.key(shard_of(f, 2)) == *table));
         }
+    }
+
+    #[test]
+    fn groups_hold_at_most_a_batch() {
+        let shards = Shards::new("t", 1).unwrap();
+        let names: Vec<String> = (0..2500).map(|n| n.to_string()).collect();
+        let fields: Vec<&str> = names.iter().map(String::as_str).collect();
+        let sizes: Vec<usize> = shards
+            .groups(&fields)
+            .iter()
+            .map(|(_, g)| g.len())
+            .collect();
+        assert_eq!(sizes, [1000, 1000, 500]);
     }
 
     #[test]

@@ -17,6 +17,8 @@ import hashlib
 
 #: The most shards a limit may be spread over: there are no more slots than this to use.
 MAX_SHARDS = 16384
+#: The most fields `delete` sends in one command, so no one call keeps the server long.
+DELETE_BATCH = 1000
 
 
 def shard_of(field, shards):
@@ -86,6 +88,16 @@ class _TableBase:
             groups.setdefault(bucket.table, []).append(bucket)
         return groups
 
+    def _delete_commands(self, groups, mode):
+        """RL.HDEL (module) or DEL (Lua) of each shard's fields, DELETE_BATCH at a time."""
+        for table, buckets in groups.items():
+            for start in range(0, len(buckets), DELETE_BATCH):
+                batch = buckets[start:start + DELETE_BATCH]
+                if mode == "module":
+                    yield ("RL.HDEL", table, *(b.field for b in batch))
+                else:
+                    yield ("DEL", *batch)
+
     def _forget(self, buckets):
         """A reset bucket is full: drop what the shield and the local policy hold for it."""
         engine = self._limiter._engine
@@ -128,14 +140,8 @@ class Table(_TableBase):
         """Resets the buckets of `fields` (full again); returns how many were live."""
         groups = self._by_table(fields)
         self._forget(b for group in groups.values() for b in group)
-        mode = self._mode()
-        deleted = 0
-        for table, buckets in groups.items():
-            if mode == "module":
-                deleted += self._limiter.client.execute_command("RL.HDEL", table, *(b.field for b in buckets))
-            else:
-                deleted += self._limiter.client.execute_command("DEL", *buckets)
-        return deleted
+        return sum(self._limiter.client.execute_command(*args)
+                   for args in self._delete_commands(groups, self._mode()))
 
     def len(self):
         """Live buckets over all the shards (RL.HLEN; on the Lua path, SCAN of the fallback
@@ -181,13 +187,8 @@ class AsyncTable(_TableBase):
         """Resets the buckets of `fields` (full again); returns how many were live."""
         groups = self._by_table(fields)
         self._forget(b for group in groups.values() for b in group)
-        mode = await self._mode()
         deleted = 0
-        for table, buckets in groups.items():
-            if mode == "module":
-                args = ("RL.HDEL", table, *(b.field for b in buckets))
-            else:
-                args = ("DEL", *buckets)
+        for args in self._delete_commands(groups, await self._mode()):
             deleted += await self._limiter._deadline(self._limiter.client.execute_command(*args))
         return deleted
 
