@@ -31,8 +31,11 @@ function checkField(field) {
   return field;
 }
 
-/** SCAN MATCH for `table:*`, the name's glob characters escaped. */
-const luaPattern = (table) => table.replace(/[*?[\]\\]/g, (c) => `\\${c}`) + ":*";
+/**
+ * SCAN MATCH for every fallback key of table `name`, `name:{*}:*`, the name's glob characters
+ * escaped; Table.ours then keeps the keys of shards below `shards`.
+ */
+const luaPattern = (name) => name.replace(/[*?[\]\\]/g, (c) => `\\${c}`) + ":{*}:*";
 
 /**
  * A limit's buckets named by field, over `shards` tables. acquire, peek and refund take and
@@ -116,31 +119,44 @@ export class Table {
     const limiter = this.limiter;
     const module = (await this.path()) === "module";
     let count = 0;
-    for (let i = 0; i < this.shards; i++) {
-      const table = this.key(i);
-      if (module) {
+    if (module) {
+      for (let i = 0; i < this.shards; i++) {
+        const table = this.key(i);
         count += Number(await limiter.deadline(limiter.redis.send(["RL.HLEN", table], table)));
-        continue;
       }
-      for (const node of this.nodesOf(table)) {
-        let cursor = "0";
-        do {
-          const [next, keys] = await limiter.deadline(node(["SCAN", cursor, "MATCH", luaPattern(table), "COUNT", "1000"]));
-          cursor = String(next);
-          count += keys.length;
-        } while (cursor !== "0");
-      }
+      return count;
+    }
+    for (const node of await this.scanNodes()) {
+      let cursor = "0";
+      do {
+        const [next, keys] = await limiter.deadline(node(["SCAN", cursor, "MATCH", luaPattern(this.name), "COUNT", "1000"]));
+        cursor = String(next);
+        count += this.ours(keys);
+      } while (cursor !== "0");
     }
     return count;
   }
 
-  /**
-   * Where to SCAN for `table`'s fallback keys: the node of its slot (node-redis routes by
-   * key), or every master of an ioredis Cluster (each key lives on exactly one of them).
-   */
-  nodesOf(table) {
+  /** Where the fallback keys are: every master of a cluster (each key is on one), or the server. */
+  async scanNodes() {
     const { redis } = this.limiter;
-    return redis.masters ? redis.masters() : [(args) => redis.send(args, table)];
+    return redis.masters ? redis.masters() : [(args) => redis.send(args)];
+  }
+
+  /**
+   * How many of SCAN's `keys` are fallback keys of a shard below `shards`: the pattern also
+   * matches `name:{x}:…` for any x, such as the shards of a larger S.
+   */
+  ours(keys) {
+    const prefix = `${this.name}:{`;
+    let count = 0;
+    for (const raw of keys) {
+      const key = String(raw);
+      const end = key.indexOf("}:", prefix.length);
+      const index = key.slice(prefix.length, end);
+      if (key.startsWith(prefix) && end > 0 && /^(0|[1-9][0-9]*)$/.test(index) && Number(index) < this.shards) count++;
+    }
+    return count;
   }
 
   async path() {

@@ -134,17 +134,40 @@ impl Shards {
         cmd
     }
 
-    /// SCAN MATCH for the fallback keys of shard `shard`, the name's glob characters escaped.
-    fn pattern(&self, shard: u32) -> String {
+    /// SCAN MATCH for every fallback key of the table, `name:{*}:*`, the name's glob
+    /// characters escaped; [`Shards::is_ours`] then keeps the shards below `shards`.
+    fn pattern(&self) -> String {
         let mut out = String::new();
-        for c in self.key(shard).chars() {
+        for c in self.name.chars() {
             if matches!(c, '*' | '?' | '[' | ']' | '\\') {
                 out.push('\\');
             }
             out.push(c);
         }
-        out.push_str(":*");
+        out.push_str(":{*}:*");
         out
+    }
+
+    /// Whether `key` is the fallback key of a shard below `shards`: the pattern also matches
+    /// `name:{x}:…` for any x, such as the shards of a larger count.
+    fn is_ours(&self, key: &[u8]) -> bool {
+        let Some(rest) = key
+            .strip_prefix(self.name.as_bytes())
+            .and_then(|rest| rest.strip_prefix(b":{"))
+        else {
+            return false;
+        };
+        let Some(end) = rest.windows(2).position(|w| w == b"}:") else {
+            return false;
+        };
+        let index = rest.get(..end).unwrap_or_default();
+        let canonical = index == b"0" || index.first().is_some_and(|d| (b'1'..=b'9').contains(d));
+        canonical
+            && index.iter().all(u8::is_ascii_digit)
+            && std::str::from_utf8(index)
+                .ok()
+                .and_then(|text| text.parse::<u32>().ok())
+                .is_some_and(|shard| shard < self.shards)
     }
 }
 
@@ -173,10 +196,11 @@ fn integer(value: &Value, what: &str) -> Result<u64, CallError> {
     }
 }
 
-fn scan_reply(value: Value) -> Result<(u64, usize), CallError> {
-    let (cursor, keys): (u64, Vec<Value>) =
+/// SCAN's reply: the next cursor, and how many of its keys are `shards`' fallback keys.
+fn scan_reply(value: Value, shards: &Shards) -> Result<(u64, usize), CallError> {
+    let (cursor, keys): (u64, Vec<Vec<u8>>) =
         redis::from_redis_value(value).map_err(|e| CallError::Reply(format!("SCAN: {e}")))?;
-    Ok((cursor, keys.len()))
+    Ok((cursor, keys.iter().filter(|k| shards.is_ours(k)).count()))
 }
 
 /// A limit's buckets named by field, over `shards` tables; made by [`Limiter::table`].
@@ -308,18 +332,16 @@ impl<K: Connect> Table<'_, K> {
             if is_cluster(&info) {
                 return Ok(Err(Error::Invalid(LEN_ON_LUA_CLUSTER)));
             }
-            for shard in 0..self.shards.shards {
-                let pattern = self.shards.pattern(shard);
-                let mut cursor = 0u64;
-                loop {
-                    let (next, keys) =
-                        scan_reply(scan_command(cursor, &pattern).query(connection)?)?;
-                    count = count.saturating_add(keys as u64);
-                    if next == 0 {
-                        break;
-                    }
-                    cursor = next;
+            let pattern = self.shards.pattern();
+            let mut cursor = 0u64;
+            loop {
+                let reply = scan_command(cursor, &pattern).query(connection)?;
+                let (next, keys) = scan_reply(reply, &self.shards)?;
+                count = count.saturating_add(keys as u64);
+                if next == 0 {
+                    break;
                 }
+                cursor = next;
             }
             Ok(Ok(count))
         });
@@ -444,20 +466,18 @@ impl<C: redis::aio::ConnectionLike + Clone + Send + Sync> AsyncTable<'_, C> {
             if is_cluster(&info) {
                 return Err(CallError::Reply(LEN_ON_LUA_CLUSTER.into()));
             }
-            for shard in 0..self.shards.shards {
-                let pattern = self.shards.pattern(shard);
-                let mut cursor = 0u64;
-                loop {
-                    let reply: Value = scan_command(cursor, &pattern)
-                        .query_async(&mut connection)
-                        .await?;
-                    let (next, keys) = scan_reply(reply)?;
-                    count = count.saturating_add(keys as u64);
-                    if next == 0 {
-                        break;
-                    }
-                    cursor = next;
+            let pattern = self.shards.pattern();
+            let mut cursor = 0u64;
+            loop {
+                let reply: Value = scan_command(cursor, &pattern)
+                    .query_async(&mut connection)
+                    .await?;
+                let (next, keys) = scan_reply(reply, &self.shards)?;
+                count = count.saturating_add(keys as u64);
+                if next == 0 {
+                    break;
                 }
+                cursor = next;
             }
             Ok(count)
         };
@@ -518,8 +538,32 @@ mod tests {
     #[test]
     fn patterns_escape_glob_characters() {
         assert_eq!(
-            Shards::new("a*b?[c]\\", 1).unwrap().pattern(0),
-            "a\\*b\\?\\[c\\]\\\\:{0}:*"
+            Shards::new("a*b?[c]\\", 1).unwrap().pattern(),
+            "a\\*b\\?\\[c\\]\\\\:{*}:*"
         );
+    }
+
+    #[test]
+    fn only_the_tables_own_shards_count() {
+        let shards = Shards::new("t", 4).unwrap();
+        for (key, ours) in [
+            (&b"t:{0}:f"[..], true),
+            (b"t:{3}:a}:b", true),
+            (b"t:{3}:", true),
+            (b"t:{4}:f", false),  // a shard of a larger count
+            (b"t:{03}:f", false), // not how an index is written
+            (b"t:{x}:f", false),
+            (b"t:{}:f", false),
+            (b"t:{1}", false),
+            (b"tt:{1}:f", false),
+            (b"t:{1}\xff:f", false),
+        ] {
+            assert_eq!(
+                shards.is_ours(key),
+                ours,
+                "{}",
+                String::from_utf8_lossy(key)
+            );
+        }
     }
 }

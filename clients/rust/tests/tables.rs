@@ -215,9 +215,17 @@ fn the_lua_path_keeps_one_hash_per_field_under_the_shards_tag() {
             .unwrap();
         assert!(ttl > 0);
     }
-    // A name with glob characters counts only its own keys.
+    // A name with glob characters counts only its own keys, and keys SCAN's pattern also
+    // matches but no shard below 4 owns do not count.
     let other = limiter.table("a*", 4).unwrap();
     other.acquire("x", &slow(), 1.0).unwrap();
+    for stray in ["api:{x}:f", "api:{07}:f", "api:{4}:f", "api:{}:f"] {
+        let _: () = redis::cmd("SET")
+            .arg(stray)
+            .arg(1)
+            .query(&mut server.conn())
+            .unwrap();
+    }
     assert_eq!((table.len().unwrap(), other.len().unwrap()), (3, 1));
 }
 

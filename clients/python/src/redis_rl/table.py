@@ -50,10 +50,11 @@ def _check_field(field):
     return field
 
 
-def _lua_pattern(table):
-    """SCAN MATCH for `table:*`, the name's glob characters escaped."""
-    escaped = "".join("\\" + c if c in "*?[]\\" else c for c in table)
-    return escaped + ":*"
+def _lua_pattern(name):
+    """SCAN MATCH for every fallback key of table `name`, `name:{*}:*`, the name's glob
+    characters escaped. `_TableBase._ours` then keeps the keys of shards below `shards`."""
+    escaped = "".join("\\" + c if c in "*?[]\\" else c for c in name)
+    return escaped + ":{*}:*"
 
 
 class _TableBase:
@@ -106,13 +107,31 @@ class _TableBase:
             with engine.lock:
                 engine.local.forget(bucket)
 
-    def _node_of(self, key):
-        """The connection that owns `key`'s slot on a cluster client, else the client itself."""
+    def _scan_nodes(self):
+        """Where the fallback keys are: the nodes owning the shards' slots on a cluster client
+        (each once), else the client itself."""
         client = self._limiter.client
-        if hasattr(client, "get_node_from_key"):
-            node = client.get_node_from_key(key)
-            return getattr(node, "redis_connection", None) or node
-        return client
+        if not hasattr(client, "get_node_from_key"):
+            return [client]
+        nodes = {}
+        for i in range(self.shards):
+            node = client.get_node_from_key(self.key(i))
+            nodes.setdefault(node.name, getattr(node, "redis_connection", None) or node)
+        return list(nodes.values())
+
+    def _ours(self, keys):
+        """How many of SCAN's `keys` are fallback keys of a shard below `shards`: the pattern
+        also matches `name:{x}:…` for any x, such as the shards of a larger S."""
+        prefix = f"{self.name}:{{"
+        count = 0
+        for key in keys:
+            key = key.decode("utf-8", "surrogateescape") if isinstance(key, bytes) else key
+            end = key.find("}:", len(prefix))
+            index = key[len(prefix):end]
+            if (end > 0 and index.isascii() and index.isdigit() and str(int(index)) == index
+                    and int(index) < self.shards):
+                count += 1
+        return count
 
 
 class Table(_TableBase):
@@ -144,18 +163,16 @@ class Table(_TableBase):
                    for args in self._delete_commands(groups, self._mode()))
 
     def len(self):
-        """Live buckets over all the shards (RL.HLEN; on the Lua path, SCAN of the fallback
-        keys on the node of each shard)."""
+        """Live buckets over all the shards (RL.HLEN; on the Lua path, one SCAN of the fallback
+        keys on each node holding a shard)."""
         if self._mode() == "module":
             return sum(self._limiter.client.execute_command("RL.HLEN", self.key(i)) for i in range(self.shards))
         count = 0
-        for i in range(self.shards):
-            table = self.key(i)
-            node = self._node_of(table)
+        for node in self._scan_nodes():
             cursor = 0
             while True:
-                cursor, keys = node.execute_command("SCAN", cursor, "MATCH", _lua_pattern(table), "COUNT", 1000)
-                count += len(keys)
+                cursor, keys = node.execute_command("SCAN", cursor, "MATCH", _lua_pattern(self.name), "COUNT", 1000)
+                count += self._ours(keys)
                 if int(cursor) == 0:
                     break
         return count
@@ -201,14 +218,12 @@ class AsyncTable(_TableBase):
                 total += await limiter._deadline(limiter.client.execute_command("RL.HLEN", self.key(i)))
             return total
         count = 0
-        for i in range(self.shards):
-            table = self.key(i)
-            node = self._node_of(table)
+        for node in self._scan_nodes():
             cursor = 0
             while True:
                 cursor, keys = await limiter._deadline(
-                    node.execute_command("SCAN", cursor, "MATCH", _lua_pattern(table), "COUNT", 1000))
-                count += len(keys)
+                    node.execute_command("SCAN", cursor, "MATCH", _lua_pattern(self.name), "COUNT", 1000))
+                count += self._ours(keys)
                 if int(cursor) == 0:
                     break
         return count
