@@ -128,7 +128,7 @@ class _TableBase:
             key = key.decode("utf-8", "surrogateescape") if isinstance(key, bytes) else key
             end = key.find("}:", len(prefix))
             index = key[len(prefix):end]
-            if (end > 0 and index.isascii() and index.isdigit() and str(int(index)) == index
+            if (key.startswith(prefix) and end > 0 and index.isascii() and index.isdigit() and str(int(index)) == index
                     and int(index) < self.shards):
                 count += 1
         return count
