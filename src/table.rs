@@ -384,11 +384,12 @@ impl Table {
         old.array.state(i)
     }
 
-    /// Stores `state` as the bucket of `tag`, and moves a step of any migration.
+    /// Stores `state` as the bucket of `tag`, after a step of any migration.
     ///
     /// # Errors
     /// [`Full`] for a new tag when the table holds [`MAX_BUCKETS`]; nothing changes.
     pub fn set(&mut self, tag: Tag, state: State) -> Result<(), Full> {
+        self.migrate(MIGRATE_STEP);
         if let Some(i) = self.current.find(tag, 0) {
             self.current
                 .put(i, Slot::new(tag, state.full_at_ns()), state.full_at_frac());
@@ -400,12 +401,12 @@ impl Table {
         }
         self.reserve_one();
         self.current.insert_absent(tag, state);
-        self.migrate(MIGRATE_STEP);
         Ok(())
     }
 
-    /// Removes the bucket of `tag`, returning it.
+    /// Removes the bucket of `tag`, returning it, and moves a step of any migration.
     pub fn remove(&mut self, tag: Tag) -> Option<State> {
+        self.migrate(MIGRATE_STEP);
         let removed = match self.current.find(tag, 0) {
             Some(i) => {
                 let state = self.current.state(i);
@@ -498,7 +499,6 @@ impl Table {
     /// and removes the buckets full at `now_ns`, returning their tags (for the caller to
     /// replicate). An unallocated chunk counts as one slot.
     pub fn sweep(&mut self, now_ns: u64, budget: usize) -> Vec<Tag> {
-        self.migrate(MIGRATE_STEP);
         let mut swept = Vec::new();
         for _ in 0..budget {
             let array = &mut self.current;
