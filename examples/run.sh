@@ -77,11 +77,8 @@ start || exit 1
 export REDIS_URL="redis://127.0.0.1:$PORT"
 echo "run.sh: $("$SERVER" --version | head -1) with $MODULE on $REDIS_URL"
 
-# The --target installs of redis-py and of the redis_rl library (see `make examples`) are on
-# the path when they exist.
-for PYDEPS in "$ROOT/target/examples-python" "$ROOT/target/examples-python-pkg"; do
-	[ -d "$PYDEPS" ] && export PYTHONPATH="$PYDEPS${PYTHONPATH:+:$PYTHONPATH}"
-done
+# redis-py and the redis_rl library come from PYTHONPATH (`make examples` passes its pip
+# --target installs) or from python3's own environment.
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$ROOT/target/examples-rust}"
 
 run_suite() {

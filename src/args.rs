@@ -4,8 +4,8 @@
 //! key; handlers parse everything first.
 
 use crate::bucket::{
-    Cost, Limit, LimitError, State, MAX_CAPACITY, MAX_FULL_AT_FRAC, MAX_FULL_AT_NS, MAX_RATE_PER_S,
-    MAX_REFILL_S, MIN_RATE_PER_S,
+    Cost, Decimal, Limit, LimitError, State, MAX_CAPACITY, MAX_FULL_AT_FRAC, MAX_FULL_AT_NS,
+    MAX_REFILL_S,
 };
 use crate::error::Error;
 
@@ -18,24 +18,23 @@ pub struct Acquire {
     pub cost: Cost,
 }
 
-/// Parses `rate capacity [cost]`.
+/// Parses `rate capacity [cost]`, each from its text as an exact decimal (never through a
+/// double); `rate` may also be `N/S`, N tokens every S seconds (`100/60`). See
+/// [`Limit::parse`] for the grammar.
 ///
 /// # Errors
 /// [`Error::Rate`], [`Error::Capacity`] or [`Error::Cost`], for the first argument at fault.
 pub fn acquire(rate: &[u8], capacity: &[u8], cost: Option<&[u8]>) -> Result<Acquire, Error> {
-    // Range-check the rate before reading the capacity, so the first bad argument is named.
-    let rate_per_s = decimal(rate)
-        .filter(|r| (MIN_RATE_PER_S..=MAX_RATE_PER_S).contains(r))
-        .ok_or(Error::Rate)?;
-    let capacity = decimal(capacity).ok_or(Error::Capacity)?;
-    let limit = Limit::new(rate_per_s, capacity).map_err(|e| match e {
+    // `Limit::parse` checks the rate before reading the capacity, so the first bad argument
+    // is named.
+    let limit = Limit::parse(rate, capacity).map_err(|e| match e {
         LimitError::Rate => Error::Rate,
         LimitError::Capacity => Error::Capacity,
         LimitError::RefillTime => Error::RefillTime,
     })?;
     let cost = match cost {
         None => Cost::ONE,
-        Some(bytes) => decimal(bytes).and_then(Cost::new).ok_or(Error::Cost)?,
+        Some(bytes) => Cost::parse(bytes).ok_or(Error::Cost)?,
     };
     Ok(Acquire { limit, cost })
 }
@@ -117,8 +116,10 @@ pub fn gcra(
     let tokens = integer(tokens_per_period)
         .filter(|n| (1..=MAX_TOKENS_PER_PERIOD).contains(n))
         .ok_or(Error::TokensPerPeriod)?;
-    let period_s = decimal(period)
-        .filter(|&s| s > 0.0)
+    // Exact, never a double: the rate `tokens / period` is checked on these values, so a
+    // period too long or too short for any rate is refused rather than saturated or rounded.
+    let period_s = Decimal::parse(period)
+        .filter(|s| !s.is_zero())
         .ok_or(Error::GcraPeriod)?;
     let cost = match option {
         None => Cost::ONE,
@@ -134,10 +135,14 @@ pub fn gcra(
         }
     };
     let total = max_burst + 1;
-    // The period to the nearest nanosecond, then T = period / tokens exactly: "0.1" is 1e8 ns,
-    // not the double 0.1000000000000000055…, and 3 per 299.99 s is exact. `as` saturates.
-    let period_ns = (period_s * 1e9).round() as u64;
-    let limit = Limit::per_period(tokens, period_ns, total as f64).map_err(|e| match e {
+    // T = period / tokens exactly: "0.1" is 1e8 ns, 3 per 299.99 s is exact, and 1 per
+    // 1.4e-9 s is 1.4 ns a token, not 1 ns.
+    let limit = Limit::from_decimals(
+        Decimal::from_int(u128::from(tokens)),
+        period_s,
+        Decimal::from_int(u128::from(total)),
+    )
+    .map_err(|e| match e {
         LimitError::Rate => Error::GcraRate,
         LimitError::Capacity => Error::MaxBurst,
         LimitError::RefillTime => Error::GcraRefillTime,
@@ -177,63 +182,9 @@ pub fn state(full_at_ns: &[u8], full_at_frac: Option<&[u8]>) -> Result<State, Er
     State::from_parts(full_at_ns, full_at_frac).ok_or(Error::FullAt)
 }
 
-/// A finite decimal such as `0.5`, `100` or `2.5e3`. `None` for anything else: empty input,
-/// whitespace, trailing junk, `nan`, `inf`, and values that overflow to infinity.
-fn decimal(bytes: &[u8]) -> Option<f64> {
-    // Fast path for the common case, plain integers: up to 15 digits convert exactly.
-    if bytes.len() <= 15 {
-        if let Some(value) = integer(bytes) {
-            return Some(value as f64);
-        }
-    }
-    // Rust's float grammar would also take "inf", "NaN" and "infinity"; allowing only these
-    // characters keeps the grammar to plain decimals.
-    if !bytes
-        .iter()
-        .all(|b| b.is_ascii_digit() || matches!(b, b'.' | b'-' | b'+' | b'e' | b'E'))
-    {
-        return None;
-    }
-    let value: f64 = std::str::from_utf8(bytes).ok()?.parse().ok()?;
-    value.is_finite().then_some(value)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn decimals_accept_plain_forms_only() {
-        let rows: &[(&[u8], Option<f64>)] = &[
-            (b"0.5", Some(0.5)),      // fraction
-            (b"100", Some(100.0)),    // integer
-            (b"2.5e3", Some(2500.0)), // exponent
-            (b"1E2", Some(100.0)),
-            (b"007", Some(7.0)), // leading zeros, integer fast path
-            (b"999999999999999", Some(999999999999999.0)), // longest fast-path integer
-            (b"1000000000000000", Some(1e15)), // 16 digits: the general parser    // upper-case exponent
-            (b".5", Some(0.5)),                // no leading digit
-            (b"", None),                       // empty
-            (b" 1", None),                     // leading space
-            (b"1 ", None),                     // trailing space
-            (b"1x", None),                     // trailing junk
-            (b"nan", None),                    // NaN spelled out
-            (b"inf", None),                    // infinity spelled out
-            (b"1e999", None),                  // overflows to infinity
-            (b"0x10", None),                   // hex
-            (b"1,5", None),                    // locale comma
-            (b"1..2", None),                   // two points
-            (b"\xff", None),                   // not UTF-8
-        ];
-        for (input, want) in rows {
-            assert_eq!(
-                decimal(input),
-                *want,
-                "input {:?}",
-                String::from_utf8_lossy(input)
-            );
-        }
-    }
 
     #[test]
     fn acquire_names_the_first_bad_argument() {

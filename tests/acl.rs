@@ -13,12 +13,16 @@
 //! By name, because module commands belong to no ACL category on Redis 7.0: `-@write` does
 //! not remove RL.SETSTATE, and `+@write` does not grant RL.ACQUIRE. (Where the server supports
 //! module categories, Redis 7.4+ and Valkey, the rate-limit commands also join `@ratelimit`,
-//! which leaves RL.SETSTATE out; tests/commands.rs covers that.)
+//! which leaves RL.SETSTATE out; the last test here covers that.)
 //!
 //! Time: the rate is 0.000001 token/s, so no bucket gains a token during a test.
 
+#![cfg(test)]
+
 mod common;
 
+use common::info::{info, info_field};
+use common::rl;
 use common::{acquire, acquire_cmd, dump, error_text, exists, Server};
 use redis::Connection;
 
@@ -181,4 +185,109 @@ fn setstate_needs_its_own_permission() {
         acquire(&mut admin, b"rl:1", RATE, "10", Some("0"))[..2],
         [1, 9]
     );
+}
+
+#[test]
+fn ratelimit_acl_category_where_the_server_supports_it() {
+    let server = Server::start();
+    let mut admin = server.conn();
+    let categories: Vec<String> = redis::cmd("ACL")
+        .arg("CAT")
+        .query(&mut admin)
+        .expect("ACL CAT");
+    let has_category = categories.iter().any(|c| c == "ratelimit");
+
+    // Redis 7.4+ and Valkey 9 have module ACL categories; Redis 7.0 does not.
+    let server_info = info(&mut admin, "server");
+    let version = |field: &str| -> Option<(u32, u32)> {
+        let v = info_field(&server_info, field)?;
+        let mut parts = v.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
+        Some((parts.next()?, parts.next().unwrap_or(0)))
+    };
+    let must_have = match version("valkey_version") {
+        Some(valkey) => valkey >= (9, 0),
+        None => version("redis_version").is_some_and(|redis| redis >= (7, 4)),
+    };
+    assert!(
+        has_category || !must_have,
+        "no ratelimit category on a server that supports module categories:\n{server_info}"
+    );
+
+    if !has_category {
+        // The module still loaded, and the category is simply unknown.
+        let list: redis::Value = redis::cmd("MODULE")
+            .arg("LIST")
+            .query(&mut admin)
+            .expect("MODULE LIST");
+        assert!(format!("{list:?}").contains("rl"), "{list:?}");
+        let err = error_text(
+            &mut admin,
+            redis::cmd("ACL")
+                .arg("SETUSER")
+                .arg("app")
+                .arg("on")
+                .arg("nopass")
+                .arg("+@ratelimit"),
+        );
+        assert!(err.starts_with("ERR "), "{err}");
+        return;
+    }
+
+    let mut members: Vec<String> = redis::cmd("ACL")
+        .arg("CAT")
+        .arg("ratelimit")
+        .query(&mut admin)
+        .expect("ACL CAT ratelimit");
+    members.iter_mut().for_each(|m| m.make_ascii_lowercase());
+    // ACL CAT <category> skips every module command on Redis 7.4 and Valkey 8.0 (fixed in
+    // Redis 8.0 and Valkey 8.1); COMMAND INFO still shows each command's categories there,
+    // and the ACL checks below use them.
+    let lists_module_commands = match version("valkey_version") {
+        Some(valkey) => valkey >= (8, 1),
+        None => version("redis_version").is_some_and(|redis| redis >= (8, 0)),
+    };
+    for name in [
+        "rl.acquire",
+        "rl.peek",
+        "rl.acquire.multi",
+        "rl.throttle",
+        "rl.refund",
+    ] {
+        assert!(
+            members.contains(&name.to_string()) || !lists_module_commands,
+            "{name} not in {members:?}"
+        );
+        let info: redis::Value = redis::cmd("COMMAND")
+            .arg("INFO")
+            .arg(name)
+            .query(&mut admin)
+            .expect("COMMAND INFO");
+        assert!(
+            format!("{info:?}").contains("@ratelimit"),
+            "{name}: no @ratelimit in {info:?}"
+        );
+    }
+
+    let ok: String = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("app")
+        .arg(&["on", "nopass", "+@ratelimit", "~*"][..])
+        .query(&mut admin)
+        .expect("ACL SETUSER");
+    assert_eq!(ok, "OK");
+    let mut app = server.conn();
+    let ok: String = redis::cmd("AUTH")
+        .arg("app")
+        .arg("any")
+        .query(&mut app)
+        .expect("AUTH");
+    assert_eq!(ok, "OK");
+    assert_eq!(
+        rl::acquire(&mut app, &["k", "0.001", "3"]),
+        [1, 2, 0, 1_000_000]
+    );
+    assert_eq!(rl::peek(&mut app, &["k", "0.001", "3"])[..2], [1, 2]);
+    let err = error_text(&mut app, redis::cmd("SET").arg("k2").arg("v"));
+    assert!(err.starts_with("NOPERM "), "{err}");
+    assert!(!exists(&mut admin, b"k2"));
 }

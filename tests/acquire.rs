@@ -4,9 +4,15 @@
 //! Time: rates are chosen so slow that refill cannot change a reply during a test, except
 //! where a test waits for the `retry_after_ms` the server itself returned.
 
+#![cfg(test)]
+
 mod common;
 
-use common::{acquire, config_set, dump, exists, pexpiretime, server_time_ms, Server};
+use common::tables::{BAD_ACQUIRE, RATE_OUT_OF_RANGE_BEFORE_BAD_CAPACITY};
+use common::{
+    acquire, assert_rejected_on_empty_server, config_set, dump, exists, pexpiretime,
+    server_time_ms, Server,
+};
 use redis::Value;
 
 #[test]
@@ -238,4 +244,15 @@ fn writes_publish_keyspace_events_and_denials_do_not() {
         ],
         "the denial in between published nothing"
     );
+}
+
+#[test]
+fn acquire_rejects_each_bad_argument_with_its_exact_error() {
+    assert!(BAD_ACQUIRE.len() >= 30);
+    assert_rejected_on_empty_server("RL.ACQUIRE", BAD_ACQUIRE);
+}
+
+#[test]
+fn acquire_names_an_out_of_range_rate_before_an_unparsable_capacity() {
+    assert_rejected_on_empty_server("RL.ACQUIRE", RATE_OUT_OF_RANGE_BEFORE_BAD_CAPACITY);
 }

@@ -25,6 +25,8 @@
 //! there. Failover: every admission and witness key acknowledged by `WAIT 1` is on the
 //! promoted replica, and its seeded buckets hold no take the master did not make.
 
+#![cfg(test)]
+
 mod common;
 
 use std::collections::BTreeMap;

@@ -14,6 +14,8 @@
 //! Time: every rate is slow enough that no bucket refills a token during a test. Nothing here
 //! asserts a duration; waits poll the cluster's state up to a deadline.
 
+#![cfg(test)]
+
 mod common;
 
 use std::thread::sleep;

@@ -2,6 +2,8 @@
 //! every test file on each): the clock API the module picked, checked against the version the
 //! server reports, and `MEMORY USAGE` of a bucket, which each server computes its own way.
 
+#![cfg(test)]
+
 mod common;
 
 use common::info::{info, info_field};

@@ -1,4 +1,7 @@
-//! Bad input against a real server: wrong arity, every malformed number, foreign key types.
+//! Bad input against a real server, across commands: the bad-argument tables of RL.ACQUIRE
+//! and RL.SETSTATE (tests/common/tables.rs; acquire.rs and setstate.rs run them on an empty
+//! server) run again against an existing bucket, the edges of each range are accepted, and
+//! every command answers `WRONGTYPE` on every foreign type.
 //!
 //! Every case asserts the exact reply text, that nothing was written (no key created, an
 //! existing value byte-identical by `DUMP` with the same expiry), and that the server still
@@ -7,196 +10,21 @@
 //! Time: nothing here depends on it. Buckets use a rate of 0.001 tokens/s, so refill cannot
 //! change their state during a test, and every comparison is of stored bytes.
 
+#![cfg(test)]
+
 mod common;
 
+use common::rl::acquire;
+use common::tables::{BAD_ACQUIRE, BAD_SETSTATE, RATE_OUT_OF_RANGE_BEFORE_BAD_CAPACITY};
+use common::texts::{FULL_AT, FULL_AT_FRAC, RATE, WRONGTYPE};
 use common::{
-    assert_rejected_on_empty_server, command, dbsize, dump, error_text, exists, fresh, pexpiretime,
-    show, Server,
+    command, dbsize, dump, error_text, exists, fresh, pexpiretime, show, snapshot, Server,
 };
 use redis::Connection;
 
-const ACQUIRE_ARITY: &str = "ERR wrong number of arguments for 'RL.ACQUIRE' command";
-const SETSTATE_ARITY: &str = "ERR wrong number of arguments for 'RL.SETSTATE' command";
-const RATE: &str = "ERR rate must be a number from 0.000001 to 1000000000 (tokens per second)";
-const CAPACITY: &str = "ERR capacity must be a number above 0 and at most 1e15 (tokens)";
-const COST: &str = "ERR cost must be a finite number >= 0 (tokens)";
-const FULL_AT: &str =
-    "ERR full_at_ns must be an integer from 1 to 9223372036854775807 (ns since the Unix epoch)";
-const FULL_AT_FRAC: &str =
-    "ERR full_at_frac must be an integer from 0 to 9223372036854775807 (units of 2^-63 ns)";
-const WRONGTYPE: &str = "WRONGTYPE Operation against a key holding the wrong kind of value";
-
-/// 400 nines: a valid decimal far beyond f64's range, so it parses to infinity.
-const DIGITS_400: [u8; 400] = [b'9'; 400];
-
-/// The arguments after the command name, and the exact error they must get.
-type Row = (&'static [&'static [u8]], &'static str);
-
-/// Bad `RL.ACQUIRE` calls. The key is always `k`; the good values around the bad one are
-/// rate 1, capacity 10 and cost 1.
-const BAD_ACQUIRE: &[Row] = &[
-    // --- arity: key rate capacity [cost], so 3 or 4 arguments after the name
-    (&[], ACQUIRE_ARITY),                              // nothing after the name
-    (&[b"k"], ACQUIRE_ARITY),                          // key only
-    (&[b"k", b"1"], ACQUIRE_ARITY),                    // no capacity
-    (&[b"k", b"1", b"10", b"1", b"1"], ACQUIRE_ARITY), // one argument too many
-    (&[b"k", b"x", b"x", b"x", b"x", b"x"], ACQUIRE_ARITY), // arity is checked before values
-    // --- rate
-    (&[b"k", b"x", b"10"], RATE),         // not a number
-    (&[b"k", b"", b"10"], RATE),          // empty string
-    (&[b"k", b"nan", b"10"], RATE),       // NaN, lower case
-    (&[b"k", b"NaN", b"10"], RATE),       // NaN, mixed case
-    (&[b"k", b"inf", b"10"], RATE),       // infinity spelled "inf"
-    (&[b"k", b"-inf", b"10"], RATE),      // negative infinity
-    (&[b"k", b"+inf", b"10"], RATE),      // signed infinity
-    (&[b"k", b"infinity", b"10"], RATE),  // infinity spelled out
-    (&[b"k", b"0.0000001", b"10"], RATE), // below the minimum of 0.000001/s
-    (&[b"k", b"1e10", b"10"], RATE),      // above the maximum of 1e9/s
-    (&[b"k", b"-1", b"10"], RATE),        // negative
-    (&[b"k", b"0", b"10"], RATE),         // zero: a bucket that never refills
-    (&[b"k", b"-0", b"10"], RATE),        // negative zero is zero
-    (&[b"k", b"1e999", b"10"], RATE),     // overflows to infinity
-    (&[b"k", &DIGITS_400, b"10"], RATE),  // 400 digits overflow to infinity
-    (&[b"k", b"1e-400", b"10"], RATE),    // underflows to zero
-    (&[b"k", b"1x", b"10"], RATE),        // trailing junk
-    (&[b"k", b"1 ", b"10"], RATE),        // trailing space
-    (&[b"k", b" 1", b"10"], RATE),        // leading space
-    (&[b"k", b"0x10", b"10"], RATE),      // hex
-    (&[b"k", b"\xff\xfe", b"10"], RATE),  // not UTF-8
-    (&[b"k", b"1\xff", b"10"], RATE),     // a digit, then a non-UTF-8 byte
-    (&[b"k", b"1,5", b"10"], RATE),       // decimal comma
-    (&[b"k", b"1..5", b"10"], RATE),      // two decimal points
-    // --- capacity
-    (&[b"k", b"1", b"x"], CAPACITY),        // not a number
-    (&[b"k", b"1", b""], CAPACITY),         // empty string
-    (&[b"k", b"1", b"nan"], CAPACITY),      // NaN, lower case
-    (&[b"k", b"1", b"NaN"], CAPACITY),      // NaN, mixed case
-    (&[b"k", b"1", b"inf"], CAPACITY),      // infinity spelled "inf"
-    (&[b"k", b"1", b"-inf"], CAPACITY),     // negative infinity
-    (&[b"k", b"1", b"+inf"], CAPACITY),     // signed infinity
-    (&[b"k", b"1", b"infinity"], CAPACITY), // infinity spelled out
-    (&[b"k", b"1", b"1e16"], CAPACITY),     // above the maximum of 1e15
-    (&[b"k", b"1", b"-1"], CAPACITY),       // negative
-    (&[b"k", b"1", b"0"], CAPACITY),        // zero: a bucket that holds nothing
-    (&[b"k", b"1", b"1e999"], CAPACITY),    // overflows to infinity
-    (&[b"k", b"1", &DIGITS_400], CAPACITY), // 400 digits overflow to infinity
-    (&[b"k", b"1", b"1x"], CAPACITY),       // trailing junk
-    (&[b"k", b"1", b"1 "], CAPACITY),       // trailing space
-    (&[b"k", b"1", b" 1"], CAPACITY),       // leading space
-    (&[b"k", b"1", b"0x10"], CAPACITY),     // hex
-    (&[b"k", b"1", b"\xff\xfe"], CAPACITY), // not UTF-8
-    (&[b"k", b"1", b"1,5"], CAPACITY),      // decimal comma
-    // --- cost (no upper bound: a cost above capacity is a denial, not an error)
-    (&[b"k", b"1", b"10", b"x"], COST),        // not a number
-    (&[b"k", b"1", b"10", b""], COST),         // empty string
-    (&[b"k", b"1", b"10", b"nan"], COST),      // NaN, lower case
-    (&[b"k", b"1", b"10", b"NaN"], COST),      // NaN, mixed case
-    (&[b"k", b"1", b"10", b"inf"], COST),      // infinity spelled "inf"
-    (&[b"k", b"1", b"10", b"-inf"], COST),     // negative infinity
-    (&[b"k", b"1", b"10", b"+inf"], COST),     // signed infinity
-    (&[b"k", b"1", b"10", b"infinity"], COST), // infinity spelled out
-    (&[b"k", b"1", b"10", b"-1"], COST),       // negative
-    (&[b"k", b"1", b"10", b"-0.5"], COST),     // negative fraction
-    (&[b"k", b"1", b"10", b"1e999"], COST),    // overflows to infinity
-    (&[b"k", b"1", b"10", b"-1e999"], COST),   // overflows to negative infinity
-    (&[b"k", b"1", b"10", &DIGITS_400], COST), // 400 digits overflow to infinity
-    (&[b"k", b"1", b"10", b"1x"], COST),       // trailing junk
-    (&[b"k", b"1", b"10", b"1 "], COST),       // trailing space
-    (&[b"k", b"1", b"10", b" 1"], COST),       // leading space
-    (&[b"k", b"1", b"10", b"0x10"], COST),     // hex
-    (&[b"k", b"1", b"10", b"\xff\xfe"], COST), // not UTF-8
-    (&[b"k", b"1", b"10", b"1,5"], COST),      // decimal comma
-    // --- several bad arguments: the first one, in order rate, capacity, cost, is named
-    (&[b"k", b"x", b"x", b"x"], RATE),       // all three unparsable
-    (&[b"k", b"nan", b"0", b"-1"], RATE),    // all three bad, rate unparsable
-    (&[b"k", b"0", b"0", b"-1"], RATE),      // all three parse, all three out of range
-    (&[b"k", b"1e10", b"1e16", b"x"], RATE), // rate and capacity out of range, cost junk
-    (&[b"k", b"1", b"x", b"x"], CAPACITY),   // capacity and cost unparsable
-    (&[b"k", b"1", b"0", b"-1"], CAPACITY),  // capacity and cost out of range
-    (&[b"k", b"1", b"1e16", b"nan"], CAPACITY), // capacity out of range, cost unparsable
-];
-
-/// A rate that parses but is out of range, then a capacity that does not parse: the rate is
-/// the first bad argument and must be the one named. (Kept apart from `BAD_ACQUIRE` because
-/// range and parse errors are found in different steps, so this order is easy to get wrong.)
-const RATE_OUT_OF_RANGE_BEFORE_BAD_CAPACITY: &[Row] = &[
-    (&[b"k", b"0", b"x"], RATE),          // zero rate, junk capacity
-    (&[b"k", b"1e10", b""], RATE),        // too fast, empty capacity
-    (&[b"k", b"-1", b"nan", b"1"], RATE), // negative rate, NaN capacity
-    (&[b"k", b"0.0000001", b"1x"], RATE), // too slow, trailing junk in capacity
-];
-
-/// Bad `RL.SETSTATE key full_at_ns [full_at_frac]` calls: `full_at_ns` must be a plain
-/// integer in `1..=i64::MAX`, `full_at_frac` one in `0..=i64::MAX`.
-const BAD_SETSTATE: &[Row] = &[
-    (&[], SETSTATE_ARITY),                             // nothing after the name
-    (&[b"k"], SETSTATE_ARITY),                         // key only
-    (&[b"k", b"1", b"1", b"1"], SETSTATE_ARITY),       // one argument too many
-    (&[b"k", b"x", b"x", b"x"], SETSTATE_ARITY),       // arity is checked before values
-    (&[b"k", b"x", b"x", b"x", b"x"], SETSTATE_ARITY), // two too many
-    (&[b"k", b"0"], FULL_AT),                          // zero is not a state
-    (&[b"k", b"-1"], FULL_AT),                         // negative
-    (&[b"k", b"+1"], FULL_AT),                         // no sign allowed
-    (&[b"k", b"1.5"], FULL_AT),                        // fraction
-    (&[b"k", b"1.0"], FULL_AT),                        // integral, but written as a float
-    (&[b"k", b"1e3"], FULL_AT),                        // exponent
-    (&[b"k", b"9223372036854775808"], FULL_AT),        // i64::MAX + 1
-    (&[b"k", b"18446744073709551615"], FULL_AT),       // u64::MAX
-    (&[b"k", b"18446744073709551616"], FULL_AT),       // u64::MAX + 1
-    (&[b"k", b"99999999999999999999999"], FULL_AT),    // far past u64
-    (&[b"k", b""], FULL_AT),                           // empty string
-    (&[b"k", b"abc"], FULL_AT),                        // not a number
-    (&[b"k", b"1x"], FULL_AT),                         // trailing junk
-    (&[b"k", b"1 "], FULL_AT),                         // trailing space
-    (&[b"k", b" 1"], FULL_AT),                         // leading space
-    (&[b"k", b"0x10"], FULL_AT),                       // hex
-    (&[b"k", b"1,5"], FULL_AT),                        // comma
-    (&[b"k", b"\xff\xfe"], FULL_AT),                   // not UTF-8
-    (&[b"k", b"nan"], FULL_AT),                        // NaN
-    (&[b"k", b"inf"], FULL_AT),                        // infinity
-    // --- full_at_frac, after a valid full_at_ns
-    (&[b"k", b"1", b"9223372036854775808"], FULL_AT_FRAC), // 2^63: a whole nanosecond
-    (&[b"k", b"1", b"18446744073709551615"], FULL_AT_FRAC), // u64::MAX
-    (&[b"k", b"1", b"18446744073709551616"], FULL_AT_FRAC), // u64::MAX + 1
-    (&[b"k", b"1", b"99999999999999999999999"], FULL_AT_FRAC), // far past u64
-    (&[b"k", b"1", b"-1"], FULL_AT_FRAC),                  // negative
-    (&[b"k", b"1", b"-0"], FULL_AT_FRAC),                  // no sign allowed, even on zero
-    (&[b"k", b"1", b"+1"], FULL_AT_FRAC),                  // no sign allowed
-    (&[b"k", b"1", b"0.5"], FULL_AT_FRAC),                 // a fraction of a unit
-    (&[b"k", b"1", b"1e3"], FULL_AT_FRAC),                 // exponent
-    (&[b"k", b"1", b""], FULL_AT_FRAC),                    // empty string
-    (&[b"k", b"1", b"x"], FULL_AT_FRAC),                   // not a number
-    (&[b"k", b"1", b"1 "], FULL_AT_FRAC),                  // trailing space
-    (&[b"k", b"1", b" 1"], FULL_AT_FRAC),                  // leading space
-    (&[b"k", b"1", b"0x10"], FULL_AT_FRAC),                // hex
-    (&[b"k", b"1", b"\xff"], FULL_AT_FRAC),                // not UTF-8
-    (&[b"k", b"1", b"nan"], FULL_AT_FRAC),                 // NaN
-    // --- both bad: full_at_ns, the first argument, is named first
-    (&[b"k", b"0", b"x"], FULL_AT), // a zero instant with a junk fraction
-    (&[b"k", b"9223372036854775808", b"1"], FULL_AT), // instant past 2262, valid fraction
-    (&[b"k", b"x", b"9223372036854775808"], FULL_AT), // junk instant, fraction too big
-    (&[b"k", b"0", b"0"], FULL_AT), // a zero fraction does not help
-];
-
-#[test]
-fn acquire_rejects_each_bad_argument_with_its_exact_error() {
-    assert!(BAD_ACQUIRE.len() >= 30);
-    assert_rejected_on_empty_server("RL.ACQUIRE", BAD_ACQUIRE);
-}
-
-#[test]
-fn acquire_names_an_out_of_range_rate_before_an_unparsable_capacity() {
-    assert_rejected_on_empty_server("RL.ACQUIRE", RATE_OUT_OF_RANGE_BEFORE_BAD_CAPACITY);
-}
-
-#[test]
-fn setstate_rejects_each_bad_argument_with_its_exact_error() {
-    assert_rejected_on_empty_server("RL.SETSTATE", BAD_SETSTATE);
-}
-
 #[test]
 fn boundary_values_are_accepted() {
-    // The edges of each range, so the tables above reject for the reason they claim.
+    // The edges of each range, so the tables in common::tables reject for the reason they claim.
     let server = Server::start();
     let mut con = server.conn();
     let good: &[&[&[u8]]] = &[
@@ -454,5 +282,64 @@ fn bad_arguments_leave_an_existing_bucket_untouched() {
         assert_untouched(&mut con, b"k", &before, expire_before, &what);
         assert_eq!(dbsize(&mut con), 1, "{what} created a key");
         server.assert_alive();
+    }
+}
+
+#[test]
+fn foreign_keys_get_wrongtype_and_stay_untouched() {
+    let server = Server::start();
+    let mut con = server.conn();
+    let foreign: &[(&str, &[&str])] = &[
+        ("string", &["SET", "w", "hello"]),
+        ("list", &["RPUSH", "w", "a", "b"]),
+        ("hash with expiry", &["HSET", "w", "f", "v"]),
+    ];
+    let calls: &[(&str, &[&[u8]])] = &[
+        ("RL.PEEK", &[b"w", b"0.001", b"10"]),
+        ("RL.PEEK", &[b"w", b"0.001", b"10", b"0"]),
+        ("RL.ACQUIRE.MULTI", &[b"w", b"0.001", b"10", b"1"]),
+        // A bucket beside the foreign key is untouched too.
+        (
+            "RL.ACQUIRE.MULTI",
+            &[
+                b"bucket", b"0.001", b"10", b"1", b"w", b"0.001", b"10", b"1",
+            ],
+        ),
+        (
+            "RL.ACQUIRE.MULTI",
+            &[
+                b"w", b"0.001", b"10", b"0", b"bucket", b"0.001", b"10", b"1",
+            ],
+        ),
+        ("RL.THROTTLE", &[b"w", b"15", b"30", b"60"]),
+        ("RL.THROTTLE", &[b"w", b"15", b"30", b"60", b"0"]),
+        ("RL.REFUND", &[b"w", b"0.001", b"10"]),
+        ("RL.REFUND", &[b"w", b"0.001", b"10", b"0"]),
+    ];
+    for (kind, create) in foreign {
+        let _: () = redis::cmd("FLUSHALL").query(&mut con).expect("FLUSHALL");
+        let mut cmd = redis::cmd(create[0]);
+        cmd.arg(&create[1..]);
+        let _: redis::Value = cmd.query(&mut con).expect("create the foreign value");
+        if kind.ends_with("with expiry") {
+            let _: i64 = redis::cmd("PEXPIREAT")
+                .arg("w")
+                .arg(4_102_444_800_123_i64)
+                .query(&mut con)
+                .expect("PEXPIREAT");
+        }
+        acquire(&mut con, &["bucket", "0.001", "10", "3"]);
+        let before = snapshot(&mut con);
+        for (name, args) in calls {
+            let got = error_text(&mut con, &command(name, args));
+            assert_eq!(got, WRONGTYPE, "{kind}: {name} {}", show(args));
+            assert_eq!(
+                snapshot(&mut con),
+                before,
+                "{kind}: {name} {} changed a key",
+                show(args)
+            );
+            server.assert_alive();
+        }
     }
 }

@@ -5,6 +5,8 @@
 //! Expected values come from the token-bucket model by hand (`capacity - taken`, redis-cell's
 //! `max_burst` on a fresh key), not from the module.
 
+#![cfg(test)]
+
 mod common;
 
 use common::info::{info, info_field};

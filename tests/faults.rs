@@ -4,6 +4,8 @@
 //! Time: every rate is 0.000001 token/s, so no bucket gains a token (and no key expires)
 //! during a test. Nothing here asserts a duration; the only deadline guards against a hang.
 
+#![cfg(test)]
+
 mod common;
 
 use std::collections::BTreeMap;

@@ -30,6 +30,8 @@
 //! version and checksum); checked into `fuzz/regressions/restore/`, it is replayed first on
 //! every run.
 
+#![cfg(test)]
+
 mod common;
 
 use std::path::{Path, PathBuf};

@@ -11,49 +11,21 @@
 //! waits of a whole number of seconds plus 0.9966… s, which round up to the same value while
 //! the calls take under 0.99 s in all. Nothing asserts a wall-clock duration.
 
+#![cfg(test)]
+
 mod common;
 
-use common::info::{calls, info, info_field};
-use common::{
-    all_keys, assert_rejected_on_empty_server, command, dump, error_text, exists, pexpiretime,
-    show, wait_for_replica, Server,
+use common::info::calls;
+use common::rl::gcra;
+use common::texts::{
+    GCRA_OPTION, GCRA_PERIOD, GCRA_RATE, GCRA_REFILL, MAX_BURST, TOKENS, TOKENS_MISSING,
+    TOKENS_PER_PERIOD, WRONGTYPE,
 };
-use redis::Connection;
-
-const MAX_BURST: &str = "ERR max_burst must be an integer from 0 to 999999999999999";
-const TOKENS_PER_PERIOD: &str =
-    "ERR tokens_per_period must be an integer from 1 to 1000000000000000";
-const PERIOD: &str = "ERR period must be a finite number of seconds above 0";
-const OPTION: &str = "ERR unknown option: RL.GCRA takes only TOKENS count after period";
-const TOKENS_MISSING: &str = "ERR TOKENS must be followed by a count";
-const TOKENS: &str = "ERR TOKENS count must be an integer >= 0";
-const RATE: &str = "ERR tokens_per_period / period must be from 0.000001 to 1000000000 per second";
-const REFILL: &str = "ERR (max_burst + 1) * period / tokens_per_period must be at most 3153600000 (a full refill within 100 years)";
-const WRONGTYPE: &str = "WRONGTYPE Operation against a key holding the wrong kind of value";
-
-/// `name args…` as the five integers of its reply.
-fn ints(con: &mut Connection, name: &str, args: &[&str]) -> Vec<i64> {
-    redis::cmd(name)
-        .arg(args)
-        .query(con)
-        .unwrap_or_else(|e| panic!("{name} {args:?}: {e}"))
-}
-
-fn gcra(con: &mut Connection, args: &[&str]) -> Vec<i64> {
-    ints(con, "RL.GCRA", args)
-}
-
-/// Every key with its `DUMP` and `PEXPIRETIME`, sorted by key.
-fn snapshot(con: &mut Connection) -> Vec<(Vec<u8>, Option<Vec<u8>>, i64)> {
-    all_keys(con)
-        .into_iter()
-        .map(|key| {
-            let payload = dump(con, &key);
-            let expire_at = pexpiretime(con, &key);
-            (key, payload, expire_at)
-        })
-        .collect()
-}
+use common::{
+    alias_server, assert_counter_steps, assert_rejected_on_empty_server, assert_table, command,
+    error_text, exists, ints, keys_and_flags, show, snapshot, wait_for_replica, CounterStep,
+    Server, Want,
+};
 
 #[test]
 fn gcra_gives_the_documented_reply() {
@@ -102,14 +74,17 @@ fn gcra_counts_down_then_limits() {
     assert_eq!(snapshot(&mut con), before, "a call that took nothing wrote");
 
     // TOKENS takes several at once; the option name is case-insensitive.
-    assert_eq!(
-        gcra(&mut con, &["w", "2", "1", "64", "Tokens", "2"]),
-        [0, 3, 1, -1, 128]
-    );
-    assert_eq!(
-        gcra(&mut con, &["w", "2", "1", "64", "TOKENS", "2"]),
-        [1, 3, 1, 64, 128]
-    );
+    let rows: &[(&[&str], Want)] = &[
+        (
+            &["w", "2", "1", "64", "Tokens", "2"],
+            Want::Ints(&[0, 3, 1, -1, 128]),
+        ),
+        (
+            &["w", "2", "1", "64", "TOKENS", "2"],
+            Want::Ints(&[1, 3, 1, 64, 128]),
+        ),
+    ];
+    assert_table(&mut con, "RL.GCRA", rows);
     // Neither a check nor an impossible request creates a key.
     gcra(&mut con, &["fresh", "2", "1", "64", "TOKENS", "0"]);
     gcra(&mut con, &["fresh", "2", "1", "64", "TOKENS", "9"]);
@@ -145,18 +120,21 @@ fn gcra_transcript_at_a_rate_with_no_whole_nanosecond_interval() {
         [1, 3, 0, -1, 300]
     );
     assert_eq!(snapshot(&mut con), before, "a call that took nothing wrote");
-    assert_eq!(
-        gcra(&mut con, &["w", "2", "3", "299.99", "TOKENS", "2"]),
-        [0, 3, 1, -1, 200]
-    );
-    assert_eq!(
-        gcra(&mut con, &["w", "2", "3", "299.99", "TOKENS", "1"]),
-        [0, 3, 0, -1, 300]
-    );
-    assert_eq!(
-        gcra(&mut con, &["w", "2", "3", "299.99", "TOKENS", "1"]),
-        [1, 3, 0, 100, 300]
-    );
+    let rows: &[(&[&str], Want)] = &[
+        (
+            &["w", "2", "3", "299.99", "TOKENS", "2"],
+            Want::Ints(&[0, 3, 1, -1, 200]),
+        ),
+        (
+            &["w", "2", "3", "299.99", "TOKENS", "1"],
+            Want::Ints(&[0, 3, 0, -1, 300]),
+        ),
+        (
+            &["w", "2", "3", "299.99", "TOKENS", "1"],
+            Want::Ints(&[1, 3, 0, 100, 300]),
+        ),
+    ];
+    assert_table(&mut con, "RL.GCRA", rows);
     // Three takes of 99.99666… s: the bucket is full 299.99 s after the first.
     let ttl_ms: i64 = redis::cmd("PTTL").arg("k").query(&mut con).expect("PTTL");
     assert!((289_990..=299_990).contains(&ttl_ms), "{ttl_ms}");
@@ -234,34 +212,37 @@ fn gcra_rejects_each_bad_argument_with_its_exact_error() {
             TOKENS_PER_PERIOD,
         ), // above 1e15
         // --- period
-        (&[b"k", b"15", b"30", b"0"], PERIOD),     // zero
-        (&[b"k", b"15", b"30", b"-60"], PERIOD),   // negative
-        (&[b"k", b"15", b"30", b"-0.5"], PERIOD),  // negative fraction
-        (&[b"k", b"15", b"30", b"x"], PERIOD),     // junk
-        (&[b"k", b"15", b"30", b""], PERIOD),      // empty
-        (&[b"k", b"15", b"30", b"inf"], PERIOD),   // infinite
-        (&[b"k", b"15", b"30", b"nan"], PERIOD),   // not a number
-        (&[b"k", b"15", b"30", b"1e999"], PERIOD), // overflows to infinity
-        (&[b"k", b"15", b"30", b" 60"], PERIOD),   // leading space
+        (&[b"k", b"15", b"30", b"0"], GCRA_PERIOD), // zero
+        (&[b"k", b"15", b"30", b"-60"], GCRA_PERIOD), // negative
+        (&[b"k", b"15", b"30", b"-0.5"], GCRA_PERIOD), // negative fraction
+        (&[b"k", b"15", b"30", b"x"], GCRA_PERIOD), // junk
+        (&[b"k", b"15", b"30", b""], GCRA_PERIOD),  // empty
+        (&[b"k", b"15", b"30", b"inf"], GCRA_PERIOD), // infinite
+        (&[b"k", b"15", b"30", b"nan"], GCRA_PERIOD), // not a number
+        (&[b"k", b"15", b"30", b"1e999"], GCRA_PERIOD), // overflows to infinity
+        (&[b"k", b"15", b"30", b" 60"], GCRA_PERIOD), // leading space
         // --- the option
-        (&[b"k", b"15", b"30", b"60", b"COUNT", b"1"], OPTION), // another name
-        (&[b"k", b"15", b"30", b"60", b"NUM_REQUESTS", b"1"], OPTION), // the pre-8.8 name
-        (&[b"k", b"15", b"30", b"60", b"1"], OPTION),           // RL.THROTTLE's bare quantity
-        (&[b"k", b"15", b"30", b"60", b"TOKENS"], TOKENS_MISSING), // no count
-        (&[b"k", b"15", b"30", b"60", b"tokens"], TOKENS_MISSING), // in any case
-        (&[b"k", b"15", b"30", b"60", b"TOKENS", b"-1"], TOKENS), // negative
-        (&[b"k", b"15", b"30", b"60", b"TOKENS", b"1.5"], TOKENS), // not an integer
-        (&[b"k", b"15", b"30", b"60", b"TOKENS", b""], TOKENS), // empty
+        (&[b"k", b"15", b"30", b"60", b"COUNT", b"1"], GCRA_OPTION), // another name
+        (
+            &[b"k", b"15", b"30", b"60", b"NUM_REQUESTS", b"1"],
+            GCRA_OPTION,
+        ), // the pre-8.8 name
+        (&[b"k", b"15", b"30", b"60", b"1"], GCRA_OPTION),           // RL.THROTTLE's bare quantity
+        (&[b"k", b"15", b"30", b"60", b"TOKENS"], TOKENS_MISSING),   // no count
+        (&[b"k", b"15", b"30", b"60", b"tokens"], TOKENS_MISSING),   // in any case
+        (&[b"k", b"15", b"30", b"60", b"TOKENS", b"-1"], TOKENS),    // negative
+        (&[b"k", b"15", b"30", b"60", b"TOKENS", b"1.5"], TOKENS),   // not an integer
+        (&[b"k", b"15", b"30", b"60", b"TOKENS", b""], TOKENS),      // empty
         // --- the rate and the refill they make together
-        (&[b"k", b"15", b"1", b"1000001"], RATE), // just under 1e-6 per second
-        (&[b"k", b"0", b"1000000000000000", b"1"], RATE), // 1e15 per second
-        (&[b"k", b"0", b"1", b"0.0000000001"], RATE), // 1e10 per second
-        (&[b"k", b"3153600000", b"1", b"1"], REFILL), // a century and more to refill
+        (&[b"k", b"15", b"1", b"1000001"], GCRA_RATE), // just under 1e-6 per second
+        (&[b"k", b"0", b"1000000000000000", b"1"], GCRA_RATE), // 1e15 per second
+        (&[b"k", b"0", b"1", b"0.0000000001"], GCRA_RATE), // 1e10 per second
+        (&[b"k", b"3153600000", b"1", b"1"], GCRA_REFILL), // a century and more to refill
         // --- several bad: the first one, in argument order, is named
         (&[b"k", b"-1", b"0", b"0", b"X"], MAX_BURST),
         (&[b"k", b"1", b"0", b"0", b"X"], TOKENS_PER_PERIOD),
-        (&[b"k", b"1", b"1", b"0", b"X"], PERIOD),
-        (&[b"k", b"1", b"1", b"1", b"X", b"-1"], OPTION),
+        (&[b"k", b"1", b"1", b"0", b"X"], GCRA_PERIOD),
+        (&[b"k", b"1", b"1", b"1", b"X", b"-1"], GCRA_OPTION),
         (&[b"k", b"15", b"1", b"1000001", b"TOKENS", b"-1"], TOKENS),
     ];
     assert_rejected_on_empty_server("RL.GCRA", rows);
@@ -337,14 +318,8 @@ fn gcra_replicates_its_effect_never_itself() {
 fn gcra_declares_its_key_flags_and_category() {
     let server = Server::start();
     let mut con = server.conn();
-    let mut keys: Vec<(String, Vec<String>)> = redis::cmd("COMMAND")
-        .arg("GETKEYSANDFLAGS")
-        .arg(&["RL.GCRA", "g", "15", "30", "60", "TOKENS", "2"][..])
-        .query(&mut con)
-        .expect("COMMAND GETKEYSANDFLAGS");
-    keys.iter_mut().for_each(|(_, flags)| flags.sort());
     assert_eq!(
-        keys,
+        keys_and_flags(&mut con, &["RL.GCRA", "g", "15", "30", "60", "TOKENS", "2"]),
         [(
             "g".to_string(),
             vec!["RW".to_string(), "access".into(), "update".into()]
@@ -386,26 +361,12 @@ fn gcra_declares_its_key_flags_and_category() {
 
 #[test]
 fn gcra_alias_is_registered_only_when_asked() {
-    for module_args in [&[][..], &["gcra-alias", "no"]] {
-        let server = Server::start_with_module_args(&[], module_args);
-        let mut con = server.conn();
-        let err = error_text(&mut con, &command("GCRA", &[b"k", b"15", b"30", b"60"]));
-        assert!(
-            err.starts_with("ERR unknown command"),
-            "{module_args:?}: {err}"
-        );
-        assert_eq!(
-            info_field(&info(&mut con, "rl"), "rl_gcra_alias"),
-            Some("no")
-        );
-    }
-
-    let server = Server::start_with_module_args(&[], &["gcra-alias", "yes"]);
-    let mut con = server.conn();
-    assert_eq!(
-        info_field(&info(&mut con, "rl"), "rl_gcra_alias"),
-        Some("yes")
+    let server = alias_server(
+        "gcra-alias",
+        "rl_gcra_alias",
+        &[b"GCRA", b"k", b"15", b"30", b"60"],
     );
+    let mut con = server.conn();
     // What a client of the 8.8 milestones sends, as it sends it.
     assert_eq!(
         ints(&mut con, "GCRA", &["u", "15", "30", "60"]),
@@ -424,11 +385,7 @@ fn gcra_alias_is_registered_only_when_asked() {
         ),
         TOKENS_MISSING
     );
-    let keys: Vec<(String, Vec<String>)> = redis::cmd("COMMAND")
-        .arg("GETKEYSANDFLAGS")
-        .arg(&["GCRA", "u", "15", "30", "60"][..])
-        .query(&mut con)
-        .expect("COMMAND GETKEYSANDFLAGS");
+    let keys = keys_and_flags(&mut con, &["GCRA", "u", "15", "30", "60"]);
     assert_eq!(keys.len(), 1);
     assert_eq!(keys[0].0, "u");
     assert!(keys[0].1.contains(&"RW".to_string()), "{keys:?}");
@@ -472,41 +429,15 @@ fn gcra_alias_refuses_to_load_where_the_server_has_a_gcra_command() {
         .expect("GCRA");
     assert_eq!(echoed, "hello");
     assert_eq!(gcra(&mut con, &["k", "0", "1", "60"]), [0, 1, 0, -1, 60]);
-
-    // The same refusal, named, for CL.THROTTLE where another module (redis-cell) has it.
-    let taken = ["--rename-command", "ECHO", "CL.THROTTLE"];
-    match Server::try_start(&taken, &["cl-throttle-alias", "yes"]) {
-        Ok(server) => panic!(
-            "the module loaded beside another CL.THROTTLE; log:\n{}",
-            server.log()
-        ),
-        Err(log) => assert!(
-            log.contains("rl: cannot register CL.THROTTLE (cl-throttle-alias yes)"),
-            "the log does not say why:\n{log}"
-        ),
-    }
 }
 
 #[test]
 fn info_counts_gcra_calls_decisions_and_errors() {
     let server = Server::start_with_module_args(&[], &["gcra-alias", "yes"]);
     let mut con = server.conn();
-    let counters = |con: &mut Connection| -> [u64; 4] {
-        let text = info(con, "rl");
-        ["rl_calls", "rl_allowed", "rl_denied", "rl_errors"].map(|name| {
-            info_field(&text, name)
-                .and_then(|v| v.parse().ok())
-                .unwrap_or_else(|| panic!("no {name} in\n{text}"))
-        })
-    };
-    let _: () = redis::cmd("SET")
-        .arg("str")
-        .arg("x")
-        .query(&mut con)
-        .expect("SET");
     // Each step: the call, and how [calls, allowed, denied, errors] must move.
-    type Step = (&'static str, &'static [&'static [u8]], [u64; 4]);
-    let steps: &[Step] = &[
+    let steps: &[CounterStep] = &[
+        ("SET", &[b"str", b"x"], [0, 0, 0, 0]), // a foreign key, for WRONGTYPE below
         ("RL.GCRA", &[b"g", b"0", b"1", b"60"], [1, 1, 0, 0]),
         ("RL.GCRA", &[b"g", b"0", b"1", b"60"], [1, 0, 1, 0]),
         (
@@ -528,17 +459,5 @@ fn info_counts_gcra_calls_decisions_and_errors() {
         // Too few arguments: the server refuses before the module runs.
         ("RL.GCRA", &[b"g", b"0", b"1"], [0, 0, 0, 0]),
     ];
-    let mut want = counters(&mut con);
-    for (name, args, delta) in steps {
-        let _ = command(name, args).query::<redis::Value>(&mut con);
-        for (w, d) in want.iter_mut().zip(delta) {
-            *w += d;
-        }
-        assert_eq!(
-            counters(&mut con),
-            want,
-            "after {name} {} ([calls, allowed, denied, errors])",
-            show(args)
-        );
-    }
+    assert_counter_steps(&mut con, steps);
 }

@@ -1,6 +1,8 @@
 //! The test harness itself (tests/common), against real servers: what makes the other tests
 //! trustworthy on a busy machine.
 
+#![cfg(test)]
+
 mod common;
 
 use common::info::{info, info_field};

@@ -8,6 +8,8 @@
 //! cannot change a count during a test. The script gets one `now_ms`, read once from the
 //! server's TIME, for every call. Nothing here asserts a duration.
 
+#![cfg(test)]
+
 mod common;
 
 use std::sync::Barrier;

@@ -10,6 +10,8 @@
 //!
 //! Only the first two reply elements are compared: the script has no retry/reset times.
 
+#![cfg(test)]
+
 mod common;
 
 use common::info::rdb_changes;

@@ -18,6 +18,8 @@
 //! each an opcode and a value, then an EOF opcode. Encoding version 2 saves two unsigned
 //! fields, `full_at_ns` and `full_at_frac`; version 1 (0.1.0) saved `full_at_ns` alone.
 
+#![cfg(test)]
+
 mod common;
 
 use std::path::{Path, PathBuf};

@@ -2,6 +2,8 @@
 //! tests check that turning a listener on afterwards (AOF, save points, a replica) is seen
 //! before the next write, so nothing is ever lost.
 
+#![cfg(test)]
+
 mod common;
 
 use std::time::{Duration, Instant};

@@ -9,14 +9,18 @@
 //! 3 to 10/s) that none fills up (and so no key expires) during a test. Nothing here asserts
 //! a duration.
 
+#![cfg(test)]
+
 mod common;
 
 use std::path::Path;
 
 use common::aof::{parse_aof, uint_arg};
 use common::info::{calls, info_number};
+use common::rl::{self, multi, peek, refund, throttle};
 use common::{
-    acquire, acquire_cmd, all_keys, dump, error_text, exists, pexpiretime, wait_for_replica, Server,
+    acquire, acquire_cmd, all_keys, dump, error_text, exists, pexpiretime, snapshot,
+    wait_for_replica, Server,
 };
 use redis::Connection;
 
@@ -399,4 +403,69 @@ fn setstate_replicates_verbatim_and_replica_is_read_only() {
         "the replica's bucket changed"
     );
     assert_eq!(pexpiretime(&mut replica, b"fixed"), 4_102_444_800_001);
+}
+
+#[test]
+fn new_commands_replicate_their_effect_never_themselves() {
+    let master_server = Server::start();
+    let mut master = master_server.conn();
+    let replica_server = master_server.start_replica();
+    let mut replica = replica_server.conn();
+
+    // RL.THROTTLE: allowed, then limited (nothing to ship).
+    throttle(&mut master, &["th", "0", "1", "3600"]);
+    assert_eq!(throttle(&mut master, &["th", "0", "1", "3600"])[0], 1);
+    // RL.ACQUIRE.MULTI: allowed over three buckets (one named twice), then refused.
+    let reply = multi(
+        &mut master,
+        &[
+            "m1", "0.001", "5", "2", "m2", "0.001", "3", "1", "m1", "0.001", "5", "1.5",
+        ],
+    );
+    assert_eq!(reply.allowed, 1, "{reply:?}");
+    assert_eq!(
+        multi(
+            &mut master,
+            &["m1", "0.001", "5", "2", "m2", "0.001", "3", "3"]
+        )
+        .allowed,
+        0
+    );
+    // RL.REFUND: partly (RL.SETSTATE), to full (DEL), and of a missing key (nothing).
+    rl::acquire(&mut master, &["r1", "0.001", "5", "4"]);
+    rl::acquire(&mut master, &["r2", "0.001", "5", "4"]);
+    assert_eq!(refund(&mut master, &["r1", "0.001", "5", "1.25"])[0], 2);
+    assert_eq!(refund(&mut master, &["r2", "0.001", "5", "4"]), [5, 0]);
+    assert_eq!(refund(&mut master, &["gone", "0.001", "5"]), [5, 0]);
+    // RL.PEEK: nothing to ship.
+    peek(&mut master, &["m1", "0.001", "5"]);
+
+    wait_for_replica(&mut master);
+    let on_master = snapshot(&mut master);
+    let keys: Vec<&[u8]> = on_master.iter().map(|(k, _, _)| &k[..]).collect();
+    assert_eq!(keys, [&b"m1"[..], b"m2", b"r1", b"th"]);
+    for (key, payload, expire_at) in &on_master {
+        assert!(payload.is_some() && *expire_at > 0, "{key:?}");
+    }
+    assert_eq!(
+        snapshot(&mut replica),
+        on_master,
+        "the replica differs (DUMP/PEXPIRETIME)"
+    );
+
+    assert!(calls(&mut replica, "rl.setstate").is_some_and(|n| n >= 4));
+    assert_eq!(calls(&mut replica, "del"), Some(1), "the refund to full");
+    for name in [
+        "rl.throttle",
+        "rl.acquire.multi",
+        "rl.refund",
+        "rl.acquire",
+        "rl.peek",
+    ] {
+        assert_eq!(
+            calls(&mut replica, name),
+            None,
+            "{name} reached the replica"
+        );
+    }
 }

@@ -18,6 +18,8 @@
 //! up to a deadline; nothing asserts a duration. `DEBUG SLOTMIGRATION PREVENT-PAUSE`, Valkey's
 //! test hook, holds a migration in its streaming phase for as long as a test needs.
 
+#![cfg(test)]
+
 mod common;
 
 use std::collections::HashMap;

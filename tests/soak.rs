@@ -24,6 +24,8 @@
 //! The figures are printed (run with `--nocapture`); bench/results.md has a full run's.
 //! Ignored by `make test`: `make soak` / `make soak-smoke` run it on the release build.
 
+#![cfg(test)]
+
 mod common;
 
 use std::time::{Duration, Instant};

@@ -47,22 +47,6 @@
 //! script and its arguments; `table` the bucket tables ([`Limiter::table`]: a limit's fields
 //! over `shards` keys).
 
-#![deny(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
-#![cfg_attr(
-    test,
-    allow(
-        clippy::unwrap_used,
-        clippy::expect_used,
-        clippy::panic,
-        clippy::indexing_slicing
-    )
-)]
-
 mod asynch;
 mod engine;
 mod local;

@@ -2,6 +2,8 @@
 //! replies, the Lua path, all or nothing, an outage with each policy and the way back, the
 //! deadline on a stopped server, and the shield.
 
+#![cfg(test)]
+
 mod common;
 
 use std::time::{Duration, Instant};
@@ -73,7 +75,7 @@ async fn module_and_lua_paths_decide_alike() {
 #[tokio::test(flavor = "current_thread")]
 async fn an_outage_is_decided_by_the_policy_then_redis_again() {
     for on_error in [OnError::Open, OnError::Closed, OnError::Local] {
-        let mut server = Server::with_module();
+        let mut server = Server::start();
         let limiter = limiter(
             &server,
             Options::new(on_error)
@@ -85,7 +87,7 @@ async fn an_outage_is_decided_by_the_policy_then_redis_again() {
             limiter.acquire("warm", &slow(), 1.0).await.unwrap().source,
             Source::Redis
         );
-        server.stop();
+        server.kill();
         let limit = Limit::new(0.001, 4.0).unwrap();
         let mut down = Vec::new();
         for _ in 0..4 {
@@ -109,7 +111,7 @@ async fn an_outage_is_decided_by_the_policy_then_redis_again() {
             ),
             (4, 1)
         );
-        server.start();
+        server.restart();
         // The manager reconnects in the background; decisions return to Redis.
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
@@ -127,7 +129,7 @@ async fn an_outage_is_decided_by_the_policy_then_redis_again() {
 
 #[tokio::test(flavor = "current_thread")]
 async fn a_stopped_server_times_out_into_the_policy() {
-    let server = Server::with_module();
+    let server = Server::start();
     let limiter = AsyncLimiter::new(
         manager(&server).await,
         Options::new(OnError::Open)
@@ -138,7 +140,7 @@ async fn a_stopped_server_times_out_into_the_policy() {
         limiter.acquire("k", &slow(), 1.0).await.unwrap().source,
         Source::Redis
     );
-    let pid = server.pid().to_string();
+    let pid = server.pid().expect("running").to_string();
     let signal = |name: &str| {
         std::process::Command::new("kill")
             .args([name, &pid])
@@ -156,7 +158,7 @@ async fn a_stopped_server_times_out_into_the_policy() {
 
 #[tokio::test(flavor = "current_thread")]
 async fn the_shield_keeps_a_hot_key_off_the_server() {
-    let server = Server::with_module();
+    let server = Server::start();
     let limiter = limiter(&server, Options::new(OnError::Closed).deny_cache(true)).await;
     let limit = Limit::new(0.001, 1.0).unwrap();
     limiter.acquire("hot", &limit, 1.0).await.unwrap();

@@ -1,20 +1,20 @@
 //! Real Redis Clusters. With the module on every node (three masters, three replicas: the
-//! repository's harness in tests/common/cluster.rs), the blocking limiter on a
+//! repository's harness, rl-testkit's cluster), the blocking limiter on a
 //! `ClusterClient` and the async one on a `cluster_async::ClusterConnection` route each key
 //! to its slot's master, and `acquire_all` works across buckets that share a hash tag. On a
 //! cluster of plain servers (three masters, no module: a managed service), the Lua path does
 //! the same, with the script loaded on every master.
 
-#[path = "../../../tests/common/mod.rs"]
-mod root;
+#![cfg(test)]
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
 use redis::cluster::ClusterClient;
 use redis_rl_client::{shard_of, AsyncLimiter, Error, Limit, Limiter, OnError, Options, Source};
-use root::cluster::{cli_binary, free_cluster_port, Cluster};
+use rl_testkit::cluster::{cli_binary, start_cluster_node, Cluster};
+use rl_testkit::Server;
 
 fn client(cluster: &Cluster) -> ClusterClient {
     cluster_client(cluster.nodes.iter().map(|n| n.port))
@@ -106,20 +106,6 @@ fn limiters_work_on_a_cluster() {
     });
 }
 
-/// One plain cluster node (no module), killed on drop.
-struct PlainNode {
-    child: Child,
-    port: u16,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for PlainNode {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// The reply of `args` on the node at `port`, if it answers.
 fn ask(port: u16, args: &[&str]) -> Option<String> {
     let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).ok()?;
@@ -134,54 +120,10 @@ fn ask(port: u16, args: &[&str]) -> Option<String> {
 }
 
 /// Three plain masters joined by `redis-cli --cluster create`, every slot served.
-fn plain_cluster() -> Vec<PlainNode> {
+fn plain_cluster() -> Vec<Server> {
     let deadline = Instant::now() + Duration::from_secs(30);
-    let nodes: Vec<PlainNode> = (0..3)
-        .map(|_| {
-            let port = free_cluster_port();
-            let dir = tempfile::tempdir().expect("temp dir");
-            let child = Command::new(root::server_binary())
-                .args([
-                    "--port",
-                    &port.to_string(),
-                    "--bind",
-                    "127.0.0.1",
-                    "--save",
-                    "",
-                    "--appendonly",
-                    "no",
-                ])
-                .args([
-                    "--cluster-enabled",
-                    "yes",
-                    "--cluster-config-file",
-                    "nodes.conf",
-                ])
-                .args(["--cluster-node-timeout", "2000", "--logfile", "server.log"])
-                .arg("--dir")
-                .arg(dir.path())
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("spawn redis-server");
-            PlainNode {
-                child,
-                port,
-                _dir: dir,
-            }
-        })
-        .collect();
-    for node in &nodes {
-        while ask(node.port, &["PING"]).as_deref() != Some("PONG") {
-            assert!(
-                Instant::now() < deadline,
-                "node {} never answered",
-                node.port
-            );
-            sleep(Duration::from_millis(50));
-        }
-    }
+    // Each node answers PING when started (the harness waits for it).
+    let nodes: Vec<Server> = (0..3).map(|_| start_cluster_node(false)).collect();
     let output = Command::new(cli_binary())
         .args(["--cluster", "create"])
         .args(nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)))

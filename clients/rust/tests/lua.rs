@@ -2,6 +2,8 @@
 //! decisions for the same calls, a hash per bucket with an absolute expiry, reloaded after
 //! SCRIPT FLUSH, and `WithoutModule::Refuse` fails clearly.
 
+#![cfg(test)]
+
 mod common;
 
 use std::time::Instant;
@@ -50,7 +52,7 @@ fn sequence(limiter: &Limiter) -> Vec<Step> {
 
 #[test]
 fn lua_gives_the_modules_decisions_for_the_same_calls() {
-    let with_module = Server::with_module();
+    let with_module = Server::start();
     let plain = Server::plain();
     let module_limiter = limiter(&with_module, options(OnError::Closed));
     let lua_limiter = limiter(&plain, options(OnError::Closed));

@@ -2,6 +2,8 @@
 //! decisions, headers, peek, refund, acquire_all, errors the policy must not swallow, and the
 //! way back to the Lua path when the module goes away. Plus argument validation (no I/O).
 
+#![cfg(test)]
+
 mod common;
 
 use common::{limiter, options, slow, Server};
@@ -9,7 +11,7 @@ use redis_rl_client::{Error, Limit, OnError, Path, Source, WithoutModule};
 
 #[test]
 fn acquire_reports_the_modules_reply() {
-    let server = Server::with_module();
+    let server = Server::start();
     let limiter = limiter(&server, options(OnError::Closed));
     let limit = Limit::new(5.0, 10.0).unwrap();
     let first = limiter.acquire("user:42", &limit, 1.0).unwrap();
@@ -41,7 +43,7 @@ fn acquire_reports_the_modules_reply() {
 
 #[test]
 fn denial_has_retry_after_and_impossible_has_minus_one() {
-    let server = Server::with_module();
+    let server = Server::start();
     let limiter = limiter(&server, options(OnError::Open));
     let limit = slow();
     for remaining in (0..5).rev() {
@@ -71,7 +73,7 @@ fn denial_has_retry_after_and_impossible_has_minus_one() {
 
 #[test]
 fn peek_takes_nothing_and_refund_gives_back() {
-    let server = Server::with_module();
+    let server = Server::start();
     let limiter = limiter(&server, options(OnError::Closed));
     let limit = slow();
     limiter.acquire("k", &limit, 3.0).unwrap();
@@ -85,7 +87,7 @@ fn peek_takes_nothing_and_refund_gives_back() {
 
 #[test]
 fn acquire_all_is_all_or_nothing() {
-    let server = Server::with_module();
+    let server = Server::start();
     let limiter = limiter(&server, options(OnError::Closed));
     let per_s = Limit::new(0.001, 2.0).unwrap();
     let per_h = Limit::new(0.001, 3.0).unwrap();
@@ -108,7 +110,7 @@ fn acquire_all_is_all_or_nothing() {
 
 #[test]
 fn wrong_type_is_an_error_not_an_outage() {
-    let server = Server::with_module();
+    let server = Server::start();
     let limiter = limiter(&server, options(OnError::Open));
     let _: () = redis::cmd("SET")
         .arg("str")
@@ -125,7 +127,7 @@ fn wrong_type_is_an_error_not_an_outage() {
 
 #[test]
 fn unknown_command_makes_it_look_again_and_fall_back_to_lua() {
-    let mut server = Server::with_module();
+    let mut server = Server::start();
     let limiter = limiter(&server, options(OnError::Closed));
     assert_eq!(
         limiter.acquire("k", &slow(), 1.0).unwrap().source,
@@ -133,9 +135,9 @@ fn unknown_command_makes_it_look_again_and_fall_back_to_lua() {
     );
     // The same port, now without the module: the first call is an outage (the connection
     // broke); the next reaches a server where RL.ACQUIRE is unknown.
-    server.stop();
+    server.kill();
     server.module = false;
-    server.start();
+    server.restart();
     let mut source = Source::Closed;
     for _ in 0..50 {
         source = limiter.acquire("k", &slow(), 1.0).unwrap().source;
@@ -150,7 +152,7 @@ fn unknown_command_makes_it_look_again_and_fall_back_to_lua() {
 
 #[test]
 fn refuse_on_a_module_server_works_as_usual() {
-    let server = Server::with_module();
+    let server = Server::start();
     let limiter = limiter(
         &server,
         options(OnError::Closed).without_module(WithoutModule::Refuse),

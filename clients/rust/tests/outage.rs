@@ -2,6 +2,8 @@
 //! counted, and logged once), the server restarts on the same port, and decisions go back to
 //! Redis. Also a stopped (SIGSTOP) server that times out, and OOM / READONLY replies.
 
+#![cfg(test)]
+
 mod common;
 
 use std::time::{Duration, Instant};
@@ -22,7 +24,7 @@ fn outage(on_error: OnError, module: bool, instances: u32) -> Vec<Decision> {
     let up = if module { Source::Redis } else { Source::Lua };
     assert_eq!(limiter.acquire("warm", &slow(), 1.0).unwrap().source, up);
     take_logs();
-    server.stop();
+    server.kill();
     let limit = Limit::new(0.001, 4.0).unwrap();
     let down: Vec<Decision> = (0..6)
         .map(|_| limiter.acquire("k", &limit, 1.0).unwrap())
@@ -42,7 +44,7 @@ fn outage(on_error: OnError, module: bool, instances: u32) -> Vec<Decision> {
     assert_eq!(by_policy, 6);
     assert_eq!(counters.without_redis(), 6);
     assert_eq!(counters.outages, 1);
-    server.start();
+    server.restart();
     let back = limiter.acquire("k", &limit, 1.0).unwrap();
     let logs = take_logs();
     assert_eq!(logs.len(), 1, "{logs:?}");
@@ -98,18 +100,18 @@ fn local_policy_on_the_lua_path() {
 
 #[test]
 fn between_probes_the_policy_decides_without_trying_redis() {
-    let mut server = Server::with_module();
+    let mut server = Server::start();
     let limiter = limiter(
         &server,
         options(OnError::Open).probe_interval(Duration::from_secs(60)),
     );
     limiter.acquire("k", &slow(), 1.0).unwrap();
-    server.stop();
+    server.kill();
     assert_eq!(
         limiter.acquire("k", &slow(), 1.0).unwrap().source,
         Source::Open
     );
-    server.start();
+    server.restart();
     // Redis is back, but the next probe is a minute away.
     assert_eq!(
         limiter.acquire("k", &slow(), 1.0).unwrap().source,
@@ -120,7 +122,7 @@ fn between_probes_the_policy_decides_without_trying_redis() {
 
 #[test]
 fn a_stopped_server_times_out_into_the_policy() {
-    let server = Server::with_module();
+    let server = Server::start();
     let limiter = redis_rl_client::Limiter::new(
         server.client(),
         options(OnError::Open)
@@ -131,7 +133,7 @@ fn a_stopped_server_times_out_into_the_policy() {
         limiter.acquire("k", &slow(), 1.0).unwrap().source,
         Source::Redis
     );
-    let pid = server.pid().to_string();
+    let pid = server.pid().expect("running").to_string();
     let signal = |name: &str| {
         let status = std::process::Command::new("kill")
             .args([name, &pid])

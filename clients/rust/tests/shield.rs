@@ -2,6 +2,8 @@
 //! larger costs cached, smaller costs and refunds sent on, entries ending when retry_after
 //! has passed, and the size bound.
 
+#![cfg(test)]
+
 mod common;
 
 use std::time::Duration;
@@ -42,7 +44,7 @@ fn without_the_shield_every_call_reaches_the_server() {
 
 #[test]
 fn smaller_costs_and_refunds_go_to_redis() {
-    let server = Server::with_module();
+    let server = Server::start();
     let limiter = limiter(&server, options(OnError::Closed).deny_cache(true));
     let limit = Limit::new(0.001, 3.0).unwrap();
     assert!(limiter.acquire("k", &limit, 2.0).unwrap().allowed);
@@ -68,7 +70,7 @@ fn smaller_costs_and_refunds_go_to_redis() {
 
 #[test]
 fn acquire_all_is_shielded_by_its_refusing_bucket() {
-    let server = Server::with_module();
+    let server = Server::start();
     let limiter = limiter(&server, options(OnError::Closed).deny_cache(true));
     let items = [
         ("{u}:a", Limit::new(0.001, 5.0).unwrap(), 1.0),
@@ -91,7 +93,7 @@ fn acquire_all_is_shielded_by_its_refusing_bucket() {
 
 #[test]
 fn a_cache_entry_ends_when_retry_after_has_passed() {
-    let server = Server::with_module();
+    let server = Server::start();
     let limiter = limiter(&server, options(OnError::Closed).deny_cache(true));
     let limit = Limit::new(20.0, 1.0).unwrap(); // a token every 50 ms
     limiter.acquire("k", &limit, 1.0).unwrap();
@@ -106,7 +108,7 @@ fn a_cache_entry_ends_when_retry_after_has_passed() {
 
 #[test]
 fn the_cache_is_bounded() {
-    let server = Server::with_module();
+    let server = Server::start();
     let limiter = limiter(&server, options(OnError::Closed).deny_cache_entries(3));
     let limit = Limit::new(0.001, 1.0).unwrap();
     for i in 0..10 {

@@ -3,6 +3,8 @@
 //! tables and on the Lua fallback, the keys each path writes, the failure policy during an
 //! outage, and the deny cache counted with INFO commandstats.
 
+#![cfg(test)]
+
 mod common;
 
 use std::time::{Duration, Instant};
@@ -132,7 +134,7 @@ fn run_sequences(limiter: &Limiter, what: &str) {
 
 #[test]
 fn module_tables_give_the_vectors_replies() {
-    let server = Server::with_module();
+    let server = Server::start();
     let limiter = limiter(&server, options(OnError::Closed));
     run_sequences(&limiter, "module");
     assert_eq!(limiter.path(), Some(Path::Module));
@@ -159,7 +161,7 @@ fn keys(server: &Server) -> Vec<String> {
 
 #[test]
 fn the_module_keeps_one_key_per_shard() {
-    let server = Server::with_module();
+    let server = Server::start();
     let limiter = limiter(&server, options(OnError::Closed));
     let table = limiter.table("api", 4).unwrap();
     let fields: Vec<String> = (0..40).map(|n| format!("user:{n}")).collect();
@@ -231,7 +233,7 @@ fn the_lua_path_keeps_one_hash_per_field_under_the_shards_tag() {
 
 #[test]
 fn wrong_type_is_an_error_not_a_policy_decision() {
-    let server = Server::with_module();
+    let server = Server::start();
     let limiter = limiter(&server, options(OnError::Open));
     let _: () = redis::cmd("SET")
         .arg("t:{0}")
@@ -257,7 +259,7 @@ fn outage(on_error: OnError, module: bool, instances: u32) -> Vec<(bool, Source)
     let table = limiter.table("t", 3).unwrap();
     let up = if module { Source::Redis } else { Source::Lua };
     assert_eq!(table.acquire("warm", &slow(), 1.0).unwrap().source, up);
-    server.stop();
+    server.kill();
     let limit = Limit::new(0.001, 4.0).unwrap();
     let down: Vec<(bool, Source)> = (0..6)
         .map(|_| table.acquire("f", &limit, 1.0).unwrap())
@@ -280,7 +282,7 @@ fn outage(on_error: OnError, module: bool, instances: u32) -> Vec<(bool, Source)
                 .allowed
         );
     }
-    server.start();
+    server.restart();
     let back = table.acquire("f", &limit, 1.0).unwrap();
     assert_eq!((back.source, back.remaining), (up, 3)); // the restarted server is empty
     down
@@ -407,7 +409,7 @@ async fn async_tables_decide_as_the_sync_ones_on_both_paths() {
 
 #[tokio::test(flavor = "current_thread")]
 async fn async_outage_applies_the_policy_and_delete_fails() {
-    let mut server = Server::with_module();
+    let mut server = Server::start();
     let options = Options::new(OnError::Local)
         .instances(2)
         .probe_interval(Duration::ZERO);
@@ -417,7 +419,7 @@ async fn async_outage_applies_the_policy_and_delete_fails() {
         table.acquire("warm", &slow(), 1.0).await.unwrap().source,
         Source::Redis
     );
-    server.stop();
+    server.kill();
     let limit = Limit::new(0.001, 4.0).unwrap();
     let mut down = Vec::new();
     for _ in 0..3 {
@@ -433,7 +435,7 @@ async fn async_outage_applies_the_policy_and_delete_fails() {
         ]
     );
     assert!(table.delete(&["f"]).await.is_err());
-    server.start();
+    server.restart();
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
         let d = table.acquire("f", &limit, 1.0).await.unwrap();

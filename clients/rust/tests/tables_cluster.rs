@@ -1,17 +1,16 @@
 //! Bucket tables on a real Redis Cluster with the module on every node (three masters, three
-//! replicas: the repository's harness in tests/common/cluster.rs): a table's shards `name:{i}`
+//! replicas: the repository's harness, rl-testkit's cluster): a table's shards `name:{i}`
 //! land on the masters of their slots, every master holds some of a 16-shard table, and the
 //! blocking and async limiters decide, count and delete across them.
 
-#[path = "../../../tests/common/mod.rs"]
-mod root;
+#![cfg(test)]
 
 use std::collections::BTreeSet;
 use std::time::Duration;
 
 use redis::cluster::ClusterClient;
 use redis_rl_client::{shard_of, AsyncLimiter, Limit, Limiter, OnError, Options, Source};
-use root::cluster::Cluster;
+use rl_testkit::cluster::Cluster;
 
 fn client(cluster: &Cluster) -> ClusterClient {
     let urls: Vec<String> = cluster

@@ -16,17 +16,29 @@
 //!
 //! and taking `cost` tokens moves `full_at` to `max(full_at, now) + cost × T`.
 //!
+//! # Rates are the decimals typed
+//!
+//! `rate`, `capacity` and `cost` are exact decimals, parsed from their text ([`Limit::parse`],
+//! [`Cost::parse`]) and never through a double: `0.1` is one token every 10 s exactly, not
+//! the double 0.1000000000000000055…. A rate may also be `N/S`, N tokens every S seconds,
+//! both positive decimals: `100/60` is 100 a minute, one token every 0.6 s, which no decimal
+//! can write. The ranges (`1e-6..=1e9` tokens per second, a capacity up to `1e15`, a full
+//! refill within 100 years) are checked on these exact values. A double given to
+//! [`Limit::new`] or [`Cost::new`] is taken as the shortest decimal that reads back as it
+//! (what `Display` prints and the client libraries send), so `Limit::new(0.1, …)` is the same
+//! bucket as the text `0.1`.
+//!
 //! # Why it is exact at every rate
 //!
-//! `T` is rarely a whole number of nanoseconds (`1e9 / 3`, or `1e9 / 0.3` where `0.3` is
-//! really the double `5404319552844595 / 2^54`), so a state rounded to whole nanoseconds loses
-//! part of a nanosecond on every take, and two takes in one instant lose a token. Instead the
-//! math runs in **ticks**: `T` is reduced to an exact fraction `ticks_per_token /
-//! ticks_per_ns` (the rate is taken as the exact value of its double, so the denominator is
-//! below 2^53), and one tick is `1 / ticks_per_ns` ns. Every instant the bucket produces,
-//! `now` (whole ns) plus whole multiples of `T`, is a whole number of ticks, so every
-//! comparison is an integer comparison in `u128`, with no rounding at all for integer
-//! capacities and costs:
+//! `T = 1e9 / rate` is often not a whole number of nanoseconds (`1e9 / 3`, or `100/60`'s
+//! `6e8`, which is whole, but `7/3`'s `3e9 / 7`, which is not), so a state rounded to whole
+//! nanoseconds loses part of a nanosecond on every take, and two takes in one instant lose a
+//! token. Instead the math runs in **ticks**: `T` is reduced to an exact fraction
+//! `ticks_per_token / ticks_per_ns` (for `rate = n × 10^e`, `T = 10^(9-e) / n`, so the
+//! denominator divides the rate's digits), and one tick is `1 / ticks_per_ns` ns. Every
+//! instant the bucket produces, `now` (whole ns) plus whole multiples of `T`, is a whole
+//! number of ticks, so every comparison is an integer comparison in `u128`, with no rounding
+//! at all for integer capacities and costs:
 //!
 //! - **Bursts:** from full, takes in one instant are allowed while their sum is at most
 //!   `capacity`, and `remaining` is exactly `capacity` minus the sum.
@@ -34,23 +46,39 @@
 //! - **No drift:** nothing is accumulated; after any number of calls the count is the model's.
 //!
 //! The stored instant is `full_at_ns` (whole ns) plus `full_at_frac`, the part of a nanosecond
-//! in units of 2^-63 ns, **rounded up**. Because `ticks_per_ns < 2^63`, rounding the fraction
+//! in units of 2^-63 ns, **rounded up**. Because `ticks_per_ns <= 2^62`, rounding the fraction
 //! `rem / ticks_per_ns` up to 2^-63 is reversible: decoding at the same rate recovers `rem`
 //! exactly (see [`State::ticks`]). Decoding at another rate (the caller changed the limit)
 //! re-expresses the instant in the new rate's ticks, rounded up, so a limit change can make
-//! the bucket stricter by under a tick, never laxer by more than 2^-63 ns.
+//! the bucket stricter by under a tick, never laxer by more than 2^-63 ns. A state written by
+//! 0.1.0 or 0.2.0, which took a rate as the exact value of its double (`0.1` was
+//! 0.1000000000000000055…/s), is read the same way: it is the same instant, re-expressed in
+//! the decimal rate's ticks, so it is at most one tick stricter.
 //!
-//! Most buckets never have a fraction: every rate dividing 1e9 (1/s, 8/s, 1000/s, 0.5/s …)
-//! has `ticks_per_ns = 1`. Then the state is 64 bits and lives in the value pointer; only a
-//! state with a fraction costs the 16-byte allocation (see `datatype`).
+//! Most buckets never have a fraction: every rate whose `T` is a whole number of nanoseconds
+//! (1/s, 8/s, 1000/s, 0.5/s, 0.1/s, 0.01/s, 0.000001/s, `100/60` …) has `ticks_per_ns = 1`.
+//! Then the state is 64 bits and lives in the value pointer; only a state with a fraction
+//! costs the 16-byte allocation (see `datatype`).
+//!
+//! **Decimals too fine for the tick.** The fraction is reversible only for a denominator of
+//! at most 2^62. Every rate of up to 18 significant digits (every double's shortest decimal
+//! has at most 17) fits: the denominator divides its digits, below 10^18 < 2^62. So does
+//! every `N/S` whose N and S have up to 18 digits each: the denominator divides N's digits
+//! times a power of ten, and that product is at most S's digits, since `T >= 1` ns. A longer decimal whose exact `T` needs a finer tick (say
+//! `1.000000000000000000000001`, whose denominator is 10^24 + 1) is not refused: its
+//! decimals are cut to 18 significant digits, N (or the rate) rounded down and S rounded up.
+//! That only slows the rate, by under a part in 10^17, and never below the slowest rate
+//! accepted; the range checks have already been made on the exact value.
 //!
 //! What is not exact, and by how much:
 //!
 //! - **Fractional capacity or cost** (2.5, 0.1): `capacity × T` is rounded down and
-//!   `cost × T` up to a whole tick, both from the exact values of the doubles. A decision is
-//!   at most two ticks (under 2 ns of refill) stricter than the model and never laxer. The
-//!   doubles themselves are the nearest to the decimals typed (relative error under 2^-53).
+//!   `cost × T` up to a whole tick, from the exact decimals. A decision is at most two ticks
+//!   (under 2 ns of refill) stricter than the model and never laxer.
 //! - **A refund** gives back `cost × T` rounded down to a tick: never more than asked.
+//! - **A denial near 2262.** If taking `cost` at the promised retry would store an instant
+//!   past [`MAX_FULL_AT_NS`], the request is [`Outcome::Impossible`] now, rather than a
+//!   promise that the retry would break.
 //!
 //! Other properties:
 //!
@@ -75,32 +103,20 @@
 //! assert_eq!(decision.remaining, 0); // a burst of 7 in one instant gets exactly 7
 //! ```
 
-#![deny(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
-#![cfg_attr(
-    test,
-    allow(
-        clippy::unwrap_used,
-        clippy::expect_used,
-        clippy::panic,
-        clippy::indexing_slicing
-    )
-)]
-
 use std::num::NonZeroU64;
+
+mod decimal;
+
+pub use decimal::Decimal;
+use decimal::Round;
 
 const NS_PER_US: u64 = 1_000;
 const NS_PER_MS: u64 = 1_000_000;
-/// `1e9 = 2^9 × 5^9`: the factors `T = 1e9 / rate` can cancel.
-const FIVE_POW_9: u128 = 1_953_125;
 /// The stored fraction of a nanosecond is in units of `2^-FRAC_BITS` ns.
 const FRAC_BITS: u32 = 63;
 const FRAC_MASK: u128 = (1 << FRAC_BITS) - 1;
-/// The finest tick: a double rate has a denominator of at most 2^53, a period one of 1e9.
+/// The finest tick, 2^-62 ns: the stored fraction (units of 2^-63 ns) is reversible only for
+/// denominators below 2^63.
 const MAX_TICKS_PER_NS: u64 = 1 << 62;
 
 /// Slowest refill accepted, in tokens per second (one token in about 11.6 days).
@@ -109,6 +125,8 @@ pub const MIN_RATE_PER_S: f64 = 1e-6;
 pub const MAX_RATE_PER_S: f64 = 1e9;
 /// Largest burst accepted, in tokens.
 pub const MAX_CAPACITY: f64 = 1e15;
+/// [`MAX_CAPACITY`] as an integer.
+const MAX_CAPACITY_TOKENS: u128 = 1_000_000_000_000_000;
 /// The longest full refill (`capacity / rate`) accepted: 100 years, in seconds. The state
 /// must be able to hold `now + capacity × T` (it ends in 2262), so a bucket can always hand
 /// out every token it reports.
@@ -123,11 +141,13 @@ pub const MAX_FULL_AT_FRAC: u64 = FRAC_MASK as u64;
 /// crate a `Limit` is always valid.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Limit {
-    rate_per_s: f64,
-    capacity: f64,
+    /// The rate is `tokens` every `period_s` seconds (`period_s` is 1 for a plain decimal).
+    tokens: Decimal,
+    period_s: Decimal,
+    capacity: Decimal,
     /// `T` in ticks: `T = ticks_per_token / ticks_per_ns` ns, in lowest terms.
     ticks_per_token: u128,
-    /// Ticks in one nanosecond: the denominator of `T`, at most 2^53.
+    /// Ticks in one nanosecond: the denominator of `T`, at most 2^62.
     ticks_per_ns: u64,
     /// `capacity × T` in ticks, rounded down (exact for an integer capacity).
     capacity_ticks: u128,
@@ -136,77 +156,97 @@ pub struct Limit {
 /// Which half of a limit was out of range.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LimitError {
-    /// `rate` was not finite, or outside `MIN_RATE_PER_S..=MAX_RATE_PER_S`.
+    /// `rate` was not a decimal (or `N/S` of two positive decimals), or its value was outside
+    /// `MIN_RATE_PER_S..=MAX_RATE_PER_S`.
     Rate,
-    /// `capacity` was not finite, not above zero, or above `MAX_CAPACITY`.
+    /// `capacity` was not a decimal above zero and at most `MAX_CAPACITY`.
     Capacity,
     /// `capacity / rate` (a full refill) is longer than `MAX_REFILL_S`.
     RefillTime,
 }
 
+/// The most significant digits kept of a rate's decimals when its exact `T` needs a finer
+/// tick than 2^-62 ns: every decimal of up to 18 digits gives a tick denominator below
+/// 10^18 < 2^62 (see the crate docs, "Why it is exact").
+const ROUNDED_RATE_DIGITS: u32 = 18;
+/// `MAX_REFILL_S` in nanoseconds.
+const MAX_REFILL_NS: u128 = 3_153_600_000 * 1_000_000_000;
+/// The slowest `T`: 1e15 ns, one token per 1e6 s.
+const MAX_NS_PER_TOKEN: u128 = 1_000_000_000_000_000;
+
 impl Limit {
-    /// Builds a limit of `rate_per_s` tokens per second and a burst of `capacity` tokens. The
-    /// rate is the exact value of the double.
+    /// Parses a limit from the texts a user typed: `rate` is a decimal (`10`, `0.1`, `2.5e3`)
+    /// in tokens per second, or `N/S`, N tokens every S seconds, both positive decimals
+    /// (`100/60`, `3/10`); `capacity` is a decimal. Both are taken exactly, never through a
+    /// double: `0.1` is one token every 10 s, and `100/60` one every 0.6 s.
+    ///
+    /// The grammar of each decimal is [`Decimal::parse`]'s: an optional `+`, digits with an
+    /// optional `.`, an optional exponent, at most 38 significant digits; no whitespace,
+    /// `inf`, `nan` or hex.
+    ///
+    /// ```
+    /// use rl_bucket::Limit;
+    ///
+    /// let per_minute = Limit::parse(b"100/60", b"100").unwrap();
+    /// assert_eq!(per_minute.ns_per_token(), (600_000_000, 1)); // 0.6 s a token, exactly
+    /// assert_eq!(Limit::parse(b"0.1", b"1").unwrap().ns_per_token(), (10_000_000_000, 1));
+    /// ```
     ///
     /// # Errors
-    /// [`LimitError::Rate`] unless `1e-6 <= rate_per_s <= 1e9`;
-    /// [`LimitError::Capacity`] unless `0 < capacity <= 1e15`. NaN and infinities fail both.
-    /// [`LimitError::RefillTime`] unless `capacity / rate_per_s <= MAX_REFILL_S`.
-    pub fn new(rate_per_s: f64, capacity: f64) -> Result<Self, LimitError> {
-        if !(MIN_RATE_PER_S..=MAX_RATE_PER_S).contains(&rate_per_s) {
-            return Err(LimitError::Rate);
-        }
-        let (ticks_per_token, ticks_per_ns) = ns_per_token(rate_per_s).ok_or(LimitError::Rate)?;
-        Self::build(rate_per_s, capacity, ticks_per_token, ticks_per_ns)
+    /// In argument order: [`LimitError::Rate`] unless `rate` parses and is from `1e-6` to `1e9`
+    /// tokens per second (checked on the exact value); [`LimitError::Capacity`] unless
+    /// `capacity` parses and `0 < capacity <= 1e15`; [`LimitError::RefillTime`] unless
+    /// `capacity / rate <= MAX_REFILL_S`.
+    pub fn parse(rate: &[u8], capacity: &[u8]) -> Result<Self, LimitError> {
+        let (tokens, period_s) = parse_rate(rate).ok_or(LimitError::Rate)?;
+        rate_in_range(tokens, period_s)?;
+        let capacity = Decimal::parse(capacity).ok_or(LimitError::Capacity)?;
+        Self::from_decimals(tokens, period_s, capacity)
     }
 
-    /// Builds a limit of `tokens` every `period_ns` nanoseconds, exactly: "3 per 10 s" is
-    /// `T = 10e9 / 3` ns, not `1e9 / 0.3` with `0.3` rounded to a double.
+    /// A limit of `tokens` every `period_s` seconds and a burst of `capacity`, all exact
+    /// decimals: what [`Limit::parse`] builds from `N/S`, and `RL.GCRA` from its integer
+    /// count and decimal period.
     ///
     /// # Errors
-    /// As for [`Limit::new`], with the rate `tokens / period` (and `Rate` for zeros).
-    pub fn per_period(tokens: u64, period_ns: u64, capacity: f64) -> Result<Self, LimitError> {
-        if tokens == 0 || period_ns == 0 {
-            return Err(LimitError::Rate);
-        }
-        let rate_per_s = tokens as f64 * 1e9 / period_ns as f64;
-        // Compare exactly where the quotient rounds: tokens × 1e9 / period within the range.
-        let scaled = u128::from(tokens) * 1_000_000_000;
-        let too_slow = scaled * 1_000_000 < u128::from(period_ns);
-        let too_fast = scaled > u128::from(period_ns) * 1_000_000_000;
-        if too_slow || too_fast {
-            return Err(LimitError::Rate);
-        }
-        let gcd = gcd(u128::from(period_ns), u128::from(tokens));
-        let ticks_per_ns = u64::try_from(u128::from(tokens) / gcd).map_err(|_| LimitError::Rate)?;
-        Self::build(
-            rate_per_s,
-            capacity,
-            u128::from(period_ns) / gcd,
-            ticks_per_ns,
-        )
-    }
-
-    fn build(
-        rate_per_s: f64,
-        capacity: f64,
-        ticks_per_token: u128,
-        ticks_per_ns: u64,
+    /// As for [`Limit::parse`], with the rate `tokens / period_s`.
+    pub fn from_decimals(
+        tokens: Decimal,
+        period_s: Decimal,
+        capacity: Decimal,
     ) -> Result<Self, LimitError> {
-        if !(capacity > 0.0 && capacity <= MAX_CAPACITY) {
+        rate_in_range(tokens, period_s)?;
+        if capacity.is_zero() || capacity > Decimal::from_int(MAX_CAPACITY_TOKENS) {
             return Err(LimitError::Capacity);
         }
-        // The stored fraction (2^-63 ns) is reversible only for denominators below 2^63.
-        if ticks_per_ns == 0 || ticks_per_ns > MAX_TICKS_PER_NS {
-            return Err(LimitError::Rate);
-        }
-        if capacity / rate_per_s > MAX_REFILL_S {
+        let (ticks_per_token, ticks_per_ns) = ns_per_token(tokens, period_s)
+            .or_else(|| {
+                // The exact T needs a finer tick than the state's fraction can carry: round
+                // the rate's decimals toward the slower rate (see the crate docs).
+                let tokens = tokens.round_to(ROUNDED_RATE_DIGITS, Round::Down);
+                let period_s = period_s.round_to(ROUNDED_RATE_DIGITS, Round::Up);
+                let (p, q) = ns_per_token(tokens, period_s)?;
+                // Rounding can only slow the rate; never below the slowest one accepted.
+                Some(if p > MAX_NS_PER_TOKEN * u128::from(q) {
+                    (MAX_NS_PER_TOKEN, 1)
+                } else {
+                    (p, q)
+                })
+            })
+            .ok_or(LimitError::Rate)?;
+        // capacity × T <= MAX_REFILL_S, exactly: ceil(capacity × ticks_per_token) ticks.
+        let refill_ticks = capacity
+            .mul_round(ticks_per_token, Round::Up)
+            .ok_or(LimitError::RefillTime)?;
+        if refill_ticks > MAX_REFILL_NS * u128::from(ticks_per_ns) {
             return Err(LimitError::RefillTime);
         }
-        let capacity_ticks =
-            mul_f64(ticks_per_token, capacity, Round::Down).ok_or(LimitError::RefillTime)?;
+        let capacity_ticks = capacity
+            .mul_round(ticks_per_token, Round::Down)
+            .ok_or(LimitError::RefillTime)?;
         Ok(Self {
-            rate_per_s,
+            tokens,
+            period_s,
             capacity,
             ticks_per_token,
             ticks_per_ns,
@@ -214,13 +254,56 @@ impl Limit {
         })
     }
 
-    /// Tokens added per second.
-    pub fn rate_per_s(&self) -> f64 {
-        self.rate_per_s
+    /// Builds a limit of `rate_per_s` tokens per second and a burst of `capacity` tokens from
+    /// doubles. Each double is taken as the shortest decimal that reads back as it (what
+    /// `Display` prints, and what the client libraries send to the module), so `0.1` is
+    /// exactly one token every 10 s, and a bucket built here agrees with the module's bucket
+    /// for the same numbers.
+    ///
+    /// # Errors
+    /// [`LimitError::Rate`] unless `1e-6 <= rate_per_s <= 1e9`;
+    /// [`LimitError::Capacity`] unless `0 < capacity <= 1e15`. NaN and infinities fail both.
+    /// [`LimitError::RefillTime`] unless `capacity / rate_per_s <= MAX_REFILL_S`.
+    pub fn new(rate_per_s: f64, capacity: f64) -> Result<Self, LimitError> {
+        let rate = Decimal::from_f64(rate_per_s).ok_or(LimitError::Rate)?;
+        rate_in_range(rate, Decimal::ONE)?;
+        let capacity = Decimal::from_f64(capacity).ok_or(LimitError::Capacity)?;
+        Self::from_decimals(rate, Decimal::ONE, capacity)
     }
 
-    /// The most tokens the bucket holds.
+    /// Builds a limit of `tokens` every `period_ns` nanoseconds, exactly: "3 per 10 s" is
+    /// `T = 10e9 / 3` ns.
+    ///
+    /// # Errors
+    /// As for [`Limit::new`], with the rate `tokens / period` (and `Rate` for zeros).
+    pub fn per_period(tokens: u64, period_ns: u64, capacity: f64) -> Result<Self, LimitError> {
+        let (tokens, period_s) = (
+            Decimal::from_int(u128::from(tokens)),
+            Decimal::new(u128::from(period_ns), -9),
+        );
+        rate_in_range(tokens, period_s)?;
+        let capacity = Decimal::from_f64(capacity).ok_or(LimitError::Capacity)?;
+        Self::from_decimals(tokens, period_s, capacity)
+    }
+
+    /// Tokens added per second, as the nearest double (for display; the bucket uses the exact
+    /// value).
+    pub fn rate_per_s(&self) -> f64 {
+        self.tokens.to_f64() / self.period_s.to_f64()
+    }
+
+    /// The most tokens the bucket holds, as the nearest double.
     pub fn capacity(&self) -> f64 {
+        self.capacity.to_f64()
+    }
+
+    /// The rate exactly: `(tokens, period_s)`, `tokens` every `period_s` seconds.
+    pub fn rate(&self) -> (Decimal, Decimal) {
+        (self.tokens, self.period_s)
+    }
+
+    /// The capacity exactly.
+    pub fn capacity_exact(&self) -> Decimal {
         self.capacity
     }
 
@@ -231,14 +314,14 @@ impl Limit {
 
     /// `cost × T` in ticks, rounded up; `None` when `cost` exceeds the capacity.
     fn cost_ticks(&self, cost: Cost) -> Option<u128> {
+        // One token is the common case, and exact without the general product.
+        if cost == Cost::ONE {
+            return (self.capacity >= Decimal::ONE).then_some(self.ticks_per_token);
+        }
         if cost.0 > self.capacity {
             return None;
         }
-        // An integer cost is the common case, and exact without the general product.
-        if cost.0 == 1.0 {
-            return Some(self.ticks_per_token);
-        }
-        mul_f64(self.ticks_per_token, cost.0, Round::Up)
+        cost.0.mul_round(self.ticks_per_token, Round::Up)
     }
 
     /// Whole tokens in a bucket `debt_ticks` short of full: the largest integer `k` with
@@ -266,23 +349,75 @@ impl Limit {
     fn now_ticks(&self, now_us: u64) -> u128 {
         u128::from(now_us.saturating_mul(NS_PER_US)) * u128::from(self.ticks_per_ns)
     }
+
+    /// Whether a state at `ticks` can be stored (before [`MAX_FULL_AT_NS`]).
+    fn storable(&self, ticks: u128) -> bool {
+        // `from_ticks` succeeds iff the whole nanoseconds fit: its fraction always does.
+        ticks < u128::from(MAX_FULL_AT_NS + 1) * u128::from(self.ticks_per_ns)
+    }
 }
 
-/// A request's size in tokens: finite and not negative.
+/// `N/S` or a plain decimal (`S` = 1), each part a positive decimal.
+fn parse_rate(rate: &[u8]) -> Option<(Decimal, Decimal)> {
+    let (tokens, period_s) = match rate.iter().position(|&b| b == b'/') {
+        Some(at) => (
+            Decimal::parse(rate.get(..at)?)?,
+            Decimal::parse(rate.get(at + 1..)?)?,
+        ),
+        None => (Decimal::parse(rate)?, Decimal::ONE),
+    };
+    (!tokens.is_zero() && !period_s.is_zero()).then_some((tokens, period_s))
+}
+
+/// `1e-6 <= tokens / period_s <= 1e9` on the exact values: `period_s <= tokens × 1e6` and
+/// `tokens <= period_s × 1e9`.
+fn rate_in_range(tokens: Decimal, period_s: Decimal) -> Result<(), LimitError> {
+    let ok = !tokens.is_zero()
+        && !period_s.is_zero()
+        && period_s <= tokens.shifted(6)
+        && tokens <= period_s.shifted(9);
+    ok.then_some(()).ok_or(LimitError::Rate)
+}
+
+/// A request's size in tokens: an exact decimal `>= 0`.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Cost(f64);
+pub struct Cost(Decimal);
 
 impl Cost {
     /// One token, the default cost.
-    pub const ONE: Cost = Cost(1.0);
+    pub const ONE: Cost = Cost(Decimal::ONE);
 
-    /// `None` unless `tokens` is finite and `>= 0`.
-    pub fn new(tokens: f64) -> Option<Self> {
-        (tokens.is_finite() && tokens >= 0.0).then_some(Self(tokens))
+    /// Parses a cost from its text, exactly (the grammar of [`Decimal::parse`]). `None` for
+    /// anything that is not a decimal `>= 0`.
+    ///
+    /// ```
+    /// use rl_bucket::Cost;
+    ///
+    /// assert_eq!(Cost::parse(b"1"), Some(Cost::ONE));
+    /// assert_eq!(Cost::parse(b"-1"), None);
+    /// ```
+    pub fn parse(text: &[u8]) -> Option<Self> {
+        Decimal::parse(text).map(Self)
     }
 
-    /// The cost in tokens.
+    /// An exact decimal cost.
+    pub fn from_decimal(tokens: Decimal) -> Self {
+        Self(tokens)
+    }
+
+    /// `None` unless `tokens` is finite and `>= 0`. The double is taken as the shortest
+    /// decimal that reads back as it, as [`Limit::new`] takes its numbers.
+    pub fn new(tokens: f64) -> Option<Self> {
+        Decimal::from_f64(tokens).map(Self)
+    }
+
+    /// The cost in tokens, as the nearest double.
     pub fn tokens(self) -> f64 {
+        self.0.to_f64()
+    }
+
+    /// The cost in tokens, exactly.
+    pub fn exact(self) -> Decimal {
         self.0
     }
 }
@@ -454,6 +589,12 @@ fn decide(
     // The bucket holds `cost` tokens iff it is at most (capacity - cost) × T short of full.
     let slack_ticks = limit.capacity_ticks.saturating_sub(cost_ticks);
     if debt_ticks > slack_ticks {
+        // At `now + retry` the bucket is still `full_ticks` (it is not full), so the take
+        // then moves it to `full_ticks + cost_ticks`. If that cannot be stored, the retry
+        // would be answered "impossible": say so now rather than promise it.
+        if !limit.storable(full_ticks.saturating_add(cost_ticks)) {
+            return (report(Outcome::Impossible, debt_ticks, 0), None, debt_ticks);
+        }
         let retry_ticks = debt_ticks - slack_ticks;
         return (
             report(Outcome::Denied, debt_ticks, retry_ticks),
@@ -513,12 +654,11 @@ pub fn refund(
 ) -> (Decision, Change) {
     let now_ticks = limit.now_ticks(now_us);
     let debt_ticks = limit.full_ticks(state).saturating_sub(now_ticks);
-    let give_ticks = mul_f64(
-        limit.ticks_per_token,
-        tokens.0.min(limit.capacity),
-        Round::Down,
-    )
-    .unwrap_or(0);
+    let give_ticks = tokens
+        .0
+        .min(limit.capacity)
+        .mul_round(limit.ticks_per_token, Round::Down)
+        .unwrap_or(0);
     let (new_debt_ticks, change) = match state {
         Some(_) if debt_ticks > 0 && give_ticks > 0 => {
             let new_debt_ticks = debt_ticks.saturating_sub(give_ticks);
@@ -544,89 +684,39 @@ pub fn refund(
 }
 
 // ---------------------------------------------------------------------------------------------
-// Exact arithmetic on doubles.
+// T from the rate's decimals.
 // ---------------------------------------------------------------------------------------------
 
-/// The exact value of a finite, non-negative double: `mantissa × 2^exponent`.
-fn dyadic(x: f64) -> (u64, i32) {
-    let bits = x.to_bits();
-    let biased = ((bits >> 52) & 0x7ff) as i32;
-    let fraction = bits & ((1 << 52) - 1);
-    if biased == 0 {
-        (fraction, -1074)
+/// `T = 1e9 × period_s / tokens` ns as `(numerator, denominator)` in lowest terms, for a rate
+/// in range; `None` when the denominator exceeds [`MAX_TICKS_PER_NS`].
+///
+/// With `period_s = s × 10^a` and `tokens = n × 10^b`, `T = s × 10^k / n` for
+/// `k = 9 + a - b`. After dividing out `gcd(s, n)`, only the twos and fives of `10^k` can
+/// cancel against the other side, so the reduction is a gcd and two short loops.
+fn ns_per_token(tokens: Decimal, period_s: Decimal) -> Option<(u128, u64)> {
+    let (s, n) = (period_s.digits(), tokens.digits());
+    let g = gcd(s, n);
+    let (mut p, mut q) = (s.checked_div(g)?, n.checked_div(g)?);
+    let k = 9 + i64::from(period_s.exp10()) - i64::from(tokens.exp10());
+    let k_abs = u32::try_from(k.unsigned_abs()).ok()?;
+    // 10^k on the side its sign puts it; what it cancels on the other side first.
+    let (top, bottom) = if k >= 0 {
+        (&mut p, &mut q)
     } else {
-        (fraction | (1 << 52), biased - 1075)
-    }
-}
-
-/// `T = 1e9 / rate` ns as `(numerator, denominator)` in lowest terms, for a rate in range.
-/// With `rate = m × 2^e` (m odd), `1e9 / rate = 5^9 × 2^(9 - e) / m`; only powers of five can
-/// cancel against the odd `m`, and only when `e > 9` is there a power of two below the line.
-fn ns_per_token(rate_per_s: f64) -> Option<(u128, u64)> {
-    let (mantissa, exponent) = dyadic(rate_per_s);
-    if mantissa == 0 {
-        return None;
-    }
-    let zeros = mantissa.trailing_zeros();
-    let mut odd = mantissa >> zeros;
-    let exponent = exponent + zeros as i32;
-    let mut fives = FIVE_POW_9;
-    while fives > 1 && odd % 5 == 0 {
-        odd /= 5;
-        fives /= 5;
-    }
-    let twos = 9 - exponent;
-    if twos >= 0 {
-        let shift = u32::try_from(twos).ok()?;
-        (fives.leading_zeros() > shift).then(|| (fives << shift, odd))
-    } else {
-        let shift = twos.unsigned_abs();
-        (odd.leading_zeros() > shift).then(|| (fives, odd << shift))
-    }
-}
-
-/// Which way an inexact product rounds.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Round {
-    Down,
-    Up,
-}
-
-/// `a × x` for a finite `x >= 0`, computed exactly and then rounded to an integer; `None` when
-/// it does not fit in `u128`.
-fn mul_f64(a: u128, x: f64, round: Round) -> Option<u128> {
-    let (mantissa, exponent) = dyadic(x);
-    if a == 0 || mantissa == 0 {
-        return Some(0);
-    }
-    let m = u128::from(mantissa);
-    if exponent >= 0 {
-        let product = a.checked_mul(m)?;
-        let shift = exponent.unsigned_abs();
-        return (product.leading_zeros() >= shift).then(|| product << shift);
-    }
-    // The 192-bit product a × m = high × 2^64 + low, shifted right by -exponent.
-    let low_product = (a & u128::from(u64::MAX)) * m;
-    let high = (a >> 64) * m + (low_product >> 64);
-    let low = low_product & u128::from(u64::MAX);
-    let shift = exponent.unsigned_abs();
-    let (quotient, inexact) = if shift < 64 {
-        if high.leading_zeros() < 64 - shift {
-            return None;
-        }
-        let mask = (1u128 << shift) - 1;
-        ((high << (64 - shift)) | (low >> shift), low & mask != 0)
-    } else if shift < 192 {
-        let t = shift - 64;
-        let mask = if t == 0 { 0 } else { (1u128 << t) - 1 };
-        (high >> t, low != 0 || high & mask != 0)
-    } else {
-        (0, true)
+        (&mut q, &mut p)
     };
-    match round {
-        Round::Down => Some(quotient),
-        Round::Up => quotient.checked_add(u128::from(inexact)),
+    let twos = bottom.trailing_zeros().min(k_abs);
+    *bottom >>= twos;
+    let mut fives = 0;
+    while fives < k_abs && *bottom % 5 == 0 {
+        *bottom /= 5;
+        fives += 1;
     }
+    *top = top
+        .checked_mul(2u128.checked_pow(k_abs - twos)?)?
+        .checked_mul(5u128.checked_pow(k_abs - fives)?)?;
+    let q = u64::try_from(q).ok().filter(|&q| q <= MAX_TICKS_PER_NS)?;
+    Some((p, q))
 }
 
 /// `(n / d, n % d)` for `d > 0`, in 64-bit arithmetic when both fit (the usual case, and

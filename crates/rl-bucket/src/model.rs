@@ -1,5 +1,6 @@
 //! The exact model the bucket is tested against: a token bucket in rational arithmetic
-//! (`BigRational`), with the rate as the exact value of its double. Test-only.
+//! (`BigRational`), with every number the exact decimal typed (a double is the decimal it
+//! prints as) and a rate `N/S` exactly N over S. Test-only.
 //!
 //! It shares no code and no representation with `bucket`: no ticks, no fixed-point fraction,
 //! no rounding until a reply is formed. State is the exact instant `full_at` (in ns), which
@@ -30,8 +31,52 @@ pub struct Model {
     pub full_at_ns: Option<BigRational>,
 }
 
+/// A double as the decimal it prints as (`Display`, the shortest that reads back as it): what
+/// the client libraries send, and what the bucket takes `Limit::new(0.1, …)` to mean.
 pub fn exact(x: f64) -> BigRational {
+    assert!(x.is_finite());
+    decimal(&format!("{x}"))
+}
+
+/// The exact value of a double's bits (what 0.1.0 and 0.2.0 took a rate to mean).
+pub fn exact_double(x: f64) -> BigRational {
     BigRational::from_float(x).expect("finite")
+}
+
+/// A decimal text, exactly: `[+]digits[.digits][(e|E)[+-]digits]`. Written here with
+/// big integers, so it shares nothing with the bucket's parser.
+pub fn decimal(text: &str) -> BigRational {
+    let text = text.strip_prefix('+').unwrap_or(text);
+    let (mantissa, exponent) = match text.find(['e', 'E']) {
+        Some(at) => (
+            &text[..at],
+            text[at + 1..].parse::<i64>().expect("exponent"),
+        ),
+        None => (text, 0),
+    };
+    let (int_part, frac_part) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    let all = format!("{int_part}{frac_part}");
+    let digits: BigInt = if all.is_empty() {
+        BigInt::zero()
+    } else {
+        all.parse().expect("digits")
+    };
+    let exp10 = exponent - frac_part.len() as i64;
+    let ten = BigInt::from(10);
+    let scale = num_traits::pow(ten, exp10.unsigned_abs() as usize);
+    if exp10 >= 0 {
+        BigRational::from_integer(digits * scale)
+    } else {
+        BigRational::new(digits, scale)
+    }
+}
+
+/// A rate text, `N/S` or a decimal, in tokens per second.
+pub fn rate(text: &str) -> BigRational {
+    match text.split_once('/') {
+        Some((n, s)) => decimal(n) / decimal(s),
+        None => decimal(text),
+    }
 }
 
 fn ceil_u64(x: &BigRational) -> u64 {
@@ -43,10 +88,21 @@ fn ceil_u64(x: &BigRational) -> u64 {
 
 impl Model {
     pub fn new(rate_per_s: f64, capacity: f64) -> Self {
-        Self::with_ns_per_token(
-            BigRational::from_integer(BigInt::from(1_000_000_000)) / exact(rate_per_s),
+        Self::exact(exact(rate_per_s), exact(capacity))
+    }
+
+    /// From the texts a user types: `rate` a decimal or `N/S`, `capacity` a decimal.
+    pub fn parse(rate_text: &str, capacity: &str) -> Self {
+        Self::exact(rate(rate_text), decimal(capacity))
+    }
+
+    /// `rate_per_s` tokens per second, exactly.
+    pub fn exact(rate_per_s: BigRational, capacity: BigRational) -> Self {
+        Self {
             capacity,
-        )
+            ns_per_token: BigRational::from_integer(BigInt::from(1_000_000_000)) / rate_per_s,
+            full_at_ns: None,
+        }
     }
 
     /// `tokens` every `period_ns`, exactly.
@@ -101,8 +157,12 @@ impl Model {
 
     /// Takes `cost` at `now_us` if the bucket holds it (cost 0: if it holds >= 0 tokens).
     pub fn acquire(&mut self, now_us: u64, cost: f64) -> Reply {
+        self.acquire_exact(now_us, exact(cost))
+    }
+
+    /// [`Model::acquire`] with an exact cost.
+    pub fn acquire_exact(&mut self, now_us: u64, cost: BigRational) -> Reply {
         let now_ns = BigRational::from_integer(BigInt::from(now_us) * 1000);
-        let cost = exact(cost);
         let debt_ns = self.debt_ns(&now_ns);
         let zero = BigRational::zero();
         if cost > self.capacity {
@@ -143,8 +203,13 @@ impl Model {
 
     /// Gives `tokens` back (at most the capacity): `tokens × T` less debt, never below full.
     pub fn refund(&mut self, now_us: u64, tokens: f64) {
+        self.refund_exact(now_us, exact(tokens))
+    }
+
+    /// [`Model::refund`] with an exact count.
+    pub fn refund_exact(&mut self, now_us: u64, tokens: BigRational) {
         let now_ns = BigRational::from_integer(BigInt::from(now_us) * 1000);
-        let give = exact(tokens).min(self.capacity.clone()) * &self.ns_per_token;
+        let give = tokens.min(self.capacity.clone()) * &self.ns_per_token;
         let debt_ns = self.debt_ns(&now_ns);
         if debt_ns.is_zero() || give.is_zero() {
             return;

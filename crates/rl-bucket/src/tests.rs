@@ -177,14 +177,28 @@ fn acquire_replies_exactly() {
                 None,
             ),
         ),
-        // full_at at the last representable instant (2262): denied, no overflow.
+        // full_at at the last representable instant (2262): the token would come back in
+        // time, but taking it then would store an instant past 2262, so a retry could only be
+        // answered "impossible". Impossible now, not a promise that fails later; no overflow.
         (
             call(5.0, 10.0, Some(MAX_FULL_AT_NS), NOW_US, 1.0),
             reply(
+                Impossible,
+                0,
+                (0, -1),
+                (7_523_372_036_854_775_807, 7_523_372_036_855),
+                None,
+            ),
+        ),
+        // One token (2e8 ns) before that instant, the take at the retry still fits: denied,
+        // with the wait until one token of the 10 is back (debt - 9 × 2e8 ns).
+        (
+            call(5.0, 10.0, Some(MAX_FULL_AT_NS - 200 * MS), NOW_US, 1.0),
+            reply(
                 Denied,
                 0,
-                (7_523_372_035_054_775_807, 7_523_372_035_055),
-                (7_523_372_036_854_775_807, 7_523_372_036_855),
+                (7_523_372_034_854_775_807, 7_523_372_034_855),
+                (7_523_372_036_654_775_807, 7_523_372_036_655),
                 None,
             ),
         ),
@@ -236,15 +250,15 @@ fn acquire_replies_exactly() {
             reply(Allowed, 9, (0, 0), (500 * MS, 500), Some(NOW_NS + 500 * MS)),
         ),
         // Slowest rate, largest capacity it accepts (3153 tokens: a century of refill). The
-        // double nearest 1e-6 is 0.000000999999999999999954748…, so one token is
-        // 1e15 + 0.045… ns of refill: the state keeps the fraction, the reply rounds up.
+        // decimal 0.000001 is one token per 1e15 ns exactly: a whole-ns state, no fraction.
+        // (0.2.0 took the double just below it: 1e15 + 0.045… ns, a state with a fraction.)
         (
             call(1e-6, 3153.0, None, NOW_US, 1.0),
             reply(
                 Allowed,
                 3152,
                 (0, 0),
-                (1_000_000_000_000_001, 1_000_000_001),
+                (1_000_000_000_000_000, 1_000_000_000),
                 Some(NOW_NS + 1_000_000_000_000_000),
             ),
         ),
@@ -496,6 +510,180 @@ fn clock_stepping_back_never_adds_tokens() {
 // ---------------------------------------------------------------------------------------------
 // Validated inputs.
 // ---------------------------------------------------------------------------------------------
+
+#[test]
+fn decimals_parse_exactly_in_the_plain_grammar() {
+    // (text, Some((digits, exp10)) for digits × 10^exp10, or None for not a decimal).
+    let rows: &[(&[u8], Option<(u128, i32)>)] = &[
+        (b"0.5", Some((5, -1))),      // fraction
+        (b"100", Some((1, 2))),       // integer, stored without trailing zeros
+        (b"2.5e3", Some((25, 2))),    // exponent
+        (b"1E2", Some((1, 2))),       // upper-case exponent
+        (b"1e+2", Some((1, 2))),      // signed exponent
+        (b"1e-2", Some((1, -2))),     // negative exponent
+        (b"007", Some((7, 0))),       // leading zeros
+        (b".5", Some((5, -1))),       // no leading digit
+        (b"5.", Some((5, 0))),        // no trailing digit
+        (b"+2", Some((2, 0))),        // a plus sign
+        (b"0.1", Some((1, -1))),      // exactly a tenth, not the double
+        (b"0", Some((0, 0))),         // zero
+        (b"-0", Some((0, 0))),        // minus zero is zero, as it was
+        (b"0.000e7", Some((0, 0))),   // zero in any spelling
+        (b"1e300", Some((1, 300))),   // huge: ranges refuse it later
+        (b"1e-300", Some((1, -300))), // tiny: ranges refuse it later
+        (
+            b"99999999999999999999999999999999999999",
+            Some((u128::pow(10, 38) - 1, 0)),
+        ), // 38 digits
+        (
+            b"1000000000000000000000000000000000000000000",
+            Some((1, 42)),
+        ), // zeros do not count
+        (
+            b"0.00000000000000000000000000000000000000000001",
+            Some((1, -44)),
+        ),
+        (b"999999999999999999999999999999999999999", None), // 39 significant digits
+        (b"-1", None),                                      // negative
+        (b"", None),                                        // empty
+        (b".", None),                                       // a point alone
+        (b"e5", None),                                      // an exponent alone
+        (b"1e", None),                                      // an exponent without digits
+        (b" 1", None),                                      // leading space
+        (b"1 ", None),                                      // trailing space
+        (b"1x", None),                                      // trailing junk
+        (b"nan", None),                                     // NaN spelled out
+        (b"inf", None),                                     // infinity spelled out
+        (b"0x10", None),                                    // hex
+        (b"1,5", None),                                     // locale comma
+        (b"1..2", None),                                    // two points
+        (b"+-1", None),                                     // two signs
+        (b"1/2", None),  // a fraction is a rate's form, not a decimal's
+        (b"\xff", None), // not UTF-8
+    ];
+    for (text, want) in rows {
+        let got = Decimal::parse(text).map(|d| (d.digits(), d.exp10()));
+        assert_eq!(got, *want, "{:?}", String::from_utf8_lossy(text));
+    }
+}
+
+#[test]
+fn rates_parse_as_exact_decimals_and_fractions() {
+    // (rate text, T as (ticks_per_token, ticks_per_ns)), all with a capacity of 1.
+    let rows: &[(&str, (u128, u64))] = &[
+        ("10", (100_000_000, 1)),                 // 0.1 s a token
+        ("0.1", (10_000_000_000, 1)),             // one token per 10 s exactly, whole ns
+        ("0.01", (100_000_000_000, 1)),           // whole ns: the inline 8-byte state
+        ("0.000001", (1_000_000_000_000_000, 1)), // the slowest rate, whole ns
+        ("1e-6", (1_000_000_000_000_000, 1)),
+        ("1000000000", (1, 1)),       // the fastest rate
+        ("3", (1_000_000_000, 3)),    // 1e9 / 3 ns: a fraction of a ns
+        ("0.3", (10_000_000_000, 3)), // 3 per 10 s exactly
+        ("100/60", (600_000_000, 1)), // 100 a minute: 0.6 s a token
+        ("5/1", (200_000_000, 1)),
+        ("3/10", (10_000_000_000, 3)),
+        ("7/3", (3_000_000_000, 7)),
+        ("1/3600", (3_600_000_000_000, 1)),        // one an hour
+        ("2.5/0.5", (200_000_000, 1)),             // both decimals: 5/s
+        ("1/1e-9", (1, 1)),                        // the fastest rate, as a fraction
+        ("1/1000000", (1_000_000_000_000_000, 1)), // the slowest rate, as a fraction
+        ("+2", (500_000_000, 1)),
+        // 19 significant digits whose exact T still fits the finest tick: exact.
+        (
+            "1.000000000000000001",
+            (10u128.pow(27), 1_000_000_000_000_000_001),
+        ),
+    ];
+    for &(rate, want) in rows {
+        let limit =
+            Limit::parse(rate.as_bytes(), b"1").unwrap_or_else(|e| panic!("rate {rate}: {e:?}"));
+        assert_eq!(limit.ns_per_token(), want, "rate {rate}");
+        let model = model::Model::parse(rate, "1").ns_per_token();
+        let (p, q) = want;
+        assert_eq!(
+            model,
+            num_rational::BigRational::new(p.into(), q.into()),
+            "rate {rate} against the model"
+        );
+    }
+}
+
+#[test]
+fn rates_and_capacities_out_of_range_name_their_argument() {
+    use LimitError::{Capacity, Rate, RefillTime};
+    let rows: &[(&str, &str, LimitError)] = &[
+        ("0.0000009", "1", Rate),                      // below 1e-6/s
+        ("0.00000099999999999999999999", "1", Rate),   // just below, past a double's digits
+        ("1000000001", "1", Rate),                     // above 1e9/s
+        ("1000000000.0000000000000000001", "1", Rate), // just above, exactly
+        ("1/1000001", "1", Rate),                      // below, as a fraction
+        ("1000000001/1", "1", Rate),                   // above, as a fraction
+        ("1/0.0000000009", "1", Rate),
+        ("0", "1", Rate),
+        ("0/1", "1", Rate),
+        ("1/0", "1", Rate),
+        ("1/", "1", Rate),
+        ("/1", "1", Rate),
+        ("1/2/3", "1", Rate),
+        ("1 /2", "1", Rate),
+        ("-1/-2", "1", Rate),
+        ("inf", "1", Rate),
+        ("x", "x", Rate), // the first bad argument is named
+        ("0", "x", Rate),
+        ("1", "0", Capacity),
+        ("1", "-1", Capacity),
+        ("1", "1000000000000000.1", Capacity),
+        ("1", "x", Capacity),
+        ("1", "3153600001", RefillTime),  // a century and a second
+        ("1/60", "52560001", RefillTime), // 1 a minute: a century is 52,560,000 tokens
+        ("0.000001", "3154", RefillTime),
+    ];
+    for &(rate, capacity, want) in rows {
+        assert_eq!(
+            Limit::parse(rate.as_bytes(), capacity.as_bytes()),
+            Err(want),
+            "rate {rate} capacity {capacity}"
+        );
+    }
+    // The ends of every range are included.
+    for (rate, capacity) in [
+        ("0.000001", "3153.6"),
+        ("1/60", "52560000"),
+        ("1000000000", "1000000000000000"),
+        ("1", "3153600000"),
+        ("1", "0.000000000000000000000000000001"),
+    ] {
+        assert!(
+            Limit::parse(rate.as_bytes(), capacity.as_bytes()).is_ok(),
+            "rate {rate} capacity {capacity}"
+        );
+    }
+}
+
+#[test]
+fn rates_finer_than_the_finest_tick_round_toward_the_slower_rate() {
+    use num_rational::BigRational;
+    // Their exact T needs a denominator above 2^62; the rate's decimals are cut to 18
+    // significant digits (tokens down, period up), which only makes the limit stricter, and
+    // by less than a part in 1e17.
+    for rate in [
+        "1.000000000000000000000001", // 25 digits: T's denominator is 10^24 + 1
+        "3.141592653589793238462643383279", // 31 digits
+        "1/3.000000000000000000000001", // the period rounds up
+        "7.000000000000000000000003/1.00000000000000000000007",
+        "0.0000010000000000000000000000001", // just above the slowest rate: stays in range
+    ] {
+        let limit = Limit::parse(rate.as_bytes(), b"1").unwrap();
+        let (p, q) = limit.ns_per_token();
+        assert!(q <= MAX_TICKS_PER_NS, "rate {rate}");
+        let got = BigRational::new(p.into(), q.into());
+        let exact = model::Model::parse(rate, "1").ns_per_token();
+        assert!(got >= exact, "rate {rate}: T {got} is laxer than {exact}");
+        let bound = &exact / BigRational::from_integer(100_000_000_000_000_000u64.into());
+        assert!(&got - &exact < bound, "rate {rate}: T {got} vs {exact}");
+        assert!(got <= BigRational::from_integer(1_000_000_000_000_000u64.into()));
+    }
+}
 
 #[test]
 fn limit_new_accepts_only_the_documented_ranges() {
@@ -753,11 +941,11 @@ fn cost_equal_to_capacity_empties_a_full_bucket() {
         (1e9, 1.0, 1),
         // Fastest rate, largest capacity: 1e15 ns (11.6 days).
         (1e9, 1e15, 1_000_000_000_000_000),
-        // Slowest rate, one token: 1e15 + 0.045… ns (1e-6 is a double just below 1e-6),
-        // rounded up.
-        (1e-6, 1.0, 1_000_000_000_000_001),
-        // Slowest rate, 1000 tokens: 1e18 + 45.25… ns (31.7 years), still representable.
-        (1e-6, 1000.0, 1_000_000_000_000_000_046),
+        // Slowest rate, one token: 1e15 ns exactly (the decimal 0.000001, not the double
+        // just below it, which 0.2.0 took and which refilled in 1e15 + 0.045… ns).
+        (1e-6, 1.0, 1_000_000_000_000_000),
+        // Slowest rate, 1000 tokens: 1e18 ns (31.7 years), still representable.
+        (1e-6, 1000.0, 1_000_000_000_000_000_000),
         // Fractional capacity at 1/s: 2.5 s.
         (1.0, 2.5, 2500 * MS),
     ];
@@ -1116,17 +1304,22 @@ fn the_issue_transcripts_hold_in_the_math() {
 
 #[test]
 fn three_per_ten_seconds_refills_three_in_ten_seconds() {
-    // As a period, exactly 3 tokens in 10 s; as the double 0.3/s (just below 3/10), 2.
-    let lim = Limit::per_period(3, 10 * S, 3.0).unwrap();
-    let (_, st) = acquire(&lim, None, NOW_US, cost(3.0));
-    assert_eq!(peek(&lim, st, NOW_US + 10 * S_US, Cost::ONE).remaining, 3);
-    assert_eq!(
-        peek(&lim, st, NOW_US + 10 * S_US - 1, Cost::ONE).remaining,
-        2
-    );
-    let lim = limit(0.3, 3.0);
-    let (_, st) = acquire(&lim, None, NOW_US, cost(3.0));
-    assert_eq!(peek(&lim, st, NOW_US + 10 * S_US, Cost::ONE).remaining, 2);
+    // As a period, "3/10", or the decimal 0.3: exactly 3 tokens in 10 s, and 2 just before.
+    // (0.2.0 took 0.3 as its double, just below 3/10, and refilled 2 in 10 s.)
+    let limits = [
+        Limit::per_period(3, 10 * S, 3.0).unwrap(),
+        Limit::parse(b"3/10", b"3").unwrap(),
+        Limit::parse(b"0.3", b"3").unwrap(),
+        limit(0.3, 3.0),
+    ];
+    for lim in limits {
+        let (_, st) = acquire(&lim, None, NOW_US, cost(3.0));
+        assert_eq!(peek(&lim, st, NOW_US + 10 * S_US, Cost::ONE).remaining, 3);
+        assert_eq!(
+            peek(&lim, st, NOW_US + 10 * S_US - 1, Cost::ONE).remaining,
+            2
+        );
+    }
 }
 
 #[test]

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use redis::cluster::{ClusterClient, ClusterConnection};
 use redis::Connection;
 
-use super::{server_binary, Server};
+use crate::{server_binary, Server};
 
 /// Nodes per cluster: three masters, each with one replica.
 pub const NODES: usize = 6;
@@ -471,18 +471,20 @@ impl Cluster {
     }
 }
 
-/// Starts one cluster-enabled node on a port pair of its own, retrying on another pair if the
-/// server cannot bind (someone took a port between the check and the start).
+/// Starts one cluster-enabled node with the module on a port pair of its own, retrying on
+/// another pair if the server cannot bind (someone took a port between the check and the start).
 fn start_node() -> Server {
-    let extra: Vec<String> = NODE_ARGS.iter().map(|s| s.to_string()).collect();
+    start_cluster_node(true)
+}
+
+/// Starts one cluster-enabled node, with the module or without it (a plain server, for a
+/// cluster of the kind a managed service offers), not yet joined to any cluster.
+pub fn start_cluster_node(module: bool) -> Server {
     let mut last_log = String::new();
     for _ in 0..5 {
-        let mut server = Server {
-            child: None,
-            port: free_cluster_port(),
-            dir: tempfile::tempdir().expect("temp dir"),
-            extra: extra.clone(),
-        };
+        let mut server = Server::unstarted(NODE_ARGS, &[]);
+        server.module = module;
+        server.port = free_cluster_port();
         if server.spawn().is_ok() {
             return server;
         }

@@ -1,0 +1,35 @@
+##@ Benchmarks
+# The module against the Lua script and plain commands, its pure math, and the client libraries.
+# Figures are taken on a quiet machine; the -smoke targets only check that each one runs.
+
+.PHONY: bench bench-smoke bench-instructions bench-multi bench-math \
+	bench-clients bench-clients-smoke bench-clients-rust
+
+bench: $(MODULE) ## Benchmark RL.ACQUIRE vs the Lua script and plain commands; writes bench/results.md and chart.svg
+	python3 bench/bench.py
+
+bench-smoke: $(MODULE) ## Seconds-long bench run for CI: checks each benchmarked command works, no timing (temp dir)
+	python3 bench/bench.py --smoke
+
+bench-instructions: $(MODULE) ## Instructions per call inside Redis's call() (callgrind): RL.ACQUIRE at 10/s and 3/s against SET PX
+	@command -v valgrind >/dev/null || { echo "bench-instructions: needs valgrind (apt-get install valgrind)"; exit 1; }
+	bench/instructions.sh $(MODULE) SET b:__rand_int__ 1234567890123456789 PX 60000
+	bench/instructions.sh $(MODULE) RL.ACQUIRE b:__rand_int__ 10 1e10 1000
+	bench/instructions.sh $(MODULE) RL.ACQUIRE b:__rand_int__ 3 3e9 301
+
+bench-multi: $(MODULE) ## Server time of one RL.ACQUIRE.MULTI at 1,000 (the cap) and more buckets (release build)
+	python3 bench/multi.py --sizes 10,100,1000,1001 --rounds 5
+
+bench-math: ## Criterion micro-benchmark of the pure bucket math and argument parsing
+	$(CARGO) bench --features system-alloc --bench bucket
+
+# The client benchmarks run the Python library from its source tree.
+bench-clients: deps-clients $(MODULE_DEBUG) ## Flood one denied key through the Python and Node libraries, with and without the shield; writes clients/bench/results.md
+	PYTHONPATH="$(CURDIR)/clients/python/src:$(PYTHON_DEPS)" python3 clients/bench/bench_clients.py
+
+bench-clients-smoke: deps-clients $(MODULE_DEBUG) ## Seconds-long bench-clients for CI: checks it works, writes nothing
+	PYTHONPATH="$(CURDIR)/clients/python/src:$(PYTHON_DEPS)" python3 clients/bench/bench_clients.py --smoke
+
+bench-clients-rust: $(MODULE_DEBUG) ## Flood one denied key through the Rust client, shield off and on: calls reaching Redis, p50/p99 (BENCH_CALLS=20000)
+	$(CARGO) build --release -p redis-rl-client --example flood
+	RL_MODULE="$(MODULE_DEBUG)" REDIS_SERVER="$(REDIS_SERVER)" clients/rust/bench/flood.sh $(or $(BENCH_CALLS),20000)

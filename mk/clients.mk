@@ -1,0 +1,66 @@
+##@ Clients
+# The Python, Node and Rust libraries, the Lua script they share, and the examples built on them.
+
+.PHONY: deps-clients test-clients test-clients-python test-clients-node test-clients-rust \
+	test-clients-cluster examples python-rl
+
+# redis-py, for the Python library's tests, its benchmark and the examples: one pip --target
+# install (fine on an externally managed python3), put on PYTHONPATH by whoever needs it.
+PYTHON_DEPS := $(CURDIR)/target/python-deps
+REDIS_PY := $(PYTHON_DEPS)/redis/__init__.py
+# The redis_rl library as `pip install ./clients/python` builds it (the tests and examples use
+# the installed package, not the source tree), and the path that finds it and redis-py.
+PYTHON_RL := $(CURDIR)/target/python-rl
+PYTHON_PATH := $(PYTHON_RL):$(PYTHON_DEPS)
+
+$(REDIS_PY):
+	python3 -m pip install --quiet --upgrade --target "$(PYTHON_DEPS)" -r examples/python/requirements.txt
+
+# Reinstalled on every run: pip decides nothing from timestamps, and it takes a second.
+python-rl:
+	python3 -m pip install --quiet --no-deps --upgrade --target "$(PYTHON_RL)" ./clients/python
+
+deps-clients: deps $(REDIS_PY) ## Install what the client libraries' tests need: redis-py (pip) and the Node packages (npm)
+	@command -v npm >/dev/null || { echo "deps-clients: npm not found; install Node.js 18+ and npm"; exit 1; }
+	cd clients/node && npm install --no-audit --no-fund --loglevel=error
+
+test-clients: test-clients-python test-clients-node test-clients-rust test-clients-cluster ## Test the Python, Node and Rust libraries and the Lua script against real servers and a cluster
+
+test-clients-python: deps-clients $(MODULE_DEBUG) python-rl ## The Python library: vectors, Lua script, module, plain server, outages, shield
+	python3 clients/vectors/generate.py --check
+	python3 clients/vectors/table_generate.py --check
+	PYTHONPATH="$(PYTHON_PATH)" python3 clients/python/tests/run.py
+
+test-clients-node: deps-clients $(MODULE_DEBUG) ## The Node library: vectors, Lua script, module, plain server, outages, shield (ioredis and node-redis)
+	cd clients/node && npm test
+
+test-clients-rust: $(MODULE_DEBUG) ## The Rust client (clients/rust): vectors, module, plain server (Lua), outages, shield, cluster
+	$(CARGO) test -p rl-bucket --test vectors
+	$(CARGO) test -p redis-rl-client
+	@# The client must not pull in the module's build dependencies. `-e normal`: the tree it
+	@# ships with, not what its tests build (the shared harness, rl-testkit).
+	@if $(CARGO) tree -p redis-rl-client -e normal | grep -i -E 'redis-module|bindgen|clang'; then \
+		echo "test-clients-rust: redis-rl-client depends on the module's build (see above)"; exit 1; fi
+
+test-clients-cluster: deps-clients $(MODULE_DEBUG) python-rl ## Both libraries on the `make cluster` cluster (started here on CLUSTER_PORT, and stopped, unless one runs)
+	@# On a shared machine a port block can be taken meanwhile: try two more blocks after it.
+	@port="$${CLUSTER_PORT:-30001}"; started=""; \
+	if [ ! -d .run/cluster ]; then \
+		for try in 1 2 3; do \
+			if MODULE="$(MODULE_DEBUG)" REDIS_SERVER="$(REDIS_SERVER)" CLUSTER_PORT="$$port" \
+				scripts/cluster.sh start >/dev/null; then started=1; break; fi; \
+			port=$$((port + 1000)); \
+		done; \
+		[ -n "$$started" ] || { echo "test-clients-cluster: could not start a cluster"; exit 1; }; \
+	else echo "test-clients-cluster: using the running cluster on 127.0.0.1:$$port"; fi; \
+	status=0; \
+	(cd clients/python/tests && RL_CLUSTER="127.0.0.1:$$port" PYTHONPATH="$(PYTHON_PATH)" python3 -m unittest -v test_cluster test_table_cluster) \
+		|| status=1; \
+	(cd clients/node && RL_CLUSTER="127.0.0.1:$$port" node --test test/cluster.test.js test/table-cluster.test.js) || status=1; \
+	if [ -n "$$started" ]; then REDIS_SERVER="$(REDIS_SERVER)" scripts/cluster.sh stop >/dev/null; fi; \
+	exit $$status
+
+examples: deps $(MODULE_DEBUG) $(REDIS_PY) python-rl ## Test the Python, Node and Rust examples (apps on the client libraries) against a server with the module
+	@command -v npm >/dev/null || { echo "examples: npm not found; install Node.js 18+ and npm"; exit 1; }
+	cd examples/node && npm ci --no-audit --no-fund --loglevel=error
+	PYTHONPATH="$(PYTHON_PATH)" RL_MODULE="$(MODULE_DEBUG)" REDIS_SERVER="$(REDIS_SERVER)" examples/run.sh
