@@ -22,15 +22,22 @@
 --   Kq Kr      cost * T: rounded up for acquire, peek and multi, down for refund
 --   Cfloor     floor(capacity)
 --
--- When T = 1e6 / rate (rate the exact value of the double the client holds) is a fraction
--- whose reduced denominator is below 2^31, which holds for every integer rate from 1 to 1e9
--- and for dyadic rates such as 0.5 or 2.5, D is that denominator and T is exact; with integer
--- capacity and cost every pair is then exact too, and the script decides exactly as the
--- module: same allowed, remaining, retry_after_ms and reset_after_ms for the same calls at
--- the same instants. Otherwise (0.1/s, 1/60 per s, fractional capacities or costs) the client
--- rounds T and the products up (the slack down) to a multiple of 1/D microsecond, with
--- D = 2^30, so the script is stricter than the module by under a femtosecond of refill per
--- token, and never more lenient.
+-- The rate, capacity and cost are the exact values the module reads from the same call's
+-- text: decimals ("0.1" is one tenth) and N/S rates ("100/60" is five thirds per second).
+-- When T = 1e6 / rate has a reduced denominator below 2^31, D is that denominator and T is
+-- exact. That holds for every decimal rate of at most 9 significant digits (0.1, 0.3, 2.5,
+-- 999999937) and every N/S whose N has at most 9 and whose S has at most 6 decimal places
+-- (100/60, 3/10, 7/3, 1/86400), because the denominator of 1e6/rate then divides N's digits.
+-- The products (capacity, cost, capacity - cost) x T are exact too when they are whole
+-- multiples of 1/D µs: always for integer capacities and costs, and for decimal ones with no
+-- finer part (a cost of 0.1 at 3/s is 100000/3 µs, over D = 3: exact). There the script
+-- decides exactly as the module: same allowed, remaining, retry_after_ms and reset_after_ms
+-- for the same calls at the same instants (clients/vectors/bucket.json, run in lua5.1 by the
+-- libraries' tests, checks it). Otherwise the client rounds in the strict direction only:
+-- T up to a multiple of 2^-30 µs (D = 2^30: stricter by at most 2^-30 µs of refill per token,
+-- for rates with 10 or more significant digits such as 0.016666666666666666), each product
+-- the way that makes the script stricter (cost x T up, the slack and the capacity's refill
+-- down) by less than 1/D µs per call. It is never more lenient than the module.
 --
 -- A bucket is a hash {a = q, b = r, d = D}: the instant (q + r/D µs since the epoch) when it
 -- is full, with an absolute expiry (PEXPIREAT) at that instant rounded up to the millisecond.

@@ -3,8 +3,9 @@
 // Pure functions of the old state and the time in exact rationals (BigInt numerator and
 // denominator), with the module's semantics: a bucket is the instant `fullAtNs` when it is
 // full; with T = 1e9 / rate ns per token, tokens(now) = capacity - max(0, fullAt - now) / T.
-// Rate, capacity and cost are the exact values of the doubles the caller holds. Nothing here
-// reads a clock or touches Redis. Checked against clients/vectors/bucket.json.
+// Rate, capacity and cost are the exact values of the decimals the module is sent (String of
+// the caller's number: 0.1 is one tenth, not the double nearest it). Nothing here reads a
+// clock or touches Redis. Checked against clients/vectors/bucket.json.
 
 /** An exact rational n/d, d > 0, reduced. */
 export class Q {
@@ -14,7 +15,8 @@ export class Q {
     this.n = g > 1n ? n / g : n;
     this.d = g > 1n ? d / g : d;
   }
-  static of(x) { return x instanceof Q ? x : typeof x === "bigint" ? new Q(x) : fromDouble(x); }
+  /** A Q as is, a BigInt, or a number's exact decimal value (the module's reading of it). */
+  static of(x) { return x instanceof Q ? x : typeof x === "bigint" ? new Q(x) : fromDecimal(numberText(x)); }
   add(o) { o = Q.of(o); return new Q(this.n * o.d + o.n * this.d, this.d * o.d); }
   sub(o) { o = Q.of(o); return new Q(this.n * o.d - o.n * this.d, this.d * o.d); }
   mul(o) { o = Q.of(o); return new Q(this.n * o.n, this.d * o.d); }
@@ -30,20 +32,34 @@ function gcd(a, b) {
   return a || 1n;
 }
 
-/** The exact value of a finite double, as a Q. */
-export function fromDouble(x) {
-  if (!Number.isFinite(x)) throw new RangeError("not a finite number");
-  const view = new DataView(new ArrayBuffer(8));
-  view.setFloat64(0, x);
-  const bits = view.getBigUint64(0);
-  const negative = bits >> 63n;
-  const exponent = Number((bits >> 52n) & 0x7ffn);
-  const fraction = bits & ((1n << 52n) - 1n);
-  const mantissa = exponent === 0 ? fraction : fraction | (1n << 52n);
-  const shift = (exponent === 0 ? 1 : exponent) - 1075;
-  let q = shift >= 0 ? new Q(mantissa << BigInt(shift)) : new Q(mantissa, 1n << BigInt(-shift));
-  if (negative) q = new Q(-q.n, q.d);
-  return q;
+// The module's decimal grammar (rl_bucket::Decimal::parse): an optional "+", digits with at
+// most one point and a digit on at least one side, an optional exponent.
+const DECIMAL = /^\+?(?=[0-9]|\.[0-9])([0-9]*)(?:\.([0-9]*))?(?:[eE]([+-]?[0-9]+))?$/;
+
+/** The text the module is sent for a finite number: its shortest round-trip decimal
+ * (String: "0.1", "1e-7", "2500"), which the module reads as an exact decimal. */
+export function numberText(x) {
+  if (typeof x !== "number" || !Number.isFinite(x)) throw new RangeError("not a finite number");
+  return String(x);
+}
+
+/** The exact value of a decimal string in the module's grammar, as a Q. */
+export function fromDecimal(text) {
+  const m = DECIMAL.exec(text);
+  if (!m) throw new RangeError(`not a decimal: ${JSON.stringify(text)}`);
+  const [, whole, fraction = "", exp = "0"] = m;
+  const digits = BigInt(whole + fraction || "0");
+  const shift = BigInt(exp) - BigInt(fraction.length);
+  return shift >= 0n ? new Q(digits * 10n ** shift) : new Q(digits, 10n ** -shift);
+}
+
+/** The exact tokens per second of a rate string: a decimal, or N/S (N tokens per S seconds). */
+export function fromRate(text) {
+  const [count, period, ...rest] = text.split("/");
+  if (period === undefined) return fromDecimal(count);
+  const seconds = fromDecimal(period);
+  if (rest.length || seconds.isZero()) throw new RangeError(`not a rate: ${JSON.stringify(text)}`);
+  return fromDecimal(count).div(seconds);
 }
 
 const NS_PER_S = 1_000_000_000n;

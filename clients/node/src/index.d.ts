@@ -4,13 +4,22 @@
 export type Source = "redis" | "lua" | "cache" | "local" | "open" | "closed";
 export type OnError = "open" | "closed" | "local";
 
-/** A validated limit: `rate` tokens per second, a burst of `capacity` tokens. Throws a
- * RangeError naming the argument when the module would refuse it. */
+/** A validated limit: `rate` tokens per second, a burst of `capacity` tokens; or `rate`
+ * tokens per `per` seconds, sent as "rate/per" (capacity defaults to the count). Numbers mean
+ * their shortest decimal (`0.1` is one tenth exactly). Throws a RangeError naming the
+ * argument (the text of clients/vectors/ranges.json) when the module would refuse it. */
 export class Limit {
-  constructor(rate: number, capacity: number);
-  constructor(limit: { rate: number; capacity: number });
+  constructor(rate: number, capacity: number, options?: { per?: number });
+  constructor(count: number, options: { per: number });
+  constructor(limit: { rate: number; capacity?: number; per?: number });
+  /** Tokens per second (the nearest double; the module gets the exact `rateText`). */
   readonly rate: number;
   readonly capacity: number;
+  /** The period in seconds, when the limit was given one. */
+  readonly per: number | undefined;
+  /** What is sent: "5", "0.1", "100/60", "1e-7". */
+  readonly rateText: string;
+  readonly capacityText: string;
   equals(other: Limit): boolean;
   /** `rate capacity` as the module's arguments. */
   args(): [string, string];
@@ -48,6 +57,15 @@ export class Refund {
   readonly resetAfterMs: number;
   readonly source: Source;
 }
+
+/** The module's ranges and error texts (clients/vectors/ranges.json). */
+export const RANGES: {
+  rate: { min: string; max: string; error: string };
+  capacity: { above: string; max: string; error: string };
+  refill: { max_s: string; error: string };
+  cost: { min: string; error: string };
+  cases: { name: string; rate: string; capacity: string; cost: string; error: "rate" | "capacity" | "refill" | "cost" | null }[];
+};
 
 export class RateLimitError extends Error {}
 export class ModuleMissingError extends RateLimitError {}

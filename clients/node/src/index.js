@@ -8,7 +8,7 @@
 
 import { readFileSync } from "node:fs";
 import { performance } from "node:perf_hooks";
-import { LocalBuckets, Q, fromDouble } from "./bucket.js";
+import { LocalBuckets, Q, fromDecimal, numberText } from "./bucket.js";
 import { adapt, isReplyError, sha1 } from "./adapter.js";
 import { Table } from "./table.js";
 
@@ -18,8 +18,11 @@ export { Table, shardOf, MAX_SHARDS } from "./table.js";
 const SCRIPT = readFileSync(new URL("./rl.lua", import.meta.url), "utf8");
 const SCRIPT_SHA = sha1(SCRIPT);
 
-// The module's accepted ranges (README, RL.ACQUIRE).
-const MIN_RATE = 1e-6, MAX_RATE = 1e9, MAX_CAPACITY = 1e15, MAX_REFILL_S = 3_153_600_000;
+/** The module's ranges and error texts: clients/vectors/ranges.json, shipped beside rl.lua. */
+export const RANGES = JSON.parse(readFileSync(new URL("./ranges.json", import.meta.url), "utf8"));
+const MIN_RATE = fromDecimal(RANGES.rate.min), MAX_RATE = fromDecimal(RANGES.rate.max);
+const CAPACITY_ABOVE = fromDecimal(RANGES.capacity.above), MAX_CAPACITY = fromDecimal(RANGES.capacity.max);
+const MAX_REFILL_S = fromDecimal(RANGES.refill.max_s), MIN_COST = fromDecimal(RANGES.cost.min);
 const POLICIES = ["open", "closed", "local"];
 /** What a `closed` decision tells the caller to wait, in ms. */
 export const CLOSED_RETRY_AFTER_MS = 1000;
@@ -32,22 +35,21 @@ export class RateLimitError extends Error {}
 export class ModuleMissingError extends RateLimitError {}
 class DeadlineError extends Error {}
 
-/** A double as the module parses it back to the same double (JS prints the shortest). */
-const numberArg = (x) => String(x);
+/** The text sent for a number: its shortest round-trip decimal, read exactly by the module. */
+const numberArg = numberText;
 
-function finite(value, name) {
+/** `[text, exact value]` of a caller's number, or a RangeError naming the argument. */
+function argument(value, name) {
   const x = typeof value === "number" ? value : typeof value === "string" && value.trim() !== "" ? Number(value) : NaN;
-  if (!Number.isFinite(x)) {
-    if (name === "cost") throw new RangeError("cost must be a finite number >= 0 (tokens)");
-    throw new RangeError(`${name} must be a finite number`);
-  }
-  return x;
+  if (!Number.isFinite(x)) throw new RangeError(name === "cost" ? RANGES.cost.error : `${name} must be a finite number`);
+  const text = numberText(x);
+  return [text, x < 0 ? fromDecimal(text.slice(1)).mul(-1n) : fromDecimal(text)];
 }
 
 function checkCost(cost) {
-  const x = finite(cost, "cost");
-  if (x < 0) throw new RangeError("cost must be a finite number >= 0 (tokens)");
-  return x;
+  const [, exact] = argument(cost, "cost");
+  if (exact.cmp(MIN_COST) < 0) throw new RangeError(RANGES.cost.error);
+  return Number(cost);
 }
 
 const divmod = (n, d) => {
@@ -56,38 +58,57 @@ const divmod = (n, d) => {
   return [q, r];
 };
 
-/** A validated limit: `rate` tokens per second, a burst of `capacity` tokens. */
+/**
+ * A validated limit: `rate` tokens per second, a burst of `capacity` tokens; or, with
+ * `{ per }`, `rate` tokens per `per` seconds, sent as "rate/per" (`new Limit(100, { per: 60 })`
+ * is 100 a minute, with a burst of 100: capacity defaults to the count). Numbers mean their
+ * shortest decimal: `new Limit(0.1, 1)` is one token per 10 s exactly.
+ */
 export class Limit {
-  constructor(rate, capacity) {
-    if (typeof rate === "object" && rate !== null) ({ rate, capacity } = rate);
-    rate = finite(rate, "rate");
-    capacity = finite(capacity, "capacity");
-    if (!(rate >= MIN_RATE && rate <= MAX_RATE)) {
-      throw new RangeError("rate must be a number from 0.000001 to 1000000000 (tokens per second)");
+  constructor(rate, capacity, options) {
+    if (typeof rate === "object" && rate !== null) ({ rate, capacity, per: options } = rate);
+    else if (typeof capacity === "object" && capacity !== null) [capacity, options] = [undefined, capacity];
+    const per = typeof options === "object" && options !== null ? options.per : options;
+    let [rateText, rateQ] = argument(rate, "rate");
+    if (per !== undefined) {
+      if (!(typeof per === "number" && Number.isFinite(per) && per > 0)) {
+        throw new RangeError("per must be a finite number of seconds above 0");
+      }
+      if (capacity === undefined) capacity = rate;
+      if (rateQ.cmp(0n) > 0) rateText = `${rateText}/${numberText(per)}`;
+      rateQ = rateQ.div(fromDecimal(numberText(per)));
+    } else if (capacity === undefined) {
+      throw new TypeError("Limit needs a capacity unless per is given (then it is the count)");
     }
-    if (!(capacity > 0 && capacity <= MAX_CAPACITY)) {
-      throw new RangeError("capacity must be a number above 0 and at most 1e15 (tokens)");
+    const [capacityText, capacityQ] = argument(capacity, "capacity");
+    if (rateQ.cmp(MIN_RATE) < 0 || rateQ.cmp(MAX_RATE) > 0) throw new RangeError(RANGES.rate.error);
+    if (capacityQ.cmp(CAPACITY_ABOVE) <= 0 || capacityQ.cmp(MAX_CAPACITY) > 0) {
+      throw new RangeError(RANGES.capacity.error);
     }
-    if (capacity / rate > MAX_REFILL_S) {
-      throw new RangeError("capacity / rate must be at most 3153600000 (a full refill within 100 years)");
-    }
-    this.rate = rate;
-    this.capacity = capacity;
-    this.rateQ = fromDouble(rate);
-    this.capacityQ = fromDouble(capacity);
+    if (capacityQ.div(rateQ).cmp(MAX_REFILL_S) > 0) throw new RangeError(RANGES.refill.error);
+    /** Tokens per second (the nearest double; `rateQ` is exact). */
+    this.rate = per === undefined ? Number(rate) : Number(rate) / per;
+    this.capacity = Number(capacity);
+    /** The period in seconds, when given. */
+    this.per = per;
+    this.rateQ = rateQ;
+    this.capacityQ = capacityQ;
+    this.rateText = rateText;
+    this.capacityText = capacityText;
     Object.freeze(this);
   }
 
   equals(other) {
-    return other instanceof Limit && other.rate === this.rate && other.capacity === this.capacity;
+    return other instanceof Limit && other.rateQ.cmp(this.rateQ) === 0 && other.capacityQ.cmp(this.capacityQ) === 0;
   }
 
-  /** `rate capacity` as the module's arguments. */
+  /** `rate capacity` as the module's arguments ("0.1", "100/60", "1e-7" ...). */
   args() {
-    return [numberArg(this.rate), numberArg(this.capacity)];
+    return [this.rateText, this.capacityText];
   }
 
-  /** The 10 numbers the Lua script takes for this limit and cost (clients/lua/rl.lua). */
+  /** The 10 numbers the Lua script takes for this limit and cost (clients/lua/rl.lua),
+   * from the exact values the module would use. */
   scriptArgs(cost, refund = false) {
     let tUs = new Q(1_000_000n).div(this.rateQ);
     let d = tUs.d;
@@ -122,7 +143,7 @@ export class Decision {
   /** X-RateLimit-Limit, -Remaining, -Reset (s, rounded up), Retry-After (s) when denied. */
   headers() {
     const h = {
-      "X-RateLimit-Limit": numberArg(this.limit.capacity),
+      "X-RateLimit-Limit": this.limit.capacityText,
       "X-RateLimit-Remaining": String(this.remaining),
       "X-RateLimit-Reset": String(ceilS(this.resetAfterMs)),
     };

@@ -69,6 +69,14 @@ async function sequence(limiter) {
   out.push(["acquire", await limiter.acquire("a", one, 1)]);
   const tagged = [["{t}s", new Limit(1, 2), 1], ["{t}h", new Limit(0.5, 3), 1], ["{t}s", new Limit(1, 2), 1]];
   for (let i = 0; i < 3; i++) out.push(["all", await limiter.acquireAll(tagged)]);
+  // Exact decimals and N/S: 100 a minute, 3 per 10 s, 0.3 per second against cost 3 (the
+  // double 0.3 would need a hair over 10 s), and tenths of a token.
+  for (const [name, limit, costs] of [["m", new Limit(100, { per: 60 }), [60, 40, 1]], ["t", new Limit(3, { per: 10 }), [1, 1, 1, 1]],
+    ["d", new Limit(0.3, 3), [3, 0.1]], ["c", new Limit(7, 0.3, { per: 3 }), [0.1, 0.1, 0.1, 0.1]]]) {
+    for (const cost of costs) out.push([`acquire ${name}`, await limiter.acquire(name, limit, cost)]);
+    out.push(["refund", await limiter.refund(name, limit, 0.1)]);
+    out.push(["peek", await limiter.peek(name, limit, 0.1)]);
+  }
   return out;
 }
 
@@ -90,6 +98,18 @@ for (const kind of Object.keys(CLIENTS)) {
     assert.equal("Retry-After" in impossible.headers(), false);
   }));
 
+  test(`${kind}: e notation reaches the module as exact decimals`, () => withSetup(async (t) => {
+    // String writes 1e-7 and 1e+21: the module reads each exactly.
+    const limiter = await t.limiter(kind, await t.server());
+    const limit = new Limit(0.000001, 2e-7);
+    assert.deepEqual(limit.args(), ["0.000001", "2e-7"]);
+    const taken = [];
+    for (let i = 0; i < 3; i++) taken.push((await limiter.acquire("e", limit, 1e-7)).allowed);
+    assert.deepEqual(taken, [true, true, false]);
+    const impossible = await limiter.acquire("e", new Limit(1, 1), 1e21);
+    assert.deepEqual([impossible.allowed, impossible.retryAfterMs], [false, -1]);
+  }));
+
   test(`${kind}: the Lua path gives the module's decisions for the same calls`, () => withSetup(async (t) => {
     const withModule = await t.limiter(kind, await t.server(true));
     const plain = await t.limiter(kind, await t.server(false));
@@ -99,6 +119,12 @@ for (const kind of Object.keys(CLIENTS)) {
     const got = await sequence(plain);
     const tookMs = Math.ceil(Math.max(t1 - t0, performance.now() - t1));
     assert.equal(plain.path, "lua");
+    // Five thirds per second: after 100 of a 100-a-minute limit, the next comes in 0.6 s (less
+    // the time the calls took); and 0.3 per second refills 3 tokens in 10 s exactly.
+    const denied = expected.filter(([op]) => op === "acquire m")[2][1];
+    assert.equal(denied.allowed, false);
+    assert.ok(denied.retryAfterMs <= 600 && denied.retryAfterMs >= 600 - tookMs - 1, String(denied.retryAfterMs));
+    assert.equal(expected.find(([op]) => op === "acquire d")[1].resetAfterMs, 10_000);
     expected.forEach(([op, a], i) => {
       const b = got[i][1];
       const show = (x) => JSON.stringify(x, (k, v) => (k === "limit" ? undefined : v));

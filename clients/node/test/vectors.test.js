@@ -3,7 +3,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
-import { acquire, refund, fromDouble, Q, LocalBuckets } from "../src/bucket.js";
+import { acquire, refund, fromDecimal, fromRate, numberText, Q, LocalBuckets } from "../src/bucket.js";
 import { Limit } from "../src/index.js";
 
 const vectors = JSON.parse(readFileSync(new URL("../../vectors/bucket.json", import.meta.url)));
@@ -12,11 +12,12 @@ test("every step of every vector case matches", () => {
   assert.equal(vectors.format, 1);
   let steps = 0;
   for (const c of vectors.cases) {
-    const rate = fromDouble(Number(c.rate));
-    const capacity = fromDouble(Number(c.capacity));
+    // Exact decimals and N/S, as the module parses them.
+    const rate = fromRate(c.rate);
+    const capacity = fromDecimal(c.capacity);
     let state = null;
     c.steps.forEach((step, i) => {
-      const cost = fromDouble(Number(step.cost));
+      const cost = fromDecimal(step.cost);
       const now = BigInt(step.now_us);
       const out = step.op === "refund"
         ? refund(rate, capacity, state, now, cost)
@@ -29,15 +30,38 @@ test("every step of every vector case matches", () => {
   assert.ok(steps > 100);
 });
 
-test("doubles convert to their exact value", () => {
-  const tenth = fromDouble(0.1);
-  assert.equal(tenth.n, 3602879701896397n);
-  assert.equal(tenth.d, 36028797018963968n);
-  assert.equal(fromDouble(5).n, 5n);
-  assert.equal(fromDouble(1e-6).n, 4722366482869645n); // a bit below 1e-6, as Python says
-  assert.equal(fromDouble(1e-6).d, 4722366482869645213696n);
+test("numbers are sent as their shortest decimal and mean its exact value", () => {
+  assert.deepEqual(fromDecimal("0.1"), new Q(1n, 10n)); // not the double nearest it
+  assert.deepEqual(fromDecimal("2.5E+3"), new Q(2500n));
+  assert.deepEqual(fromDecimal("1e-7"), new Q(1n, 10_000_000n));
+  assert.deepEqual(fromRate("100/60"), new Q(5n, 3n));
+  assert.deepEqual(fromRate("2.5/0.5"), new Q(5n));
+  assert.deepEqual(fromDecimal(".5"), new Q(1n, 2n));
+  assert.deepEqual(fromDecimal("+5."), new Q(5n));
+  for (const bad of ["", ".", "1e", "-1", "0x10", " 1", "1/2/3", "1/0"]) {
+    assert.throws(() => fromRate(bad), RangeError, bad);
+  }
+  // JavaScript's String switches to e notation below 1e-6 and from 1e21: both are decimals.
+  assert.equal(numberText(1e-7), "1e-7");
+  assert.equal(numberText(1.5e21), "1.5e+21");
+  assert.deepEqual(Q.of(1.5e21), new Q(1_500_000_000_000_000_000_000n));
+  assert.deepEqual(Q.of(0.3), new Q(3n, 10n));
   assert.equal(new Q(-7n, 2n).floor(), -4n);
   assert.equal(new Q(7n, 2n).ceil(), 4n);
+});
+
+test("a limit per period is sent as N/S, with the count as its capacity", () => {
+  const minute = new Limit(100, { per: 60 });
+  assert.deepEqual(minute.args(), ["100/60", "100"]);
+  assert.deepEqual(minute.rateQ, new Q(5n, 3n));
+  assert.deepEqual(new Limit(100, 20, { per: 60 }).args(), ["100/60", "20"]);
+  assert.deepEqual(new Limit({ rate: 3, capacity: 2, per: 10 }).args(), ["3/10", "2"]);
+  assert.ok(new Limit(5, { per: 1 }).equals(new Limit(5, 5)));
+  assert.ok(!new Limit(100, { per: 60 }).equals(new Limit(100 / 60, 100)));
+  assert.deepEqual(new Limit(0.1, 1e-7).args(), ["0.1", "1e-7"]);
+  assert.throws(() => new Limit(1, { per: 0 }), /per must be/);
+  assert.throws(() => new Limit(1, { per: 1e7 }), RangeError); // 1e-7 per second: below the range
+  assert.throws(() => new Limit(1), TypeError);
 });
 
 test("local buckets share a limit between instances and are bounded", () => {
@@ -68,7 +92,8 @@ const luaDir = fileURLToPath(new URL("../../lua/", import.meta.url));
 test("the Lua script, given this library's arguments, replies as the vectors say", { skip: !LUA && "no lua5.1" }, () => {
   const lines = [], expected = [], names = [];
   vectors.cases.forEach((c, n) => {
-    const limit = new Limit(Number(c.rate), Number(c.capacity));
+    const [count, per] = c.rate.split("/").map(Number);
+    const limit = new Limit(count, Number(c.capacity), { per });
     c.steps.forEach((step, i) => {
       const args = limit.scriptArgs(Number(step.cost), step.op === "refund");
       lines.push([step.now_us, `case${n}`, step.op, ...args].join(" "));

@@ -39,6 +39,21 @@ class Async(unittest.IsolatedAsyncioTestCase):
             multi = await limiter.acquire_all([("{a}1", SLOW, 3), ("{a}2", SLOW, 4)])
             self.assertEqual((multi.allowed, multi.refused_index, multi.retry_after_ms), (False, 1, -1))
 
+    async def test_a_limit_per_period_decides_alike_on_the_module_lua_and_local(self):
+        # 3 a day (sent as 3/86400) with a burst of 0.3: three tenths fit, and a refunded
+        # tenth fits again; no tenth refills while the test runs.
+        limit = Limit(3, 0.3, per=86400)
+        for module, source in ((True, "redis"), (False, "lua"), (True, "local")):
+            s = self.server(module)
+            limiter = await self.limiter(s, on_error="local", probe_interval_ms=0)
+            if source == "local":
+                s.stop()  # the Local policy's exact bucket decides
+            got = [await limiter.acquire("d", limit, 0.1) for _ in range(4)]
+            await limiter.refund("d", limit, 0.1)
+            got.append(await limiter.acquire("d", limit, 0.1))
+            self.assertEqual([(d.allowed, d.source) for d in got],
+                             [(True, source)] * 3 + [(False, source), (True, source)])
+
     async def test_outage_applies_the_policy_then_returns_to_redis(self):
         s = self.server()
         limiter = await self.limiter(s, on_error="local", instances=3, probe_interval_ms=0)

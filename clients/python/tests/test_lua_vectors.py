@@ -19,6 +19,14 @@ ROOT = os.path.join(HERE, "..", "..")
 LUA = shutil.which("lua5.1") or shutil.which("lua")
 
 
+def limit_of(case):
+    """The library's Limit for a vector case: a decimal rate, or N/S as `per`."""
+    count, slash, per = case["rate"].partition("/")
+    if slash:
+        return Limit(float(count), float(case["capacity"]), per=float(per))
+    return Limit(float(count), float(case["capacity"]))
+
+
 @unittest.skipIf(LUA is None, "no lua5.1 interpreter (apt-get install lua5.1)")
 class LuaVectors(unittest.TestCase):
     def test_script_replies_as_the_vectors_say(self):
@@ -26,7 +34,7 @@ class LuaVectors(unittest.TestCase):
             cases = json.load(f)["cases"]
         lines, expected, names = [], [], []
         for n, case in enumerate(cases):
-            limit = Limit(float(case["rate"]), float(case["capacity"]))
+            limit = limit_of(case)
             for i, step in enumerate(case["steps"]):
                 args = limit.script_args(float(step["cost"]), refund=step["op"] == "refund")
                 lines.append(" ".join([str(step["now_us"]), f"case{n}", step["op"], *args]))

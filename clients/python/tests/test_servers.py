@@ -36,6 +36,21 @@ def sequence(limiter, prefix):
     return out
 
 
+def exact_sequence(limiter, prefix):
+    """Calls whose answers depend on exact decimals and N/S rates: 100 a minute, 3 per 10 s,
+    0.3 per second against cost 3 (the double 0.3 would need a hair over 10 s), tenths."""
+    out = []
+    for name, limit, costs in (("m", Limit(100, per=60), (60, 40, 1)),
+                               ("t", Limit(3, per=10), (1, 1, 1, 1)),
+                               ("d", Limit(0.3, 3), (3, 0.1)),
+                               ("c", Limit(7, 0.3, per=3), (0.1, 0.1, 0.1, 0.1))):
+        for cost in costs:
+            out.append(("acquire", cost, limiter.acquire(prefix + name, limit, cost)))
+        out.append(("refund", 0.1, limiter.refund(prefix + name, limit, 0.1)))
+        out.append(("peek", 0.1, limiter.peek(prefix + name, limit, 0.1)))
+    return out
+
+
 class Servers(unittest.TestCase):
     def server(self, module=True, **kwargs):
         s = Server(module=module, **kwargs)
@@ -54,6 +69,17 @@ class Servers(unittest.TestCase):
 
 
 class WithModule(Servers):
+    def test_e_notation_reaches_the_module_as_exact_decimals(self):
+        # repr writes 1e-06, 1e-07 and 1e+16: the module reads each exactly.
+        limiter = self.limiter(self.server())
+        limit = Limit(1e-06, 2e-07)
+        self.assertEqual(limit.args(), ["1e-06", "2e-07"])
+        self.assertTrue(limiter.acquire("e", limit, 1e-07).allowed)
+        self.assertTrue(limiter.acquire("e", limit, 1e-07).allowed)
+        self.assertFalse(limiter.acquire("e", limit, 1e-07).allowed)
+        impossible = limiter.acquire("e", Limit(1, 1), 1e16)
+        self.assertEqual((impossible.allowed, impossible.retry_after_ms), (False, -1))
+
     def test_acquire_reports_the_modules_reply(self):
         limiter = self.limiter(self.server())
         first = limiter.acquire("user:42", Limit(5, 10))
@@ -103,12 +129,25 @@ class WithModule(Servers):
 
 class WithoutModule(Servers):
     def test_lua_gives_the_modules_decisions_for_the_same_calls(self):
+        self.assert_same_decisions(sequence)
+
+    def test_decimals_and_periods_decide_alike_on_the_module_and_lua(self):
+        with_module, took_ms = self.assert_same_decisions(exact_sequence)
+        # Five thirds per second: 100 a minute after 100 are taken, the next in 0.6 s (less
+        # the time the calls took).
+        minute = with_module[2][2]
+        self.assertFalse(minute.allowed)
+        self.assertTrue(600 - took_ms - 1 <= minute.retry_after_ms <= 600, minute)
+        # 0.3 per second is three tenths: 3 tokens refill in 10 s, not 10.001.
+        self.assertEqual(with_module[11][2].reset_after_ms, 10_000)
+
+    def assert_same_decisions(self, calls):
         with_module = self.limiter(self.server(module=True))
         plain = self.limiter(self.server(module=False))
         started = time.monotonic()
-        expected = sequence(with_module, "")
+        expected = calls(with_module, "")
         middle = time.monotonic()
-        got = sequence(plain, "")
+        got = calls(plain, "")
         took_ms = math.ceil(max(middle - started, time.monotonic() - middle) * 1000)
         self.assertEqual(plain.path, "lua")
         # The two servers decide at different instants: allowed, remaining, refused_index and
@@ -129,6 +168,7 @@ class WithoutModule(Servers):
                     self.assertLessEqual(abs(x.retry_after_ms - y.retry_after_ms), took_ms + 1, what)
                 self.assertLessEqual(abs(x.reset_after_ms - y.reset_after_ms), took_ms + 1, what)
         self.assertEqual([d.source for _, _, d in got], ["lua"] * len(got))
+        return expected, took_ms
 
     def test_lua_bucket_is_a_hash_with_an_absolute_expiry(self):
         s = self.server(module=False)

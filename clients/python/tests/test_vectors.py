@@ -4,9 +4,8 @@ vectors the module's bucket is held to. No server needed."""
 import json
 import os
 import unittest
-from fractions import Fraction
 
-from redis_rl import bucket
+from redis_rl import _decimal, bucket
 from redis_rl._core import Limit
 
 VECTORS = os.path.join(os.path.dirname(__file__), "..", "..", "vectors", "bucket.json")
@@ -19,10 +18,11 @@ class Vectors(unittest.TestCase):
         self.assertEqual(doc["format"], 1)
         steps = 0
         for case in doc["cases"]:
-            rate, capacity = Fraction(float(case["rate"])), Fraction(float(case["capacity"]))
+            # Exact decimals and N/S, as the module parses them.
+            rate, capacity = _decimal.parse_rate(case["rate"]), _decimal.parse(case["capacity"])
             full_at = None
             for i, step in enumerate(case["steps"]):
-                cost = Fraction(float(step["cost"]))
+                cost = _decimal.parse(step["cost"])
                 if step["op"] == "refund":
                     got, full_at = bucket.refund(rate, capacity, full_at, step["now_us"], cost)
                 else:

@@ -9,7 +9,12 @@ use std::time::{Duration, Instant};
 
 use rl_bucket::{Change, Cost, State};
 
-use crate::types::{Decision, Limit, CLOSED_RETRY_AFTER_MS};
+use crate::types::{number, Decision, Limit, CLOSED_RETRY_AFTER_MS};
+
+/// A cost as the module reads the text sent for it: the exact decimal, not the double.
+fn cost_of(cost: f64) -> Option<Cost> {
+    Cost::parse(number(cost).as_bytes())
+}
 
 /// A map of at most `max` entries: inserting a new key past the bound drops the oldest
 /// inserted one. O(1) amortised per operation.
@@ -136,21 +141,14 @@ impl LocalBuckets {
         self.states.len()
     }
 
-    /// This instance's share of `limit`. With one instance it is the limit itself, exactly.
-    /// An integer rate `R` is shared exactly too, as `R` tokens per `instances` seconds;
-    /// another rate, and the capacity, are the divided doubles (within half an ulp).
+    /// This instance's share of `limit`. With one instance it is the limit itself, exactly;
+    /// with more, the rate is shared exactly and the capacity within half an ulp
+    /// ([`Limit::share`]).
     fn share(&self, limit: &Limit) -> Option<rl_bucket::Limit> {
         if self.instances == 1 {
             return Some(*limit.bucket());
         }
-        let n = f64::from(self.instances);
-        let (rate, capacity) = (limit.rate_per_s(), limit.capacity() / n);
-        if rate.fract() == 0.0 {
-            // rate <= 1e9, so both fit u64 exactly.
-            let period_ns = u64::from(self.instances).saturating_mul(1_000_000_000);
-            return rl_bucket::Limit::per_period(rate as u64, period_ns, capacity).ok();
-        }
-        rl_bucket::Limit::new(rate / n, capacity).ok()
+        limit.share(self.instances)
     }
 
     /// Drops the bucket of `key`: it is full again.
@@ -166,7 +164,7 @@ impl LocalBuckets {
         now_us: u64,
         take: bool,
     ) -> Reply {
-        let (Some(share), Some(cost)) = (self.share(limit), Cost::new(cost)) else {
+        let (Some(share), Some(cost)) = (self.share(limit), cost_of(cost)) else {
             return NO_SHARE;
         };
         let state = self.states.get(key).copied();
@@ -191,7 +189,7 @@ impl LocalBuckets {
         let mut pending: Vec<(&str, Option<State>)> = Vec::with_capacity(items.len());
         let mut replies = Vec::with_capacity(items.len());
         for (key, limit, cost) in items {
-            let (Some(share), Some(cost)) = (self.share(limit), Cost::new(*cost)) else {
+            let (Some(share), Some(cost)) = (self.share(limit), cost_of(*cost)) else {
                 replies.push(NO_SHARE);
                 continue;
             };
@@ -244,7 +242,7 @@ impl LocalBuckets {
         cost: f64,
         now_us: u64,
     ) -> (u64, i64) {
-        let (Some(share), Some(cost)) = (self.share(limit), Cost::new(cost)) else {
+        let (Some(share), Some(cost)) = (self.share(limit), cost_of(cost)) else {
             return (0, 0);
         };
         let state = self.states.get(key).copied();
@@ -455,7 +453,23 @@ mod tests {
         let mut steps = 0;
         for case in doc["cases"].as_array().unwrap() {
             let name = case["name"].as_str().unwrap();
-            let limit = Limit::new(number(&case["rate"]), number(&case["capacity"])).unwrap();
+            let capacity = number(&case["capacity"]);
+            // As a caller writes it: a decimal rate, or N/S with Limit::per.
+            let limit = match case["rate"].as_str().unwrap().split_once('/') {
+                Some((tokens, seconds)) => {
+                    let tokens: f64 = tokens.parse().unwrap();
+                    let seconds: f64 = seconds.parse().unwrap();
+                    if tokens.fract() == 0.0 {
+                        Limit::per(tokens as u64, Duration::from_secs_f64(seconds))
+                            .and_then(|l| l.with_capacity(capacity))
+                    } else {
+                        // Limit::per counts whole tokens: 2.5/0.5 is the decimal 5 per second.
+                        Limit::new(tokens / seconds, capacity)
+                    }
+                }
+                None => Limit::new(number(&case["rate"]), capacity),
+            }
+            .unwrap();
             let mut local = LocalBuckets::new(1, 10);
             for (i, step) in case["steps"].as_array().unwrap().iter().enumerate() {
                 let now_us = step["now_us"].as_u64().unwrap();

@@ -3,14 +3,15 @@
 //!
 //! The script only adds, compares and multiplies integers below 2^53; the exact rational
 //! arithmetic that turns a limit into its pairs `(q, r)` (q + r/D µs) happens here, on the
-//! exact values of the doubles, as in the Python and Node libraries.
+//! exact values of the texts the module would be sent (0.1 is one tenth; `100/60` five
+//! thirds), as in the Python and Node libraries.
 
 use num_bigint::BigInt;
 use num_integer::Integer;
 use num_rational::BigRational;
 use num_traits::{One, Signed, Zero};
 
-use crate::types::Limit;
+use crate::types::{number, Limit};
 
 /// The script every library ships.
 pub(crate) const SCRIPT: &str = include_str!("../../lua/rl.lua");
@@ -23,7 +24,7 @@ const ROUNDED_DENOMINATOR: u64 = 1 << 30;
 /// `D` and `T × D` for a limit: the script's denominator and the µs per token in units of
 /// 1/D µs (a whole number; `T` rounded up when not exact, so the script is only stricter).
 fn period(limit: &Limit) -> (BigInt, BigInt) {
-    let rate = exact(limit.rate_per_s());
+    let rate = exact(&limit.rate_text());
     let t_us = BigRational::from_integer(BigInt::from(1_000_000)) / rate;
     if *t_us.denom() < BigInt::from(MAX_EXACT_DENOMINATOR) {
         (t_us.denom().clone(), t_us.numer().clone())
@@ -36,17 +37,31 @@ fn period(limit: &Limit) -> (BigInt, BigInt) {
     }
 }
 
-/// The exact value of a double (finite: limits and costs are validated before).
-fn exact(x: f64) -> BigRational {
-    BigRational::from_float(x).unwrap_or_else(BigRational::zero)
+/// The exact value of a text this library sends: a plain decimal ("0.1", "2500", as Rust
+/// prints a double or a period) or `N/S`. Validated before, so anything else is not expected;
+/// it reads as zero.
+fn exact(text: &str) -> BigRational {
+    let decimal = |part: &str| -> Option<BigRational> {
+        let (whole, fraction) = part.split_once('.').unwrap_or((part, ""));
+        let digits: BigInt = format!("{whole}{fraction}").parse().ok()?;
+        let scale = BigInt::from(10).pow(u32::try_from(fraction.len()).ok()?);
+        Some(BigRational::new(digits, scale))
+    };
+    let value = match text.split_once('/') {
+        Some((count, period)) => decimal(period)
+            .filter(|p| !p.is_zero())
+            .and_then(|p| Some(decimal(count)? / p)),
+        None => decimal(text),
+    };
+    value.unwrap_or_else(BigRational::zero)
 }
 
 /// The 10 numbers of `clients/lua/rl.lua` for one key: D, T, C, S, K as pairs, floor(C).
 /// `refund` rounds `cost × T` down (never give back more), the others round it up.
 pub(crate) fn args(limit: &Limit, cost: f64, refund: bool) -> [String; 10] {
     let (d, t_d) = period(limit);
-    let cap = exact(limit.capacity());
-    let cost = exact(cost);
+    let cap = exact(&limit.capacity_text());
+    let cost = exact(&number(cost));
     let t_d = BigRational::from_integer(t_d);
     let split = |units: BigInt| -> (BigInt, BigInt) { units.div_rem(&d) };
     let (tq, tr) = split(t_d.to_integer());
@@ -82,64 +97,42 @@ mod tests {
     }
 
     /// The same numbers as the Python library's `Limit.script_args` (its own exact
-    /// rationals), for rates whose T is not exact and fractional capacities and costs.
+    /// rationals of the same decimals), for rates whose T is not whole, decimal capacities and
+    /// costs, and a rate whose T has no denominator below 2^31.
     #[test]
     fn agrees_with_the_python_library() {
-        let rows: [(f64, f64, f64, bool, [&str; 10]); 5] = [
+        let rows: [(f64, f64, f64, bool, [&str; 10]); 6] = [
+            // 0.1 is one tenth: T = 1e7 µs, exact over D = 1
             (
                 0.1,
                 2.0,
                 1.0,
                 false,
                 [
-                    "1073741824",
-                    "10000000",
-                    "0",
-                    "20000000",
-                    "0",
-                    "10000000",
-                    "0",
-                    "10000000",
-                    "0",
-                    "2",
+                    "1", "10000000", "0", "20000000", "0", "10000000", "0", "10000000", "0", "2",
                 ],
             ),
+            // the same, refunding
             (
                 0.1,
                 2.0,
                 1.0,
                 true,
                 [
-                    "1073741824",
-                    "10000000",
-                    "0",
-                    "20000000",
-                    "0",
-                    "10000000",
-                    "0",
-                    "10000000",
-                    "0",
-                    "2",
+                    "1", "10000000", "0", "20000000", "0", "10000000", "0", "10000000", "0", "2",
                 ],
             ),
+            // T = 1e7/3 µs, over D = 3
             (
                 0.3,
                 3.0,
                 3.0,
                 false,
                 [
-                    "1073741824",
-                    "3333333",
-                    "357913942",
-                    "10000000",
-                    "2",
-                    "0",
-                    "0",
-                    "10000000",
-                    "2",
-                    "3",
+                    "3", "3333333", "1", "10000000", "0", "0", "0", "10000000", "0", "3",
                 ],
             ),
+            // decimal capacity and cost: 0.7 × 5e5 µs is whole
             (
                 2.0,
                 2.5,
@@ -149,6 +142,7 @@ mod tests {
                     "1", "500000", "0", "1250000", "0", "900000", "0", "350000", "0", "2",
                 ],
             ),
+            // the double nearest 1/60 prints 0.016666666666666666: T rounded up over 2^30
             (
                 1.0 / 60.0,
                 5.0,
@@ -157,14 +151,24 @@ mod tests {
                 [
                     "1073741824",
                     "60000000",
-                    "1",
+                    "3",
                     "300000000",
-                    "5",
+                    "15",
                     "240000000",
-                    "4",
+                    "12",
                     "60000000",
-                    "1",
+                    "3",
                     "5",
+                ],
+            ),
+            // tenths at 7/s: 1e5/7 µs over D = 7
+            (
+                7.0,
+                0.3,
+                0.1,
+                false,
+                [
+                    "7", "142857", "1", "42857", "1", "28571", "3", "14285", "5", "0",
                 ],
             ),
         ];

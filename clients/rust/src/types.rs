@@ -9,51 +9,185 @@ use std::time::Duration;
 /// What a `closed` decision tells the caller to wait, in ms (it cannot know better).
 pub const CLOSED_RETRY_AFTER_MS: i64 = 1000;
 
-/// A validated limit: `rate` tokens per second, a burst of `capacity` tokens, with the
-/// module's ranges. Built once where it is written, so a bad limit fails there rather than
-/// on every request.
+/// A validated limit: `rate` tokens per second (or `tokens` per `period`), a burst of
+/// `capacity` tokens, with the module's ranges. Built once where it is written, so a bad limit
+/// fails there rather than on every request.
+///
+/// What is sent to Redis is text the module reads as an exact decimal: `Limit::new(0.1, 1.0)`
+/// sends `0.1` (one token every 10 s exactly, not the double nearest 0.1), and
+/// `Limit::per(100, Duration::from_secs(60))` sends `100/60`. The local bucket (the `Local`
+/// policy) and the Lua fallback use the exact value of that same text.
+///
+/// ```
+/// use std::time::Duration;
+/// use redis_rl_client::Limit;
+///
+/// let per_minute = Limit::per(100, Duration::from_secs(60))?;
+/// assert_eq!(per_minute.rate_text(), "100/60");
+/// assert_eq!(per_minute.capacity(), 100.0);
+/// let with_burst = per_minute.with_capacity(10.0)?;
+/// assert_eq!((with_burst.rate_text(), with_burst.capacity_text()), ("100/60".into(), "10".into()));
+/// assert_eq!(Limit::new(0.1, 1.0)?.rate_text(), "0.1");
+/// # Ok::<(), redis_rl_client::Error>(())
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Limit {
+    rate: Rate,
+    capacity: f64,
+    /// The module's bucket for the texts `rate` and `capacity` print: the local decisions'.
     bucket: rl_bucket::Limit,
 }
 
+/// How the caller wrote the rate; its text is what is sent.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Rate {
+    /// Tokens per second, sent as Rust prints the double: its shortest round-trip decimal.
+    PerSecond(f64),
+    /// `tokens` every `period`, sent as `tokens/seconds`, the period in exact decimal seconds.
+    Per { tokens: u64, period: Duration },
+}
+
+impl Rate {
+    fn text(self) -> String {
+        match self {
+            Rate::PerSecond(rate_per_s) => number(rate_per_s),
+            Rate::Per { tokens, period } => format!("{tokens}/{}", seconds(period)),
+        }
+    }
+}
+
+/// A duration in exact decimal seconds: "60", "1.5", "0.000000001".
+fn seconds(period: Duration) -> String {
+    let nanos = period.subsec_nanos();
+    if nanos == 0 {
+        return period.as_secs().to_string();
+    }
+    let fraction = format!("{nanos:09}");
+    format!("{}.{}", period.as_secs(), fraction.trim_end_matches('0'))
+}
+
 impl Limit {
-    /// `rate_per_s` tokens per second and a burst of `capacity` tokens.
+    /// `rate_per_s` tokens per second and a burst of `capacity` tokens. The module is sent
+    /// `format!("{rate_per_s}")` and `format!("{capacity}")`: each the shortest decimal that
+    /// round-trips the double, which the module takes exactly.
     ///
     /// # Errors
     /// [`Error::Invalid`] naming the argument unless `1e-6 <= rate_per_s <= 1e9`,
     /// `0 < capacity <= 1e15` and `capacity / rate_per_s <= 3153600000` (a full refill within
-    /// 100 years), as the module checks them.
+    /// 100 years), as the module checks them (clients/vectors/ranges.json).
     pub fn new(rate_per_s: f64, capacity: f64) -> Result<Limit, Error> {
-        match rl_bucket::Limit::new(rate_per_s, capacity) {
-            Ok(bucket) => Ok(Limit { bucket }),
-            Err(rl_bucket::LimitError::Rate) => Err(Error::Invalid(
-                "rate must be a number from 0.000001 to 1000000000 (tokens per second)",
-            )),
-            Err(rl_bucket::LimitError::Capacity) => Err(Error::Invalid(
-                "capacity must be a number above 0 and at most 1e15 (tokens)",
-            )),
-            Err(rl_bucket::LimitError::RefillTime) => Err(Error::Invalid(
-                "capacity / rate must be at most 3153600000 (a full refill within 100 years)",
-            )),
+        if !rate_per_s.is_finite() || rate_per_s < 0.0 {
+            return Err(Error::Invalid(RATE_ERROR));
         }
+        Limit::build(Rate::PerSecond(rate_per_s), capacity)
     }
 
-    /// Tokens per second.
+    /// `tokens` every `period`, with a burst of `tokens` (change it with
+    /// [`Limit::with_capacity`]). Sent to the module as `tokens/seconds`, the period in exact
+    /// decimal seconds: `Limit::per(100, Duration::from_secs(60))` is `100/60`, one token
+    /// every 0.6 s exactly, which no decimal rate can say.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] naming the argument unless `tokens / period` is from 1e-6 to 1e9
+    /// tokens per second (`tokens` and `period` above zero), the capacity `tokens` is at most
+    /// 1e15, and a full refill takes at most 100 years.
+    pub fn per(tokens: u64, period: Duration) -> Result<Limit, Error> {
+        if tokens == 0 || period.is_zero() {
+            return Err(Error::Invalid(RATE_ERROR));
+        }
+        // Beyond 2^53 the capacity would not be exact, but it is then far above 1e15 anyway.
+        Limit::build(Rate::Per { tokens, period }, tokens as f64)
+    }
+
+    /// The same rate with a burst of `capacity` tokens.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] unless `0 < capacity <= 1e15` and a full refill takes at most 100
+    /// years at this rate.
+    pub fn with_capacity(self, capacity: f64) -> Result<Limit, Error> {
+        Limit::build(self.rate, capacity)
+    }
+
+    fn build(rate: Rate, capacity: f64) -> Result<Limit, Error> {
+        if !capacity.is_finite() || capacity < 0.0 {
+            return Err(Error::Invalid(CAPACITY_ERROR));
+        }
+        // The very texts that will be sent, parsed as the module parses them.
+        let bucket = rl_bucket::Limit::parse(rate.text().as_bytes(), number(capacity).as_bytes())
+            .map_err(|e| {
+            Error::Invalid(match e {
+                rl_bucket::LimitError::Rate => RATE_ERROR,
+                rl_bucket::LimitError::Capacity => CAPACITY_ERROR,
+                rl_bucket::LimitError::RefillTime => REFILL_ERROR,
+            })
+        })?;
+        Ok(Limit {
+            rate,
+            capacity,
+            bucket,
+        })
+    }
+
+    /// Tokens per second (the nearest double; the module gets the exact [`Limit::rate_text`]).
     pub fn rate_per_s(&self) -> f64 {
-        self.bucket.rate_per_s()
+        match self.rate {
+            Rate::PerSecond(rate_per_s) => rate_per_s,
+            Rate::Per { tokens, period } => tokens as f64 / period.as_secs_f64(),
+        }
     }
 
     /// The burst, in tokens.
     pub fn capacity(&self) -> f64 {
-        self.bucket.capacity()
+        self.capacity
+    }
+
+    /// The rate as sent to the module: a decimal ("5", "0.1") or `tokens/seconds` ("100/60").
+    pub fn rate_text(&self) -> String {
+        self.rate.text()
+    }
+
+    /// The capacity as sent to the module.
+    pub fn capacity_text(&self) -> String {
+        number(self.capacity)
+    }
+
+    /// `tokens` and `period` when the limit was built with [`Limit::per`].
+    pub fn period(&self) -> Option<(u64, Duration)> {
+        match self.rate {
+            Rate::PerSecond(_) => None,
+            Rate::Per { tokens, period } => Some((tokens, period)),
+        }
     }
 
     /// The module's bucket for this limit (what `Local` decides with when `instances` is 1).
     pub fn bucket(&self) -> &rl_bucket::Limit {
         &self.bucket
     }
+
+    /// This limit shared by `instances` processes: the rate exactly (`rate/instances` as
+    /// `N/S`), the capacity as the double `capacity / instances` (within half an ulp: a
+    /// capacity need not divide into a decimal). `None` when the share is out of range.
+    pub(crate) fn share(&self, instances: u32) -> Option<rl_bucket::Limit> {
+        let rate = match self.rate {
+            Rate::PerSecond(rate_per_s) => format!("{}/{instances}", number(rate_per_s)),
+            Rate::Per { tokens, period } => {
+                format!("{tokens}/{}", seconds(period.checked_mul(instances)?))
+            }
+        };
+        let capacity = number(self.capacity / f64::from(instances));
+        rl_bucket::Limit::parse(rate.as_bytes(), capacity.as_bytes()).ok()
+    }
 }
+
+/// The module's error texts for each argument, without the `ERR ` prefix; the same as
+/// clients/vectors/ranges.json (a test checks them).
+pub(crate) const RATE_ERROR: &str =
+    "rate must be a number from 0.000001 to 1000000000 (tokens per second)";
+pub(crate) const CAPACITY_ERROR: &str =
+    "capacity must be a number above 0 and at most 1e15 (tokens)";
+pub(crate) const REFILL_ERROR: &str =
+    "capacity / rate must be at most 3153600000 (a full refill within 100 years)";
+pub(crate) const COST_ERROR: &str = "cost must be a finite number >= 0 (tokens)";
 
 /// Who decided.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -116,7 +250,7 @@ impl Decision {
     /// rounded up), and `Retry-After` (seconds, rounded up) when denied and a wait can help.
     pub fn headers(&self) -> Vec<(&'static str, String)> {
         let mut headers = vec![
-            ("X-RateLimit-Limit", number(self.limit.capacity())),
+            ("X-RateLimit-Limit", self.limit.capacity_text()),
             ("X-RateLimit-Remaining", self.remaining.to_string()),
             ("X-RateLimit-Reset", ceil_s(self.reset_after_ms).to_string()),
         ];
@@ -343,12 +477,12 @@ pub(crate) fn check_cost(cost: f64) -> Result<f64, Error> {
     if cost.is_finite() && cost >= 0.0 {
         Ok(cost)
     } else {
-        Err(Error::Invalid("cost must be a finite number >= 0 (tokens)"))
+        Err(Error::Invalid(COST_ERROR))
     }
 }
 
-/// A double as text the module parses back to the same double: Rust prints the shortest
-/// decimal that round-trips, without an exponent ("10", "0.000001", "2500").
+/// A double as the text sent for it: Rust prints the shortest decimal that round-trips,
+/// without an exponent ("10", "0.000001", "2500"), and the module takes that decimal exactly.
 pub(crate) fn number(value: f64) -> String {
     format!("{value}")
 }
@@ -358,5 +492,127 @@ fn ceil_s(ms: i64) -> i64 {
         0
     } else {
         ms.div_euclid(1000) + i64::from(ms.rem_euclid(1000) > 0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// clients/vectors/ranges.json: the one statement of the module's ranges and texts.
+    const RANGES: &str = include_str!("../../vectors/ranges.json");
+
+    fn ranges() -> serde_json::Value {
+        serde_json::from_str(RANGES).unwrap()
+    }
+
+    #[test]
+    fn error_texts_are_the_shared_ones() {
+        let doc = ranges();
+        for (argument, text) in [
+            ("rate", RATE_ERROR),
+            ("capacity", CAPACITY_ERROR),
+            ("refill", REFILL_ERROR),
+            ("cost", COST_ERROR),
+        ] {
+            assert_eq!(doc[argument]["error"], text, "{argument}");
+        }
+    }
+
+    /// The case's limit as a caller writes it: `Limit::new` for a decimal rate, `Limit::per`
+    /// and `with_capacity` for N/S.
+    fn limit_of(case: &serde_json::Value) -> Result<Limit, Error> {
+        let rate = case["rate"].as_str().unwrap();
+        let capacity: f64 = case["capacity"].as_str().unwrap().parse().unwrap();
+        match rate.split_once('/') {
+            Some((tokens, seconds)) => {
+                let period = Duration::from_secs_f64(seconds.parse().unwrap());
+                Limit::per(tokens.parse().unwrap(), period)?.with_capacity(capacity)
+            }
+            None => Limit::new(rate.parse().unwrap(), capacity),
+        }
+    }
+
+    #[test]
+    fn every_boundary_case_gets_the_shared_answer() {
+        let doc = ranges();
+        let cases = doc["cases"].as_array().unwrap();
+        assert!(cases.len() >= 20);
+        for case in cases {
+            let name = case["name"].as_str().unwrap();
+            let cost: f64 = case["cost"].as_str().unwrap().parse().unwrap();
+            let got = match limit_of(case).and_then(|_| check_cost(cost)) {
+                Ok(_) => None,
+                Err(Error::Invalid(text)) => Some(text),
+                Err(e) => panic!("{name}: {e}"),
+            };
+            let want = case["error"]
+                .as_str()
+                .map(|argument| doc[argument]["error"].as_str().unwrap());
+            assert_eq!(got, want, "{name}");
+        }
+    }
+
+    #[test]
+    fn numbers_and_periods_are_sent_as_exact_decimals() {
+        let limit = Limit::per(100, Duration::from_secs(60)).unwrap();
+        assert_eq!(
+            (limit.rate_text(), limit.capacity_text()),
+            ("100/60".to_string(), "100".to_string())
+        );
+        assert_eq!(limit.bucket().ns_per_token(), (600_000_000, 1));
+        let limit = Limit::per(3, Duration::from_millis(1500)).unwrap();
+        assert_eq!(limit.rate_text(), "3/1.5");
+        assert_eq!(
+            Limit::per(1, Duration::from_nanos(1_000_000_001))
+                .unwrap()
+                .rate_text(),
+            "1/1.000000001"
+        );
+        assert_eq!(Limit::new(0.1, 1e-7).unwrap().rate_text(), "0.1");
+        assert_eq!(Limit::new(0.1, 1e-7).unwrap().capacity_text(), "0.0000001");
+        assert_eq!(
+            Limit::new(0.1, 1.0).unwrap().bucket().ns_per_token(),
+            (10_000_000_000, 1)
+        );
+        // The capacity defaults to the count, and changes without touching the rate.
+        let burst = Limit::per(100, Duration::from_secs(60))
+            .unwrap()
+            .with_capacity(5.0)
+            .unwrap();
+        assert_eq!(burst.capacity(), 5.0);
+        assert_eq!(burst.period(), Some((100, Duration::from_secs(60))));
+        assert!(matches!(
+            Limit::per(0, Duration::from_secs(1)),
+            Err(Error::Invalid(RATE_ERROR))
+        ));
+        assert!(matches!(
+            Limit::per(1, Duration::ZERO),
+            Err(Error::Invalid(RATE_ERROR))
+        ));
+        assert!(matches!(
+            Limit::per(1, Duration::from_secs(10_000_000)),
+            Err(Error::Invalid(RATE_ERROR))
+        ));
+        assert!(matches!(
+            burst.with_capacity(0.0),
+            Err(Error::Invalid(CAPACITY_ERROR))
+        ));
+    }
+
+    #[test]
+    fn a_share_divides_the_rate_exactly() {
+        // 100 a minute over 4 instances: 100 every 240 s, 2.4 s a token, exactly.
+        let share = Limit::per(100, Duration::from_secs(60))
+            .unwrap()
+            .share(4)
+            .unwrap();
+        assert_eq!(share.ns_per_token(), (2_400_000_000, 1));
+        assert_eq!(share.capacity(), 25.0);
+        // 0.3 per second over 3: one token every 10 s.
+        let share = Limit::new(0.3, 3.0).unwrap().share(3).unwrap();
+        assert_eq!(share.ns_per_token(), (10_000_000_000, 1));
+        // Below the slowest rate: no share (the Local policy then denies, as Closed would).
+        assert!(Limit::new(0.000001, 1.0).unwrap().share(2).is_none());
     }
 }

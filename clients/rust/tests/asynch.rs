@@ -31,6 +31,57 @@ async fn limiter(server: &Server, options: Options) -> AsyncLimiter<ConnectionMa
     )
 }
 
+/// `Limit::per` is sent as N/S and decides the same on the module, the Lua script and the
+/// `Local` policy: 100 a minute, then the 101st waits for 0.6 s (less the calls' time);
+/// `acquire_all` and `refund` take it too.
+#[tokio::test(flavor = "current_thread")]
+async fn a_limit_per_minute_decides_alike_everywhere() {
+    let per_minute = Limit::per(100, Duration::from_secs(60)).unwrap();
+    // Slow enough that no tenth refills while the test runs.
+    let tenths = Limit::per(3, Duration::from_secs(10_000))
+        .unwrap()
+        .with_capacity(0.3)
+        .unwrap();
+    for module in [true, false] {
+        let server = Server::new(module);
+        let limiter = limiter(&server, Options::new(OnError::Closed)).await;
+        let started = Instant::now();
+        for remaining in (0..100).rev() {
+            let d = limiter.acquire("m", &per_minute, 1.0).await.unwrap();
+            assert_eq!(
+                (d.allowed, d.remaining),
+                (true, remaining),
+                "module {module}"
+            );
+        }
+        let denied = limiter.acquire("m", &per_minute, 1.0).await.unwrap();
+        let took_ms = i64::try_from(started.elapsed().as_millis()).unwrap();
+        assert!(!denied.allowed, "module {module}: {denied:?}");
+        assert!(
+            denied.retry_after_ms <= 600 && denied.retry_after_ms >= 600 - took_ms - 1,
+            "module {module}: {denied:?}"
+        );
+        // Three tenths of a token, a tenth at a time: exactly three fit, and a refunded tenth
+        // fits again.
+        let items = [("{t}:a", tenths, 0.1), ("{t}:a", tenths, 0.1)];
+        assert!(limiter.acquire_all(&items).await.unwrap().allowed);
+        let mut allowed = Vec::new();
+        for refund_first in [false, false, true] {
+            if refund_first {
+                limiter.refund("{t}:a", &tenths, 0.1).await.unwrap();
+            }
+            allowed.push(
+                limiter
+                    .acquire("{t}:a", &tenths, 0.1)
+                    .await
+                    .unwrap()
+                    .allowed,
+            );
+        }
+        assert_eq!(allowed, [true, false, true], "module {module}");
+    }
+}
+
 #[tokio::test(flavor = "current_thread")]
 async fn module_and_lua_paths_decide_alike() {
     for module in [true, false] {

@@ -6,9 +6,11 @@ policy, a hot-key shield and a Lua fallback for servers without the module.
                       deny_cache=True, without_module="lua")
     d = limiter.acquire("user:42", Limit(rate=5, capacity=10), cost=1)
     if not d.allowed: ...  # 429 with d.headers()
+    limiter.acquire("api:42", Limit(100, per=60))  # 100 a minute, sent as 100/60
 
-Layout: `_core` holds the types, the policy and the shield (no I/O); `client` the sync
-limiter; `asyncio` its awaited twin; `bucket` the exact in-process bucket; `rl.lua` the
+Layout: `_core` holds the types, the policy, the shield and each call's steps (no I/O);
+`_decimal` the text sent for a number and its exact value; `client` the sync limiter and
+`asyncio` its awaited twin (only the I/O); `bucket` the exact in-process bucket; `rl.lua` the
 fallback script (the same file as clients/lua/rl.lua); `table` the bucket tables
 (`limiter.table(name, shards)`).
 """

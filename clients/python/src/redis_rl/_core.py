@@ -5,6 +5,7 @@ the counters, the deny cache, the local buckets) behind one lock; `redis_rl.clie
 `redis_rl.asyncio` only send the commands it builds and hand it what came back.
 """
 
+import json
 import logging
 import math
 import threading
@@ -13,14 +14,26 @@ from collections import OrderedDict
 from fractions import Fraction
 from importlib import resources
 
+from . import _decimal
 from .bucket import LocalBuckets
 
 log = logging.getLogger("redis_rl")
 
-# The module's accepted ranges (README, RL.ACQUIRE).
-MIN_RATE, MAX_RATE = 1e-6, 1e9
-MAX_CAPACITY = 1e15
-MAX_REFILL_S = 3_153_600_000.0
+
+def _load_ranges():
+    # The one statement of the module's ranges and error texts (clients/vectors/ranges.json,
+    # shipped in the package beside rl.lua).
+    ranges = json.loads(resources.files(__package__).joinpath("ranges.json").read_text())
+    return {name: ranges[name] for name in ("rate", "capacity", "refill", "cost")}
+
+
+RANGES = _load_ranges()
+MIN_RATE = Fraction(RANGES["rate"]["min"])
+MAX_RATE = Fraction(RANGES["rate"]["max"])
+MIN_CAPACITY_ABOVE = Fraction(RANGES["capacity"]["above"])
+MAX_CAPACITY = Fraction(RANGES["capacity"]["max"])
+MAX_REFILL_S = Fraction(RANGES["refill"]["max_s"])
+MIN_COST = Fraction(RANGES["cost"]["min"])
 
 POLICIES = ("open", "closed", "local")
 WITHOUT_MODULE = ("lua", "refuse")
@@ -43,53 +56,88 @@ class ModuleMissingError(Error):
 
 
 def _number(value):
-    """A double as the module parses it back to the same double."""
-    if value.is_integer() and abs(value) < 2**53:
-        return str(int(value))
-    return repr(value)
+    """The text sent for a number: its shortest round-trip decimal (see `_decimal.text`)."""
+    return _decimal.text(value)
+
+
+def _argument(value, name):
+    """`(text, exact value)` of a caller's number, or ValueError naming the argument."""
+    try:
+        text = _decimal.text(value)
+    except (TypeError, ValueError):
+        raise ValueError(RANGES[name]["error"] if name == "cost" else f"{name} must be a finite number") from None
+    return text, Fraction(text)
 
 
 class Limit:
-    """A validated limit: `rate` tokens per second, a burst of `capacity` tokens.
+    """A validated limit: `rate` tokens per second (or `rate` tokens per `per` seconds), a
+    burst of `capacity` tokens.
+
+    `Limit(5, 10)` is 5 tokens a second with a burst of 10; `Limit(100, per=60)` is 100 tokens
+    a minute, sent to the module as `100/60`, with a burst of 100 (capacity defaults to the
+    count when `per` is given). `per` is a number of seconds or a `datetime.timedelta`.
+    Numbers mean their shortest decimal: `Limit(0.1, 1)` is one token per 10 s exactly.
 
     Raises ValueError (naming the argument, with the module's range) when the module would
     refuse it, so a bad limit fails where it is written rather than on every request.
     """
 
-    __slots__ = ("rate", "capacity", "rate_fraction", "capacity_fraction", "_script")
+    __slots__ = ("rate", "capacity", "per", "rate_fraction", "capacity_fraction", "_rate_text",
+                 "_capacity_text", "_script")
 
-    def __init__(self, rate, capacity):
-        rate, capacity = _finite(rate, "rate"), _finite(capacity, "capacity")
-        if not MIN_RATE <= rate <= MAX_RATE:
-            raise ValueError("rate must be a number from 0.000001 to 1000000000 (tokens per second)")
-        if not 0 < capacity <= MAX_CAPACITY:
-            raise ValueError("capacity must be a number above 0 and at most 1e15 (tokens)")
-        if capacity / rate > MAX_REFILL_S:
-            raise ValueError("capacity / rate must be at most 3153600000 (a full refill within 100 years)")
-        object.__setattr__(self, "rate", rate)
-        object.__setattr__(self, "capacity", capacity)
-        object.__setattr__(self, "rate_fraction", Fraction(rate))
-        object.__setattr__(self, "capacity_fraction", Fraction(capacity))
-        object.__setattr__(self, "_script", None)
+    def __init__(self, rate, capacity=None, *, per=None):
+        rate_text, rate_fraction = _argument(rate, "rate")
+        if per is not None:
+            try:
+                per_text = _decimal.seconds_text(per)
+            except (TypeError, ValueError):
+                raise ValueError("per must be a finite number of seconds above 0") from None
+            per_seconds = Fraction(per_text)
+            if per_seconds <= 0:
+                raise ValueError("per must be a finite number of seconds above 0")
+            if capacity is None:
+                capacity = rate
+            if rate_fraction > 0:
+                rate_text = f"{rate_text}/{per_text}"
+            rate_fraction /= per_seconds
+        elif capacity is None:
+            raise TypeError("Limit() needs a capacity unless per is given (then it is the count)")
+        capacity_text, capacity_fraction = _argument(capacity, "capacity")
+        if not MIN_RATE <= rate_fraction <= MAX_RATE:
+            raise ValueError(RANGES["rate"]["error"])
+        if not MIN_CAPACITY_ABOVE < capacity_fraction <= MAX_CAPACITY:
+            raise ValueError(RANGES["capacity"]["error"])
+        if capacity_fraction / rate_fraction > MAX_REFILL_S:
+            raise ValueError(RANGES["refill"]["error"])
+        for name, value in (("rate", float(rate_fraction)), ("capacity", float(capacity_fraction)),
+                            ("per", per), ("rate_fraction", rate_fraction),
+                            ("capacity_fraction", capacity_fraction), ("_rate_text", rate_text),
+                            ("_capacity_text", capacity_text), ("_script", None)):
+            object.__setattr__(self, name, value)
 
     def __setattr__(self, name, value):
         raise AttributeError("Limit is immutable")
 
     def __eq__(self, other):
-        return isinstance(other, Limit) and (self.rate, self.capacity) == (other.rate, other.capacity)
+        return isinstance(other, Limit) and (self.rate_fraction, self.capacity_fraction) == (
+            other.rate_fraction, other.capacity_fraction)
 
     def __hash__(self):
-        return hash((self.rate, self.capacity))
+        return hash((self.rate_fraction, self.capacity_fraction))
 
     def __repr__(self):
-        return f"Limit(rate={_number(self.rate)}, capacity={_number(self.capacity)})"
+        if self.per is not None:
+            count = self._rate_text.partition("/")[0]
+            return f"Limit({count}, {self._capacity_text}, per={_decimal.seconds_text(self.per)})"
+        return f"Limit(rate={self._rate_text}, capacity={self._capacity_text})"
 
     def args(self):
-        """`rate capacity` as the module's arguments."""
-        return [_number(self.rate), _number(self.capacity)]
+        """`rate capacity` as the module's arguments ("0.1", "100/60", "1e-06" ...)."""
+        return [self._rate_text, self._capacity_text]
 
     def script_args(self, cost, refund=False):
-        """The 10 numbers the Lua script takes for this limit and cost (clients/lua/rl.lua)."""
+        """The 10 numbers the Lua script takes for this limit and cost (clients/lua/rl.lua),
+        from the exact values the module would use."""
         if self._script is None:
             t_us = Fraction(10**6) / self.rate_fraction
             if t_us.denominator < _MAX_EXACT_DENOMINATOR:
@@ -100,7 +148,7 @@ class Limit:
             object.__setattr__(self, "_script", (d, t_us))
         d, t_us = self._script
         cap = self.capacity_fraction
-        cost = Fraction(cost)
+        cost = _decimal.exact(cost)
         tq, tr = divmod(math.ceil(t_us * d), d)
         cq, cr = divmod(math.floor(cap * t_us * d), d)
         if cost > cap:
@@ -112,23 +160,14 @@ class Limit:
         return [str(x) for x in (d, tq, tr, cq, cr, sq, sr, kq, kr, math.floor(cap))]
 
 
-def _finite(value, name):
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        number = math.nan
-    if isinstance(value, bool) or not math.isfinite(number):
-        if name == "cost":
-            raise ValueError("cost must be a finite number >= 0 (tokens)")
-        raise ValueError(f"{name} must be a finite number")
-    return number
-
-
 def check_cost(cost):
-    cost = _finite(cost, "cost")
-    if cost < 0:
-        raise ValueError("cost must be a finite number >= 0 (tokens)")
-    return cost
+    """A cost as the module takes it (a finite number >= 0), or ValueError."""
+    _, exact = _argument(cost, "cost")
+    if exact < MIN_COST:
+        raise ValueError(RANGES["cost"]["error"])
+    # An int stays exact however large; anything else (a numeric string, a Decimal) becomes
+    # the float whose shortest decimal is what will be sent.
+    return cost if isinstance(cost, (int, float)) else float(cost)
 
 
 def _ceil_s(ms):
@@ -166,7 +205,7 @@ class Decision:
         """X-RateLimit-Limit, -Remaining, -Reset (seconds, rounded up), and Retry-After
         (seconds, rounded up) when denied and a wait can help."""
         headers = {
-            "X-RateLimit-Limit": _number(self.limit.capacity),
+            "X-RateLimit-Limit": self.limit.args()[1],
             "X-RateLimit-Remaining": str(self.remaining),
             "X-RateLimit-Reset": str(_ceil_s(self.reset_after_ms)),
         }
@@ -403,7 +442,100 @@ class Engine:
     def now_us(self):
         return int(self.clock() * 1_000_000)
 
-    # Building commands and reading replies --------------------------------------------------
+    # One call, before and after the I/O ----------------------------------------------------
+
+    def begin(self, op, items):
+        """Everything a call decides before Redis, for op in acquire, peek, refund, multi over
+        [(key, limit)] or [(key, limit, cost)]: checks the costs, asks the deny cache and the
+        outage state. Returns `(answer, None)` when that decided, else `(None, call)`: run
+        `exchange(call)`, then hand its reply to `finish` or its outage to `fail`."""
+        items = [(key, limit, check_cost(rest[0] if rest else 1)) for key, limit, *rest in items]
+        if not items:
+            raise ValueError("acquire_all needs at least one (key, limit)")
+        if op in ("acquire", "multi"):
+            for index, (key, limit, cost) in enumerate(items):
+                hit = self.cached(key, limit, cost)
+                if hit is not None:
+                    if op == "acquire":
+                        return hit, None
+                    return MultiDecision(False, index, hit.retry_after_ms, (), "cache"), None
+        if op == "refund":
+            self.forget(items[0][0])
+        if self.skip_redis():
+            return self.policy(op, items), None
+        return None, Call(op, items, self.clock())
+
+    def policy(self, op, items):
+        """The failure policy's answer to a call."""
+        if op == "multi":
+            return self.policy_acquire_all(items)
+        (key, limit, cost), = items
+        if op == "refund":
+            return self.policy_refund(key, limit, cost)
+        return self.policy_acquire(key, limit, cost, take=(op == "acquire"))
+
+    def fail(self, call, error):
+        """The answer to a call Redis could not answer (`is_unavailable(error)`)."""
+        self.failed(error)
+        return self.policy(call.op, call.items)
+
+    def finish(self, call, reply):
+        """The answer to a call from Redis's reply; a denial is remembered by the deny cache."""
+        source = self.source()
+        self.answered(source)
+        if call.op == "refund":
+            return Refund(*reply, source)
+        if call.op == "multi":
+            allowed, refused, retry, replies = reply
+            decisions = [Decision(*r, limit, source) for r, (_, limit, _) in zip(replies, call.items)]
+            if not allowed:
+                # Only refusing buckets are remembered, each with its own wait.
+                for (key, limit, cost), d in zip(call.items, decisions):
+                    self.remember(key, limit, cost, d, call.sent_at)
+            return MultiDecision(allowed, refused, retry, decisions, source)
+        (key, limit, cost), = call.items
+        decision = Decision(*reply, limit, source)
+        if call.op == "acquire":
+            self.remember(key, limit, cost, decision, call.sent_at)
+        return decision
+
+    # The requests of one call ---------------------------------------------------------------
+
+    def exchange(self, call):
+        """The requests a call makes, as a generator: it yields each `Request` for the limiter
+        to run and is sent its reply (or thrown its error), and returns the command's reply.
+
+        Detects the module first (and again after "unknown command": the module went away or
+        came, so the call is retried once on the new path); loads the script on NOSCRIPT."""
+        from redis.exceptions import ResponseError
+
+        if self.mode is None:
+            self.detected((yield Request("detect")))
+        self.refuse_if_missing()
+        try:
+            return (yield from self._send(call))
+        except ResponseError as error:
+            if not is_unknown_command(error):
+                raise
+            self.detected((yield Request("detect")))
+            self.refuse_if_missing()
+            return (yield from self._send(call))
+
+    def _send(self, call):
+        from redis.exceptions import ResponseError
+
+        args = self.command(call.op, call.items)
+        if self.mode == "module":
+            return (yield Request("command", args, call))
+        if self.sha is None:
+            self.sha = yield Request("load", [self.script])
+        try:
+            return (yield Request("command", ["EVALSHA", self.sha, *args], call))
+        except ResponseError as error:
+            if not is_noscript(error):
+                raise
+            self.sha = yield Request("load", [self.script])
+            return (yield Request("command", ["EVALSHA", self.sha, *args], call))
 
     def command(self, op, items):
         """The module command, or the script's EVALSHA arguments after the sha, for op in
@@ -441,6 +573,53 @@ class Engine:
             raise ModuleMissingError(
                 "the server has no RL.ACQUIRE (the redis-rl module is not loaded) and this limiter "
                 'was built with without_module="refuse"; load the module or use without_module="lua"')
+
+
+class Call:
+    """One call that needs Redis: its op, its checked items, and when it was sent (the deny
+    cache counts a denial's wait from then: the server decided after it)."""
+
+    __slots__ = ("op", "items", "sent_at")
+
+    def __init__(self, op, items, sent_at):
+        self.op, self.items, self.sent_at = op, items, sent_at
+
+
+class Request:
+    """One request for the limiter to send: "detect" (COMMAND INFO RL.ACQUIRE on any node),
+    "load" (SCRIPT LOAD of args[0]), or "command" (args, to the node of the call's first key;
+    RL.ACQUIRE.MULTI included)."""
+
+    __slots__ = ("kind", "args", "call")
+
+    def __init__(self, kind, args=(), call=None):
+        self.kind, self.args, self.call = kind, args, call
+
+    @property
+    def first_key(self):
+        return self.call.items[0][0]
+
+    @property
+    def multi(self):
+        return self.args[0] == "RL.ACQUIRE.MULTI"
+
+
+class LimiterBase:
+    """What the sync and asyncio limiters share besides the engine: the read-only views."""
+
+    _engine: "Engine"
+
+    @property
+    def counters(self):
+        """Decisions by source ("redis", "lua", "cache", "local", "open", "closed") and the
+        number of outages seen, as a new dict."""
+        with self._engine.lock:
+            return dict(self._engine.counters)
+
+    @property
+    def path(self):
+        """How Redis is reached: "module", "lua", "missing", or None before the first call."""
+        return self._engine.mode
 
 
 def _flatten_first(reply):

@@ -3,8 +3,9 @@
 Pure functions of the old state and the time, in exact rationals (fractions.Fraction), with
 the module's semantics (README "How it works"): a bucket is the instant `full_at_ns` when it is
 full; with T = 1e9 / rate ns per token, tokens(now) = capacity - max(0, full_at - now) / T.
-The rate, capacity and cost are the exact values of the doubles the caller holds. Nothing
-here reads a clock or imports redis; `LocalBuckets` adds a bounded store on top.
+The rate, capacity and cost are the exact values of the decimals the module is sent (0.1 is
+one tenth; see `_decimal`). Nothing here reads a clock or imports redis; `LocalBuckets` adds a
+bounded store on top.
 
 Checked against clients/vectors/bucket.json, the vectors the module's bucket is held to.
 """
@@ -12,6 +13,8 @@ Checked against clients/vectors/bucket.json, the vectors the module's bucket is 
 from collections import OrderedDict
 from fractions import Fraction
 from math import ceil, floor
+
+from ._decimal import exact
 
 NS_PER_S = 10**9
 NS_PER_MS = 10**6
@@ -102,7 +105,7 @@ class LocalBuckets:
     def acquire(self, key, limit, cost, now_us, take=True):
         rate, capacity = self._share(limit)
         old = self._full_at.get(key)
-        reply, new = acquire(rate, capacity, old, now_us, Fraction(cost), take)
+        reply, new = acquire(rate, capacity, old, now_us, exact(cost), take)
         if new is not old:
             self._store(key, new)
         return reply
@@ -114,7 +117,7 @@ class LocalBuckets:
         for key, limit, cost in items:
             rate, capacity = self._share(limit)
             old = pending[key] if key in pending else self._full_at.get(key)
-            reply, new = acquire(rate, capacity, old, now_us, Fraction(cost))
+            reply, new = acquire(rate, capacity, old, now_us, exact(cost))
             pending[key] = new
             replies.append(reply)
         refused = [i for i, r in enumerate(replies) if not r[0]]
@@ -134,7 +137,7 @@ class LocalBuckets:
     def refund(self, key, limit, cost, now_us):
         rate, capacity = self._share(limit)
         old = self._full_at.get(key)
-        reply, new = refund(rate, capacity, old, now_us, Fraction(cost))
+        reply, new = refund(rate, capacity, old, now_us, exact(cost))
         if old is not None or new is not None:
             self._store(key, new)
         return reply

@@ -1,13 +1,13 @@
 """The synchronous limiter, on redis-py's `Redis` or `RedisCluster`.
 
-Sends what `_core.Engine` builds, applies the failure policy to the errors it names, and keeps
-the deny cache. The asyncio twin is `redis_rl.asyncio`; both share `_core`.
+Only the I/O lives here: `_core.Engine` decides everything before and after a call (the
+deny cache, the failure policy, the replies) and names each request a call makes; this class
+sends them with redis-py. The asyncio twin is `redis_rl.asyncio`, the same over awaits.
 """
 
 from redis import exceptions as redis_errors
 
-from ._core import (Decision, Engine, MultiDecision, Refund, check_cost, is_noscript,
-                    is_unavailable, is_unknown_command, monotonic)
+from ._core import Engine, LimiterBase, is_unavailable, monotonic
 
 
 def with_deadline(client, timeout_ms):
@@ -48,7 +48,7 @@ def connect_cluster(url, timeout_ms=50, **kwargs):
                                        socket_connect_timeout=timeout_ms / 1000, **kwargs)
 
 
-class Limiter:
+class Limiter(LimiterBase):
     """Rate limits on Redis with the redis-rl module (or its Lua fallback), with an explicit
     failure policy.
 
@@ -78,17 +78,24 @@ class Limiter:
                               probe_interval_ms, local_max_keys, clock)
         self.client = with_deadline(client, timeout_ms)
 
-    @property
-    def counters(self):
-        """Decisions by source ("redis", "lua", "cache", "local", "open", "closed") and the
-        number of outages seen, as a new dict."""
-        with self._engine.lock:
-            return dict(self._engine.counters)
+    def acquire(self, key, limit, cost=1):
+        """Takes `cost` tokens from the bucket `key` of `limit`; returns a Decision."""
+        return self._run("acquire", [(key, limit, cost)])
 
-    @property
-    def path(self):
-        """How Redis is reached: "module", "lua", "missing", or None before the first call."""
-        return self._engine.mode
+    def peek(self, key, limit, cost=1):
+        """What `acquire` would decide for `cost`, taking nothing."""
+        return self._run("peek", [(key, limit, cost)])
+
+    def acquire_all(self, items):
+        """All or nothing over [(key, limit)] or [(key, limit, cost)]: takes every bucket's
+        cost if each holds it, else nothing. In a cluster every key must hash to one slot:
+        give them one hash tag, as in "{user:42}:s" and "{user:42}:h"."""
+        return self._run("multi", items)
+
+    def refund(self, key, limit, cost=1):
+        """Gives `cost` tokens back (a request that failed before doing any work) and clears
+        the deny cache's entry for `key`."""
+        return self._run("refund", [(key, limit, cost)])
 
     def table(self, name, shards=1):
         """A bucket table of this limiter: `shards` tables `name:{0}` … (redis_rl.table)."""
@@ -96,136 +103,45 @@ class Limiter:
 
         return Table(self, name, shards)
 
-    def acquire(self, key, limit, cost=1):
-        """Takes `cost` tokens from the bucket `key` of `limit`; returns a Decision."""
-        cost = check_cost(cost)
+    # The I/O --------------------------------------------------------------------------------
+
+    def _run(self, op, items):
         engine = self._engine
-        hit = engine.cached(key, limit, cost)
-        if hit is not None:
-            return hit
-        items = [(key, limit, cost)]
-        if engine.skip_redis():
-            return engine.policy_acquire(key, limit, cost)
-        sent_at = engine.clock()
+        answer, call = engine.begin(op, items)
+        if call is None:
+            return answer
         try:
-            reply = self._call("acquire", items)
+            reply = self._drive(engine.exchange(call))
         except (redis_errors.RedisError, redis_errors.RedisClusterException) as error:
             if not is_unavailable(error):
                 raise
-            engine.failed(error)
-            return engine.policy_acquire(key, limit, cost)
-        source = engine.source()
-        engine.answered(source)
-        decision = Decision(*reply, limit, source)
-        engine.remember(key, limit, cost, decision, sent_at)
-        return decision
+            return engine.fail(call, error)
+        return engine.finish(call, reply)
 
-    def peek(self, key, limit, cost=1):
-        """What `acquire` would decide for `cost`, taking nothing."""
-        cost = check_cost(cost)
-        engine = self._engine
-        if engine.skip_redis():
-            return engine.policy_acquire(key, limit, cost, take=False)
-        try:
-            reply = self._call("peek", [(key, limit, cost)])
-        except (redis_errors.RedisError, redis_errors.RedisClusterException) as error:
-            if not is_unavailable(error):
-                raise
-            engine.failed(error)
-            return engine.policy_acquire(key, limit, cost, take=False)
-        source = engine.source()
-        engine.answered(source)
-        return Decision(*reply, limit, source)
+    def _drive(self, steps):
+        """Runs the requests of `engine.exchange` until it returns the reply."""
+        advance, value = steps.send, None
+        while True:
+            try:
+                request = advance(value)
+            except StopIteration as done:
+                return done.value
+            try:
+                advance, value = steps.send, self._execute(request)
+            except Exception as error:  # the engine handles what it knows, and re-raises the rest
+                advance, value = steps.throw, error
 
-    def acquire_all(self, items):
-        """All or nothing over [(key, limit)] or [(key, limit, cost)]: takes every bucket's
-        cost if each holds it, else nothing. In a cluster every key must hash to one slot:
-        give them one hash tag, as in "{user:42}:s" and "{user:42}:h"."""
-        items = [(key, limit, check_cost(rest[0] if rest else 1)) for key, limit, *rest in items]
-        if not items:
-            raise ValueError("acquire_all needs at least one (key, limit)")
-        engine = self._engine
-        for index, (key, limit, cost) in enumerate(items):
-            hit = engine.cached(key, limit, cost)
-            if hit is not None:
-                return MultiDecision(False, index, hit.retry_after_ms, (), "cache")
-        if engine.skip_redis():
-            return engine.policy_acquire_all(items)
-        sent_at = engine.clock()
-        try:
-            allowed, refused, retry, replies = self._call("multi", items)
-        except (redis_errors.RedisError, redis_errors.RedisClusterException) as error:
-            if not is_unavailable(error):
-                raise
-            engine.failed(error)
-            return engine.policy_acquire_all(items)
-        source = engine.source()
-        engine.answered(source)
-        decisions = [Decision(*r, limit, source) for r, (_, limit, _) in zip(replies, items)]
-        if not allowed:
-            # Only refusing buckets are remembered, each with its own wait.
-            for (key, limit, cost), d in zip(items, decisions):
-                engine.remember(key, limit, cost, d, sent_at)
-        return MultiDecision(allowed, refused, retry, decisions, source)
-
-    def refund(self, key, limit, cost=1):
-        """Gives `cost` tokens back (a request that failed before doing any work) and clears
-        the deny cache's entry for `key`."""
-        cost = check_cost(cost)
-        engine = self._engine
-        engine.forget(key)
-        if engine.skip_redis():
-            return engine.policy_refund(key, limit, cost)
-        try:
-            remaining, reset_after_ms = self._call("refund", [(key, limit, cost)])
-        except (redis_errors.RedisError, redis_errors.RedisClusterException) as error:
-            if not is_unavailable(error):
-                raise
-            engine.failed(error)
-            return engine.policy_refund(key, limit, cost)
-        source = engine.source()
-        engine.answered(source)
-        return Refund(remaining, reset_after_ms, source)
-
-    # The call into Redis --------------------------------------------------------------------
-
-    def _detect(self):
-        # A cluster client needs a node for a command without keys: any one will do.
-        options = {"target_nodes": self.client.get_random_node()} if hasattr(self.client, "get_random_node") else {}
-        reply = self.client.execute_command("COMMAND INFO", "RL.ACQUIRE", **options)
-        self._engine.detected(reply)
-
-    def _call(self, op, items):
-        engine = self._engine
-        if engine.mode is None:
-            self._detect()
-        engine.refuse_if_missing()
-        try:
-            return self._send(op, items)
-        except redis_errors.ResponseError as error:
-            if not is_unknown_command(error):
-                raise
-            # The module went away (or came): look again, then retry once on the new path.
-            self._detect()
-            engine.refuse_if_missing()
-            return self._send(op, items)
-
-    def _send(self, op, items):
-        engine = self._engine
-        args = engine.command(op, items)
-        if engine.mode == "module":
-            if op == "multi" and hasattr(self.client, "get_node_from_key"):
-                # redis-py's cluster client refuses a command name with two dots
-                # (RL.ACQUIRE.MULTI), so send it to the node that owns the first key's slot.
-                node = self.client.get_node_from_key(items[0][0])
-                return node.redis_connection.execute_command(*args)
-            return self.client.execute_command(*args)
-        if engine.sha is None:
-            engine.sha = self.client.script_load(engine.script)
-        try:
-            return self.client.execute_command("EVALSHA", engine.sha, *args)
-        except redis_errors.ResponseError as error:
-            if not is_noscript(error):
-                raise
-            engine.sha = self.client.script_load(engine.script)
-            return self.client.execute_command("EVALSHA", engine.sha, *args)
+    def _execute(self, request):
+        client = self.client
+        if request.kind == "detect":
+            # A cluster client needs a node for a command without keys: any one will do.
+            options = {"target_nodes": client.get_random_node()} if hasattr(client, "get_random_node") else {}
+            return client.execute_command("COMMAND INFO", "RL.ACQUIRE", **options)
+        if request.kind == "load":
+            return client.script_load(*request.args)
+        if request.multi and hasattr(client, "get_node_from_key"):
+            # redis-py's cluster client refuses a command name with two dots
+            # (RL.ACQUIRE.MULTI), so send it to the node that owns the first key's slot.
+            node = client.get_node_from_key(request.first_key)
+            return node.redis_connection.execute_command(*request.args)
+        return client.execute_command(*request.args)

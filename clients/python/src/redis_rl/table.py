@@ -13,7 +13,10 @@ detection. Nothing here does more than name things and send the two calls that a
 decisions (delete, len).
 """
 
+import asyncio
 import hashlib
+
+from ._core import Request
 
 #: The most shards a limit may be spread over: there are no more slots than this to use.
 MAX_SHARDS = 16384
@@ -99,6 +102,15 @@ class _TableBase:
                 else:
                     yield ("DEL", *batch)
 
+    def _detection(self):
+        """The engine's steps that find the path (module, Lua), as `Engine.exchange` does
+        before a call: run by the limiter's `_drive`. Returns the path."""
+        engine = self._limiter._engine
+        if engine.mode is None:
+            engine.detected((yield Request("detect")))
+        engine.refuse_if_missing()
+        return engine.mode
+
     def _forget(self, buckets):
         """A reset bucket is full: drop what the shield and the local policy hold for it."""
         engine = self._limiter._engine
@@ -178,11 +190,7 @@ class Table(_TableBase):
         return count
 
     def _mode(self):
-        limiter = self._limiter
-        if limiter._engine.mode is None:
-            limiter._detect()
-        limiter._engine.refuse_if_missing()
-        return limiter._engine.mode
+        return self._limiter._drive(self._detection())
 
 
 class AsyncTable(_TableBase):
@@ -206,7 +214,7 @@ class AsyncTable(_TableBase):
         self._forget(b for group in groups.values() for b in group)
         deleted = 0
         for args in self._delete_commands(groups, await self._mode()):
-            deleted += await self._limiter._deadline(self._limiter.client.execute_command(*args))
+            deleted += await self._deadline(self._limiter.client.execute_command(*args))
         return deleted
 
     async def len(self):
@@ -215,13 +223,13 @@ class AsyncTable(_TableBase):
         if await self._mode() == "module":
             total = 0
             for i in range(self.shards):
-                total += await limiter._deadline(limiter.client.execute_command("RL.HLEN", self.key(i)))
+                total += await self._deadline(limiter.client.execute_command("RL.HLEN", self.key(i)))
             return total
         count = 0
         for node in self._scan_nodes():
             cursor = 0
             while True:
-                cursor, keys = await limiter._deadline(
+                cursor, keys = await self._deadline(
                     node.execute_command("SCAN", cursor, "MATCH", _lua_pattern(self.name), "COUNT", 1000))
                 count += self._ours(keys)
                 if int(cursor) == 0:
@@ -229,8 +237,7 @@ class AsyncTable(_TableBase):
         return count
 
     async def _mode(self):
-        limiter = self._limiter
-        if limiter._engine.mode is None:
-            await limiter._deadline(limiter._detect())
-        limiter._engine.refuse_if_missing()
-        return limiter._engine.mode
+        return await self._deadline(self._limiter._drive(self._detection()))
+
+    async def _deadline(self, call):
+        return await asyncio.wait_for(call, self._limiter._engine.timeout_s)
