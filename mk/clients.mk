@@ -16,11 +16,18 @@ PYTHON_PATH := $(PYTHON_RL):$(PYTHON_DEPS)
 $(REDIS_PY):
 	python3 -m pip install --quiet --upgrade --target "$(PYTHON_DEPS)" -r examples/python/requirements.txt
 
+# The web frameworks the HTTP middleware tests run in (redis_rl.asgi, redis_rl.wsgi), into the
+# same --target directory.
+PYTHON_HTTP := $(PYTHON_DEPS)/fastapi/__init__.py
+
+$(PYTHON_HTTP): $(REDIS_PY)
+	python3 -m pip install --quiet --upgrade --target "$(PYTHON_DEPS)" starlette fastapi httpx flask
+
 # Reinstalled on every run: pip decides nothing from timestamps, and it takes a second.
 python-rl:
 	python3 -m pip install --quiet --no-deps --upgrade --target "$(PYTHON_RL)" ./clients/python
 
-deps-clients: deps $(REDIS_PY) ## Install what the client libraries' tests need: redis-py (pip) and the Node packages (npm)
+deps-clients: deps $(REDIS_PY) $(PYTHON_HTTP) ## Install what the client libraries' tests need: redis-py and the web frameworks (pip), the Node packages (npm)
 	@command -v npm >/dev/null || { echo "deps-clients: npm not found; install Node.js 18+ and npm"; exit 1; }
 	cd clients/node && npm install --no-audit --no-fund --loglevel=error
 
@@ -34,13 +41,16 @@ test-clients-python: deps-clients $(MODULE_DEBUG) python-rl ## The Python librar
 test-clients-node: deps-clients $(MODULE_DEBUG) ## The Node library: vectors, Lua script, module, plain server, outages, shield (ioredis and node-redis)
 	cd clients/node && npm test
 
-test-clients-rust: $(MODULE_DEBUG) ## The Rust client (clients/rust): vectors, module, plain server (Lua), outages, shield, cluster
+test-clients-rust: $(MODULE_DEBUG) ## The Rust client (clients/rust): vectors, module, plain server (Lua), outages, shield, cluster, wait, tower layer
 	$(CARGO) test -p rl-bucket --test vectors
-	$(CARGO) test -p redis-rl-client
+	$(CARGO) test -p redis-rl-client --features tower
 	@# The client must not pull in the module's build dependencies. `-e normal`: the tree it
 	@# ships with, not what its tests build (the shared harness, rl-testkit).
 	@if $(CARGO) tree -p redis-rl-client -e normal | grep -i -E 'redis-module|bindgen|clang'; then \
 		echo "test-clients-rust: redis-rl-client depends on the module's build (see above)"; exit 1; fi
+	@# Nor HTTP crates for users who did not ask for the tower feature.
+	@if $(CARGO) tree -p redis-rl-client -e normal | grep -E ' (tower|http|axum) v'; then \
+		echo "test-clients-rust: redis-rl-client pulls in HTTP crates without the tower feature"; exit 1; fi
 
 test-clients-cluster: deps-clients $(MODULE_DEBUG) python-rl ## Both libraries on the `make cluster` cluster (started here on CLUSTER_PORT, and stopped, unless one runs)
 	@# On a shared machine a port block can be taken meanwhile: try two more blocks after it.

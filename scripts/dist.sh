@@ -55,8 +55,9 @@ build() {
   mkdir -p "$stage"
   # Debug info is for developers; the tarball's .so keeps its symbol table for backtraces.
   objcopy --strip-debug "$so" "$stage/libredis_rl.so"
-  cp redis.conf.example README.md LICENSE CHANGELOG.md "$stage/"
-  (cd "$stage" && sha256sum libredis_rl.so redis.conf.example README.md LICENSE CHANGELOG.md >SHA256SUMS)
+  # docs/ rides along: the README's command table and topic links point into it.
+  cp -r redis.conf.example README.md LICENSE CHANGELOG.md docs "$stage/"
+  (cd "$stage" && find . -type f ! -name SHA256SUMS | LC_ALL=C sort | xargs sha256sum >SHA256SUMS)
   # The same sources give the same bytes: fixed order, owner and times (the last commit's).
   local mtime
   mtime=$(git log -1 --format=%ct 2>/dev/null || echo 0)

@@ -57,7 +57,7 @@ def ceil_ms(ns):
 
 
 class Model:
-    """One bucket, as the README defines it. full_at is an exact rational ns instant."""
+    """One bucket, as docs/precision.md defines it. full_at is an exact rational ns instant."""
 
     def __init__(self, rate, capacity):
         self.rate = rate_of(rate)

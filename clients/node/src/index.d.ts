@@ -111,6 +111,28 @@ export class Limiter {
   refund(key: string, limit: Limit, cost?: number): Promise<Refund>;
   /** A bucket table of this limiter, over `shards` (default 1) tables `name:{0}` …. */
   table(name: string, shards?: number): Table;
+  /** Takes `cost` tokens once the bucket holds them; rejects with WaitTimeoutError after
+   * `timeoutMs`, WaitNeverError at once when cost > capacity, the signal's reason on abort
+   * (holding no tokens). */
+  wait(key: string, limit: Limit, options?: WaitOptions): Promise<Decision>;
+}
+
+export interface WaitOptions {
+  /** Tokens to take. Default 1. */
+  cost?: number;
+  /** Give up after this many ms (default: never). */
+  timeoutMs?: number;
+  /** Aborting ends the wait; no tokens are held afterwards. */
+  signal?: AbortSignal;
+}
+
+/** `wait` gave up at its timeout; `decision` is the last denial. */
+export class WaitTimeoutError extends Error {
+  readonly decision: Decision;
+}
+/** The cost exceeds the limit's capacity: no wait can help. */
+export class WaitNeverError extends Error {
+  readonly decision: Decision;
 }
 
 /** The most shards a table may be spread over (the number of cluster slots). */

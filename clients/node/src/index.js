@@ -11,9 +11,11 @@ import { performance } from "node:perf_hooks";
 import { LocalBuckets, Q, fromDecimal, numberText } from "./bucket.js";
 import { adapt, isReplyError, sha1 } from "./adapter.js";
 import { Table } from "./table.js";
+import { wait } from "./wait.js";
 
 export { LocalBuckets } from "./bucket.js";
 export { Table, shardOf, MAX_SHARDS } from "./table.js";
+export { WaitNeverError, WaitTimeoutError } from "./wait.js";
 
 const SCRIPT = readFileSync(new URL("./rl.lua", import.meta.url), "utf8");
 const SCRIPT_SHA = sha1(SCRIPT);
@@ -490,5 +492,12 @@ export class Limiter {
       await this.redis.send(["SCRIPT", "LOAD", SCRIPT], firstKey);
       return this.redis.send(["EVALSHA", SCRIPT_SHA, ...args], firstKey);
     }
+  }
+
+  // Waiting ---------------------------------------------------------------------------------
+
+  /** Takes `cost` tokens once the bucket holds them (see wait.js): { cost, timeoutMs, signal }. */
+  wait(key, limit, options = {}) {
+    return wait(this, key, limit, options);
   }
 }

@@ -92,3 +92,24 @@ export async function calls(client, command) {
   const line = String(info).split("\r\n").find((l) => l.toLowerCase().startsWith(`cmdstat_${command.toLowerCase()}:`));
   return line ? Number(/calls=(\d+)/.exec(line)[1]) : 0;
 }
+
+/**
+ * Runs `body(scope)`: `scope.server(module)` starts a server, `scope.defer(fn)` registers a
+ * cleanup; every cleanup runs afterwards, last first, whatever `body` did.
+ */
+export async function withCleanups(body) {
+  const cleanups = [];
+  const scope = {
+    defer: (fn) => cleanups.push(fn),
+    async server(module = true) {
+      const s = await Server.start(module);
+      cleanups.push(() => s.close());
+      return s;
+    },
+  };
+  try {
+    await body(scope);
+  } finally {
+    for (const c of cleanups.reverse()) await c();
+  }
+}

@@ -54,6 +54,11 @@ mod script;
 mod sync;
 mod table;
 mod types;
+mod wait;
+
+/// HTTP rate limiting as a `tower::Layer` (axum, hyper, tonic): the `tower` feature.
+#[cfg(feature = "tower")]
+pub mod layer;
 
 pub use asynch::AsyncLimiter;
 pub use engine::Path;
@@ -63,6 +68,7 @@ pub use types::{
     Counters, Decision, Error, Limit, MultiDecision, OnError, Options, Refund, Source,
     WithoutModule, CLOSED_RETRY_AFTER_MS, DEFAULT_DENY_CACHE_ENTRIES,
 };
+pub use wait::WaitError;
 
 /// The Lua fallback script this library runs on servers without the module
 /// (`clients/lua/rl.lua`), for tools that load it themselves.

@@ -19,8 +19,10 @@ from ._core import (CLOSED_RETRY_AFTER_MS, Decision, Error, Limit, ModuleMissing
                     MultiDecision, Refund)
 from .client import Limiter, connect, connect_cluster
 from .table import AsyncTable, Table, shard_of
+from .wait import WaitCancelledError, WaitNeverError, WaitTimeoutError
 
 __all__ = ["Limiter", "Limit", "Decision", "MultiDecision", "Refund", "Error",
            "ModuleMissingError", "CLOSED_RETRY_AFTER_MS", "connect", "connect_cluster",
+           "WaitTimeoutError", "WaitNeverError", "WaitCancelledError",
            "Table", "AsyncTable", "shard_of"]
 __version__ = "0.1.0"

@@ -301,7 +301,7 @@ class Engine:
                  probe_interval_ms, local_max_keys, clock):
         if on_error not in POLICIES:
             raise ValueError('on_error must be "open", "closed" or "local" (there is no default: '
-                             'choose per limit, see the README "Clients")')
+                             'choose per limit, see docs/clients.md)')
         if without_module not in WITHOUT_MODULE:
             raise ValueError('without_module must be "lua" or "refuse"')
         if not isinstance(instances, int) or isinstance(instances, bool) or instances < 1:

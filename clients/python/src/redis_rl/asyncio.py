@@ -67,6 +67,16 @@ class Limiter(LimiterBase):
 
         return AsyncTable(self, name, shards)
 
+    # Waiting --------------------------------------------------------------------------------
+
+    async def wait(self, key, limit, cost=1, timeout=None):
+        """The awaited `redis_rl.Limiter.wait`: takes `cost` tokens once the bucket holds them.
+        Cancelling the task ends the wait holding no tokens (a take that raced the cancel is
+        refunded before the CancelledError goes on). See `redis_rl.wait`."""
+        from .wait import wait_async
+
+        return await wait_async(self, key, limit, cost, timeout)
+
     # The I/O --------------------------------------------------------------------------------
 
     async def _run(self, op, items):

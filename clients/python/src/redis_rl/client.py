@@ -103,6 +103,18 @@ class Limiter(LimiterBase):
 
         return Table(self, name, shards)
 
+    # Waiting --------------------------------------------------------------------------------
+
+    def wait(self, key, limit, cost=1, timeout=None, *, cancel=None):
+        """Takes `cost` tokens, sleeping between tries until the bucket holds them; returns the
+        allowed Decision. Raises WaitTimeoutError (with the last denial) after `timeout`
+        seconds (None: no limit), WaitNeverError at once when cost exceeds the capacity, and
+        WaitCancelledError, holding no tokens, once the threading.Event `cancel` is set. The
+        failure policy decides each try while Redis is down. See `redis_rl.wait`."""
+        from .wait import wait
+
+        return wait(self, key, limit, cost, timeout, cancel)
+
     # The I/O --------------------------------------------------------------------------------
 
     def _run(self, op, items):

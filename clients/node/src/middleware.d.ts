@@ -1,0 +1,50 @@
+// Types for redis-rl's HTTP middleware (src/middleware.js).
+import type { IncomingMessage, ServerResponse } from "node:http";
+import type { BlockList } from "node:net";
+import type { Decision, Limit, Limiter } from "./index.js";
+
+/** "draft-ietf-httpapi-ratelimit-headers-10": the RateLimit-Policy / RateLimit syntax written. */
+export const HEADERS_DRAFT: string;
+export const PROBLEM_TYPE: "application/problem+json";
+
+export interface RateLimitOptions<Req extends IncomingMessage = IncomingMessage, Res extends ServerResponse = ServerResponse> {
+  limiter: Limiter;
+  limit: Limit;
+  /** "ip" (default), "header:<Name>", or a function of the request. */
+  key?: "ip" | `header:${string}` | ((req: Req) => string | null | undefined);
+  /** Tokens per request (default 1). */
+  cost?: number | ((req: Req) => number | Promise<number>);
+  /** Addresses or networks ("10.0.0.0/8") whose X-Forwarded-For is believed. */
+  trustedProxies?: string[];
+  /** Before each key in Redis. Default "rl:http:". */
+  prefix?: string;
+  /** The name in RateLimit-Policy / RateLimit. Default "default". */
+  policyName?: string;
+  /** Also write X-RateLimit-Limit/-Remaining/-Reset. Default true. */
+  legacyHeaders?: boolean;
+  /** True lets a request through untouched (health checks). */
+  skip?: (req: Req) => boolean | Promise<boolean>;
+  /** Sends a custom response instead of the problem+json 429. */
+  onLimited?: (req: Req, res: Res, decision: Decision, headers: [string, string][]) => unknown;
+}
+
+/** Connect/Express middleware. */
+export function rateLimit<Req extends IncomingMessage = IncomingMessage, Res extends ServerResponse = ServerResponse>(
+  options: RateLimitOptions<Req, Res>,
+): (req: Req, res: Res, next: (error?: unknown) => void) => Promise<void>;
+
+export function clientAddress(peer: string | undefined, forwardedFor: string | undefined, trusted: BlockList): string;
+export function headerFields(decision: Decision, options?: { policyName?: string; legacyHeaders?: boolean }): [string, string][];
+export function problem(decision: Decision): { type: string; title: string; status: 429; detail: string };
+
+/** A Store for express-rate-limit: limit per windowMs as one token bucket per key. */
+export class RedisRlStore {
+  constructor(options: { limiter: Limiter; prefix?: string });
+  readonly localKeys: false;
+  readonly prefix: string;
+  init(options: { limit: unknown; windowMs: number }): void;
+  increment(key: string): Promise<{ totalHits: number; resetTime: Date }>;
+  get(key: string): Promise<{ totalHits: number; resetTime: Date }>;
+  decrement(key: string): Promise<void>;
+  resetKey(key: string): Promise<void>;
+}

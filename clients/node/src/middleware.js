@@ -1,0 +1,174 @@
+// HTTP middleware on the Limiter: a Connect/Express middleware (`rateLimit`), and a Store for
+// express-rate-limit (`RedisRlStore`) so its users keep their setup and get an exact, shared
+// token bucket. Both sit on the limiter's public acquire/refund: its failure policy, deny
+// cache and Lua fallback apply unchanged.
+//
+// Header fields written by `rateLimit` on each response it decided:
+// - RateLimit-Policy and RateLimit, as draft-ietf-httpapi-ratelimit-headers-10 (September
+//   2025) defines them: `RateLimit-Policy: "default";q=<capacity>;w=<seconds to refill it>`,
+//   `RateLimit: "default";r=<remaining>;t=<seconds until full>`;
+// - X-RateLimit-Limit, -Remaining, -Reset (seconds until full), on by default;
+// - Retry-After (seconds, rounded up) on a 429 that a wait can cure.
+// A decision by the "open" failure policy knows no quota, so it writes none of these.
+
+import { BlockList, isIP } from "node:net";
+import { Limit } from "./index.js";
+
+/** The draft whose RateLimit-Policy and RateLimit syntax is written. */
+export const HEADERS_DRAFT = "draft-ietf-httpapi-ratelimit-headers-10";
+export const PROBLEM_TYPE = "application/problem+json";
+
+const ceilS = (ms) => Math.ceil(ms / 1000);
+// "::ffff:10.0.0.1" (an IPv4 peer on a dual-stack socket) is 10.0.0.1.
+const plainAddress = (a) => (typeof a === "string" && a.startsWith("::ffff:") && isIP(a.slice(7)) === 4 ? a.slice(7) : a);
+
+function trustList(proxies) {
+  const list = new BlockList();
+  for (const entry of proxies) {
+    const [address, bits] = String(entry).split("/");
+    const type = isIP(address) === 6 ? "ipv6" : "ipv4";
+    if (!isIP(address)) throw new RangeError(`trustedProxies: ${entry} is not an address or network`);
+    if (bits === undefined) list.addAddress(address, type);
+    else list.addSubnet(address, Number(bits), type);
+  }
+  return list;
+}
+
+/**
+ * The client address: the peer, or, when the peer is a trusted proxy, the nearest address in
+ * X-Forwarded-For that is not one (read from the right, where the trusted proxies appended;
+ * anything further left may be forged).
+ */
+export function clientAddress(peer, forwardedFor, trusted) {
+  peer = plainAddress(peer);
+  const isTrusted = (a) => isIP(a) !== 0 && trusted.check(a, isIP(a) === 6 ? "ipv6" : "ipv4");
+  if (!peer || !isTrusted(peer) || !forwardedFor) return peer || "unknown";
+  const hops = String(forwardedFor).split(",").map((h) => plainAddress(h.trim())).filter(Boolean);
+  for (let i = hops.length - 1; i >= 0; i--) {
+    if (isIP(hops[i]) === 0) return peer;
+    if (!isTrusted(hops[i])) return hops[i];
+  }
+  return hops[0] ?? peer;
+}
+
+/** The header fields for a decision, as [name, value] pairs. */
+export function headerFields(decision, { policyName = "default", legacyHeaders = true } = {}) {
+  if (decision.source === "open") return [];
+  const { limit } = decision;
+  const windowS = Math.max(1, Math.ceil(limit.capacity / limit.rate));
+  const out = [
+    ["RateLimit-Policy", `"${policyName}";q=${Math.floor(limit.capacity)};w=${windowS}`],
+    ["RateLimit", `"${policyName}";r=${decision.remaining};t=${ceilS(decision.resetAfterMs)}`],
+  ];
+  for (const [name, value] of Object.entries(decision.headers())) {
+    if (name === "Retry-After" || legacyHeaders) out.push([name, value]);
+  }
+  return out;
+}
+
+/** The RFC 9457 problem details body of a 429. */
+export function problem(decision) {
+  const detail = decision.retryAfterMs < 0
+    ? "This request costs more than the rate limit's capacity; it can never be allowed."
+    : `Rate limit exceeded; retry after ${ceilS(decision.retryAfterMs)} s.`;
+  return { type: "about:blank", title: "Too Many Requests", status: 429, detail };
+}
+
+/**
+ * Connect/Express middleware. Options: limiter, limit (required); key: "ip" (default),
+ * "header:<Name>" (falls back to the address when absent) or (req) => key; cost: tokens per
+ * request or (req) => tokens; trustedProxies: addresses or networks ("10.0.0.0/8") whose
+ * X-Forwarded-For is believed (default none); prefix ("rl:http:"); policyName ("default");
+ * legacyHeaders (true); skip: (req) => true lets a request through untouched; onLimited:
+ * (req, res, decision, headers) sends a custom response instead of the problem+json 429.
+ */
+export function rateLimit(options) {
+  const {
+    limiter, limit, key = "ip", cost = 1, trustedProxies = [], prefix = "rl:http:", policyName = "default",
+    legacyHeaders = true, skip, onLimited,
+  } = options;
+  if (!limiter || !(limit instanceof Limit)) throw new TypeError("rateLimit needs { limiter, limit: new Limit(...) }");
+  if (!(key === "ip" || typeof key === "function" || (typeof key === "string" && key.startsWith("header:")))) {
+    throw new RangeError('key must be "ip", "header:<Name>" or a function of the request');
+  }
+  const trusted = trustList(trustedProxies);
+  const keyFor = (req) => {
+    let k = null;
+    if (typeof key === "function") k = key(req);
+    else if (key.startsWith("header:")) {
+      const v = req.headers[key.slice(7).toLowerCase()];
+      if (v) k = `h:${v}`;
+    }
+    if (k === null || k === undefined) {
+      k = `ip:${clientAddress(req.socket?.remoteAddress, req.headers["x-forwarded-for"], trusted)}`;
+    }
+    return prefix + k;
+  };
+
+  return async function rateLimitMiddleware(req, res, next) {
+    try {
+      if (skip && (await skip(req))) return next();
+      const decision = await limiter.acquire(keyFor(req), limit, typeof cost === "function" ? await cost(req) : cost);
+      const headers = headerFields(decision, { policyName, legacyHeaders });
+      for (const [name, value] of headers) res.setHeader(name, value);
+      if (decision.allowed) return next();
+      if (onLimited) return onLimited(req, res, decision, headers);
+      const body = JSON.stringify(problem(decision));
+      res.statusCode = 429;
+      res.setHeader("Content-Type", PROBLEM_TYPE);
+      res.setHeader("Content-Length", Buffer.byteLength(body));
+      res.end(body);
+    } catch (error) {
+      next(error);
+    }
+  };
+}
+
+/**
+ * A Store for express-rate-limit (v7, v8) on the Limiter: `limit` requests per `windowMs`
+ * become one token bucket per key of `limit` tokens per `windowMs / 1000` seconds (the exact
+ * N/S rate "100/60") and capacity `limit`: a client may burst `limit` requests, then one more each
+ * windowMs / limit, instead of a fixed window that lets 2 x limit through across a window's
+ * edge. `totalHits` is the tokens in use (limit - remaining), or limit + 1 when denied, and
+ * `resetTime` is when the bucket is full again (when denied: when the next token arrives, so
+ * Retry-After is right). `limit` must be a number (a per-request function cannot name a
+ * bucket); `decrement` refunds a token, `resetKey` refills the bucket.
+ */
+export class RedisRlStore {
+  constructor({ limiter, prefix = "rl:erl:" }) {
+    if (!limiter) throw new TypeError("RedisRlStore needs { limiter }");
+    this.limiter = limiter;
+    this.prefix = prefix;
+    this.localKeys = false;
+    this.bucket = null;
+  }
+
+  init(options) {
+    if (typeof options.limit !== "number") {
+      throw new TypeError("RedisRlStore needs a numeric limit (a function cannot name one bucket)");
+    }
+    this.bucket = new Limit(options.limit, { per: options.windowMs / 1000 });
+  }
+
+  async increment(key) {
+    const d = await this.limiter.acquire(this.prefix + key, this.bucket, 1);
+    const capacity = this.bucket.capacity;
+    const now = Date.now();
+    if (d.source === "open") return { totalHits: 0, resetTime: new Date(now) };
+    if (!d.allowed) return { totalHits: capacity + 1, resetTime: new Date(now + Math.max(0, d.retryAfterMs)) };
+    return { totalHits: capacity - d.remaining, resetTime: new Date(now + d.resetAfterMs) };
+  }
+
+  async get(key) {
+    const d = await this.limiter.peek(this.prefix + key, this.bucket, 0);
+    return { totalHits: this.bucket.capacity - d.remaining, resetTime: new Date(Date.now() + d.resetAfterMs) };
+  }
+
+  async decrement(key) {
+    await this.limiter.refund(this.prefix + key, this.bucket, 1);
+  }
+
+  async resetKey(key) {
+    await this.limiter.refund(this.prefix + key, this.bucket, this.bucket.capacity);
+  }
+}

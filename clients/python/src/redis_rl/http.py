@@ -1,0 +1,140 @@
+"""What the HTTP middlewares share (`redis_rl.asgi`, `redis_rl.wsgi`): the policy (limit, key,
+cost, trusted proxies, hooks), the client address behind trusted proxies, the response header
+fields, and the 429 problem body. No framework is imported here.
+
+Header fields written (each response the limiter decided):
+
+- `RateLimit-Policy` and `RateLimit`, as draft-ietf-httpapi-ratelimit-headers-10 (September
+  2025) defines them: `RateLimit-Policy: "default";q=<capacity>;w=<seconds to refill it>`
+  and `RateLimit: "default";r=<remaining>;t=<seconds until full>`;
+- `X-RateLimit-Limit`, `-Remaining`, `-Reset` (seconds until full), which existing clients
+  read (on by default: `legacy_headers=False` turns them off);
+- `Retry-After` (seconds, rounded up) on a 429 that a wait can cure.
+
+A decision by the "open" failure policy knows no quota, so it writes none of these fields.
+"""
+
+import ipaddress
+import json
+import math
+
+#: The draft whose `RateLimit-Policy` and `RateLimit` syntax is written.
+HEADERS_DRAFT = "draft-ietf-httpapi-ratelimit-headers-10"
+
+
+def _networks(trusted_proxies):
+    return tuple(ipaddress.ip_network(p, strict=False) for p in trusted_proxies)
+
+
+def _address(text):
+    try:
+        return ipaddress.ip_address(text.strip())
+    except ValueError:
+        return None
+
+
+class Policy:
+    """One limit for HTTP requests.
+
+    - `limiter`: a `redis_rl.Limiter` (WSGI) or `redis_rl.asyncio.Limiter` (ASGI);
+    - `limit`: the `Limit` each key gets;
+    - `key`: "ip" (the client address, default), "header:<Name>" (a request header's value;
+      requests without it fall back to the address), or a function of the request (the ASGI
+      scope, the WSGI environ) returning the key;
+    - `cost`: tokens per request, or a function of the request;
+    - `trusted_proxies`: addresses or networks ("10.0.0.0/8") whose X-Forwarded-For is
+      believed; from anyone else it is ignored (default: nobody);
+    - `prefix`: put before each key in Redis (default "rl:http:");
+    - `policy_name`: the name in the RateLimit fields (default "default");
+    - `legacy_headers`: also write X-RateLimit-* (default True);
+    - `skip`: a function of the request; True lets the request through untouched (health
+      checks);
+    - `on_limited`: a function (request, decision, headers) returning the response to send
+      instead of the problem+json 429 (a framework response, see asgi/wsgi).
+    """
+
+    def __init__(self, limiter, limit, *, key="ip", cost=1, trusted_proxies=(), prefix="rl:http:",
+                 policy_name="default", legacy_headers=True, skip=None, on_limited=None):
+        if not (key == "ip" or callable(key) or (isinstance(key, str) and key.startswith("header:"))):
+            raise ValueError('key must be "ip", "header:<Name>" or a function of the request')
+        self.limiter = limiter
+        self.limit = limit
+        self.key = key
+        self.cost = cost
+        self.trusted = _networks(trusted_proxies)
+        self.prefix = prefix
+        self.policy_name = policy_name
+        self.legacy_headers = legacy_headers
+        self.skip = skip
+        self.on_limited = on_limited
+        # Exact: the seconds a refill from empty takes, rounded up.
+        self.window_s = max(1, math.ceil(limit.capacity_fraction / limit.rate_fraction))
+
+    # The key -------------------------------------------------------------------------------
+
+    def client_address(self, peer, forwarded_for):
+        """The client's address: the peer, or, when the peer is a trusted proxy, the nearest
+        address in X-Forwarded-For that is not one (read from the right, where the trusted
+        proxies appended; anything further left may be forged)."""
+        peer_ip = _address(peer or "")
+        if peer_ip is None or not self._trusted(peer_ip) or not forwarded_for:
+            return peer or "unknown"
+        hops = [h for h in (x.strip() for x in forwarded_for.split(",")) if h]
+        for hop in reversed(hops):
+            ip = _address(hop)
+            if ip is None:
+                return peer
+            if not self._trusted(ip):
+                return str(ip)
+        return str(_address(hops[0])) if hops else peer
+
+    def _trusted(self, ip):
+        return any(ip in net for net in self.trusted)
+
+    def key_for(self, request, peer, header):
+        """The bucket key: `header(name)` reads a request header (None when absent)."""
+        if callable(self.key):
+            key = self.key(request)
+        elif self.key.startswith("header:"):
+            key = header(self.key[len("header:"):]) or None
+            if key is not None:
+                key = "h:" + key
+        else:
+            key = None
+        if key is None:
+            key = "ip:" + self.client_address(peer, header("X-Forwarded-For"))
+        return self.prefix + str(key)
+
+    def cost_for(self, request):
+        return self.cost(request) if callable(self.cost) else self.cost
+
+    # The response ---------------------------------------------------------------------------
+
+    def headers(self, decision):
+        """The header fields for `decision`, as [(name, value)]."""
+        if decision.source == "open":
+            return []
+        limit = decision.limit
+        reset_s = -(-decision.reset_after_ms // 1000)
+        out = [
+            ("RateLimit-Policy", f'"{self.policy_name}";q={math.floor(limit.capacity_fraction)};w={self.window_s}'),
+            ("RateLimit", f'"{self.policy_name}";r={decision.remaining};t={reset_s}'),
+        ]
+        legacy = decision.headers()  # X-RateLimit-* and Retry-After, as the library writes them
+        for name, value in legacy.items():
+            if name == "Retry-After" or self.legacy_headers:
+                out.append((name, value))
+        return out
+
+    @staticmethod
+    def problem(decision):
+        """The RFC 9457 problem details body of a 429, as bytes."""
+        if decision.retry_after_ms < 0:
+            detail = "This request costs more than the rate limit's capacity; it can never be allowed."
+        else:
+            detail = f"Rate limit exceeded; retry after {-(-decision.retry_after_ms // 1000)} s."
+        body = {"type": "about:blank", "title": "Too Many Requests", "status": 429, "detail": detail}
+        return json.dumps(body).encode()
+
+
+PROBLEM_TYPE = "application/problem+json"

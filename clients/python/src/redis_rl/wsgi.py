@@ -1,0 +1,101 @@
+"""Rate limits for WSGI apps (Flask, Django) on the sync `redis_rl.Limiter`.
+
+    app.wsgi_app = RateLimitMiddleware(app.wsgi_app, limiter=limiter, limit=Limit(10, 20))
+
+`RateLimitMiddleware` limits every request; `limit_route` one Flask view. Both take the
+options of `redis_rl.http.Policy`; a key or cost function and `skip` get the WSGI environ, and
+`on_limited(environ, decision, headers)` returns a WSGI app (a Flask or Werkzeug `Response`
+is one). For Django, wrap the WSGI application in wsgi.py the same way. The limiter's
+failure policy, deny cache and Lua fallback apply to each request unchanged.
+"""
+
+import functools
+
+from .http import PROBLEM_TYPE, Policy
+
+__all__ = ["RateLimitMiddleware", "limit_route", "Policy"]
+
+_REASON = "429 Too Many Requests"
+
+
+def _header_reader(environ):
+    def header(name):
+        if name.lower() == "content-type":
+            return environ.get("CONTENT_TYPE")
+        return environ.get("HTTP_" + name.upper().replace("-", "_"))
+
+    return header
+
+
+def decide(policy, environ):
+    """The decision and header fields for one request, or None when `skip` lets it pass."""
+    if policy.skip is not None and policy.skip(environ):
+        return None
+    key = policy.key_for(environ, environ.get("REMOTE_ADDR"), _header_reader(environ))
+    decision = policy.limiter.acquire(key, policy.limit, policy.cost_for(environ))
+    return decision, policy.headers(decision)
+
+
+def _problem_app(decision, headers):
+    body = Policy.problem(decision)
+
+    def app(environ, start_response):
+        start_response(_REASON, list(headers) + [("Content-Type", PROBLEM_TYPE),
+                                                 ("Content-Length", str(len(body)))])
+        return [body]
+
+    return app
+
+
+class RateLimitMiddleware:
+    """WSGI middleware: a 429 (application/problem+json, RFC 9457) for requests over the
+    limit, the rate-limit header fields on every response it decided."""
+
+    def __init__(self, app, limiter, limit, **options):
+        self.app = app
+        self.policy = Policy(limiter, limit, **options)
+
+    def __call__(self, environ, start_response):
+        decided = decide(self.policy, environ)
+        if decided is None:
+            return self.app(environ, start_response)
+        decision, headers = decided
+        if not decision.allowed:
+            on_limited = self.policy.on_limited
+            app = on_limited(environ, decision, headers) if on_limited else _problem_app(decision, headers)
+            return app(environ, start_response)
+
+        def start_with_headers(status, response_headers, exc_info=None):
+            return start_response(status, list(response_headers) + headers, exc_info)
+
+        return self.app(environ, start_with_headers)
+
+
+def limit_route(limiter, limit, **options):
+    """A decorator for one Flask view (put it under `@app.route`). Over the limit the view
+    does not run and the 429 is returned; otherwise the header fields are added to its
+    response."""
+    policy = Policy(limiter, limit, **options)
+
+    def wrap(view):
+        @functools.wraps(view)
+        def limited(*args, **kwargs):
+            import flask
+
+            decided = decide(policy, flask.request.environ)
+            if decided is None:
+                return view(*args, **kwargs)
+            decision, headers = decided
+            if not decision.allowed:
+                if policy.on_limited is not None:
+                    return policy.on_limited(flask.request.environ, decision, headers)
+                return flask.Response(Policy.problem(decision), status=429, headers=headers,
+                                      content_type=PROBLEM_TYPE)
+            response = flask.make_response(view(*args, **kwargs))
+            for name, value in headers:
+                response.headers[name] = value
+            return response
+
+        return limited
+
+    return wrap

@@ -1,0 +1,182 @@
+"""redis_rl.asgi in real Starlette and FastAPI apps, driven through httpx's ASGI transport:
+against the module, the Lua fallback (a plain server) and an outage (a dead port). Exact
+counts, header fields and problem+json bodies."""
+
+import json
+import unittest
+
+import httpx
+import redis.asyncio
+from fastapi import FastAPI, Request
+from starlette.applications import Starlette
+from starlette.responses import JSONResponse, PlainTextResponse
+from starlette.routing import Route
+
+from redis_rl import Limit
+from redis_rl.asgi import RateLimitMiddleware, limit_route
+from redis_rl.asyncio import Limiter
+from servers import Server, free_port
+
+# 3 requests of burst, one more each 100 s: nothing refills while a test runs.
+LIMIT = Limit(rate=0.01, capacity=3)
+
+
+def expected(remaining, reset_s, legacy=True):
+    h = {"ratelimit-policy": '"default";q=3;w=300', "ratelimit": f'"default";r={remaining};t={reset_s}'}
+    if legacy:
+        h.update({"x-ratelimit-limit": "3", "x-ratelimit-remaining": str(remaining),
+                  "x-ratelimit-reset": str(reset_s)})
+    return h
+
+
+def rate_headers(response):
+    return {k: v for k, v in response.headers.items() if "ratelimit" in k or k == "retry-after"}
+
+
+def starlette_app(limiter, **options):
+    async def hello(request):
+        return PlainTextResponse("hello")
+
+    app = Starlette(routes=[Route("/", hello), Route("/health", hello)])
+    app.add_middleware(RateLimitMiddleware, limiter=limiter, limit=LIMIT, **options)
+    return app
+
+
+class Asgi(unittest.IsolatedAsyncioTestCase):
+    async def limiter(self, port, **kwargs):
+        client = redis.asyncio.Redis(port=port)
+        self.addAsyncCleanup(client.aclose)
+        kwargs.setdefault("on_error", "closed")
+        kwargs.setdefault("timeout_ms", 1000)
+        return Limiter(client, **kwargs)
+
+    def server(self, module=True):
+        s = Server(module=module)
+        self.addCleanup(s.close)
+        return s
+
+    async def http(self, app, client=("203.0.113.7", 5000)):
+        c = httpx.AsyncClient(transport=httpx.ASGITransport(app=app, client=client), base_url="http://t")
+        self.addAsyncCleanup(c.aclose)
+        return c
+
+    async def test_three_allowed_then_a_problem_429_on_module_and_lua(self):
+        for module in (True, False):
+            limiter = await self.limiter(self.server(module).port)
+            http = await self.http(starlette_app(limiter))
+            got = [await http.get("/") for _ in range(4)]
+            self.assertEqual([r.status_code for r in got], [200, 200, 200, 429])
+            self.assertEqual(got[0].text, "hello")
+            self.assertEqual(rate_headers(got[0]), expected(2, 100))
+            self.assertEqual(rate_headers(got[2]), expected(0, 300))
+            denied = got[3]
+            self.assertEqual(rate_headers(denied), {**expected(0, 300), "retry-after": "100"})
+            self.assertEqual(denied.headers["content-type"], "application/problem+json")
+            self.assertEqual(denied.json(), {"type": "about:blank", "title": "Too Many Requests",
+                                             "status": 429, "detail": "Rate limit exceeded; retry after 100 s."})
+            self.assertEqual(limiter.path, "module" if module else "lua")
+
+    async def test_keys_by_client_address_and_trusts_forwarded_for_only_from_listed_proxies(self):
+        limiter = await self.limiter(self.server().port)
+        app = starlette_app(limiter, trusted_proxies=["10.0.0.0/8"])
+        direct = await self.http(app, client=("203.0.113.7", 1))
+        proxy = await self.http(app, client=("10.1.2.3", 1))
+        for _ in range(3):
+            self.assertEqual((await direct.get("/", headers={"X-Forwarded-For": "198.51.100.1"})).status_code, 200)
+        # The untrusted peer's X-Forwarded-For was ignored: its own bucket is empty.
+        self.assertEqual((await direct.get("/", headers={"X-Forwarded-For": "198.51.100.2"})).status_code, 429)
+        # Through the trusted proxy, each forwarded client has its own bucket; a forged hop
+        # to the left of the proxy's is not believed.
+        r = await proxy.get("/", headers={"X-Forwarded-For": "203.0.113.7, 198.51.100.9, 10.9.9.9"})
+        self.assertEqual((r.status_code, r.headers["ratelimit"]), (200, '"default";r=2;t=100'))
+        r = await proxy.get("/", headers={"X-Forwarded-For": "198.51.100.9"})
+        self.assertEqual(r.headers["ratelimit"], '"default";r=1;t=200')
+        raw = redis.Redis(port=limiter.client.connection_pool.connection_kwargs["port"])
+        self.assertEqual(sorted(k.decode() for k in raw.keys("rl:http:*")),
+                         ["rl:http:ip:198.51.100.9", "rl:http:ip:203.0.113.7"])
+
+    async def test_header_key_cost_skip_custom_response_and_no_legacy_headers(self):
+        limiter = await self.limiter(self.server().port)
+
+        def on_limited(scope, decision, headers):
+            return JSONResponse({"slow": "down", "wait_ms": decision.retry_after_ms > 0}, 429,
+                                headers=dict(headers))
+
+        app = starlette_app(limiter, key="header:X-Api-Key", cost=lambda scope: 2,
+                            skip=lambda scope: scope["path"] == "/health", legacy_headers=False,
+                            on_limited=on_limited)
+        http = await self.http(app)
+        first = await http.get("/", headers={"X-Api-Key": "alice"})
+        self.assertEqual(rate_headers(first), expected(1, 200, legacy=False))
+        second = await http.get("/", headers={"X-Api-Key": "alice"})
+        self.assertEqual((second.status_code, second.json()), (429, {"slow": "down", "wait_ms": True}))
+        self.assertEqual(second.headers["retry-after"], "100")
+        self.assertEqual((await http.get("/", headers={"X-Api-Key": "bob"})).status_code, 200)
+        health = [await http.get("/health", headers={"X-Api-Key": "alice"}) for _ in range(3)]
+        self.assertEqual([(r.status_code, rate_headers(r)) for r in health], [(200, {})] * 3)
+
+    async def test_the_shield_answers_a_flood_without_redis(self):
+        s = self.server()
+        http = await self.http(starlette_app(await self.limiter(s.port, deny_cache=True)))
+        got = [await http.get("/") for _ in range(10)]
+        self.assertEqual([r.status_code for r in got], [200] * 3 + [429] * 7)
+        # The first denial came from Redis; the six after it from the deny cache, with the
+        # same fields (the wait counts down from the denial, so it still rounds up to 100 s).
+        for r in got[3:]:
+            self.assertEqual(rate_headers(r), {**expected(0, 300), "retry-after": "100"})
+        self.assertEqual(s.calls("rl.acquire"), 4)
+
+    async def test_outage_applies_the_failure_policy(self):
+        dead = free_port()
+        closed = await self.http(starlette_app(await self.limiter(dead, timeout_ms=100)))
+        r = await closed.get("/")
+        self.assertEqual((r.status_code, r.headers["retry-after"]), (429, "1"))
+        self.assertEqual(r.headers["ratelimit"], '"default";r=0;t=0')
+        self.assertEqual(r.json()["detail"], "Rate limit exceeded; retry after 1 s.")
+        opened = await self.http(starlette_app(await self.limiter(dead, on_error="open", timeout_ms=100)))
+        r = await opened.get("/")
+        self.assertEqual((r.status_code, rate_headers(r)), (200, {}))
+        local = await self.http(starlette_app(await self.limiter(dead, on_error="local", timeout_ms=100)))
+        got = [await local.get("/") for _ in range(4)]
+        self.assertEqual([r.status_code for r in got], [200, 200, 200, 429])
+        self.assertEqual(rate_headers(got[0]), expected(2, 100))
+
+    async def test_fastapi_app_and_a_single_limited_route(self):
+        limiter = await self.limiter(self.server().port)
+        app = FastAPI()
+
+        @app.get("/limited")
+        @limit_route(limiter, Limit(rate=0.01, capacity=1))
+        async def limited(request: Request):
+            return PlainTextResponse("ok")
+
+        @app.get("/free")
+        async def free():
+            return {"free": True}
+
+        http = await self.http(app)
+        first = await http.get("/limited")
+        self.assertEqual((first.status_code, first.text, first.headers["ratelimit"]),
+                         (200, "ok", '"default";r=0;t=100'))
+        self.assertEqual(first.headers["ratelimit-policy"], '"default";q=1;w=100')
+        second = await http.get("/limited")
+        self.assertEqual((second.status_code, second.headers["retry-after"]), (429, "100"))
+        self.assertEqual(json.loads(second.content)["status"], 429)
+        self.assertEqual([(await http.get("/free")).status_code for _ in range(5)], [200] * 5)
+
+        mounted = FastAPI()
+        mounted.add_middleware(RateLimitMiddleware, limiter=limiter, limit=LIMIT, prefix="fa:")
+
+        @mounted.get("/")
+        async def root():
+            return {"hello": "world"}
+
+        http = await self.http(mounted)
+        got = [await http.get("/") for _ in range(4)]
+        self.assertEqual([r.status_code for r in got], [200, 200, 200, 429])
+        self.assertEqual(got[0].json(), {"hello": "world"})
+        self.assertEqual(rate_headers(got[1]), expected(1, 200))
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,118 @@
+"""redis_rl.wsgi in a real Flask app, through Flask's test client: the middleware and the route
+decorator against the module, the Lua fallback (a plain server) and an outage (a dead port).
+Exact counts, header fields and problem+json bodies."""
+
+import unittest
+
+import flask
+import redis
+
+from redis_rl import Limit, Limiter
+from redis_rl.wsgi import RateLimitMiddleware, limit_route
+from servers import Server, free_port
+
+LIMIT = Limit(rate=0.01, capacity=3)  # nothing refills while a test runs
+
+
+def expected(remaining, reset_s):
+    return {"RateLimit-Policy": '"default";q=3;w=300', "RateLimit": f'"default";r={remaining};t={reset_s}',
+            "X-RateLimit-Limit": "3", "X-RateLimit-Remaining": str(remaining),
+            "X-RateLimit-Reset": str(reset_s)}
+
+
+def rate_headers(response):
+    return {k: v for k, v in response.headers.items() if "RateLimit" in k or k == "Retry-After"}
+
+
+def flask_app(limiter, **options):
+    app = flask.Flask(__name__)
+
+    @app.route("/")
+    def hello():
+        return "hello"
+
+    @app.route("/health")
+    def health():
+        return "ok"
+
+    app.wsgi_app = RateLimitMiddleware(app.wsgi_app, limiter=limiter, limit=LIMIT, **options)
+    return app
+
+
+class Wsgi(unittest.TestCase):
+    def limiter(self, port, **kwargs):
+        kwargs.setdefault("on_error", "closed")
+        kwargs.setdefault("timeout_ms", 1000)
+        limiter = Limiter(redis.Redis(port=port), **kwargs)
+        self.addCleanup(limiter.client.close)
+        return limiter
+
+    def server(self, module=True):
+        s = Server(module=module)
+        self.addCleanup(s.close)
+        return s
+
+    def test_three_allowed_then_a_problem_429_on_module_and_lua(self):
+        for module in (True, False):
+            limiter = self.limiter(self.server(module).port)
+            http = flask_app(limiter).test_client()
+            got = [http.get("/", environ_base={"REMOTE_ADDR": "203.0.113.7"}) for _ in range(4)]
+            self.assertEqual([r.status_code for r in got], [200, 200, 200, 429])
+            self.assertEqual(got[0].get_data(as_text=True), "hello")
+            self.assertEqual(rate_headers(got[0]), expected(2, 100))
+            self.assertEqual(rate_headers(got[3]), {**expected(0, 300), "Retry-After": "100"})
+            self.assertEqual(got[3].headers["Content-Type"], "application/problem+json")
+            self.assertEqual(got[3].get_json(force=True), {
+                "type": "about:blank", "title": "Too Many Requests", "status": 429,
+                "detail": "Rate limit exceeded; retry after 100 s."})
+            self.assertEqual(limiter.path, "module" if module else "lua")
+
+    def test_forwarded_for_only_from_trusted_proxies_and_skip(self):
+        limiter = self.limiter(self.server().port)
+        http = flask_app(limiter, trusted_proxies=["10.0.0.1"],
+                         skip=lambda environ: environ["PATH_INFO"] == "/health").test_client()
+        forged = {"REMOTE_ADDR": "203.0.113.7"}
+        via_proxy = {"REMOTE_ADDR": "10.0.0.1"}
+        for i in range(3):
+            r = http.get("/", environ_base=forged, headers={"X-Forwarded-For": f"198.51.100.{i}"})
+            self.assertEqual(r.headers["RateLimit"], f'"default";r={2 - i};t={100 * (i + 1)}')
+        r = http.get("/", environ_base=via_proxy, headers={"X-Forwarded-For": "198.51.100.1"})
+        self.assertEqual((r.status_code, r.headers["RateLimit"]), (200, '"default";r=2;t=100'))
+        self.assertEqual([http.get("/health", environ_base=forged).status_code for _ in range(3)], [200] * 3)
+
+    def test_outage_applies_the_failure_policy(self):
+        dead = free_port()
+        r = flask_app(self.limiter(dead, timeout_ms=100)).test_client().get("/")
+        self.assertEqual((r.status_code, r.headers["Retry-After"]), (429, "1"))
+        r = flask_app(self.limiter(dead, on_error="open", timeout_ms=100)).test_client().get("/")
+        self.assertEqual((r.status_code, rate_headers(r)), (200, {}))
+        http = flask_app(self.limiter(dead, on_error="local", timeout_ms=100)).test_client()
+        got = [http.get("/") for _ in range(4)]
+        self.assertEqual([r.status_code for r in got], [200, 200, 200, 429])
+        self.assertEqual(rate_headers(got[1]), expected(1, 200))
+
+    def test_route_decorator_limits_one_view_with_a_custom_response(self):
+        limiter = self.limiter(self.server(module=False).port)
+        app = flask.Flask(__name__)
+
+        @app.route("/search")
+        @limit_route(limiter, Limit(rate=0.01, capacity=2), key=lambda environ: "search",
+                     on_limited=lambda environ, d, headers: flask.Response("busy", 503, headers))
+        def search():
+            return {"results": []}
+
+        @app.route("/free")
+        def free():
+            return "free"
+
+        http = app.test_client()
+        got = [http.get("/search") for _ in range(3)]
+        self.assertEqual([r.status_code for r in got], [200, 200, 503])
+        self.assertEqual(got[0].get_json(), {"results": []})
+        self.assertEqual(got[1].headers["RateLimit"], '"default";r=0;t=200')
+        self.assertEqual((got[2].get_data(as_text=True), got[2].headers["Retry-After"]), ("busy", "100"))
+        self.assertEqual([http.get("/free").status_code for _ in range(4)], [200] * 4)
+
+
+if __name__ == "__main__":
+    unittest.main()
