@@ -71,6 +71,11 @@ fn table_type() -> *mut raw::RedisModuleType {
     TYPE_PTR.load(Ordering::Relaxed)
 }
 
+/// The registered type, to recognise a table's key without opening it (the sweeper's scan).
+pub fn registered_type() -> *mut raw::RedisModuleType {
+    table_type()
+}
+
 /// A key holding a table (or nothing yet), opened for a command.
 pub struct TableKey {
     key: OpenKey,
@@ -256,6 +261,35 @@ impl TableKey {
             }
         }
         Ok(())
+    }
+
+    /// Sweeps up to `budget` slots by `now_ns` (the master's clock) and commits what it
+    /// removed, as any write does. Returns the slots used and whether the table still has
+    /// slots to look at: it is migrating, or has not been looked at whole since its
+    /// [`Table::sweep_passes`] were `passes_before`.
+    ///
+    /// # Errors
+    /// [`Error::Internal`] if the server refuses.
+    pub fn sweep(
+        &mut self,
+        now_ns: u64,
+        budget: usize,
+        passes_before: u64,
+    ) -> Result<(usize, bool), Error> {
+        let Some(table) = self.table_mut() else {
+            return Ok((0, false));
+        };
+        let (swept, used) = table.sweep_counted(now_ns, budget);
+        let more = table.is_migrating() || table.sweep_passes() == passes_before;
+        self.effects
+            .extend(swept.into_iter().map(|tag| (tag, None)));
+        self.commit(c"rl.hsweep")?;
+        Ok((used, more && !self.table.is_null()))
+    }
+
+    /// The table's sweep passes so far (see [`Table::sweep_passes`]); 0 for a missing key.
+    pub fn sweep_passes(&self) -> u64 {
+        self.table().map_or(0, Table::sweep_passes)
     }
 
     /// The handle of one bucket, named by `field`.
