@@ -264,7 +264,8 @@ impl TableKey {
     }
 
     /// Sweeps up to `budget` slots by `now_ns` (the master's clock) and commits what it
-    /// removed, as any write does. Returns the slots used and whether the table still has
+    /// removed, as any write does. Returns the slots used, the buckets removed, and whether
+    /// the table still has
     /// slots to look at: it is migrating, or has not been looked at whole since its
     /// [`Table::sweep_passes`] were `passes_before`.
     ///
@@ -275,16 +276,17 @@ impl TableKey {
         now_ns: u64,
         budget: usize,
         passes_before: u64,
-    ) -> Result<(usize, bool), Error> {
+    ) -> Result<(usize, usize, bool), Error> {
         let Some(table) = self.table_mut() else {
-            return Ok((0, false));
+            return Ok((0, 0, false));
         };
         let (swept, used) = table.sweep_counted(now_ns, budget);
         let more = table.is_migrating() || table.sweep_passes() == passes_before;
+        let removed = swept.len();
         self.effects
             .extend(swept.into_iter().map(|tag| (tag, None)));
         self.commit(c"rl.hsweep")?;
-        Ok((used, more && !self.table.is_null()))
+        Ok((used, removed, more && !self.table.is_null()))
     }
 
     /// The table's sweep passes so far (see [`Table::sweep_passes`]); 0 for a missing key.
