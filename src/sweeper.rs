@@ -25,8 +25,8 @@ use std::sync::Mutex;
 
 use redis_module::raw::{self, RedisModuleCtx, RedisModuleKey, RedisModuleString};
 
-use crate::{clock, stats};
 use crate::table_type::{self, TableKey};
+use crate::{clock, stats};
 
 /// The timer's period: the "sweep interval" in the docs.
 pub const TICK_MS: i64 = 10;
@@ -101,7 +101,8 @@ unsafe fn is_deciding(ctx: *mut RedisModuleCtx) -> bool {
     };
     // SAFETY: as above.
     let flags = unsafe { flags(ctx) } as u32;
-    flags & raw::REDISMODULE_CTX_FLAGS_MASTER != 0 && flags & raw::REDISMODULE_CTX_FLAGS_LOADING == 0
+    flags & raw::REDISMODULE_CTX_FLAGS_MASTER != 0
+        && flags & raw::REDISMODULE_CTX_FLAGS_LOADING == 0
 }
 
 unsafe extern "C" fn tick(ctx: *mut RedisModuleCtx, _data: *mut c_void) {
@@ -259,7 +260,8 @@ impl Walk {
                 keys_left -= 1;
                 // SAFETY: the timer's context with `self.db` selected; `name` is owned.
                 unsafe {
-                    if let Some(passes) = Self::sweep_key(ctx, name, now_ns, &mut slots_left, None) {
+                    if let Some(passes) = Self::sweep_key(ctx, name, now_ns, &mut slots_left, None)
+                    {
                         self.pending = Some((self.db, name, passes));
                     } else {
                         free_name(ctx, name);

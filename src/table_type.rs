@@ -7,8 +7,9 @@
 //!   full_at_frac` (`full_at_ns` 0 deletes), so replicas and AOF hold the same buckets. Tags,
 //!   not fields, travel, since a sweep only knows tags.
 //! - **Sweeping.** Each write of the master's own commands sweeps [`SWEEP_STEP`] slots by the
-//!   master's clock and replicates what it removed; `RL.HSETSTATE` (what replicas and AOF
-//!   replay) never sweeps, so a replica never decides by its own clock.
+//!   master's clock and replicates what it removed, and the master's background sweep
+//!   ([`crate::sweeper`]) does the same through [`TableKey::sweep`]; `RL.HSETSTATE` (what
+//!   replicas and AOF replay) never sweeps, so a replica never decides by its own clock.
 //! - **Expiry.** The key expires when its latest bucket is full: each write raises the
 //!   expiry to the bucket's `full_at` if later. Redis's own expiry then removes (and
 //!   replicates the removal of) a table with no live bucket; a table left empty by a

@@ -480,7 +480,11 @@ fn a_replica_holds_identical_tables_and_sweeps_come_from_the_master() {
     // replica only follows (tests/table_sweep.rs shows a cut-off replica keeps them).
     let deadline = Instant::now() + Duration::from_secs(30);
     while hlen(&mut m, "fast") != 1 {
-        assert!(Instant::now() < deadline, "the sweep never finished: {}", hlen(&mut m, "fast"));
+        assert!(
+            Instant::now() < deadline,
+            "the sweep never finished: {}",
+            hlen(&mut m, "fast")
+        );
         sleep(Duration::from_millis(20));
     }
     wait_for_replica(&mut m);

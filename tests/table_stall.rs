@@ -149,13 +149,20 @@ fn no_call_stalls_at_ten_million_buckets_in_one_key() {
     // The whole table: COPY (O(N), like COPY of any big value), DEL in the calling thread,
     // UNLINK on the lazy-free thread.
     reset_slowlog(&mut con);
-    let _: i64 = redis::cmd("COPY").arg("big").arg("big2").query(&mut con).unwrap();
+    let _: i64 = redis::cmd("COPY")
+        .arg("big")
+        .arg("big2")
+        .query(&mut con)
+        .unwrap();
     let _: i64 = redis::cmd("DEL").arg("big2").query(&mut con).unwrap();
     let _: i64 = redis::cmd("UNLINK").arg("big").query(&mut con).unwrap();
     let whole = slowlog(&mut con);
     println!("whole table: {whole:?}");
 
-    assert!(tick_max_us < 1000, "a sweep tick took {tick_max_us} µs of CPU");
+    assert!(
+        tick_max_us < 1000,
+        "a sweep tick took {tick_max_us} µs of CPU"
+    );
     // SLOWLOG is wall time: on a shared machine a call that lost the CPU to another process
     // shows the scheduler's slices (multiples of 4 ms), so these are checked only where the
     // run says the machine is quiet.

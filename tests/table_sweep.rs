@@ -115,7 +115,10 @@ fn flood_is_reclaimed(fields: usize, rate: &str, time_to_full_ms: u64) {
     let acquires_before = server.calls("rl.hacquire");
     let started = Instant::now();
     let peak = flood(&mut con, "t", fields, rate, before);
-    println!("flood of {fields}: peak {peak} B in {:?}", started.elapsed());
+    println!(
+        "flood of {fields}: peak {peak} B in {:?}",
+        started.elapsed()
+    );
     assert!(
         peak > fields as i64 * 16,
         "the flood added only {peak} bytes"
@@ -127,10 +130,7 @@ fn flood_is_reclaimed(fields: usize, rate: &str, time_to_full_ms: u64) {
         flooded.elapsed()
     );
     // Only the timer wrote: no command ran since the flood but these reads.
-    assert_eq!(
-        server.calls("rl.hacquire"),
-        acquires_before + fields as u64
-    );
+    assert_eq!(server.calls("rl.hacquire"), acquires_before + fields as u64);
     // The long-lived bucket is untouched, and its table (and expiry) with it.
     assert_eq!(slow_peek(&mut con, "t"), slow_before);
     assert_eq!(common::pexpiretime(&mut con, b"t"), expiry_before);
