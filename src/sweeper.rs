@@ -110,15 +110,18 @@ unsafe extern "C" fn tick(ctx: *mut RedisModuleCtx, _data: *mut c_void) {
     let _ = std::panic::catch_unwind(|| {
         // SAFETY: the timer's context, live for this call.
         if unsafe { is_deciding(ctx) } {
-            if let Ok(mut guard) = WALK.lock() {
-                if let Some(walk) = guard.as_mut() {
-                    let started_ns = thread_cpu_ns();
-                    // SAFETY: as above.
-                    unsafe { walk.step(ctx) };
-                    let took_us = thread_cpu_ns().saturating_sub(started_ns) / 1000;
-                    stats::SWEEP_TICKS.bump();
-                    stats::SWEEP_TICK_MAX_US.raise(took_us);
-                }
+            // A panic in an earlier tick poisons the lock; the walk is still sound (each
+            // step leaves it usable; at worst a pending name leaks), so go on rather than stop sweeping for good.
+            let mut guard = WALK
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if let Some(walk) = guard.as_mut() {
+                let started_ns = thread_cpu_ns();
+                // SAFETY: as above.
+                unsafe { walk.step(ctx) };
+                let took_us = thread_cpu_ns().saturating_sub(started_ns) / 1000;
+                stats::SWEEP_TICKS.bump();
+                stats::SWEEP_TICK_MAX_US.raise(took_us);
             }
         }
     });
