@@ -6,11 +6,17 @@
 //!   cursor that survives between ticks (so FLUSHALL, RENAME, MOVE, SWAPDB, expiry and a
 //!   promotion need no bookkeeping: the scan finds whatever tables exist now);
 //! - at most [`TICK_KEYS`] tables visited;
-//! - at most [`TICK_SLOTS`] slots swept (or migrated), over all of them.
+//! - at most [`TICK_SLOTS`] slots swept (or migrated), over all of them;
+//! - at most [`TICK_CPU_NS`] of the main thread's CPU time, checked every
+//!   [`KEY_STEP_SLOTS`] slots.
 //!
-//! A table whose sweep used its whole share is kept as the *pending* key and resumed on the
-//! next tick until it has been looked at whole, so one big table is not left for a full
-//! pass over a large keyspace.
+//! A pass over every database starts at most every [`PASS_GAP_NS`] (100 ms), so a small
+//! keyspace costs a few scan steps per 100 ms when nothing needs reclaiming.
+//!
+//! Tables a scan step finds are queued and swept before the next scan step, so none is
+//! skipped when a tick runs out; the table a tick stops in stays first in the queue and is
+//! resumed next tick until it has been looked at whole, so one big table is not left for a
+//! full pass over a large keyspace.
 //!
 //! Reclaiming is the master's decision: a tick does nothing on a replica or while loading,
 //! and every removal is committed through [`TableKey`] exactly as a write's sweep is
@@ -19,6 +25,7 @@
 //!
 //! Depends on `table_type` and `clock`; nothing depends on it but registration.
 
+use std::collections::VecDeque;
 use std::ffi::{c_int, c_void};
 use std::ptr;
 use std::sync::Mutex;
@@ -36,13 +43,32 @@ pub const TICK_SLOTS: usize = 2048;
 pub const TICK_KEYS: usize = 16;
 /// `RedisModule_Scan` steps one tick takes at most (each is one bucket of the keyspace).
 pub const TICK_SCANS: usize = 64;
+/// CPU time after which a tick stops, whatever budget is left (checked between steps of
+/// [`KEY_STEP_SLOTS`], so a tick ends within about one step of it).
+pub const TICK_CPU_NS: u64 = 400_000;
+/// The least time between the starts of two passes over the keyspace, 100 ms: with few
+/// tables, what a tick costs when there is nothing to reclaim.
+pub const PASS_GAP_NS: u64 = 100_000_000;
+/// Slots swept between checks of the tick's CPU time.
+pub const KEY_STEP_SLOTS: usize = 256;
 
 /// Where the walk is, kept between ticks (only the main thread touches it).
 struct Walk {
     db: c_int,
     cursor: *mut raw::RedisModuleScanCursor,
-    /// A table not yet looked at whole: its db, name (owned) and sweep passes when picked.
-    pending: Option<(c_int, *mut RedisModuleString, u64)>,
+    /// Tables found and not yet looked at whole, oldest first: db, name (owned), and sweep
+    /// passes when first swept. At most one scan step's keys beyond the one in progress,
+    /// since the walk scans only when this is empty.
+    queue: VecDeque<Queued>,
+    /// When the last pass over every database ended (ns, the master's clock): the next
+    /// starts [`PASS_GAP_NS`] later, so an idle keyspace is not swept over and over.
+    pass_ended_ns: u64,
+}
+
+struct Queued {
+    db: c_int,
+    name: *mut RedisModuleString,
+    passes_before: Option<u64>,
 }
 
 // SAFETY: the pointers are only used from timer callbacks, which run on the main thread.
@@ -68,7 +94,8 @@ pub unsafe fn start(ctx: *mut RedisModuleCtx) -> bool {
         *walk = Some(Walk {
             db: 0,
             cursor,
-            pending: None,
+            queue: VecDeque::new(),
+            pass_ended_ns: 0,
         });
     }
     // SAFETY: load-time context (caller).
@@ -118,7 +145,7 @@ unsafe extern "C" fn tick(ctx: *mut RedisModuleCtx, _data: *mut c_void) {
             if let Some(walk) = guard.as_mut() {
                 let started_ns = thread_cpu_ns();
                 // SAFETY: as above.
-                unsafe { walk.step(ctx) };
+                unsafe { walk.step(ctx, started_ns) };
                 let took_us = thread_cpu_ns().saturating_sub(started_ns) / 1000;
                 stats::SWEEP_TICKS.bump();
                 stats::SWEEP_TICK_MAX_US.raise(took_us);
@@ -194,11 +221,12 @@ unsafe fn free_name(ctx: *mut RedisModuleCtx, name: *mut RedisModuleString) {
 }
 
 impl Walk {
-    /// One tick's work.
+    /// One tick's work: sweep queued tables, scanning for more when the queue is empty,
+    /// until the tick's slots, tables, scan steps or CPU time run out.
     ///
     /// # Safety
     /// `ctx` must be the timer's live context.
-    unsafe fn step(&mut self, ctx: *mut RedisModuleCtx) {
+    unsafe fn step(&mut self, ctx: *mut RedisModuleCtx, started_ns: u64) {
         // SAFETY: read once, after load.
         let (Some(select), Some(scan), Some(restart)) = (unsafe {
             (
@@ -212,39 +240,46 @@ impl Walk {
         let now_ns = clock::now_us().saturating_mul(1000);
         let mut slots_left = TICK_SLOTS;
         let mut keys_left = TICK_KEYS;
-        // The pending table first: it needs the time more than the scan does.
-        if let Some((db, name, passes)) = self.pending.take() {
-            // SAFETY: the timer's context; `name` is owned by the walk.
-            unsafe {
-                if select(ctx, db) == raw::REDISMODULE_OK as c_int {
-                    keys_left -= 1;
-                    if Self::sweep_key(ctx, name, now_ns, &mut slots_left, Some(passes)).is_some() {
-                        self.pending = Some((db, name, passes));
-                        return;
-                    }
+        let mut scans_left = TICK_SCANS;
+        let out_of_time = || thread_cpu_ns().saturating_sub(started_ns) > TICK_CPU_NS;
+        while slots_left > 0 && keys_left > 0 && !out_of_time() {
+            if let Some(mut next) = self.queue.pop_front() {
+                keys_left -= 1;
+                // SAFETY: the timer's context; `next.name` is owned by the walk.
+                let more = unsafe {
+                    select(ctx, next.db) == raw::REDISMODULE_OK as c_int
+                        && Self::sweep_key(ctx, &mut next, now_ns, &mut slots_left, &out_of_time)
+                };
+                if more {
+                    // Resumed first next tick: one big table is not left for a whole pass.
+                    self.queue.push_front(next);
+                    break;
                 }
-                free_name(ctx, name);
+                // SAFETY: owned, done with.
+                unsafe { free_name(ctx, next.name) };
+                continue;
             }
-        }
-        // SAFETY: the timer's context.
-        if unsafe { select(ctx, self.db) } != raw::REDISMODULE_OK as c_int {
-            self.db = 0;
-            // SAFETY: as above; the walk owns the cursor.
-            unsafe {
-                restart(self.cursor);
-                if select(ctx, 0) != raw::REDISMODULE_OK as c_int {
-                    return;
-                }
-            }
-        }
-        let mut found = Found {
-            ctx,
-            names: Vec::new(),
-        };
-        for _ in 0..TICK_SCANS {
-            if slots_left == 0 || keys_left == 0 {
+            let resting = self.db == 0
+                && self.pass_ended_ns != 0
+                && now_ns.saturating_sub(self.pass_ended_ns) < PASS_GAP_NS;
+            if scans_left == 0 || resting {
                 break;
             }
+            scans_left -= 1;
+            // SAFETY: the timer's context; the walk owns the cursor.
+            unsafe {
+                if select(ctx, self.db) != raw::REDISMODULE_OK as c_int {
+                    // Past the last database: the pass is over; the next starts at 0.
+                    self.db = 0;
+                    self.pass_ended_ns = now_ns.max(1);
+                    restart(self.cursor);
+                    continue;
+                }
+            }
+            let mut found = Found {
+                ctx,
+                names: Vec::new(),
+            };
             // SAFETY: `collect` only touches `found`, which outlives the call.
             let more = unsafe {
                 scan(
@@ -254,68 +289,55 @@ impl Walk {
                     ptr::from_mut(&mut found).cast(),
                 )
             };
-            for name in found.names.drain(..) {
-                if keys_left == 0 || slots_left == 0 || self.pending.is_some() {
-                    // SAFETY: owned, not kept.
-                    unsafe { free_name(ctx, name) };
-                    continue;
-                }
-                keys_left -= 1;
-                // SAFETY: the timer's context with `self.db` selected; `name` is owned.
-                unsafe {
-                    if let Some(passes) = Self::sweep_key(ctx, name, now_ns, &mut slots_left, None)
-                    {
-                        self.pending = Some((self.db, name, passes));
-                    } else {
-                        free_name(ctx, name);
-                    }
-                }
-            }
+            let db = self.db;
+            self.queue
+                .extend(found.names.into_iter().map(|name| Queued {
+                    db,
+                    name,
+                    passes_before: None,
+                }));
             if more == 0 {
                 // This database is done: the next one, from its start.
                 self.db = self.db.saturating_add(1);
-                // SAFETY: the walk owns the cursor; the next select may fail (past the last
-                // database), which the next tick handles by starting over at 0.
-                unsafe {
-                    restart(self.cursor);
-                    if select(ctx, self.db) != raw::REDISMODULE_OK as c_int {
-                        self.db = 0;
-                        break;
-                    }
-                }
+                // SAFETY: the walk owns the cursor.
+                unsafe { restart(self.cursor) };
             }
         }
     }
 
-    /// Sweeps one table with what is left of the tick's slots. Returns its sweep passes
-    /// when picked up if it has more to look at (see [`TableKey::sweep`]).
+    /// Sweeps one table with what is left of the tick, in steps of [`KEY_STEP_SLOTS`] while
+    /// there is CPU time. Returns whether it has more to look at (see [`TableKey::sweep`]).
     ///
     /// # Safety
-    /// `ctx` is live with `name`'s database selected.
+    /// `ctx` is live with the table's database selected.
     unsafe fn sweep_key(
         ctx: *mut RedisModuleCtx,
-        name: *mut RedisModuleString,
+        table: &mut Queued,
         now_ns: u64,
         slots_left: &mut usize,
-        passes_before: Option<u64>,
-    ) -> Option<u64> {
+        out_of_time: &dyn Fn() -> bool,
+    ) -> bool {
         // SAFETY: forwarded (caller). A key of another type now (RENAME, SET) is a WrongType
         // error, left alone.
-        let mut key = unsafe { TableKey::open(ctx, name, None) }.ok()?;
-        let passes_before = passes_before.unwrap_or_else(|| key.sweep_passes());
-        match key.sweep(now_ns, *slots_left, passes_before) {
-            Ok((used, removed, more)) => {
-                stats::SWEPT.add(removed as u64);
-                *slots_left = slots_left.saturating_sub(used);
-                if more {
-                    // Resumed next tick, before anything else.
-                    *slots_left = 0;
-                    Some(passes_before)
-                } else {
-                    None
-                }
+        let Ok(mut key) = (unsafe { TableKey::open(ctx, table.name, None) }) else {
+            return false;
+        };
+        let passes_before = *table
+            .passes_before
+            .get_or_insert_with(|| key.sweep_passes());
+        loop {
+            let budget = (*slots_left).min(KEY_STEP_SLOTS);
+            let Ok((used, removed, more)) = key.sweep(now_ns, budget, passes_before) else {
+                return false;
+            };
+            stats::SWEPT.add(removed as u64);
+            *slots_left = slots_left.saturating_sub(used.max(1));
+            if !more {
+                return false;
             }
-            Err(_) => None,
+            if *slots_left == 0 || out_of_time() {
+                return true;
+            }
         }
     }
 }
