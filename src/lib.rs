@@ -54,7 +54,7 @@ mod alloc {
 }
 
 /// The module version reported by `MODULE LIST`: major × 10000 + minor × 100 + patch.
-pub const MODULE_VERSION: i32 = 200;
+pub const MODULE_VERSION: i32 = 300;
 
 fn init(ctx: &Context, args: &[RedisString]) -> Status {
     let args: Vec<String> = args.iter().map(|a| a.to_string_lossy()).collect();
