@@ -641,5 +641,14 @@ fn a_flood_of_one_off_fields_is_reclaimed() {
         );
         sleep(Duration::from_millis(50));
     }
-    assert_eq!(common::dbsize(&mut con), 0);
+    // The background sweep gives memory back before it has emptied every table; the keys go
+    // when their last bucket does (or at their expiry).
+    while common::dbsize(&mut con) != 0 {
+        assert!(
+            Instant::now() < deadline,
+            "{} tables left after 90 s",
+            common::dbsize(&mut con)
+        );
+        sleep(Duration::from_millis(50));
+    }
 }
