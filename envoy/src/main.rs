@@ -137,8 +137,13 @@ async fn connect(settings: &Settings) -> Result<Backend, String> {
     // with an error of its own. Connecting keeps a bound of its own.
     let response_timeout = Duration::from_millis(settings.timeout_ms.max(1000));
     let connect_timeout = Duration::from_secs(2);
+    // TCP_NODELAY: the redis crate leaves Nagle's algorithm on, which holds a command written
+    // while an earlier one is unanswered until that answer's ACK comes back, a whole Redis
+    // round trip added to a call that arrives mid-flight.
+    let tcp = redis::io::tcp::TcpSettings::default().set_nodelay(true);
     if settings.redis_type == "cluster" {
         let client = redis::cluster::ClusterClient::builder(urls)
+            .tcp_settings(tcp)
             .response_timeout(response_timeout)
             .connection_timeout(connect_timeout)
             .build()
@@ -152,7 +157,9 @@ async fn connect(settings: &Settings) -> Result<Backend, String> {
         return Ok(Backend::Cluster(AsyncLimiter::new(connection, options)));
     }
     let url = urls.first().ok_or("REDIS_URL is empty")?;
-    let client = redis::Client::open(url.as_str()).map_err(|e| format!("REDIS_URL: {e}"))?;
+    let client = redis::Client::open(url.as_str())
+        .and_then(|c| redis::Client::open(c.get_connection_info().clone().set_tcp_settings(tcp)))
+        .map_err(|e| format!("REDIS_URL: {e}"))?;
     let mut connections = Vec::with_capacity(settings.redis_pool_size);
     for _ in 0..settings.redis_pool_size {
         let config = redis::aio::ConnectionManagerConfig::new()
