@@ -179,8 +179,7 @@ async fn shutdown_signal(mut rx: watch::Receiver<bool>) {
     let _ = rx.wait_for(|stop| *stop).await;
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
     let settings = match Settings::from_env(|name| std::env::var(name).ok()) {
         Ok(s) => Arc::new(s),
         Err(e) => {
@@ -188,6 +187,36 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let workers = match settings.worker_threads {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        n => n,
+    };
+    // One thread: the current-thread runtime. The multi-thread one runs a task woken by
+    // another right after it (its LIFO slot), so each call woke the Redis connection's and
+    // the HTTP/2 connection's tasks on its own and every call cost two writes. Here a woken
+    // task waits its turn, so the calls that one read brought in go out to Redis in one
+    // write, and their responses to Envoy in one. (Tokio keeps turning the LIFO slot off
+    // unstable, so more threads keep it.)
+    let runtime = if workers <= 1 {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(workers)
+            .enable_all()
+            .build()
+    };
+    match runtime {
+        Ok(runtime) => runtime.block_on(serve(settings)),
+        Err(e) => {
+            eprintln!("redis-rl-envoy: cannot start the runtime: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+async fn serve(settings: Arc<Settings>) -> ExitCode {
     init_logging(&settings);
     let mut ignored: Vec<String> = std::env::vars_os()
         .filter_map(|(name, _)| name.into_string().ok())
