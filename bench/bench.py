@@ -63,12 +63,21 @@ BASE_REQUESTS = {1: 200_000, 16: 1_000_000}
 ALLOW = {"10": ("10", "1e10", "1000"), "3": ("3", "3e9", "301")}
 # Denied path: the prefill takes the whole capacity, a million seconds of refill, and every
 # benchmarked call asks for all of it again.
-DENY = {"10": ("10", "1e7", "1e7"), "3": ("3", "3000001", "3000001")}
+# 0.000001/s, denied only: the slowest rate, one token per 1e15 ns. A decimal, so its token
+# interval is whole ns and the state inline (0.2.0 read the double just below 1e-6, whose
+# fraction cost a denial 2.2-2.4 x HMGET); the denial budget holds at every rate measured.
+DENY = {"10": ("10", "1e7", "1e7"), "3": ("3", "3000001", "3000001"),
+        "0.000001": ("0.000001", "1", "1")}
 # Memory test: one bucket per key at each rate, and the Lua hash at a rate at which a second
 # call 1 ms later leaves a fractional token count (8.0000029999999995), as in real use.
 # Each take is 1e5 s of refill, so the keys outlive the test. (rate, capacity, cost)
 MEM = {"10": ("10", "1e10", "1000000"), "3": ("3", "3e9", "300001")}
 MEM_RATE, MEM_CAPACITY = "0.003", "10"
+# Tables: RL.HACQUIRE on one key holding TABLE_BUCKETS buckets (--table-buckets), the field
+# being the key redis-benchmark would have used. The memory test spreads its buckets over
+# TABLE_KEYS keys with 16-byte fields ("f:" + a 14-byte key name), as the budget names them.
+TABLE_KEY = "tbl"
+TABLE_KEYS = 256
 FLOOR_VALUE = "1234567890123456789"  # 19 digits: what an 8-byte bucket would be as a string
 HASH_TOKENS = "8.0000029999999995"  # a typical Lua-written token count, for HMGET's hash
 
@@ -293,14 +302,19 @@ class Workload:
     """One benchmarked command. `args(key)` builds it; `stat` is its INFO commandstats name;
     `expect` is 'allowed' or 'denied' for the rate limiters (checked on the reply)."""
 
-    def __init__(self, name, label, stat, args, prefill=None, expect=None):
+    def __init__(self, name, label, stat, args, prefill=None, expect=None, preload=None):
         self.name, self.label, self.stat = name, label, stat
         self.args, self.prefill, self.expect = args, prefill, expect
+        # Commands run once per field of a loaded table before each run (tables only).
+        self.preload = preload
 
 
 def workloads(sha, now_ms):
     def rl(rate, capacity, cost):
         return lambda key: ["RL.ACQUIRE", key, rate, capacity, cost]
+
+    def table(rate, capacity, cost):
+        return lambda key: ["RL.HACQUIRE", TABLE_KEY, key, rate, capacity, cost]
 
     def lua(rate, capacity, cost):
         return lambda key: ["EVALSHA", sha, "1", key, rate, capacity, str(now_ms), cost]
@@ -310,12 +324,21 @@ def workloads(sha, now_ms):
 
     found = []
     for rate in ALLOW:
-        rl_deny, lua_deny = rl(*DENY[rate]), lua(*DENY[rate])
+        found.append(Workload("rl_allowed_%s" % rate, "RL.ACQUIRE allowed %s/s" % rate,
+                              "RL.ACQUIRE", rl(*ALLOW[rate]), expect="allowed"))
+    for rate in DENY:
+        rl_deny = rl(*DENY[rate])
+        found.append(Workload("rl_denied_%s" % rate, "RL.ACQUIRE denied %s/s" % rate,
+                              "RL.ACQUIRE", rl_deny, prefill=rl_deny, expect="denied"))
+    for rate in ALLOW:
+        allow, deny = table(*ALLOW[rate]), table(*DENY[rate])
+        # The table holds every field of the keyspace before the run (taken from, or drained),
+        # and the hot field too: a run updates live buckets in a loaded table.
         found += [
-            Workload("rl_allowed_%s" % rate, "RL.ACQUIRE allowed %s/s" % rate, "RL.ACQUIRE",
-                     rl(*ALLOW[rate]), expect="allowed"),
-            Workload("rl_denied_%s" % rate, "RL.ACQUIRE denied %s/s" % rate, "RL.ACQUIRE",
-                     rl_deny, prefill=rl_deny, expect="denied"),
+            Workload("table_allowed_%s" % rate, "RL.HACQUIRE allowed %s/s" % rate, "RL.HACQUIRE",
+                     allow, prefill=allow, expect="allowed", preload=allow),
+            Workload("table_denied_%s" % rate, "RL.HACQUIRE denied %s/s" % rate, "RL.HACQUIRE",
+                     deny, prefill=deny, expect="denied", preload=deny),
         ]
     found += [
         Workload("lua_allowed", "Lua script allowed", "evalsha", lua(*ALLOW["10"]),
@@ -361,11 +384,20 @@ class Config:
         return "%-20s %-6s -P %-2d" % (self.workload.label, self.keys_label, self.pipeline)
 
 
-def prepare(conn, config, sample_size):
-    """FLUSHALL and RESETSTAT, prefill, check the path (allowed or denied), RESETSTAT."""
+def prepare(conn, config, sample_size, table_buckets=0):
+    """FLUSHALL and RESETSTAT, load a table, prefill, check the path (allowed or denied),
+    RESETSTAT."""
     wl = config.workload
     conn.call("FLUSHALL")
     conn.call("CONFIG", "RESETSTAT")
+    if wl.preload:
+        conn.run_all((wl.preload(rand_key(i)) for i in range(table_buckets)),
+                     "table load for %s" % wl.label)
+        if config.keyspace:
+            # Every field of the keyspace was loaded already.
+            config = Config(Workload(wl.name, wl.label, wl.stat, wl.args, expect=wl.expect),
+                            config.keyspace, config.pipeline)
+            wl = config.workload
     if config.keyspace:
         keys = [rand_key(i) for i in range(config.keyspace)]
         sample = random.sample(keys, min(sample_size, len(keys)))
@@ -442,27 +474,39 @@ def run_on_own_connection(port, passes, keys, what):
         loader.close()
 
 
-def memory_per_key(conn, sha, now_ms, n_keys):
-    keys = [rand_key(i) for i in range(n_keys)]
+def table_bucket(rate_args):
+    """RL.HACQUIRE on one of TABLE_KEYS tables, the field "f:" + the key name (16 bytes for
+    a rand_key), the table chosen by the key's number."""
+    return lambda k: ["RL.HACQUIRE", "tbl:%d" % (int(k[2:]) % TABLE_KEYS), "f:" + k] + list(rate_args)
+
+
+def memory_per_key(conn, sha, now_ms, n_keys, table_buckets):
+    # (label, name, commands per key, buckets, tables: None for a key per bucket)
     variants = [
         ("RL.ACQUIRE 10/s (module, inline)", "rl_10",
-         [lambda k: ["RL.ACQUIRE", k] + list(MEM["10"])]),
+         [lambda k: ["RL.ACQUIRE", k] + list(MEM["10"])], n_keys, None),
         ("RL.ACQUIRE 3/s (module, fraction)", "rl_3",
-         [lambda k: ["RL.ACQUIRE", k] + list(MEM["3"])]),
+         [lambda k: ["RL.ACQUIRE", k] + list(MEM["3"])], n_keys, None),
+        ("RL.HACQUIRE 10/s (table, whole ns)", "table_10",
+         [table_bucket(MEM["10"])], table_buckets, TABLE_KEYS),
+        ("RL.HACQUIRE 3/s (table, fraction)", "table_3",
+         [table_bucket(MEM["3"])], table_buckets, TABLE_KEYS),
         ("Lua script (hash)", "lua",
          [lambda k: ["EVALSHA", sha, "1", k, MEM_RATE, MEM_CAPACITY, str(now_ms), "1"],
-          lambda k: ["EVALSHA", sha, "1", k, MEM_RATE, MEM_CAPACITY, str(now_ms + 1), "1"]]),
+          lambda k: ["EVALSHA", sha, "1", k, MEM_RATE, MEM_CAPACITY, str(now_ms + 1), "1"]],
+         n_keys, None),
         ("SET PX, 19-digit int (floor)", "floor",
-         [lambda k: ["SET", k, FLOOR_VALUE, "PX", "60000"]]),
+         [lambda k: ["SET", k, FLOOR_VALUE, "PX", "60000"]], n_keys, None),
     ]
     results = {}
     samples = {}
-    for label, name, passes in variants * MEMORY_ROUNDS:
+    for label, name, passes, n_buckets, tables in variants * MEMORY_ROUNDS:
+        keys = [rand_key(i) for i in range(n_buckets)]
         conn.call("FLUSHALL")
         # Create some buckets of the same kind before the baseline, and keep them: one-off
         # costs (this connection's buffers, the first allocation of each table) then land
         # before it, and the growth counts only what each further bucket costs.
-        warm = ["w:%d" % i for i in range(min(1000, n_keys))]
+        warm = ["w:%d" % i for i in range(min(1000, n_buckets))]
         # Each batch goes through a connection of its own, closed before used_memory is read:
         # its query and reply buffers (larger for some commands than for others, and resized
         # by the server on its own schedule) then count in neither reading.
@@ -470,10 +514,17 @@ def memory_per_key(conn, sha, now_ms, n_keys):
         before = used_memory(conn)
         run_on_own_connection(conn.port, passes, keys, "memory test (%s)" % label)
         after = used_memory(conn)
-        if conn.call("DBSIZE") != n_keys + len(warm):
+        want_keys = min(tables, len(warm)) if tables else n_buckets + len(warm)
+        if conn.call("DBSIZE") != want_keys:
             raise BenchError("memory test (%s): expected %d keys, found %d"
-                             % (label, n_keys + len(warm), conn.call("DBSIZE")))
+                             % (label, want_keys, conn.call("DBSIZE")))
         sample = keys[len(keys) // 2]
+        if tables:
+            sample = table_bucket(())(sample)[1]
+            held = sum(conn.call("RL.HLEN", "tbl:%d" % t) for t in range(tables))
+            if held != n_buckets + len(warm):
+                raise BenchError("memory test (%s): expected %d buckets, found %d"
+                                 % (label, n_buckets + len(warm), held))
         if conn.call("PTTL", sample) <= 0:
             raise BenchError("memory test (%s): %s has no expiry" % (label, sample))
         note = ""
@@ -483,13 +534,16 @@ def memory_per_key(conn, sha, now_ms, n_keys):
                 raise BenchError("memory test: the Lua bucket's token count is %r, expected "
                                  "a fraction" % tokens)
             note = "hash, %s; tokens = %s" % (conn.call("OBJECT", "ENCODING", sample), tokens)
+        elif name.startswith("table"):
+            note = "type %s, %d buckets over %d keys, 16-byte fields" % (
+                conn.call("TYPE", sample), n_buckets, tables)
         elif name.startswith("rl"):
             note = "type %s" % conn.call("TYPE", sample)
         else:
             note = "string, %s encoding" % conn.call("OBJECT", "ENCODING", sample)
-        samples.setdefault(name, []).append((after - before) / n_keys)
+        samples.setdefault(name, []).append((after - before) / n_buckets)
         results[name] = {"label": label, "bytes": statistics.median(samples[name]), "note": note}
-        print("  memory  %-30s %7.2f B/key  (%s)" % (label, samples[name][-1], note))
+        print("  memory  %-30s %7.2f B/bucket  (%s)" % (label, samples[name][-1], note))
     conn.call("FLUSHALL")
     return results
 
@@ -538,11 +592,25 @@ def targets_table(med, memory):
         add("2", "RL.ACQUIRE allowed %s/s ÷ SET PX: req/s, random keys, -P 16" % rate,
             get("rl_allowed_" + rate, "random", 16, "rps"), get("set_px", "random", 16, "rps"),
             0.9, "≥")
-    for rate in ALLOW:
+    for rate in DENY:
         for p in PIPELINES:
             add("3", "RL.ACQUIRE denied %s/s ÷ HMGET: server µs/call, hot key, -P %d" % (rate, p),
                 get("rl_denied_" + rate, "hot", p, "usec"), get("hmget", "hot", p, "usec"), 2, "≤")
+    for rate in ALLOW:
+        for p in PIPELINES:
+            add("5", "RL.HACQUIRE allowed %s/s ÷ SET PX: server µs/call, random fields, -P %d" % (rate, p),
+                get("table_allowed_" + rate, "random", p, "usec"), get("set_px", "random", p, "usec"),
+                1.1, "≤")
+    for rate in ALLOW:
+        for p in PIPELINES:
+            add("6", "RL.HACQUIRE denied %s/s ÷ HMGET: server µs/call, hot field, -P %d" % (rate, p),
+                get("table_denied_" + rate, "hot", p, "usec"), get("hmget", "hot", p, "usec"), 2, "≤")
     if memory:
+        for name, bound, what in (("table_10", 40, "whole ns"), ("table_3", 48, "with a fraction")):
+            if name in memory:
+                got = memory[name]["bytes"]
+                rows.append(["7", "memory per bucket in a table, %s (all in)" % what,
+                             "%.2f B" % got, "≤ %d B" % bound, "met" if got <= bound else "**not met**"])
         for name, bound, what in (("rl_10", 16, "10/s, inline"), ("rl_3", 32, "3/s, with a fraction")):
             diff = memory[name]["bytes"] - memory["floor"]["bytes"]
             rows.append(["4", "memory per bucket %s: RL.ACQUIRE − SET PX floor" % what,
@@ -598,7 +666,9 @@ def write_results(path, meta, opts, wls, med, memory, n_for, sha):
       " `RL.ACQUIRE` reads the server's clock on every call." % meta["now_ms"])
     w("- Each `RL.ACQUIRE` figure is taken at 10/s, whose token interval is a whole number of"
       " ns (the state stays inline in the value pointer), and at 3/s, whose is not (the exact"
-      " state carries a fraction of a ns in a 16-byte allocation). The script runs at 10/s.")
+      " state carries a fraction of a ns in a 16-byte allocation). The denied path is also"
+      " taken at 0.000001/s, the slowest rate, a decimal whose token interval (1e15 ns) is"
+      " whole. The script runs at 10/s.")
     w("- Allowed path: (rate, capacity, cost) = %s, so every call is allowed and a bucket, once"
       " created, outlives the run: each take is 100 s of refill (random keys mix first-time"
       " creates with updates, as `SET` does). Denied path: %s; every bucket is emptied once"
@@ -807,6 +877,9 @@ def parse_args(argv):
                    help="random keys per run, redis-benchmark -r (default 100,000)")
     p.add_argument("--memory-keys", type=int, default=100_000,
                    help="keys created by the memory test (default 100,000)")
+    p.add_argument("--table-buckets", type=int, default=1_000_000,
+                   help="buckets in the table RL.HACQUIRE runs against, and in the table memory "
+                        "test (over %d keys) (default 1,000,000)" % TABLE_KEYS)
     p.add_argument("--only", default="",
                    help="comma-separated workload names to run (%s, or memory for the memory test); "
                         "default all" % ", ".join(w.name for w in workloads("sha", 0)))
@@ -823,7 +896,9 @@ def parse_args(argv):
         opts.rounds = 1
         opts.keyspace = min(opts.keyspace, 1000)
         opts.memory_keys = min(opts.memory_keys, 1000)
-    if opts.rounds < 1 or opts.keyspace < 1 or opts.memory_keys < 1 or opts.requests_scale <= 0:
+        opts.table_buckets = min(opts.table_buckets, 1000)
+    if (opts.rounds < 1 or opts.keyspace < 1 or opts.memory_keys < 1 or opts.table_buckets < 1
+            or opts.requests_scale <= 0):
         p.error("--rounds, --keyspace, --memory-keys and --requests-scale must be positive")
     return opts
 
@@ -882,7 +957,10 @@ def main(argv):
             if unknown:
                 raise BenchError("unknown workload(s) in --only: %s" % ", ".join(sorted(unknown)))
             wls = [w for w in wls if w.name in wanted]
-        configs = [Config(wl, ks, p) for wl in wls for ks in (opts.keyspace, 0) for p in PIPELINES]
+        # A table's random fields range over the whole loaded table.
+        configs = [Config(wl, ks, p) for wl in wls
+                   for ks in ((opts.table_buckets if wl.preload else opts.keyspace), 0)
+                   for p in PIPELINES]
 
         # Preflight: each exact command, once by hand, on a fresh server. An error reply here
         # would be counted as a success by redis-benchmark.
@@ -898,13 +976,13 @@ def main(argv):
 
         memory = None
         if not opts.only or "memory" in opts.only.split(","):
-            memory = memory_per_key(conn, sha, now_ms, opts.memory_keys)
+            memory = memory_per_key(conn, sha, now_ms, opts.memory_keys, opts.table_buckets)
 
         runs = {}
         for rnd in range(1, opts.rounds + 1):
             for config in configs:
                 n = n_for[config.pipeline]
-                prepare(conn, config, sample_size=1000)
+                prepare(conn, config, sample_size=1000, table_buckets=opts.table_buckets)
                 result = run_benchmark(opts, server.port, n, config.pipeline,
                                        config.workload.args(RAND_KEY if config.keyspace else HOT_KEY),
                                        config.keyspace)

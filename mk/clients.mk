@@ -35,6 +35,7 @@ test-clients: test-clients-python test-clients-node test-clients-rust test-clien
 
 test-clients-python: deps-clients $(MODULE_DEBUG) python-rl ## The Python library: vectors, Lua script, module, plain server, outages, shield
 	python3 clients/vectors/generate.py --check
+	python3 clients/vectors/table_generate.py --check
 	PYTHONPATH="$(PYTHON_PATH)" python3 clients/python/tests/run.py
 
 test-clients-node: deps-clients $(MODULE_DEBUG) ## The Node library: vectors, Lua script, module, plain server, outages, shield (ioredis and node-redis)
@@ -63,9 +64,9 @@ test-clients-cluster: deps-clients $(MODULE_DEBUG) python-rl ## Both libraries o
 		[ -n "$$started" ] || { echo "test-clients-cluster: could not start a cluster"; exit 1; }; \
 	else echo "test-clients-cluster: using the running cluster on 127.0.0.1:$$port"; fi; \
 	status=0; \
-	(cd clients/python/tests && RL_CLUSTER="127.0.0.1:$$port" PYTHONPATH="$(PYTHON_PATH)" python3 -m unittest -v test_cluster) \
+	(cd clients/python/tests && RL_CLUSTER="127.0.0.1:$$port" PYTHONPATH="$(PYTHON_PATH)" python3 -m unittest -v test_cluster test_table_cluster) \
 		|| status=1; \
-	(cd clients/node && RL_CLUSTER="127.0.0.1:$$port" node --test test/cluster.test.js) || status=1; \
+	(cd clients/node && RL_CLUSTER="127.0.0.1:$$port" node --test test/cluster.test.js test/table-cluster.test.js) || status=1; \
 	if [ -n "$$started" ]; then REDIS_SERVER="$(REDIS_SERVER)" scripts/cluster.sh stop >/dev/null; fi; \
 	exit $$status
 

@@ -49,7 +49,7 @@ chaos-smoke: deps-valkey $(MODULE_DEBUG) ## CI: the chaos tests for CHAOS_SMOKE_
 # compiler, and the fuzzed code is safe Rust. cargo-fuzz is installed on first use.
 FUZZ_SECONDS ?= 600
 FUZZ_SMOKE_SECONDS ?= 20
-FUZZ_TARGETS := args bucket
+FUZZ_TARGETS := args bucket table
 define run_fuzzers
 	@$(CARGO) fuzz --version >/dev/null 2>&1 || { \
 		echo "cargo install cargo-fuzz --locked"; $(CARGO) install cargo-fuzz --locked; }

@@ -76,7 +76,7 @@ pub fn throttle(
     let cost = match quantity {
         None => Cost::ONE,
         Some(bytes) => integer(bytes)
-            .and_then(|n| Cost::new(n as f64))
+            .map(|n| Cost::from_decimal(Decimal::from_int(n.into())))
             .ok_or(Error::Quantity)?,
     };
     let total = max_burst + 1;
@@ -130,7 +130,7 @@ pub fn gcra(
             let count = count.ok_or(Error::TokensMissing)?;
             // A count too large for any bucket is valid: a request that can never succeed.
             integer(count)
-                .and_then(|n| Cost::new(n as f64))
+                .map(|n| Cost::from_decimal(Decimal::from_int(n.into())))
                 .ok_or(Error::Tokens)?
         }
     };
@@ -335,6 +335,79 @@ mod tests {
         ];
         for (burst, tokens, period, option, want) in rows {
             assert_eq!(gcra(burst, tokens, period, *option).unwrap_err(), *want);
+        }
+    }
+
+    #[test]
+    fn acquire_takes_exact_decimals_and_fractions() {
+        // (rate, capacity, cost, T as (ticks_per_token, ticks_per_ns)).
+        type Row<'a> = (&'a [u8], &'a [u8], Option<&'a [u8]>, (u128, u64));
+        let rows: &[Row] = &[
+            (b"0.1", b"1", None, (10_000_000_000, 1)), // 10 s a token, not the double's
+            (b"0.01", b"1000", Some(b"400"), (100_000_000_000, 1)), // whole ns: inline state
+            (b"100/60", b"100", None, (600_000_000, 1)), // 100 a minute
+            (b"3/10", b"3", Some(b"0.5"), (10_000_000_000, 3)),
+            (b"7/3", b"7", None, (3_000_000_000, 7)),
+            (b"0.000001", b"1", None, (1_000_000_000_000_000, 1)),
+        ];
+        for &(rate, capacity, cost, want) in rows {
+            let a = acquire(rate, capacity, cost).unwrap();
+            assert_eq!(
+                a.limit.ns_per_token(),
+                want,
+                "{:?}",
+                String::from_utf8_lossy(rate)
+            );
+        }
+        assert_eq!(
+            acquire(b"1", b"1", Some(b"0.1")).unwrap().cost,
+            Cost::parse(b"0.1").unwrap()
+        );
+        type Bad<'a> = (&'a [u8], &'a [u8], Option<&'a [u8]>, Error);
+        let bad: &[Bad] = &[
+            (b"1/0", b"1", None, Error::Rate),
+            (b"1/1000001", b"x", None, Error::Rate), // below 1e-6/s, named before capacity
+            (b"100/60", b"0", None, Error::Capacity),
+            (b"1/60", b"52560001", None, Error::RefillTime), // a century and a minute
+            (b"1", b"1", Some(b"1/2"), Error::Cost),         // only a rate may be a fraction
+            (b"1", b"1", Some(b"inf"), Error::Cost),
+        ];
+        for &(rate, capacity, cost, want) in bad {
+            assert_eq!(acquire(rate, capacity, cost).unwrap_err(), want);
+        }
+    }
+
+    /// Issue 14, section 5: the period was `(period_s * 1e9).round() as u64`, which saturated
+    /// above about 585 years and rounded sub-nanosecond periods before the rate was checked.
+    #[test]
+    fn gcra_period_is_exact_and_out_of_range_rates_are_refused() {
+        // `RL.GCRA k 0 1000000 1e300`: about 1e-294 tokens/s, far below the slowest rate
+        // (was accepted, running at 1e6 per 2^64 - 1 ns).
+        assert_eq!(gcra(b"0", b"1000000", b"1e300", None), Err(Error::GcraRate));
+        // `RL.GCRA k 0 1000000000000000 100000000000`: 10,000/s exactly, T = 1e5 ns (ran at
+        // 2^64 - 1 ns / 1e15, about 54,210/s).
+        let t = gcra(b"0", b"1000000000000000", b"100000000000", None).unwrap();
+        assert_eq!(t.limit.ns_per_token(), (100_000, 1));
+        // `RL.GCRA k 0 1 5e-10`: 2e9/s, above the fastest rate (was accepted at 1e9/s).
+        assert_eq!(gcra(b"0", b"1", b"5e-10", None), Err(Error::GcraRate));
+        // `RL.GCRA k 0 1 1.4e-9`: 1.4 ns a token exactly (was rounded to 1 ns, 40% looser).
+        let t = gcra(b"0", b"1", b"1.4e-9", None).unwrap();
+        assert_eq!(t.limit.ns_per_token(), (7, 5));
+        // The ends of the range, exactly; a hair past either is refused.
+        type End = (&'static [u8], &'static [u8], Result<(u128, u64), Error>);
+        let ends: &[End] = &[
+            (b"1", b"1e-9", Ok((1, 1))),
+            (b"1", b"0.0000000009999999999999", Err(Error::GcraRate)),
+            (b"1", b"1000000", Ok((1_000_000_000_000_000, 1))),
+            (b"1", b"1000000.000000000000001", Err(Error::GcraRate)),
+            (b"1000000000000000", b"1000000", Ok((1, 1))), // 1e15 per 1e6 s is 1e9/s
+            (b"3", b"299.99", Ok((299_990_000_000, 3))),   // 3 per 299.99 s: 1/3 ns fractions
+            (b"1", b"0.1", Ok((100_000_000, 1))),
+        ];
+        for &(tokens, period, want) in ends {
+            let got = gcra(b"0", tokens, period, None).map(|t| t.limit.ns_per_token());
+            let at = String::from_utf8_lossy(period);
+            assert_eq!(got, want, "{at}");
         }
     }
 

@@ -1,32 +1,38 @@
-//! One handler per command: parse → open key → pure step → write → propagate → reply.
+//! One handler per command: parse → open → pure step → commit → reply. The store handles of
+//! [`crate::datatype`] commit and replicate their own changes.
 //!
 //! Handlers are raw `extern "C"` functions (no per-call argument vector), and each body runs
 //! inside `catch_unwind`, so a bug becomes an error reply and a log line, never an aborted
 //! server. Every clock-dependent write is replicated as its effect (`RL.SETSTATE` with the
 //! exact state, or `DEL`), never as the command itself.
 
-use std::ffi::{c_int, c_longlong, CStr};
+use std::ffi::{c_int, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use redis_module::raw::{self, RedisModuleCtx, RedisModuleString};
 
-use crate::bucket::{self, Change, Decision, Outcome, State};
-use crate::datatype::BucketKey;
+use crate::bucket::{self, Change, Decision, Outcome};
+use crate::datatype::{BucketKey, Store};
 use crate::error::{Error, MAX_MULTI_BUCKETS};
-use crate::{args, clock, propagation, stats};
+use crate::table_type::TableKey;
+use crate::{args, clock, stats, table};
 
-/// What a command answers when it succeeds.
+/// What a command answers when it succeeds. Each variant carries the outcome itself, so the
+/// counters read the decision and `send` formats it; nothing is decoded back from integers.
 enum Reply {
-    /// The four integers of `RL.ACQUIRE`.
-    Decision([i64; 4]),
+    /// `RL.ACQUIRE`'s decision, sent as four integers.
+    Decision(Decision),
     /// The same four integers from `RL.PEEK`, which decides nothing.
-    Peek([i64; 4]),
-    /// The five integers of `RL.THROTTLE` and `RL.GCRA` (redis-cell's reply).
-    Throttle([i64; 5]),
+    Peek(Decision),
+    /// `RL.THROTTLE` and `RL.GCRA`: the decision and the limit's `total`, sent as redis-cell's
+    /// five integers.
+    Throttle(Decision, u64),
     /// `RL.REFUND`: remaining, reset_after_ms.
-    Pair([i64; 2]),
-    /// `RL.ACQUIRE.MULTI`: allowed, refused index, retry_after_ms, then one decision per bucket.
-    Multi([i64; 3], Vec<[i64; 4]>),
+    Refund(Decision),
+    /// `RL.ACQUIRE.MULTI`: the first refused bucket if any, and every bucket's decision.
+    Multi(Option<usize>, Vec<Decision>),
+    /// One integer (`RL.HDEL`, `RL.HLEN`).
+    Integer(u64),
     /// `+OK`.
     Ok,
 }
@@ -35,9 +41,9 @@ impl Reply {
     /// Whether the call took its tokens, for the counters; `None` when it decides nothing.
     fn verdict(&self) -> Option<bool> {
         match self {
-            Reply::Decision([allowed, ..]) | Reply::Multi([allowed, ..], _) => Some(*allowed == 1),
-            Reply::Throttle([limited, ..]) => Some(*limited == 0),
-            Reply::Peek(_) | Reply::Pair(_) | Reply::Ok => None,
+            Reply::Decision(decision) | Reply::Throttle(decision, _) => Some(decision.allowed()),
+            Reply::Multi(refused, _) => Some(refused.is_none()),
+            Reply::Peek(_) | Reply::Refund(_) | Reply::Integer(_) | Reply::Ok => None,
         }
     }
 }
@@ -99,26 +105,59 @@ handler!(
     refund, c"RL.REFUND", refund_body, true
 );
 handler!(
+    /// `RL.HACQUIRE key field rate capacity [cost]`: `RL.ACQUIRE` on one bucket of a table.
+    hacquire, c"RL.HACQUIRE", hacquire_body, true
+);
+handler!(
+    /// `RL.HPEEK key field rate capacity [cost]`
+    hpeek, c"RL.HPEEK", hpeek_body, true
+);
+handler!(
+    /// `RL.HREFUND key field rate capacity [cost]`
+    hrefund, c"RL.HREFUND", hrefund_body, true
+);
+handler!(
+    /// `RL.HDEL key field [field ...]`: resets buckets; replies with how many were live.
+    hdel, c"RL.HDEL", hdel_body, true
+);
+handler!(
+    /// `RL.HLEN key`: buckets held.
+    hlen, c"RL.HLEN", hlen_body, true
+);
+handler!(
+    /// `RL.HSETSTATE key tag full_at_ns full_at_frac [tag full_at_ns full_at_frac ...]`: sets
+    /// (or with `full_at_ns` 0, deletes) table buckets by tag. What table writes replicate and
+    /// AOF rewrites emit; reads no clock and never sweeps. Not counted: it is internal.
+    hset_state, c"RL.HSETSTATE", hset_state_body, false
+);
+handler!(
     /// `RL.SETSTATE key full_at_ns [full_at_frac]`: sets a bucket's exact state and derives its absolute
     /// expiry. It is what `RL.ACQUIRE` replicates and what AOF rewrites emit; it reads no
     /// clock, so replaying it anywhere gives the same bucket. Not counted: it is internal.
     set_state, c"RL.SETSTATE", set_state_body, false
 );
 
-/// Splits `name key a b [c]` into the key, the two required and the optional argument.
-fn key_two_and_optional(
+/// Splits `name n1 … nN a b [c]`: the `N` names (the key, or the key and a field), the two
+/// required arguments and the optional one.
+#[allow(clippy::type_complexity)]
+fn split_args<const N: usize>(
     argv: &[*mut RedisModuleString],
 ) -> Result<
     (
-        *mut RedisModuleString,
+        [*mut RedisModuleString; N],
         [*mut RedisModuleString; 2],
         Option<*mut RedisModuleString>,
     ),
     Failure,
 > {
-    match *argv {
-        [_, key, a, b] => Ok((key, [a, b], None)),
-        [_, key, a, b, c] => Ok((key, [a, b], Some(c))),
+    let (names, rest) = argv
+        .get(1..)
+        .and_then(|args| args.split_at_checked(N))
+        .ok_or(Failure::Arity)?;
+    let names: [*mut RedisModuleString; N] = names.try_into().map_err(|_| Failure::Arity)?;
+    match *rest {
+        [a, b] => Ok((names, [a, b], None)),
+        [a, b, c] => Ok((names, [a, b], Some(c))),
         _ => Err(Failure::Arity),
     }
 }
@@ -136,59 +175,77 @@ fn acquire_body(
     ctx: *mut RedisModuleCtx,
     argv: &[*mut RedisModuleString],
 ) -> Result<Reply, Failure> {
-    let (key, limit_args, cost) = key_two_and_optional(argv)?;
+    let ([key], limit_args, cost) = split_args(argv)?;
     let parsed = parse_limit(limit_args, cost)?;
-    let decision = take(ctx, key, &parsed.limit, parsed.cost)?;
-    Ok(Reply::Decision(four(&decision)))
+    // SAFETY: `ctx` and `key` belong to the running command.
+    let mut bucket = unsafe { BucketKey::open(ctx, key) }?;
+    Ok(Reply::Decision(take(
+        &mut bucket,
+        &parsed.limit,
+        parsed.cost,
+    )?))
 }
 
-/// Takes `cost` from the bucket at `key`: reads, decides, writes and propagates the effect.
+/// The pure step and commit of every taking command, on either store.
 fn take(
-    ctx: *mut RedisModuleCtx,
-    key: *mut RedisModuleString,
+    store: &mut impl Store,
     limit: &bucket::Limit,
     cost: bucket::Cost,
 ) -> Result<Decision, Error> {
-    // SAFETY: `ctx` and `key` belong to the running command.
-    let bucket_key = unsafe { BucketKey::open(ctx, key) }?;
-    let state = bucket_key.state()?;
-    let (decision, new_state) = bucket::acquire(limit, state, clock::now_us(), cost);
-    if let Some(new_state) = new_state {
-        bucket_key.write(new_state, state.is_some(), c"rl.take")?;
-        propagate(ctx, key, Change::Set(new_state))?;
-    }
+    take_at(store, limit, cost, clock::now_us())
+}
+
+/// [`take`] at a given instant, for a handler that read the clock already.
+fn take_at(
+    store: &mut impl Store,
+    limit: &bucket::Limit,
+    cost: bucket::Cost,
+    now_us: u64,
+) -> Result<Decision, Error> {
+    let (decision, new_state) = bucket::acquire(limit, store.state(), now_us, cost);
+    store.stage(new_state.map_or(Change::Keep, Change::Set));
+    store.commit(c"rl.take")?;
+    Ok(decision)
+}
+
+/// The pure step of `RL.PEEK` and `RL.HPEEK`: nothing is staged or committed.
+fn look(store: &impl Store, parsed: &args::Acquire) -> Decision {
+    bucket::peek(&parsed.limit, store.state(), clock::now_us(), parsed.cost)
+}
+
+/// The pure step and commit of `RL.REFUND` and `RL.HREFUND`.
+fn give_back(
+    store: &mut impl Store,
+    parsed: &args::Acquire,
+    now_us: u64,
+) -> Result<Decision, Error> {
+    let (decision, change) = bucket::refund(&parsed.limit, store.state(), now_us, parsed.cost);
+    store.stage(change);
+    store.commit(c"rl.refund")?;
     Ok(decision)
 }
 
 fn peek_body(ctx: *mut RedisModuleCtx, argv: &[*mut RedisModuleString]) -> Result<Reply, Failure> {
-    let (key, limit_args, cost) = key_two_and_optional(argv)?;
+    let ([key], limit_args, cost) = split_args(argv)?;
     let parsed = parse_limit(limit_args, cost)?;
     // SAFETY: `ctx` and `key` belong to the running command.
-    let state = unsafe { BucketKey::open_read(ctx, key) }?.state()?;
-    let decision = bucket::peek(&parsed.limit, state, clock::now_us(), parsed.cost);
-    Ok(Reply::Peek(four(&decision)))
+    let bucket = unsafe { BucketKey::open_read(ctx, key) }?;
+    Ok(Reply::Peek(look(&bucket, &parsed)))
 }
 
 fn refund_body(
     ctx: *mut RedisModuleCtx,
     argv: &[*mut RedisModuleString],
 ) -> Result<Reply, Failure> {
-    let (key, limit_args, cost) = key_two_and_optional(argv)?;
+    let ([key], limit_args, cost) = split_args(argv)?;
     let parsed = parse_limit(limit_args, cost)?;
     // SAFETY: `ctx` and `key` belong to the running command.
-    let bucket_key = unsafe { BucketKey::open(ctx, key) }?;
-    let state = bucket_key.state()?;
-    let (decision, change) = bucket::refund(&parsed.limit, state, clock::now_us(), parsed.cost);
-    match change {
-        Change::Keep => {}
-        Change::Set(new_state) => bucket_key.write(new_state, state.is_some(), c"rl.refund")?,
-        Change::Delete => bucket_key.delete()?,
-    }
-    propagate(ctx, key, change)?;
-    Ok(Reply::Pair([
-        saturating_i64(decision.remaining),
-        decision.reset_after_ms(),
-    ]))
+    let mut bucket = unsafe { BucketKey::open(ctx, key) }?;
+    Ok(Reply::Refund(give_back(
+        &mut bucket,
+        &parsed,
+        clock::now_us(),
+    )?))
 }
 
 fn throttle_body(
@@ -209,8 +266,10 @@ fn throttle_body(
             quantity.map(|q| bytes(q)),
         )
     }?;
-    let decision = take(ctx, key, &parsed.limit, parsed.cost)?;
-    Ok(Reply::Throttle(five(&decision, parsed.total)))
+    // SAFETY: `ctx` and `key` belong to the running command.
+    let mut bucket = unsafe { BucketKey::open(ctx, key) }?;
+    let decision = take(&mut bucket, &parsed.limit, parsed.cost)?;
+    Ok(Reply::Throttle(decision, parsed.total))
 }
 
 /// The `GCRA` of the Redis 8.8 milestones, on the same bucket as `RL.THROTTLE`: `TOKENS count`
@@ -231,24 +290,10 @@ fn gcra_body(ctx: *mut RedisModuleCtx, argv: &[*mut RedisModuleString]) -> Resul
             option.map(|(name, count)| (bytes(name), count.map(|c| bytes(c)))),
         )
     }?;
-    let decision = take(ctx, key, &parsed.limit, parsed.cost)?;
-    Ok(Reply::Throttle(five(&decision, parsed.total)))
-}
-
-/// One bucket of an `RL.ACQUIRE.MULTI` call, and the key handle it shares with any other
-/// bucket of the same name.
-struct Slot {
-    handle: usize,
-    limit: bucket::Limit,
-    cost: bucket::Cost,
-}
-
-/// An open key and its state as the call goes: buckets named twice see each other's takes.
-struct Opened {
-    name: *mut RedisModuleString,
-    key: BucketKey,
-    stored: Option<State>,
-    pending: Option<State>,
+    // SAFETY: `ctx` and `key` belong to the running command.
+    let mut bucket = unsafe { BucketKey::open(ctx, key) }?;
+    let decision = take(&mut bucket, &parsed.limit, parsed.cost)?;
+    Ok(Reply::Throttle(decision, parsed.total))
 }
 
 fn acquire_multi_body(
@@ -271,72 +316,161 @@ fn acquire_multi_body(
         };
         parsed.push((key, parse_limit([rate, capacity], Some(cost))?));
     }
-    let now_us = clock::now_us();
     // SAFETY: argument strings of the running command, which outlive this call.
     let names: Vec<&[u8]> = parsed
         .iter()
         .map(|(name, _)| unsafe { bytes(*name) })
         .collect();
-    let first_namings = first_naming(&names);
-    let mut opened: Vec<Opened> = Vec::new();
-    let mut slots = Vec::with_capacity(parsed.len());
-    for ((name, limit), first) in parsed.into_iter().zip(first_namings) {
-        // A group naming a key already named shares that key's handle; the first naming
-        // comes earlier, so its handle exists. Keys open in the order first named.
-        let handle = match slots.get(first).map(|slot: &Slot| slot.handle) {
-            Some(handle) => handle,
-            None => {
-                // SAFETY: `ctx` and `name` belong to the running command.
-                let key = unsafe { BucketKey::open(ctx, name) }?;
-                let stored = key.state()?;
-                opened.push(Opened {
-                    name,
-                    key,
-                    stored,
-                    pending: stored,
-                });
-                opened.len() - 1
-            }
+    // A group naming a key already named shares that key's handle, so buckets named twice see
+    // each other's takes. Keys open in the order first named.
+    let mut handles: Vec<BucketKey> = Vec::new();
+    let mut handle_of = Vec::with_capacity(parsed.len());
+    for (i, first) in first_naming(&names).into_iter().enumerate() {
+        let handle = if first == i {
+            let (name, _) = parsed.get(i).ok_or(Error::Internal)?;
+            // SAFETY: `ctx` and `name` belong to the running command.
+            handles.push(unsafe { BucketKey::open(ctx, *name) }?);
+            handles.len() - 1
+        } else {
+            // The first naming comes earlier, so its handle exists.
+            *handle_of.get(first).ok_or(Error::Internal)?
         };
-        slots.push(Slot {
-            handle,
-            limit: limit.limit,
-            cost: limit.cost,
-        });
+        handle_of.push(handle);
     }
-    let mut decisions = Vec::with_capacity(slots.len());
-    for slot in &slots {
-        let opened = opened.get_mut(slot.handle).ok_or(Error::Internal)?;
-        let (decision, new_state) = bucket::acquire(&slot.limit, opened.pending, now_us, slot.cost);
-        if let Some(new_state) = new_state {
-            opened.pending = Some(new_state);
-        }
+    let now_us = clock::now_us();
+    let mut decisions = Vec::with_capacity(parsed.len());
+    for ((_, group), &handle) in parsed.iter().zip(&handle_of) {
+        let bucket = handles.get_mut(handle).ok_or(Error::Internal)?;
+        let (decision, new_state) =
+            bucket::acquire(&group.limit, bucket.state(), now_us, group.cost);
+        bucket.stage(new_state.map_or(Change::Keep, Change::Set));
         decisions.push(decision);
     }
     let refused = decisions.iter().position(|d| !d.allowed());
     if refused.is_none() {
-        for o in &opened {
-            if let (Some(new_state), true) = (o.pending, o.pending != o.stored) {
-                o.key.write(new_state, o.stored.is_some(), c"rl.take")?;
-                propagate(ctx, o.name, Change::Set(new_state))?;
+        for bucket in &mut handles {
+            bucket.commit(c"rl.take")?;
+        }
+    }
+    Ok(Reply::Multi(refused, decisions))
+}
+
+/// The master's clock in ns, for the sweep a table write carries.
+fn sweep_now_ns(now_us: u64) -> Option<u64> {
+    Some(now_us.saturating_mul(1000))
+}
+
+fn hacquire_body(
+    ctx: *mut RedisModuleCtx,
+    argv: &[*mut RedisModuleString],
+) -> Result<Reply, Failure> {
+    let ([key, field], limit_args, cost) = split_args(argv)?;
+    let parsed = parse_limit(limit_args, cost)?;
+    let now_us = clock::now_us();
+    // SAFETY: `ctx`, `key` and `field` belong to the running command.
+    let mut bucket = unsafe { TableKey::open(ctx, key, sweep_now_ns(now_us))?.field(bytes(field)) };
+    Ok(Reply::Decision(take_at(
+        &mut bucket,
+        &parsed.limit,
+        parsed.cost,
+        now_us,
+    )?))
+}
+
+fn hpeek_body(ctx: *mut RedisModuleCtx, argv: &[*mut RedisModuleString]) -> Result<Reply, Failure> {
+    let ([key, field], limit_args, cost) = split_args(argv)?;
+    let parsed = parse_limit(limit_args, cost)?;
+    // SAFETY: `ctx`, `key` and `field` belong to the running command.
+    let bucket = unsafe { TableKey::open_read(ctx, key)?.field(bytes(field)) };
+    Ok(Reply::Peek(look(&bucket, &parsed)))
+}
+
+fn hrefund_body(
+    ctx: *mut RedisModuleCtx,
+    argv: &[*mut RedisModuleString],
+) -> Result<Reply, Failure> {
+    let ([key, field], limit_args, cost) = split_args(argv)?;
+    let parsed = parse_limit(limit_args, cost)?;
+    let now_us = clock::now_us();
+    // SAFETY: `ctx`, `key` and `field` belong to the running command.
+    let mut bucket = unsafe { TableKey::open(ctx, key, sweep_now_ns(now_us))?.field(bytes(field)) };
+    Ok(Reply::Refund(give_back(&mut bucket, &parsed, now_us)?))
+}
+
+fn hdel_body(ctx: *mut RedisModuleCtx, argv: &[*mut RedisModuleString]) -> Result<Reply, Failure> {
+    let [_, key, ref fields @ ..] = *argv else {
+        return Err(Failure::Arity);
+    };
+    if fields.is_empty() {
+        return Err(Failure::Arity);
+    }
+    let now_ns = clock::now_us().saturating_mul(1000);
+    // SAFETY: `ctx` and `key` belong to the running command.
+    let mut table = unsafe { TableKey::open(ctx, key, Some(now_ns)) }?;
+    let mut live = 0;
+    for &field in fields {
+        // SAFETY: an argument of the running command.
+        let removed = table.remove(table::tag(unsafe { bytes(field) }));
+        if removed.is_some_and(|state| !table::is_full(state, now_ns)) {
+            live += 1;
+        }
+    }
+    table.commit(c"rl.hdel")?;
+    Ok(Reply::Integer(live))
+}
+
+fn hlen_body(ctx: *mut RedisModuleCtx, argv: &[*mut RedisModuleString]) -> Result<Reply, Failure> {
+    let [_, key] = *argv else {
+        return Err(Failure::Arity);
+    };
+    // SAFETY: `ctx` and `key` belong to the running command.
+    let table = unsafe { TableKey::open_read(ctx, key) }?;
+    Ok(Reply::Integer(table.len() as u64))
+}
+
+fn hset_state_body(
+    ctx: *mut RedisModuleCtx,
+    argv: &[*mut RedisModuleString],
+) -> Result<Reply, Failure> {
+    let [_, key, ref groups @ ..] = *argv else {
+        return Err(Failure::Arity);
+    };
+    if groups.is_empty() || groups.len() % 3 != 0 {
+        return Err(Failure::Arity);
+    }
+    // Parse every group before touching the key.
+    let mut changes = Vec::with_capacity(groups.len() / 3);
+    for group in groups.chunks_exact(3) {
+        let &[tag, full_at_ns, full_at_frac] = group else {
+            return Err(Failure::Arity);
+        };
+        // SAFETY (all): arguments of the running command.
+        let (tag, full_at_ns, full_at_frac) =
+            unsafe { (bytes(tag), bytes(full_at_ns), bytes(full_at_frac)) };
+        let tag: [u8; 16] = tag.try_into().map_err(|_| Error::Tag)?;
+        let state = if full_at_ns == b"0" {
+            if full_at_frac != b"0" {
+                return Err(Error::FullAtFrac.into());
+            }
+            None
+        } else {
+            Some(args::state(full_at_ns, Some(full_at_frac))?)
+        };
+        changes.push((table::Tag::from_le_bytes(tag), state));
+    }
+    // SAFETY: `ctx` and `key` belong to the running command. No sweep: only the master's own
+    // commands sweep, by the master's clock.
+    let mut table = unsafe { TableKey::open(ctx, key, None) }?;
+    for (tag, state) in changes {
+        match state {
+            Some(state) => table.set(tag, state)?,
+            None => {
+                table.remove(tag);
             }
         }
     }
-    // The longest wait among the refusing buckets, or -1 if one of them can never succeed.
-    let retry_after_ms = decisions
-        .iter()
-        .filter(|d| !d.allowed())
-        .map(Decision::retry_after_ms)
-        .try_fold(0i64, |longest, ms| (ms >= 0).then_some(longest.max(ms)))
-        .unwrap_or(-1);
-    Ok(Reply::Multi(
-        [
-            i64::from(refused.is_none()),
-            refused.map_or(-1, |i| i64::try_from(i).unwrap_or(i64::MAX)),
-            retry_after_ms,
-        ],
-        decisions.iter().map(four).collect(),
-    ))
+    table.commit(c"rl.hsetstate")?;
+    Ok(Reply::Ok)
 }
 
 /// For each name, the position of the first name equal to it (its own position if it is the
@@ -374,12 +508,10 @@ fn set_state_body(
     // SAFETY (both): arguments of the running command.
     let state = unsafe { args::state(bytes(full_at_ns), full_at_frac.map(|f| bytes(f))) }?;
     // SAFETY: `ctx` and `key` belong to the running command.
-    let bucket_key = unsafe { BucketKey::open(ctx, key) }?;
-    let existed = bucket_key.state()?.is_some();
-    bucket_key.write(state, existed, c"rl.setstate")?;
-    // SAFETY: `ctx` is the running command's context. The command is deterministic, so it
-    // travels as it came.
-    unsafe { raw::RedisModule_ReplicateVerbatim.ok_or(Error::Internal)?(ctx) };
+    let mut bucket = unsafe { BucketKey::open(ctx, key) }?;
+    bucket.replicate_verbatim();
+    bucket.stage(Change::Set(state));
+    bucket.commit(c"rl.setstate")?;
     Ok(Reply::Ok)
 }
 
@@ -416,57 +548,6 @@ fn saturating_i64(value: u64) -> i64 {
 
 fn seconds_ceil(ns: u64) -> i64 {
     saturating_i64(ns.div_ceil(1_000_000_000))
-}
-
-/// Replicates the effect of a clock-dependent write: `RL.SETSTATE` with the exact state (whose
-/// expiry follows from it), or `DEL` for a bucket that became full. Skipped when nothing
-/// would receive it (see [`propagation`]).
-fn propagate(
-    ctx: *mut RedisModuleCtx,
-    key: *mut RedisModuleString,
-    change: Change,
-) -> Result<(), Error> {
-    if change == Change::Keep || !propagation::needed(ctx) {
-        return Ok(());
-    }
-    // SAFETY: read once, after load.
-    let replicate = unsafe { raw::RedisModule_Replicate }.ok_or(Error::Internal)?;
-    // SAFETY: the format strings match the variadic arguments: a RedisModuleString, and for
-    // each "l" a long long.
-    let status = unsafe {
-        match change {
-            Change::Set(state) => {
-                let full_at_ns =
-                    c_longlong::try_from(state.full_at_ns()).map_err(|_| Error::Internal)?;
-                let full_at_frac =
-                    c_longlong::try_from(state.full_at_frac()).map_err(|_| Error::Internal)?;
-                // A whole-nanosecond state keeps 0.1.0's two-argument form.
-                if full_at_frac == 0 {
-                    replicate(
-                        ctx,
-                        c"RL.SETSTATE".as_ptr(),
-                        c"sl".as_ptr(),
-                        key,
-                        full_at_ns,
-                    )
-                } else {
-                    replicate(
-                        ctx,
-                        c"RL.SETSTATE".as_ptr(),
-                        c"sll".as_ptr(),
-                        key,
-                        full_at_ns,
-                        full_at_frac,
-                    )
-                }
-            }
-            Change::Delete => replicate(ctx, c"DEL".as_ptr(), c"s".as_ptr(), key),
-            Change::Keep => raw::REDISMODULE_OK as c_int,
-        }
-    };
-    (status == raw::REDISMODULE_OK as c_int)
-        .then_some(())
-        .ok_or(Error::Internal)
 }
 
 /// The bytes of a command argument.
@@ -567,25 +648,50 @@ unsafe fn send(ctx: *mut RedisModuleCtx, reply: &Reply) -> c_int {
     // SAFETY: `ctx` is live (caller).
     unsafe {
         match reply {
-            Reply::Decision(values) | Reply::Peek(values) => send_integers(ctx, values),
-            Reply::Throttle(values) => send_integers(ctx, values),
-            Reply::Pair(values) => send_integers(ctx, values),
-            Reply::Multi(head, buckets) => {
+            Reply::Decision(decision) | Reply::Peek(decision) => {
+                send_integers(ctx, &four(decision))
+            }
+            Reply::Throttle(decision, total) => send_integers(ctx, &five(decision, *total)),
+            Reply::Refund(decision) => send_integers(
+                ctx,
+                &[
+                    saturating_i64(decision.remaining),
+                    decision.reset_after_ms(),
+                ],
+            ),
+            Reply::Multi(refused, decisions) => {
+                // The longest wait among the refusing buckets, or -1 if one of them can never
+                // succeed.
+                let retry_after_ms = decisions
+                    .iter()
+                    .filter(|d| !d.allowed())
+                    .map(Decision::retry_after_ms)
+                    .try_fold(0i64, |longest, ms| (ms >= 0).then_some(longest.max(ms)))
+                    .unwrap_or(-1);
+                let head = [
+                    i64::from(refused.is_none()),
+                    refused.map_or(-1, |i| i64::try_from(i).unwrap_or(i64::MAX)),
+                    retry_after_ms,
+                ];
                 let Some(array) = raw::RedisModule_ReplyWithArray else {
                     return raw::REDISMODULE_ERR as c_int;
                 };
                 array(ctx, (head.len() + 1) as _);
-                for &value in head {
+                for &value in &head {
                     if let Some(integer) = raw::RedisModule_ReplyWithLongLong {
                         integer(ctx, value);
                     }
                 }
-                array(ctx, buckets.len() as _);
-                for bucket in buckets {
-                    send_integers(ctx, bucket);
+                array(ctx, decisions.len() as _);
+                for decision in decisions {
+                    send_integers(ctx, &four(decision));
                 }
                 raw::REDISMODULE_OK as c_int
             }
+            Reply::Integer(value) => match raw::RedisModule_ReplyWithLongLong {
+                Some(integer) => integer(ctx, saturating_i64(*value)),
+                None => raw::REDISMODULE_ERR as c_int,
+            },
             Reply::Ok => match raw::RedisModule_ReplyWithSimpleString {
                 Some(simple) => simple(ctx, c"OK".as_ptr()),
                 None => raw::REDISMODULE_ERR as c_int,

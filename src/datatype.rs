@@ -1,5 +1,6 @@
-//! The `rl-bucket` module type: its callbacks (RDB, AOF, digest, copy, memory) and the
-//! open-key handle that commands read and write buckets through.
+//! The `rl-bucket` module type: its callbacks (RDB, AOF, digest, copy, memory), and the
+//! [`Store`] door that commands read and write stored buckets through, with its per-key
+//! handle [`BucketKey`]. The table type (`table_type`) is the second store behind the door.
 //!
 //! A whole-nanosecond [`State`] (every state at rates dividing 1e9) lives in the value pointer
 //! itself, tagged with its low bit, so it costs no allocation of ours. A state with a fraction
@@ -14,8 +15,9 @@ use std::sync::atomic::{AtomicPtr, Ordering};
 use redis_module::native_types::RedisType;
 use redis_module::raw;
 
-use crate::bucket::State;
+use crate::bucket::{Change, State};
 use crate::error::Error;
+use crate::propagation;
 
 /// The type's name in RDB files (exactly 9 characters, as Redis requires).
 pub const TYPE_NAME: &str = "rl-bucket";
@@ -58,14 +60,23 @@ static TYPE_PTR: AtomicPtr<raw::RedisModuleType> = AtomicPtr::new(ptr::null_mut(
 
 /// Caches the registered type pointer. Call once, after `redis_module!` created the type.
 pub fn cache_type() -> Result<(), Error> {
-    let raw_type = BUCKET_TYPE
+    cache_type_in(&BUCKET_TYPE, &TYPE_PTR)
+}
+
+/// Caches `registered`'s type pointer in `slot`, so the hot path reads one atomic instead of
+/// a RefCell: for each type of the module.
+pub(crate) fn cache_type_in(
+    registered: &RedisType,
+    slot: &AtomicPtr<raw::RedisModuleType>,
+) -> Result<(), Error> {
+    let raw_type = registered
         .raw_type
         .try_borrow()
         .map_err(|_| Error::Internal)?;
     if raw_type.is_null() {
         return Err(Error::Internal);
     }
-    TYPE_PTR.store(*raw_type, Ordering::Relaxed);
+    slot.store(*raw_type, Ordering::Relaxed);
     Ok(())
 }
 
@@ -121,17 +132,102 @@ fn full_at_i64(state: State) -> (i64, i64) {
     )
 }
 
-/// A key opened for writing, closed on drop.
+/// The one door to a stored bucket, the way governor's `StateStore` is: a handle keeps what it
+/// read, the pure step stages a change, and [`Store::commit`] makes it durable itself (write or
+/// delete, the modified-key signal, the keyspace event, and the replicated effect). A handler
+/// never hands the door back what it already knows.
+pub trait Store {
+    /// The bucket as this handle sees it: what it read, plus any change staged since.
+    fn state(&self) -> Option<State>;
+    /// Records `change` for the next [`Store::commit`]; touches nothing yet.
+    fn stage(&mut self, change: Change);
+    /// Applies the staged change, if any: stores it, reports it as the keyspace event `event`
+    /// (`del` for a deletion), and replicates its effect. A handle with nothing staged
+    /// commits nothing and propagates nothing.
+    ///
+    /// # Errors
+    /// [`Error::Internal`] if the server refuses a write.
+    fn commit(&mut self, event: &CStr) -> Result<(), Error>;
+}
+
+/// A key of the running command, open for reading (and writing), closed on drop: what the
+/// handles of both stores hold.
+pub(crate) struct OpenKey {
+    pub(crate) ctx: *mut raw::RedisModuleCtx,
+    pub(crate) name: *mut raw::RedisModuleString,
+    /// Null only for a missing key opened for reading.
+    pub(crate) key: *mut raw::RedisModuleKey,
+}
+
+impl OpenKey {
+    /// Opens `name`, for writing too when `write`.
+    ///
+    /// # Errors
+    /// [`Error::Internal`] if the server lacks the API or returns no handle to write through.
+    ///
+    /// # Safety
+    /// `ctx` and `name` must be the live context and an argument of the running command.
+    pub(crate) unsafe fn open(
+        ctx: *mut raw::RedisModuleCtx,
+        name: *mut raw::RedisModuleString,
+        write: bool,
+    ) -> Result<Self, Error> {
+        let mode = if write {
+            raw::REDISMODULE_READ | raw::REDISMODULE_WRITE
+        } else {
+            raw::REDISMODULE_READ
+        };
+        let open = raw::RedisModule_OpenKey.ok_or(Error::Internal)?;
+        // SAFETY: guaranteed by the caller; a non-null handle is closed exactly once, in Drop.
+        let key = unsafe { open(ctx, name, mode as c_int) }.cast::<raw::RedisModuleKey>();
+        let handle = Self { ctx, name, key };
+        if write && key.is_null() {
+            return Err(Error::Internal);
+        }
+        Ok(handle)
+    }
+
+    /// The key's value if it holds `expected_type`, `None` if it is missing.
+    ///
+    /// # Errors
+    /// [`Error::WrongType`] for a key of any other type, whose value is never read.
+    pub(crate) fn value(
+        &self,
+        expected_type: *mut raw::RedisModuleType,
+    ) -> Result<Option<*mut c_void>, Error> {
+        // SAFETY: `self.key` is null or open.
+        unsafe { read(self.key, expected_type) }
+    }
+}
+
+impl Drop for OpenKey {
+    fn drop(&mut self) {
+        // SAFETY: a non-null handle is open and is closed only here.
+        unsafe {
+            if let (false, Some(close)) = (self.key.is_null(), raw::RedisModule_CloseKey) {
+                close(self.key);
+            }
+        }
+    }
+}
+
+/// A key holding one bucket, opened for a command.
 pub struct BucketKey {
-    ctx: *mut raw::RedisModuleCtx,
-    name: *mut raw::RedisModuleString,
-    key: *mut raw::RedisModuleKey,
+    key: OpenKey,
+    /// What the key held when opened, updated by each commit.
+    stored: Option<State>,
+    /// What the next commit writes.
+    staged: Change,
+    /// Whether the running command is its own effect (it reads no clock), so a commit
+    /// replicates it as it came.
+    verbatim: bool,
 }
 
 impl BucketKey {
-    /// Opens `name` for reading and writing.
+    /// Opens `name` for reading and writing, and reads its bucket.
     ///
     /// # Errors
+    /// [`Error::WrongType`] if the key holds any other type (whose value is never read);
     /// [`Error::Internal`] if the server returns no handle.
     ///
     /// # Safety
@@ -141,19 +237,14 @@ impl BucketKey {
         name: *mut raw::RedisModuleString,
     ) -> Result<Self, Error> {
         // SAFETY: forwarded (caller).
-        let key =
-            unsafe { Self::open_mode(ctx, name, raw::REDISMODULE_READ | raw::REDISMODULE_WRITE) }?;
-        if key.key.is_null() {
-            return Err(Error::Internal);
-        }
-        Ok(key)
+        Self::with(unsafe { OpenKey::open(ctx, name, true) }?)
     }
 
     /// Opens `name` for reading only (it works on replicas and in read-only scripts). A
-    /// missing key yields a handle that reads as a full bucket.
+    /// missing key reads as a full bucket. Nothing staged on it is ever committed.
     ///
     /// # Errors
-    /// [`Error::Internal`] if the server lacks the API.
+    /// As for [`BucketKey::open`].
     ///
     /// # Safety
     /// As for [`BucketKey::open`].
@@ -162,59 +253,38 @@ impl BucketKey {
         name: *mut raw::RedisModuleString,
     ) -> Result<Self, Error> {
         // SAFETY: forwarded (caller).
-        unsafe { Self::open_mode(ctx, name, raw::REDISMODULE_READ) }
+        Self::with(unsafe { OpenKey::open(ctx, name, false) }?)
     }
 
-    unsafe fn open_mode(
-        ctx: *mut raw::RedisModuleCtx,
-        name: *mut raw::RedisModuleString,
-        mode: u32,
-    ) -> Result<Self, Error> {
-        let open = raw::RedisModule_OpenKey.ok_or(Error::Internal)?;
-        // SAFETY: guaranteed by the caller; a non-null handle is closed exactly once, in Drop.
-        let key = unsafe { open(ctx, name, mode as c_int) }.cast::<raw::RedisModuleKey>();
-        Ok(Self { ctx, name, key })
-    }
-
-    /// The bucket held by the key: `None` for a missing key (a full bucket).
-    ///
-    /// # Errors
-    /// [`Error::WrongType`] if the key holds any other type, whose value is never read.
-    pub fn state(&self) -> Result<Option<State>, Error> {
-        if self.key.is_null() {
-            return Ok(None);
-        }
-        // SAFETY: `self.key` is an open handle (see `open`); these calls only inspect it.
-        unsafe {
-            let key_type = raw::RedisModule_KeyType.ok_or(Error::Internal)?(self.key);
-            if key_type == raw::REDISMODULE_KEYTYPE_EMPTY as c_int {
-                return Ok(None);
-            }
-            if key_type != raw::REDISMODULE_KEYTYPE_MODULE as c_int
-                || raw::RedisModule_ModuleTypeGetType.ok_or(Error::Internal)?(self.key)
-                    != bucket_type()
-            {
-                return Err(Error::WrongType);
-            }
-            let value = raw::RedisModule_ModuleTypeGetValue.ok_or(Error::Internal)?(self.key);
+    fn with(key: OpenKey) -> Result<Self, Error> {
+        let stored = match key.value(bucket_type())? {
+            None => None,
             // Only a State is ever stored, so this cannot fail unless memory was corrupted.
-            from_value(value).map(Some).ok_or(Error::Internal)
-        }
+            Some(value) => Some(from_value(value).ok_or(Error::Internal)?),
+        };
+        Ok(Self {
+            key,
+            stored,
+            staged: Change::Keep,
+            verbatim: false,
+        })
     }
 
-    /// Stores `state` with its expiry, `state.expire_at_ms()`, and publishes the keyspace
-    /// event `event` (class `d`, module types). `existed` says whether the key already held a
-    /// bucket, which `state()` told the caller.
-    ///
-    /// # Errors
-    /// [`Error::Internal`] if the server refuses the write.
-    pub fn write(&self, state: State, existed: bool, event: &CStr) -> Result<(), Error> {
+    /// Marks the running command as its own effect (`RL.SETSTATE` reads no clock): a commit
+    /// replicates it verbatim, keeping the form the client sent.
+    pub fn replicate_verbatim(&mut self) {
+        self.verbatim = true;
+    }
+
+    /// Stores `state` with its expiry, `state.expire_at_ms()`.
+    fn write(&self, state: State) -> Result<(), Error> {
         let expire_at_ms = i64::try_from(state.expire_at_ms()).map_err(|_| Error::Internal)?;
+        let existed = self.stored.is_some();
         // SAFETY: `self.key` is open for writing and, when `existed`, holds a value of our type
-        // (`state()` checked it); values are only ever made by `to_value`.
+        // (checked at open); values are only ever made by `to_value`.
         let ok = unsafe {
             let stored = if existed {
-                raw::RedisModule_ModuleTypeGetValue.ok_or(Error::Internal)?(self.key)
+                raw::RedisModule_ModuleTypeGetValue.ok_or(Error::Internal)?(self.key.key)
             } else {
                 ptr::null_mut()
             };
@@ -229,7 +299,7 @@ impl BucketKey {
                 let replace = raw::RedisModule_ModuleTypeReplaceValue.ok_or(Error::Internal)?;
                 let value = to_value(state);
                 let mut old = ptr::null_mut();
-                let set = replace(self.key, bucket_type(), value, &mut old);
+                let set = replace(self.key.key, bucket_type(), value, &mut old);
                 if set == raw::REDISMODULE_OK as c_int {
                     free_value(old);
                 } else {
@@ -239,7 +309,7 @@ impl BucketKey {
             } else {
                 let value = to_value(state);
                 let set = raw::RedisModule_ModuleTypeSetValue.ok_or(Error::Internal)?(
-                    self.key,
+                    self.key.key,
                     bucket_type(),
                     value,
                 );
@@ -249,53 +319,187 @@ impl BucketKey {
                 set
             };
             set == raw::REDISMODULE_OK as c_int
-                && raw::RedisModule_SetAbsExpire.ok_or(Error::Internal)?(self.key, expire_at_ms)
+                && raw::RedisModule_SetAbsExpire.ok_or(Error::Internal)?(self.key.key, expire_at_ms)
                     == raw::REDISMODULE_OK as c_int
         };
-        ok.then(|| self.modified(raw::REDISMODULE_NOTIFY_MODULE, event))
-            .ok_or(Error::Internal)?
-    }
-
-    /// Deletes the key (a full bucket and a missing key mean the same), publishing `del`.
-    ///
-    /// # Errors
-    /// [`Error::Internal`] if the server refuses.
-    pub fn delete(&self) -> Result<(), Error> {
-        // SAFETY: `self.key` is open for writing.
-        let ok = unsafe { raw::RedisModule_DeleteKey.ok_or(Error::Internal)?(self.key) }
-            == raw::REDISMODULE_OK as c_int;
-        ok.then(|| self.modified(raw::REDISMODULE_NOTIFY_GENERIC, c"del"))
-            .ok_or(Error::Internal)?
-    }
-
-    /// Reports a write: to WATCH and client-side caching, and as a keyspace event. The module
-    /// opts out of implicit signals (so denials do not break WATCH), which makes the writers
-    /// above the one place a bucket is reported modified.
-    fn modified(&self, class: c_int, event: &CStr) -> Result<(), Error> {
-        // SAFETY: the context and key name of the running command; a static event name.
-        unsafe {
-            raw::RedisModule_SignalModifiedKey.ok_or(Error::Internal)?(self.ctx, self.name);
-            if let Some(notify) = raw::RedisModule_NotifyKeyspaceEvent {
-                notify(self.ctx, class, event.as_ptr(), self.name);
-            }
-        }
-        Ok(())
+        ok.then_some(()).ok_or(Error::Internal)
     }
 }
 
-impl Drop for BucketKey {
-    fn drop(&mut self) {
-        // SAFETY: a non-null handle is open and is closed only here.
-        unsafe {
-            if let (false, Some(close)) = (self.key.is_null(), raw::RedisModule_CloseKey) {
-                close(self.key);
-            }
+impl Store for BucketKey {
+    fn state(&self) -> Option<State> {
+        match self.staged {
+            Change::Keep => self.stored,
+            Change::Set(state) => Some(state),
+            Change::Delete => None,
         }
     }
+
+    fn stage(&mut self, change: Change) {
+        if change != Change::Keep {
+            self.staged = change;
+        }
+    }
+
+    fn commit(&mut self, event: &CStr) -> Result<(), Error> {
+        let change = std::mem::replace(&mut self.staged, Change::Keep);
+        match change {
+            Change::Keep => return Ok(()),
+            Change::Set(state) => {
+                self.write(state)?;
+                signal_modified(
+                    self.key.ctx,
+                    self.key.name,
+                    raw::REDISMODULE_NOTIFY_MODULE,
+                    event,
+                )?;
+                self.stored = Some(state);
+            }
+            Change::Delete => {
+                delete_key(self.key.key)?;
+                signal_modified(
+                    self.key.ctx,
+                    self.key.name,
+                    raw::REDISMODULE_NOTIFY_GENERIC,
+                    c"del",
+                )?;
+                self.stored = None;
+            }
+        }
+        if self.verbatim {
+            // SAFETY: the running command's context.
+            let verbatim = unsafe { raw::RedisModule_ReplicateVerbatim }.ok_or(Error::Internal)?;
+            // SAFETY: as above.
+            return replicated(unsafe { verbatim(self.key.ctx) });
+        }
+        if !propagation::needed(self.key.ctx) {
+            return Ok(());
+        }
+        match change {
+            Change::Set(state) => replicate_set_state(self.key.ctx, self.key.name, state),
+            _ => replicate_del(self.key.ctx, self.key.name),
+        }
+    }
+}
+
+/// The value of an open key if it holds `expected_type`, `None` if the key is missing.
+///
+/// # Errors
+/// [`Error::WrongType`] for a key of any other type, whose value is never read.
+///
+/// # Safety
+/// `key` must be null or an open key handle.
+pub(crate) unsafe fn read(
+    key: *mut raw::RedisModuleKey,
+    expected_type: *mut raw::RedisModuleType,
+) -> Result<Option<*mut c_void>, Error> {
+    if key.is_null() {
+        return Ok(None);
+    }
+    // SAFETY: `key` is an open handle (caller); these calls only inspect it.
+    unsafe {
+        let key_type = raw::RedisModule_KeyType.ok_or(Error::Internal)?(key);
+        if key_type == raw::REDISMODULE_KEYTYPE_EMPTY as c_int {
+            return Ok(None);
+        }
+        if key_type != raw::REDISMODULE_KEYTYPE_MODULE as c_int
+            || raw::RedisModule_ModuleTypeGetType.ok_or(Error::Internal)?(key) != expected_type
+        {
+            return Err(Error::WrongType);
+        }
+        Ok(Some(
+            raw::RedisModule_ModuleTypeGetValue.ok_or(Error::Internal)?(key)
+        ))
+    }
+}
+
+/// Deletes an open key.
+pub(crate) fn delete_key(key: *mut raw::RedisModuleKey) -> Result<(), Error> {
+    // SAFETY: `key` is open for writing (every caller opened it so).
+    let ok = unsafe { raw::RedisModule_DeleteKey.ok_or(Error::Internal)?(key) }
+        == raw::REDISMODULE_OK as c_int;
+    ok.then_some(()).ok_or(Error::Internal)
+}
+
+/// Reports a write: to WATCH and client-side caching, and as a keyspace event. The module
+/// opts out of implicit signals (so denials do not break WATCH), which makes the commits of
+/// the stores the one place a key is reported modified.
+pub(crate) fn signal_modified(
+    ctx: *mut raw::RedisModuleCtx,
+    name: *mut raw::RedisModuleString,
+    class: c_int,
+    event: &CStr,
+) -> Result<(), Error> {
+    // SAFETY: the context and key name of the running command; a static event name.
+    unsafe {
+        raw::RedisModule_SignalModifiedKey.ok_or(Error::Internal)?(ctx, name);
+        if let Some(notify) = raw::RedisModule_NotifyKeyspaceEvent {
+            notify(ctx, class, event.as_ptr(), name);
+        }
+    }
+    Ok(())
+}
+
+/// The effect of a bucket write: `RL.SETSTATE` with the exact state, whose expiry follows
+/// from it. A whole-nanosecond state keeps 0.1.0's two-argument form.
+fn replicate_set_state(
+    ctx: *mut raw::RedisModuleCtx,
+    name: *mut raw::RedisModuleString,
+    state: State,
+) -> Result<(), Error> {
+    let (full_at_ns, full_at_frac) = full_at_i64(state);
+    // SAFETY: read once, after load.
+    let replicate = unsafe { raw::RedisModule_Replicate }.ok_or(Error::Internal)?;
+    // SAFETY: the format strings match the variadic arguments: a RedisModuleString, and for
+    // each "l" a long long.
+    let status = unsafe {
+        if full_at_frac == 0 {
+            replicate(
+                ctx,
+                c"RL.SETSTATE".as_ptr(),
+                c"sl".as_ptr(),
+                name,
+                full_at_ns,
+            )
+        } else {
+            replicate(
+                ctx,
+                c"RL.SETSTATE".as_ptr(),
+                c"sll".as_ptr(),
+                name,
+                full_at_ns,
+                full_at_frac,
+            )
+        }
+    };
+    replicated(status)
+}
+
+/// The effect of a deletion: `DEL`.
+pub(crate) fn replicate_del(
+    ctx: *mut raw::RedisModuleCtx,
+    name: *mut raw::RedisModuleString,
+) -> Result<(), Error> {
+    // SAFETY: read once, after load; "s" matches the one RedisModuleString.
+    let status = unsafe {
+        raw::RedisModule_Replicate.ok_or(Error::Internal)?(
+            ctx,
+            c"DEL".as_ptr(),
+            c"s".as_ptr(),
+            name,
+        )
+    };
+    replicated(status)
+}
+
+pub(crate) fn replicated(status: c_int) -> Result<(), Error> {
+    (status == raw::REDISMODULE_OK as c_int)
+        .then_some(())
+        .ok_or(Error::Internal)
 }
 
 /// Logs to the server log at warning level, from a callback that has no context.
-fn log_warning(message: &std::ffi::CStr) {
+pub(crate) fn log_warning(message: &std::ffi::CStr) {
     // SAFETY: a NULL context is allowed by RedisModule_Log; both strings are NUL-terminated.
     unsafe {
         if let Some(log) = raw::RedisModule_Log {

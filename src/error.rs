@@ -79,6 +79,10 @@ pub enum Error {
     WrongType,
     /// A Redis API call failed, or a bug was caught before it could reach the server.
     Internal,
+    /// A new field of a table that already holds [`crate::table::MAX_BUCKETS`].
+    TableFull,
+    /// A `tag` of `RL.HSETSTATE` is not 16 bytes.
+    Tag,
     /// `RL.ACQUIRE.MULTI` names more buckets than [`MAX_MULTI_BUCKETS`].
     TooManyBuckets,
 }
@@ -122,6 +126,10 @@ impl Error {
             Error::FullAtFrac => c"ERR full_at_frac must be an integer from 0 to 9223372036854775807 (units of 2^-63 ns)",
             Error::WrongType => c"WRONGTYPE Operation against a key holding the wrong kind of value",
             Error::Internal => c"ERR rl internal error, see the server log",
+            Error::TableFull => {
+                c"ERR the table at this key holds 100000000 buckets, the most one key may; spread the fields over more keys"
+            }
+            Error::Tag => c"ERR tag must be 16 bytes (a field's tag, as RL.HSETSTATE replicates it)",
             Error::TooManyBuckets => TOO_MANY_BUCKETS,
         }
     }
@@ -130,6 +138,13 @@ impl Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_table_cap_text_names_the_cap() {
+        let text = Error::TableFull.text().to_string_lossy().into_owned();
+        let cap = crate::table::MAX_BUCKETS.to_string();
+        assert!(text.contains(&format!(" holds {cap} buckets")), "{text}");
+    }
 
     #[test]
     fn the_bucket_cap_text_names_the_cap() {

@@ -5,7 +5,9 @@
 //!   Knows nothing of Redis.
 //! - [`args`]: argument parsing and validation, one function per command.
 //! - [`commands`]: the command handlers, thin glue between the others.
-//! - [`datatype`]: the `rl-bucket` module type and the key handle commands use.
+//! - [`datatype`]: the `rl-bucket` module type and the [`datatype::Store`] door commands use.
+//! - [`table`]: the bucket table, pure (no Redis types); [`table_type`]: its module type
+//!   `rl-htable` and its handles behind the same door.
 //! - [`clock`]: the one place that reads the server's time.
 //! - [`error`]: the error enum and its reply texts.
 //! - [`info`]: the `INFO rl` section; [`stats`]: its counters.
@@ -27,10 +29,13 @@ pub mod propagation;
 pub mod registry;
 pub mod server;
 pub mod stats;
+pub mod table;
+pub mod table_type;
 
 use redis_module::{raw, redis_module, Context, RedisString, Status};
 
 use crate::datatype::BUCKET_TYPE;
+use crate::table_type::TABLE_TYPE;
 
 /// Inside Redis, Rust allocations go through Redis's allocator, so they show in `INFO memory`
 /// and count against `maxmemory`. Unit tests, benches and fuzzers run outside Redis, where that
@@ -47,7 +52,7 @@ mod alloc {
 }
 
 /// The module version reported by `MODULE LIST`: major × 10000 + minor × 100 + patch.
-pub const MODULE_VERSION: i32 = 200;
+pub const MODULE_VERSION: i32 = 300;
 
 fn init(ctx: &Context, args: &[RedisString]) -> Status {
     let args: Vec<String> = args.iter().map(|a| a.to_string_lossy()).collect();
@@ -69,8 +74,8 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
             set_options(ctx.ctx, options);
         }
     }
-    if datatype::cache_type().is_err() {
-        ctx.log_warning("rl: the rl-bucket type was not registered");
+    if datatype::cache_type().is_err() || table_type::cache_type().is_err() {
+        ctx.log_warning("rl: the rl-bucket or rl-htable type was not registered");
         return Status::Err;
     }
     // SAFETY: `ctx.ctx` is the context passed to RedisModule_OnLoad.
@@ -104,6 +109,6 @@ redis_module! {
     name: "rl",
     version: MODULE_VERSION,
     allocator: (alloc::Allocator, alloc::ALLOCATOR),
-    data_types: [BUCKET_TYPE],
+    data_types: [BUCKET_TYPE, TABLE_TYPE],
     init: init,
 }

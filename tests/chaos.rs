@@ -18,6 +18,9 @@
 //! refill, and the load ends by emptying each bucket, so no key expires during the end-of-run
 //! comparisons; witness keys refill in 11 days. The deadlines below only guard against a hang.
 //!
+//! Tables take part: every pipeline starts with an `RL.HACQUIRE`, `RL.HREFUND` or `RL.HDEL`
+//! on one of four tables, and the DUMP comparisons below cover them like any key.
+//!
 //! Checks, besides no error reply: every replica (the chained one too) and the master replayed
 //! from its AOF hold every key `DUMP`- and `PEXPIRETIME`-identical to the master; no bucket
 //! gave out more than `capacity + floor(rate × elapsed)` tokens; each bucket's expiry covers
@@ -57,6 +60,14 @@ const HANG_GUARD: Duration = Duration::from_secs(180);
 /// again. A bucket that is written all the time would hide a lost write, since the next
 /// `RL.SETSTATE` carries its whole state; a witness whose one write was lost stays missing.
 const WITNESS_RATE: &str = "0.000001";
+/// Tables in the load: each pipeline starts with one call on one field of one of `TABLES`
+/// tables (a take, a tenth of the time a refund, a tenth a reset with `RL.HDEL`), so tables
+/// grow through several migrations under the load and join every DUMP comparison. A token
+/// takes 1000 s to come back, so no table bucket fills up (nothing is swept) during a run.
+const TABLES: usize = 4;
+const TABLE_FIELDS: usize = 3000;
+const TABLE_RATE: &str = "0.001";
+const TABLE_CAPACITY: &str = "5";
 /// Replication backlog: large enough that a killed link resyncs partially at this write rate.
 const BACKLOG: &str = "64mb";
 
@@ -347,6 +358,24 @@ fn client(t: usize, mut con: Connection, run: &Run) -> Tally {
         let mut pipe = redis::pipe();
         pipe.ignore_errors();
         sent.clear();
+        let table = format!("chaos:table:{}", rng.below(TABLES));
+        let field = format!("field:{}", rng.below(TABLE_FIELDS));
+        match rng.below(10) {
+            0 => pipe.cmd("RL.HDEL").arg(&table).arg(&field),
+            1 => pipe
+                .cmd("RL.HREFUND")
+                .arg(&table)
+                .arg(&field)
+                .arg(TABLE_RATE)
+                .arg(TABLE_CAPACITY)
+                .arg(1),
+            _ => pipe
+                .cmd("RL.HACQUIRE")
+                .arg(&table)
+                .arg(&field)
+                .arg(TABLE_RATE)
+                .arg(TABLE_CAPACITY),
+        };
         for _ in 0..PIPELINE {
             if rng.below(4) == 0 {
                 let width = 2 + rng.below(2);
@@ -404,6 +433,13 @@ fn client(t: usize, mut con: Connection, run: &Run) -> Tally {
                 break;
             }
         };
+        let Some((table_reply, replies)) = replies.split_first() else {
+            run.error(format!("client {t}: no replies"));
+            break;
+        };
+        if !matches!(table_reply, Value::Array(_) | Value::Int(_)) {
+            run.error(format!("client {t}: {table} {field}: {table_reply:?}"));
+        }
         if replies.len() != sent.len() {
             run.error(format!(
                 "client {t}: {} replies to {} calls",
@@ -412,7 +448,7 @@ fn client(t: usize, mut con: Connection, run: &Run) -> Tally {
             ));
             break;
         }
-        for (keys, reply) in sent.iter().zip(&replies) {
+        for (keys, reply) in sent.iter().zip(replies) {
             if keys.is_empty() {
                 if allowed_flag(reply) != Some(1) {
                     run.error(format!("client {t}: a new witness key replied {reply:?}"));
@@ -450,7 +486,8 @@ fn client(t: usize, mut con: Connection, run: &Run) -> Tally {
                 }
             }
         }
-        run.calls.fetch_add(sent.len() as u64, Ordering::Relaxed);
+        run.calls
+            .fetch_add(sent.len() as u64 + 1, Ordering::Relaxed);
         if run.wait_for_replica.load(Ordering::SeqCst) {
             // WAIT covers everything this connection wrote before it, including takes made
             // before the replica attached (the full sync carried those).
@@ -1027,9 +1064,13 @@ fn state_survives_reconfiguration_under_full_load() {
             .keys()
             .map(|k| redis::cmd("TYPE").arg(k).query(&mut lcon).expect("TYPE"))
             .collect();
+        let foreign: Vec<&String> = types
+            .iter()
+            .filter(|t| *t != "rl-bucket" && *t != "rl-htable")
+            .collect();
         assert!(
-            types.iter().all(|t| t == "rl-bucket"),
-            "the RDB holds non-bucket keys: {types:?}"
+            foreign.is_empty(),
+            "the RDB holds keys other than buckets and tables: {foreign:?}"
         );
         // A bucket that filled up between calls (a slow machine) has expired, so count only.
         let in_rdb = snap.keys().filter(|k| k.starts_with(b"chaos:")).count();
@@ -1124,7 +1165,12 @@ fn state_survives_reconfiguration_under_full_load() {
         .collect();
     sorted.extend(witnesses.iter().cloned());
     sorted.sort();
-    let held: Vec<Vec<u8>> = want.keys().cloned().collect();
+    // Tables are checked by the DUMP comparisons; this count is of buckets and witnesses.
+    let held: Vec<Vec<u8>> = want
+        .keys()
+        .filter(|k| !k.starts_with(b"chaos:table:"))
+        .cloned()
+        .collect();
     assert_eq!(
         held.len(),
         sorted.len(),

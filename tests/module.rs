@@ -373,7 +373,7 @@ fn every_command_states_its_complexity_and_version() {
     let server = Server::start();
     let mut con = server.conn();
     // The one command whose work grows with its arguments says how; the others are O(1).
-    // `since` is the release that added the command: RL.GCRA came in 0.2.0.
+    // `since` is the release that added the command: RL.GCRA came in 0.2.0, the tables in 0.3.0.
     let want = [
         ("RL.ACQUIRE", "O(1)", "0.1.0"),
         ("RL.PEEK", "O(1)", "0.1.0"),
@@ -382,6 +382,12 @@ fn every_command_states_its_complexity_and_version() {
         ("RL.REFUND", "O(1)", "0.1.0"),
         ("RL.SETSTATE", "O(1)", "0.1.0"),
         ("RL.ACQUIRE.MULTI", "O(N log N) ", "0.1.0"),
+        ("RL.HACQUIRE", "O(1) amortized", "0.3.0"),
+        ("RL.HPEEK", "O(1)", "0.3.0"),
+        ("RL.HREFUND", "O(1) amortized", "0.3.0"),
+        ("RL.HDEL", "O(N) ", "0.3.0"),
+        ("RL.HLEN", "O(1)", "0.3.0"),
+        ("RL.HSETSTATE", "O(N) ", "0.3.0"),
     ];
     for (name, prefix, since) in want {
         let docs: Value = redis::cmd("COMMAND")

@@ -6,7 +6,7 @@
 //! allocation). Corrupt payloads are refused without a crash, and what 0.1.0 wrote still
 //! loads as the same bucket: the checked-in v1 `DUMP`, RDB file and AOF file fixtures.
 //!
-//! Time: every bucket is at least 180 s from full (rates of 0.001 to 10 tokens/s with costs
+//! Time: every bucket is at least 180 s from full (rates of 0.0003 to 10 tokens/s with costs
 //! to match), so none refills or expires during a test, and the fixtures' states lie in the
 //! year 2100. Nothing here asserts a duration; the one reply that depends on the clock is
 //! checked against bounds read from `TIME`.
@@ -243,10 +243,10 @@ const FIXED_FRAC: u64 = 3 << 61;
 /// that change nothing, and checks each state is whole or fractional as `KEYS` says. Returns
 /// how many calls changed a bucket: each one propagates exactly one `RL.SETSTATE`.
 fn populate(con: &mut Connection) -> usize {
-    // Two integer takes at 1 token per 1000 s. 0.001 is not exactly 1/1000 as a double, so
-    // a token is not a whole number of nanoseconds.
-    assert_eq!(acquire(con, b"plain", "0.001", "10", Some("3"))[0], 1);
-    assert_eq!(acquire(con, b"plain", "0.001", "10", None)[0], 1);
+    // Two integer takes at 3 tokens per 10,000 s: a token is 3,333.33… s, not a whole
+    // number of nanoseconds.
+    assert_eq!(acquire(con, b"plain", "0.0003", "10", Some("3"))[0], 1);
+    assert_eq!(acquire(con, b"plain", "0.0003", "10", None)[0], 1);
     // A fractional cost at a rate that does not divide 1e9: 0.7 × 1e9/0.003 ns is not a whole
     // number of nanoseconds, let alone of milliseconds.
     assert_eq!(acquire(con, b"frac", "0.003", "10", Some("0.7"))[0], 1);
@@ -625,10 +625,13 @@ fn aof_keeps_exact_state(preamble: &str) {
 
     // (c) New changes on top of the rewritten base.
     assert_eq!(
-        acquire(&mut con, b"plain", "0.001", "10", Some("2.5"))[0],
+        acquire(&mut con, b"plain", "0.0003", "10", Some("2.5"))[0],
         1
     );
-    assert_eq!(acquire(&mut con, b"plain", "0.001", "10", Some("10"))[0], 0);
+    assert_eq!(
+        acquire(&mut con, b"plain", "0.0003", "10", Some("10"))[0],
+        0
+    );
     let after = snapshot(&mut con);
     assert_ne!(after, before);
     check_increment(&server, 1);
@@ -703,7 +706,7 @@ fn dump_restore_and_copy_keep_exact_state() {
     // The copies are independent: changing one leaves the original as it was. A fractional
     // state is updated in place in its allocation, so this shows COPY made another one.
     let takes: &[(&[u8], &str, &str)] = &[
-        (b"plain", "0.001", "10"),
+        (b"plain", "0.0003", "10"),
         (b"whole1", "1", "1000"),
         (b"third", "3", "3000"),
         (b"seventh", "7", "7000"),

@@ -207,13 +207,13 @@ fn replication_stream_carries_setstate_never_acquire() {
     let mut replica = replica_server.conn();
 
     let mix: &[Call] = &[
-        (b"s1", "0.001", "2", None, true),
-        (b"s1", "0.001", "2", None, true),
-        (b"s1", "0.001", "2", None, false), // denied
-        (b"s2", "0.01", "1.5", Some("0.5"), true),
-        (b"s2", "0.01", "1.5", Some("0"), true),  // cost 0
-        (b"s2", "0.01", "1.5", Some("2"), false), // cost above capacity
-        (BINARY_KEY, "0.001", "1", None, true),
+        (b"s1", "0.0003", "2", None, true),
+        (b"s1", "0.0003", "2", None, true),
+        (b"s1", "0.0003", "2", None, false), // denied
+        (b"s2", "0.003", "1.5", Some("0.5"), true),
+        (b"s2", "0.003", "1.5", Some("0"), true),  // cost 0
+        (b"s2", "0.003", "1.5", Some("2"), false), // cost above capacity
+        (BINARY_KEY, "0.0007", "1", None, true),
         (b"s3", "3", "3000", Some("1000"), true), // a fraction of a nanosecond
         (b"s3", "3", "3000", Some("1"), true),
         (b"s7", "7", "7000", Some("6999"), true),
@@ -253,7 +253,7 @@ fn replication_stream_carries_setstate_never_acquire() {
     // rounded up to a millisecond, as the master holds it. A state with a fraction of a
     // nanosecond carries it as a third argument; a whole one keeps 0.1.0's two.
     let keys: &[(&[u8], bool)] = &[
-        (b"s1", true), // 0.001 is not exactly 1/1000 as a double
+        (b"s1", true), // 0.0003/s: 3,333.33… s a token, not whole ns
         (b"s2", true),
         (BINARY_KEY, true),
         (b"s3", true),

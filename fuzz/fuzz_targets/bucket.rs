@@ -204,13 +204,24 @@ fn assert_holds(state: State, want_ns: &BigRational, ctx: &dyn Fn() -> String) {
 /// Whether the model's take at `now_us` would end outside what a state can hold: past 2262,
 /// or (only with a clock at the epoch) before the first nanosecond, since `full_at_ns` 0 is no
 /// state.
-fn beyond_state_range(model: &Model, now_us: u64, cost: f64) -> bool {
+fn beyond_state_range(model: &Model, now_us: u64, cost: f64, slack: &BigRational) -> bool {
     let mut taken = model.clone();
     taken.force_take(now_us, cost);
     taken.full_at_ns.is_some_and(|full_at| {
-        let whole = full_at.floor();
+        let whole = (full_at + slack).floor();
         whole > int(MAX_FULL_AT_NS) || whole < BigRational::one()
     })
+}
+
+/// Whether a denial must be impossible: taking `cost` after the retry it would promise (the
+/// stored instant, or up to 1 ms + 1 ns past it where `retry_after_ms` rounds up) could not
+/// be stored. 2 ns more of slack for the bucket's rounding up to a tick.
+fn retry_beyond_state_range(model: &Model, now_us: u64, cost: f64) -> bool {
+    let mut taken = model.clone();
+    taken.force_take(now_us, cost);
+    taken
+        .full_at_ns
+        .is_some_and(|full_at| full_at + int(1_000_003) > int(MAX_FULL_AT_NS) + BigRational::one())
 }
 
 fn model_outcome(reply: &Reply) -> Outcome {
@@ -300,7 +311,18 @@ impl Follow {
         }
         if d.outcome == Outcome::Impossible && reply.allowed == Some(true) {
             // The one impossibility the model does not know: a full_at no state can hold.
-            assert!(beyond_state_range(&self.model, now_us, c), "{}", ctx());
+            assert!(
+                beyond_state_range(&self.model, now_us, c, &self.slack(c)),
+                "{}",
+                ctx()
+            );
+        } else if d.outcome == Outcome::Impossible && reply.allowed == Some(false) {
+            // Nor one whose promised retry could not take: impossible at once.
+            assert!(
+                retry_beyond_state_range(&self.model, now_us, c),
+                "{}",
+                ctx()
+            );
         } else if self.exact_for(c) {
             assert_eq!(d.outcome, model_outcome(&reply), "{}", ctx());
             assert_eq!(d.remaining, reply.remaining, "remaining: {}", ctx());
@@ -311,6 +333,16 @@ impl Follow {
         }
         self.adopt(new.or(state));
         (d, new)
+    }
+
+    /// What the bucket may add to a take's instant: nothing for an exact cost, else the
+    /// rounding of `cost × T` up to a tick.
+    fn slack(&self, c: f64) -> BigRational {
+        if self.exact_for(c) {
+            BigRational::zero()
+        } else {
+            self.tick_ns.clone()
+        }
     }
 
     /// Fractional values: never laxer than the model, stricter by at most two ticks.
@@ -341,7 +373,17 @@ impl Follow {
             )
         };
         if p.outcome == Outcome::Impossible && reply.allowed == Some(true) {
-            assert!(beyond_state_range(&self.model, now_us, c), "{}", ctx());
+            assert!(
+                beyond_state_range(&self.model, now_us, c, &self.slack(c)),
+                "{}",
+                ctx()
+            );
+        } else if p.outcome == Outcome::Impossible && reply.allowed == Some(false) {
+            assert!(
+                retry_beyond_state_range(&self.model, now_us, c),
+                "{}",
+                ctx()
+            );
         } else if self.exact_for(c) {
             assert_eq!(p.outcome, model_outcome(&reply), "{}", ctx());
             assert_eq!(p.retry_after_ns, reply.retry_after_ns, "{}", ctx());

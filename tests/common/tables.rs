@@ -11,7 +11,7 @@ pub type Row = (&'static [&'static [u8]], &'static str);
 pub const ACQUIRE_ARITY: &str = "ERR wrong number of arguments for 'RL.ACQUIRE' command";
 pub const SETSTATE_ARITY: &str = "ERR wrong number of arguments for 'RL.SETSTATE' command";
 
-/// 400 nines: a valid decimal far beyond f64's range, so it parses to infinity.
+/// 400 nines: more significant digits than a decimal argument takes (38).
 pub const DIGITS_400: [u8; 400] = [b'9'; 400];
 
 /// Bad `RL.ACQUIRE` calls. The key is always `k`; the good values around the bad one are
@@ -24,30 +24,37 @@ pub const BAD_ACQUIRE: &[Row] = &[
     (&[b"k", b"1", b"10", b"1", b"1"], ACQUIRE_ARITY), // one argument too many
     (&[b"k", b"x", b"x", b"x", b"x", b"x"], ACQUIRE_ARITY), // arity is checked before values
     // --- rate
-    (&[b"k", b"x", b"10"], RATE),         // not a number
-    (&[b"k", b"", b"10"], RATE),          // empty string
-    (&[b"k", b"nan", b"10"], RATE),       // NaN, lower case
-    (&[b"k", b"NaN", b"10"], RATE),       // NaN, mixed case
-    (&[b"k", b"inf", b"10"], RATE),       // infinity spelled "inf"
-    (&[b"k", b"-inf", b"10"], RATE),      // negative infinity
-    (&[b"k", b"+inf", b"10"], RATE),      // signed infinity
-    (&[b"k", b"infinity", b"10"], RATE),  // infinity spelled out
-    (&[b"k", b"0.0000001", b"10"], RATE), // below the minimum of 0.000001/s
-    (&[b"k", b"1e10", b"10"], RATE),      // above the maximum of 1e9/s
-    (&[b"k", b"-1", b"10"], RATE),        // negative
-    (&[b"k", b"0", b"10"], RATE),         // zero: a bucket that never refills
-    (&[b"k", b"-0", b"10"], RATE),        // negative zero is zero
-    (&[b"k", b"1e999", b"10"], RATE),     // overflows to infinity
-    (&[b"k", &DIGITS_400, b"10"], RATE),  // 400 digits overflow to infinity
-    (&[b"k", b"1e-400", b"10"], RATE),    // underflows to zero
-    (&[b"k", b"1x", b"10"], RATE),        // trailing junk
-    (&[b"k", b"1 ", b"10"], RATE),        // trailing space
-    (&[b"k", b" 1", b"10"], RATE),        // leading space
-    (&[b"k", b"0x10", b"10"], RATE),      // hex
-    (&[b"k", b"\xff\xfe", b"10"], RATE),  // not UTF-8
-    (&[b"k", b"1\xff", b"10"], RATE),     // a digit, then a non-UTF-8 byte
-    (&[b"k", b"1,5", b"10"], RATE),       // decimal comma
-    (&[b"k", b"1..5", b"10"], RATE),      // two decimal points
+    (&[b"k", b"x", b"10"], RATE),            // not a number
+    (&[b"k", b"", b"10"], RATE),             // empty string
+    (&[b"k", b"nan", b"10"], RATE),          // NaN, lower case
+    (&[b"k", b"NaN", b"10"], RATE),          // NaN, mixed case
+    (&[b"k", b"inf", b"10"], RATE),          // infinity spelled "inf"
+    (&[b"k", b"-inf", b"10"], RATE),         // negative infinity
+    (&[b"k", b"+inf", b"10"], RATE),         // signed infinity
+    (&[b"k", b"infinity", b"10"], RATE),     // infinity spelled out
+    (&[b"k", b"0.0000001", b"10"], RATE),    // below the minimum of 0.000001/s
+    (&[b"k", b"1e10", b"10"], RATE),         // above the maximum of 1e9/s
+    (&[b"k", b"-1", b"10"], RATE),           // negative
+    (&[b"k", b"0", b"10"], RATE),            // zero: a bucket that never refills
+    (&[b"k", b"-0", b"10"], RATE),           // negative zero is zero
+    (&[b"k", b"1e999", b"10"], RATE),        // far above the maximum
+    (&[b"k", &DIGITS_400, b"10"], RATE),     // 400 significant digits: more than 38
+    (&[b"k", b"1e-400", b"10"], RATE),       // underflows to zero
+    (&[b"k", b"1x", b"10"], RATE),           // trailing junk
+    (&[b"k", b"1 ", b"10"], RATE),           // trailing space
+    (&[b"k", b" 1", b"10"], RATE),           // leading space
+    (&[b"k", b"0x10", b"10"], RATE),         // hex
+    (&[b"k", b"\xff\xfe", b"10"], RATE),     // not UTF-8
+    (&[b"k", b"1\xff", b"10"], RATE),        // a digit, then a non-UTF-8 byte
+    (&[b"k", b"1,5", b"10"], RATE),          // decimal comma
+    (&[b"k", b"1..5", b"10"], RATE),         // two decimal points
+    (&[b"k", b"1/0", b"10"], RATE),          // N/S with a zero period
+    (&[b"k", b"0/1", b"10"], RATE),          // N/S with no tokens
+    (&[b"k", b"1/", b"10"], RATE),           // N/S without S
+    (&[b"k", b"/1", b"10"], RATE),           // N/S without N
+    (&[b"k", b"1/2/3", b"10"], RATE),        // two slashes
+    (&[b"k", b"1/1000001", b"10"], RATE),    // N/S just below the minimum, exactly
+    (&[b"k", b"1000000001/1", b"10"], RATE), // N/S above the maximum
     // --- capacity
     (&[b"k", b"1", b"x"], CAPACITY),        // not a number
     (&[b"k", b"1", b""], CAPACITY),         // empty string
@@ -60,8 +67,8 @@ pub const BAD_ACQUIRE: &[Row] = &[
     (&[b"k", b"1", b"1e16"], CAPACITY),     // above the maximum of 1e15
     (&[b"k", b"1", b"-1"], CAPACITY),       // negative
     (&[b"k", b"1", b"0"], CAPACITY),        // zero: a bucket that holds nothing
-    (&[b"k", b"1", b"1e999"], CAPACITY),    // overflows to infinity
-    (&[b"k", b"1", &DIGITS_400], CAPACITY), // 400 digits overflow to infinity
+    (&[b"k", b"1", b"1e999"], CAPACITY),    // far above the maximum
+    (&[b"k", b"1", &DIGITS_400], CAPACITY), // 400 significant digits: more than 38
     (&[b"k", b"1", b"1x"], CAPACITY),       // trailing junk
     (&[b"k", b"1", b"1 "], CAPACITY),       // trailing space
     (&[b"k", b"1", b" 1"], CAPACITY),       // leading space
@@ -79,9 +86,18 @@ pub const BAD_ACQUIRE: &[Row] = &[
     (&[b"k", b"1", b"10", b"infinity"], COST), // infinity spelled out
     (&[b"k", b"1", b"10", b"-1"], COST),       // negative
     (&[b"k", b"1", b"10", b"-0.5"], COST),     // negative fraction
-    (&[b"k", b"1", b"10", b"1e999"], COST),    // overflows to infinity
-    (&[b"k", b"1", b"10", b"-1e999"], COST),   // overflows to negative infinity
-    (&[b"k", b"1", b"10", &DIGITS_400], COST), // 400 digits overflow to infinity
+    (
+        &[
+            b"k",
+            b"1",
+            b"10",
+            b"1.00000000000000000000000000000000000001",
+        ],
+        COST,
+    ), // 39 digits
+    (&[b"k", b"1", b"10", b"1/2"], COST),      // only a rate may be N/S
+    (&[b"k", b"1", b"10", b"-1e999"], COST),   // negative
+    (&[b"k", b"1", b"10", &DIGITS_400], COST), // 400 significant digits: more than 38
     (&[b"k", b"1", b"10", b"1x"], COST),       // trailing junk
     (&[b"k", b"1", b"10", b"1 "], COST),       // trailing space
     (&[b"k", b"1", b"10", b" 1"], COST),       // leading space

@@ -1,6 +1,6 @@
 // The call into Redis, for either client: ioredis (Redis, Cluster) or node-redis (v4/v5
 // createClient, createCluster). One method, send(args, key), returning the raw reply; key
-// routes the command in a cluster.
+// routes the command in a cluster. A cluster also gives masters(): each master's send, for SCAN.
 
 import { createHash } from "node:crypto";
 
@@ -24,6 +24,10 @@ export function adapt(client) {
     return {
       cluster: client.isCluster === true,
       send: (args) => client.call(args[0], ...args.slice(1)),
+      // Each master's send, for a command without a key (SCAN) that must reach them all.
+      masters: client.isCluster === true
+        ? async () => client.nodes("master").map((node) => (args) => node.call(args[0], ...args.slice(1)))
+        : null,
     };
   }
   if (client && typeof client.sendCommand === "function") {
@@ -33,6 +37,12 @@ export function adapt(client) {
       send: isCluster
         ? (args, key) => client.sendCommand(key, false, args)
         : (args) => client.sendCommand(args),
+      masters: isCluster
+        ? async () => Promise.all((client.masters ?? client.getMasters()).map(async (node) => {
+          const nodeClient = await client.nodeClient(node);
+          return (args) => nodeClient.sendCommand(args);
+        }))
+        : null,
     };
   }
   throw new TypeError("redis-rl: pass an ioredis client (Redis or Cluster) or a node-redis client or cluster");

@@ -109,6 +109,8 @@ export class Limiter {
   acquireAll(items: Item[]): Promise<MultiDecision>;
   /** Gives tokens back and clears the deny cache's entry for `key`. */
   refund(key: string, limit: Limit, cost?: number): Promise<Refund>;
+  /** A bucket table of this limiter, over `shards` (default 1) tables `name:{0}` …. */
+  table(name: string, shards?: number): Table;
   /** Takes `cost` tokens once the bucket holds them; rejects with WaitTimeoutError after
    * `timeoutMs`, WaitNeverError at once when cost > capacity, the signal's reason on abort
    * (holding no tokens). */
@@ -131,6 +133,36 @@ export class WaitTimeoutError extends Error {
 /** The cost exceeds the limit's capacity: no wait can help. */
 export class WaitNeverError extends Error {
   readonly decision: Decision;
+}
+
+/** The most shards a table may be spread over (the number of cluster slots). */
+export const MAX_SHARDS: number;
+/** The shard of `field`: the first 8 bytes of SHA-1 over its UTF-8 bytes, big-endian, mod `shards`. */
+export function shardOf(field: string, shards: number): number;
+
+/** One field's bucket: its table key `name:{i}`, the field, and its fallback key `name:{i}:field`. */
+export interface TableBucket {
+  readonly table: string;
+  readonly field: string;
+  readonly key: string;
+}
+
+/** A limit's buckets named by field, over `shards` tables; made by `limiter.table(name, shards)`.
+ * The same policy, deny cache and module detection as the limiter that made it. */
+export class Table {
+  constructor(limiter: Limiter, name: string, shards?: number);
+  readonly name: string;
+  readonly shards: number;
+  /** The table key of one shard: `name:{shard}`. */
+  key(shard: number): string;
+  bucket(field: string): TableBucket;
+  acquire(field: string, limit: Limit, cost?: number): Promise<Decision>;
+  peek(field: string, limit: Limit, cost?: number): Promise<Decision>;
+  refund(field: string, limit: Limit, cost?: number): Promise<Refund>;
+  /** Resets the buckets (full again); how many were live. Rejects when Redis cannot answer. */
+  delete(...fields: string[]): Promise<number>;
+  /** Live buckets over all the shards. Rejects when Redis cannot answer. */
+  len(): Promise<number>;
 }
 
 export class LocalBuckets {

@@ -10,9 +10,11 @@ import { readFileSync } from "node:fs";
 import { performance } from "node:perf_hooks";
 import { LocalBuckets, Q, fromDecimal, numberText } from "./bucket.js";
 import { adapt, isReplyError, sha1 } from "./adapter.js";
+import { Table } from "./table.js";
 import { wait } from "./wait.js";
 
 export { LocalBuckets } from "./bucket.js";
+export { Table, shardOf, MAX_SHARDS } from "./table.js";
 export { WaitNeverError, WaitTimeoutError } from "./wait.js";
 
 const SCRIPT = readFileSync(new URL("./rl.lua", import.meta.url), "utf8");
@@ -319,8 +321,16 @@ export class Limiter {
 
   // The API ---------------------------------------------------------------------------------
 
-  /** Takes `cost` tokens (default 1) from bucket `key` of `limit`. */
-  async acquire(key, limit, cost = 1) {
+  /** A bucket table of this limiter: `shards` tables `name:{0}` … (src/table.js). */
+  table(name, shards = 1) {
+    return new Table(this, name, shards);
+  }
+
+  /**
+   * Takes `cost` tokens (default 1) from bucket `key` of `limit`. `route` is a bucket table's
+   * {table, field} (src/table.js), `key` then being the field's fallback key.
+   */
+  async acquire(key, limit, cost = 1, route = undefined) {
     cost = checkCost(cost);
     const hit = this.cached(key, limit, cost);
     if (hit) return hit;
@@ -328,7 +338,7 @@ export class Limiter {
     const sentAt = this.clock();
     let reply;
     try {
-      reply = await this.call("acquire", [[key, limit, cost]]);
+      reply = await this.call("acquire", [[key, limit, cost, route]]);
     } catch (error) {
       if (!isUnavailable(error)) throw error;
       this.failed(error);
@@ -342,12 +352,12 @@ export class Limiter {
   }
 
   /** What acquire would decide for `cost`, taking nothing. */
-  async peek(key, limit, cost = 1) {
+  async peek(key, limit, cost = 1, route = undefined) {
     cost = checkCost(cost);
     if (this.skipRedis()) return this.policyAcquire(key, limit, cost, false);
     let reply;
     try {
-      reply = await this.call("peek", [[key, limit, cost]]);
+      reply = await this.call("peek", [[key, limit, cost, route]]);
     } catch (error) {
       if (!isUnavailable(error)) throw error;
       this.failed(error);
@@ -388,13 +398,13 @@ export class Limiter {
   }
 
   /** Gives `cost` tokens back and clears the deny cache's entry for `key`. */
-  async refund(key, limit, cost = 1) {
+  async refund(key, limit, cost = 1, route = undefined) {
     cost = checkCost(cost);
     this.cache.delete(key);
     if (this.skipRedis()) return this.policyRefund(key, limit, cost);
     let reply;
     try {
-      reply = await this.call("refund", [[key, limit, cost]]);
+      reply = await this.call("refund", [[key, limit, cost, route]]);
     } catch (error) {
       if (!isUnavailable(error)) throw error;
       this.failed(error);
@@ -413,11 +423,15 @@ export class Limiter {
 
   /** Runs `op` under the deadline. */
   async call(op, items) {
+    return this.deadline(this.callUnbounded(op, items));
+  }
+
+  /** Awaits `work` for at most timeoutMs; a reply after that is dropped. */
+  async deadline(work) {
     let timer;
     const deadline = new Promise((_, reject) => {
       timer = setTimeout(() => reject(new DeadlineError(`no reply within ${this.timeoutMs} ms`)), this.timeoutMs);
     });
-    const work = this.callUnbounded(op, items);
     work.catch(() => {}); // a reply after the deadline is dropped
     try {
       return await Promise.race([work, deadline]);
@@ -456,9 +470,14 @@ export class Limiter {
   async send(op, items) {
     const firstKey = items[0][0];
     if (this.path === "module") {
-      const name = { acquire: "RL.ACQUIRE", peek: "RL.PEEK", refund: "RL.REFUND", multi: "RL.ACQUIRE.MULTI" }[op];
+      const route = items[0][3]; // a bucket table's field: RL.H* on its table
+      const name = route
+        ? { acquire: "RL.HACQUIRE", peek: "RL.HPEEK", refund: "RL.HREFUND" }[op]
+        : { acquire: "RL.ACQUIRE", peek: "RL.PEEK", refund: "RL.REFUND", multi: "RL.ACQUIRE.MULTI" }[op];
       const args = [name];
-      for (const [key, limit, cost] of items) args.push(key, ...limit.args(), numberArg(cost));
+      for (const [key, limit, cost] of items) {
+        args.push(...(route ? [route.table, route.field] : [key]), ...limit.args(), numberArg(cost));
+      }
       return this.redis.send(args, firstKey);
     }
     const args = [String(items.length), ...items.map(([key]) => key), op];

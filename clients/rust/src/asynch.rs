@@ -61,7 +61,7 @@ impl<C: ConnectionLike + Clone + Send + Sync> AsyncLimiter<C> {
     /// # Errors
     /// As for [`crate::Limiter::acquire`].
     pub async fn acquire(&self, key: &str, limit: &Limit, cost: f64) -> Result<Decision, Error> {
-        self.decide(key, limit, cost, true).await
+        self.decide(Op::Acquire, key, limit, cost).await
     }
 
     /// What [`AsyncLimiter::acquire`] would decide for `cost`, taking nothing.
@@ -69,21 +69,22 @@ impl<C: ConnectionLike + Clone + Send + Sync> AsyncLimiter<C> {
     /// # Errors
     /// As for [`crate::Limiter::acquire`].
     pub async fn peek(&self, key: &str, limit: &Limit, cost: f64) -> Result<Decision, Error> {
-        self.decide(key, limit, cost, false).await
+        self.decide(Op::Peek, key, limit, cost).await
     }
 
-    async fn decide(
+    /// An acquire or a peek (`op`), of a key or of a table's field (`crate::table`).
+    pub(crate) async fn decide(
         &self,
+        op: Op,
         key: &str,
         limit: &Limit,
         cost: f64,
-        take: bool,
     ) -> Result<Decision, Error> {
         let cost = check_cost(cost)?;
+        let take = op.takes();
         if let Some(decision) = self.engine.before(key, limit, cost, take) {
             return Ok(decision);
         }
-        let op = if take { Op::Acquire } else { Op::Peek };
         let sent_at = Instant::now();
         let result = self.call(op, &[(key, *limit, cost)]).await;
         self.engine.after(result, (key, limit, cost), take, sent_at)
@@ -116,12 +117,44 @@ impl<C: ConnectionLike + Clone + Send + Sync> AsyncLimiter<C> {
     /// # Errors
     /// As for [`crate::Limiter::acquire`].
     pub async fn refund(&self, key: &str, limit: &Limit, cost: f64) -> Result<Refund, Error> {
+        self.give_back(Op::Refund, key, limit, cost).await
+    }
+
+    /// A refund (`op`), of a key or of a table's field.
+    pub(crate) async fn give_back(
+        &self,
+        op: Op,
+        key: &str,
+        limit: &Limit,
+        cost: f64,
+    ) -> Result<Refund, Error> {
         let cost = check_cost(cost)?;
         if let Some(refund) = self.engine.before_refund(key, limit, cost) {
             return Ok(refund);
         }
-        let result = self.call(Op::Refund, &[(key, *limit, cost)]).await;
+        let result = self.call(op, &[(key, *limit, cost)]).await;
         self.engine.after_refund(result, (key, limit, cost))
+    }
+
+    /// The engine, for a table's calls that are not decisions.
+    pub(crate) fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// A connection with the detected path (detecting it first) and the deadline, for a
+    /// table's calls that are not decisions.
+    pub(crate) async fn connection_with_path(&self) -> Result<(C, Path), CallError> {
+        let mut connection = self.connection.clone();
+        let path = match self.engine.ready()? {
+            Some(path) => path,
+            None => {
+                let deadline = self.engine.options.timeout;
+                tokio::time::timeout(deadline, self.detect(&mut connection))
+                    .await
+                    .map_err(|_| CallError::Timeout)??
+            }
+        };
+        Ok((connection, path))
     }
 
     // The call into Redis ------------------------------------------------------------------

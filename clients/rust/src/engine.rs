@@ -18,12 +18,26 @@ use crate::types::{
 };
 
 /// What a call asks for.
+///
+/// The `H` ops are a bucket table's field (`crate::table`): the item's key is then the field's
+/// fallback key `name:{i}:field`, which the Lua path uses as it is and the module path splits
+/// back into the table `name:{i}` and the field (a table's name holds no brace).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Op {
     Acquire,
     Peek,
     Refund,
     Multi,
+    HAcquire,
+    HPeek,
+    HRefund,
+}
+
+impl Op {
+    /// Whether a decision of this op takes tokens (and so may be remembered by the shield).
+    pub(crate) fn takes(self) -> bool {
+        matches!(self, Op::Acquire | Op::HAcquire)
+    }
 }
 
 /// How Redis is reached, once detected.
@@ -212,6 +226,14 @@ impl Engine {
 
     pub(crate) fn forget(&self, key: &str) {
         self.lock().cache.forget(key);
+    }
+
+    /// A bucket reset elsewhere (a table's delete) is full: drops its deny-cache entry and its
+    /// local bucket.
+    pub(crate) fn reset(&self, key: &str) {
+        let mut inner = self.lock();
+        inner.cache.forget(key);
+        inner.local.forget(key);
     }
 
     // The failure policy -------------------------------------------------------------------
@@ -523,20 +545,29 @@ impl Engine {
                 Op::Peek => "RL.PEEK",
                 Op::Refund => "RL.REFUND",
                 Op::Multi => "RL.ACQUIRE.MULTI",
+                Op::HAcquire => "RL.HACQUIRE",
+                Op::HPeek => "RL.HPEEK",
+                Op::HRefund => "RL.HREFUND",
             };
             let mut cmd = redis::cmd(name);
             for (key, limit, cost) in items {
-                cmd.arg(*key)
-                    .arg(number(limit.rate_per_s()))
-                    .arg(number(limit.capacity()))
-                    .arg(number(*cost));
+                match op {
+                    Op::HAcquire | Op::HPeek | Op::HRefund => {
+                        let (table, field) = crate::table::split_fallback_key(key);
+                        cmd.arg(table).arg(field)
+                    }
+                    _ => cmd.arg(*key),
+                }
+                .arg(number(limit.rate_per_s()))
+                .arg(number(limit.capacity()))
+                .arg(number(*cost));
             }
             return cmd;
         }
         let mode = match op {
-            Op::Acquire => "acquire",
-            Op::Peek => "peek",
-            Op::Refund => "refund",
+            Op::Acquire | Op::HAcquire => "acquire",
+            Op::Peek | Op::HPeek => "peek",
+            Op::Refund | Op::HRefund => "refund",
             Op::Multi => "multi",
         };
         let mut cmd = redis::cmd("EVALSHA");
@@ -546,7 +577,7 @@ impl Engine {
         }
         cmd.arg(mode);
         for (_, limit, cost) in items {
-            for arg in script::args(limit, *cost, op == Op::Refund) {
+            for arg in script::args(limit, *cost, matches!(op, Op::Refund | Op::HRefund)) {
                 cmd.arg(arg);
             }
         }

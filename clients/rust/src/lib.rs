@@ -44,13 +44,15 @@
 //! `types` the values; `engine` the rules shared by both limiters (no I/O); `sync` the
 //! blocking [`Limiter`] on a `redis::Client` or `ClusterClient`; `asynch` the tokio
 //! [`AsyncLimiter`]; `local` the bounded local buckets and deny cache; `script` the Lua
-//! script and its arguments.
+//! script and its arguments; `table` the bucket tables ([`Limiter::table`]: a limit's fields
+//! over `shards` keys).
 
 mod asynch;
 mod engine;
 mod local;
 mod script;
 mod sync;
+mod table;
 mod types;
 mod wait;
 
@@ -61,6 +63,7 @@ pub mod layer;
 pub use asynch::AsyncLimiter;
 pub use engine::Path;
 pub use sync::{Connect, Limiter};
+pub use table::{shard_of, AsyncTable, Table, MAX_SHARDS};
 pub use types::{
     Counters, Decision, Error, Limit, MultiDecision, OnError, Options, Refund, Source,
     WithoutModule, CLOSED_RETRY_AFTER_MS, DEFAULT_DENY_CACHE_ENTRIES,

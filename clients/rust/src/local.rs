@@ -151,6 +151,11 @@ impl LocalBuckets {
         limit.share(self.instances)
     }
 
+    /// Drops the bucket of `key`: it is full again.
+    pub(crate) fn forget(&mut self, key: &str) {
+        self.states.remove(key);
+    }
+
     pub(crate) fn acquire(
         &mut self,
         key: &str,

@@ -97,7 +97,7 @@ impl<K: Connect> Limiter<K> {
     /// `WithoutModule::Refuse`; [`Error::Redis`] for an error reply the failure policy does
     /// not cover (WRONGTYPE). Outages are decided by the policy, not returned.
     pub fn acquire(&self, key: &str, limit: &Limit, cost: f64) -> Result<Decision, Error> {
-        self.decide(key, limit, cost, true)
+        self.decide(Op::Acquire, key, limit, cost)
     }
 
     /// What [`Limiter::acquire`] would decide for `cost`, taking nothing.
@@ -105,15 +105,22 @@ impl<K: Connect> Limiter<K> {
     /// # Errors
     /// As for [`Limiter::acquire`].
     pub fn peek(&self, key: &str, limit: &Limit, cost: f64) -> Result<Decision, Error> {
-        self.decide(key, limit, cost, false)
+        self.decide(Op::Peek, key, limit, cost)
     }
 
-    fn decide(&self, key: &str, limit: &Limit, cost: f64, take: bool) -> Result<Decision, Error> {
+    /// An acquire or a peek (`op`), of a key or of a table's field (`crate::table`).
+    pub(crate) fn decide(
+        &self,
+        op: Op,
+        key: &str,
+        limit: &Limit,
+        cost: f64,
+    ) -> Result<Decision, Error> {
         let cost = check_cost(cost)?;
+        let take = op.takes();
         if let Some(decision) = self.engine.before(key, limit, cost, take) {
             return Ok(decision);
         }
-        let op = if take { Op::Acquire } else { Op::Peek };
         let sent_at = Instant::now();
         let result = self.call(op, &[(key, *limit, cost)]);
         self.engine.after(result, (key, limit, cost), take, sent_at)
@@ -148,12 +155,28 @@ impl<K: Connect> Limiter<K> {
     /// # Errors
     /// As for [`Limiter::acquire`].
     pub fn refund(&self, key: &str, limit: &Limit, cost: f64) -> Result<Refund, Error> {
+        self.give_back(Op::Refund, key, limit, cost)
+    }
+
+    /// A refund (`op`), of a key or of a table's field.
+    pub(crate) fn give_back(
+        &self,
+        op: Op,
+        key: &str,
+        limit: &Limit,
+        cost: f64,
+    ) -> Result<Refund, Error> {
         let cost = check_cost(cost)?;
         if let Some(refund) = self.engine.before_refund(key, limit, cost) {
             return Ok(refund);
         }
-        let result = self.call(Op::Refund, &[(key, *limit, cost)]);
+        let result = self.call(op, &[(key, *limit, cost)]);
         self.engine.after_refund(result, (key, limit, cost))
+    }
+
+    /// The engine, for a table's calls that are not decisions.
+    pub(crate) fn engine(&self) -> &Engine {
+        &self.engine
     }
 
     // The call into Redis ------------------------------------------------------------------
@@ -165,11 +188,20 @@ impl<K: Connect> Limiter<K> {
     }
 
     fn call(&self, op: Op, items: &[(&str, Limit, f64)]) -> Result<Value, CallError> {
+        self.with_connection(|connection| self.call_on(connection, op, items))
+    }
+
+    /// Runs `work` on the connection, connecting first if there is none, and drops it when
+    /// Redis is unavailable so the next try connects again.
+    fn with_connection<T>(
+        &self,
+        work: impl FnOnce(&mut K::Connection) -> Result<T, CallError>,
+    ) -> Result<T, CallError> {
         let mut slot = self.lock();
         let result = match slot.as_mut() {
-            Some(connection) => self.call_on(connection, op, items),
+            Some(connection) => work(connection),
             None => match self.connector.connect(self.engine.options.timeout) {
-                Ok(connection) => self.call_on(slot.insert(connection), op, items),
+                Ok(connection) => work(slot.insert(connection)),
                 Err(e) => Err(CallError::Redis(e)),
             },
         };
@@ -177,6 +209,21 @@ impl<K: Connect> Limiter<K> {
             *slot = None; // connect again on the next try
         }
         result
+    }
+
+    /// Runs `work` with the detected path (detecting it first), for a table's calls that are
+    /// not decisions: what it returns, errors and all, goes back to the caller as it is.
+    pub(crate) fn with_path<T>(
+        &self,
+        work: impl FnOnce(&mut K::Connection, Path) -> Result<T, CallError>,
+    ) -> Result<T, CallError> {
+        self.with_connection(|connection| {
+            let path = match self.engine.ready()? {
+                Some(path) => path,
+                None => self.detect(connection)?,
+            };
+            work(connection, path)
+        })
     }
 
     fn call_on(

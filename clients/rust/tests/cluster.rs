@@ -12,7 +12,7 @@ use std::thread::sleep;
 use std::time::{Duration, Instant};
 
 use redis::cluster::ClusterClient;
-use redis_rl_client::{AsyncLimiter, Error, Limit, Limiter, OnError, Options, Source};
+use redis_rl_client::{shard_of, AsyncLimiter, Error, Limit, Limiter, OnError, Options, Source};
 use rl_testkit::cluster::{cli_binary, start_cluster_node, Cluster};
 use rl_testkit::Server;
 
@@ -220,4 +220,43 @@ fn the_lua_path_works_on_a_cluster_without_the_module() {
             assert_eq!(limiter.refund(key, &limit, 1.0).await.unwrap().remaining, 1);
         }
     });
+}
+
+#[test]
+fn a_tables_fallback_keys_stay_in_their_shards_slot_on_a_plain_cluster() {
+    let nodes = plain_cluster();
+    let limit = Limit::new(0.001, 1.0).unwrap();
+    let limiter = Limiter::new(
+        cluster_client(nodes.iter().map(|n| n.port)),
+        Options::new(OnError::Closed).timeout(Duration::from_secs(2)),
+    );
+    let table = limiter.table("ip", 16).unwrap();
+    let fields: Vec<String> = (0..32).map(|n| format!("203.0.113.{n}")).collect();
+    for field in &fields {
+        let d = table.acquire(field, &limit, 1.0).unwrap();
+        assert_eq!((d.allowed, d.source), (true, Source::Lua), "{field}");
+        assert!(
+            !table.acquire(field, &limit, 1.0).unwrap().allowed,
+            "{field}"
+        );
+        // The fallback key shares its table key's hash tag, so its slot.
+        let slot = |key: String| -> i64 {
+            let client = redis::Client::open(format!("redis://127.0.0.1:{}/", nodes[0].port));
+            let mut con = client.unwrap().get_connection().unwrap();
+            redis::cmd("CLUSTER")
+                .arg("KEYSLOT")
+                .arg(key)
+                .query(&mut con)
+                .unwrap()
+        };
+        let fallback = table.fallback_key(field);
+        assert!(fallback.starts_with(&table.key(shard_of(field, 16))));
+        assert_eq!(slot(fallback), slot(table.key(shard_of(field, 16))));
+    }
+    // DEL of one shard's fallback keys is one slot's command: no CROSSSLOT.
+    let all: Vec<&str> = fields.iter().map(String::as_str).collect();
+    assert_eq!(table.delete(&all).unwrap(), 32);
+    assert!(table.acquire(&fields[0], &limit, 1.0).unwrap().allowed);
+    // Counting needs SCAN on a shard's node, which a cluster connection cannot aim: refused.
+    assert!(matches!(table.len(), Err(Error::Invalid(_))));
 }

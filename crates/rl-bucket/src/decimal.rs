@@ -26,9 +26,13 @@ pub(crate) enum Round {
     Up,
 }
 
-/// Exponents are clamped here: far beyond every range the bucket checks, and still safe to add
-/// digit counts to without overflow.
-const EXP_LIMIT: i64 = 1 << 30;
+/// The largest exponent magnitude a decimal may have, `10^±999999999`: far beyond every range,
+/// and small enough that sums of two exponents and a digit count fit an `i32`. Beyond it the
+/// text is refused, never clamped: a clamped exponent would change the ratio `N/S` of two huge
+/// (or tiny) decimals.
+pub const MAX_EXP10: i64 = 999_999_999;
+/// Exponent digits are read saturating here, safely past [`MAX_EXP10`].
+const EXP_SATURATE: i64 = 1 << 40;
 
 impl Decimal {
     /// Zero.
@@ -58,8 +62,9 @@ impl Decimal {
     /// Parses a plain decimal: an optional `+`, digits with at most one `.` (at least one digit
     /// on either side), and an optional exponent `e`/`E` with an optional sign. `-` is taken
     /// only for zero (`-0` is 0, as the double parser took it). `None` for anything else:
-    /// empty input, whitespace, `inf`, `nan`, hex, a negative number, or more than
-    /// [`MAX_DIGITS`] significant digits (leading and trailing zeros do not count).
+    /// empty input, whitespace, `inf`, `nan`, hex, a negative number, more than
+    /// [`MAX_DIGITS`] significant digits (leading and trailing zeros do not count), or a
+    /// nonzero value beyond `10^±999999999` ([`MAX_EXP10`]).
     pub fn parse(bytes: &[u8]) -> Option<Decimal> {
         let (negative, rest) = match bytes.split_first() {
             Some((b'+', rest)) => (false, rest),
@@ -111,7 +116,7 @@ impl Decimal {
                     return None;
                 }
                 sign * text.iter().fold(0i64, |acc, &b| {
-                    (acc * 10 + i64::from(b - b'0')).min(EXP_LIMIT)
+                    (acc * 10 + i64::from(b - b'0')).min(EXP_SATURATE)
                 })
             }
         };
@@ -122,7 +127,10 @@ impl Decimal {
             return None;
         }
         let frac_len = i64::try_from(frac_part.len()).ok()?;
-        let exp10 = (zeros + exponent - frac_len).clamp(-EXP_LIMIT, EXP_LIMIT);
+        let exp10 = zeros + exponent - frac_len;
+        if exp10.abs() > MAX_EXP10 {
+            return None;
+        }
         Some(Decimal {
             digits,
             exp10: i32::try_from(exp10).ok()?,
@@ -173,6 +181,12 @@ impl Decimal {
             digits: self.digits,
             exp10: self.exp10.saturating_add(by),
         }
+    }
+
+    /// `(digits, exp10)`: the value is `digits × 10^exp10`, with no trailing zeros in
+    /// `digits` (zero is `(0, 0)`).
+    pub fn parts(self) -> (u128, i32) {
+        (self.digits, self.exp10)
     }
 
     pub(crate) fn digits(self) -> u128 {

@@ -76,9 +76,9 @@
 //!   `cost × T` up to a whole tick, from the exact decimals. A decision is at most two ticks
 //!   (under 2 ns of refill) stricter than the model and never laxer.
 //! - **A refund** gives back `cost × T` rounded down to a tick: never more than asked.
-//! - **A denial near 2262.** If taking `cost` at the promised retry would store an instant
-//!   past [`MAX_FULL_AT_NS`], the request is [`Outcome::Impossible`] now, rather than a
-//!   promise that the retry would break.
+//! - **A denial near 2262.** If taking `cost` after the promised `retry_after_ms` would
+//!   store an instant past [`MAX_FULL_AT_NS`], the request is [`Outcome::Impossible`] now,
+//!   rather than a promise that the retry would break.
 //!
 //! Other properties:
 //!
@@ -151,6 +151,8 @@ pub struct Limit {
     ticks_per_ns: u64,
     /// `capacity × T` in ticks, rounded down (exact for an integer capacity).
     capacity_ticks: u128,
+    /// Whether one token fits the capacity: the default cost, checked once here.
+    holds_one: bool,
 }
 
 /// Which half of a limit was out of range.
@@ -201,7 +203,7 @@ impl Limit {
         let (tokens, period_s) = parse_rate(rate).ok_or(LimitError::Rate)?;
         rate_in_range(tokens, period_s)?;
         let capacity = Decimal::parse(capacity).ok_or(LimitError::Capacity)?;
-        Self::from_decimals(tokens, period_s, capacity)
+        Self::build(tokens, period_s, capacity)
     }
 
     /// A limit of `tokens` every `period_s` seconds and a burst of `capacity`, all exact
@@ -216,6 +218,11 @@ impl Limit {
         capacity: Decimal,
     ) -> Result<Self, LimitError> {
         rate_in_range(tokens, period_s)?;
+        Self::build(tokens, period_s, capacity)
+    }
+
+    /// [`Limit::from_decimals`] for a rate already checked by [`rate_in_range`].
+    fn build(tokens: Decimal, period_s: Decimal, capacity: Decimal) -> Result<Self, LimitError> {
         if capacity.is_zero() || capacity > Decimal::from_int(MAX_CAPACITY_TOKENS) {
             return Err(LimitError::Capacity);
         }
@@ -251,6 +258,7 @@ impl Limit {
             ticks_per_token,
             ticks_per_ns,
             capacity_ticks,
+            holds_one: capacity >= Decimal::ONE,
         })
     }
 
@@ -268,7 +276,7 @@ impl Limit {
         let rate = Decimal::from_f64(rate_per_s).ok_or(LimitError::Rate)?;
         rate_in_range(rate, Decimal::ONE)?;
         let capacity = Decimal::from_f64(capacity).ok_or(LimitError::Capacity)?;
-        Self::from_decimals(rate, Decimal::ONE, capacity)
+        Self::build(rate, Decimal::ONE, capacity)
     }
 
     /// Builds a limit of `tokens` every `period_ns` nanoseconds, exactly: "3 per 10 s" is
@@ -283,7 +291,7 @@ impl Limit {
         );
         rate_in_range(tokens, period_s)?;
         let capacity = Decimal::from_f64(capacity).ok_or(LimitError::Capacity)?;
-        Self::from_decimals(tokens, period_s, capacity)
+        Self::build(tokens, period_s, capacity)
     }
 
     /// Tokens added per second, as the nearest double (for display; the bucket uses the exact
@@ -316,7 +324,7 @@ impl Limit {
     fn cost_ticks(&self, cost: Cost) -> Option<u128> {
         // One token is the common case, and exact without the general product.
         if cost == Cost::ONE {
-            return (self.capacity >= Decimal::ONE).then_some(self.ticks_per_token);
+            return self.holds_one.then_some(self.ticks_per_token);
         }
         if cost.0 > self.capacity {
             return None;
@@ -589,13 +597,22 @@ fn decide(
     // The bucket holds `cost` tokens iff it is at most (capacity - cost) × T short of full.
     let slack_ticks = limit.capacity_ticks.saturating_sub(cost_ticks);
     if debt_ticks > slack_ticks {
-        // At `now + retry` the bucket is still `full_ticks` (it is not full), so the take
-        // then moves it to `full_ticks + cost_ticks`. If that cannot be stored, the retry
-        // would be answered "impossible": say so now rather than promise it.
-        if !limit.storable(full_ticks.saturating_add(cost_ticks)) {
-            return (report(Outcome::Impossible, debt_ticks, 0), None, debt_ticks);
-        }
         let retry_ticks = debt_ticks - slack_ticks;
+        // A client retries after `retry_after_ms`: the take then starts from the later of
+        // the stored instant and that moment. If it could not be stored (past 2262), the
+        // retry would be answered "impossible": say so now rather than promise it. The
+        // retry rounds up by under 1 ms + 1 ns past `now + retry = full - slack`, so a take
+        // from `full` with that much to spare always fits (the usual case: one comparison).
+        let d = u128::from(limit.ticks_per_ns);
+        let spare_ticks = u128::from(NS_PER_MS + 1) * d;
+        let take_ticks = full_ticks.saturating_add(cost_ticks);
+        if !limit.storable(take_ticks.saturating_add(spare_ticks)) {
+            let wait_ns = ms_ceil(limit.ns_ceil(retry_ticks)).unsigned_abs() * NS_PER_MS;
+            let retry_at_ticks = now_ticks.saturating_add(u128::from(wait_ns).saturating_mul(d));
+            if !limit.storable(full_ticks.max(retry_at_ticks).saturating_add(cost_ticks)) {
+                return (report(Outcome::Impossible, debt_ticks, 0), None, debt_ticks);
+            }
+        }
         return (
             report(Outcome::Denied, debt_ticks, retry_ticks),
             None,

@@ -514,7 +514,8 @@ fn clock_stepping_back_never_adds_tokens() {
 #[test]
 fn decimals_parse_exactly_in_the_plain_grammar() {
     // (text, Some((digits, exp10)) for digits × 10^exp10, or None for not a decimal).
-    let rows: &[(&[u8], Option<(u128, i32)>)] = &[
+    type Row = (&'static [u8], Option<(u128, i32)>);
+    let rows: &[Row] = &[
         (b"0.5", Some((5, -1))),      // fraction
         (b"100", Some((1, 2))),       // integer, stored without trailing zeros
         (b"2.5e3", Some((25, 2))),    // exponent
@@ -544,20 +545,27 @@ fn decimals_parse_exactly_in_the_plain_grammar() {
             Some((1, -44)),
         ),
         (b"999999999999999999999999999999999999999", None), // 39 significant digits
-        (b"-1", None),                                      // negative
-        (b"", None),                                        // empty
-        (b".", None),                                       // a point alone
-        (b"e5", None),                                      // an exponent alone
-        (b"1e", None),                                      // an exponent without digits
-        (b" 1", None),                                      // leading space
-        (b"1 ", None),                                      // trailing space
-        (b"1x", None),                                      // trailing junk
-        (b"nan", None),                                     // NaN spelled out
-        (b"inf", None),                                     // infinity spelled out
-        (b"0x10", None),                                    // hex
-        (b"1,5", None),                                     // locale comma
-        (b"1..2", None),                                    // two points
-        (b"+-1", None),                                     // two signs
+        (b"1e999999999", Some((1, 999_999_999))),           // the largest exponent
+        (b"1e-999999999", Some((1, -999_999_999))),
+        (b"1e1000000000", None), // beyond it: refused, not clamped
+        (b"10e999999999", None),
+        (b"0.1e-999999999", None),
+        (b"1e99999999999999999999999", None),
+        (b"0e99999999999999999999999", Some((0, 0))), // zero in any spelling
+        (b"-1", None),                                // negative
+        (b"", None),                                  // empty
+        (b".", None),                                 // a point alone
+        (b"e5", None),                                // an exponent alone
+        (b"1e", None),                                // an exponent without digits
+        (b" 1", None),                                // leading space
+        (b"1 ", None),                                // trailing space
+        (b"1x", None),                                // trailing junk
+        (b"nan", None),                               // NaN spelled out
+        (b"inf", None),                               // infinity spelled out
+        (b"0x10", None),                              // hex
+        (b"1,5", None),                               // locale comma
+        (b"1..2", None),                              // two points
+        (b"+-1", None),                               // two signs
         (b"1/2", None),  // a fraction is a rate's form, not a decimal's
         (b"\xff", None), // not UTF-8
     ];
@@ -608,6 +616,60 @@ fn rates_parse_as_exact_decimals_and_fractions() {
     }
 }
 
+/// 0.1.0 and 0.2.0 took a rate as its double's exact value and stored the instants it made
+/// (rounded up to 2^-63 ns). Read under the decimal rate, such an instant is re-expressed in
+/// the decimal's ticks, rounded up: never earlier (never laxer), and less than one tick
+/// (plus the 2^-63 ns of the stored rounding) later.
+#[test]
+fn states_written_under_the_double_read_at_most_one_tick_stricter() {
+    use num_rational::BigRational;
+    let two63 = BigRational::new(1.into(), num_bigint::BigInt::from(1u64) << 63);
+    for rate in [
+        0.1,
+        0.3,
+        0.000001,
+        0.001,
+        0.01,
+        3.0,
+        7.0,
+        1e-5,
+        123.456,
+        0.0003208400192360113,
+    ] {
+        let decimal = Limit::new(rate, 1e6f64.min(rate * MAX_REFILL_S).floor()).unwrap();
+        let (_, q) = decimal.ns_per_token();
+        let tick = BigRational::new(1.into(), q.into());
+        let t_double = BigRational::from_integer(1_000_000_000.into()) / model::exact_double(rate);
+        for takes in [1u64, 7, 1000] {
+            // What the old code stored: the exact instant, its fraction rounded up.
+            let old = BigRational::from_integer(NOW_NS.into())
+                + BigRational::from_integer(takes.into()) * &t_double;
+            let ns = old.floor();
+            let frac = ((&old - &ns) * BigRational::from_integer((1u64 << 63).into())).ceil();
+            let st = State::from_parts(
+                ns.to_integer().try_into().unwrap(),
+                frac.to_integer().try_into().unwrap(),
+            )
+            .unwrap();
+            let read = BigRational::new(st.ticks(q).into(), q.into());
+            assert!(read >= old, "rate {rate}, {takes} takes: read earlier");
+            assert!(
+                read < &old + &tick + &two63,
+                "rate {rate}, {takes} takes: a tick or more later"
+            );
+        }
+    }
+}
+
+#[test]
+fn huge_decimals_count_through_their_ratio() {
+    // 10/s from two decimals near the exponent limit (too large for the model to build).
+    let limit = Limit::parse(b"1e999999999/1e999999998", b"1").unwrap();
+    assert_eq!(limit.ns_per_token(), (100_000_000, 1));
+    let limit = Limit::parse(b"3e-999999999/1e-999999998", b"1").unwrap();
+    assert_eq!(limit.ns_per_token(), (10_000_000_000, 3)); // 0.3/s
+}
+
 #[test]
 fn rates_and_capacities_out_of_range_name_their_argument() {
     use LimitError::{Capacity, Rate, RefillTime};
@@ -627,6 +689,9 @@ fn rates_and_capacities_out_of_range_name_their_argument() {
         ("1/2/3", "1", Rate),
         ("1 /2", "1", Rate),
         ("-1/-2", "1", Rate),
+        // A huge N over a huge S: the ratio counts, so exponents are never clamped.
+        ("1e999999999/1e999999989", "1", Rate), // 1e10 per second
+        ("1e2000000000/1e2000000000", "1", Rate), // beyond the exponent limit: not decimals
         ("inf", "1", Rate),
         ("x", "x", Rate), // the first bad argument is named
         ("0", "x", Rate),
@@ -917,11 +982,22 @@ fn extreme_limits_never_panic_and_keep_the_invariants() {
                             assert_eq!(new_state, None, "denial writes, {at}");
                             assert!(d.retry_after_ns > 0, "denied with no wait, {at}");
                             assert!(d.retry_after_ns <= d.reset_after_ns, "{at}");
+                            // The promise: the same request after retry_after_ms is allowed.
+                            let wait_us = d.retry_after_ms().unsigned_abs() * 1000;
+                            let (later, _) = acquire(&lim, st, now_us + wait_us, cost(c));
+                            assert_eq!(later.outcome, Outcome::Allowed, "retry broke, {at}");
                         }
                         Outcome::Impossible => {
-                            assert_eq!(new_state, None, "impossible writes, {at}")
+                            assert_eq!(new_state, None, "impossible writes, {at}");
+                            // The other direction: "impossible" within capacity is only
+                            // right when the take truly cannot be stored.
+                            assert!(
+                                c > capacity || take_cannot_be_stored(&lim, st, now_us, c),
+                                "wrongly impossible, {at}"
+                            );
                         }
                     }
+
                     if c > capacity {
                         assert_eq!(d.outcome, Outcome::Impossible, "cost above capacity, {at}");
                     }
@@ -929,6 +1005,33 @@ fn extreme_limits_never_panic_and_keep_the_invariants() {
             }
         }
     }
+}
+
+/// Issue 14, section 5: a denial promised a retry whose take could not be stored (past 2262),
+/// and the retry was then answered "impossible". The issue's minimal case, with the rate now
+/// the exact decimal (the take at the retry still overshoots 2262 by about 90 s).
+#[test]
+fn a_denial_never_promises_a_take_that_cannot_be_stored() {
+    let lim = Limit::parse(b"0.0003208400192360113", b"926102").unwrap();
+    let st = Some(state(6_962_815_599_086_584_832));
+    let (now_us, c) = (1_602_655_139_564_614, 725_277.0);
+    assert!(take_cannot_be_stored(&lim, st, now_us, c));
+    let (d, writes) = acquire(&lim, st, now_us, cost(c));
+    assert_eq!(
+        (d.outcome, d.retry_after_ms(), writes),
+        (Outcome::Impossible, -1, None)
+    );
+    assert_eq!(peek(&lim, st, now_us, cost(c)).outcome, Outcome::Impossible);
+    // The same bucket with room for the take: an ordinary denial, and its promise holds.
+    let (p, q) = lim.ns_per_token();
+    let take_ns = (725_277 * p).div_ceil(u128::from(q)) as u64;
+    let st = Some(state(MAX_FULL_AT_NS - take_ns - 1));
+    let (d, _) = acquire(&lim, st, now_us, cost(c));
+    assert_eq!(d.outcome, Outcome::Denied);
+    let at_us = now_us + d.retry_after_ns.div_ceil(1000);
+    let (later, writes) = acquire(&lim, st, at_us, cost(c));
+    assert_eq!(later.outcome, Outcome::Allowed);
+    assert!(writes.unwrap().full_at_ns() <= MAX_FULL_AT_NS);
 }
 
 #[test]
@@ -1398,10 +1501,37 @@ fn peek_and_refund_against_the_model() {
 // Properties.
 // ---------------------------------------------------------------------------------------------
 
-/// The longest full refill the generated limits have: capacity / rate <= 1e9 s (31.7 years),
-/// so every state stays far below `MAX_FULL_AT_NS`. Longer ones hit the bug pinned by
-/// `remaining_is_takeable_even_when_a_full_refill_passes_2262`.
-const HORIZON_S: f64 = 1e9;
+/// The longest full refill the generated limits have: the 100-year cap itself, so states
+/// (up to 2.5 refills past 2020–2033) reach past 2262, where a take cannot be stored and a
+/// denial must not promise one (`a_denial_never_promises_a_take_that_cannot_be_stored`).
+const HORIZON_S: f64 = MAX_REFILL_S;
+
+/// A stored state's exact instant, in ns: `full_at_ns + full_at_frac × 2^-63`.
+fn instant(st: State) -> num_rational::BigRational {
+    num_rational::BigRational::new(
+        (num_bigint::BigInt::from(st.full_at_ns()) << 63) + st.full_at_frac(),
+        num_bigint::BigInt::from(1u64) << 63,
+    )
+}
+
+/// Whether taking `cost` at `now_us`, or after the retry a denial would promise, truly needs
+/// an instant at or past `MAX_FULL_AT_NS + 1`, so "impossible" was the right answer for a
+/// cost within capacity. Exact, with the slack the bucket may use: 2 ns for the cost and the
+/// stored instant each rounded up to a tick, and 1 ms for a retry rounded up to whole ms
+/// (which can start the take up to 1 ms after the stored instant).
+fn take_cannot_be_stored(lim: &Limit, st: Option<State>, now_us: u64, cost: f64) -> bool {
+    use num_rational::BigRational;
+    let (p, q) = lim.ns_per_token();
+    let t = BigRational::new(p.into(), q.into());
+    let now = BigRational::from_integer((u128::from(now_us) * 1000).into());
+    let full = st.map_or(now.clone(), instant).max(now);
+    let need = full + model::exact(cost) * t;
+    // A state is never 0 either: an instant within the epoch's first ns cannot be stored.
+    let too_early = need < BigRational::from_integer(1.into());
+    too_early
+        || need + BigRational::from_integer((2 + MS).into())
+            >= BigRational::from_integer((u128::from(MAX_FULL_AT_NS) + 1).into())
+}
 
 /// Valid limits: capacity whole, in quarter tokens, or any fraction up to 1e6; rate
 /// log-uniform between the slowest the horizon allows and 1e9/s.
@@ -1485,7 +1615,12 @@ proptest! {
             }
             Outcome::Denied | Outcome::Impossible => prop_assert_eq!(new_state, None),
         }
-        prop_assert_eq!(d.outcome == Outcome::Impossible, c > capacity);
+        if c > capacity {
+            prop_assert_eq!(d.outcome, Outcome::Impossible);
+        } else if d.outcome == Outcome::Impossible {
+            // Within capacity, only a take that cannot be stored (past 2262) is impossible.
+            prop_assert!(take_cannot_be_stored(&lim, st, now_us, c), "wrongly impossible");
+        }
 
         let after = new_state.or(st);
         if d.remaining > 0 {
@@ -1792,6 +1927,176 @@ proptest! {
             let (d, new_state) = acquire(&lim, current, now_us, cost(c as f64));
             assert_matches(&d, &m.acquire(now_us, c as f64), &format!("{count} per {period_s} s"));
             current = new_state.or(current);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Decimal and N/S rates, refunds and stored instants, against the exact model.
+// ---------------------------------------------------------------------------------------------
+
+/// A rate as a user types it: a decimal with random digits and exponent (`3.7e-4`,
+/// `0.0123`, `81`), or `N/S` from pairs that do not divide (100/60, 7/3, 3/10) or random
+/// ones, some with decimal parts. Only texts `Limit::parse` accepts with `capacity`.
+fn rate_texts() -> impl Strategy<Value = String> {
+    prop_oneof![
+        // digits × 10^exp: 1 to 17 digits, anywhere from 1e-6 to 1e9.
+        (1u64..=99_999_999_999_999_999, -22i32..=9).prop_map(|(m, e)| format!("{m}e{e}")),
+        (1u64..=9_999, 0u32..=8).prop_map(|(m, frac)| {
+            let scale = 10u64.pow(frac);
+            format!("{}.{:0width$}", m / scale, m % scale, width = frac as usize)
+        }),
+        prop::sample::select(vec![
+            "100/60", "7/3", "3/10", "1000/7", "5/3600", "2/3", "1/86400", "0.3", "0.1", "0.01",
+            "3", "7", "0.000001", "1/1e-9", "2.5/0.7",
+        ])
+        .prop_map(String::from),
+        (1u64..=1_000_000, 1u64..=100_000).prop_map(|(n, s)| format!("{n}/{s}")),
+        (1u64..=1_000, 1u64..=1_000, 0u32..=3).prop_map(|(n, s, k)| format!("{n}/{s}e-{k}")),
+    ]
+}
+
+/// One operation on a bucket: acquire, peek or refund `cost` after `step_us`.
+#[derive(Clone, Copy, Debug)]
+enum Op {
+    Acquire,
+    Peek,
+    Refund,
+}
+
+fn ops(capacity: u64, max_step_us: u64) -> impl Strategy<Value = Vec<(Op, u64, u64)>> {
+    let op = prop_oneof![5 => Just(Op::Acquire), 1 => Just(Op::Peek), 2 => Just(Op::Refund)];
+    let cost = prop_oneof![1 => Just(0u64), 6 => 1..=capacity.min(4), 2 => 0..=capacity + 1];
+    prop::collection::vec((op, 0..=max_step_us, cost), 1..40)
+}
+
+/// Whether `st` (or a missing key) is the model's exact instant: the stored state is at least
+/// it and less than 2^-63 ns above it (the fraction is rounded up, never down).
+fn holds_the_model_instant(st: Option<State>, m: &model::Model, now_us: u64) -> bool {
+    let two63 = num_rational::BigRational::new(1.into(), num_bigint::BigInt::from(1u64) << 63);
+    match (st, &m.full_at_ns) {
+        (None, _) => m.is_full(now_us),
+        (Some(s), Some(exact)) => {
+            let got = instant(s);
+            &got >= exact && got < exact + two63
+        }
+        // A state the model has no instant for: only if both are full now.
+        (Some(s), None) => {
+            instant(s)
+                <= num_rational::BigRational::from_integer((u128::from(now_us) * 1000).into())
+        }
+    }
+}
+
+/// Drives the bucket and the model of the same texts through acquires, peeks and refunds:
+/// every reply is the model's, and every written state is the model's exact instant.
+fn run_text_against_model(rate: &str, capacity: u64, start_us: u64, calls: &[(Op, u64, u64)]) {
+    let lim = Limit::parse(rate.as_bytes(), capacity.to_string().as_bytes()).unwrap();
+    let mut m = model::Model::parse(rate, &capacity.to_string());
+    let mut current = None;
+    let mut now_us = start_us;
+    for (i, &(op, step_us, c)) in calls.iter().enumerate() {
+        now_us += step_us;
+        let at = format!(
+            "rate {rate}, capacity {capacity}, call {i} {op:?} at +{} µs, cost {c}",
+            now_us - start_us
+        );
+        let cost = Cost::parse(c.to_string().as_bytes()).unwrap();
+        match op {
+            Op::Peek => assert_matches(
+                &peek(&lim, current, now_us, cost),
+                &m.peek(now_us, c as f64),
+                &at,
+            ),
+            Op::Acquire => {
+                let (d, new_state) = acquire(&lim, current, now_us, cost);
+                assert_matches(&d, &m.acquire(now_us, c as f64), &at);
+                current = new_state.or(current);
+            }
+            Op::Refund => {
+                let (d, change) = refund(&lim, current, now_us, cost);
+                m.refund(now_us, c as f64);
+                let after = m.peek(now_us, 0.0);
+                assert_eq!(
+                    (d.remaining, d.reset_after_ns),
+                    (after.remaining, after.reset_after_ns),
+                    "refund, {at}"
+                );
+                match change {
+                    Change::Keep => {}
+                    Change::Set(s) => current = Some(s),
+                    Change::Delete => current = None,
+                }
+            }
+        }
+        assert!(
+            holds_the_model_instant(current, &m, now_us),
+            "state {current:?} vs model {:?}, {at}",
+            m.full_at_ns
+        );
+    }
+}
+
+proptest! {
+    // Sized so that `cargo test -p rl-bucket` (debug, in `make test`) stays under a minute.
+    #![proptest_config(ProptestConfig::with_cases(96))]
+
+    /// Decimal and N/S rates: bursts, refill, peeks and refunds match the exact model of the
+    /// same texts, and every written state is the model's instant to within 2^-63 ns.
+    #[test]
+    fn decimal_and_fraction_rates_match_the_model(
+        (rate, capacity) in (rate_texts(), prop_oneof![1u64..=10, 1u64..=1000, 1u64..=100_000])
+            .prop_filter("rate or refill out of range", |(r, c)| {
+                Limit::parse(r.as_bytes(), c.to_string().as_bytes()).is_ok()
+            }),
+        steps in prop_oneof![Just(0u64), Just(1_000u64), Just(1_000_000u64), Just(3_600_000_000u64)],
+        seed_calls in ops(1000, 1),
+        start_us in nows(),
+    ) {
+        // Scale the generated steps so some calls see partial refills at this rate.
+        let calls: Vec<_> = seed_calls
+            .iter()
+            .map(|&(op, step, c)| (op, step * steps, c.min(capacity + 1)))
+            .collect();
+        run_text_against_model(&rate, capacity, start_us, &calls);
+    }
+
+    /// Refunds against the model at any rate: what comes back, the reply, and the stored
+    /// instant are the model's (integer counts are exact).
+    #[test]
+    fn refunds_match_the_model(
+        ((rate, capacity), calls) in integer_limits().prop_flat_map(|(r, c)| {
+            let max_step_us = ((2e6 / r) as u64).clamp(1, 1_000_000_000_000);
+            (Just((r, c)), ops(c, max_step_us))
+        }),
+        start_us in nows(),
+    ) {
+        run_text_against_model(&format!("{rate}"), capacity, start_us, &calls);
+    }
+
+    /// Per-period limits as RL.GCRA allows them: nanosecond periods and up to 1e15 tokens a
+    /// period, bursts up to 1e15, against the model of `period_ns / count` ns per token.
+    #[test]
+    fn per_period_limits_with_nanosecond_periods_match_the_model(
+        count in prop_oneof![1u64..=10, 1u64..=1_000_000_000, 1u64..=1_000_000_000_000_000],
+        period_ns in prop_oneof![1u64..=1_000, 1u64..=1_000_000_000, 1u64..=1_000_000_000_000_000_000],
+        total in prop_oneof![1u64..=100, 1u64..=1_000_000_000_000_000],
+        calls in prop::collection::vec((0u64..=3_000_000, 0u64..=3, 0u64..=4), 1..32),
+        start_us in nows(),
+    ) {
+        let Ok(lim) = Limit::per_period(count, period_ns, total as f64) else { return Ok(()) };
+        let mut m = model::Model::per_period(count, period_ns, total as f64);
+        let mut current = None;
+        let mut now_us = start_us;
+        for (step_us, small, scale) in calls {
+            now_us += step_us;
+            // Small costs, or a large share of the burst.
+            let c = if scale == 0 { total } else { small * total.div_ceil(10u64.pow(scale as u32 * 3)).max(1) };
+            let at = format!("{count} per {period_ns} ns, burst {total}, cost {c}");
+            let (d, new_state) = acquire(&lim, current, now_us, Cost::parse(c.to_string().as_bytes()).unwrap());
+            assert_matches(&d, &m.acquire(now_us, c as f64), &at);
+            current = new_state.or(current);
+            prop_assert!(holds_the_model_instant(current, &m, now_us), "{}", at);
         }
     }
 }

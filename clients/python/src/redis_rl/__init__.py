@@ -11,15 +11,18 @@ policy, a hot-key shield and a Lua fallback for servers without the module.
 Layout: `_core` holds the types, the policy, the shield and each call's steps (no I/O);
 `_decimal` the text sent for a number and its exact value; `client` the sync limiter and
 `asyncio` its awaited twin (only the I/O); `bucket` the exact in-process bucket; `rl.lua` the
-fallback script (the same file as clients/lua/rl.lua).
+fallback script (the same file as clients/lua/rl.lua); `table` the bucket tables
+(`limiter.table(name, shards)`).
 """
 
 from ._core import (CLOSED_RETRY_AFTER_MS, Decision, Error, Limit, ModuleMissingError,
                     MultiDecision, Refund)
 from .client import Limiter, connect, connect_cluster
+from .table import AsyncTable, Table, shard_of
 from .wait import WaitCancelledError, WaitNeverError, WaitTimeoutError
 
 __all__ = ["Limiter", "Limit", "Decision", "MultiDecision", "Refund", "Error",
            "ModuleMissingError", "CLOSED_RETRY_AFTER_MS", "connect", "connect_cluster",
-           "WaitTimeoutError", "WaitNeverError", "WaitCancelledError"]
+           "WaitTimeoutError", "WaitNeverError", "WaitCancelledError",
+           "Table", "AsyncTable", "shard_of"]
 __version__ = "0.1.0"

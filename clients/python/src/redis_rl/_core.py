@@ -547,6 +547,10 @@ class Engine:
                     args += [key, *limit.args(), _number(cost)]
                 return args
             (key, limit, cost), = items
+            table = getattr(key, "table", None)
+            if table is not None:  # a bucket table's field (redis_rl.table.TableField)
+                return [{"acquire": "RL.HACQUIRE", "peek": "RL.HPEEK", "refund": "RL.HREFUND"}[op],
+                        table, key.field, *limit.args(), _number(cost)]
             return [{"acquire": "RL.ACQUIRE", "peek": "RL.PEEK", "refund": "RL.REFUND"}[op],
                     key, *limit.args(), _number(cost)]
         args = [str(len(items)), *(key for key, _, _ in items), op]

@@ -61,6 +61,12 @@ class Limiter(LimiterBase):
         the deny cache's entry for `key`."""
         return await self._run("refund", [(key, limit, cost)])
 
+    def table(self, name, shards=1):
+        """A bucket table of this limiter: `shards` tables `name:{0}` … (redis_rl.table)."""
+        from .table import AsyncTable
+
+        return AsyncTable(self, name, shards)
+
     # Waiting --------------------------------------------------------------------------------
 
     async def wait(self, key, limit, cost=1, timeout=None):

@@ -130,6 +130,10 @@ class LocalBuckets:
                 self._store(key, new)
         return 1, -1, 0, replies
 
+    def forget(self, key):
+        """Drops the bucket of `key`: it is full again (a table's delete)."""
+        self._full_at.pop(key, None)
+
     def refund(self, key, limit, cost, now_us):
         rate, capacity = self._share(limit)
         old = self._full_at.get(key)

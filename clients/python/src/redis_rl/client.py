@@ -97,6 +97,12 @@ class Limiter(LimiterBase):
         the deny cache's entry for `key`."""
         return self._run("refund", [(key, limit, cost)])
 
+    def table(self, name, shards=1):
+        """A bucket table of this limiter: `shards` tables `name:{0}` … (redis_rl.table)."""
+        from .table import Table
+
+        return Table(self, name, shards)
+
     # Waiting --------------------------------------------------------------------------------
 
     def wait(self, key, limit, cost=1, timeout=None, *, cancel=None):

@@ -1,0 +1,168 @@
+// Bucket tables: many buckets in a few keys, spread over a cluster (docs/tables.md).
+//
+// `limiter.table(name, shards)` gives a Table whose buckets are named by fields. A field lives
+// in the table `name:{i}` with i = shardOf(field, shards), so one limit's fields spread over
+// `shards` keys, each in the slot of its hash tag `{i}`. With the module the calls are
+// RL.HACQUIRE, RL.HPEEK, RL.HREFUND, RL.HDEL and RL.HLEN on those keys; without it, the shipped
+// Lua script keeps one key per field, `name:{i}:field`, under the same hash tag.
+//
+// Decisions go through the limiter that made the table (its failure policy, deny cache and
+// module detection); a field is known to them by its fallback key. The same names as the
+// Python (redis_rl.table) and Rust (redis_rl_client::Table) libraries.
+
+import { createHash } from "node:crypto";
+
+/** The most shards a limit may be spread over: there are no more slots than this. */
+export const MAX_SHARDS = 16384;
+/** The most fields delete sends in one command, so no one call keeps the server long. */
+export const DELETE_BATCH = 1000;
+
+/**
+ * The shard of `field` among `shards`: the first 8 bytes of SHA-1 over its UTF-8 bytes,
+ * big-endian, modulo `shards` (clients/vectors/table.json holds the cases all three share).
+ */
+export function shardOf(field, shards) {
+  const digest = createHash("sha1").update(field, "utf8").digest();
+  return Number(digest.readBigUInt64BE(0) % BigInt(shards));
+}
+
+function checkField(field) {
+  if (typeof field !== "string") throw new TypeError("field must be a string (encode binary names, e.g. as hex)");
+  return field;
+}
+
+/**
+ * SCAN MATCH for every fallback key of table `name`, `name:{*}:*`, the name's glob characters
+ * escaped; Table.ours then keeps the keys of shards below `shards`.
+ */
+const luaPattern = (name) => name.replace(/[*?[\]\\]/g, (c) => `\\${c}`) + ":{*}:*";
+
+/**
+ * A limit's buckets named by field, over `shards` tables. acquire, peek and refund take and
+ * reply as the limiter's methods, with a field for the key. delete(...fields) resets buckets
+ * and resolves to how many were live (not full); len() counts the live buckets over all the
+ * shards. Those two are not decisions: when Redis cannot answer they reject, whatever the
+ * failure policy.
+ */
+export class Table {
+  constructor(limiter, name, shards = 1) {
+    if (typeof name !== "string" || name === "") throw new RangeError("name must be a non-empty string");
+    // A brace in the name would become the hash tag and put every shard in one slot.
+    if (/[{}]/.test(name)) throw new RangeError("name must not contain { or } (the shard index is the hash tag)");
+    if (!Number.isInteger(shards) || shards < 1 || shards > MAX_SHARDS) {
+      throw new RangeError(`shards must be an integer from 1 to ${MAX_SHARDS}`);
+    }
+    this.limiter = limiter;
+    this.name = name;
+    this.shards = shards;
+    Object.freeze(this);
+  }
+
+  /** The table key of shard `shard`: `name:{shard}`. */
+  key(shard) {
+    return `${this.name}:{${shard}}`;
+  }
+
+  /** The bucket of `field`: its table key, the field, and its fallback key. */
+  bucket(field) {
+    const table = this.key(shardOf(checkField(field), this.shards));
+    return { table, field, key: `${table}:${field}` };
+  }
+
+  /** Takes `cost` tokens (default 1) from the bucket `field` of `limit`. */
+  acquire(field, limit, cost = 1) {
+    const b = this.bucket(field);
+    return this.limiter.acquire(b.key, limit, cost, b);
+  }
+
+  /** What acquire would decide for `cost`, taking nothing. */
+  peek(field, limit, cost = 1) {
+    const b = this.bucket(field);
+    return this.limiter.peek(b.key, limit, cost, b);
+  }
+
+  /** Gives `cost` tokens back to the bucket `field` and clears its deny-cache entry. */
+  refund(field, limit, cost = 1) {
+    const b = this.bucket(field);
+    return this.limiter.refund(b.key, limit, cost, b);
+  }
+
+  /** Resets the buckets of `fields` (full again); resolves to how many were live. */
+  async delete(...fields) {
+    const groups = new Map(); // table key -> buckets, distinct fields in the order given
+    for (const field of new Set(fields.map(checkField))) {
+      const b = this.bucket(field);
+      if (!groups.has(b.table)) groups.set(b.table, []);
+      groups.get(b.table).push(b);
+    }
+    const limiter = this.limiter;
+    for (const bs of groups.values()) {
+      for (const b of bs) {
+        limiter.cache.delete(b.key);
+        limiter.local.store(b.key, null); // a forgotten local bucket is full
+      }
+    }
+    const module = (await this.path()) === "module";
+    let deleted = 0;
+    for (const [table, bs] of groups) {
+      for (let start = 0; start < bs.length; start += DELETE_BATCH) {
+        const batch = bs.slice(start, start + DELETE_BATCH);
+        const args = module ? ["RL.HDEL", table, ...batch.map((b) => b.field)] : ["DEL", ...batch.map((b) => b.key)];
+        deleted += Number(await limiter.deadline(limiter.redis.send(args, table)));
+      }
+    }
+    return deleted;
+  }
+
+  /** Live buckets over all the shards (RL.HLEN; on the Lua path, SCAN of the fallback keys). */
+  async len() {
+    const limiter = this.limiter;
+    const module = (await this.path()) === "module";
+    let count = 0;
+    if (module) {
+      for (let i = 0; i < this.shards; i++) {
+        const table = this.key(i);
+        count += Number(await limiter.deadline(limiter.redis.send(["RL.HLEN", table], table)));
+      }
+      return count;
+    }
+    for (const node of await this.scanNodes()) {
+      let cursor = "0";
+      do {
+        const [next, keys] = await limiter.deadline(node(["SCAN", cursor, "MATCH", luaPattern(this.name), "COUNT", "1000"]));
+        cursor = String(next);
+        count += this.ours(keys);
+      } while (cursor !== "0");
+    }
+    return count;
+  }
+
+  /** Where the fallback keys are: every master of a cluster (each key is on one), or the server. */
+  async scanNodes() {
+    const { redis } = this.limiter;
+    return redis.masters ? redis.masters() : [(args) => redis.send(args)];
+  }
+
+  /**
+   * How many of SCAN's `keys` are fallback keys of a shard below `shards`: the pattern also
+   * matches `name:{x}:…` for any x, such as the shards of a larger S.
+   */
+  ours(keys) {
+    const prefix = `${this.name}:{`;
+    let count = 0;
+    for (const raw of keys) {
+      const key = String(raw);
+      const end = key.indexOf("}:", prefix.length);
+      const index = key.slice(prefix.length, end);
+      if (key.startsWith(prefix) && end > 0 && /^(0|[1-9][0-9]*)$/.test(index) && Number(index) < this.shards) count++;
+    }
+    return count;
+  }
+
+  async path() {
+    const limiter = this.limiter;
+    if (limiter.path === null) await limiter.deadline(limiter.detect());
+    limiter.refuseIfMissing();
+    return limiter.path;
+  }
+}

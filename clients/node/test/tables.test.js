@@ -1,0 +1,219 @@
+// Bucket tables (src/table.js) against real servers, through ioredis and node-redis: the
+// shared vectors (shard hash and table sequences) on the module's tables and on the Lua
+// fallback, the keys each path writes, the failure policy during an outage, and the deny cache
+// counted by INFO commandstats.
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { readFileSync } from "node:fs";
+import Redis from "ioredis";
+import { createClient } from "redis";
+import { Limit, Limiter, ModuleMissingError, Table, shardOf } from "../src/index.js";
+import { adapt } from "../src/adapter.js";
+import { Server, calls } from "./servers.js";
+
+const vectors = JSON.parse(readFileSync(new URL("../../vectors/table.json", import.meta.url), "utf8"));
+const SLOW = new Limit(0.001, 2); // no refill can matter while a test runs
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+test("fields map to the shards and keys of the vectors", () => {
+  assert.equal(vectors.format, 1);
+  assert.ok(vectors.shards.length > 100);
+  for (const c of vectors.shards) {
+    const what = JSON.stringify(c);
+    assert.equal(shardOf(c.field, c.shards), c.shard, what);
+    const b = new Table(null, "api", c.shards).bucket(c.field);
+    assert.deepEqual([b.table, b.key, b.field], [c.table_key, c.fallback_key, c.field], what);
+  }
+});
+
+test("bad tables are refused where they are written", () => {
+  for (const [name, shards, error] of [["a{b}", 1, /name must not contain/], ["a}", 1, /name must not contain/],
+    ["", 1, /name must be/], ["t", 0, /shards must be/], ["t", 16385, /shards must be/], ["t", 1.5, /shards must be/]]) {
+    assert.throws(() => new Table(null, name, shards), error, `${name} ${shards}`);
+  }
+  assert.throws(() => new Table(null, "t").bucket(Buffer.from("x")), /field must be a string/);
+});
+
+const CLIENTS = {
+  async ioredis(port) {
+    const c = new Redis({ port, host: "127.0.0.1", retryStrategy: () => 50, enableOfflineQueue: false, lazyConnect: true });
+    c.on("error", () => {});
+    await c.connect();
+    return { client: c, close: () => c.disconnect() };
+  },
+  async "node-redis"(port) {
+    const c = createClient({ socket: { port, host: "127.0.0.1", reconnectStrategy: () => 50 }, disableOfflineQueue: true });
+    c.on("error", () => {});
+    await c.connect();
+    return { client: c, close: () => c.destroy() };
+  },
+};
+
+async function withSetup(body) {
+  const cleanups = [];
+  const ctx = {
+    async server(module = true) {
+      const s = await Server.start(module);
+      cleanups.push(() => s.close());
+      return s;
+    },
+    async admin(server) {
+      const c = await CLIENTS.ioredis(server.port);
+      cleanups.push(c.close);
+      return adapt(c.client);
+    },
+    async limiter(kind, server, options = {}) {
+      const { client, close } = await CLIENTS[kind](server.port);
+      cleanups.push(close);
+      const logs = [];
+      const limiter = new Limiter(client, { onError: "closed", timeoutMs: 500, logger: { warn: (m) => logs.push(m) }, ...options });
+      limiter.logs = logs;
+      return limiter;
+    },
+  };
+  try {
+    await body(ctx);
+  } finally {
+    for (const c of cleanups.reverse()) await c();
+  }
+}
+
+/** Runs one vector sequence on `table`: allowed, remaining, -1, delete and len exactly; the
+ * waits within the time the sequence has taken. */
+async function runSequence(table, seq) {
+  const limit = new Limit(Number(seq.rate), Number(seq.capacity));
+  const started = performance.now();
+  for (const [i, step] of seq.steps.entries()) {
+    const what = `${seq.name} step ${i} ${JSON.stringify(step)}`;
+    if (step.op === "delete") {
+      assert.equal(await table.delete(...step.fields), step.expect, what);
+    } else if (step.op === "len") {
+      assert.equal(await table.len(), step.expect, what);
+    } else {
+      const got = await table[step.op](step.field, limit, Number(step.cost));
+      const tookMs = Math.ceil(performance.now() - started) + 1;
+      if (step.op === "refund") {
+        assert.equal(got.remaining, step.expect[0], what);
+        assert.ok(Math.abs(got.resetAfterMs - step.expect[1]) <= tookMs, what);
+        continue;
+      }
+      const [allowed, remaining, retry, reset] = step.expect;
+      assert.deepEqual([got.allowed, got.remaining], [Boolean(allowed), remaining], what);
+      assert.equal(got.retryAfterMs < 0, retry < 0, what);
+      assert.ok(Math.abs(got.retryAfterMs - retry) <= tookMs, what);
+      assert.ok(Math.abs(got.resetAfterMs - reset) <= tookMs, what);
+    }
+  }
+}
+
+for (const kind of Object.keys(CLIENTS)) {
+  for (const module of [true, false]) {
+    test(`${kind}: ${module ? "module tables" : "the Lua fallback"} give the vectors' replies`, () => withSetup(async (t) => {
+      const limiter = await t.limiter(kind, await t.server(module));
+      for (const seq of vectors.sequences) await runSequence(limiter.table(seq.table, seq.shards), seq);
+      assert.equal(limiter.path, module ? "module" : "lua");
+      assert.equal(limiter.counters[module ? "lua" : "redis"], 0);
+    }));
+  }
+
+  test(`${kind}: the module keeps one key per shard, the Lua path one hash per field under its tag`, () => withSetup(async (t) => {
+    for (const module of [true, false]) {
+      const s = await t.server(module);
+      const table = (await t.limiter(kind, s)).table("api", 4);
+      const fields = ["a", "b", "c", "d", "e", "f", "g", "h"];
+      for (const f of fields) assert.equal((await table.acquire(f, SLOW)).source, module ? "redis" : "lua");
+      const admin = await t.admin(s);
+      const keys = (await admin.send(["KEYS", "*"])).map(String).sort();
+      const expected = module
+        ? [...new Set(fields.map((f) => `api:{${shardOf(f, 4)}}`))].sort()
+        : fields.map((f) => `api:{${shardOf(f, 4)}}:${f}`).sort();
+      assert.deepEqual(keys, expected, `module=${module}`);
+      for (const key of keys) {
+        const type = String(await admin.send(["TYPE", key]));
+        if (module) assert.ok(!["hash", "string", "none"].includes(type), type);
+        else assert.equal(type, "hash");
+      }
+      assert.equal(await table.len(), fields.length);
+      // A name with glob characters counts only its own keys, and keys SCAN's pattern also
+      // matches but no shard below 4 owns do not count.
+      const other = (await t.limiter(kind, s)).table("a*", 4);
+      await other.acquire("x", SLOW);
+      for (const stray of ["api:{x}:f", "api:{07}:f", "api:{4}:f", "api:{}:f"]) await admin.send(["SET", stray, "1"]);
+      assert.deepEqual([await table.len(), await other.len()], [fields.length, 1]);
+    }
+  }));
+
+  test(`${kind}: WRONGTYPE is raised, not decided by the policy; "refuse" raises`, () => withSetup(async (t) => {
+    const s = await t.server(true);
+    const table = (await t.limiter(kind, s, { onError: "open" })).table("t");
+    await (await t.admin(s)).send(["SET", "t:{0}", "x"]);
+    await assert.rejects(table.acquire("f", SLOW), /WRONGTYPE/);
+    const refusing = (await t.limiter(kind, await t.server(false), { withoutModule: "refuse" })).table("t");
+    await assert.rejects(refusing.acquire("f", SLOW), ModuleMissingError);
+    await assert.rejects(refusing.len(), ModuleMissingError);
+  }));
+
+  for (const [onError, module] of [["open", true], ["closed", true], ["local", true], ["local", false]]) {
+    test(`${kind}: outage with onError ${onError} (${module ? "module" : "lua"}), then back`, () => withSetup(async (t) => {
+      const s = await t.server(module);
+      const limiter = await t.limiter(kind, s, { onError, instances: 2, probeIntervalMs: 0 });
+      const table = limiter.table("t", 3);
+      const source = module ? "redis" : "lua";
+      assert.equal((await table.acquire("warm", SLOW)).source, source);
+      await s.stop();
+      const limit = new Limit(0.001, 4);
+      const down = [];
+      for (let i = 0; i < 6; i++) down.push(await table.acquire("f", limit));
+      // Not decisions: they reject rather than pretend.
+      await assert.rejects(table.delete("f"));
+      await assert.rejects(table.len());
+      assert.equal(limiter.logs.length, 1, limiter.logs.join("\n"));
+      assert.deepEqual(new Set(down.map((d) => d.source)), new Set([onError]));
+      const allowed = down.map((d) => d.allowed);
+      if (onError === "open") assert.deepEqual(allowed, [true, true, true, true, true, true]);
+      if (onError === "closed") assert.deepEqual(allowed, [false, false, false, false, false, false]);
+      if (onError === "local") {
+        assert.deepEqual(allowed, [true, true, false, false, false, false]);
+        // Local buckets are per table and field.
+        assert.equal((await table.acquire("g", limit)).allowed, true);
+        assert.equal((await limiter.table("u", 3).acquire("f", limit)).allowed, true);
+      }
+      await s.start();
+      const end = Date.now() + 15_000;
+      let back;
+      while ((back = await table.acquire("f", limit)).source !== source) {
+        assert.ok(Date.now() < end, "decisions did not return to Redis");
+        await sleep(50);
+      }
+      assert.equal(back.remaining, 3); // the restarted server is empty
+    }));
+  }
+
+  test(`${kind}: the deny cache keeps a denied field off the server, keyed by table and field`, () => withSetup(async (t) => {
+    for (const module of [true, false]) {
+      const s = await t.server(module);
+      const limiter = await t.limiter(kind, s, { denyCache: true });
+      const table = limiter.table("hot", 4);
+      const limit = new Limit(0.001, 1);
+      assert.equal((await table.acquire("f", limit)).allowed, true);
+      for (let i = 0; i < 200; i++) assert.equal((await table.acquire("f", limit)).allowed, false);
+      const admin = await t.admin(s);
+      const command = module ? "rl.hacquire" : "evalsha";
+      // On the Lua path the first EVALSHA answered NOSCRIPT (then SCRIPT LOAD): one more call.
+      assert.equal(await calls(admin, command), module ? 2 : 3, `module=${module}`);
+      assert.equal(limiter.counters.cache, 199);
+      assert.equal((await table.acquire("g", limit)).allowed, true);
+      assert.equal((await limiter.table("cold", 4).acquire("f", limit)).allowed, true);
+      assert.equal(await calls(admin, command), module ? 4 : 5);
+      // delete resets the bucket and clears the entry: the next call asks, and is allowed.
+      assert.equal(await table.delete("f"), 1);
+      const again = await table.acquire("f", limit);
+      assert.deepEqual([again.allowed, again.source], [true, module ? "redis" : "lua"]);
+      // refund clears it too.
+      await table.acquire("f", limit);
+      assert.equal((await table.acquire("f", limit)).source, "cache");
+      assert.equal((await table.refund("f", limit)).remaining, 1);
+      assert.equal((await table.acquire("f", limit)).source, module ? "redis" : "lua");
+    }
+  }));
+}

@@ -1,0 +1,629 @@
+//! The bucket table: many token buckets in one value, each named by the 128-bit tag of its
+//! field. Pure: no Redis types and no clock (`now_ns` is passed in). The glue, `table_type`,
+//! keeps one [`Table`] per key and decides when to call what.
+//!
+//! # Layout
+//! Open addressing with linear probing. A slot is 24 bytes: the field's tag and the bucket's
+//! `full_at_ns` (0 marks an empty slot). Fractions of a nanosecond (rates such as 3/s) live
+//! in a parallel column of 8 bytes per slot, allocated per chunk only where one is stored.
+//! Slots come in chunks of [`CHUNK_SLOTS`] (6 KiB, an exact jemalloc size class), allocated
+//! on first use, so a new array costs nothing until it is written and no call zeroes more
+//! than one chunk. A table under one chunk is one allocation sized to a jemalloc class.
+//!
+//! # No stop-the-world step
+//! Growing or shrinking starts a migration: a new array becomes current, and each write moves
+//! the next [`MIGRATE_STEP`] slots of the old one across, freeing each old chunk once passed.
+//! Until then a lookup also probes the old array, where the passed prefix reads as occupied
+//! (its probe chains ran through it) and a removal leaves a tombstone. A sweep looks at a
+//! bounded number of slots per call and removes buckets that are full again; the caller
+//! decides when (only the master does, and replicates what it removed).
+//!
+//! # Tags instead of fields
+//! A field is stored as its SipHash-1-3 128-bit hash under a fixed key ([`tag`]). Two fields
+//! share a bucket only if their tags collide: for fields not chosen against the key, the
+//! chance is 2^-128 per pair (2^-89 for a billion fields at once), far below the 2^-64 bound
+//! asked for. The key is public, so a client can make two fields of its own collide with
+//! about 2^64 hash evaluations (a birthday search), which only merges its own buckets;
+//! reaching a given field needs a second preimage (2^128).
+
+use siphasher::sip128::SipHasher13;
+
+use crate::bucket::State;
+
+/// A field's 128-bit tag.
+pub type Tag = u128;
+
+/// The fixed SipHash key: the tag of a field must be the same on every server, in every file
+/// and on every replica, since replication and AOF carry tags.
+const TAG_KEY: (u64, u64) = (0x7265_6469_732d_726c, 0x6275_636b_6574_7331);
+
+/// The tag of `field`.
+pub fn tag(field: &[u8]) -> Tag {
+    let hash = SipHasher13::new_with_keys(TAG_KEY.0, TAG_KEY.1).hash(field);
+    (u128::from(hash.h2) << 64) | u128::from(hash.h1)
+}
+
+/// Slots per chunk: 256 × 24 bytes = 6 KiB, a jemalloc size class. Small enough that
+/// rounding a table up to whole chunks wastes little (at most 6 KiB a key).
+pub const CHUNK_SLOTS: usize = 256;
+/// The most buckets one key may hold (about 3.2 GB). Past it a new field is refused.
+pub const MAX_BUCKETS: usize = 100_000_000;
+/// Old slots moved to the new array per write during a migration: one chunk.
+pub const MIGRATE_STEP: usize = CHUNK_SLOTS;
+/// A table grows when a new bucket would fill more than this share of its slots (percent).
+const MAX_LOAD_PCT: usize = 85;
+/// The load a grown or shrunk array starts at (percent): 85 / 1.125, so each growth adds an
+/// eighth. Small steps keep memory near 24 B / 0.8 per bucket; each growth moves every bucket
+/// once per eighth of the table inserted, a handful of moves per insert.
+const TARGET_LOAD_PCT: usize = 75;
+/// A table shrinks when fewer than one slot in this many holds a bucket.
+const SHRINK_BELOW_ONE_IN: usize = 8;
+/// The smallest array.
+const MIN_SLOTS: usize = 8;
+
+const EMPTY: u64 = 0;
+/// A removed slot of the old array during a migration (never a valid `full_at_ns`, which is
+/// at most `i64::MAX`).
+const TOMBSTONE: u64 = u64::MAX;
+
+#[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
+struct Slot {
+    tag_lo: u64,
+    tag_hi: u64,
+    full_at_ns: u64,
+}
+
+impl Slot {
+    fn new(tag: Tag, full_at_ns: u64) -> Self {
+        Slot {
+            tag_lo: tag as u64,
+            tag_hi: (tag >> 64) as u64,
+            full_at_ns,
+        }
+    }
+
+    fn tag(self) -> Tag {
+        (u128::from(self.tag_hi) << 64) | u128::from(self.tag_lo)
+    }
+
+    fn is_live(self) -> bool {
+        self.full_at_ns != EMPTY && self.full_at_ns != TOMBSTONE
+    }
+}
+
+/// Whether `state` is full at `now_ns`: its instant is at or before now.
+pub fn is_full(state: State, now_ns: u64) -> bool {
+    state.full_at_ns() < now_ns || (state.full_at_ns() == now_ns && state.full_at_frac() == 0)
+}
+
+/// One open-addressed array of slots.
+#[derive(Clone, Debug)]
+struct Array {
+    slots: usize,
+    chunk_len: usize,
+    chunks: Vec<Option<Box<[Slot]>>>,
+    fracs: Vec<Option<Box<[u64]>>>,
+    len: usize,
+}
+
+impl Array {
+    fn new(slots: usize) -> Self {
+        let slots = slots.max(1);
+        let chunk_len = slots.min(CHUNK_SLOTS);
+        let count = slots.div_ceil(chunk_len);
+        Array {
+            slots,
+            chunk_len,
+            chunks: vec![None; count],
+            fracs: vec![None; count],
+            len: 0,
+        }
+    }
+
+    fn home(&self, tag: Tag) -> usize {
+        // Lemire's multiply-shift maps the low 64 bits onto any number of slots.
+        ((u128::from(tag as u64) * self.slots as u128) >> 64) as usize
+    }
+
+    fn next(&self, i: usize) -> usize {
+        if i + 1 >= self.slots {
+            0
+        } else {
+            i + 1
+        }
+    }
+
+    fn locate(&self, i: usize) -> (usize, usize) {
+        if self.slots <= CHUNK_SLOTS {
+            (0, i)
+        } else {
+            (i / CHUNK_SLOTS, i % CHUNK_SLOTS)
+        }
+    }
+
+    fn slot(&self, i: usize) -> Slot {
+        let (chunk, offset) = self.locate(i);
+        self.chunks
+            .get(chunk)
+            .and_then(Option::as_deref)
+            .and_then(|c| c.get(offset))
+            .copied()
+            .unwrap_or_default()
+    }
+
+    fn frac(&self, i: usize) -> u64 {
+        let (chunk, offset) = self.locate(i);
+        self.fracs
+            .get(chunk)
+            .and_then(Option::as_deref)
+            .and_then(|c| c.get(offset))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    fn state(&self, i: usize) -> Option<State> {
+        let slot = self.slot(i);
+        if slot.is_live() {
+            State::from_parts(slot.full_at_ns, self.frac(i))
+        } else {
+            None
+        }
+    }
+
+    fn put(&mut self, i: usize, slot: Slot, frac: u64) {
+        let (chunk, offset) = self.locate(i);
+        let chunk_len = self.chunk_len;
+        if let Some(entry) = self.chunks.get_mut(chunk) {
+            let slots = entry.get_or_insert_with(|| vec![Slot::default(); chunk_len].into());
+            if let Some(target) = slots.get_mut(offset) {
+                *target = slot;
+            }
+        }
+        if let Some(entry) = self.fracs.get_mut(chunk) {
+            match entry {
+                Some(fracs) => {
+                    if let Some(target) = fracs.get_mut(offset) {
+                        *target = frac;
+                    }
+                }
+                None if frac != 0 => {
+                    let mut fracs = vec![0u64; chunk_len];
+                    if let Some(target) = fracs.get_mut(offset) {
+                        *target = frac;
+                    }
+                    *entry = Some(fracs.into());
+                }
+                None => {}
+            }
+        }
+    }
+
+    /// The index holding `tag`. Slots below `passed` (the migrated prefix of an old array)
+    /// are empty but read as occupied, since the probe chains ran through them.
+    fn find(&self, tag: Tag, passed: usize) -> Option<usize> {
+        if passed >= self.slots {
+            return None;
+        }
+        let mut i = self.home(tag);
+        for _ in 0..self.slots {
+            i = i.max(passed);
+            let slot = self.slot(i);
+            if slot.full_at_ns == EMPTY {
+                return None;
+            }
+            if slot.full_at_ns != TOMBSTONE && slot.tag() == tag {
+                return Some(i);
+            }
+            i = self.next(i);
+        }
+        None
+    }
+
+    /// Stores a bucket whose tag the array does not hold, in the first empty slot of its
+    /// chain. The array is never full (its load stays under 100%), so one exists.
+    fn insert_absent(&mut self, tag: Tag, state: State) {
+        let mut i = self.home(tag);
+        for _ in 0..self.slots {
+            if self.slot(i).full_at_ns == EMPTY {
+                self.put(i, Slot::new(tag, state.full_at_ns()), state.full_at_frac());
+                self.len += 1;
+                return;
+            }
+            i = self.next(i);
+        }
+    }
+
+    /// Cyclic distance from `from` forward to `to`.
+    fn distance(&self, from: usize, to: usize) -> usize {
+        if to >= from {
+            to - from
+        } else {
+            to + self.slots - from
+        }
+    }
+
+    /// Removes slot `i` by shifting the rest of its cluster back, so no tombstone is left and
+    /// every chain stays unbroken.
+    fn remove_at(&mut self, i: usize) {
+        let mut hole = i;
+        let mut j = self.next(i);
+        for _ in 0..self.slots {
+            let slot = self.slot(j);
+            if slot.full_at_ns == EMPTY {
+                break;
+            }
+            // The slot may fill the hole if the hole lies on its chain: from its home to it.
+            if self.distance(self.home(slot.tag()), j) >= self.distance(hole, j) {
+                let frac = self.frac(j);
+                self.put(hole, slot, frac);
+                hole = j;
+            }
+            j = self.next(j);
+        }
+        self.put(hole, Slot::default(), 0);
+        self.len = self.len.saturating_sub(1);
+    }
+
+    fn mem_bytes(&self) -> usize {
+        let pointers = (self.chunks.capacity() + self.fracs.capacity()) * size_of::<usize>();
+        let slots = self
+            .chunks
+            .iter()
+            .flatten()
+            .map(|c| c.len() * size_of::<Slot>());
+        let fracs = self
+            .fracs
+            .iter()
+            .flatten()
+            .map(|c| c.len() * size_of::<u64>());
+        pointers + slots.sum::<usize>() + fracs.sum::<usize>()
+    }
+
+    /// Every live bucket at index `from` or later.
+    fn entries(&self, from: usize) -> impl Iterator<Item = (Tag, State)> + '_ {
+        (from..self.slots).filter_map(move |i| {
+            let (chunk, offset) = self.locate(i);
+            // Skip unallocated chunks cheaply: they hold nothing.
+            if offset == 0 && self.chunks.get(chunk).is_some_and(Option::is_none) {
+                return None;
+            }
+            self.state(i).map(|state| (self.slot(i).tag(), state))
+        })
+    }
+}
+
+/// The old array of a migration and how many of its slots have moved.
+#[derive(Clone, Debug)]
+struct Migration {
+    array: Array,
+    passed: usize,
+}
+
+/// A new field was refused: the table holds [`MAX_BUCKETS`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Full;
+
+/// Many buckets, by tag. See the file's docs for the layout.
+#[derive(Clone, Debug)]
+pub struct Table {
+    current: Array,
+    old: Option<Box<Migration>>,
+    sweep_at: usize,
+}
+
+impl Default for Table {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The jemalloc size class holding `bytes` (4 classes per doubling above 128 bytes).
+fn size_class(bytes: usize) -> usize {
+    if bytes <= 8 {
+        return 8;
+    }
+    if bytes <= 128 {
+        return bytes.next_multiple_of(16);
+    }
+    let log2 = usize::BITS - 1 - (bytes - 1).leading_zeros();
+    let step = 1usize << log2.saturating_sub(2);
+    bytes.next_multiple_of(step)
+}
+
+/// The number of slots for an array that starts holding `len` buckets at the target load:
+/// a whole jemalloc size class below one chunk, whole chunks above.
+fn slots_for(len: usize) -> usize {
+    let want = (len.saturating_mul(100) / TARGET_LOAD_PCT + 1).max(MIN_SLOTS);
+    if want <= CHUNK_SLOTS {
+        (size_class(want * size_of::<Slot>()) / size_of::<Slot>()).min(CHUNK_SLOTS)
+    } else {
+        want.next_multiple_of(CHUNK_SLOTS)
+    }
+}
+
+impl Table {
+    /// An empty table.
+    pub fn new() -> Self {
+        Table {
+            current: Array::new(MIN_SLOTS),
+            old: None,
+            sweep_at: 0,
+        }
+    }
+
+    /// A table holding `entries`, whose tags must be distinct.
+    pub fn from_entries(entries: &[(Tag, State)]) -> Self {
+        let mut table = Table {
+            current: Array::new(slots_for(entries.len())),
+            old: None,
+            sweep_at: 0,
+        };
+        for &(tag, state) in entries {
+            table.current.insert_absent(tag, state);
+        }
+        table
+    }
+
+    /// Buckets held, including full ones not swept yet.
+    pub fn len(&self) -> usize {
+        self.current.len + self.old.as_ref().map_or(0, |m| m.array.len)
+    }
+
+    /// Whether the table holds no bucket.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The bucket of `tag`, if held.
+    pub fn get(&self, tag: Tag) -> Option<State> {
+        if let Some(i) = self.current.find(tag, 0) {
+            return self.current.state(i);
+        }
+        let old = self.old.as_ref()?;
+        let i = old.array.find(tag, old.passed)?;
+        old.array.state(i)
+    }
+
+    /// Stores `state` as the bucket of `tag`, after a step of any migration.
+    ///
+    /// # Errors
+    /// [`Full`] for a new tag when the table holds [`MAX_BUCKETS`]; nothing changes.
+    pub fn set(&mut self, tag: Tag, state: State) -> Result<(), Full> {
+        self.migrate(MIGRATE_STEP);
+        if let Some(i) = self.current.find(tag, 0) {
+            self.current
+                .put(i, Slot::new(tag, state.full_at_ns()), state.full_at_frac());
+            return Ok(());
+        }
+        let in_old = self.take_from_old(tag).is_some();
+        if !in_old && self.len() >= MAX_BUCKETS {
+            return Err(Full);
+        }
+        self.reserve_one();
+        self.current.insert_absent(tag, state);
+        Ok(())
+    }
+
+    /// Removes the bucket of `tag`, returning it, and moves a step of any migration.
+    pub fn remove(&mut self, tag: Tag) -> Option<State> {
+        self.migrate(MIGRATE_STEP);
+        let removed = match self.current.find(tag, 0) {
+            Some(i) => {
+                let state = self.current.state(i);
+                self.current.remove_at(i);
+                state
+            }
+            None => self.take_from_old(tag),
+        };
+        self.maybe_shrink();
+        removed
+    }
+
+    /// Marks `tag` removed in the old array, returning its bucket.
+    fn take_from_old(&mut self, tag: Tag) -> Option<State> {
+        let old = self.old.as_mut()?;
+        let i = old.array.find(tag, old.passed)?;
+        let state = old.array.state(i);
+        let slot = Slot::new(tag, TOMBSTONE);
+        old.array.put(i, slot, 0);
+        old.array.len = old.array.len.saturating_sub(1);
+        state
+    }
+
+    /// Makes room for one more bucket in the current array: starts a growth, or in the
+    /// unexpected case that a migration's new array filled first, finishes that migration.
+    fn reserve_one(&mut self) {
+        let over = |array: &Array, pct: usize| (array.len + 1) * 100 > array.slots * pct;
+        if self.old.is_some() && over(&self.current, 95) {
+            self.migrate(usize::MAX);
+        }
+        if self.old.is_none() && over(&self.current, MAX_LOAD_PCT) {
+            self.start_migration(slots_for(self.len() + 1));
+        }
+    }
+
+    fn start_migration(&mut self, slots: usize) {
+        let array = std::mem::replace(&mut self.current, Array::new(slots));
+        self.sweep_at = 0;
+        self.old = Some(Box::new(Migration { array, passed: 0 }));
+        self.migrate(MIGRATE_STEP);
+    }
+
+    /// Moves up to `budget` old slots into the current array, freeing each old chunk once
+    /// passed; ends the migration at the last.
+    pub fn migrate(&mut self, budget: usize) {
+        let Some(old) = self.old.as_mut() else { return };
+        let mut moved = 0;
+        while moved < budget && old.passed < old.array.slots {
+            let i = old.passed;
+            let (chunk, offset) = old.array.locate(i);
+            if offset == 0 && old.array.chunks.get(chunk).is_some_and(Option::is_none) {
+                // An unallocated chunk holds nothing: pass it whole.
+                old.passed = (i + old.array.chunk_len).min(old.array.slots);
+                moved += 1;
+                continue;
+            }
+            let slot = old.array.slot(i);
+            if let (true, Some(state)) = (slot.is_live(), old.array.state(i)) {
+                self.current.insert_absent(slot.tag(), state);
+                old.array.len = old.array.len.saturating_sub(1);
+            }
+            old.passed = i + 1;
+            moved += 1;
+            if old.passed % old.array.chunk_len == 0 || old.passed == old.array.slots {
+                if let Some(c) = old.array.chunks.get_mut(chunk) {
+                    *c = None;
+                }
+                if let Some(f) = old.array.fracs.get_mut(chunk) {
+                    *f = None;
+                }
+            }
+        }
+        if old.passed >= old.array.slots {
+            self.old = None;
+        }
+    }
+
+    fn maybe_shrink(&mut self) {
+        let current = &self.current;
+        if self.old.is_none()
+            && current.slots > MIN_SLOTS
+            && current.len.saturating_mul(SHRINK_BELOW_ONE_IN) < current.slots
+            && slots_for(current.len) < current.slots
+        {
+            self.start_migration(slots_for(current.len));
+        }
+    }
+
+    /// Looks at up to `budget` slots of the current array from where the last sweep stopped
+    /// and removes the buckets full at `now_ns`, returning their tags (for the caller to
+    /// replicate). An unallocated chunk counts as one slot.
+    pub fn sweep(&mut self, now_ns: u64, budget: usize) -> Vec<Tag> {
+        let mut swept = Vec::new();
+        for _ in 0..budget {
+            let array = &mut self.current;
+            if self.sweep_at >= array.slots {
+                self.sweep_at = 0;
+            }
+            let i = self.sweep_at;
+            let (chunk, offset) = array.locate(i);
+            if offset == 0 && array.chunks.get(chunk).is_some_and(Option::is_none) {
+                self.sweep_at = i + array.chunk_len;
+                continue;
+            }
+            match array.state(i) {
+                Some(state) if is_full(state, now_ns) => {
+                    swept.push(array.slot(i).tag());
+                    // The cluster shifts back into `i`, so look at `i` again next.
+                    array.remove_at(i);
+                }
+                _ => self.sweep_at = i + 1,
+            }
+        }
+        self.maybe_shrink();
+        swept
+    }
+
+    /// Every bucket, in no particular order.
+    pub fn entries(&self) -> impl Iterator<Item = (Tag, State)> + '_ {
+        let old = self
+            .old
+            .as_ref()
+            .map(|m| m.array.entries(m.passed))
+            .into_iter()
+            .flatten();
+        self.current.entries(0).chain(old)
+    }
+
+    /// Every bucket, sorted by tag: the serialized order, which no history changes.
+    pub fn sorted_entries(&self) -> Vec<(Tag, State)> {
+        let mut entries: Vec<(Tag, State)> = self.entries().collect();
+        entries.sort_unstable_by_key(|&(tag, _)| tag);
+        entries
+    }
+
+    /// Buckets not full at `now_ns`. O(N): for tests and tools, not for commands.
+    pub fn live(&self, now_ns: u64) -> usize {
+        self.entries()
+            .filter(|&(_, state)| !is_full(state, now_ns))
+            .count()
+    }
+
+    /// Bytes this table owns, itself included.
+    pub fn mem_bytes(&self) -> usize {
+        size_of::<Self>()
+            + self.current.mem_bytes()
+            + self
+                .old
+                .as_ref()
+                .map_or(0, |m| size_of::<Migration>() + m.array.mem_bytes())
+    }
+
+    /// Allocations a free releases, for the server's lazy-free decision.
+    pub fn allocations(&self) -> usize {
+        let count =
+            |a: &Array| a.chunks.iter().flatten().count() + a.fracs.iter().flatten().count();
+        1 + count(&self.current) + self.old.as_ref().map_or(0, |m| count(&m.array))
+    }
+}
+
+/// The RDB encoding of a table written by this build: a count, then per bucket in tag order
+/// the 16-byte tag (little-endian), `full_at_ns` and `full_at_frac`.
+pub const ENCODING_VERSION: i32 = 1;
+
+/// Why a stored table was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DecodeError {
+    /// An encoding version this build does not know.
+    Version,
+    /// A short or mistyped read.
+    Io,
+    /// A count of 0 (never written) or past [`MAX_BUCKETS`].
+    Count,
+    /// A tag not exactly 16 bytes.
+    TagLength,
+    /// Tags not strictly increasing: out of order or repeated.
+    Order,
+    /// A state out of range.
+    Range,
+}
+
+/// Decodes a stored table. `next_unsigned` and `next_bytes` yield the next field, or `None`
+/// on an I/O error. Pure, so fuzzers drive it with arbitrary input. Reads at most
+/// `count` entries and allocates as it reads, so a lying count costs nothing up front.
+///
+/// # Errors
+/// A [`DecodeError`] for anything but a table this build writes.
+pub fn decode(
+    encver: i32,
+    mut next_unsigned: impl FnMut() -> Option<u64>,
+    mut next_bytes: impl FnMut() -> Option<Vec<u8>>,
+) -> Result<Table, DecodeError> {
+    if encver != ENCODING_VERSION {
+        return Err(DecodeError::Version);
+    }
+    let count = next_unsigned().ok_or(DecodeError::Io)?;
+    let count = usize::try_from(count)
+        .ok()
+        .filter(|&c| (1..=MAX_BUCKETS).contains(&c))
+        .ok_or(DecodeError::Count)?;
+    let mut entries: Vec<(Tag, State)> = Vec::with_capacity(count.min(4096));
+    let mut last: Option<Tag> = None;
+    for _ in 0..count {
+        let bytes = next_bytes().ok_or(DecodeError::Io)?;
+        let bytes: [u8; 16] = bytes.try_into().map_err(|_| DecodeError::TagLength)?;
+        let tag = Tag::from_le_bytes(bytes);
+        if last.is_some_and(|last| last >= tag) {
+            return Err(DecodeError::Order);
+        }
+        last = Some(tag);
+        let full_at_ns = next_unsigned().ok_or(DecodeError::Io)?;
+        let full_at_frac = next_unsigned().ok_or(DecodeError::Io)?;
+        let state = State::from_parts(full_at_ns, full_at_frac).ok_or(DecodeError::Range)?;
+        entries.push((tag, state));
+    }
+    Ok(Table::from_entries(&entries))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,336 @@
+//! The table against a `HashMap<field, State>` model: the same bucket steps on both stores,
+//! so any difference is the table's (lookups across migrations, shifts on removal, sweeps).
+
+use std::collections::HashMap;
+
+use proptest::prelude::*;
+
+use super::*;
+use crate::bucket::{self, Change, Cost, Limit};
+
+/// One step of a sequence.
+#[derive(Clone, Debug)]
+enum Op {
+    Take(u16, u8),
+    Peek(u16, u8),
+    Refund(u16, u8),
+    Delete(u16),
+    /// Moves the clock forward by this many milliseconds.
+    Advance(u32),
+    /// A sweep of this many slots.
+    Sweep(u16),
+}
+
+fn op(fields: u16) -> impl Strategy<Value = Op> {
+    prop_oneof![
+        8 => (0..fields, 0u8..4).prop_map(|(f, c)| Op::Take(f, c)),
+        2 => (0..fields, 0u8..4).prop_map(|(f, c)| Op::Peek(f, c)),
+        2 => (0..fields, 0u8..4).prop_map(|(f, c)| Op::Refund(f, c)),
+        2 => (0..fields).prop_map(Op::Delete),
+        1 => (0u32..3000).prop_map(Op::Advance),
+        1 => (0u16..2000).prop_map(Op::Sweep),
+    ]
+}
+
+fn field(i: u16) -> Vec<u8> {
+    format!("client:{i:05}").into_bytes()
+}
+
+/// A store the steps run on: the table under test or the model.
+trait Buckets {
+    fn get(&self, field: &[u8]) -> Option<State>;
+    fn put(&mut self, field: &[u8], change: Change);
+}
+
+impl Buckets for Table {
+    fn get(&self, field: &[u8]) -> Option<State> {
+        Table::get(self, tag(field))
+    }
+    fn put(&mut self, field: &[u8], change: Change) {
+        match change {
+            Change::Keep => {}
+            Change::Set(state) => self.set(tag(field), state).unwrap(),
+            Change::Delete => {
+                self.remove(tag(field));
+            }
+        }
+    }
+}
+
+impl Buckets for HashMap<Vec<u8>, State> {
+    fn get(&self, field: &[u8]) -> Option<State> {
+        HashMap::get(self, field).copied()
+    }
+    fn put(&mut self, field: &[u8], change: Change) {
+        match change {
+            Change::Keep => {}
+            Change::Set(state) => {
+                self.insert(field.to_vec(), state);
+            }
+            Change::Delete => {
+                self.remove(field);
+            }
+        }
+    }
+}
+
+/// Runs one op on a store, returning what a command would reply.
+fn step(store: &mut impl Buckets, limit: &Limit, now_us: u64, op: &Op) -> Option<String> {
+    let cost = |c: u8| Cost::new(f64::from(c)).unwrap();
+    match *op {
+        Op::Take(f, c) => {
+            let f = field(f);
+            let (decision, new) = bucket::acquire(limit, store.get(&f), now_us, cost(c));
+            store.put(&f, new.map_or(Change::Keep, Change::Set));
+            Some(format!("{decision:?}"))
+        }
+        Op::Peek(f, c) => Some(format!(
+            "{:?}",
+            bucket::peek(limit, store.get(&field(f)), now_us, cost(c))
+        )),
+        Op::Refund(f, c) => {
+            let f = field(f);
+            let (decision, change) = bucket::refund(limit, store.get(&f), now_us, cost(c));
+            store.put(&f, change);
+            Some(format!("{decision:?}"))
+        }
+        Op::Delete(f) => {
+            let f = field(f);
+            let live = store.get(&f).is_some_and(|s| !is_full(s, now_us * 1000));
+            store.put(&f, Change::Delete);
+            Some(format!("deleted live {live}"))
+        }
+        Op::Advance(_) | Op::Sweep(_) => None,
+    }
+}
+
+fn run(limit: &Limit, ops: &[Op]) -> Result<(), TestCaseError> {
+    let mut table = Table::new();
+    let mut model: HashMap<Vec<u8>, State> = HashMap::new();
+    let mut now_us: u64 = 1_700_000_000_000_000;
+    for (i, op) in ops.iter().enumerate() {
+        match *op {
+            Op::Advance(ms) => now_us += u64::from(ms) * 1000,
+            Op::Sweep(budget) => {
+                for swept in table.sweep(now_us * 1000, usize::from(budget)) {
+                    // Only buckets full now may go, and only buckets the model holds.
+                    let held = model.iter().find(|(f, _)| tag(f) == swept);
+                    let (f, state) = held.expect("swept a tag the model lacks");
+                    prop_assert!(is_full(*state, now_us * 1000), "swept a live bucket");
+                    let f = f.clone();
+                    model.remove(&f);
+                }
+            }
+            _ => {
+                let want = step(&mut model, limit, now_us, op);
+                let got = step(&mut table, limit, now_us, op);
+                prop_assert_eq!(got, want, "op {} {:?}", i, op);
+            }
+        }
+        let live_model = model
+            .values()
+            .filter(|s| !is_full(**s, now_us * 1000))
+            .count();
+        prop_assert_eq!(table.live(now_us * 1000), live_model, "live after op {}", i);
+        prop_assert_eq!(table.len(), model.len(), "held after op {}", i);
+    }
+    // Every bucket the model holds, the table holds, with the same state.
+    for (f, state) in &model {
+        prop_assert_eq!(table.get(tag(f)), Some(*state));
+    }
+    // A full sweep leaves exactly the live buckets.
+    let slots = table.current.slots + table.old.as_ref().map_or(0, |m| m.array.slots);
+    for _ in 0..4 {
+        table.migrate(usize::MAX);
+        table.sweep(now_us * 1000, slots * 2);
+    }
+    prop_assert_eq!(table.len(), table.live(now_us * 1000));
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// A few hot fields: probe chains, shifts and refills at 3/s (a fraction) and 10/s.
+    #[test]
+    fn table_agrees_with_a_hashmap_on_few_fields(
+        ops in proptest::collection::vec(op(40), 1..400),
+        fraction in any::<bool>(),
+    ) {
+        let limit = Limit::new(if fraction { 3.0 } else { 10.0 }, 5.0).unwrap();
+        run(&limit, &ops)?;
+    }
+
+    /// Thousands of fields: growth past one chunk, migrations under load, shrinking.
+    #[test]
+    fn table_agrees_with_a_hashmap_through_growth_and_shrinking(
+        ops in proptest::collection::vec(op(5000), 2000..4000),
+    ) {
+        let limit = Limit::new(7.0, 3.0).unwrap();
+        run(&limit, &ops)?;
+    }
+}
+
+#[test]
+fn a_table_grows_without_a_full_rehash_and_shrinks_back() {
+    let state = State::from_full_at_ns(2_000_000_000_000_000_000).unwrap();
+    let mut table = Table::new();
+    let n = 200_000u32;
+    let mut longest_migration = 0;
+    for i in 0..n {
+        table.set(tag(&i.to_le_bytes()), state).unwrap();
+        if let Some(m) = &table.old {
+            longest_migration = longest_migration.max(m.passed);
+        }
+    }
+    assert_eq!(table.len(), n as usize);
+    for i in 0..n {
+        assert_eq!(table.get(tag(&i.to_le_bytes())), Some(state), "{i}");
+    }
+    // Load stays between the target and the maximum once past the smallest sizes.
+    table.migrate(usize::MAX);
+    let load = table.len() * 100 / table.current.slots;
+    assert!(
+        (TARGET_LOAD_PCT - 1..=MAX_LOAD_PCT).contains(&load),
+        "{load}"
+    );
+    for i in 0..n {
+        assert_eq!(table.remove(tag(&i.to_le_bytes())), Some(state), "{i}");
+    }
+    for _ in 0..100 {
+        table.migrate(usize::MAX);
+        table.sweep(0, 1);
+    }
+    assert!(table.is_empty());
+    assert!(table.mem_bytes() < 4096, "{}", table.mem_bytes());
+}
+
+#[test]
+fn bytes_per_bucket_of_a_256th_of_a_million() {
+    // The shape the memory budget names: 1,000,000 buckets over 256 keys.
+    let mut table = Table::new();
+    let whole = State::from_full_at_ns(2_000_000_000_000_000_000).unwrap();
+    for i in 0..3906u32 {
+        table
+            .set(tag(format!("{i:016}").as_bytes()), whole)
+            .unwrap();
+    }
+    table.migrate(usize::MAX);
+    let per_bucket = table.mem_bytes() as f64 / 3906.0;
+    assert!(per_bucket <= 34.0, "{per_bucket}");
+    let fraction = State::from_parts(2_000_000_000_000_000_000, 1).unwrap();
+    for i in 0..3906u32 {
+        table
+            .set(tag(format!("{i:016}").as_bytes()), fraction)
+            .unwrap();
+    }
+    let per_bucket = table.mem_bytes() as f64 / 3906.0;
+    assert!(per_bucket <= 45.0, "{per_bucket}");
+}
+
+#[test]
+fn size_classes_match_jemalloc() {
+    let rows = [
+        (1, 8),
+        (9, 16),
+        (129, 160),
+        (192, 192),
+        (24480, 24576),
+        (24577, 28672),
+        (6144, 6144),
+    ];
+    for (bytes, class) in rows {
+        assert_eq!(size_class(bytes), class, "{bytes}");
+    }
+}
+
+#[test]
+fn decode_accepts_only_what_is_written() {
+    let a = State::from_full_at_ns(5).unwrap();
+    type Row = (
+        i32,
+        Vec<Option<u64>>,
+        Vec<Option<Vec<u8>>>,
+        Result<usize, DecodeError>,
+    );
+    let tag_bytes = |t: u128| Some(t.to_le_bytes().to_vec());
+    let rows: Vec<Row> = vec![
+        // one bucket
+        (
+            1,
+            vec![Some(1), Some(5), Some(0)],
+            vec![tag_bytes(7)],
+            Ok(1),
+        ),
+        // two, in tag order
+        (
+            1,
+            vec![Some(2), Some(5), Some(0), Some(6), Some(3)],
+            vec![tag_bytes(7), tag_bytes(8)],
+            Ok(2),
+        ),
+        // out of order
+        (
+            1,
+            vec![Some(2), Some(5), Some(0), Some(6), Some(0)],
+            vec![tag_bytes(8), tag_bytes(7)],
+            Err(DecodeError::Order),
+        ),
+        // repeated
+        (
+            1,
+            vec![Some(2), Some(5), Some(0), Some(6), Some(0)],
+            vec![tag_bytes(7), tag_bytes(7)],
+            Err(DecodeError::Order),
+        ),
+        // empty tables are never written
+        (1, vec![Some(0)], vec![], Err(DecodeError::Count)),
+        // past the cap
+        (
+            1,
+            vec![Some(MAX_BUCKETS as u64 + 1)],
+            vec![],
+            Err(DecodeError::Count),
+        ),
+        // a lying count: the stream ends
+        (
+            1,
+            vec![Some(1000), Some(5), Some(0)],
+            vec![tag_bytes(7)],
+            Err(DecodeError::Io),
+        ),
+        // a short tag
+        (
+            1,
+            vec![Some(1), Some(5), Some(0)],
+            vec![Some(vec![1, 2, 3])],
+            Err(DecodeError::TagLength),
+        ),
+        // zero instant, fraction past range
+        (
+            1,
+            vec![Some(1), Some(0), Some(0)],
+            vec![tag_bytes(7)],
+            Err(DecodeError::Range),
+        ),
+        (
+            1,
+            vec![Some(1), Some(5), Some(u64::MAX)],
+            vec![tag_bytes(7)],
+            Err(DecodeError::Range),
+        ),
+        // unknown versions
+        (0, vec![Some(1)], vec![], Err(DecodeError::Version)),
+        (2, vec![Some(1)], vec![], Err(DecodeError::Version)),
+    ];
+    for (encver, unsigned, buffers, want) in rows {
+        let mut u = unsigned.clone().into_iter();
+        let mut b = buffers.into_iter();
+        let got = decode(encver, || u.next().flatten(), || b.next().flatten()).map(|t| t.len());
+        assert_eq!(got, want, "{encver} {unsigned:?}");
+    }
+    let mut u = [1u64, 5, 0].into_iter();
+    let mut b = [7u128.to_le_bytes().to_vec()].into_iter();
+    let table = decode(1, || u.next(), || b.next()).unwrap();
+    assert_eq!(table.get(7), Some(a));
+}

@@ -1,0 +1,500 @@
+//! The `rl-htable` module type, a key holding a [`Table`] of buckets: its callbacks (RDB, AOF,
+//! digest, copy, memory, lazy free) and its handles behind the [`Store`] door: [`TableKey`]
+//! for a key, [`TableField`] for one bucket of it.
+//!
+//! What the glue decides, and the pure table does not:
+//! - **Replication.** Every change travels as its effect, `RL.HSETSTATE key tag full_at_ns
+//!   full_at_frac` (`full_at_ns` 0 deletes), so replicas and AOF hold the same buckets. Tags,
+//!   not fields, travel, since a sweep only knows tags.
+//! - **Sweeping.** Each write of the master's own commands sweeps [`SWEEP_STEP`] slots by the
+//!   master's clock and replicates what it removed; `RL.HSETSTATE` (what replicas and AOF
+//!   replay) never sweeps, so a replica never decides by its own clock.
+//! - **Expiry.** The key expires when its latest bucket is full: each write raises the
+//!   expiry to the bucket's `full_at` if later. Redis's own expiry then removes (and
+//!   replicates the removal of) a table with no live bucket; a table left empty by a
+//!   removal is deleted on the spot.
+
+use std::ffi::{c_char, c_int, c_void, CStr};
+use std::ptr;
+use std::sync::atomic::{AtomicPtr, Ordering};
+
+use redis_module::native_types::RedisType;
+use redis_module::raw;
+
+use crate::bucket::{Change, State};
+use crate::datatype::{self, OpenKey, Store};
+use crate::error::Error;
+use crate::propagation;
+use crate::table::{self, Table, Tag};
+
+/// The type's name in RDB files and `TYPE` (exactly 9 characters, as Redis requires).
+pub const TYPE_NAME: &str = "rl-htable";
+
+/// Slots each write of a master's own command sweeps: a bounded cost per call (a few µs).
+pub const SWEEP_STEP: usize = 32;
+
+/// The type as registered by `redis_module!`.
+pub static TABLE_TYPE: RedisType = RedisType::new(
+    TYPE_NAME,
+    table::ENCODING_VERSION,
+    raw::RedisModuleTypeMethods {
+        version: raw::REDISMODULE_TYPE_METHOD_VERSION as u64,
+        rdb_load: Some(rdb_load),
+        rdb_save: Some(rdb_save),
+        aof_rewrite: Some(aof_rewrite),
+        mem_usage: Some(mem_usage),
+        digest: Some(digest),
+        free: Some(free),
+        aux_load: None,
+        aux_save: None,
+        aux_save_triggers: 0,
+        free_effort: Some(free_effort),
+        unlink: None,
+        copy: Some(copy),
+        defrag: None,
+        mem_usage2: None,
+        free_effort2: None,
+        unlink2: None,
+        copy2: None,
+        aux_save2: None,
+    },
+);
+
+static TYPE_PTR: AtomicPtr<raw::RedisModuleType> = AtomicPtr::new(ptr::null_mut());
+
+/// Caches the registered type pointer. Call once, after `redis_module!` created the type.
+pub fn cache_type() -> Result<(), Error> {
+    datatype::cache_type_in(&TABLE_TYPE, &TYPE_PTR)
+}
+
+fn table_type() -> *mut raw::RedisModuleType {
+    TYPE_PTR.load(Ordering::Relaxed)
+}
+
+/// A key holding a table (or nothing yet), opened for a command.
+pub struct TableKey {
+    key: OpenKey,
+    /// The key's table; null while the key is missing.
+    table: *mut Table,
+    /// The master's clock for this command, or `None` where nothing may be swept.
+    sweep_now_ns: Option<u64>,
+    /// Changes made and not yet committed: each tag's new state, or `None` for a removal.
+    effects: Vec<(Tag, Option<State>)>,
+}
+
+impl TableKey {
+    /// Opens `name` for reading and writing. `sweep_now_ns` is the master's clock for the
+    /// master's own commands, which sweep as they commit; `None` for `RL.HSETSTATE`.
+    ///
+    /// # Errors
+    /// [`Error::WrongType`] if the key holds any other type; [`Error::Internal`] if the
+    /// server returns no handle.
+    ///
+    /// # Safety
+    /// `ctx` and `name` must be the live context and an argument of the running command.
+    pub unsafe fn open(
+        ctx: *mut raw::RedisModuleCtx,
+        name: *mut raw::RedisModuleString,
+        sweep_now_ns: Option<u64>,
+    ) -> Result<Self, Error> {
+        // SAFETY: forwarded (caller).
+        Self::with(unsafe { OpenKey::open(ctx, name, true) }?, sweep_now_ns)
+    }
+
+    /// Opens `name` for reading only (replicas, read-only scripts). Nothing is committed.
+    ///
+    /// # Errors
+    /// As for [`TableKey::open`].
+    ///
+    /// # Safety
+    /// As for [`TableKey::open`].
+    pub unsafe fn open_read(
+        ctx: *mut raw::RedisModuleCtx,
+        name: *mut raw::RedisModuleString,
+    ) -> Result<Self, Error> {
+        // SAFETY: forwarded (caller).
+        Self::with(unsafe { OpenKey::open(ctx, name, false) }?, None)
+    }
+
+    fn with(key: OpenKey, sweep_now_ns: Option<u64>) -> Result<Self, Error> {
+        // A value of our type is always a `Table`.
+        let table = key
+            .value(table_type())?
+            .map_or(ptr::null_mut(), |value| value.cast::<Table>());
+        Ok(Self {
+            key,
+            table,
+            sweep_now_ns,
+            effects: Vec::new(),
+        })
+    }
+
+    fn table(&self) -> Option<&Table> {
+        // SAFETY: a non-null `table` is the key's live value, which only this command touches.
+        unsafe { self.table.as_ref() }
+    }
+
+    fn table_mut(&mut self) -> Option<&mut Table> {
+        // SAFETY: as for `table`; `&mut self` makes this the one reference.
+        unsafe { self.table.as_mut() }
+    }
+
+    /// Buckets held, including full ones not yet swept.
+    pub fn len(&self) -> usize {
+        self.table().map_or(0, Table::len)
+    }
+
+    /// Whether the key holds no table.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The bucket of `tag`: `None` for a missing key or field (a full bucket).
+    pub fn get(&self, tag: Tag) -> Option<State> {
+        self.table()?.get(tag)
+    }
+
+    /// Stores `state` for `tag`, creating the table if the key is missing, and raises the
+    /// key's expiry to the bucket's `full_at` if later. Reported at [`TableKey::commit`].
+    ///
+    /// # Errors
+    /// [`Error::TableFull`] for a new field past [`table::MAX_BUCKETS`] (nothing changes);
+    /// [`Error::Internal`] if the server refuses the write.
+    pub fn set(&mut self, tag: Tag, state: State) -> Result<(), Error> {
+        if self.table.is_null() {
+            let table = Box::into_raw(Box::new(Table::new()));
+            // SAFETY: the key is open for writing and empty; on success the key owns `table`.
+            let set = unsafe {
+                raw::RedisModule_ModuleTypeSetValue.ok_or(Error::Internal)?(
+                    self.key.key,
+                    table_type(),
+                    table.cast(),
+                )
+            };
+            if set != raw::REDISMODULE_OK as c_int {
+                // SAFETY: made just above, owned by nothing else.
+                drop(unsafe { Box::from_raw(table) });
+                return Err(Error::Internal);
+            }
+            self.table = table;
+        }
+        self.table_mut()
+            .ok_or(Error::Internal)?
+            .set(tag, state)
+            .map_err(|table::Full| Error::TableFull)?;
+        let expire_at_ms = i64::try_from(state.expire_at_ms()).map_err(|_| Error::Internal)?;
+        // SAFETY: the key is open for writing and holds our table.
+        unsafe {
+            let current = raw::RedisModule_GetAbsExpire.ok_or(Error::Internal)?(self.key.key);
+            if current < expire_at_ms {
+                let set = raw::RedisModule_SetAbsExpire.ok_or(Error::Internal)?(
+                    self.key.key,
+                    expire_at_ms,
+                );
+                if set != raw::REDISMODULE_OK as c_int {
+                    return Err(Error::Internal);
+                }
+            }
+        }
+        self.effects.push((tag, Some(state)));
+        Ok(())
+    }
+
+    /// Removes the bucket of `tag`, returning it. Reported at [`TableKey::commit`].
+    pub fn remove(&mut self, tag: Tag) -> Option<State> {
+        let removed = self.table_mut()?.remove(tag);
+        if removed.is_some() {
+            self.effects.push((tag, None));
+        }
+        removed
+    }
+
+    /// Commits what this handle changed: sweeps a step (the master's own commands only),
+    /// deletes the key if no bucket is left, reports the write as `event`, and replicates
+    /// each change as `RL.HSETSTATE` (or the key's deletion as `DEL`). Nothing changed,
+    /// nothing reported.
+    ///
+    /// # Errors
+    /// [`Error::Internal`] if the server refuses.
+    pub fn commit(&mut self, event: &CStr) -> Result<(), Error> {
+        if let (Some(now_ns), false) = (self.sweep_now_ns, self.effects.is_empty()) {
+            if let Some(table) = self.table_mut() {
+                let swept = table.sweep(now_ns, SWEEP_STEP);
+                self.effects
+                    .extend(swept.into_iter().map(|tag| (tag, None)));
+            }
+        }
+        if self.effects.is_empty() {
+            return Ok(());
+        }
+        let effects = std::mem::take(&mut self.effects);
+        let propagate = propagation::needed(self.key.ctx);
+        if self.table().is_some_and(Table::is_empty) {
+            datatype::delete_key(self.key.key)?;
+            self.table = ptr::null_mut();
+            datatype::signal_modified(
+                self.key.ctx,
+                self.key.name,
+                raw::REDISMODULE_NOTIFY_GENERIC,
+                c"del",
+            )?;
+            return if propagate {
+                datatype::replicate_del(self.key.ctx, self.key.name)
+            } else {
+                Ok(())
+            };
+        }
+        datatype::signal_modified(
+            self.key.ctx,
+            self.key.name,
+            raw::REDISMODULE_NOTIFY_MODULE,
+            event,
+        )?;
+        if propagate {
+            for (tag, state) in effects {
+                replicate_set_state(self.key.ctx, self.key.name, tag, state)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The handle of one bucket, named by `field`.
+    pub fn field(self, field: &[u8]) -> TableField {
+        let tag = table::tag(field);
+        let stored = self.get(tag);
+        TableField {
+            key: self,
+            tag,
+            stored,
+            staged: Change::Keep,
+        }
+    }
+}
+
+/// One bucket of a table, behind the same door as a per-key bucket.
+pub struct TableField {
+    key: TableKey,
+    tag: Tag,
+    stored: Option<State>,
+    staged: Change,
+}
+
+impl Store for TableField {
+    fn state(&self) -> Option<State> {
+        match self.staged {
+            Change::Keep => self.stored,
+            Change::Set(state) => Some(state),
+            Change::Delete => None,
+        }
+    }
+
+    fn stage(&mut self, change: Change) {
+        if change != Change::Keep {
+            self.staged = change;
+        }
+    }
+
+    fn commit(&mut self, event: &CStr) -> Result<(), Error> {
+        match std::mem::replace(&mut self.staged, Change::Keep) {
+            Change::Keep => return Ok(()),
+            Change::Set(state) => self.key.set(self.tag, state)?,
+            Change::Delete => {
+                self.key.remove(self.tag);
+            }
+        }
+        self.stored = self.key.get(self.tag);
+        self.key.commit(event)
+    }
+}
+
+/// `RL.HSETSTATE key tag full_at_ns full_at_frac`: one change's effect. `full_at_ns` 0
+/// deletes (as `0 0`).
+fn replicate_set_state(
+    ctx: *mut raw::RedisModuleCtx,
+    name: *mut raw::RedisModuleString,
+    tag: Tag,
+    state: Option<State>,
+) -> Result<(), Error> {
+    let (full_at_ns, full_at_frac) = state.map_or((0, 0), full_at_i64);
+    let tag = tag.to_le_bytes();
+    // SAFETY: read once, after load; "sbll" matches a RedisModuleString, a buffer and its
+    // length, and two long longs.
+    let status = unsafe {
+        raw::RedisModule_Replicate.ok_or(Error::Internal)?(
+            ctx,
+            c"RL.HSETSTATE".as_ptr(),
+            c"sbll".as_ptr(),
+            name,
+            tag.as_ptr().cast::<c_char>(),
+            tag.len(),
+            full_at_ns,
+            full_at_frac,
+        )
+    };
+    datatype::replicated(status)
+}
+
+fn full_at_i64(state: State) -> (i64, i64) {
+    (
+        i64::try_from(state.full_at_ns()).unwrap_or(i64::MAX),
+        i64::try_from(state.full_at_frac()).unwrap_or(i64::MAX),
+    )
+}
+
+/// The table a value pointer holds.
+///
+/// # Safety
+/// `value` must be null or a value of this type (a `Box<Table>` made here).
+unsafe fn table_of<'a>(value: *const c_void) -> Option<&'a Table> {
+    // SAFETY: guaranteed by the caller.
+    unsafe { value.cast::<Table>().as_ref() }
+}
+
+unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *mut c_void {
+    // SAFETY (both closures): `rdb` is the live IO handle Redis passed in. HANDLE_IO_ERRORS is
+    // set at load, so a short or mistyped read sets the error flag instead of aborting.
+    let failed = || unsafe { raw::RedisModule_IsIOError.is_none_or(|failed| failed(rdb) != 0) };
+    let next_unsigned = || unsafe {
+        let value = raw::RedisModule_LoadUnsigned.map(|load| load(rdb))?;
+        (!failed()).then_some(value)
+    };
+    let next_bytes = || unsafe {
+        let mut len = 0usize;
+        let data = raw::RedisModule_LoadStringBuffer.map(|load| load(rdb, &mut len))?;
+        if failed() || data.is_null() {
+            return None;
+        }
+        let bytes = std::slice::from_raw_parts(data.cast::<u8>(), len).to_vec();
+        if let Some(free) = raw::RedisModule_Free {
+            free(data.cast());
+        }
+        Some(bytes)
+    };
+    match table::decode(encver, next_unsigned, next_bytes) {
+        Ok(table) => Box::into_raw(Box::new(table)).cast(),
+        Err(table::DecodeError::Io) => ptr::null_mut(),
+        Err(error) => {
+            let message = match error {
+                table::DecodeError::Version => c"rl-htable: unknown encoding version",
+                table::DecodeError::Count => c"rl-htable: bucket count out of range",
+                table::DecodeError::TagLength => c"rl-htable: a tag is not 16 bytes",
+                table::DecodeError::Order => c"rl-htable: tags out of order or repeated",
+                _ => c"rl-htable: stored state out of range",
+            };
+            datatype::log_warning(message);
+            ptr::null_mut()
+        }
+    }
+}
+
+unsafe extern "C" fn rdb_save(rdb: *mut raw::RedisModuleIO, value: *mut c_void) {
+    // SAFETY: Redis passes a live value of this type.
+    let Some(table) = (unsafe { table_of(value) }) else {
+        return;
+    };
+    // SAFETY: `rdb` is the live IO handle Redis passed in.
+    unsafe {
+        let (Some(unsigned), Some(buffer)) = (
+            raw::RedisModule_SaveUnsigned,
+            raw::RedisModule_SaveStringBuffer,
+        ) else {
+            return;
+        };
+        let entries = table.sorted_entries();
+        unsigned(rdb, entries.len() as u64);
+        for (tag, state) in entries {
+            let tag = tag.to_le_bytes();
+            buffer(rdb, tag.as_ptr().cast::<c_char>(), tag.len());
+            unsigned(rdb, state.full_at_ns());
+            unsigned(rdb, state.full_at_frac());
+        }
+    }
+}
+
+unsafe extern "C" fn aof_rewrite(
+    aof: *mut raw::RedisModuleIO,
+    key: *mut raw::RedisModuleString,
+    value: *mut c_void,
+) {
+    // SAFETY: Redis passes a live value of this type.
+    let Some(table) = (unsafe { table_of(value) }) else {
+        return;
+    };
+    let Some(emit) = (unsafe { raw::RedisModule_EmitAOF }) else {
+        return;
+    };
+    // In tag order, like the RDB, so a rewrite does not depend on history. The key's expiry
+    // follows as a PEXPIREAT that the server writes itself.
+    for (tag, state) in table.sorted_entries() {
+        let (full_at_ns, full_at_frac) = full_at_i64(state);
+        let tag = tag.to_le_bytes();
+        // SAFETY: live handles from Redis; "sbll" matches the arguments.
+        unsafe {
+            emit(
+                aof,
+                c"RL.HSETSTATE".as_ptr(),
+                c"sbll".as_ptr(),
+                key,
+                tag.as_ptr().cast::<c_char>(),
+                tag.len(),
+                full_at_ns,
+                full_at_frac,
+            );
+        }
+    }
+}
+
+/// The server's record of the module value (type pointer and value word) plus the table.
+unsafe extern "C" fn mem_usage(value: *const c_void) -> usize {
+    // SAFETY: Redis passes a live value of this type.
+    2 * size_of::<usize>() + unsafe { table_of(value) }.map_or(0, Table::mem_bytes)
+}
+
+/// One unit per allocation, so `UNLINK` and `FLUSHALL ASYNC` free a large table in the
+/// background (the server does so above 64).
+unsafe extern "C" fn free_effort(_key: *mut raw::RedisModuleString, value: *const c_void) -> usize {
+    // SAFETY: Redis passes a live value of this type.
+    unsafe { table_of(value) }.map_or(1, Table::allocations)
+}
+
+unsafe extern "C" fn digest(md: *mut raw::RedisModuleDigest, value: *mut c_void) {
+    // SAFETY: Redis passes a live value of this type and a live digest handle.
+    unsafe {
+        let (Some(table), Some(add_buffer), Some(add), Some(end)) = (
+            table_of(value),
+            raw::RedisModule_DigestAddStringBuffer,
+            raw::RedisModule_DigestAddLongLong,
+            raw::RedisModule_DigestEndSequence,
+        ) else {
+            return;
+        };
+        for (tag, state) in table.sorted_entries() {
+            let tag = tag.to_le_bytes();
+            let (full_at_ns, full_at_frac) = full_at_i64(state);
+            add_buffer(md, tag.as_ptr().cast::<c_char>(), tag.len());
+            add(md, full_at_ns);
+            add(md, full_at_frac);
+            end(md);
+        }
+    }
+}
+
+unsafe extern "C" fn free(value: *mut c_void) {
+    if !value.is_null() {
+        // SAFETY: made by `Box::into_raw` here; Redis frees a value once (perhaps on its
+        // lazy-free thread, which the allocator allows).
+        drop(unsafe { Box::from_raw(value.cast::<Table>()) });
+    }
+}
+
+unsafe extern "C" fn copy(
+    _from_key: *mut raw::RedisModuleString,
+    _to_key: *mut raw::RedisModuleString,
+    value: *const c_void,
+) -> *mut c_void {
+    // SAFETY: Redis passes a live value of this type.
+    match unsafe { table_of(value) } {
+        Some(table) => Box::into_raw(Box::new(table.clone())).cast(),
+        None => ptr::null_mut(),
+    }
+}
