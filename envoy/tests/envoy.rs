@@ -151,6 +151,9 @@ fn service_and_envoy(redis_url: &str, cluster: bool, env: &[(&str, &str)]) -> (S
     let mut env = env.to_vec();
     env.push(("RL_TIMEOUT_MS", "10000"));
     env.push(("LOG_LEVEL", "debug"));
+    // The single-thread runtime `make bench-envoy` measures (service.rs runs the
+    // multi-thread one).
+    env.push(("RL_WORKER_THREADS", "1"));
     if cluster {
         env.push(("REDIS_TYPE", "cluster"));
     }
