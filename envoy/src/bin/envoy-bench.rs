@@ -520,8 +520,11 @@ async fn run(load_cpu: &str, cpus: usize) -> Res<()> {
          ## Envoy end to end\n\n16 keep-alive HTTP/1.1 connections through one Envoy \
          worker to a tiny upstream, with the rate-limit filter (one descriptor per request) \
          and without.\n\n| route | requests/s |\n| --- | ---: |\n{envoy_rows}\n\
-         On two cores the service, Redis, Envoy and the load generator share two CPUs, so \
-         the figures are bounded by CPU contention rather than by the service.\n",
+         What bounds these on two CPUs: the direct path runs on CPU 0 alone (client and \
+         Redis wake each other without crossing CPUs), while each gRPC call crosses between \
+         the CPUs four times and pays HTTP/2 framing in both the load generator and the \
+         service, with the load generator's share on CPU 0 beside Redis. The service's CPU \
+         per 10,000 decisions is the figure that carries over to a larger machine.\n",
         host = std::env::consts::ARCH,
         redis_cpu = std::env::var("REDIS_CPU").unwrap_or_else(|_| "0".into()),
         service_cpu = std::env::var("SERVICE_CPU").unwrap_or_else(|_| "1".into()),
