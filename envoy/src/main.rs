@@ -137,8 +137,13 @@ async fn connect(settings: &Settings) -> Result<Backend, String> {
     // with an error of its own. Connecting keeps a bound of its own.
     let response_timeout = Duration::from_millis(settings.timeout_ms.max(1000));
     let connect_timeout = Duration::from_secs(2);
+    // TCP_NODELAY: the redis crate leaves Nagle's algorithm on, which holds a command written
+    // while an earlier one is unanswered until that answer's ACK comes back, a whole Redis
+    // round trip added to a call that arrives mid-flight.
+    let tcp = redis::io::tcp::TcpSettings::default().set_nodelay(true);
     if settings.redis_type == "cluster" {
         let client = redis::cluster::ClusterClient::builder(urls)
+            .tcp_settings(tcp)
             .response_timeout(response_timeout)
             .connection_timeout(connect_timeout)
             .build()
@@ -152,7 +157,9 @@ async fn connect(settings: &Settings) -> Result<Backend, String> {
         return Ok(Backend::Cluster(AsyncLimiter::new(connection, options)));
     }
     let url = urls.first().ok_or("REDIS_URL is empty")?;
-    let client = redis::Client::open(url.as_str()).map_err(|e| format!("REDIS_URL: {e}"))?;
+    let client = redis::Client::open(url.as_str())
+        .and_then(|c| redis::Client::open(c.get_connection_info().clone().set_tcp_settings(tcp)))
+        .map_err(|e| format!("REDIS_URL: {e}"))?;
     let mut connections = Vec::with_capacity(settings.redis_pool_size);
     for _ in 0..settings.redis_pool_size {
         let config = redis::aio::ConnectionManagerConfig::new()
@@ -172,8 +179,7 @@ async fn shutdown_signal(mut rx: watch::Receiver<bool>) {
     let _ = rx.wait_for(|stop| *stop).await;
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
     let settings = match Settings::from_env(|name| std::env::var(name).ok()) {
         Ok(s) => Arc::new(s),
         Err(e) => {
@@ -181,6 +187,36 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let workers = match settings.worker_threads {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        n => n,
+    };
+    // One thread: the current-thread runtime. The multi-thread one runs a task woken by
+    // another right after it (its LIFO slot), so each call woke the Redis connection's and
+    // the HTTP/2 connection's tasks on its own and every call cost two writes. Here a woken
+    // task waits its turn, so the calls that one read brought in go out to Redis in one
+    // write, and their responses to Envoy in one. (Tokio keeps turning the LIFO slot off
+    // unstable, so more threads keep it.)
+    let runtime = if workers <= 1 {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(workers)
+            .enable_all()
+            .build()
+    };
+    match runtime {
+        Ok(runtime) => runtime.block_on(serve(settings)),
+        Err(e) => {
+            eprintln!("redis-rl-envoy: cannot start the runtime: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+async fn serve(settings: Arc<Settings>) -> ExitCode {
     init_logging(&settings);
     let mut ignored: Vec<String> = std::env::vars_os()
         .filter_map(|(name, _)| name.into_string().ok())

@@ -1,6 +1,13 @@
-//! The connection the single-server limiter sends on: `REDIS_POOL_SIZE` multiplexed
+//! The connection the single-server limiter sends on: up to `REDIS_POOL_SIZE` multiplexed
 //! `ConnectionManager`s (each pipelines every call in flight and reconnects by itself),
-//! one picked per call in turn. Also the cluster hash slot of a key.
+//! filled one at a time. Also the cluster hash slot of a key.
+//!
+//! Why fill rather than take turns: a multiplexed connection writes every command queued
+//! since its last write in one syscall, and Redis answers all it read in one. Spreading 16
+//! calls in flight over 10 connections in turn sent each on its own, so every call paid its
+//! own write, read and wake-up on both sides (a smoke run of `make bench-envoy` at 16
+//! streams: 8,361 decisions/s on 10 connections in turn, 16,349 on one). The next
+//! connection takes calls only while the earlier ones each have `SPILL_AT` in flight.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -8,45 +15,97 @@ use std::sync::Arc;
 use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::{Cmd, Pipeline, RedisFuture, Value};
 
-/// A round-robin handle on a set of multiplexed connections. The limiter clones its
-/// connection once per call, and each clone takes the next one.
+/// Calls in flight on one connection before the next connection takes new calls. One
+/// RL.ACQUIRE.MULTI is about 100 bytes, so this many still fit in one of Redis's 16 KiB reads.
+pub const SPILL_AT: usize = 64;
+
+struct Slot {
+    connection: ConnectionManager,
+    in_flight: AtomicUsize,
+}
+
+/// A handle on a set of multiplexed connections. The limiter clones its connection once per
+/// call; each clone sends on the first connection with fewer than [`SPILL_AT`] calls in
+/// flight, or else on the least busy one.
 pub struct Pool {
-    current: ConnectionManager,
-    all: Arc<Vec<ConnectionManager>>,
-    next: Arc<AtomicUsize>,
+    index: usize,
+    connection: ConnectionManager,
+    slots: Arc<Vec<Slot>>,
 }
 
 impl Pool {
     /// A pool of `connections` (at least one).
     pub fn new(connections: Vec<ConnectionManager>) -> Option<Pool> {
-        let current = connections.first()?.clone();
+        let connection = connections.first()?.clone();
+        let slots = connections
+            .into_iter()
+            .map(|connection| Slot {
+                connection,
+                in_flight: AtomicUsize::new(0),
+            })
+            .collect();
         Some(Pool {
-            current,
-            all: Arc::new(connections),
-            next: Arc::new(AtomicUsize::new(1)),
+            index: 0,
+            connection,
+            slots: Arc::new(slots),
         })
+    }
+
+    /// The connection a new call goes to, given each connection's calls in flight: the first
+    /// below [`SPILL_AT`], or else the least busy.
+    fn pick<I: Iterator<Item = usize> + Clone>(loads: I) -> usize {
+        loads
+            .clone()
+            .position(|n| n < SPILL_AT)
+            .or_else(|| loads.enumerate().min_by_key(|&(_, n)| n).map(|(i, _)| i))
+            .unwrap_or(0)
     }
 }
 
 impl Clone for Pool {
     fn clone(&self) -> Self {
-        let n = self.next.fetch_add(1, Ordering::Relaxed);
-        let current = self
-            .all
-            .get(n % self.all.len().max(1))
-            .unwrap_or(&self.current)
-            .clone();
+        let index = Pool::pick(
+            self.slots
+                .iter()
+                .map(|s| s.in_flight.load(Ordering::Relaxed)),
+        );
+        let connection = self
+            .slots
+            .get(index)
+            .map_or_else(|| self.connection.clone(), |s| s.connection.clone());
         Pool {
-            current,
-            all: self.all.clone(),
-            next: self.next.clone(),
+            index,
+            connection,
+            slots: self.slots.clone(),
         }
+    }
+}
+
+/// Counts a call in flight on a connection until it is answered or dropped (a timeout drops
+/// the call's future, and the count must still come down).
+struct InFlight<'a>(&'a AtomicUsize);
+
+impl<'a> InFlight<'a> {
+    fn enter(counter: &'a AtomicUsize) -> Self {
+        counter.fetch_add(1, Ordering::Relaxed);
+        InFlight(counter)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
 impl ConnectionLike for Pool {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        self.current.req_packed_command(cmd)
+        let counter = self.slots.get(self.index).map(|s| &s.in_flight);
+        let connection = &mut self.connection;
+        Box::pin(async move {
+            let _busy = counter.map(InFlight::enter);
+            connection.req_packed_command(cmd).await
+        })
     }
 
     fn req_packed_commands<'a>(
@@ -55,11 +114,18 @@ impl ConnectionLike for Pool {
         offset: usize,
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
-        self.current.req_packed_commands(pipeline, offset, count)
+        let counter = self.slots.get(self.index).map(|s| &s.in_flight);
+        let connection = &mut self.connection;
+        Box::pin(async move {
+            let _busy = counter.map(InFlight::enter);
+            connection
+                .req_packed_commands(pipeline, offset, count)
+                .await
+        })
     }
 
     fn get_db(&self) -> i64 {
-        self.current.get_db()
+        self.connection.get_db()
     }
 }
 
@@ -91,7 +157,22 @@ pub fn slot(key: &[u8]) -> u16 {
 
 #[cfg(test)]
 mod tests {
-    use super::slot;
+    use super::{slot, Pool, SPILL_AT};
+
+    #[test]
+    fn calls_fill_one_connection_before_the_next() {
+        // Idle: everything goes to the first, so concurrent calls share its writes.
+        assert_eq!(Pool::pick([0, 0, 0].into_iter()), 0);
+        assert_eq!(Pool::pick([SPILL_AT - 1, 0].into_iter()), 0);
+        // The first is full: the next one takes calls.
+        assert_eq!(Pool::pick([SPILL_AT, 0, 0].into_iter()), 1);
+        assert_eq!(Pool::pick([SPILL_AT, SPILL_AT + 3, 5].into_iter()), 2);
+        // All full: the least busy.
+        assert_eq!(
+            Pool::pick([SPILL_AT + 9, SPILL_AT + 2, SPILL_AT + 4].into_iter()),
+            1
+        );
+    }
 
     #[test]
     fn slots_match_redis() {

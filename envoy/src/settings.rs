@@ -51,6 +51,8 @@ pub struct Settings {
     pub without_module_lua: bool,
     /// RL_TIMEOUT_MS: each Redis call's deadline before the failure policy decides.
     pub timeout_ms: u64,
+    /// RL_WORKER_THREADS: the runtime's threads; 0 means one per CPU the process may use.
+    pub worker_threads: usize,
 }
 
 /// The Go service's variables this service does not support: each one set is a warning.
@@ -246,6 +248,7 @@ impl Settings {
                 .max(1),
             without_module_lua,
             timeout_ms: number("RL_TIMEOUT_MS", 50, 60_000)?.max(1),
+            worker_threads: usize::try_from(number("RL_WORKER_THREADS", 0, 1024)?).unwrap_or(0),
         })
     }
 

@@ -124,7 +124,8 @@ impl Redis {
 }
 
 struct Stack {
-    redis: Redis,
+    /// Held for its lifetime: dropping it stops the server(s).
+    _redis: Redis,
     service: Service,
     envoy: Envoy,
 }
@@ -134,25 +135,35 @@ fn stack(env: &[(&str, &str)]) -> Stack {
 }
 
 fn stack_on(redis: Redis, env: &[(&str, &str)]) -> Stack {
+    let cluster = matches!(redis, Redis::Cluster(_));
+    let (service, envoy) = service_and_envoy(&redis.url(), cluster, env);
+    Stack {
+        _redis: redis,
+        service,
+        envoy,
+    }
+}
+
+/// The service on `redis_url` and an Envoy in front of it.
+fn service_and_envoy(redis_url: &str, cluster: bool, env: &[(&str, &str)]) -> (Service, Envoy) {
     // A debug build on a shared 2-core machine under 1,000 concurrent calls: a generous
     // deadline per Redis call, so the count is not bent by the failure policy.
     let mut env = env.to_vec();
     env.push(("RL_TIMEOUT_MS", "10000"));
     env.push(("LOG_LEVEL", "debug"));
-    if matches!(redis, Redis::Cluster(_)) {
+    // The single-thread runtime `make bench-envoy` measures (service.rs runs the
+    // multi-thread one).
+    env.push(("RL_WORKER_THREADS", "1"));
+    if cluster {
         env.push(("REDIS_TYPE", "cluster"));
     }
-    let service = Service::start(&redis.url(), &[("edge.yaml", LIMITS)], &env);
+    let service = Service::start(redis_url, &[("edge.yaml", LIMITS)], &env);
     let config = include_str!("envoy-template.yaml")
         .replace("@ROUTES@", ROUTES.trim_matches('\n'))
         .replace("{upstream}", &upstream().to_string())
         .replace("{grpc}", &service.grpc_port.to_string());
     let envoy = Envoy::start(&config);
-    Stack {
-        redis,
-        service,
-        envoy,
-    }
+    (service, envoy)
 }
 
 fn statuses(envoy: &Envoy, path: &str, headers: &[(&str, &str)], n: usize) -> Vec<u16> {
@@ -251,18 +262,54 @@ fn behind_envoy_a_thousand_concurrent_requests_let_exactly_the_burst_through() {
 }
 
 #[test]
-fn behind_envoy_redis_down_with_on_error_error_lets_failure_mode_deny_decide() {
-    // RL_ON_ERROR=error fails the call; this Envoy has failure_mode_deny: true, so a request
-    // is refused (500) rather than let through.
-    let mut s = stack(&[("RL_ON_ERROR", "error")]);
-    assert_eq!(s.envoy.get("/user", &[("x-user", "k")]).status, 200);
-    if let Redis::Module(server) = &mut s.redis {
-        server.kill();
+fn behind_envoy_redis_down_each_on_error_policy_does_what_it_says() {
+    // One Redis under four services (one per policy), each behind its own Envoy; Redis is
+    // killed once for all four. A first request reaches Redis, so each service knows
+    // the module before the outage. After the kill, on /user (3 per hour):
+    // (RL_ON_ERROR, statuses of the next four requests, the decisions' source)
+    let cases = [
+        // The call fails; this Envoy has failure_mode_deny: true, so the request is refused
+        // (500) rather than let through.
+        ("error", [500, 500, 500, 500], "error"),
+        // Everything passes, past the limit of 3.
+        ("open", [200, 200, 200, 200], "open"),
+        // Everything is refused with Envoy's 429, not failure_mode_deny's 500.
+        ("closed", [429, 429, 429, 429], "closed"),
+        // An in-process bucket of 3 (RL_INSTANCES=1), full: three pass, the fourth does not.
+        ("local", [200, 200, 200, 429], "local"),
+    ];
+    let mut redis = common::Server::start();
+    let url = format!("127.0.0.1:{}", redis.port);
+    let stacks: Vec<(Service, Envoy)> = cases
+        .iter()
+        .map(|(policy, _, _)| {
+            service_and_envoy(
+                &url,
+                false,
+                &[("RL_ON_ERROR", policy), ("RL_INSTANCES", "1")],
+            )
+        })
+        .collect();
+    for ((policy, _, _), (service, envoy)) in cases.iter().zip(&stacks) {
+        // One user per policy: the four services share this Redis.
+        let status = envoy.get("/user", &[("x-user", policy)]).status;
+        assert_eq!(status, 200, "{policy}: {}", service.log());
     }
-    let status = s.envoy.get("/user", &[("x-user", "k")]).status;
-    assert_eq!(status, 500, "{}", s.service.log());
-    // Unlimited routes are unaffected.
-    assert_eq!(s.envoy.get("/free", &[]).status, 200);
+    redis.kill();
+    for ((policy, expected, source), (service, envoy)) in cases.iter().zip(&stacks) {
+        assert_eq!(
+            statuses(envoy, "/user", &[("x-user", "dave")], 4),
+            *expected,
+            "{policy}: {}",
+            service.log()
+        );
+        let counted = service.metric(&format!(
+            r#"redis_rl_envoy_decisions_total{{source="{source}"}}"#
+        ));
+        assert_eq!(counted, 4, "{policy}: {}", service.metrics());
+        // Unlimited routes are unaffected.
+        assert_eq!(envoy.get("/free", &[]).status, 200, "{policy}");
+    }
 }
 
 /// What every Redis must give behind Envoy. request_headers: alice's burst of 3 passes and
