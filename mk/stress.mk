@@ -68,3 +68,12 @@ fuzz: $(MODULE_DEBUG) ## Fuzz each target for FUZZ_SECONDS (default 600): args, 
 
 fuzz-smoke: $(MODULE_DEBUG) ## Short fuzz run for CI: each target for FUZZ_SMOKE_SECONDS (default 20)
 	$(call run_fuzzers,$(FUZZ_SMOKE_SECONDS))
+
+# The stall check (tests/table_stall.rs): one table filled to STALL_BUCKETS on the release
+# build, swept in the background and cut with RL.HDEL, with SLOWLOG at 1 ms and the longest
+# sweep tick; then DEL and UNLINK of the whole table. REDIS_SERVER picks the server.
+STALL_BUCKETS ?= 10000000
+
+.PHONY: stall-tables
+stall-tables: $(MODULE) ## One table of 10,000,000 buckets (STALL_BUCKETS=): no call or sweep tick of 1 ms or more
+	STALL_BUCKETS=$(STALL_BUCKETS) RL_MODULE=$(MODULE) $(CARGO) test --test table_stall -- --ignored --nocapture

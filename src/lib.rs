@@ -14,6 +14,7 @@
 //! - [`config`]: module load arguments; [`server`]: what the loading server supports.
 //! - [`registry`]: what the server is told about each command (flags, keys, docs).
 //! - [`propagation`]: whether anything receives what a write propagates.
+//! - [`sweeper`]: the master's background sweep of tables (a module timer).
 //!
 //! This file holds module registration only.
 
@@ -29,6 +30,7 @@ pub mod propagation;
 pub mod registry;
 pub mod server;
 pub mod stats;
+pub mod sweeper;
 pub mod table;
 pub mod table_type;
 
@@ -98,6 +100,10 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
     }
     // SAFETY: `ctx.ctx` is the context passed to RedisModule_OnLoad.
     unsafe { propagation::subscribe(ctx.ctx) };
+    // SAFETY: as above.
+    if !unsafe { sweeper::start(ctx.ctx) } {
+        ctx.log_warning("rl: no module timers here; tables are swept by writes and expiry only");
+    }
     ctx.log_notice(&format!(
         "rl: loaded; clock source {}",
         clock::source().name()

@@ -21,6 +21,21 @@ impl Counter {
         );
     }
 
+    /// Raises the counter to `value` if higher (a high-water mark).
+    pub fn raise(&self, value: u64) {
+        if value > self.get() {
+            self.0.store(value, Ordering::Relaxed);
+        }
+    }
+
+    /// Adds `n`.
+    pub fn add(&self, n: u64) {
+        self.0.store(
+            self.0.load(Ordering::Relaxed).wrapping_add(n),
+            Ordering::Relaxed,
+        );
+    }
+
     /// The current count.
     pub fn get(&self) -> u64 {
         self.0.load(Ordering::Relaxed)
@@ -35,3 +50,9 @@ pub static ALLOWED: Counter = Counter::new();
 pub static DENIED: Counter = Counter::new();
 /// Calls answered with an error.
 pub static ERRORS: Counter = Counter::new();
+/// Background sweep ticks that did work (on a master).
+pub static SWEEP_TICKS: Counter = Counter::new();
+/// Table buckets the background sweep removed.
+pub static SWEPT: Counter = Counter::new();
+/// The longest background sweep tick, in µs of the main thread's CPU time.
+pub static SWEEP_TICK_MAX_US: Counter = Counter::new();

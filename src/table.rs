@@ -309,6 +309,9 @@ pub struct Table {
     current: Array,
     old: Option<Box<Migration>>,
     sweep_at: usize,
+    /// Sweeps that reached the end of the current array: how a background sweeper knows it
+    /// has looked at every slot of a table it picked up.
+    sweep_passes: u64,
 }
 
 impl Default for Table {
@@ -348,6 +351,7 @@ impl Table {
             current: Array::new(MIN_SLOTS),
             old: None,
             sweep_at: 0,
+            sweep_passes: 0,
         }
     }
 
@@ -357,6 +361,7 @@ impl Table {
             current: Array::new(slots_for(entries.len())),
             old: None,
             sweep_at: 0,
+            sweep_passes: 0,
         };
         for &(tag, state) in entries {
             table.current.insert_absent(tag, state);
@@ -495,16 +500,30 @@ impl Table {
         }
     }
 
-    /// Looks at up to `budget` slots of the current array from where the last sweep stopped
-    /// and removes the buckets full at `now_ns`, returning their tags (for the caller to
-    /// replicate). An unallocated chunk counts as one slot.
+    /// Moves up to `budget` slots of any migration on, then looks at up to `budget` slots of
+    /// the current array from where the last sweep stopped and removes the buckets full at
+    /// `now_ns`, returning their tags (for the caller to replicate). An unallocated chunk
+    /// counts as one slot. Migrating here is what lets a table that receives no writes finish
+    /// a shrink, and so give its old array back.
     pub fn sweep(&mut self, now_ns: u64, budget: usize) -> Vec<Tag> {
+        self.sweep_counted(now_ns, budget).0
+    }
+
+    /// As [`Table::sweep`], also returning the slots looked at (and migrated). Stops at the
+    /// end of the current array, so a small table is never looked at twice in one call.
+    pub fn sweep_counted(&mut self, now_ns: u64, budget: usize) -> (Vec<Tag>, usize) {
+        let migrating = self.old.is_some();
+        self.migrate(budget);
+        let mut used = if migrating { budget } else { 0 };
         let mut swept = Vec::new();
         for _ in 0..budget {
             let array = &mut self.current;
             if self.sweep_at >= array.slots {
                 self.sweep_at = 0;
+                self.sweep_passes = self.sweep_passes.wrapping_add(1);
+                break;
             }
+            used += 1;
             let i = self.sweep_at;
             let (chunk, offset) = array.locate(i);
             if offset == 0 && array.chunks.get(chunk).is_some_and(Option::is_none) {
@@ -521,7 +540,17 @@ impl Table {
             }
         }
         self.maybe_shrink();
-        swept
+        (swept, used)
+    }
+
+    /// How many sweeps have reached the end of the current array (wrapping).
+    pub fn sweep_passes(&self) -> u64 {
+        self.sweep_passes
+    }
+
+    /// Whether a migration (growth or shrink) is under way.
+    pub fn is_migrating(&self) -> bool {
+        self.old.is_some()
     }
 
     /// Every bucket, in no particular order.

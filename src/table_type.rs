@@ -7,8 +7,9 @@
 //!   full_at_frac` (`full_at_ns` 0 deletes), so replicas and AOF hold the same buckets. Tags,
 //!   not fields, travel, since a sweep only knows tags.
 //! - **Sweeping.** Each write of the master's own commands sweeps [`SWEEP_STEP`] slots by the
-//!   master's clock and replicates what it removed; `RL.HSETSTATE` (what replicas and AOF
-//!   replay) never sweeps, so a replica never decides by its own clock.
+//!   master's clock and replicates what it removed, and the master's background sweep
+//!   ([`crate::sweeper`]) does the same through [`TableKey::sweep`]; `RL.HSETSTATE` (what
+//!   replicas and AOF replay) never sweeps, so a replica never decides by its own clock.
 //! - **Expiry.** The key expires when its latest bucket is full: each write raises the
 //!   expiry to the bucket's `full_at` if later. Redis's own expiry then removes (and
 //!   replicates the removal of) a table with no live bucket; a table left empty by a
@@ -69,6 +70,11 @@ pub fn cache_type() -> Result<(), Error> {
 
 fn table_type() -> *mut raw::RedisModuleType {
     TYPE_PTR.load(Ordering::Relaxed)
+}
+
+/// The registered type, to recognise a table's key without opening it (the sweeper's scan).
+pub fn registered_type() -> *mut raw::RedisModuleType {
+    table_type()
 }
 
 /// A key holding a table (or nothing yet), opened for a command.
@@ -256,6 +262,37 @@ impl TableKey {
             }
         }
         Ok(())
+    }
+
+    /// Sweeps up to `budget` slots by `now_ns` (the master's clock) and commits what it
+    /// removed, as any write does. Returns the slots used, the buckets removed, and whether
+    /// the table still has
+    /// slots to look at: it is migrating, or has not been looked at whole since its
+    /// [`Table::sweep_passes`] were `passes_before`.
+    ///
+    /// # Errors
+    /// [`Error::Internal`] if the server refuses.
+    pub fn sweep(
+        &mut self,
+        now_ns: u64,
+        budget: usize,
+        passes_before: u64,
+    ) -> Result<(usize, usize, bool), Error> {
+        let Some(table) = self.table_mut() else {
+            return Ok((0, 0, false));
+        };
+        let (swept, used) = table.sweep_counted(now_ns, budget);
+        let more = table.is_migrating() || table.sweep_passes() == passes_before;
+        let removed = swept.len();
+        self.effects
+            .extend(swept.into_iter().map(|tag| (tag, None)));
+        self.commit(c"rl.hsweep")?;
+        Ok((used, removed, more && !self.table.is_null()))
+    }
+
+    /// The table's sweep passes so far (see [`Table::sweep_passes`]); 0 for a missing key.
+    pub fn sweep_passes(&self) -> u64 {
+        self.table().map_or(0, Table::sweep_passes)
     }
 
     /// The handle of one bucket, named by `field`.
