@@ -142,6 +142,8 @@ impl Array {
     }
 
     fn slot(&self, i: usize) -> Slot {
+        #[cfg(test)]
+        tests::SLOT_READS.with(|reads| reads.set(reads.get() + 1));
         let (chunk, offset) = self.locate(i);
         self.chunks
             .get(chunk)
@@ -243,12 +245,16 @@ impl Array {
     }
 
     /// Removes slot `i` by shifting the rest of its cluster back, so no tombstone is left and
-    /// every chain stays unbroken.
-    fn remove_at(&mut self, i: usize) {
+    /// every chain stays unbroken. Returns the slots it looked at past `i`: the rest of the
+    /// cluster, which a sweep counts against its budget (removing most of a long cluster
+    /// one bucket at a time walks it once per bucket).
+    fn remove_at(&mut self, i: usize) -> usize {
         let mut hole = i;
         let mut j = self.next(i);
+        let mut walked = 0;
         for _ in 0..self.slots {
             let slot = self.slot(j);
+            walked += 1;
             if slot.full_at_ns == EMPTY {
                 break;
             }
@@ -262,6 +268,7 @@ impl Array {
         }
         self.put(hole, Slot::default(), 0);
         self.len = self.len.saturating_sub(1);
+        walked
     }
 
     fn mem_bytes(&self) -> usize {
@@ -511,19 +518,25 @@ impl Table {
 
     /// As [`Table::sweep`], also returning the slots looked at (and migrated). Stops at the
     /// end of the current array, so a small table is never looked at twice in one call.
+    ///
+    /// The budget counts every slot read: each slot looked at, and each slot a removal
+    /// shifts back. So a call reads at most `2 × budget` slots plus the rest of one cluster
+    /// (the removal that crosses the budget finishes): its work does not depend on how many
+    /// of the slots hold full buckets, nor on how long the table's clusters are.
     pub fn sweep_counted(&mut self, now_ns: u64, budget: usize) -> (Vec<Tag>, usize) {
         let migrating = self.old.is_some();
         self.migrate(budget);
-        let mut used = if migrating { budget } else { 0 };
+        let used = if migrating { budget } else { 0 };
         let mut swept = Vec::new();
-        for _ in 0..budget {
+        let mut read = 0;
+        while read < budget {
             let array = &mut self.current;
             if self.sweep_at >= array.slots {
                 self.sweep_at = 0;
                 self.sweep_passes = self.sweep_passes.wrapping_add(1);
                 break;
             }
-            used += 1;
+            read += 1;
             let i = self.sweep_at;
             let (chunk, offset) = array.locate(i);
             if offset == 0 && array.chunks.get(chunk).is_some_and(Option::is_none) {
@@ -534,13 +547,13 @@ impl Table {
                 Some(state) if is_full(state, now_ns) => {
                     swept.push(array.slot(i).tag());
                     // The cluster shifts back into `i`, so look at `i` again next.
-                    array.remove_at(i);
+                    read = read.saturating_add(array.remove_at(i));
                 }
                 _ => self.sweep_at = i + 1,
             }
         }
         self.maybe_shrink();
-        (swept, used)
+        (swept, used + read)
     }
 
     /// How many sweeps have reached the end of the current array (wrapping).
