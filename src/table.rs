@@ -496,9 +496,16 @@ impl Table {
         }
     }
 
+    /// Starts a shrink if few slots hold a bucket, but only between sweep passes. Midway
+    /// through a pass the sweep has emptied the slots before its cursor of every full bucket,
+    /// so the buckets left are bunched in the rest: their tags share a range, and a smaller
+    /// array would take them all in one cluster (a flood swept a seventh of the way held all
+    /// its 27,000 survivors in one run of slots, which every probe and removal then walked).
+    /// Between passes (or before any) the buckets left are spread over the whole array.
     fn maybe_shrink(&mut self) {
         let current = &self.current;
         if self.old.is_none()
+            && self.sweep_at == 0
             && current.slots > MIN_SLOTS
             && current.len.saturating_mul(SHRINK_BELOW_ONE_IN) < current.slots
             && slots_for(current.len) < current.slots

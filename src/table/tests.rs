@@ -408,3 +408,31 @@ fn a_sweep_reads_at_most_its_budget_plus_one_cluster() {
     assert_eq!(removed, count as usize - (count as usize).div_ceil(3));
     println!("longest cluster {cluster}, most reads in one call {most}, calls {calls}");
 }
+
+/// A flood swept away costs a few slot reads per slot, not a cluster's walk per bucket:
+/// shrinking midway through a sweep pass bunched the survivors (tags past the sweep's
+/// cursor) into one cluster the size of the table, and removing it one bucket at a time
+/// read about 2,000 slots per slot (456 million reads for 200,000 buckets).
+#[test]
+fn a_swept_flood_never_bunches_into_one_cluster() {
+    let now_ns = 1_000_000_000_000;
+    let count = 200_000u64;
+    let mut table = Table::new();
+    for i in 0..count {
+        let state = State::from_parts(now_ns - 1, 0).unwrap();
+        table.set(tag(&i.to_le_bytes()), state).unwrap();
+    }
+    table.migrate(usize::MAX);
+    let slots = table.current.slots;
+    let (mut reads, mut longest, mut calls) = (0, 0, 0);
+    while !table.is_empty() {
+        reads += table.sweep_counted(now_ns, 256).1;
+        calls += 1;
+        if calls % 128 == 0 {
+            longest = longest.max(longest_cluster(&table));
+        }
+        assert!(reads < 20 * slots, "{reads} reads for {slots} slots");
+    }
+    assert!(longest < 2_000, "a cluster of {longest} slots");
+    println!("{count} buckets, {slots} slots: {reads} reads, longest cluster {longest}");
+}
