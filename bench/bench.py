@@ -463,6 +463,15 @@ def used_memory(conn):
 
 # Interleaved repetitions of the memory test; each figure is their median.
 MEMORY_ROUNDS = 3
+# The memory test's variants, in the order the tables and the chart list them.
+MEMORY_ORDER = ("table_10", "table_3", "rl_10", "rl_3", "lua", "floor")
+# The issue's budgets for a bucket in a table, all in (B): whole ns, with a fraction.
+TABLE_BUDGET = {"table_10": 40, "table_3": 48}
+MEMORY_METHOD = ("Growth of `used_memory` (INFO memory) in a `FLUSHALL`ed server, divided by"
+                 " the buckets added: %s new keys for a key per bucket (the same key names for"
+                 " each, every key with an expiry), %s buckets with 16-byte fields over %d keys"
+                 " for a table. Includes the key, its value, and its share of the keyspace and"
+                 " expiry tables.")
 
 
 def run_on_own_connection(port, passes, keys, what):
@@ -721,14 +730,12 @@ def write_results(path, meta, opts, wls, med, memory, n_for, sha):
     if memory:
         w("## Memory per bucket")
         w("")
-        w("Growth of `used_memory` (INFO memory) over %s new keys in a `FLUSHALL`ed server,"
-          " divided by the key count; same key names for all four, each key with an expiry."
-          " Includes the key, its value, and its share of the keyspace and expiry tables."
-          % fmt_int(meta["memory_keys"]))
+        w(MEMORY_METHOD % (fmt_int(meta["memory_keys"]), fmt_int(meta["table_buckets"]),
+                           TABLE_KEYS))
         w("")
-        w("| bucket | bytes per key | note |")
+        w("| bucket | bytes per bucket | note |")
         w("| --- | ---: | --- |")
-        for name in ("rl_10", "rl_3", "lua", "floor"):
+        for name in MEMORY_ORDER:
             m = memory[name]
             w("| %s | %.1f | %s |" % (m["label"], m["bytes"], m["note"]))
         w("")
@@ -736,6 +743,9 @@ def write_results(path, meta, opts, wls, med, memory, n_for, sha):
           " Lua bucket by two `EVALSHA` calls at %s/s, capacity %s, 1 ms apart, so its `tokens`"
           " field holds a fraction as in real use."
           % (" and ".join("(%s, %s, %s)" % v for v in MEM.values()), MEM_RATE, MEM_CAPACITY))
+        w("")
+        w("The same figures on Redis and Valkey side by side, with a chart: [memory.md](memory.md)"
+          " (`make bench-memory`).")
         w("")
     w("## Chart")
     w("")
@@ -841,6 +851,155 @@ def chart_svg(wls, med, meta):
     return "\n".join(out) + "\n"
 
 
+def memory_svg(runs, meta):
+    """Bytes per bucket, one group per kind of bucket, one bar per server; the table's
+    budgets as marks. `runs` is [(server label, memory results)]."""
+    colors = ("#3b6fb6", "#e0873a", "#4d9a5b", "#8e5ab5")
+    left, right, bar_h, bar_gap, group_gap = 300, 90, 15, 2, 14
+    width = 1000
+    plot_w = width - left - right
+    groups = [name for name in MEMORY_ORDER if any(name in m for _, m in runs)]
+    group_h = len(runs) * (bar_h + bar_gap) + group_gap
+    top = 84
+    plot_top = top + 10
+    plot_bottom = plot_top + len(groups) * group_h
+    height = plot_bottom + 60
+    values = [m[name]["bytes"] for _, m in runs for name in groups if name in m]
+    ticks = nice_ticks(max(values) if values else 1)
+    scale = plot_w / ticks[-1]
+    out = ['<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d"'
+           ' font-family="DejaVu Sans, Helvetica, Arial, sans-serif" font-size="13">'
+           % (width, height, width, height),
+           '<rect width="100%" height="100%" fill="white"/>',
+           '<text x="16" y="28" font-size="18" font-weight="bold">Memory per bucket: a table,'
+           ' a key per bucket, the Lua script, the SET PX floor</text>',
+           '<text x="16" y="50" fill="#555">%s</text>' % escape(
+               "growth of used_memory / buckets: %s keys, or %s buckets over %d tables with"
+               " 16-byte fields; median of %d; %s" % (
+                   fmt_int(meta["memory_keys"]), fmt_int(meta["table_buckets"]), TABLE_KEYS,
+                   MEMORY_ROUNDS, meta["date"]))]
+    legend_x = 16
+    for (label, _), color in zip(runs, colors):
+        out.append('<rect x="%d" y="60" width="14" height="14" fill="%s"/>' % (legend_x, color))
+        out.append('<text x="%d" y="72">%s</text>' % (legend_x + 20, escape(label)))
+        legend_x += 40 + 8 * len(label)
+    for tick in ticks:
+        x = left + tick * scale
+        out.append('<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="#ddd"/>'
+                   % (x, plot_top, x, plot_bottom))
+        out.append('<text x="%.1f" y="%d" text-anchor="middle" fill="#444">%g</text>'
+                   % (x, plot_bottom + 16, tick))
+    out.append('<text x="%.1f" y="%d" text-anchor="middle" font-weight="bold">%s</text>'
+               % (left + plot_w / 2, plot_bottom + 36,
+                  escape("bytes per bucket, all in (lower is better); dashed: the table's budget")))
+    for gi, name in enumerate(groups):
+        gy = plot_top + gi * group_h
+        label = next(m[name]["label"] for _, m in runs if name in m)
+        out.append('<text x="%d" y="%.1f" text-anchor="end">%s</text>'
+                   % (left - 8, gy + (len(runs) * (bar_h + bar_gap)) / 2 + 4, escape(label)))
+        for si, ((_, memory), color) in enumerate(zip(runs, colors)):
+            if name not in memory:
+                continue
+            by = gy + si * (bar_h + bar_gap)
+            bw = max(1.0, memory[name]["bytes"] * scale)
+            out.append('<rect x="%d" y="%.1f" width="%.1f" height="%d" fill="%s"/>'
+                       % (left, by, bw, bar_h, color))
+            out.append('<text x="%.1f" y="%.1f" font-size="12">%.1f</text>'
+                       % (left + bw + 4, by + bar_h - 3, memory[name]["bytes"]))
+        if name in TABLE_BUDGET:
+            x = left + TABLE_BUDGET[name] * scale
+            out.append('<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="#c0392b"'
+                       ' stroke-dasharray="4 3"/>'
+                       % (x, gy - 2, x, gy + len(runs) * (bar_h + bar_gap)))
+    out.append('<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="#333"/>'
+               % (left, plot_top, left, plot_bottom))
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
+def write_memory(out_dir, runs, meta):
+    """memory.md (a column per server) and memory.svg."""
+    lines = []
+    w = lines.append
+    w("# redis-rl memory per bucket")
+    w("")
+    w("Generated by `bench/bench.py --memory-only` on %s. Reproduce with:" % meta["date"])
+    w("")
+    w("```sh")
+    w(meta["reproduce"])
+    w("```")
+    w("")
+    w(MEMORY_METHOD % (fmt_int(meta["memory_keys"]), fmt_int(meta["table_buckets"]), TABLE_KEYS)
+      + " Each figure is the median of %d interleaved rounds." % MEMORY_ROUNDS)
+    w("")
+    w("| bucket | %s | budget |" % " | ".join(label for label, _ in runs))
+    w("| --- | %s | ---: |" % " | ".join("---:" for _ in runs))
+    for name in MEMORY_ORDER:
+        cells = ["%.1f" % m[name]["bytes"] if name in m else "—" for _, m in runs]
+        label = next(m[name]["label"] for _, m in runs if name in m)
+        budget = "≤ %d" % TABLE_BUDGET[name] if name in TABLE_BUDGET else ""
+        w("| %s | %s | %s |" % (label, " | ".join(cells), budget))
+    w("")
+    w("Each module bucket is created by one `RL.ACQUIRE k <rate> <capacity> <cost>` (or"
+      " `RL.HACQUIRE`) with %s; the Lua bucket by two `EVALSHA` calls at %s/s, capacity %s,"
+      " 1 ms apart, so its `tokens` field holds a fraction as in real use."
+      % (" and ".join("(%s, %s, %s)" % v for v in MEM.values()), MEM_RATE, MEM_CAPACITY))
+    w("")
+    w("![bytes per bucket on each server](memory.svg)")
+    path = os.path.join(out_dir, "memory.md")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("\n".join(lines) + "\n")
+    with open(os.path.join(out_dir, "memory.svg"), "w", encoding="utf-8") as f:
+        f.write(memory_svg(runs, meta))
+    return path
+
+
+def memory_only(opts, argv):
+    """The memory test alone, on each server given: writes memory.md and memory.svg."""
+    started = time.monotonic()
+    out_dir = opts.out or (tempfile.mkdtemp(prefix="redis-rl-bench-smoke-") if opts.smoke
+                           else BENCH_DIR)
+    os.makedirs(out_dir, exist_ok=True)
+    runs = []
+    for binary in [opts.redis_server] + opts.also_server:
+        workdir = tempfile.mkdtemp(prefix="redis-rl-bench-server-")
+        server = Server(binary, os.path.abspath(opts.module), opts.server_cpu, workdir)
+        keep_log = False
+        try:
+            conn = server.start()
+            info = conn.info("server")
+            name = info.get("server_name", "redis").capitalize()
+            version = info.get("%s_version" % name.lower()) or info.get("redis_version", "?")
+            allocator = conn.info("memory").get("mem_allocator", "?")
+            label = "%s %s (%s)" % (name, version, allocator)
+            print("memory test on %s (%s), port %d" % (label, binary, server.port))
+            with open(LUA_SCRIPT, encoding="utf-8") as f:
+                sha = conn.call("SCRIPT", "LOAD", f.read())
+            memory = memory_per_key(conn, sha, int(time.time() * 1000), opts.memory_keys,
+                                    opts.table_buckets)
+            conn.close()
+            runs.append((label, memory))
+        except (BenchError, OSError):
+            keep_log = True
+            raise
+        finally:
+            server.stop()
+            if keep_log:
+                print("server log kept in %s" % server.log, file=sys.stderr)
+            else:
+                shutil.rmtree(workdir, ignore_errors=True)
+    meta = {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "memory_keys": opts.memory_keys,
+        "table_buckets": opts.table_buckets,
+        "reproduce": "make bench-memory" if not opts.smoke else "python3 bench/bench.py "
+                     + " ".join(argv),
+    }
+    path = write_memory(out_dir, runs, meta)
+    print("wrote %s and memory.svg in %.0f s" % (path, time.monotonic() - started))
+    return 0
+
+
 # --------------------------------------------------------------------------------------
 
 
@@ -885,6 +1044,11 @@ def parse_args(argv):
                         "default all" % ", ".join(w.name for w in workloads("sha", 0)))
     p.add_argument("--out", default=None,
                    help="output directory for results.md and chart.svg (default bench/)")
+    p.add_argument("--memory-only", action="store_true",
+                   help="run only the memory test, on --redis-server and each --also-server, and "
+                        "write memory.md and memory.svg")
+    p.add_argument("--also-server", action="append", default=[],
+                   help="with --memory-only: another server binary to measure (repeatable)")
     p.add_argument("--module", default=DEFAULT_MODULE, help="the module to load")
     p.add_argument("--redis-server", default=os.environ.get("REDIS_SERVER", "redis-server"),
                    help="server binary (default $REDIS_SERVER or redis-server)")
@@ -929,6 +1093,8 @@ def check_environment(opts):
 def main(argv):
     opts = parse_args(argv)
     check_environment(opts)
+    if opts.memory_only:
+        return memory_only(opts, argv)
     started = time.monotonic()
     if opts.smoke:
         out_dir = opts.out or tempfile.mkdtemp(prefix="redis-rl-bench-smoke-")
@@ -1011,6 +1177,7 @@ def main(argv):
             "rounds": opts.rounds,
             "now_ms": now_ms,
             "memory_keys": opts.memory_keys,
+            "table_buckets": opts.table_buckets,
             "keyspace": opts.keyspace,
             "elapsed": "%d min %02d s" % divmod(int(elapsed), 60),
             "reproduce": {(): "make bench", ("--smoke",): "make bench-smoke"}.get(
