@@ -22,6 +22,7 @@ Usage:
 """
 
 import argparse
+import contextlib
 import csv
 import datetime
 import os
@@ -260,6 +261,26 @@ class Server:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+
+
+@contextlib.contextmanager
+def running_server(binary, module, cpu):
+    """A Server (not yet started) in a temp dir of its own: stopped after, its dir removed,
+    or its log kept and named if the run failed."""
+    workdir = tempfile.mkdtemp(prefix="redis-rl-bench-server-")
+    server = Server(binary, os.path.abspath(module), cpu, workdir)
+    keep_log = False
+    try:
+        yield server
+    except (BenchError, OSError):
+        keep_log = True
+        raise
+    finally:
+        server.stop()
+        if keep_log:
+            print("redis-server log kept in %s" % server.log, file=sys.stderr)
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
 
 
 def run_benchmark(opts, port, n, pipeline, command, keyspace):
@@ -962,10 +983,7 @@ def memory_only(opts, argv):
     os.makedirs(out_dir, exist_ok=True)
     runs = []
     for binary in [opts.redis_server] + opts.also_server:
-        workdir = tempfile.mkdtemp(prefix="redis-rl-bench-server-")
-        server = Server(binary, os.path.abspath(opts.module), opts.server_cpu, workdir)
-        keep_log = False
-        try:
+        with running_server(binary, opts.module, opts.server_cpu) as server:
             conn = server.start()
             info = conn.info("server")
             name = info.get("server_name", "redis").capitalize()
@@ -979,15 +997,6 @@ def memory_only(opts, argv):
                                     opts.table_buckets)
             conn.close()
             runs.append((label, memory))
-        except (BenchError, OSError):
-            keep_log = True
-            raise
-        finally:
-            server.stop()
-            if keep_log:
-                print("server log kept in %s" % server.log, file=sys.stderr)
-            else:
-                shutil.rmtree(workdir, ignore_errors=True)
     meta = {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "memory_keys": opts.memory_keys,
@@ -1107,13 +1116,10 @@ def main(argv):
         n_for = {p: max(1, int(2000 * scale)) for p in PIPELINES}
     now_ms = int(time.time() * 1000)
 
-    workdir = tempfile.mkdtemp(prefix="redis-rl-bench-server-")
-    server = Server(opts.redis_server, os.path.abspath(opts.module), opts.server_cpu, workdir)
-    keep_log = False
-    try:
+    with running_server(opts.redis_server, opts.module, opts.server_cpu) as server:
         conn = server.start()
         print("redis-server on 127.0.0.1:%d (CPU %d), redis-benchmark on CPU %d, work dir %s"
-              % (server.port, opts.server_cpu, opts.client_cpu, workdir))
+              % (server.port, opts.server_cpu, opts.client_cpu, server.workdir))
         with open(LUA_SCRIPT, encoding="utf-8") as f:
             sha = conn.call("SCRIPT", "LOAD", f.read())
         wls = workloads(sha, now_ms)
@@ -1194,15 +1200,6 @@ def main(argv):
                                          meta["elapsed"]))
         if opts.smoke:
             print("smoke run: outputs in %s (timings are not checked)" % out_dir)
-    except (BenchError, OSError):
-        keep_log = True
-        raise
-    finally:
-        server.stop()
-        if keep_log:
-            print("redis-server log kept in %s" % server.log, file=sys.stderr)
-        else:
-            shutil.rmtree(workdir, ignore_errors=True)
     return 0
 
 
