@@ -19,7 +19,8 @@
 //! `SECONDS_PER_ROUND` (default 5), `SERVICE` (default: redis-rl-envoy beside this binary),
 //! `SERVICE_CPU` (the service's taskset list, default `1`), `REDIS_CPU` (default `0`),
 //! `LOAD_CPU` (this driver's and Envoy's, default `0`; empty leaves it unpinned),
-//! `REDIS_POOL_SIZE` (the service's, default 10).
+//! `REDIS_POOL_SIZE` (the service's, default 10); for profiling, `STREAMS` (a comma list,
+//! default `1,16,64`) and `SKIP_ENVOY=1`.
 
 use std::error::Error;
 use std::net::TcpListener as StdListener;
@@ -381,7 +382,12 @@ async fn run(load_cpu: &str, cpus: usize) -> Res<()> {
     let mut table = String::new();
     table.push_str("| streams | ShouldRateLimit decisions/s | p50 µs | p99 µs | RL.ACQUIRE direct/s | p50 µs | p99 µs | gRPC / direct | service CPU ms per 10,000 |\n");
     table.push_str("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
-    for streams in [1usize, 16, 64] {
+    // STREAMS narrows a profiling run to some of the concurrencies (say `STREAMS=16`).
+    let stream_counts: Vec<usize> = std::env::var("STREAMS")
+        .ok()
+        .map(|s| s.split(',').filter_map(|n| n.trim().parse().ok()).collect())
+        .unwrap_or_else(|| vec![1, 16, 64]);
+    for streams in stream_counts {
         let (mut g_rate, mut g_p50, mut g_p99, mut d_rate, mut d_p50, mut d_p99, mut cpu) =
             (vec![], vec![], vec![], vec![], vec![], vec![], vec![]);
         for _ in 0..3 {
@@ -446,6 +452,8 @@ async fn run(load_cpu: &str, cpus: usize) -> Res<()> {
     }
 
     // Envoy end to end: the same keep-alive load on a route with the filter and one without.
+    // SKIP_ENVOY=1 leaves it out of a profiling run.
+    let skip_envoy = std::env::var("SKIP_ENVOY").is_ok_and(|v| v == "1");
     let up = upstream().await?;
     let (listen, admin) = (free_port()?, free_port()?);
     let config = include_str!("../../tests/envoy-template.yaml")
@@ -478,7 +486,12 @@ async fn run(load_cpu: &str, cpus: usize) -> Res<()> {
     wait_port(listen).await?;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let mut envoy_rows = String::new();
-    for (label, path) in [("filter on", "/limited"), ("filter off", "/open")] {
+    let routes: &[(&str, &str)] = if skip_envoy {
+        &[]
+    } else {
+        &[("filter on", "/limited"), ("filter off", "/open")]
+    };
+    for &(label, path) in routes {
         let mut rates = vec![];
         for _ in 0..3 {
             let connections = 16;
