@@ -2,6 +2,7 @@
 # Instructions executed inside Redis's call() per command, under callgrind: a count that does
 # not move with the machine's load, unlike server µs. Usage (make bench-instructions):
 #   bench/instructions.sh MODULE.so COMMAND ARGS...   (redis-benchmark syntax, __rand_int__ ok)
+#   PREFILL="COMMAND ARGS..." runs one command first, uncounted (the hot key of a denial).
 # Prints "<command>  <Ir per call>". Needs valgrind (callgrind_annotate) and redis-benchmark.
 set -euo pipefail
 N=${N:-20000}
@@ -15,8 +16,16 @@ valgrind --tool=callgrind --collect-atstart=no --toggle-collect=call \
     --save "" --appendonly no --dir "$dir" --loadmodule "$module" >/dev/null 2>&1 &
 server=$!
 for _ in $(seq 200); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.3; done
+if [ -n "${PREFILL:-}" ]; then
+    # shellcheck disable=SC2086 # PREFILL is a command line, split into its words
+    redis-cli -p "$port" $PREFILL >/dev/null
+fi
 reply=$(redis-cli -p "$port" "${@//__rand_int__/1}")
 case "$reply" in ERR*|WRONGTYPE*) echo "$* answers an error: $reply" >&2; exit 1;; esac
+# A denial must be one: RL.ACQUIRE's first integer is 1 when it takes.
+if [ -n "${EXPECT_DENIED:-}" ] && [ "$(printf '%s' "$reply" | head -n 1)" != 0 ]; then
+    echo "$* was not denied: $reply" >&2; exit 1
+fi
 redis-benchmark -p "$port" -n "$N" -c 1 -P 16 -r 100000 "$@" >/dev/null
 redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true
 wait "$server" 2>/dev/null || true

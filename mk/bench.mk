@@ -11,11 +11,17 @@ bench: $(MODULE) ## Benchmark RL.ACQUIRE vs the Lua script and plain commands; w
 bench-smoke: $(MODULE) ## Seconds-long bench run for CI: checks each benchmarked command works, no timing (temp dir)
 	python3 bench/bench.py --smoke
 
-bench-instructions: $(MODULE) ## Instructions per call inside Redis's call() (callgrind): RL.ACQUIRE at 10/s and 3/s against SET PX
+bench-instructions: $(MODULE) ## Instructions per call inside Redis's call() (callgrind): allowed RL.ACQUIRE against SET PX, denials against HMGET
 	@command -v valgrind >/dev/null || { echo "bench-instructions: needs valgrind (apt-get install valgrind)"; exit 1; }
 	bench/instructions.sh $(MODULE) SET b:__rand_int__ 1234567890123456789 PX 60000
 	bench/instructions.sh $(MODULE) RL.ACQUIRE b:__rand_int__ 10 1e10 1000
 	bench/instructions.sh $(MODULE) RL.ACQUIRE b:__rand_int__ 3 3e9 301
+	PREFILL="HSET hot tokens 8.0000029999999995 ts 1796140153985" bench/instructions.sh $(MODULE) HMGET hot tokens ts
+	PREFILL="RL.ACQUIRE hot 10 1e7 1e7" EXPECT_DENIED=1 bench/instructions.sh $(MODULE) RL.ACQUIRE hot 10 1e7 1e7
+	PREFILL="RL.ACQUIRE hot 3 3000001 3000001" EXPECT_DENIED=1 bench/instructions.sh $(MODULE) RL.ACQUIRE hot 3 3000001 3000001
+	PREFILL="RL.ACQUIRE hot 0.000001 1 1" EXPECT_DENIED=1 bench/instructions.sh $(MODULE) RL.ACQUIRE hot 0.000001 1 1
+	PREFILL="RL.HACQUIRE tbl hot 10 1e7 1e7" EXPECT_DENIED=1 bench/instructions.sh $(MODULE) RL.HACQUIRE tbl hot 10 1e7 1e7
+	PREFILL="RL.HACQUIRE tbl hot 3 3000001 3000001" EXPECT_DENIED=1 bench/instructions.sh $(MODULE) RL.HACQUIRE tbl hot 3 3000001 3000001
 
 bench-multi: $(MODULE) ## Server time of one RL.ACQUIRE.MULTI at 1,000 (the cap) and more buckets (release build)
 	python3 bench/multi.py --sizes 10,100,1000,1001 --rounds 5

@@ -39,6 +39,115 @@ pub fn acquire(rate: &[u8], capacity: &[u8], cost: Option<&[u8]>) -> Result<Acqu
     Ok(Acquire { limit, cost })
 }
 
+/// How many distinct `rate capacity [cost]` texts [`Memo`] remembers.
+const MEMO_ENTRIES: usize = 8;
+/// The longest `rate`, `capacity` and `cost` texts, together, that [`Memo`] remembers; longer
+/// ones are parsed every time.
+const MEMO_TEXT_BYTES: usize = 48;
+
+/// The last few `rate capacity [cost]` texts [`acquire`] accepted, with what they parsed to.
+///
+/// An application sends the same few limits on every call, and parsing them exactly (decimal
+/// digits, range checks, the u128 gcd that puts `T` in lowest terms) was over a third of the
+/// instructions of a denied `RL.ACQUIRE`. Parsing is a pure function of the bytes, so a text
+/// seen before gives the same [`Acquire`] without it. Only accepted texts are kept: an error
+/// is always worked out, and named, afresh.
+#[derive(Debug)]
+pub struct Memo {
+    entries: [Option<MemoEntry>; MEMO_ENTRIES],
+    /// The entry the next new text replaces (round robin).
+    next: usize,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct MemoEntry {
+    /// `rate`, `capacity` and `cost` back to back; the lengths say where each ends.
+    text: [u8; MEMO_TEXT_BYTES],
+    rate_len: usize,
+    capacity_len: usize,
+    /// `None` when the cost was omitted, which differs from an empty cost text.
+    cost_len: Option<usize>,
+    parsed: Acquire,
+}
+
+impl MemoEntry {
+    fn holds(&self, rate: &[u8], capacity: &[u8], cost: Option<&[u8]>) -> bool {
+        let total = self.rate_len + self.capacity_len + self.cost_len.unwrap_or(0);
+        self.rate_len == rate.len()
+            && self.capacity_len == capacity.len()
+            && self.cost_len == cost.map(<[u8]>::len)
+            && self.text.get(..total).is_some_and(|text| {
+                let (r, rest) = text.split_at(rate.len());
+                let (c, k) = rest.split_at(capacity.len());
+                r == rate && c == capacity && k == cost.unwrap_or_default()
+            })
+    }
+}
+
+impl Memo {
+    /// An empty memo; `const` so it can be a thread-local without lazy set-up.
+    pub const fn new() -> Self {
+        Self {
+            entries: [None; MEMO_ENTRIES],
+            next: 0,
+        }
+    }
+
+    /// [`acquire`], answered from memory when these exact texts were accepted recently.
+    ///
+    /// # Errors
+    /// As [`acquire`].
+    pub fn acquire(
+        &mut self,
+        rate: &[u8],
+        capacity: &[u8],
+        cost: Option<&[u8]>,
+    ) -> Result<Acquire, Error> {
+        if let Some(entry) = self
+            .entries
+            .iter()
+            .flatten()
+            .find(|entry| entry.holds(rate, capacity, cost))
+        {
+            return Ok(entry.parsed);
+        }
+        let parsed = acquire(rate, capacity, cost)?;
+        self.remember(rate, capacity, cost, parsed);
+        Ok(parsed)
+    }
+
+    fn remember(&mut self, rate: &[u8], capacity: &[u8], cost: Option<&[u8]>, parsed: Acquire) {
+        let mut text = [0u8; MEMO_TEXT_BYTES];
+        let mut end = 0usize;
+        for part in [rate, capacity, cost.unwrap_or_default()] {
+            let Some(slot) = end
+                .checked_add(part.len())
+                .and_then(|stop| text.get_mut(end..stop))
+            else {
+                return; // too long to keep: parsed afresh each time
+            };
+            slot.copy_from_slice(part);
+            end += part.len();
+        }
+        if let Some(entry) = self.entries.get_mut(self.next) {
+            *entry = Some(MemoEntry {
+                text,
+                rate_len: rate.len(),
+                capacity_len: capacity.len(),
+                cost_len: cost.map(<[u8]>::len),
+                parsed,
+            });
+        }
+        self.next = (self.next + 1) % MEMO_ENTRIES;
+    }
+}
+
+impl Default for Memo {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 /// `RL.THROTTLE key max_burst count_per_period period [quantity]`, past the key: redis-cell's
 /// arguments, as a token bucket of `max_burst + 1` tokens refilling `count_per_period` every
 /// `period` seconds.
@@ -199,6 +308,88 @@ mod tests {
         let ok = acquire(b"5", b"10", None).unwrap();
         assert_eq!(ok.cost, Cost::ONE);
         assert_eq!(ok.limit.capacity(), 10.0);
+    }
+
+    /// Texts that differ only in where one argument ends and the next begins, or in an
+    /// omitted versus an empty cost, must never be taken for one another.
+    /// `rate capacity [cost]`, as typed.
+    type Texts<'a> = (&'a [u8], &'a [u8], Option<&'a [u8]>);
+
+    const MEMO_TEXTS: [Texts<'static>; 12] = [
+        (b"1", b"10", None),
+        (b"11", b"0", None),
+        (b"1", b"10", Some(b"")),
+        (b"1", b"1", Some(b"0")),
+        (b"1", b"10", Some(b"3")),
+        (b"3", b"7", Some(b"1")),
+        (b"100/60", b"100", None),
+        (b"0.1", b"1", Some(b"0.5")),
+        (b"x", b"1", None),
+        (b"1", b"0", None),
+        (b"0.000001", b"1", Some(b"1")),
+        (
+            b"1e9",
+            b"1e15",
+            Some(b"99999999999999999999999999999999999999999"),
+        ),
+    ];
+
+    #[test]
+    fn the_memo_answers_as_a_fresh_parse() {
+        let mut memo = Memo::new();
+        // Twice round, so the second pass reads what the first remembered (and, with more
+        // texts than entries, what replaced it).
+        for _ in 0..2 {
+            for (rate, capacity, cost) in MEMO_TEXTS {
+                assert_eq!(
+                    memo.acquire(rate, capacity, cost),
+                    acquire(rate, capacity, cost),
+                    "{:?} {:?} {:?}",
+                    rate,
+                    capacity,
+                    cost
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn the_memo_keeps_only_accepted_texts_that_fit() {
+        let mut memo = Memo::new();
+        assert_eq!(memo.acquire(b"x", b"1", None), Err(Error::Rate));
+        assert!(memo.entries.iter().all(Option::is_none));
+        let long = [b'1'; MEMO_TEXT_BYTES];
+        assert_eq!(memo.acquire(b"1", b"1", Some(&long)), Err(Error::Cost));
+        let long_rate = b"1.000000000000000000000000000000000000000000000000";
+        assert!(long_rate.len() > MEMO_TEXT_BYTES);
+        assert!(memo.acquire(long_rate, b"1", None).is_ok());
+        assert!(memo.entries.iter().all(Option::is_none));
+        assert!(memo.acquire(b"7", b"7", None).is_ok());
+        assert_eq!(memo.entries.iter().flatten().count(), 1);
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn the_memo_agrees_with_acquire_on_any_sequence(
+            picks in proptest::collection::vec(
+                (0..MEMO_TEXTS.len(), "[0-9./e]{0,6}", "[0-9.e]{0,5}", proptest::option::of("[0-9.]{0,4}")),
+                1..64,
+            )
+        ) {
+            let mut memo = Memo::new();
+            for (i, rate, capacity, cost) in picks {
+                // Half from the fixed texts (so entries are hit and replaced), half random.
+                let (rate, capacity, cost): Texts = if i % 2 == 0 {
+                    MEMO_TEXTS[i]
+                } else {
+                    (rate.as_bytes(), capacity.as_bytes(), cost.as_deref().map(str::as_bytes))
+                };
+                proptest::prop_assert_eq!(
+                    memo.acquire(rate, capacity, cost),
+                    acquire(rate, capacity, cost)
+                );
+            }
+        }
     }
 
     #[test]
