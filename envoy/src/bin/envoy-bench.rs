@@ -3,7 +3,7 @@
 //! - `ShouldRateLimit` decisions/s and p50/p99 over gRPC (one HTTP/2 connection, as an Envoy
 //!   worker holds) at 1, 16 and 64 concurrent streams, against the Rust client calling
 //!   `RL.ACQUIRE` directly (one multiplexed connection) at the same concurrency;
-//! - the service's CPU per 10,000 decisions, from `/proc/<pid>/stat`;
+//! - the service's CPU per 10,000 decisions, from its threads' `schedstat`;
 //! - Envoy's requests/s end to end, with the rate-limit filter on and off.
 //!
 //! Two CPUs, so: the service alone on CPU 1; Redis on CPU 0; and this driver (the load
@@ -129,25 +129,21 @@ where
     })
 }
 
-fn cpu_ticks(pid: u32) -> Res<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    // Fields after the command name (which may hold spaces) start past the last ')'.
-    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    // utime and stime are fields 14 and 15 of the whole line: 12 and 13 after the name.
-    let utime: u64 = fields.get(11).ok_or("stat")?.parse()?;
-    let stime: u64 = fields.get(12).ok_or("stat")?.parse()?;
-    Ok(utime + stime)
-}
-
-fn clock_ticks_per_s() -> f64 {
-    Command::new("getconf")
-        .arg("CLK_TCK")
-        .output()
-        .ok()
-        .and_then(|o| String::from_utf8(o.stdout).ok())
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(100.0)
+/// CPU time `pid` has used, in ns, summed over its threads: each thread's
+/// `/proc/<pid>/task/<tid>/schedstat` (the scheduler's exact run time, where utime + stime
+/// are sampled at the tick).
+fn cpu_ns(pid: u32) -> Res<u64> {
+    let mut total = 0u64;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))? {
+        let path = task?.path().join("schedstat");
+        // A thread that ended between the listing and the read counts nothing.
+        let Ok(text) = std::fs::read_to_string(path) else {
+            continue;
+        };
+        let ns: u64 = text.split_whitespace().next().ok_or("schedstat")?.parse()?;
+        total = total.saturating_add(ns);
+    }
+    Ok(total)
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -376,7 +372,6 @@ async fn run(load_cpu: &str, cpus: usize) -> Res<()> {
         Options::new(OnError::Closed).timeout(Duration::from_secs(5)),
     ));
     let limit = Limit::new(1e9, 1e9)?;
-    let ticks = clock_ticks_per_s();
     let mut verdicts = String::new();
 
     let mut table = String::new();
@@ -391,7 +386,7 @@ async fn run(load_cpu: &str, cpus: usize) -> Res<()> {
         let (mut g_rate, mut g_p50, mut g_p99, mut d_rate, mut d_p50, mut d_p99, mut cpu) =
             (vec![], vec![], vec![], vec![], vec![], vec![], vec![]);
         for _ in 0..3 {
-            let before = cpu_ticks(service_pid)?;
+            let before = cpu_ns(service_pid)?;
             let client = grpc.clone();
             let r = round(streams, seconds, move |s, n| {
                 let mut client = client.clone();
@@ -401,7 +396,7 @@ async fn run(load_cpu: &str, cpus: usize) -> Res<()> {
                 }
             })
             .await?;
-            let used_s = (cpu_ticks(service_pid)? - before) as f64 / ticks;
+            let used_s = cpu_ns(service_pid)?.saturating_sub(before) as f64 / 1e9;
             cpu.push(used_s * 1000.0 * 10_000.0 / r.calls.max(1) as f64);
             g_rate.push(r.per_s());
             g_p50.push(r.percentile(0.5) as f64);
@@ -536,12 +531,14 @@ async fn run(load_cpu: &str, cpus: usize) -> Res<()> {
          What bounds these on two CPUs: the direct path runs on CPU {load_cpu_label} alone \
          (client and Redis wake each other without crossing CPUs), while each gRPC call \
          crosses between the CPUs four times and pays HTTP/2 framing twice, in the load \
-         generator and in the service, with the load generator's share beside Redis. The \
-         service does batch: `strace -c` on it at 16 streams counted about 0.5 system calls \
-         per decision (one `writev` to Redis and one to the client per wave of calls), so \
-         what is left is CPU per call (HTTP/2, protobuf, the kernel's loopback work inside \
-         each write) and the waits between the CPUs. The service's CPU per 10,000 \
-         decisions is the figure that carries over to a larger machine.\n",
+         generator and in the service, with the load generator's share beside Redis. On \
+         this virtual machine a wake-up across CPUs is dear: `perf` on the service at one \
+         stream put about a third of its samples where the kernel sends or takes one, and the \
+         service spends far more CPU per decision at one stream than at 16, where one wave \
+         of calls shares each wake-up. The service does batch: `strace -c` on it at 16 \
+         streams counted about 0.5 system calls per decision (one `writev` to Redis and one \
+         to the client per wave of calls). The service's CPU per 10,000 decisions (from its \
+         threads' `schedstat`) is the figure that carries over to a larger machine.\n",
         host = std::env::consts::ARCH,
         redis_cpu = std::env::var("REDIS_CPU").unwrap_or_else(|_| "0".into()),
         service_cpu = std::env::var("SERVICE_CPU").unwrap_or_else(|_| "1".into()),
