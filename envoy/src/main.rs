@@ -7,10 +7,11 @@
 //! `settings` the environment; `config` the YAML and the descriptor lookup (pure);
 //! `service` one call, on redis-rl-client's async limiter; `redis_pool` the multiplexed
 //! connections and the cluster slot; `http` /healthcheck, /json and /metrics; `metrics` the
-//! Prometheus names. This file wires them: startup, reload (file change, SIGHUP) and drain
+//! Prometheus names; `config_watch` the filesystem notifications for the config. This file wires them: startup, reload (file change, SIGHUP) and drain
 //! (SIGTERM). The service never reaches around the client library to Redis.
 
 mod config;
+mod config_watch;
 mod http;
 mod metrics;
 mod redis_pool;
@@ -308,17 +309,24 @@ async fn serve(settings: Arc<Settings>) -> ExitCode {
     }
     tracing::warn!("listening: gRPC {grpc_addr}, HTTP {http_addr}");
 
-    // Reload on a file change (polled each second) and on SIGHUP; drain and stop on SIGTERM
-    // or SIGINT.
+    // Reload on a file change (a filesystem notification, or the poll each second as the
+    // fallback) and on SIGHUP; drain and stop on SIGTERM or SIGINT.
     let watcher = {
         let service = service.clone();
         let dir = dir.clone();
+        let root = PathBuf::from(&settings.runtime_root);
         let watched = if settings.runtime_watch_root {
-            PathBuf::from(&settings.runtime_root)
+            root.clone()
         } else {
             dir.clone()
         };
+        let targets = config_watch::targets(&dir, &root, settings.runtime_watch_root);
         tokio::spawn(async move {
+            let changed = Arc::new(tokio::sync::Notify::new());
+            let mut notifications = config_watch::start(&targets, changed.clone());
+            if let Some(w) = &notifications {
+                tracing::info!("watching {:?} for config changes", w.watched);
+            }
             let mut last = (fingerprint(&dir), fingerprint(&watched));
             let mut hup =
                 tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
@@ -331,15 +339,29 @@ async fn serve(settings: Arc<Settings>) -> ExitCode {
                         None => std::future::pending::<()>().await,
                     }
                 };
-                tokio::select! {
-                    _ = hangup => reload(&service, &dir, "SIGHUP"),
-                    _ = tokio::time::sleep(Duration::from_secs(1)) => {
-                        let now = (fingerprint(&dir), fingerprint(&watched));
-                        if now != last {
-                            last = now;
-                            reload(&service, &dir, "a file changed");
-                        }
+                let notified = tokio::select! {
+                    _ = hangup => {
+                        reload(&service, &dir, "SIGHUP");
+                        continue;
                     }
+                    _ = changed.notified() => {
+                        // A writer (or a symlink swap) usually comes as a burst of events:
+                        // let it finish so the reload reads whole files.
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        true
+                    }
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => false,
+                };
+                let now = (fingerprint(&dir), fingerprint(&watched));
+                if now != last {
+                    last = now;
+                    reload(&service, &dir, "a file changed");
+                    // A swapped symlink or a recreated directory holds new inodes: watch
+                    // those from now on.
+                    notifications =
+                        config_watch::start(&targets, changed.clone()).or(notifications);
+                } else if !notified && notifications.is_none() {
+                    notifications = config_watch::start(&targets, changed.clone());
                 }
             }
         })

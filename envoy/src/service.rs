@@ -75,10 +75,11 @@ impl Backend {
         }
     }
 
-    async fn refund(&self, key: &str, limit: &Limit, cost: f64) -> Result<(), ClientError> {
+    /// Who applied the refund (`Closed` when Redis could not and the policy skipped it).
+    async fn refund(&self, key: &str, limit: &Limit, cost: f64) -> Result<Source, ClientError> {
         match self {
-            Backend::Single(l) => l.refund(key, limit, cost).await.map(|_| ()),
-            Backend::Cluster(l) => l.refund(key, limit, cost).await.map(|_| ()),
+            Backend::Single(l) => l.refund(key, limit, cost).await.map(|r| r.source),
+            Backend::Cluster(l) => l.refund(key, limit, cost).await.map(|r| r.source),
         }
     }
 
@@ -299,10 +300,15 @@ impl Service {
         for r in &refunds {
             #[allow(clippy::cast_precision_loss)]
             let cost = r.cost as f64;
-            self.backend
+            let source = self
+                .backend
                 .refund(&r.key, &r.limit, cost)
                 .await
                 .map_err(|e| self.client_failure(e))?;
+            // A refund Redis could not apply fails the call under `error` as a take does:
+            // the client's `closed` policy skips it quietly, and a caller who gave tokens
+            // back must learn they were not.
+            self.policy_check(source)?;
         }
         let outcomes = self.take(&limited).await?;
         self.metrics

@@ -398,15 +398,21 @@ const POLICY: &str =
 
 #[test]
 fn with_redis_killed_each_on_error_policy_does_what_it_says() {
-    // (RL_ON_ERROR, HTTP status of each of three calls after the kill, the decisions' source)
+    // (RL_ON_ERROR, HTTP status of each of three calls after the kill, the decisions'
+    // source, the status of a refund (a negative hits_addend) after the kill)
     let cases = [
-        ("error", [503, 503, 503], "error"),
-        ("open", [200, 200, 200], "open"),
-        ("closed", [429, 429, 429], "closed"),
+        // A refund fails like a take: the caller learns its tokens did not go back.
+        ("error", [503, 503, 503], "error", 503),
+        ("open", [200, 200, 200], "open", 200),
+        // A refund limits nothing: it answers OK and gives nothing back.
+        ("closed", [429, 429, 429], "closed", 200),
         // Local: a full in-process bucket of 2 (RL_INSTANCES=1).
-        ("local", [200, 200, 429], "local"),
+        ("local", [200, 200, 429], "local", 200),
     ];
-    for (policy, expected, source) in cases {
+    let refund = json!({"domain": "p", "descriptors": [{"entries": [{"key": "k", "value": "b"}],
+                        "hitsAddend": "1", "isNegativeHits": true}]})
+    .to_string();
+    for (policy, expected, source, refund_status) in cases {
         let mut redis = common::Server::start();
         let svc = Service::start(
             &redis_url(redis.port),
@@ -419,6 +425,12 @@ fn with_redis_killed_each_on_error_policy_does_what_it_says() {
             .map(|_| svc.json(&one("p", &[("k", "b")])).status)
             .collect();
         assert_eq!(got, expected, "{policy}: {}", svc.log());
+        assert_eq!(
+            svc.json(&refund).status,
+            refund_status,
+            "{policy} refund: {}",
+            svc.log()
+        );
         assert!(
             svc.metric(&format!(
                 "redis_rl_envoy_decisions_total{{source=\"{source}\"}}"

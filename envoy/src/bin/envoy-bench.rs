@@ -3,7 +3,7 @@
 //! - `ShouldRateLimit` decisions/s and p50/p99 over gRPC (one HTTP/2 connection, as an Envoy
 //!   worker holds) at 1, 16 and 64 concurrent streams, against the Rust client calling
 //!   `RL.ACQUIRE` directly (one multiplexed connection) at the same concurrency;
-//! - the service's CPU per 10,000 decisions, from `/proc/<pid>/stat`;
+//! - the service's CPU per 10,000 decisions, from its threads' `schedstat`;
 //! - Envoy's requests/s end to end, with the rate-limit filter on and off.
 //!
 //! Two CPUs, so: the service alone on CPU 1; Redis on CPU 0; and this driver (the load
@@ -19,7 +19,8 @@
 //! `SECONDS_PER_ROUND` (default 5), `SERVICE` (default: redis-rl-envoy beside this binary),
 //! `SERVICE_CPU` (the service's taskset list, default `1`), `REDIS_CPU` (default `0`),
 //! `LOAD_CPU` (this driver's and Envoy's, default `0`; empty leaves it unpinned),
-//! `REDIS_POOL_SIZE` (the service's, default 10).
+//! `REDIS_POOL_SIZE` (the service's, default 10); for profiling, `STREAMS` (a comma list,
+//! default `1,16,64`) and `SKIP_ENVOY=1`.
 
 use std::error::Error;
 use std::net::TcpListener as StdListener;
@@ -128,25 +129,21 @@ where
     })
 }
 
-fn cpu_ticks(pid: u32) -> Res<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    // Fields after the command name (which may hold spaces) start past the last ')'.
-    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    // utime and stime are fields 14 and 15 of the whole line: 12 and 13 after the name.
-    let utime: u64 = fields.get(11).ok_or("stat")?.parse()?;
-    let stime: u64 = fields.get(12).ok_or("stat")?.parse()?;
-    Ok(utime + stime)
-}
-
-fn clock_ticks_per_s() -> f64 {
-    Command::new("getconf")
-        .arg("CLK_TCK")
-        .output()
-        .ok()
-        .and_then(|o| String::from_utf8(o.stdout).ok())
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(100.0)
+/// CPU time `pid` has used, in ns, summed over its threads: each thread's
+/// `/proc/<pid>/task/<tid>/schedstat` (the scheduler's exact run time, where utime + stime
+/// are sampled at the tick).
+fn cpu_ns(pid: u32) -> Res<u64> {
+    let mut total = 0u64;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))? {
+        let path = task?.path().join("schedstat");
+        // A thread that ended between the listing and the read counts nothing.
+        let Ok(text) = std::fs::read_to_string(path) else {
+            continue;
+        };
+        let ns: u64 = text.split_whitespace().next().ok_or("schedstat")?.parse()?;
+        total = total.saturating_add(ns);
+    }
+    Ok(total)
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -375,17 +372,21 @@ async fn run(load_cpu: &str, cpus: usize) -> Res<()> {
         Options::new(OnError::Closed).timeout(Duration::from_secs(5)),
     ));
     let limit = Limit::new(1e9, 1e9)?;
-    let ticks = clock_ticks_per_s();
     let mut verdicts = String::new();
 
     let mut table = String::new();
     table.push_str("| streams | ShouldRateLimit decisions/s | p50 µs | p99 µs | RL.ACQUIRE direct/s | p50 µs | p99 µs | gRPC / direct | service CPU ms per 10,000 |\n");
     table.push_str("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
-    for streams in [1usize, 16, 64] {
+    // STREAMS narrows a profiling run to some of the concurrencies (say `STREAMS=16`).
+    let stream_counts: Vec<usize> = std::env::var("STREAMS")
+        .ok()
+        .map(|s| s.split(',').filter_map(|n| n.trim().parse().ok()).collect())
+        .unwrap_or_else(|| vec![1, 16, 64]);
+    for streams in stream_counts {
         let (mut g_rate, mut g_p50, mut g_p99, mut d_rate, mut d_p50, mut d_p99, mut cpu) =
             (vec![], vec![], vec![], vec![], vec![], vec![], vec![]);
         for _ in 0..3 {
-            let before = cpu_ticks(service_pid)?;
+            let before = cpu_ns(service_pid)?;
             let client = grpc.clone();
             let r = round(streams, seconds, move |s, n| {
                 let mut client = client.clone();
@@ -395,7 +396,7 @@ async fn run(load_cpu: &str, cpus: usize) -> Res<()> {
                 }
             })
             .await?;
-            let used_s = (cpu_ticks(service_pid)? - before) as f64 / ticks;
+            let used_s = cpu_ns(service_pid)?.saturating_sub(before) as f64 / 1e9;
             cpu.push(used_s * 1000.0 * 10_000.0 / r.calls.max(1) as f64);
             g_rate.push(r.per_s());
             g_p50.push(r.percentile(0.5) as f64);
@@ -446,6 +447,8 @@ async fn run(load_cpu: &str, cpus: usize) -> Res<()> {
     }
 
     // Envoy end to end: the same keep-alive load on a route with the filter and one without.
+    // SKIP_ENVOY=1 leaves it out of a profiling run.
+    let skip_envoy = std::env::var("SKIP_ENVOY").is_ok_and(|v| v == "1");
     let up = upstream().await?;
     let (listen, admin) = (free_port()?, free_port()?);
     let config = include_str!("../../tests/envoy-template.yaml")
@@ -478,7 +481,12 @@ async fn run(load_cpu: &str, cpus: usize) -> Res<()> {
     wait_port(listen).await?;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let mut envoy_rows = String::new();
-    for (label, path) in [("filter on", "/limited"), ("filter off", "/open")] {
+    let routes: &[(&str, &str)] = if skip_envoy {
+        &[]
+    } else {
+        &[("filter on", "/limited"), ("filter off", "/open")]
+    };
+    for &(label, path) in routes {
         let mut rates = vec![];
         for _ in 0..3 {
             let connections = 16;
@@ -520,11 +528,17 @@ async fn run(load_cpu: &str, cpus: usize) -> Res<()> {
          ## Envoy end to end\n\n16 keep-alive HTTP/1.1 connections through one Envoy \
          worker to a tiny upstream, with the rate-limit filter (one descriptor per request) \
          and without.\n\n| route | requests/s |\n| --- | ---: |\n{envoy_rows}\n\
-         What bounds these on two CPUs: the direct path runs on CPU 0 alone (client and \
-         Redis wake each other without crossing CPUs), while each gRPC call crosses between \
-         the CPUs four times and pays HTTP/2 framing in both the load generator and the \
-         service, with the load generator's share on CPU 0 beside Redis. The service's CPU \
-         per 10,000 decisions is the figure that carries over to a larger machine.\n",
+         What bounds these on two CPUs: the direct path runs on CPU {load_cpu_label} alone \
+         (client and Redis wake each other without crossing CPUs), while each gRPC call \
+         crosses between the CPUs four times and pays HTTP/2 framing twice, in the load \
+         generator and in the service, with the load generator's share beside Redis. On \
+         this virtual machine a wake-up across CPUs is dear: `perf` on the service at one \
+         stream put about a third of its samples where the kernel sends or takes one, and the \
+         service spends far more CPU per decision at one stream than at 16, where one wave \
+         of calls shares each wake-up. The service does batch: `strace -c` on it at 16 \
+         streams counted about 0.5 system calls per decision (one `writev` to Redis and one \
+         to the client per wave of calls). The service's CPU per 10,000 decisions (from its \
+         threads' `schedstat`) is the figure that carries over to a larger machine.\n",
         host = std::env::consts::ARCH,
         redis_cpu = std::env::var("REDIS_CPU").unwrap_or_else(|_| "0".into()),
         service_cpu = std::env::var("SERVICE_CPU").unwrap_or_else(|_| "1".into()),
