@@ -13,12 +13,9 @@ impl Counter {
         Counter(AtomicU64::new(0))
     }
 
-    /// Adds one. Only the main thread writes, so load-then-store cannot lose an update.
+    /// Adds one.
     pub fn bump(&self) {
-        self.0.store(
-            self.0.load(Ordering::Relaxed).wrapping_add(1),
-            Ordering::Relaxed,
-        );
+        self.add(1);
     }
 
     /// Raises the counter to `value` if higher (a high-water mark).
@@ -28,7 +25,7 @@ impl Counter {
         }
     }
 
-    /// Adds `n`.
+    /// Adds `n`. Only the main thread writes, so load-then-store cannot lose an update.
     pub fn add(&self, n: u64) {
         self.0.store(
             self.0.load(Ordering::Relaxed).wrapping_add(n),
