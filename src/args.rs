@@ -310,11 +310,11 @@ mod tests {
         assert_eq!(ok.limit.capacity(), 10.0);
     }
 
-    /// Texts that differ only in where one argument ends and the next begins, or in an
-    /// omitted versus an empty cost, must never be taken for one another.
     /// `rate capacity [cost]`, as typed.
     type Texts<'a> = (&'a [u8], &'a [u8], Option<&'a [u8]>);
 
+    /// Texts that differ only in where one argument ends and the next begins, or in an
+    /// omitted versus an empty cost, must never be taken for one another.
     const MEMO_TEXTS: [Texts<'static>; 12] = [
         (b"1", b"10", None),
         (b"11", b"0", None),
