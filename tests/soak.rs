@@ -30,7 +30,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::info::{info, info_field, info_number};
+use common::info::{info, info_field, used_memory};
 use common::{dbsize, Server};
 use redis::{Connection, Value};
 
@@ -351,10 +351,6 @@ fn rss_bytes(server: &Server) -> u64 {
         .and_then(|v| v.parse().ok())
         .expect("VmRSS in /proc/<pid>/status");
     kb * 1024
-}
-
-fn used_memory(con: &mut Connection) -> i64 {
-    info_number(con, "memory", "used_memory")
 }
 
 fn rl_counters(con: &mut Connection) -> Tally {

@@ -18,7 +18,7 @@ mod common;
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
-use common::info::info_number;
+use common::info::{used_memory, wait_reclaimed};
 use common::{all_keys, dump, error_text, exists, pexpiretime, wait_for_replica, Server};
 use redis::{Connection, Value};
 
@@ -553,11 +553,6 @@ fn routing_names_the_key_and_acl_the_category() {
     }
 }
 
-/// `used_memory`.
-fn used_memory(con: &mut Connection) -> i64 {
-    info_number(con, "memory", "used_memory")
-}
-
 /// Loads `buckets` 16-byte fields over `tables` keys at `rate` and returns the used_memory
 /// growth per bucket.
 fn bytes_per_bucket(con: &mut Connection, tables: usize, buckets: usize, rate: &str) -> f64 {
@@ -631,17 +626,7 @@ fn a_flood_of_one_off_fields_is_reclaimed() {
     // Time to full (10 s) plus the sweep and the server's active expiry (under a second),
     // with a margin for a loaded machine.
     let deadline = Instant::now() + Duration::from_secs(90);
-    loop {
-        let added = used_memory(&mut con) - before;
-        if added * 20 <= peak {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "still {added} of {peak} bytes after 90 s"
-        );
-        sleep(Duration::from_millis(50));
-    }
+    wait_reclaimed(&mut con, before, peak, Duration::from_secs(90));
     // The background sweep gives memory back before it has emptied every table; the keys go
     // when their last bucket does (or at their expiry).
     while common::dbsize(&mut con) != 0 {

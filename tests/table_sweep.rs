@@ -22,7 +22,7 @@ mod common;
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
-use common::info::info_number;
+use common::info::{used_memory, wait_reclaimed};
 use common::{server_time_ms, snapshot, wait_for_replica, Server};
 use redis::Connection;
 
@@ -33,10 +33,6 @@ const ONE_OFF: [&str; 2] = ["1", "1"];
 /// The sweep's documented pace (docs/tables.md): 2,048 slots per 10 ms tick. A table of N
 /// buckets holds at most N / 0.5 slots plus its shrinks' migrations, each at most as many.
 const SLOTS_PER_S: u64 = 204_800;
-
-fn used_memory(con: &mut Connection) -> i64 {
-    info_number(con, "memory", "used_memory")
-}
 
 fn hlen(con: &mut Connection, key: &str) -> i64 {
     redis::cmd("RL.HLEN").arg(key).query(con).expect("RL.HLEN")
@@ -84,22 +80,6 @@ fn allowed(fields: usize, time_to_full_ms: u64) -> Duration {
     let slots = fields as u64 * 2 * 3;
     let pace_ms = slots * 1000 / SLOTS_PER_S + time_to_full_ms;
     Duration::from_millis(pace_ms * 10 + 5_000)
-}
-
-/// Polls until the flood's share of used_memory is at most 5% of its peak.
-fn wait_reclaimed(con: &mut Connection, before: i64, peak: i64, within: Duration) {
-    let deadline = Instant::now() + within;
-    loop {
-        let added = used_memory(con) - before;
-        if added * 20 <= peak {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "still {added} of {peak} bytes after {within:?}"
-        );
-        sleep(Duration::from_millis(20));
-    }
 }
 
 /// `fields` one-off fields at `rate` (1 token, capacity 1) beside one long-lived bucket.

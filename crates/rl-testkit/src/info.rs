@@ -1,7 +1,9 @@
-//! `INFO` as the tests read it: a section's text, one `name:value` field of it, and a
-//! command's call count from `INFO commandstats`.
+//! `INFO` as the tests read it: a section's text, one `name:value` field of it, a
+//! command's call count from `INFO commandstats`, and `used_memory`.
 
 use std::str::FromStr;
+use std::thread::sleep;
+use std::time::{Duration, Instant};
 
 use redis::Connection;
 
@@ -42,4 +44,26 @@ pub fn calls(con: &mut Connection, command: &str) -> Option<u64> {
     })?;
     let calls = stats.split(',').find_map(|kv| kv.strip_prefix("calls="))?;
     Some(calls.trim().parse().expect("calls is an integer"))
+}
+
+/// `used_memory` from `INFO memory`.
+pub fn used_memory(con: &mut Connection) -> i64 {
+    info_number(con, "memory", "used_memory")
+}
+
+/// Polls until what a load added to `used_memory` above `before` is at most 5% of its
+/// `peak`; panics if it is not within `within`.
+pub fn wait_reclaimed(con: &mut Connection, before: i64, peak: i64, within: Duration) {
+    let deadline = Instant::now() + within;
+    loop {
+        let added = used_memory(con) - before;
+        if added * 20 <= peak {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "still {added} of {peak} bytes after {within:?}"
+        );
+        sleep(Duration::from_millis(20));
+    }
 }
