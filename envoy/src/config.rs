@@ -9,6 +9,9 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use redis_rl_client::Limit;
 
 use serde_yaml_ng::Value;
 
@@ -134,20 +137,23 @@ pub struct RateLimit {
     pub unlimited: bool,
     pub name: String,
     pub replaces: Vec<String>,
+    /// The limit sent to Redis, built once when the config loads rather than on every call;
+    /// `Err` (the client library's text) is answered per call, as the limit is used.
+    pub bucket: Result<Limit, String>,
 }
 
-impl RateLimit {
-    /// The period in seconds (`unit × unit_multiplier`).
-    pub fn period_s(&self) -> u64 {
-        self.unit
-            .seconds()
-            .saturating_mul(u64::from(self.unit_multiplier.max(1)))
+/// The limit sent to Redis: `requests_per_unit` every `period_s` seconds exactly (the
+/// module's `N/S` rate: 100 per minute is one token every 0.6 s), with `capacity` tokens.
+pub fn bucket_limit(requests_per_unit: u32, period_s: u64, capacity: f64) -> Result<Limit, String> {
+    let limit = Limit::per(
+        u64::from(requests_per_unit),
+        std::time::Duration::from_secs(period_s.max(1)),
+    )
+    .map_err(|e| e.to_string())?;
+    if capacity == f64::from(requests_per_unit) {
+        return Ok(limit);
     }
-
-    /// The bucket's capacity in tokens.
-    pub fn capacity(&self) -> f64 {
-        self.burst.unwrap_or(f64::from(self.requests_per_unit))
-    }
+    limit.with_capacity(capacity).map_err(|e| e.to_string())
 }
 
 /// One level of the descriptor tree.
@@ -161,7 +167,8 @@ struct Node {
 
 #[derive(Clone, Debug)]
 struct Limited {
-    rate_limit: RateLimit,
+    /// Shared with every call's [`Match`], so a lookup copies no strings.
+    rate_limit: Arc<RateLimit>,
     /// The config path of this level (`domain.key_value.key`), the Go service's stats key.
     full_key: String,
     shadow_mode: bool,
@@ -187,7 +194,7 @@ pub struct Config {
 /// The limit a descriptor gets, with what its key and metrics are named after.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Match {
-    pub rate_limit: RateLimit,
+    pub rate_limit: Arc<RateLimit>,
     /// The stats key: the config path, with the request's value where `detailed_metric` or
     /// `value_to_metric` ask for it.
     pub stats_key: String,
@@ -484,7 +491,7 @@ fn load_level(
         );
         let mut child = Node {
             limit: rate_limit.map(|rate_limit| Limited {
-                rate_limit,
+                rate_limit: Arc::new(rate_limit),
                 full_key: full_key.clone(),
                 shadow_mode: false,
                 detailed_metric: false,
@@ -554,6 +561,9 @@ fn load_rate_limit(map: &serde_yaml_ng::Mapping) -> Result<RateLimit, String> {
         }
         replaces.push(replaced);
     }
+    let period_s = unit
+        .seconds()
+        .saturating_mul(u64::from(unit_multiplier.max(1)));
     Ok(RateLimit {
         requests_per_unit,
         unit,
@@ -562,6 +572,11 @@ fn load_rate_limit(map: &serde_yaml_ng::Mapping) -> Result<RateLimit, String> {
         unlimited,
         name,
         replaces,
+        bucket: bucket_limit(
+            requests_per_unit,
+            period_s,
+            burst.unwrap_or(f64::from(requests_per_unit)),
+        ),
     })
 }
 

@@ -35,6 +35,11 @@ use crate::metrics::Metrics;
 use crate::service::{Backend, Failure, Service};
 use crate::settings::{Policy, Settings};
 
+// Every call allocates a few dozen small blocks (HTTP/2 frames, the protobuf, the Redis
+// reply); glibc's malloc and free were a tenth of the service's CPU in `perf` at 16 streams.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// The gRPC face of [`Service`].
 struct Grpc(Arc<Service>);
 

@@ -22,7 +22,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimit
 use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
 use redis_rl_client::{AsyncLimiter, Decision, Error as ClientError, Limit, MultiDecision, Source};
 
-use crate::config::{Config, Match, RateLimit, Unit};
+use crate::config::{bucket_limit, Config, Match, RateLimit, Unit};
 use crate::metrics::Metrics;
 use crate::settings::{Policy, Settings};
 
@@ -86,20 +86,6 @@ impl Backend {
     fn is_cluster(&self) -> bool {
         matches!(self, Backend::Cluster(_))
     }
-}
-
-/// The limit sent to Redis: `requests_per_unit` every `period_s` seconds exactly (the
-/// module's `N/S` rate: 100 per minute is one token every 0.6 s), with `capacity` tokens.
-pub fn bucket_limit(requests_per_unit: u32, period_s: u64, capacity: f64) -> Result<Limit, String> {
-    let limit = Limit::per(
-        u64::from(requests_per_unit),
-        std::time::Duration::from_secs(period_s.max(1)),
-    )
-    .map_err(|e| e.to_string())?;
-    if capacity == f64::from(requests_per_unit) {
-        return Ok(limit);
-    }
-    limit.with_capacity(capacity).map_err(|e| e.to_string())
 }
 
 /// The service: the config (swapped whole on reload), the limiter, the settings.
@@ -228,7 +214,7 @@ impl Service {
         for (index, w) in wanted.iter().enumerate() {
             let m = match w.override_limit {
                 Some((requests_per_unit, unit)) => Some(Match {
-                    rate_limit: RateLimit {
+                    rate_limit: Arc::new(RateLimit {
                         requests_per_unit,
                         unit,
                         unit_multiplier: 1,
@@ -236,7 +222,12 @@ impl Service {
                         unlimited: false,
                         name: String::new(),
                         replaces: Vec::new(),
-                    },
+                        bucket: bucket_limit(
+                            requests_per_unit,
+                            unit.seconds(),
+                            f64::from(requests_per_unit),
+                        ),
+                    }),
                     stats_key: override_stats_key(&request.domain, &w.entries),
                     shadow_mode: false,
                     key_entries: w.entries.clone(),
@@ -249,7 +240,7 @@ impl Service {
         }
         // `replaces`: a limit named in another matched limit's list does not apply.
         let replaced =
-            crate::config::replaced_names(found.iter().map(|(_, m, _, _)| &m.rate_limit));
+            crate::config::replaced_names(found.iter().map(|(_, m, _, _)| &*m.rate_limit));
         found.retain(|(_, m, _, _)| {
             m.rate_limit.name.is_empty() || !replaced.contains(&m.rate_limit.name)
         });
@@ -269,12 +260,7 @@ impl Service {
                     continue;
                 }
             }
-            let limit = bucket_limit(
-                m.rate_limit.requests_per_unit,
-                m.rate_limit.period_s(),
-                m.rate_limit.capacity(),
-            )
-            .map_err(Failure::Invalid)?;
+            let limit = m.rate_limit.bucket.clone().map_err(Failure::Invalid)?;
             let key = redis_key(
                 &self.settings.cache_key_prefix,
                 &request.domain,
