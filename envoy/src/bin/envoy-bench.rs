@@ -270,6 +270,91 @@ const ROUTES: &str = r#"              - match: {prefix: "/limited"}
                 route: {cluster: upstream}
 "#;
 
+/// One concurrency's medians, for the chart.
+struct ChartRow {
+    streams: usize,
+    grpc_per_s: f64,
+    direct_per_s: f64,
+    grpc_p50_us: f64,
+    direct_p50_us: f64,
+}
+
+/// Horizontal bars, one panel per measure: decisions/s and p50 by concurrency (gRPC against
+/// direct), then Envoy's requests/s with the filter on and off. Plain SVG, no dependency,
+/// in the style of `bench/chart.svg`.
+fn chart_svg(rows: &[ChartRow], envoy: &[(&str, f64)]) -> String {
+    const GRPC: &str = "#3b6fb6";
+    const DIRECT: &str = "#e0873a";
+    const LEFT: f64 = 170.0;
+    const WIDTH: f64 = 620.0;
+    const BAR: f64 = 16.0;
+    let mut body = String::new();
+    let mut y = 92.0;
+    let mut panel = |title: &str, unit: &str, bars: &[(String, f64, &str)], body: &mut String| {
+        let max = bars.iter().map(|b| b.1).fold(1.0, f64::max);
+        body.push_str(&format!(
+            "<text x=\"16\" y=\"{y}\" font-weight=\"bold\">{title}</text>\n"
+        ));
+        y += 10.0;
+        for (label, value, colour) in bars {
+            let w = WIDTH * value / max;
+            body.push_str(&format!(
+                "<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{label}</text>\n\
+                 <rect x=\"{LEFT}\" y=\"{y}\" width=\"{w:.1}\" height=\"{BAR}\" fill=\"{colour}\"/>\n\
+                 <text x=\"{:.1}\" y=\"{}\" fill=\"#333\">{value:.0} {unit}</text>\n",
+                LEFT - 8.0,
+                y + 12.0,
+                LEFT + w + 6.0,
+                y + 12.0,
+            ));
+            y += BAR + 6.0;
+        }
+        y += 24.0;
+    };
+    let mut rates = Vec::new();
+    let mut p50s = Vec::new();
+    for r in rows {
+        rates.push((format!("{} streams, gRPC", r.streams), r.grpc_per_s, GRPC));
+        rates.push((
+            format!("{} streams, direct", r.streams),
+            r.direct_per_s,
+            DIRECT,
+        ));
+        p50s.push((format!("{} streams, gRPC", r.streams), r.grpc_p50_us, GRPC));
+        p50s.push((
+            format!("{} streams, direct", r.streams),
+            r.direct_p50_us,
+            DIRECT,
+        ));
+    }
+    panel("Decisions per second", "/s", &rates, &mut body);
+    panel("p50 latency", "µs", &p50s, &mut body);
+    let routes: Vec<(String, f64, &str)> = envoy
+        .iter()
+        .map(|&(label, rate)| (format!("Envoy, {label}"), rate, GRPC))
+        .collect();
+    if !routes.is_empty() {
+        panel(
+            "Envoy end to end, requests per second",
+            "/s",
+            &routes,
+            &mut body,
+        );
+    }
+    let height = y + 8.0;
+    format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"900\" height=\"{height}\" \
+         viewBox=\"0 0 900 {height}\" font-family=\"DejaVu Sans, Helvetica, Arial, sans-serif\" \
+         font-size=\"13\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
+         <text x=\"16\" y=\"28\" font-size=\"18\" font-weight=\"bold\">redis-rl-envoy: \
+         ShouldRateLimit over gRPC against RL.ACQUIRE direct</text>\n\
+         <rect x=\"16\" y=\"44\" width=\"14\" height=\"14\" fill=\"{GRPC}\"/>\n\
+         <text x=\"36\" y=\"56\">through redis-rl-envoy (gRPC)</text>\n\
+         <rect x=\"270\" y=\"44\" width=\"14\" height=\"14\" fill=\"{DIRECT}\"/>\n\
+         <text x=\"290\" y=\"56\">the Rust client, direct</text>\n{body}</svg>\n"
+    )
+}
+
 fn main() -> Res<()> {
     // Pinned before the runtime starts, so its threads inherit the CPU (and tokio sizes its
     // workers to it).
@@ -382,6 +467,7 @@ async fn run(load_cpu: &str, cpus: usize) -> Res<()> {
         .ok()
         .map(|s| s.split(',').filter_map(|n| n.trim().parse().ok()).collect())
         .unwrap_or_else(|| vec![1, 16, 64]);
+    let mut chart_rows: Vec<ChartRow> = Vec::new();
     for streams in stream_counts {
         let (mut g_rate, mut g_p50, mut g_p99, mut d_rate, mut d_p50, mut d_p99, mut cpu) =
             (vec![], vec![], vec![], vec![], vec![], vec![], vec![]);
@@ -431,6 +517,13 @@ async fn run(load_cpu: &str, cpus: usize) -> Res<()> {
                 if added <= 200.0 { "met" } else { "missed" }
             ));
         }
+        chart_rows.push(ChartRow {
+            streams,
+            grpc_per_s: g,
+            direct_per_s: d,
+            grpc_p50_us: median(g_p50.clone()),
+            direct_p50_us: median(d_p50.clone()),
+        });
         table.push_str(&format!(
             "| {streams} | {g:.0} | {:.0} | {:.0} | {d:.0} | {:.0} | {:.0} | {:.2} | {:.0} |\n",
             median(g_p50),
@@ -458,13 +551,16 @@ async fn run(load_cpu: &str, cpus: usize) -> Res<()> {
         .replace("{upstream}", &up.to_string())
         .replace("{grpc}", &grpc_port.to_string());
     std::fs::write(dir.join("envoy.yaml"), config)?;
-    let mut envoy = if load_cpu.is_empty() {
-        Command::new(&envoy_bin)
+    // Started only when measured: a profiling run (SKIP_ENVOY=1) needs no Envoy on PATH.
+    let _envoy = if skip_envoy {
+        None
     } else {
-        pinned(load_cpu, &envoy_bin)
-    };
-    let _envoy = Guard(
-        envoy
+        let mut envoy = if load_cpu.is_empty() {
+            Command::new(&envoy_bin)
+        } else {
+            pinned(load_cpu, &envoy_bin)
+        };
+        let child = envoy
             .arg("-c")
             .arg(dir.join("envoy.yaml"))
             .args([
@@ -476,11 +572,14 @@ async fn run(load_cpu: &str, cpus: usize) -> Res<()> {
             ])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
-            .spawn()?,
-    );
-    wait_port(listen).await?;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+            .spawn()?;
+        let guard = Guard(child);
+        wait_port(listen).await?;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        Some(guard)
+    };
     let mut envoy_rows = String::new();
+    let mut envoy_chart: Vec<(&str, f64)> = Vec::new();
     let routes: &[(&str, &str)] = if skip_envoy {
         &[]
     } else {
@@ -511,11 +610,18 @@ async fn run(load_cpu: &str, cpus: usize) -> Res<()> {
             .await?;
             rates.push(r.per_s());
         }
-        envoy_rows.push_str(&format!("| {label} | {:.0} |\n", median(rates)));
+        let rate = median(rates);
+        envoy_chart.push((label, rate));
+        envoy_rows.push_str(&format!("| {label} | {rate:.0} |\n"));
     }
 
+    // The chart sits beside the markdown, which links it by name.
+    let svg_path = std::path::Path::new(&out).with_extension("svg");
+    let svg_name = svg_path
+        .file_name()
+        .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
     let text = format!(
-        "# redis-rl-envoy benchmark\n\n\
+        "# redis-rl-envoy benchmark\n\n![decisions/s and p50, gRPC against direct]({svg_name})\n\n\
          `make bench-envoy` on {host} ({cpus} CPUs): Redis {redis} with the module pinned \
          to CPU {redis_cpu}, redis-rl-envoy (release) pinned to CPU {service_cpu}, the load \
          generator and Envoy 1.40 on CPU {load_cpu_label}. {seconds} s per round, rounds interleaved, each figure the median of three. \
@@ -555,6 +661,7 @@ async fn run(load_cpu: &str, cpus: usize) -> Res<()> {
             .unwrap_or_default(),
     );
     std::fs::write(&out, &text)?;
+    std::fs::write(&svg_path, chart_svg(&chart_rows, &envoy_chart))?;
     println!("{text}");
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
