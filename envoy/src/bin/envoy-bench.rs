@@ -198,14 +198,16 @@ async fn http_get(
 
 /// The service's own view: mean time per call inside the service and inside Redis, from its
 /// Prometheus histograms (cumulative since start).
-async fn service_time(metrics_port: u16) -> String {
+/// The service's own histograms, summed since it started: (seconds answering calls,
+/// seconds waiting for Redis, calls). Zero when the metrics page cannot be read.
+async fn service_sums(metrics_port: u16) -> (f64, f64, f64) {
     let Ok(stream) = tokio::net::TcpStream::connect(("127.0.0.1", metrics_port)).await else {
-        return String::new();
+        return (0.0, 0.0, 0.0);
     };
     let mut stream = BufReader::new(stream);
     let req = "GET /metrics HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n";
     if stream.get_mut().write_all(req.as_bytes()).await.is_err() {
-        return String::new();
+        return (0.0, 0.0, 0.0);
     }
     let mut text = String::new();
     let _ = stream.read_to_string(&mut text).await;
@@ -216,11 +218,10 @@ async fn service_time(metrics_port: u16) -> String {
             .and_then(|v| v.parse().ok())
             .unwrap_or(0.0)
     };
-    let calls = value("ratelimit_service_response_time_seconds_count").max(1.0);
-    format!(
-        "{:.0} µs per call in the service, {:.0} µs of it in Redis",
-        value("ratelimit_service_response_time_seconds_sum") / calls * 1e6,
-        value("redis_rl_envoy_redis_seconds_sum") / calls * 1e6
+    (
+        value("ratelimit_service_response_time_seconds_sum"),
+        value("redis_rl_envoy_redis_seconds_sum"),
+        value("ratelimit_service_response_time_seconds_count"),
     )
 }
 
@@ -277,6 +278,8 @@ struct ChartRow {
     direct_per_s: f64,
     grpc_p50_us: f64,
     direct_p50_us: f64,
+    /// The service's mean wait for Redis per gRPC call.
+    redis_wait_us: f64,
 }
 
 /// Horizontal bars, one panel per measure: decisions/s and p50 by concurrency (gRPC against
@@ -460,8 +463,8 @@ async fn run(load_cpu: &str, cpus: usize) -> Res<()> {
     let mut verdicts = String::new();
 
     let mut table = String::new();
-    table.push_str("| streams | ShouldRateLimit decisions/s | p50 µs | p99 µs | RL.ACQUIRE direct/s | p50 µs | p99 µs | gRPC / direct | service CPU ms per 10,000 |\n");
-    table.push_str("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    table.push_str("| streams | ShouldRateLimit decisions/s | p50 µs | p99 µs | mean µs in the service / waiting for Redis | RL.ACQUIRE direct/s | p50 µs | p99 µs | gRPC / direct | service CPU ms per 10,000 |\n");
+    table.push_str("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
     // STREAMS narrows a profiling run to some of the concurrencies (say `STREAMS=16`).
     let stream_counts: Vec<usize> = std::env::var("STREAMS")
         .ok()
@@ -471,6 +474,7 @@ async fn run(load_cpu: &str, cpus: usize) -> Res<()> {
     for streams in stream_counts {
         let (mut g_rate, mut g_p50, mut g_p99, mut d_rate, mut d_p50, mut d_p99, mut cpu) =
             (vec![], vec![], vec![], vec![], vec![], vec![], vec![]);
+        let sums_before = service_sums(metrics_port).await;
         for _ in 0..3 {
             let before = cpu_ns(service_pid)?;
             let client = grpc.clone();
@@ -517,15 +521,21 @@ async fn run(load_cpu: &str, cpus: usize) -> Res<()> {
                 if added <= 200.0 { "met" } else { "missed" }
             ));
         }
+        // Where a gRPC call's time went inside the service, over this concurrency's rounds.
+        let sums_after = service_sums(metrics_port).await;
+        let calls = (sums_after.2 - sums_before.2).max(1.0);
+        let in_service_us = (sums_after.0 - sums_before.0) / calls * 1e6;
+        let in_redis_us = (sums_after.1 - sums_before.1) / calls * 1e6;
         chart_rows.push(ChartRow {
             streams,
             grpc_per_s: g,
             direct_per_s: d,
             grpc_p50_us: median(g_p50.clone()),
             direct_p50_us: median(d_p50.clone()),
+            redis_wait_us: in_redis_us,
         });
         table.push_str(&format!(
-            "| {streams} | {g:.0} | {:.0} | {:.0} | {d:.0} | {:.0} | {:.0} | {:.2} | {:.0} |\n",
+            "| {streams} | {g:.0} | {:.0} | {:.0} | {in_service_us:.0} / {in_redis_us:.0} | {d:.0} | {:.0} | {:.0} | {:.2} | {:.0} |\n",
             median(g_p50),
             median(g_p99),
             median(d_p50),
@@ -533,10 +543,7 @@ async fn run(load_cpu: &str, cpus: usize) -> Res<()> {
             ratio,
             median(cpu)
         ));
-        eprintln!(
-            "{streams} streams done; service-side time: {}",
-            service_time(metrics_port).await
-        );
+        eprintln!("{streams} streams done");
     }
 
     // Envoy end to end: the same keep-alive load on a route with the filter and one without.
@@ -638,13 +645,24 @@ async fn run(load_cpu: &str, cpus: usize) -> Res<()> {
          (client and Redis wake each other without crossing CPUs), while each gRPC call \
          crosses between the CPUs four times and pays HTTP/2 framing twice, in the load \
          generator and in the service, with the load generator's share beside Redis. On \
-         this virtual machine a wake-up across CPUs is dear: `perf` on the service at one \
-         stream put about a third of its samples where the kernel sends or takes one, and the \
+         this virtual machine a wake-up across CPUs is dear{halt_poll}{one_stream} The \
          service spends far more CPU per decision at one stream than at 16, where one wave \
          of calls shares each wake-up. The service does batch: `strace -c` on it at 16 \
          streams counted about 0.5 system calls per decision (one `writev` to Redis and one \
          to the client per wave of calls). The service's CPU per 10,000 decisions (from its \
          threads' `schedstat`) is the figure that carries over to a larger machine.\n",
+        halt_poll = match std::fs::read_to_string("/sys/module/haltpoll/parameters/guest_halt_poll_ns") {
+            Ok(ns) if ns.trim() == "0" => " (this guest does not poll before it halts an idle CPU, `haltpoll.guest_halt_poll_ns=0`, so waking one exits to the host)",
+            _ => "",
+        },
+        one_stream = match chart_rows.iter().find(|r| r.streams == 1) {
+            Some(r) => format!(
+                ": at one stream the service waited {:.0} µs for each Redis reply across the \
+                 CPUs, where the whole direct call took {:.0} µs at p50 on one CPU.",
+                r.redis_wait_us, r.direct_p50_us
+            ),
+            None => ".".into(),
+        },
         host = std::env::consts::ARCH,
         redis_cpu = std::env::var("REDIS_CPU").unwrap_or_else(|_| "0".into()),
         service_cpu = std::env::var("SERVICE_CPU").unwrap_or_else(|_| "1".into()),
