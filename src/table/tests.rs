@@ -1,12 +1,19 @@
 //! The table against a `HashMap<field, State>` model: the same bucket steps on both stores,
 //! so any difference is the table's (lookups across migrations, shifts on removal, sweeps).
 
+use std::cell::Cell;
 use std::collections::HashMap;
 
 use proptest::prelude::*;
 
 use super::*;
 use crate::bucket::{self, Change, Cost, Limit};
+
+thread_local! {
+    /// Slots read by this thread (`Array::slot`): the work a call does, counted apart from
+    /// the budget accounting it is checked against.
+    pub(super) static SLOT_READS: Cell<usize> = const { Cell::new(0) };
+}
 
 /// One step of a sequence.
 #[derive(Clone, Debug)]
@@ -138,9 +145,15 @@ fn run(limit: &Limit, ops: &[Op]) -> Result<(), TestCaseError> {
     for (f, state) in &model {
         prop_assert_eq!(table.get(tag(f)), Some(*state));
     }
-    // A full sweep leaves exactly the live buckets.
+    // Two whole sweep passes after any migration leave exactly the live buckets. (A call's
+    // budget counts the slots its removals shift back, so a pass may take several calls.)
     let slots = table.current.slots + table.old.as_ref().map_or(0, |m| m.array.slots);
-    for _ in 0..4 {
+    table.migrate(usize::MAX);
+    let passes = table.sweep_passes();
+    for _ in 0..10_000 {
+        if table.sweep_passes().wrapping_sub(passes) >= 2 && !table.is_migrating() {
+            break;
+        }
         table.migrate(usize::MAX);
         table.sweep(now_us * 1000, slots * 2);
     }
@@ -333,4 +346,99 @@ fn decode_accepts_only_what_is_written() {
     let mut b = [7u128.to_le_bytes().to_vec()].into_iter();
     let table = decode(1, || u.next(), || b.next()).unwrap();
     assert_eq!(table.get(7), Some(a));
+}
+
+/// The longest run of occupied slots in the current array (a cluster).
+fn longest_cluster(table: &Table) -> usize {
+    let array = &table.current;
+    let (mut longest, mut run) = (0, 0);
+    // Twice round, so a cluster that wraps past the end is counted whole.
+    for i in 0..array.slots * 2 {
+        if array.slot(i % array.slots).full_at_ns == EMPTY {
+            run = 0;
+        } else {
+            run += 1;
+            longest = longest.max(run);
+        }
+    }
+    longest.min(array.slots)
+}
+
+/// A sweep's work is bounded by its budget whatever the clusters hold: removing a long
+/// cluster of full buckets one at a time shifts the rest back each time, and those reads
+/// count. (Before they counted, one 256-slot step of a 10,000,000-bucket table read its
+/// longest cluster once per bucket removed: hundreds of thousands of slots in one call.)
+#[test]
+fn a_sweep_reads_at_most_its_budget_plus_one_cluster() {
+    let now_ns = 1_000_000_000_000;
+    let mut table = Table::new();
+    // Half the buckets full at `now_ns`, interleaved with long-lived ones; at the most
+    // load a table reaches, so its clusters are as long as they get.
+    let count = 300_000u64;
+    for i in 0..count {
+        let full_at = if i % 3 == 0 {
+            now_ns * 1000
+        } else {
+            now_ns - 1
+        };
+        table
+            .set(
+                tag(&i.to_le_bytes()),
+                State::from_parts(full_at, 0).unwrap(),
+            )
+            .unwrap();
+    }
+    table.migrate(usize::MAX);
+    let cluster = longest_cluster(&table);
+    let budget = 256;
+    let (mut most, mut calls, mut removed) = (0, 0, 0);
+    while table.len() > (count as usize).div_ceil(3) {
+        SLOT_READS.with(|reads| reads.set(0));
+        let (swept, used) = table.sweep_counted(now_ns, budget);
+        let reads = SLOT_READS.with(Cell::get);
+        // Each slot looked at reads it (and `state` once more); a removal reads the rest
+        // of the cluster; shrinking's migration step reads `budget` more.
+        assert!(
+            reads <= 3 * (used + 1) + budget + cluster,
+            "{reads} reads for {used} counted"
+        );
+        assert!(
+            used <= 2 * budget + cluster,
+            "{used} counted, budget {budget}"
+        );
+        most = most.max(reads);
+        removed += swept.len();
+        calls += 1;
+        assert!(calls < 100_000, "the sweep does not finish");
+    }
+    assert_eq!(removed, count as usize - (count as usize).div_ceil(3));
+    println!("longest cluster {cluster}, most reads in one call {most}, calls {calls}");
+}
+
+/// A flood swept away costs a few slot reads per slot, not a cluster's walk per bucket:
+/// shrinking midway through a sweep pass bunched the survivors (tags past the sweep's
+/// cursor) into one cluster the size of the table, and removing it one bucket at a time
+/// read about 2,000 slots per slot (456 million reads for 200,000 buckets).
+#[test]
+fn a_swept_flood_never_bunches_into_one_cluster() {
+    let now_ns = 1_000_000_000_000;
+    let count = 200_000u64;
+    let mut table = Table::new();
+    for i in 0..count {
+        let state = State::from_parts(now_ns - 1, 0).unwrap();
+        table.set(tag(&i.to_le_bytes()), state).unwrap();
+    }
+    table.migrate(usize::MAX);
+    let slots = table.current.slots;
+    let (mut reads, mut longest, mut calls) = (0, 0, 0);
+    while !table.is_empty() {
+        reads += table.sweep_counted(now_ns, 256).1;
+        calls += 1;
+        if calls % 128 == 0 {
+            longest = longest.max(longest_cluster(&table));
+        }
+        assert!(reads < 20 * slots, "{reads} reads for {slots} slots");
+    }
+    assert!(longest < 2_000, "a cluster of {longest} slots");
+    println!("{count} buckets, {slots} slots: {reads} reads, longest cluster {longest}");
 }
