@@ -190,6 +190,10 @@ impl<T: Copy + Default> Column<T> {
 #[derive(Clone, Debug)]
 struct Array {
     slots: usize,
+    /// The array's slot order: a tag's home is its low 64 bits plus `order` times its high
+    /// 64 bits, mapped onto the slots. 0 for a table's first array; a shrink picks another
+    /// (see [`Table::maybe_shrink`]). Growth keeps it.
+    order: u64,
     chunk_len: usize,
     chunks: Column<Slot>,
     fracs: Column<u64>,
@@ -197,12 +201,13 @@ struct Array {
 }
 
 impl Array {
-    fn new(slots: usize) -> Self {
+    fn new(slots: usize, order: u64) -> Self {
         let slots = slots.max(1);
         let chunk_len = slots.min(CHUNK_SLOTS);
         let count = slots.div_ceil(chunk_len);
         Array {
             slots,
+            order,
             chunk_len,
             chunks: Column::new(count),
             fracs: Column::new(count),
@@ -211,8 +216,11 @@ impl Array {
     }
 
     fn home(&self, tag: Tag) -> usize {
-        // Lemire's multiply-shift maps the low 64 bits onto any number of slots.
-        ((u128::from(tag as u64) * self.slots as u128) >> 64) as usize
+        // The tag's halves are independent uniform hashes, so for any odd `order` the key is
+        // uniform and independent of the key under any other order (see `reordered`).
+        let key = (tag as u64).wrapping_add(((tag >> 64) as u64).wrapping_mul(self.order));
+        // Lemire's multiply-shift maps the key onto any number of slots.
+        ((u128::from(key) * self.slots as u128) >> 64) as usize
     }
 
     fn next(&self, i: usize) -> usize {
@@ -410,6 +418,13 @@ fn size_class(bytes: usize) -> usize {
     bytes.next_multiple_of(step)
 }
 
+/// A slot order other than `order` (see [`Array::order`]): odd, and apart from `order` by
+/// about the golden ratio times 2^64, so the difference has few trailing zero bits and the
+/// two orders' keys differ by a uniform multiple of the high half in their top bits.
+fn reordered(order: u64) -> u64 {
+    order.wrapping_add(0x9E37_79B9_7F4A_7C15) | 1
+}
+
 /// The number of slots for an array that starts holding `len` buckets at the target load:
 /// a whole jemalloc size class below one chunk, whole chunks above.
 fn slots_for(len: usize) -> usize {
@@ -425,7 +440,7 @@ impl Table {
     /// An empty table.
     pub fn new() -> Self {
         Table {
-            current: Array::new(MIN_SLOTS),
+            current: Array::new(MIN_SLOTS, 0),
             old: None,
             sweep_at: 0,
             sweep_passes: 0,
@@ -435,7 +450,7 @@ impl Table {
     /// A table holding `entries`, whose tags must be distinct.
     pub fn from_entries(entries: &[(Tag, State)]) -> Self {
         let mut table = Table {
-            current: Array::new(slots_for(entries.len())),
+            current: Array::new(slots_for(entries.len()), 0),
             old: None,
             sweep_at: 0,
             sweep_passes: 0,
@@ -521,12 +536,12 @@ impl Table {
             self.migrate(usize::MAX);
         }
         if self.old.is_none() && over(&self.current, MAX_LOAD_PCT) {
-            self.start_migration(slots_for(self.len() + 1));
+            self.start_migration(slots_for(self.len() + 1), self.current.order);
         }
     }
 
-    fn start_migration(&mut self, slots: usize) {
-        let array = std::mem::replace(&mut self.current, Array::new(slots));
+    fn start_migration(&mut self, slots: usize, order: u64) {
+        let array = std::mem::replace(&mut self.current, Array::new(slots, order));
         self.sweep_at = 0;
         self.old = Some(Box::new(Migration { array, passed: 0 }));
         self.migrate(MIGRATE_STEP);
@@ -563,21 +578,24 @@ impl Table {
         }
     }
 
-    /// Starts a shrink if few slots hold a bucket, but only between sweep passes. Midway
-    /// through a pass the sweep has emptied the slots before its cursor of every full bucket,
-    /// so the buckets left are bunched in the rest: their tags share a range, and a smaller
-    /// array would take them all in one cluster (a flood swept a seventh of the way held all
-    /// its 27,000 survivors in one run of slots, which every probe and removal then walked).
-    /// Between passes (or before any) the buckets left are spread over the whole array.
+    /// Starts a shrink if few slots hold a bucket, into an array of another slot order.
+    ///
+    /// The buckets a sweep leaves are bunched in the array's order, wherever its cursor is:
+    /// it met the slots before its cursor at other times than those after, and buckets fill
+    /// up with time. (A flood whose buckets filled up while one slow pass went by left its
+    /// survivors in the slots the cursor met first.) In a smaller array of the same order
+    /// they would share one range of homes, at many times the array's load: one cluster as
+    /// long as all of them, walked by every probe and every removal (a 200,000-field flood
+    /// left 7,000 buckets in a 7,000-slot cluster, swept at one or two per 10 ms tick). Under
+    /// a new order their homes are spread evenly again, whatever picked them.
     fn maybe_shrink(&mut self) {
         let current = &self.current;
         if self.old.is_none()
-            && self.sweep_at == 0
             && current.slots > MIN_SLOTS
             && current.len.saturating_mul(SHRINK_BELOW_ONE_IN) < current.slots
             && slots_for(current.len) < current.slots
         {
-            self.start_migration(slots_for(current.len));
+            self.start_migration(slots_for(current.len), reordered(current.order));
         }
     }
 

@@ -23,7 +23,7 @@ use std::thread::sleep;
 use std::time::{Duration, Instant};
 
 use common::info::{used_memory, wait_reclaimed};
-use common::{server_time_ms, snapshot, wait_for_replica, Server};
+use common::{server_time_ms, snapshot, wait_for_replica, wait_for_replica_after_others, Server};
 use redis::Connection;
 
 /// The long-lived bucket: 1 token per 1024 s, capacity 10, 3 taken.
@@ -186,7 +186,9 @@ fn replicas_and_the_aof_follow_the_masters_sweep_and_never_sweep_alone() {
         assert!(Instant::now() < deadline, "{} left", hlen(&mut m, "t"));
         sleep(Duration::from_millis(20));
     }
-    wait_for_replica(&mut m);
+    // The removals are the timer's writes, not this connection's: WAIT alone waits only
+    // for this connection's last write (the flood), so a marker write orders after them.
+    wait_for_replica_after_others(&mut m, "marker");
     let on_master = snapshot(&mut m);
     assert_eq!(snapshot(&mut r), on_master);
     // The stream carried the removals as effects.
