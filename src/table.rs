@@ -3,7 +3,8 @@
 //! keeps one [`Table`] per key and decides when to call what.
 //!
 //! # Layout
-//! Open addressing with linear probing. A slot is 24 bytes: the field's tag and the bucket's
+//! Open addressing with linear probing, in a slot order of the array's own (a shrink picks
+//! a new one: see `Table::maybe_shrink`). A slot is 24 bytes: the field's tag and the bucket's
 //! `full_at_ns` (0 marks an empty slot). Fractions of a nanosecond (rates such as 3/s) live
 //! in a parallel column of 8 bytes per slot, allocated per chunk only where one is stored.
 //! Slots come in chunks of [`CHUNK_SLOTS`] (6 KiB, an exact jemalloc size class), allocated
