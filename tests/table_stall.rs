@@ -212,6 +212,8 @@ fn no_call_stalls_at_ten_million_buckets_in_one_key() {
     let events = latency(&mut con);
     let tick_max_us: u64 = info_number(&mut con, "rl", "rl_sweep_tick_max_us");
     let tick_max_slots: u64 = info_number(&mut con, "rl", "rl_sweep_tick_max_slots");
+    let tick_max_cpu_us: u64 = info_number(&mut con, "rl", "rl_sweep_tick_max_cpu_us");
+    let tick_max_wall_us: u64 = info_number(&mut con, "rl", "rl_sweep_tick_max_wall_us");
     let swept: u64 = info_number(&mut con, "rl", "rl_swept");
     let rl: Vec<i64> = calls
         .iter()
@@ -220,8 +222,9 @@ fn no_call_stalls_at_ten_million_buckets_in_one_key() {
         .collect();
     println!(
         "at {} buckets ({} swept): {} RL calls of 1 ms or more (wall), longest {:?} µs; \
-         latency {events:?}; longest sweep tick {tick_max_us} µs, most slot reads in a \
-         tick {tick_max_slots}",
+         latency {events:?}; longest sweep tick {tick_max_us} µs (by the CPU clock alone \
+         {tick_max_cpu_us} µs, by the monotonic clock alone {tick_max_wall_us} µs), most \
+         slot reads in a tick {tick_max_slots}",
         hlen(&mut con, "big"),
         swept,
         rl.len(),

@@ -22,7 +22,7 @@ mod common;
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
-use common::info::{used_memory, wait_reclaimed};
+use common::info::{info_number, used_memory, wait_reclaimed};
 use common::{server_time_ms, snapshot, wait_for_replica, wait_for_replica_after_others, Server};
 use redis::Connection;
 
@@ -123,6 +123,16 @@ fn flood_is_reclaimed(fields: usize, rate: &str, time_to_full_ms: u64) {
         assert!(Instant::now() < deadline, "{} left", hlen(&mut con, "t"));
         sleep(Duration::from_millis(20));
     }
+    // A tick's time is the lesser of its two clocks, so the longest is at most the longest
+    // by either clock alone (which may come from other ticks).
+    let tick = |con: &mut Connection, name: &str| info_number::<u64>(con, "rl", name);
+    let (least, cpu, wall) = (
+        tick(&mut con, "rl_sweep_tick_max_us"),
+        tick(&mut con, "rl_sweep_tick_max_cpu_us"),
+        tick(&mut con, "rl_sweep_tick_max_wall_us"),
+    );
+    println!("longest sweep tick {least} µs (CPU clock {cpu} µs, monotonic clock {wall} µs)");
+    assert!(least > 0 && least <= cpu && least <= wall);
 }
 
 #[test]
