@@ -53,6 +53,12 @@ pub const CHUNK_SLOTS: usize = 256;
 pub const MAX_BUCKETS: usize = 100_000_000;
 /// Old slots moved to the new array per write during a migration: one chunk.
 pub const MIGRATE_STEP: usize = CHUNK_SLOTS;
+/// What allocating a chunk or a page counts for in a migration step, in slots moved: zeroing
+/// 6 KiB of fresh memory costs about what moving 32 slots does. A shrink's new array has
+/// another slot order, so the buckets of one old chunk land in as many new chunks, each
+/// allocated on first use: uncounted, one 256-slot step of a dense stretch could allocate
+/// 256 chunks (1.5 MB). Counted, a step allocates at most 8.
+pub const CHUNK_ALLOC_SLOTS: usize = 32;
 /// Old slots moved per removal. Less than a write's step because one `RL.HDEL` removes many
 /// fields: at 256 a removal, 100 fields during a growth moved 25,600 slots (about 1 ms).
 /// Still enough to finish any shrink by removals alone: a shrink starts below one bucket
@@ -117,6 +123,8 @@ const PAGE_CHUNKS: usize = 512;
 struct Column<T> {
     chunks: usize,
     pages: Vec<Option<Page<T>>>,
+    /// Chunks and pages allocated so far (never decreased): what a migration step counts.
+    made: usize,
 }
 
 /// Up to [`PAGE_CHUNKS`] chunk pointers, each chunk allocated on first write.
@@ -127,6 +135,7 @@ impl<T: Copy + Default> Column<T> {
         Column {
             chunks,
             pages: vec![None; chunks.div_ceil(PAGE_CHUNKS)],
+            made: 0,
         }
     }
 
@@ -146,12 +155,19 @@ impl<T: Copy + Default> Column<T> {
             self.chunks
                 .saturating_sub(chunk / PAGE_CHUNKS * PAGE_CHUNKS),
         );
+        let made = &mut self.made;
         let page = self
             .pages
             .get_mut(chunk / PAGE_CHUNKS)?
-            .get_or_insert_with(|| vec![None; page_len].into());
+            .get_or_insert_with(|| {
+                *made += 1;
+                vec![None; page_len].into()
+            });
         let entry = page.get_mut(chunk % PAGE_CHUNKS)?;
-        Some(entry.get_or_insert_with(|| vec![T::default(); chunk_len].into()))
+        Some(entry.get_or_insert_with(|| {
+            *made += 1;
+            vec![T::default(); chunk_len].into()
+        }))
     }
 
     fn is_allocated(&self, chunk: usize) -> bool {
@@ -549,7 +565,8 @@ impl Table {
     }
 
     /// Moves up to `budget` old slots into the current array, freeing each old chunk once
-    /// passed; ends the migration at the last.
+    /// passed; ends the migration at the last. Each chunk or page the move allocates in the
+    /// current array counts as [`CHUNK_ALLOC_SLOTS`] slots.
     pub fn migrate(&mut self, budget: usize) {
         let Some(old) = self.old.as_mut() else { return };
         let mut moved = 0;
@@ -564,8 +581,12 @@ impl Table {
             }
             let slot = old.array.slot(i);
             if let (true, Some(state)) = (slot.is_live(), old.array.state(i)) {
+                let made = |a: &Array| a.chunks.made + a.fracs.made;
+                let before = made(&self.current);
                 self.current.insert_absent(slot.tag(), state);
                 old.array.len = old.array.len.saturating_sub(1);
+                let allocated = made(&self.current).saturating_sub(before);
+                moved += allocated.saturating_mul(CHUNK_ALLOC_SLOTS);
             }
             old.passed = i + 1;
             moved += 1;

@@ -621,3 +621,54 @@ proptest! {
         run_master_and_replica(&ops)?;
     }
 }
+
+/// A shrink's new array has another slot order, so the buckets of a dense stretch of the old
+/// array land in as many new chunks, each allocated (and zeroed) on first use. A migration
+/// step counts each allocation, so it allocates a bounded number of chunks whatever the old
+/// array holds.
+#[test]
+fn a_migration_step_allocates_a_bounded_number_of_chunks() {
+    let now_ns = 1_000_000_000_000u64;
+    let count = 400_000u64;
+    let full = State::from_parts(now_ns - 1, 0).unwrap();
+    let mut table = Table::new();
+    for i in 0..count {
+        table.set(tag(&i.to_le_bytes()), full).unwrap();
+    }
+    table.migrate(usize::MAX);
+    // The first tenth of the slots stays live: a dense stretch of the old order.
+    let live = State::from_parts(now_ns * 2, 0).unwrap();
+    let first: Vec<Tag> = (0..table.current.slots / 10)
+        .map(|i| table.current.slot(i))
+        .filter(|slot| slot.is_live())
+        .map(Slot::tag)
+        .collect();
+    for &tag in &first {
+        table.set(tag, live).unwrap();
+    }
+    let mut calls = 0;
+    while !table.is_migrating() {
+        table.sweep(now_ns, 256);
+        calls += 1;
+        assert!(calls < 100_000, "no shrink");
+    }
+    let made = |t: &Table| t.current.chunks.made + t.current.fracs.made;
+    let (mut most, mut steps) = (0, 0);
+    while table.is_migrating() {
+        let before = made(&table);
+        table.migrate(MIGRATE_STEP);
+        most = most.max(made(&table) - before);
+        steps += 1;
+    }
+    // The step that crosses its budget finishes its last bucket (one chunk and one page).
+    assert!(
+        most <= MIGRATE_STEP / CHUNK_ALLOC_SLOTS + 2,
+        "a step allocated {most} chunks"
+    );
+    // The new array is made in many steps, so the bound above was tested.
+    assert!(
+        most >= 2 && steps > 10,
+        "{most} chunks at most, {steps} steps"
+    );
+    println!("{steps} steps, at most {most} allocations in one");
+}
