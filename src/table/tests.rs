@@ -443,6 +443,28 @@ fn a_swept_flood_never_bunches_into_one_cluster() {
     println!("{count} buckets, {slots} slots: {reads} reads, longest cluster {longest}");
 }
 
+/// A table of `count` buckets full at `now_ns`, but for those in the first `1 / one_in` of
+/// its slots, which are live until `2 × now_ns`: a stretch dense in the array's order. Returns
+/// the table and the live buckets' tags.
+fn full_but_a_first_stretch(count: u64, now_ns: u64, one_in: usize) -> (Table, Vec<Tag>) {
+    let full = State::from_parts(now_ns - 1, 0).unwrap();
+    let mut table = Table::new();
+    for i in 0..count {
+        table.set(tag(&i.to_le_bytes()), full).unwrap();
+    }
+    table.migrate(usize::MAX);
+    let live = State::from_parts(now_ns * 2, 0).unwrap();
+    let first: Vec<Tag> = (0..table.current.slots / one_in)
+        .map(|i| table.current.slot(i))
+        .filter(|slot| slot.is_live())
+        .map(Slot::tag)
+        .collect();
+    for &tag in &first {
+        table.set(tag, live).unwrap();
+    }
+    (table, first)
+}
+
 /// The buckets a pass leaves are bunched in the array's order (the cursor met some slots
 /// before their buckets filled up and others after), and a shrink must not pack them into
 /// one cluster. With the old array's order they all shared one range of homes in the
@@ -451,25 +473,10 @@ fn a_swept_flood_never_bunches_into_one_cluster() {
 #[test]
 fn the_survivors_of_a_pass_do_not_bunch_when_the_table_shrinks() {
     let now_ns = 1_000_000_000_000u64;
-    let count = 100_000u64;
-    let full = State::from_parts(now_ns - 1, 0).unwrap();
-    let mut table = Table::new();
-    for i in 0..count {
-        table.set(tag(&i.to_le_bytes()), full).unwrap();
-    }
-    table.migrate(usize::MAX);
     // The buckets in the first 5% of the slots are live: a pass leaves exactly those when
     // it met their slots before they filled up and every later slot after.
+    let (mut table, first) = full_but_a_first_stretch(100_000, now_ns, 20);
     let slots = table.current.slots;
-    let live = State::from_parts(now_ns * 2, 0).unwrap();
-    let first: Vec<Tag> = (0..slots / 20)
-        .map(|i| table.current.slot(i))
-        .filter(|slot| slot.is_live())
-        .map(Slot::tag)
-        .collect();
-    for &tag in &first {
-        table.set(tag, live).unwrap();
-    }
     let mut calls = 0;
     while table.len() > first.len() || table.is_migrating() {
         table.sweep(now_ns, 256);
@@ -629,23 +636,8 @@ proptest! {
 #[test]
 fn a_migration_step_allocates_a_bounded_number_of_chunks() {
     let now_ns = 1_000_000_000_000u64;
-    let count = 400_000u64;
-    let full = State::from_parts(now_ns - 1, 0).unwrap();
-    let mut table = Table::new();
-    for i in 0..count {
-        table.set(tag(&i.to_le_bytes()), full).unwrap();
-    }
-    table.migrate(usize::MAX);
     // The first tenth of the slots stays live: a dense stretch of the old order.
-    let live = State::from_parts(now_ns * 2, 0).unwrap();
-    let first: Vec<Tag> = (0..table.current.slots / 10)
-        .map(|i| table.current.slot(i))
-        .filter(|slot| slot.is_live())
-        .map(Slot::tag)
-        .collect();
-    for &tag in &first {
-        table.set(tag, live).unwrap();
-    }
+    let (mut table, _) = full_but_a_first_stretch(400_000, now_ns, 10);
     let mut calls = 0;
     while !table.is_migrating() {
         table.sweep(now_ns, 256);
