@@ -83,3 +83,4 @@ include mk/clients.mk
 include mk/release.mk
 include mk/docs.mk
 include mk/envoy.mk
+include mk/bench-memory.mk

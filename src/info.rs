@@ -27,6 +27,12 @@ unsafe extern "C" fn info(ctx: *mut RedisModuleInfoCtx, _for_crash_report: c_int
         ("sweep_ticks", stats::SWEEP_TICKS.get()),
         ("swept", stats::SWEPT.get()),
         ("sweep_tick_max_us", stats::SWEEP_TICK_MAX_US.get()),
+        ("sweep_tick_max_cpu_us", stats::SWEEP_TICK_MAX_CPU_US.get()),
+        (
+            "sweep_tick_max_wall_us",
+            stats::SWEEP_TICK_MAX_WALL_US.get(),
+        ),
+        ("sweep_tick_max_slots", stats::SWEEP_TICK_MAX_SLOTS.get()),
     ];
     // Lower case, as the server lists commands: the names this server already had.
     let skipped: Vec<String> = registry::skipped()

@@ -51,5 +51,15 @@ pub static ERRORS: Counter = Counter::new();
 pub static SWEEP_TICKS: Counter = Counter::new();
 /// Table buckets the background sweep removed.
 pub static SWEPT: Counter = Counter::new();
-/// The longest background sweep tick, in µs of the main thread's CPU time.
+/// The longest background sweep tick, in µs of server time (the lesser of the main
+/// thread's CPU time and the monotonic clock over the tick).
 pub static SWEEP_TICK_MAX_US: Counter = Counter::new();
+/// The most main-thread CPU time one background sweep tick took, in µs (on a virtual
+/// machine this includes steal time the hypervisor charges late).
+pub static SWEEP_TICK_MAX_CPU_US: Counter = Counter::new();
+/// The most monotonic-clock time one background sweep tick took, in µs (includes any time
+/// the main thread lost the CPU).
+pub static SWEEP_TICK_MAX_WALL_US: Counter = Counter::new();
+/// The most slot reads one background sweep tick made (bounded by the sweeper's
+/// `TICK_SLOTS` plus the rest of one cluster).
+pub static SWEEP_TICK_MAX_SLOTS: Counter = Counter::new();

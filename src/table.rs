@@ -3,16 +3,19 @@
 //! keeps one [`Table`] per key and decides when to call what.
 //!
 //! # Layout
-//! Open addressing with linear probing. A slot is 24 bytes: the field's tag and the bucket's
+//! Open addressing with linear probing, in a slot order of the array's own (a shrink picks
+//! a new one: see `Table::maybe_shrink`). A slot is 24 bytes: the field's tag and the bucket's
 //! `full_at_ns` (0 marks an empty slot). Fractions of a nanosecond (rates such as 3/s) live
 //! in a parallel column of 8 bytes per slot, allocated per chunk only where one is stored.
 //! Slots come in chunks of [`CHUNK_SLOTS`] (6 KiB, an exact jemalloc size class), allocated
-//! on first use, so a new array costs nothing until it is written and no call zeroes more
-//! than one chunk. A table under one chunk is one allocation sized to a jemalloc class.
+//! on first use and found through 4 KiB pages of chunk pointers, also allocated on first use
+//! ([`Column`]), so a new array costs one pointer per 131,072 slots until it is written, and
+//! no call zeroes more than one chunk and one page. A table under one chunk is one allocation sized to a jemalloc class.
 //!
 //! # No stop-the-world step
 //! Growing or shrinking starts a migration: a new array becomes current, and each write moves
-//! the next [`MIGRATE_STEP`] slots of the old one across, freeing each old chunk once passed.
+//! the next [`MIGRATE_STEP`] slots of the old one across ([`REMOVE_MIGRATE_STEP`] for each
+//! field a removal takes away), freeing each old chunk once passed.
 //! Until then a lookup also probes the old array, where the passed prefix reads as occupied
 //! (its probe chains ran through it) and a removal leaves a tombstone. A sweep looks at a
 //! bounded number of slots per call and removes buckets that are full again; the caller
@@ -50,6 +53,17 @@ pub const CHUNK_SLOTS: usize = 256;
 pub const MAX_BUCKETS: usize = 100_000_000;
 /// Old slots moved to the new array per write during a migration: one chunk.
 pub const MIGRATE_STEP: usize = CHUNK_SLOTS;
+/// What allocating a chunk or a page counts for in a migration step, in slots moved: zeroing
+/// 6 KiB of fresh memory costs about what moving 32 slots does. A shrink's new array has
+/// another slot order, so the buckets of one old chunk land in as many new chunks, each
+/// allocated on first use: uncounted, one 256-slot step of a dense stretch could allocate
+/// 256 chunks (1.5 MB). Counted, a step allocates at most 8.
+pub const CHUNK_ALLOC_SLOTS: usize = 32;
+/// Old slots moved per removal. Less than a write's step because one `RL.HDEL` removes many
+/// fields: at 256 a removal, 100 fields during a growth moved 25,600 slots (about 1 ms).
+/// Still enough to finish any shrink by removals alone: a shrink starts below one bucket
+/// per 8 slots, and those buckets' removals then move 4 times the old array.
+pub const REMOVE_MIGRATE_STEP: usize = 32;
 /// A table grows when a new bucket would fill more than this share of its slots (percent).
 const MAX_LOAD_PCT: usize = 85;
 /// The load a grown or shrunk array starts at (percent): 85 / 1.125, so each growth adds an
@@ -96,33 +110,134 @@ pub fn is_full(state: State, now_ns: u64) -> bool {
     state.full_at_ns() < now_ns || (state.full_at_ns() == now_ns && state.full_at_frac() == 0)
 }
 
+/// Chunk pointers per page of a [`Column`]'s directory: 512 × 8 bytes, 4 KiB.
+const PAGE_CHUNKS: usize = 512;
+
+/// One column of an array (its slots, or its fractions): chunks allocated on first write,
+/// found through pages of chunk pointers that are also allocated on first use. So a new
+/// array of any size allocates one pointer per page (per 131,072 slots) and nothing else up
+/// front. A flat list of chunk pointers, as before, was allocated and zeroed whole when a
+/// growth began: 832 KB for the two columns at 13 M slots, 200 fresh pages faulted in by
+/// one command (about 0.4 ms on the test machine, more under memory pressure).
+#[derive(Clone, Debug)]
+struct Column<T> {
+    chunks: usize,
+    pages: Vec<Option<Page<T>>>,
+    /// Chunks and pages allocated so far (never decreased): what a migration step counts.
+    made: usize,
+}
+
+/// Up to [`PAGE_CHUNKS`] chunk pointers, each chunk allocated on first write.
+type Page<T> = Box<[Option<Box<[T]>>]>;
+
+impl<T: Copy + Default> Column<T> {
+    fn new(chunks: usize) -> Self {
+        Column {
+            chunks,
+            pages: vec![None; chunks.div_ceil(PAGE_CHUNKS)],
+            made: 0,
+        }
+    }
+
+    fn chunk(&self, chunk: usize) -> Option<&[T]> {
+        let page = self.pages.get(chunk / PAGE_CHUNKS)?.as_deref()?;
+        page.get(chunk % PAGE_CHUNKS)?.as_deref()
+    }
+
+    fn chunk_mut(&mut self, chunk: usize) -> Option<&mut [T]> {
+        let page = self.pages.get_mut(chunk / PAGE_CHUNKS)?.as_deref_mut()?;
+        page.get_mut(chunk % PAGE_CHUNKS)?.as_deref_mut()
+    }
+
+    /// The chunk, allocated (with its page) if need be, holding `chunk_len` values.
+    fn chunk_or_new(&mut self, chunk: usize, chunk_len: usize) -> Option<&mut [T]> {
+        let page_len = PAGE_CHUNKS.min(
+            self.chunks
+                .saturating_sub(chunk / PAGE_CHUNKS * PAGE_CHUNKS),
+        );
+        let made = &mut self.made;
+        let page = self
+            .pages
+            .get_mut(chunk / PAGE_CHUNKS)?
+            .get_or_insert_with(|| {
+                *made += 1;
+                vec![None; page_len].into()
+            });
+        let entry = page.get_mut(chunk % PAGE_CHUNKS)?;
+        Some(entry.get_or_insert_with(|| {
+            *made += 1;
+            vec![T::default(); chunk_len].into()
+        }))
+    }
+
+    fn is_allocated(&self, chunk: usize) -> bool {
+        self.chunk(chunk).is_some()
+    }
+
+    fn free(&mut self, chunk: usize) {
+        if let Some(Some(page)) = self.pages.get_mut(chunk / PAGE_CHUNKS) {
+            if let Some(entry) = page.get_mut(chunk % PAGE_CHUNKS) {
+                *entry = None;
+            }
+        }
+    }
+
+    /// The allocated chunks.
+    fn allocated(&self) -> impl Iterator<Item = &[T]> {
+        self.pages
+            .iter()
+            .flatten()
+            .flat_map(|page| page.iter().flatten().map(|c| &c[..]))
+    }
+
+    /// Allocations: chunks and pages.
+    fn allocations(&self) -> usize {
+        self.pages.iter().flatten().count() + self.allocated().count()
+    }
+
+    fn mem_bytes(&self) -> usize {
+        let pages = self.pages.iter().flatten().map(|page| page.len());
+        let pointers = self.pages.capacity() + pages.sum::<usize>();
+        let values = self.allocated().map(<[T]>::len).sum::<usize>();
+        pointers * size_of::<usize>() + values * size_of::<T>()
+    }
+}
+
 /// One open-addressed array of slots.
 #[derive(Clone, Debug)]
 struct Array {
     slots: usize,
+    /// The array's slot order: a tag's home is its low 64 bits plus `order` times its high
+    /// 64 bits, mapped onto the slots. 0 for a table's first array; a shrink picks another
+    /// (see [`Table::maybe_shrink`]). Growth keeps it.
+    order: u64,
     chunk_len: usize,
-    chunks: Vec<Option<Box<[Slot]>>>,
-    fracs: Vec<Option<Box<[u64]>>>,
+    chunks: Column<Slot>,
+    fracs: Column<u64>,
     len: usize,
 }
 
 impl Array {
-    fn new(slots: usize) -> Self {
+    fn new(slots: usize, order: u64) -> Self {
         let slots = slots.max(1);
         let chunk_len = slots.min(CHUNK_SLOTS);
         let count = slots.div_ceil(chunk_len);
         Array {
             slots,
+            order,
             chunk_len,
-            chunks: vec![None; count],
-            fracs: vec![None; count],
+            chunks: Column::new(count),
+            fracs: Column::new(count),
             len: 0,
         }
     }
 
     fn home(&self, tag: Tag) -> usize {
-        // Lemire's multiply-shift maps the low 64 bits onto any number of slots.
-        ((u128::from(tag as u64) * self.slots as u128) >> 64) as usize
+        // The tag's halves are independent uniform hashes, so for any odd `order` the key is
+        // uniform and independent of the key under any other order (see `reordered`).
+        let key = (tag as u64).wrapping_add(((tag >> 64) as u64).wrapping_mul(self.order));
+        // Lemire's multiply-shift maps the key onto any number of slots.
+        ((u128::from(key) * self.slots as u128) >> 64) as usize
     }
 
     fn next(&self, i: usize) -> usize {
@@ -142,10 +257,11 @@ impl Array {
     }
 
     fn slot(&self, i: usize) -> Slot {
+        #[cfg(test)]
+        tests::SLOT_READS.with(|reads| reads.set(reads.get() + 1));
         let (chunk, offset) = self.locate(i);
         self.chunks
-            .get(chunk)
-            .and_then(Option::as_deref)
+            .chunk(chunk)
             .and_then(|c| c.get(offset))
             .copied()
             .unwrap_or_default()
@@ -154,8 +270,7 @@ impl Array {
     fn frac(&self, i: usize) -> u64 {
         let (chunk, offset) = self.locate(i);
         self.fracs
-            .get(chunk)
-            .and_then(Option::as_deref)
+            .chunk(chunk)
             .and_then(|c| c.get(offset))
             .copied()
             .unwrap_or(0)
@@ -173,28 +288,21 @@ impl Array {
     fn put(&mut self, i: usize, slot: Slot, frac: u64) {
         let (chunk, offset) = self.locate(i);
         let chunk_len = self.chunk_len;
-        if let Some(entry) = self.chunks.get_mut(chunk) {
-            let slots = entry.get_or_insert_with(|| vec![Slot::default(); chunk_len].into());
-            if let Some(target) = slots.get_mut(offset) {
-                *target = slot;
-            }
+        if let Some(target) = self
+            .chunks
+            .chunk_or_new(chunk, chunk_len)
+            .and_then(|c| c.get_mut(offset))
+        {
+            *target = slot;
         }
-        if let Some(entry) = self.fracs.get_mut(chunk) {
-            match entry {
-                Some(fracs) => {
-                    if let Some(target) = fracs.get_mut(offset) {
-                        *target = frac;
-                    }
-                }
-                None if frac != 0 => {
-                    let mut fracs = vec![0u64; chunk_len];
-                    if let Some(target) = fracs.get_mut(offset) {
-                        *target = frac;
-                    }
-                    *entry = Some(fracs.into());
-                }
-                None => {}
-            }
+        // A fraction column's chunk exists only where a fraction was ever stored.
+        let fracs = if frac == 0 {
+            self.fracs.chunk_mut(chunk)
+        } else {
+            self.fracs.chunk_or_new(chunk, chunk_len)
+        };
+        if let Some(target) = fracs.and_then(|c| c.get_mut(offset)) {
+            *target = frac;
         }
     }
 
@@ -243,12 +351,16 @@ impl Array {
     }
 
     /// Removes slot `i` by shifting the rest of its cluster back, so no tombstone is left and
-    /// every chain stays unbroken.
-    fn remove_at(&mut self, i: usize) {
+    /// every chain stays unbroken. Returns the slots it looked at past `i`: the rest of the
+    /// cluster, which a sweep counts against its budget (removing most of a long cluster
+    /// one bucket at a time walks it once per bucket).
+    fn remove_at(&mut self, i: usize) -> usize {
         let mut hole = i;
         let mut j = self.next(i);
+        let mut walked = 0;
         for _ in 0..self.slots {
             let slot = self.slot(j);
+            walked += 1;
             if slot.full_at_ns == EMPTY {
                 break;
             }
@@ -262,21 +374,11 @@ impl Array {
         }
         self.put(hole, Slot::default(), 0);
         self.len = self.len.saturating_sub(1);
+        walked
     }
 
     fn mem_bytes(&self) -> usize {
-        let pointers = (self.chunks.capacity() + self.fracs.capacity()) * size_of::<usize>();
-        let slots = self
-            .chunks
-            .iter()
-            .flatten()
-            .map(|c| c.len() * size_of::<Slot>());
-        let fracs = self
-            .fracs
-            .iter()
-            .flatten()
-            .map(|c| c.len() * size_of::<u64>());
-        pointers + slots.sum::<usize>() + fracs.sum::<usize>()
+        self.chunks.mem_bytes() + self.fracs.mem_bytes()
     }
 
     /// Every live bucket at index `from` or later.
@@ -284,7 +386,7 @@ impl Array {
         (from..self.slots).filter_map(move |i| {
             let (chunk, offset) = self.locate(i);
             // Skip unallocated chunks cheaply: they hold nothing.
-            if offset == 0 && self.chunks.get(chunk).is_some_and(Option::is_none) {
+            if offset == 0 && !self.chunks.is_allocated(chunk) {
                 return None;
             }
             self.state(i).map(|state| (self.slot(i).tag(), state))
@@ -333,6 +435,13 @@ fn size_class(bytes: usize) -> usize {
     bytes.next_multiple_of(step)
 }
 
+/// A slot order other than `order` (see [`Array::order`]): odd, and apart from `order` by
+/// about the golden ratio times 2^64, so the difference has few trailing zero bits and the
+/// two orders' keys differ by a uniform multiple of the high half in their top bits.
+fn reordered(order: u64) -> u64 {
+    order.wrapping_add(0x9E37_79B9_7F4A_7C15) | 1
+}
+
 /// The number of slots for an array that starts holding `len` buckets at the target load:
 /// a whole jemalloc size class below one chunk, whole chunks above.
 fn slots_for(len: usize) -> usize {
@@ -348,7 +457,7 @@ impl Table {
     /// An empty table.
     pub fn new() -> Self {
         Table {
-            current: Array::new(MIN_SLOTS),
+            current: Array::new(MIN_SLOTS, 0),
             old: None,
             sweep_at: 0,
             sweep_passes: 0,
@@ -358,7 +467,7 @@ impl Table {
     /// A table holding `entries`, whose tags must be distinct.
     pub fn from_entries(entries: &[(Tag, State)]) -> Self {
         let mut table = Table {
-            current: Array::new(slots_for(entries.len())),
+            current: Array::new(slots_for(entries.len()), 0),
             old: None,
             sweep_at: 0,
             sweep_passes: 0,
@@ -409,9 +518,10 @@ impl Table {
         Ok(())
     }
 
-    /// Removes the bucket of `tag`, returning it, and moves a step of any migration.
+    /// Removes the bucket of `tag`, returning it, and moves a step of any migration
+    /// ([`REMOVE_MIGRATE_STEP`]).
     pub fn remove(&mut self, tag: Tag) -> Option<State> {
-        self.migrate(MIGRATE_STEP);
+        self.migrate(REMOVE_MIGRATE_STEP);
         let removed = match self.current.find(tag, 0) {
             Some(i) => {
                 let state = self.current.state(i);
@@ -443,26 +553,27 @@ impl Table {
             self.migrate(usize::MAX);
         }
         if self.old.is_none() && over(&self.current, MAX_LOAD_PCT) {
-            self.start_migration(slots_for(self.len() + 1));
+            self.start_migration(slots_for(self.len() + 1), self.current.order);
         }
     }
 
-    fn start_migration(&mut self, slots: usize) {
-        let array = std::mem::replace(&mut self.current, Array::new(slots));
+    fn start_migration(&mut self, slots: usize, order: u64) {
+        let array = std::mem::replace(&mut self.current, Array::new(slots, order));
         self.sweep_at = 0;
         self.old = Some(Box::new(Migration { array, passed: 0 }));
         self.migrate(MIGRATE_STEP);
     }
 
     /// Moves up to `budget` old slots into the current array, freeing each old chunk once
-    /// passed; ends the migration at the last.
+    /// passed; ends the migration at the last. Each chunk or page the move allocates in the
+    /// current array counts as [`CHUNK_ALLOC_SLOTS`] slots.
     pub fn migrate(&mut self, budget: usize) {
         let Some(old) = self.old.as_mut() else { return };
         let mut moved = 0;
         while moved < budget && old.passed < old.array.slots {
             let i = old.passed;
             let (chunk, offset) = old.array.locate(i);
-            if offset == 0 && old.array.chunks.get(chunk).is_some_and(Option::is_none) {
+            if offset == 0 && !old.array.chunks.is_allocated(chunk) {
                 // An unallocated chunk holds nothing: pass it whole.
                 old.passed = (i + old.array.chunk_len).min(old.array.slots);
                 moved += 1;
@@ -470,18 +581,18 @@ impl Table {
             }
             let slot = old.array.slot(i);
             if let (true, Some(state)) = (slot.is_live(), old.array.state(i)) {
+                let made = |a: &Array| a.chunks.made + a.fracs.made;
+                let before = made(&self.current);
                 self.current.insert_absent(slot.tag(), state);
                 old.array.len = old.array.len.saturating_sub(1);
+                let allocated = made(&self.current).saturating_sub(before);
+                moved += allocated.saturating_mul(CHUNK_ALLOC_SLOTS);
             }
             old.passed = i + 1;
             moved += 1;
             if old.passed % old.array.chunk_len == 0 || old.passed == old.array.slots {
-                if let Some(c) = old.array.chunks.get_mut(chunk) {
-                    *c = None;
-                }
-                if let Some(f) = old.array.fracs.get_mut(chunk) {
-                    *f = None;
-                }
+                old.array.chunks.free(chunk);
+                old.array.fracs.free(chunk);
             }
         }
         if old.passed >= old.array.slots {
@@ -489,6 +600,16 @@ impl Table {
         }
     }
 
+    /// Starts a shrink if few slots hold a bucket, into an array of another slot order.
+    ///
+    /// The buckets a sweep leaves are bunched in the array's order, wherever its cursor is:
+    /// it met the slots before its cursor at other times than those after, and buckets fill
+    /// up with time. (A flood whose buckets filled up while one slow pass went by left its
+    /// survivors in the slots the cursor met first.) In a smaller array of the same order
+    /// they would share one range of homes, at many times the array's load: one cluster as
+    /// long as all of them, walked by every probe and every removal (a 200,000-field flood
+    /// left 7,000 buckets in a 7,000-slot cluster, swept at one or two per 10 ms tick). Under
+    /// a new order their homes are spread evenly again, whatever picked them.
     fn maybe_shrink(&mut self) {
         let current = &self.current;
         if self.old.is_none()
@@ -496,7 +617,7 @@ impl Table {
             && current.len.saturating_mul(SHRINK_BELOW_ONE_IN) < current.slots
             && slots_for(current.len) < current.slots
         {
-            self.start_migration(slots_for(current.len));
+            self.start_migration(slots_for(current.len), reordered(current.order));
         }
     }
 
@@ -511,22 +632,28 @@ impl Table {
 
     /// As [`Table::sweep`], also returning the slots looked at (and migrated). Stops at the
     /// end of the current array, so a small table is never looked at twice in one call.
+    ///
+    /// The budget counts every slot read: each slot looked at, and each slot a removal
+    /// shifts back. So a call reads at most `2 × budget` slots plus the rest of one cluster
+    /// (the removal that crosses the budget finishes): its work does not depend on how many
+    /// of the slots hold full buckets, nor on how long the table's clusters are.
     pub fn sweep_counted(&mut self, now_ns: u64, budget: usize) -> (Vec<Tag>, usize) {
         let migrating = self.old.is_some();
         self.migrate(budget);
-        let mut used = if migrating { budget } else { 0 };
+        let used = if migrating { budget } else { 0 };
         let mut swept = Vec::new();
-        for _ in 0..budget {
+        let mut read = 0;
+        while read < budget {
             let array = &mut self.current;
             if self.sweep_at >= array.slots {
                 self.sweep_at = 0;
                 self.sweep_passes = self.sweep_passes.wrapping_add(1);
                 break;
             }
-            used += 1;
+            read += 1;
             let i = self.sweep_at;
             let (chunk, offset) = array.locate(i);
-            if offset == 0 && array.chunks.get(chunk).is_some_and(Option::is_none) {
+            if offset == 0 && !array.chunks.is_allocated(chunk) {
                 self.sweep_at = i + array.chunk_len;
                 continue;
             }
@@ -534,13 +661,13 @@ impl Table {
                 Some(state) if is_full(state, now_ns) => {
                     swept.push(array.slot(i).tag());
                     // The cluster shifts back into `i`, so look at `i` again next.
-                    array.remove_at(i);
+                    read = read.saturating_add(array.remove_at(i));
                 }
                 _ => self.sweep_at = i + 1,
             }
         }
         self.maybe_shrink();
-        (swept, used)
+        (swept, used + read)
     }
 
     /// How many sweeps have reached the end of the current array (wrapping).
@@ -590,8 +717,7 @@ impl Table {
 
     /// Allocations a free releases, for the server's lazy-free decision.
     pub fn allocations(&self) -> usize {
-        let count =
-            |a: &Array| a.chunks.iter().flatten().count() + a.fracs.iter().flatten().count();
+        let count = |a: &Array| a.chunks.allocations() + a.fracs.allocations();
         1 + count(&self.current) + self.old.as_ref().map_or(0, |m| count(&m.array))
     }
 }

@@ -2,20 +2,28 @@
 //! largest single-call server time while one table is filled to `STALL_BUCKETS` (default
 //! 10,000,000) with pipelined `RL.HACQUIRE` (every growth step on the way), swept in the
 //! background (half its fields are one-off and fill up during the run), and cut with
-//! `RL.HDEL` of 1,000 fields a call; then what `DEL` and `UNLINK` of the whole table cost.
+//! `RL.HDEL` of 100 fields a call; then what `DEL` and `UNLINK` of the whole table cost.
 //!
-//! Measured with the server's own clocks: `SLOWLOG` at `slowlog-log-slower-than 1000`
-//! (every call of 1 ms or more, wall time), `LATENCY LATEST` at `latency-monitor-threshold
-//! 1`, and the module's `rl_sweep_tick_max_us` for the timer ticks (no command, so no
-//! slowlog entry; CPU time of the main thread). The slowlog is asserted empty of `RL.*`
-//! calls only with `STALL_STRICT=1` (a quiet machine): elsewhere it shows the scheduler.
-//! Run it on the release build (`RL_MODULE`, as the make target does): a debug build is
-//! several times slower per slot.
+//! Measured with the server's own clocks, and failing on any call or tick of 1 ms or more:
+//! `SLOWLOG` at `slowlog-log-slower-than 1000` (every call of 1 ms or more, wall time) must
+//! hold no `RL.*` call and no `UNLINK`; the module's `rl_sweep_tick_max_us` (the timer ticks
+//! are no command, so no slowlog entry; the lesser of the main thread's CPU time and the
+//! monotonic clock) must stay under 1,000 µs, and `rl_sweep_tick_max_slots` within the
+//! sweeper's budget. `LATENCY LATEST` at `latency-monitor-threshold 1` is printed.
+//!
+//! `SLOWLOG` is wall time, so a call that lost the CPU to another process shows that
+//! process's slice. Where it may (root, or `CAP_SYS_NICE`), the test runs the server at
+//! real-time priority (`chrt -f 1`), so only the server's own work (and the hypervisor)
+//! shows; the kernel's real-time throttling still leaves other processes 5% of the CPU.
+//! Where it may not, `STALL_STRICT=0` turns the `SLOWLOG` check into a report. Run it on the
+//! release build (`RL_MODULE`, as the make target does): a debug build is several times
+//! slower per slot.
 
 #![cfg(test)]
 
 mod common;
 
+use std::process::Command;
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
@@ -73,6 +81,24 @@ fn latency(con: &mut Connection) -> Vec<(String, i64)> {
         .collect()
 }
 
+/// Puts every thread of `pid` at real-time priority 1 (`SCHED_FIFO`), if this process may.
+fn real_time(pid: u32) -> bool {
+    Command::new("chrt")
+        .args(["-a", "-f", "-p", "1", &pid.to_string()])
+        .output()
+        .is_ok_and(|out| out.status.success())
+}
+
+/// The kernel's counts of direct reclaim and compaction stalls, for the record.
+fn vmstat() -> Vec<(String, u64)> {
+    let text = std::fs::read_to_string("/proc/vmstat").unwrap_or_default();
+    text.lines()
+        .filter_map(|line| line.split_once(' '))
+        .filter(|(name, _)| name.starts_with("allocstall") || name.starts_with("compact_stall"))
+        .filter_map(|(name, n)| Some((name.to_string(), n.trim().parse().ok()?)))
+        .collect()
+}
+
 fn hlen(con: &mut Connection, key: &str) -> i64 {
     redis::cmd("RL.HLEN").arg(key).query(con).unwrap()
 }
@@ -93,12 +119,35 @@ fn no_call_stalls_at_ten_million_buckets_in_one_key() {
         "1",
     ]);
     let mut con = server.conn();
+    let strict = !std::env::var("STALL_STRICT").is_ok_and(|v| v == "0");
+    let prioritized = server.pid().is_some_and(real_time);
+    println!(
+        "server at real-time priority: {prioritized}; SLOWLOG checked: {strict} \
+         (STALL_STRICT=0 to only report it)"
+    );
+    // A control: 1,000,000 pipelined SETs of new keys, which no module code runs in. Any of
+    // them in SLOWLOG is the machine's (page faults, the hypervisor), printed beside the
+    // RL calls so a failure can be read; the check below stays on every RL call.
+    let mut pipe = redis::pipe();
+    for i in 0..1_000_000 {
+        pipe.cmd("SET").arg(format!("c:{i}")).arg(i).ignore();
+        if pipe.cmd_iter().count() >= 10_000 {
+            let _: () = pipe.query(&mut con).unwrap();
+            pipe = redis::pipe();
+        }
+    }
+    let control = slowlog(&mut con);
+    println!("control, 1,000,000 SETs: calls of 1 ms or more (wall): {control:?}");
+    let _: () = redis::cmd("FLUSHALL").query(&mut con).unwrap();
+    reset_slowlog(&mut con);
+    let vm_before = vmstat();
     let started = Instant::now();
     let mut pipe = redis::pipe();
     // Even fields live long (a token per 1024 s); odd ones are full again a while after
     // their call: about when the fill ends (it runs at 30,000 calls/s or more), so the table
     // reaches its full size and the background sweep then removes them from it.
-    let one_off = format!("1/{}", (buckets / 30_000).max(20));
+    let one_off_s = (buckets / 30_000).max(20) as u64;
+    let one_off = format!("1/{one_off_s}");
     for i in 0..buckets {
         let rate = if i % 2 == 0 { "0.0009765625" } else { &one_off };
         pipe.cmd("RL.HACQUIRE")
@@ -118,21 +167,42 @@ fn no_call_stalls_at_ten_million_buckets_in_one_key() {
         filled as usize > buckets * 9 / 10,
         "the sweep ran ahead of the fill"
     );
-    // Let the sweep remove a good share of the one-off half.
-    let deadline = Instant::now() + Duration::from_secs(60);
+    // Let the sweep remove a good share of the one-off half: they fill up from `one_off_s`
+    // after the start, over as long as the fill took, so wait for the first half of them
+    // plus a minute (a faster fill than 30,000 calls/s leaves a gap before the first).
+    let fill = started.elapsed();
+    let deadline = started + Duration::from_secs(one_off_s + 60) + fill / 2;
     while info_number::<u64>(&mut con, "rl", "rl_swept") < buckets as u64 / 4
         && Instant::now() < deadline
     {
         sleep(Duration::from_millis(200));
     }
+    let swept: u64 = info_number(&mut con, "rl", "rl_swept");
+    println!(
+        "swept {swept} buckets {:?} after the start",
+        started.elapsed()
+    );
+    assert!(
+        swept >= buckets as u64 / 4,
+        "the background sweep removed only {swept} buckets"
+    );
+    let vm_after = vmstat();
+    let stalls: Vec<_> = vm_after
+        .iter()
+        .zip(&vm_before)
+        .filter(|((_, after), (_, before))| after > before)
+        .map(|((name, after), (_, before))| (name, after - before))
+        .collect();
+    println!("kernel reclaim and compaction stalls during the fill and sweep: {stalls:?}");
     let fill_calls = slowlog(&mut con);
     reset_slowlog(&mut con);
-    // RL.HDEL of 1,000 fields a call, 100 calls.
-    for call in 0..100 {
+    // RL.HDEL of 100 fields a call, 1,000 calls. (A call costs about 1 µs per field, like
+    // HDEL: 1,000 fields in one call are about 1 ms.)
+    for call in 0..1000 {
         let mut cmd = redis::cmd("RL.HDEL");
         cmd.arg("big");
-        for j in 0..1000 {
-            cmd.arg(format!("{:016}", (call * 1000 + j) * 2));
+        for j in 0..100 {
+            cmd.arg(format!("{:016}", (call * 100 + j) * 2));
         }
         let _: i64 = cmd.query(&mut con).unwrap();
     }
@@ -141,6 +211,9 @@ fn no_call_stalls_at_ten_million_buckets_in_one_key() {
     let calls: Vec<(String, i64)> = fill_calls.into_iter().chain(hdel_calls).collect();
     let events = latency(&mut con);
     let tick_max_us: u64 = info_number(&mut con, "rl", "rl_sweep_tick_max_us");
+    let tick_max_slots: u64 = info_number(&mut con, "rl", "rl_sweep_tick_max_slots");
+    let tick_max_cpu_us: u64 = info_number(&mut con, "rl", "rl_sweep_tick_max_cpu_us");
+    let tick_max_wall_us: u64 = info_number(&mut con, "rl", "rl_sweep_tick_max_wall_us");
     let swept: u64 = info_number(&mut con, "rl", "rl_swept");
     let rl: Vec<i64> = calls
         .iter()
@@ -149,7 +222,9 @@ fn no_call_stalls_at_ten_million_buckets_in_one_key() {
         .collect();
     println!(
         "at {} buckets ({} swept): {} RL calls of 1 ms or more (wall), longest {:?} µs; \
-         latency {events:?}; longest sweep tick {tick_max_us} µs of CPU",
+         latency {events:?}; longest sweep tick {tick_max_us} µs (by the CPU clock alone \
+         {tick_max_cpu_us} µs, by the monotonic clock alone {tick_max_wall_us} µs), most \
+         slot reads in a tick {tick_max_slots}",
         hlen(&mut con, "big"),
         swept,
         rl.len(),
@@ -169,14 +244,14 @@ fn no_call_stalls_at_ten_million_buckets_in_one_key() {
     let whole = slowlog(&mut con);
     println!("whole table: {whole:?}");
 
+    assert!(tick_max_us < 1000, "a sweep tick took {tick_max_us} µs");
+    // The sweeper's TICK_SLOTS (8,192) plus the rest of one cluster, which at the table's
+    // load is some hundreds of slots (a cluster of 8,192 would be vanishingly rare).
     assert!(
-        tick_max_us < 1000,
-        "a sweep tick took {tick_max_us} µs of CPU"
+        (1..=2 * 8192).contains(&tick_max_slots),
+        "a sweep tick read {tick_max_slots} slots"
     );
-    // SLOWLOG is wall time: on a shared machine a call that lost the CPU to another process
-    // shows the scheduler's slices (multiples of 4 ms), so these are checked only where the
-    // run says the machine is quiet.
-    if std::env::var("STALL_STRICT").is_ok_and(|v| v == "1") {
+    if strict {
         let rl_over: Vec<_> = calls
             .iter()
             .filter(|(name, _)| name.starts_with("RL."))

@@ -22,17 +22,19 @@ mod common;
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
-use common::info::{used_memory, wait_reclaimed};
-use common::{server_time_ms, snapshot, wait_for_replica, Server};
+use common::info::{info_number, used_memory, wait_reclaimed};
+use common::{server_time_ms, snapshot, wait_for_replica, wait_for_replica_after_others, Server};
 use redis::Connection;
 
 /// The long-lived bucket: 1 token per 1024 s, capacity 10, 3 taken.
 const SLOW: [&str; 3] = ["0.0009765625", "10", "3"];
 /// One-off fields in the small tests: full again 1 s after their one call.
 const ONE_OFF: [&str; 2] = ["1", "1"];
-/// The sweep's documented pace (docs/tables.md): 2,048 slots per 10 ms tick. A table of N
-/// buckets holds at most N / 0.5 slots plus its shrinks' migrations, each at most as many.
-const SLOTS_PER_S: u64 = 204_800;
+/// The sweep's documented pace (docs/tables.md): 8,192 slot reads per 10 ms tick, about 9 a
+/// slot when every bucket is full (a removal shifts its cluster's rest back). A table of N
+/// buckets holds at most N / 0.5 slots, plus its shrinks' migrations, each at most as many.
+const READS_PER_S: u64 = 819_200;
+const READS_PER_SLOT: u64 = 9;
 
 fn hlen(con: &mut Connection, key: &str) -> i64 {
     redis::cmd("RL.HLEN").arg(key).query(con).expect("RL.HLEN")
@@ -77,8 +79,9 @@ fn flood(con: &mut Connection, key: &str, fields: usize, rate: &str, before: i64
 /// How long the documented pace allows for a table of `fields` buckets, plus time-to-full,
 /// times a margin for a debug build on a loaded machine.
 fn allowed(fields: usize, time_to_full_ms: u64) -> Duration {
-    let slots = fields as u64 * 2 * 3;
-    let pace_ms = slots * 1000 / SLOTS_PER_S + time_to_full_ms;
+    let slots = fields as u64 * 2;
+    let reads = slots * READS_PER_SLOT + slots * 2;
+    let pace_ms = reads * 1000 / READS_PER_S + time_to_full_ms;
     Duration::from_millis(pace_ms * 10 + 5_000)
 }
 
@@ -120,6 +123,16 @@ fn flood_is_reclaimed(fields: usize, rate: &str, time_to_full_ms: u64) {
         assert!(Instant::now() < deadline, "{} left", hlen(&mut con, "t"));
         sleep(Duration::from_millis(20));
     }
+    // A tick's time is the lesser of its two clocks, so the longest is at most the longest
+    // by either clock alone (which may come from other ticks).
+    let tick = |con: &mut Connection, name: &str| info_number::<u64>(con, "rl", name);
+    let (least, cpu, wall) = (
+        tick(&mut con, "rl_sweep_tick_max_us"),
+        tick(&mut con, "rl_sweep_tick_max_cpu_us"),
+        tick(&mut con, "rl_sweep_tick_max_wall_us"),
+    );
+    println!("longest sweep tick {least} µs (CPU clock {cpu} µs, monotonic clock {wall} µs)");
+    assert!(least > 0 && least <= cpu && least <= wall);
 }
 
 #[test]
@@ -183,7 +196,9 @@ fn replicas_and_the_aof_follow_the_masters_sweep_and_never_sweep_alone() {
         assert!(Instant::now() < deadline, "{} left", hlen(&mut m, "t"));
         sleep(Duration::from_millis(20));
     }
-    wait_for_replica(&mut m);
+    // The removals are the timer's writes, not this connection's: WAIT alone waits only
+    // for this connection's last write (the flood), so a marker write orders after them.
+    wait_for_replica_after_others(&mut m, "marker");
     let on_master = snapshot(&mut m);
     assert_eq!(snapshot(&mut r), on_master);
     // The stream carried the removals as effects.

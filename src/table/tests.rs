@@ -1,12 +1,19 @@
 //! The table against a `HashMap<field, State>` model: the same bucket steps on both stores,
 //! so any difference is the table's (lookups across migrations, shifts on removal, sweeps).
 
+use std::cell::Cell;
 use std::collections::HashMap;
 
 use proptest::prelude::*;
 
 use super::*;
 use crate::bucket::{self, Change, Cost, Limit};
+
+thread_local! {
+    /// Slots read by this thread (`Array::slot`): the work a call does, counted apart from
+    /// the budget accounting it is checked against.
+    pub(super) static SLOT_READS: Cell<usize> = const { Cell::new(0) };
+}
 
 /// One step of a sequence.
 #[derive(Clone, Debug)]
@@ -138,9 +145,15 @@ fn run(limit: &Limit, ops: &[Op]) -> Result<(), TestCaseError> {
     for (f, state) in &model {
         prop_assert_eq!(table.get(tag(f)), Some(*state));
     }
-    // A full sweep leaves exactly the live buckets.
+    // Two whole sweep passes after any migration leave exactly the live buckets. (A call's
+    // budget counts the slots its removals shift back, so a pass may take several calls.)
     let slots = table.current.slots + table.old.as_ref().map_or(0, |m| m.array.slots);
-    for _ in 0..4 {
+    table.migrate(usize::MAX);
+    let passes = table.sweep_passes();
+    for _ in 0..10_000 {
+        if table.sweep_passes().wrapping_sub(passes) >= 2 && !table.is_migrating() {
+            break;
+        }
         table.migrate(usize::MAX);
         table.sweep(now_us * 1000, slots * 2);
     }
@@ -333,4 +346,321 @@ fn decode_accepts_only_what_is_written() {
     let mut b = [7u128.to_le_bytes().to_vec()].into_iter();
     let table = decode(1, || u.next(), || b.next()).unwrap();
     assert_eq!(table.get(7), Some(a));
+}
+
+/// The longest run of occupied slots in the current array (a cluster).
+fn longest_cluster(table: &Table) -> usize {
+    let array = &table.current;
+    let (mut longest, mut run) = (0, 0);
+    // Twice round, so a cluster that wraps past the end is counted whole.
+    for i in 0..array.slots * 2 {
+        if array.slot(i % array.slots).full_at_ns == EMPTY {
+            run = 0;
+        } else {
+            run += 1;
+            longest = longest.max(run);
+        }
+    }
+    longest.min(array.slots)
+}
+
+/// A sweep's work is bounded by its budget whatever the clusters hold: removing a long
+/// cluster of full buckets one at a time shifts the rest back each time, and those reads
+/// count. (Before they counted, one 256-slot step of a 10,000,000-bucket table read its
+/// longest cluster once per bucket removed: hundreds of thousands of slots in one call.)
+#[test]
+fn a_sweep_reads_at_most_its_budget_plus_one_cluster() {
+    let now_ns = 1_000_000_000_000;
+    let mut table = Table::new();
+    // Half the buckets full at `now_ns`, interleaved with long-lived ones; at the most
+    // load a table reaches, so its clusters are as long as they get.
+    let count = 300_000u64;
+    for i in 0..count {
+        let full_at = if i % 3 == 0 {
+            now_ns * 1000
+        } else {
+            now_ns - 1
+        };
+        table
+            .set(
+                tag(&i.to_le_bytes()),
+                State::from_parts(full_at, 0).unwrap(),
+            )
+            .unwrap();
+    }
+    table.migrate(usize::MAX);
+    let cluster = longest_cluster(&table);
+    let budget = 256;
+    let (mut most, mut calls, mut removed) = (0, 0, 0);
+    while table.len() > (count as usize).div_ceil(3) {
+        SLOT_READS.with(|reads| reads.set(0));
+        let (swept, used) = table.sweep_counted(now_ns, budget);
+        let reads = SLOT_READS.with(Cell::get);
+        // Each slot looked at reads it (and `state` once more); a removal reads the rest
+        // of the cluster; shrinking's migration step reads `budget` more.
+        assert!(
+            reads <= 3 * (used + 1) + budget + cluster,
+            "{reads} reads for {used} counted"
+        );
+        assert!(
+            used <= 2 * budget + cluster,
+            "{used} counted, budget {budget}"
+        );
+        most = most.max(reads);
+        removed += swept.len();
+        calls += 1;
+        assert!(calls < 100_000, "the sweep does not finish");
+    }
+    assert_eq!(removed, count as usize - (count as usize).div_ceil(3));
+    println!("longest cluster {cluster}, most reads in one call {most}, calls {calls}");
+}
+
+/// A flood swept away costs a few slot reads per slot, not a cluster's walk per bucket:
+/// shrinking midway through a sweep pass bunched the survivors (tags past the sweep's
+/// cursor) into one cluster the size of the table, and removing it one bucket at a time
+/// read about 2,000 slots per slot (456 million reads for 200,000 buckets).
+#[test]
+fn a_swept_flood_never_bunches_into_one_cluster() {
+    let now_ns = 1_000_000_000_000;
+    let count = 200_000u64;
+    let mut table = Table::new();
+    for i in 0..count {
+        let state = State::from_parts(now_ns - 1, 0).unwrap();
+        table.set(tag(&i.to_le_bytes()), state).unwrap();
+    }
+    table.migrate(usize::MAX);
+    let slots = table.current.slots;
+    let (mut reads, mut longest, mut calls) = (0, 0, 0);
+    while !table.is_empty() {
+        reads += table.sweep_counted(now_ns, 256).1;
+        calls += 1;
+        if calls % 128 == 0 {
+            longest = longest.max(longest_cluster(&table));
+        }
+        assert!(reads < 20 * slots, "{reads} reads for {slots} slots");
+    }
+    assert!(longest < 2_000, "a cluster of {longest} slots");
+    println!("{count} buckets, {slots} slots: {reads} reads, longest cluster {longest}");
+}
+
+/// A table of `count` buckets full at `now_ns`, but for those in the first `1 / one_in` of
+/// its slots, which are live until `2 × now_ns`: a stretch dense in the array's order. Returns
+/// the table and the live buckets' tags.
+fn full_but_a_first_stretch(count: u64, now_ns: u64, one_in: usize) -> (Table, Vec<Tag>) {
+    let full = State::from_parts(now_ns - 1, 0).unwrap();
+    let mut table = Table::new();
+    for i in 0..count {
+        table.set(tag(&i.to_le_bytes()), full).unwrap();
+    }
+    table.migrate(usize::MAX);
+    let live = State::from_parts(now_ns * 2, 0).unwrap();
+    let first: Vec<Tag> = (0..table.current.slots / one_in)
+        .map(|i| table.current.slot(i))
+        .filter(|slot| slot.is_live())
+        .map(Slot::tag)
+        .collect();
+    for &tag in &first {
+        table.set(tag, live).unwrap();
+    }
+    (table, first)
+}
+
+/// The buckets a pass leaves are bunched in the array's order (the cursor met some slots
+/// before their buckets filled up and others after), and a shrink must not pack them into
+/// one cluster. With the old array's order they all shared one range of homes in the
+/// smaller array: a 200,000-field flood on a server left its last 7,000 buckets in a
+/// 7,000-slot cluster, which each removal walked (one or two removals per 10 ms tick).
+#[test]
+fn the_survivors_of_a_pass_do_not_bunch_when_the_table_shrinks() {
+    let now_ns = 1_000_000_000_000u64;
+    // The buckets in the first 5% of the slots are live: a pass leaves exactly those when
+    // it met their slots before they filled up and every later slot after.
+    let (mut table, first) = full_but_a_first_stretch(100_000, now_ns, 20);
+    let slots = table.current.slots;
+    let mut calls = 0;
+    while table.len() > first.len() || table.is_migrating() {
+        table.sweep(now_ns, 256);
+        calls += 1;
+        assert!(
+            calls < 100_000,
+            "the sweep does not finish: {} left",
+            table.len()
+        );
+    }
+    assert!(
+        table.current.slots < slots / 4,
+        "no shrink: {} slots",
+        table.current.slots
+    );
+    let longest = longest_cluster(&table);
+    assert!(
+        longest < 200,
+        "{} buckets in a cluster of {longest}",
+        first.len()
+    );
+    // Removing them reads a few slots each, not the cluster's rest each.
+    let (mut reads, left) = (0, table.current.slots);
+    while !table.is_empty() {
+        reads += table.sweep_counted(now_ns * 2 + 1, 256).1;
+        assert!(reads < 20 * left, "{reads} reads for {left} slots");
+    }
+}
+
+/// One step of a master's table, mirrored on a replica's.
+#[derive(Clone, Debug)]
+enum MasterOp {
+    /// A write of field `.0`, full `.1` ms from now, then the write's own sweep step.
+    Set(u16, u16),
+    /// `RL.HDEL` of field `.0`.
+    Remove(u16),
+    /// A background sweep call of this budget.
+    Sweep(u16),
+    /// Moves the clock on by this many ms.
+    Advance(u16),
+}
+
+fn master_op(fields: u16) -> impl Strategy<Value = MasterOp> {
+    prop_oneof![
+        12 => (0..fields, 0u16..2000).prop_map(|(f, ms)| MasterOp::Set(f, ms)),
+        2 => (0..fields).prop_map(MasterOp::Remove),
+        4 => (1u16..600).prop_map(MasterOp::Sweep),
+        2 => (0u16..500).prop_map(MasterOp::Advance),
+    ]
+}
+
+/// The master's sweeps against a replica that applies only what the master reports, and a
+/// `HashMap` model: every removal a sweep makes is reported exactly once (the replica and
+/// the model lose the same bucket, and only a full one), whether the table is growing,
+/// shrinking or shifting a cluster back; and a whole pass with no migration under way
+/// leaves no full bucket.
+fn run_master_and_replica(ops: &[MasterOp]) -> Result<(), TestCaseError> {
+    let mut master = Table::new();
+    let mut replica = Table::new();
+    let mut model: HashMap<Tag, State> = HashMap::new();
+    let mut now_ns: u64 = 1_000_000_000_000;
+    let ms = 1_000_000;
+    let report = |swept: Vec<Tag>,
+                  now_ns: u64,
+                  replica: &mut Table,
+                  model: &mut HashMap<Tag, State>|
+     -> Result<(), TestCaseError> {
+        for tag in swept {
+            let held = model.remove(&tag);
+            prop_assert!(
+                held.is_some(),
+                "a removal reported twice, or of a bucket never held"
+            );
+            prop_assert!(
+                held.is_some_and(|s| is_full(s, now_ns)),
+                "swept a live bucket"
+            );
+            prop_assert_eq!(replica.remove(tag), held);
+        }
+        Ok(())
+    };
+    for (i, op) in ops.iter().enumerate() {
+        match *op {
+            MasterOp::Set(f, after_ms) => {
+                let tag = tag(&f.to_le_bytes());
+                let state = State::from_parts(now_ns + u64::from(after_ms) * ms, 0).unwrap();
+                master.set(tag, state).unwrap();
+                replica.set(tag, state).unwrap();
+                model.insert(tag, state);
+                let swept = master.sweep(now_ns, 32);
+                report(swept, now_ns, &mut replica, &mut model)?;
+            }
+            MasterOp::Remove(f) => {
+                let tag = tag(&f.to_le_bytes());
+                let removed = master.remove(tag);
+                prop_assert_eq!(removed, model.remove(&tag), "op {}", i);
+                if removed.is_some() {
+                    prop_assert_eq!(replica.remove(tag), removed);
+                }
+            }
+            MasterOp::Sweep(budget) => {
+                let swept = master.sweep(now_ns, usize::from(budget));
+                report(swept, now_ns, &mut replica, &mut model)?;
+            }
+            MasterOp::Advance(by_ms) => now_ns += u64::from(by_ms) * ms,
+        }
+        prop_assert_eq!(master.len(), model.len(), "op {}", i);
+        prop_assert_eq!(replica.len(), model.len(), "op {}", i);
+    }
+    let mut sorted: Vec<(Tag, State)> = model.iter().map(|(&t, &s)| (t, s)).collect();
+    sorted.sort_unstable_by_key(|&(tag, _)| tag);
+    prop_assert_eq!(&master.sorted_entries(), &sorted);
+    prop_assert_eq!(&replica.sorted_entries(), &sorted);
+    // Sweep on at a fixed clock until a whole pass ran with no migration from its first slot
+    // to its last: it must have left only live buckets.
+    for _ in 0..1000 {
+        while master.is_migrating() || master.sweep_at != 0 {
+            let swept = master.sweep(now_ns, 64);
+            report(swept, now_ns, &mut replica, &mut model)?;
+        }
+        let passes = master.sweep_passes();
+        let mut migrated = false;
+        while master.sweep_passes() == passes {
+            let swept = master.sweep(now_ns, 64);
+            migrated |= master.is_migrating();
+            report(swept, now_ns, &mut replica, &mut model)?;
+        }
+        if !migrated {
+            prop_assert_eq!(
+                master.len(),
+                master.live(now_ns),
+                "a whole pass left full buckets"
+            );
+            prop_assert_eq!(replica.sorted_entries(), master.sorted_entries());
+            return Ok(());
+        }
+    }
+    Err(TestCaseError::fail("no whole pass without a migration"))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// Growth past several chunks and shrinks back, with sweeps of every budget between.
+    #[test]
+    fn every_sweep_removal_is_reported_once_and_a_pass_misses_none(
+        ops in proptest::collection::vec(master_op(3000), 1000..5000),
+    ) {
+        run_master_and_replica(&ops)?;
+    }
+}
+
+/// A shrink's new array has another slot order, so the buckets of a dense stretch of the old
+/// array land in as many new chunks, each allocated (and zeroed) on first use. A migration
+/// step counts each allocation, so it allocates a bounded number of chunks whatever the old
+/// array holds.
+#[test]
+fn a_migration_step_allocates_a_bounded_number_of_chunks() {
+    let now_ns = 1_000_000_000_000u64;
+    // The first tenth of the slots stays live: a dense stretch of the old order.
+    let (mut table, _) = full_but_a_first_stretch(400_000, now_ns, 10);
+    let mut calls = 0;
+    while !table.is_migrating() {
+        table.sweep(now_ns, 256);
+        calls += 1;
+        assert!(calls < 100_000, "no shrink");
+    }
+    let made = |t: &Table| t.current.chunks.made + t.current.fracs.made;
+    let (mut most, mut steps) = (0, 0);
+    while table.is_migrating() {
+        let before = made(&table);
+        table.migrate(MIGRATE_STEP);
+        most = most.max(made(&table) - before);
+        steps += 1;
+    }
+    // The step that crosses its budget finishes its last bucket (one chunk and one page).
+    assert!(
+        most <= MIGRATE_STEP / CHUNK_ALLOC_SLOTS + 2,
+        "a step allocated {most} chunks"
+    );
+    // The new array is made in many steps, so the bound above was tested.
+    assert!(
+        most >= 2 && steps > 10,
+        "{most} chunks at most, {steps} steps"
+    );
+    println!("{steps} steps, at most {most} allocations in one");
 }
