@@ -140,10 +140,18 @@ impl Service {
     /// Writes `files` into a fresh config dir and starts the service with `env` on top of
     /// the test defaults (tcp to `redis_url`, free ports, Prometheus on). Panics with the
     /// log if it does not answer /healthcheck in time.
+    ///
+    /// A free port is found by binding port 0 and letting it go, so another test's server can
+    /// take it before the service binds it; a start that failed on "Address already in use"
+    /// is tried again on fresh ports.
     pub fn start(redis_url: &str, files: &[(&str, &str)], env: &[(&str, &str)]) -> Service {
-        match Service::try_start(redis_url, files, env) {
-            Ok(s) => s,
-            Err(e) => panic!("{e}"),
+        let mut attempt = 1;
+        loop {
+            match Service::try_start(redis_url, files, env) {
+                Ok(s) => return s,
+                Err(e) if attempt < 5 && e.contains("Address already in use") => attempt += 1,
+                Err(e) => panic!("{e}"),
+            }
         }
     }
 
@@ -284,7 +292,18 @@ pub struct PlainRedis {
 }
 
 impl PlainRedis {
+    /// On a free port; tried again on another when the port was taken between finding it
+    /// and the server binding it (the server then exits at once).
     pub fn start() -> PlainRedis {
+        for _ in 0..5 {
+            if let Some(redis) = PlainRedis::try_start() {
+                return redis;
+            }
+        }
+        panic!("plain redis-server did not start on any of 5 free ports");
+    }
+
+    fn try_start() -> Option<PlainRedis> {
         let dir = tempfile::tempdir().expect("temp dir");
         let port = free_port();
         let child = Command::new(rl_testkit::server_binary())
@@ -304,20 +323,37 @@ impl PlainRedis {
             .stderr(Stdio::null())
             .spawn()
             .expect("spawn redis-server");
-        let redis = PlainRedis {
+        let mut redis = PlainRedis {
             child: Some(child),
             port,
             _dir: dir,
         };
         let started = Instant::now();
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        loop {
+            let exited = redis
+                .child
+                .as_mut()
+                .is_some_and(|c| matches!(c.try_wait(), Ok(Some(_))));
+            if exited {
+                redis.child = None;
+                return None;
+            }
+            if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                // A listener that is not ours answers too: ours is the one still running
+                // once its startup (and a failed bind's exit) is over.
+                sleep(Duration::from_millis(100));
+                let ours = redis
+                    .child
+                    .as_mut()
+                    .is_some_and(|c| matches!(c.try_wait(), Ok(None)));
+                return ours.then_some(redis);
+            }
             assert!(
                 started.elapsed() < READY_DEADLINE,
                 "plain redis-server did not start"
             );
             sleep(Duration::from_millis(20));
         }
-        redis
     }
 }
 
@@ -401,7 +437,20 @@ pub struct Envoy {
 impl Envoy {
     /// Starts Envoy with `config` (YAML), where `{listener}` and `{admin}` are replaced by
     /// free ports, and waits for the admin `/ready`.
+    /// A start that failed because a free port was taken meanwhile is tried again on fresh
+    /// ports.
     pub fn start(config: &str) -> Envoy {
+        let mut attempt = 1;
+        loop {
+            match Envoy::try_start(config) {
+                Ok(envoy) => return envoy,
+                Err(log) if attempt < 5 && log.contains("ddress already in use") => attempt += 1,
+                Err(log) => panic!("envoy exited: {log}"),
+            }
+        }
+    }
+
+    fn try_start(config: &str) -> Result<Envoy, String> {
         let dir = tempfile::tempdir().expect("temp dir");
         let (port, admin_port) = (free_port(), free_port());
         let text = config
@@ -440,11 +489,12 @@ impl Envoy {
         loop {
             if let Some(child) = envoy.child.as_mut() {
                 if let Ok(Some(status)) = child.try_wait() {
-                    panic!("envoy exited {status}: {}", envoy.log());
+                    envoy.child = None;
+                    return Err(format!("{status}: {}", envoy.log()));
                 }
             }
             if http(admin_port, "GET", "/ready", &[], "").is_some_and(|r| r.status == 200) {
-                return envoy;
+                return Ok(envoy);
             }
             assert!(
                 started.elapsed() < READY_DEADLINE,
