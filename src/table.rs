@@ -414,6 +414,10 @@ pub struct Table {
     /// Sweeps that reached the end of the current array: how a background sweeper knows it
     /// has looked at every slot of a table it picked up.
     sweep_passes: u64,
+    /// The latest key expiry any bucket stored here has asked for (Unix ms): at least the
+    /// expiry of every live bucket. Never lowered by a removal, since finding the next latest
+    /// would read every slot; a removed bucket's instant only keeps the key a little longer.
+    latest_expire_at_ms: u64,
 }
 
 impl Default for Table {
@@ -461,6 +465,7 @@ impl Table {
             old: None,
             sweep_at: 0,
             sweep_passes: 0,
+            latest_expire_at_ms: 0,
         }
     }
 
@@ -471,9 +476,11 @@ impl Table {
             old: None,
             sweep_at: 0,
             sweep_passes: 0,
+            latest_expire_at_ms: 0,
         };
         for &(tag, state) in entries {
             table.current.insert_absent(tag, state);
+            table.raise_latest(state);
         }
         table
     }
@@ -507,6 +514,7 @@ impl Table {
         if let Some(i) = self.current.find(tag, 0) {
             self.current
                 .put(i, Slot::new(tag, state.full_at_ns()), state.full_at_frac());
+            self.raise_latest(state);
             return Ok(());
         }
         let in_old = self.take_from_old(tag).is_some();
@@ -515,7 +523,18 @@ impl Table {
         }
         self.reserve_one();
         self.current.insert_absent(tag, state);
+        self.raise_latest(state);
         Ok(())
+    }
+
+    fn raise_latest(&mut self, state: State) {
+        self.latest_expire_at_ms = self.latest_expire_at_ms.max(state.expire_at_ms());
+    }
+
+    /// The key expiry this table needs (Unix ms): no earlier than the expiry of any bucket it
+    /// holds, so a key that expires then loses no live bucket. 0 for a table never written.
+    pub fn latest_expire_at_ms(&self) -> u64 {
+        self.latest_expire_at_ms
     }
 
     /// Removes the bucket of `tag`, returning it, and moves a step of any migration
@@ -668,6 +687,13 @@ impl Table {
         }
         self.maybe_shrink();
         (swept, used + read)
+    }
+
+    /// Moves the sweep back to the first slot, so a caller that then sweeps until
+    /// [`Table::sweep_passes`] changes has looked at every slot (a migration started on the
+    /// way moves it back to the first slot of the new array, which it then walks whole).
+    pub fn restart_sweep(&mut self) {
+        self.sweep_at = 0;
     }
 
     /// How many sweeps have reached the end of the current array (wrapping).
