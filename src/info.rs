@@ -4,7 +4,7 @@ use std::ffi::{c_int, CString};
 
 use redis_module::raw::{self, RedisModuleInfoCtx};
 
-use crate::{clock, config, propagation, registry, stats};
+use crate::{clock, config, propagation, registry, stats, sweeper, table_registry};
 
 /// Registers the section; `INFO rl` (or `INFO modules`, `INFO everything`) shows it.
 ///
@@ -24,7 +24,10 @@ unsafe extern "C" fn info(ctx: *mut RedisModuleInfoCtx, _for_crash_report: c_int
         ("allowed", stats::ALLOWED.get()),
         ("denied", stats::DENIED.get()),
         ("errors", stats::ERRORS.get()),
+        ("sweep_tables", table_registry::len() as u64),
         ("sweep_ticks", stats::SWEEP_TICKS.get()),
+        ("sweep_passes", stats::SWEEP_PASSES.get()),
+        ("sweep_held_ticks", stats::SWEEP_HELD.get()),
         ("swept", stats::SWEPT.get()),
         ("sweep_tick_max_us", stats::SWEEP_TICK_MAX_US.get()),
         ("sweep_tick_max_cpu_us", stats::SWEEP_TICK_MAX_CPU_US.get()),
@@ -46,6 +49,7 @@ unsafe extern "C" fn info(ctx: *mut RedisModuleInfoCtx, _for_crash_report: c_int
         ("cl_throttle_alias", yes_no(config::cl_throttle_alias())),
         ("gcra_alias", yes_no(config::gcra_alias())),
         ("skipped_commands", skipped.as_str()),
+        ("sweep_held_because", sweeper::held_because()),
     ];
     // SAFETY: `ctx` is the live info context Redis passed in; strings are NUL-terminated.
     unsafe {

@@ -14,7 +14,9 @@
 //! - [`config`]: module load arguments; [`server`]: what the loading server supports.
 //! - [`registry`]: what the server is told about each command (flags, keys, docs).
 //! - [`propagation`]: whether anything receives what a write propagates.
-//! - [`sweeper`]: the master's background sweep of tables (a module timer).
+//! - [`sweeper`]: the master's background sweep of tables (a module timer), which writes
+//!   only while the server accepts writes; [`table_registry`]: where the tables are, kept
+//!   in step with the keyspace through keyspace and server events, for it to visit.
 //!
 //! This file holds module registration only.
 
@@ -32,6 +34,7 @@ pub mod server;
 pub mod stats;
 pub mod sweeper;
 pub mod table;
+pub mod table_registry;
 pub mod table_type;
 
 use redis_module::{raw, redis_module, Context, RedisString, Status};
@@ -100,6 +103,10 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
     }
     // SAFETY: `ctx.ctx` is the context passed to RedisModule_OnLoad.
     unsafe { propagation::subscribe(ctx.ctx) };
+    // SAFETY: as above.
+    if !unsafe { table_registry::subscribe(ctx.ctx, table_type::registered_type()) } {
+        ctx.log_warning("rl: keyspace or server events unavailable; the sweep may miss tables");
+    }
     // SAFETY: as above.
     if !unsafe { sweeper::start(ctx.ctx) } {
         ctx.log_warning("rl: no module timers here; tables are swept by writes and expiry only");

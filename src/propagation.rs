@@ -19,7 +19,7 @@
 //! logged, so an operator sees each migration the module took part in.
 
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 
 use redis_module::raw::{self, RedisModuleCtx, RedisModuleEvent};
 
@@ -30,6 +30,9 @@ const NEEDED: u8 = 1;
 const DISCARDED: u8 = 2;
 
 static STATE: AtomicU8 = AtomicU8::new(UNKNOWN);
+/// Bumped by every event that clears the cache, so others that cache a server fact (the
+/// sweep's `min-replicas-to-write`) know when to ask again.
+static EPOCH: AtomicU64 = AtomicU64::new(0);
 /// Set once every event is subscribed: without them a cached answer could go stale.
 static ENABLED: AtomicBool = AtomicBool::new(false);
 
@@ -98,6 +101,16 @@ unsafe extern "C" fn invalidate(
     _data: *mut c_void,
 ) {
     STATE.store(UNKNOWN, Ordering::Relaxed);
+    EPOCH.fetch_add(1, Ordering::Relaxed);
+}
+
+/// A number that changes after every server event that may change the server's role,
+/// replicas, persistence or config; `None` where those events are not subscribed, so any
+/// cached fact must be asked for again each time.
+pub fn epoch() -> Option<u64> {
+    ENABLED
+        .load(Ordering::Relaxed)
+        .then(|| EPOCH.load(Ordering::Relaxed))
 }
 
 /// Subscribes to every event after which the answer may differ, and only then allows

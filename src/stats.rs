@@ -47,6 +47,11 @@ pub static ALLOWED: Counter = Counter::new();
 pub static DENIED: Counter = Counter::new();
 /// Calls answered with an error.
 pub static ERRORS: Counter = Counter::new();
+/// Background sweep ticks that held back because the server refused writes (a replica,
+/// loading, paused writes, `min-replicas-to-write` not met).
+pub static SWEEP_HELD: Counter = Counter::new();
+/// Background sweep passes ended: each visited every registered table whole.
+pub static SWEEP_PASSES: Counter = Counter::new();
 /// Background sweep ticks that did work (on a master).
 pub static SWEEP_TICKS: Counter = Counter::new();
 /// Table buckets the background sweep removed.

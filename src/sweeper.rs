@@ -1,61 +1,76 @@
-//! The background sweep: a module timer on the master that walks the keyspace and gives
-//! back the memory of table buckets that are full again, even in a table no one writes to.
+//! The background sweep: a module timer on the master that visits every table the registry
+//! ([`crate::table_registry`]) knows and gives back the memory of buckets that are full
+//! again, even in a table no one writes to. It never scans the keyspace, so its work does
+//! not grow with keys that are not tables.
 //!
-//! Each tick (every [`TICK_MS`]) does a bounded amount of work, then re-arms the timer:
-//! - at most [`TICK_SCANS`] `RedisModule_Scan` steps, over one database at a time with a
-//!   cursor that survives between ticks (so FLUSHALL, RENAME, MOVE, SWAPDB, expiry and a
-//!   promotion need no bookkeeping: the scan finds whatever tables exist now);
-//! - at most [`TICK_KEYS`] tables visited;
-//! - at most [`TICK_SLOTS`] slot reads, over all of them: each slot swept or migrated, and
-//!   each slot a removal shifts back (see [`crate::table::Table::sweep_counted`]);
-//! - at most [`TICK_CPU_NS`] of server time, checked every [`KEY_STEP_SLOTS`] slot reads
-//!   (a few µs of work apart).
+//! **A guest that writes only when the server accepts writes.** Before any work a tick asks
+//! the server ([`writes_refused`]) and does nothing, writes nothing and propagates nothing
+//! while it refuses writes from clients:
+//! - on a replica, or while loading (`RedisModule_GetContextFlags`);
+//! - while writes are paused: `CLIENT PAUSE WRITE` or `ALL`, `FAILOVER`, a `SHUTDOWN`
+//!   waiting for replicas, `CLUSTER FAILOVER` (`RedisModule_AvoidReplicaTraffic`, the
+//!   server's own answer for modules with background writes; propagating then trips the
+//!   server's assertion that nothing is propagated while clients are paused, and aborts it);
+//! - while `min-replicas-to-write` is not met (`INFO replication`'s
+//!   `min_slaves_good_slaves` against the setting, read with `CONFIG GET` again after any
+//!   config event).
 //!
-//! A tick's time is the lesser of the main thread's CPU time and the monotonic clock over
-//! it ([`TickClock`]): each clock alone overstates on a shared virtual machine. Wall time
-//! counts the slices other processes ran in; the thread CPU clock, measured here on a
-//! Firecracker guest, jumps by up to 4.5 ms between two reads 1 µs apart (steal time charged
-//! late). The work itself is bounded by the slot reads whatever the clocks say.
+//! Under `maxmemory` the sweep goes on: it only removes, which frees memory and which the
+//! server allows out of memory too (`DEL`, its own expiry). After a refusal the next tick
+//! comes [`REST_MS`] later and asks again, so reclaim resumes on its own.
 //!
-//! A pass over every database starts at most every [`PASS_GAP_NS`] (100 ms), so a small
-//! keyspace costs a few scan steps per 100 ms when nothing needs reclaiming.
+//! **Bounded ticks.** Each tick (every [`TICK_MS`] while a pass is under way) does at most:
+//! - [`TICK_SLOTS`] slot reads over all the tables it visits (each slot swept or migrated,
+//!   each slot a removal shifts back, see [`crate::table::Table::sweep_counted`], and
+//!   [`VISIT_SLOTS`] for opening each table);
+//! - [`TICK_CPU_NS`] of server time, checked every [`KEY_STEP_SLOTS`] slot reads.
 //!
-//! Tables a scan step finds are queued and swept before the next scan step, so none is
-//! skipped when a tick runs out; the table a tick stops in stays first in the queue and is
-//! resumed next tick until it has been looked at whole, so one big table is not left for a
-//! full pass over a large keyspace.
+//! A tick's time is the lesser of the main thread's CPU time and the monotonic clock over it
+//! ([`TickClock`]): each clock alone overstates on a shared virtual machine. Wall time counts
+//! the slices other processes ran in; the thread CPU clock, measured here on a Firecracker
+//! guest, jumps by up to 4.5 ms between two reads 1 µs apart (steal time charged late). The
+//! work itself is bounded by the slot reads whatever the clocks say.
 //!
-//! Reclaiming is the master's decision: a tick does nothing on a replica or while loading,
-//! and every removal is committed through [`TableKey`] exactly as a write's sweep is
+//! **Passes.** A pass visits every registered table once, in the registry's order; a visit
+//! starts at the table's first slot and ends when it has looked at every slot, resumed first
+//! next tick when a tick runs out. A name that is no longer a table is dropped on its visit.
+//! The next pass starts [`PASS_GAP_NS`] after one ends, and the timer sleeps until then, so
+//! a server whose tables need nothing costs a visit of their slots every 100 ms, and one
+//! with no table a tick every [`REST_MS`].
+//!
+//! Every removal is committed through [`TableKey`] exactly as a write's sweep is
 //! (`RL.HSETSTATE key tag 0 0`, or `DEL` when the table empties). A timer's propagation
 //! reaches replicas and the AOF wrapped in MULTI/EXEC.
 //!
-//! Depends on `table_type` and `clock`; nothing depends on it but registration.
+//! Depends on `table_type`, `table_registry`, `propagation` and `server`; nothing depends on
+//! it but registration and `INFO`.
 
-use std::collections::VecDeque;
-use std::ffi::{c_int, c_void};
+use std::ffi::{c_int, c_void, CStr};
 use std::ptr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
-use redis_module::raw::{self, RedisModuleCtx, RedisModuleKey, RedisModuleString};
+use redis_module::raw::{self, RedisModuleCtx};
 
-use crate::table_type::{self, TableKey};
-use crate::{clock, stats};
+use crate::error::Error;
+use crate::table_type::TableKey;
+use crate::{clock, propagation, server, stats, table_registry};
 
-/// The timer's period: the "sweep interval" in the docs.
+/// The timer's period while a pass is under way: the "sweep interval" in the docs.
 pub const TICK_MS: i64 = 10;
+/// The timer's period while the server refuses writes, or no table is registered.
+pub const REST_MS: i64 = 100;
 /// Slot reads one tick makes at most, over every table it visits (about 180 µs of a release
 /// build on the 2-core machine the docs measure on).
 pub const TICK_SLOTS: usize = 8192;
-/// Tables one tick visits at most.
-pub const TICK_KEYS: usize = 16;
-/// `RedisModule_Scan` steps one tick takes at most (each is one bucket of the keyspace).
-pub const TICK_SCANS: usize = 64;
+/// What opening one table for a visit counts against [`TICK_SLOTS`]: a key lookup costs
+/// about as much as a few slot reads, so a tick visits at most 1,024 small tables.
+pub const VISIT_SLOTS: usize = 8;
 /// Server time after which a tick stops, whatever budget is left (checked between steps of
 /// [`KEY_STEP_SLOTS`] slot reads, so a tick ends within about one step of it).
 pub const TICK_CPU_NS: u64 = 400_000;
-/// The least time between the starts of two passes over the keyspace, 100 ms: with few
-/// tables, what a tick costs when there is nothing to reclaim.
+/// The least time between the end of one pass and the start of the next, 100 ms: with
+/// nothing to reclaim, what the sweep costs.
 pub const PASS_GAP_NS: u64 = 100_000_000;
 /// Slot reads between checks of the tick's time: a few µs of work. The check reads the
 /// monotonic clock (a vDSO read, about 25 ns here) and only past the budget the thread CPU
@@ -63,63 +78,56 @@ pub const PASS_GAP_NS: u64 = 100_000_000;
 pub const KEY_STEP_SLOTS: usize = 256;
 
 /// Where the walk is, kept between ticks (only the main thread touches it).
+#[derive(Default)]
 struct Walk {
-    db: c_int,
-    cursor: *mut raw::RedisModuleScanCursor,
-    /// Tables found and not yet looked at whole, oldest first: db, name (owned), and sweep
-    /// passes when first swept. At most one scan step's keys beyond the one in progress,
-    /// since the walk scans only when this is empty.
-    queue: VecDeque<Queued>,
-    /// When the last pass over every database ended (ns, the master's clock): the next
-    /// starts [`PASS_GAP_NS`] later, so an idle keyspace is not swept over and over.
-    pass_ended_ns: u64,
+    /// The next position of the registry's order to visit.
+    at: usize,
+    /// The table at `at` when a tick ran out inside it: its place, and the sweep passes it
+    /// had when the visit began.
+    visit: Option<(table_registry::Place, u64)>,
+    /// When the next pass may start (ns, the master's clock).
+    rest_until_ns: u64,
 }
-
-struct Queued {
-    db: c_int,
-    name: *mut RedisModuleString,
-    passes_before: Option<u64>,
-}
-
-// SAFETY: the pointers are only used from timer callbacks, which run on the main thread.
-unsafe impl Send for Walk {}
 
 static WALK: Mutex<Option<Walk>> = Mutex::new(None);
+
+/// Why the last tick that did nothing held back, for `INFO rl`.
+static HELD_BECAUSE: AtomicU64 = AtomicU64::new(0);
+const HELD_REASONS: [&str; 6] = [
+    "none",
+    "replica",
+    "loading",
+    "paused",
+    "min-replicas",
+    "unknown",
+];
+
+/// What the last tick held back for: "none" when it swept.
+pub fn held_because() -> &'static str {
+    let i = usize::try_from(HELD_BECAUSE.load(Ordering::Relaxed)).unwrap_or(0);
+    HELD_REASONS.get(i).copied().unwrap_or("unknown")
+}
 
 /// Arms the first tick.
 ///
 /// # Safety
 /// `ctx` must be the context passed to `RedisModule_OnLoad`.
 pub unsafe fn start(ctx: *mut RedisModuleCtx) -> bool {
-    // SAFETY: read once, after load.
-    let Some(create) = (unsafe { raw::RedisModule_ScanCursorCreate }) else {
-        return false;
-    };
-    // SAFETY: no preconditions; destroyed never (it lives as long as the module).
-    let cursor = unsafe { create() };
-    if cursor.is_null() {
-        return false;
-    }
     if let Ok(mut walk) = WALK.lock() {
-        *walk = Some(Walk {
-            db: 0,
-            cursor,
-            queue: VecDeque::new(),
-            pass_ended_ns: 0,
-        });
+        *walk = Some(Walk::default());
     }
     // SAFETY: load-time context (caller).
-    unsafe { arm(ctx) }
+    unsafe { arm(ctx, REST_MS) }
 }
 
 /// # Safety
 /// `ctx` must be a live context.
-unsafe fn arm(ctx: *mut RedisModuleCtx) -> bool {
+unsafe fn arm(ctx: *mut RedisModuleCtx, period_ms: i64) -> bool {
     // SAFETY: read once, after load; `tick` has the timer callback's signature.
     unsafe {
         match raw::RedisModule_CreateTimer {
             Some(create) => {
-                create(ctx, TICK_MS, Some(tick), ptr::null_mut());
+                create(ctx, period_ms.max(1), Some(tick), ptr::null_mut());
                 true
             }
             None => false,
@@ -127,46 +135,158 @@ unsafe fn arm(ctx: *mut RedisModuleCtx) -> bool {
     }
 }
 
-/// Whether this server decides reclaim: a master, not loading.
+/// Why the server refuses writes from clients now, as an index into [`HELD_REASONS`];
+/// `None` when it accepts them. Anything it cannot find out counts as a refusal.
 ///
 /// # Safety
 /// `ctx` must be a live context.
-unsafe fn is_deciding(ctx: *mut RedisModuleCtx) -> bool {
+unsafe fn writes_refused(ctx: *mut RedisModuleCtx) -> Option<u64> {
     // SAFETY: read once, after load; the context is live (caller).
-    let Some(flags) = (unsafe { raw::RedisModule_GetContextFlags }) else {
-        return false;
+    let (Some(flags), Some(avoid_replica_traffic)) = (unsafe {
+        (
+            raw::RedisModule_GetContextFlags,
+            raw::RedisModule_AvoidReplicaTraffic,
+        )
+    }) else {
+        return Some(5);
     };
     // SAFETY: as above.
     let flags = unsafe { flags(ctx) } as u32;
-    flags & raw::REDISMODULE_CTX_FLAGS_MASTER != 0
-        && flags & raw::REDISMODULE_CTX_FLAGS_LOADING == 0
+    if flags & raw::REDISMODULE_CTX_FLAGS_MASTER == 0 {
+        return Some(1);
+    }
+    if flags & raw::REDISMODULE_CTX_FLAGS_LOADING != 0 {
+        return Some(2);
+    }
+    // SAFETY: no preconditions; it reads (and expires) the server's pause state.
+    if unsafe { avoid_replica_traffic() } != 0 {
+        return Some(3);
+    }
+    // SAFETY: as above.
+    match unsafe { min_replicas_met(ctx) } {
+        Some(true) => None,
+        Some(false) => Some(4),
+        None => Some(5),
+    }
+}
+
+/// `min-replicas-to-write` as last read, and the [`propagation::epoch`] it was read at.
+static MIN_REPLICAS: Mutex<Option<(Option<u64>, u64)>> = Mutex::new(None);
+
+/// Whether `min-replicas-to-write` is met (always, when it is 0); `None` if unreadable.
+///
+/// # Safety
+/// `ctx` must be a live context.
+unsafe fn min_replicas_met(ctx: *mut RedisModuleCtx) -> Option<bool> {
+    let epoch = propagation::epoch();
+    let mut cached = MIN_REPLICAS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let wanted = match *cached {
+        Some((seen, wanted)) if seen.is_some() && seen == epoch => wanted,
+        _ => {
+            // SAFETY: forwarded (caller).
+            let wanted = unsafe { config_number(ctx, c"min-replicas-to-write") }?;
+            *cached = Some((epoch, wanted));
+            wanted
+        }
+    };
+    if wanted == 0 {
+        return Some(true);
+    }
+    // SAFETY: forwarded (caller); the info data lives for the closure.
+    let good = unsafe {
+        server::with_info(ctx, c"replication", |info| {
+            let field = raw::RedisModule_ServerInfoGetFieldUnsigned?;
+            let mut err: c_int = 0;
+            let good = field(info, c"min_slaves_good_slaves".as_ptr(), &mut err);
+            // The field is shown only while the server checks (min-replicas-max-lag > 0).
+            Some((err == 0).then_some(good))
+        })
+    }??;
+    Some(good.is_none_or(|good| good >= wanted))
+}
+
+/// A numeric server setting, by `CONFIG GET`.
+///
+/// # Safety
+/// `ctx` must be a live context.
+unsafe fn config_number(ctx: *mut RedisModuleCtx, name: &CStr) -> Option<u64> {
+    // SAFETY: read once, after load; "cc" matches the two C strings; the reply is freed.
+    unsafe {
+        let (call, element, string, free) = (
+            raw::RedisModule_Call?,
+            raw::RedisModule_CallReplyArrayElement?,
+            raw::RedisModule_CallReplyStringPtr?,
+            raw::RedisModule_FreeCallReply?,
+        );
+        let reply = call(
+            ctx,
+            c"CONFIG".as_ptr(),
+            c"cc".as_ptr(),
+            c"GET".as_ptr(),
+            name.as_ptr(),
+        );
+        if reply.is_null() {
+            return None;
+        }
+        let value = element(reply, 1);
+        let mut len = 0usize;
+        let bytes = if value.is_null() {
+            ptr::null()
+        } else {
+            string(value, &mut len)
+        };
+        let number = (!bytes.is_null())
+            .then(|| std::slice::from_raw_parts(bytes.cast::<u8>(), len))
+            .and_then(|bytes| std::str::from_utf8(bytes).ok())
+            .and_then(|text| text.parse().ok());
+        free(reply);
+        number
+    }
 }
 
 unsafe extern "C" fn tick(ctx: *mut RedisModuleCtx, _data: *mut c_void) {
     // A panic must not cross into the server; the next tick is armed whatever happens.
-    let _ = std::panic::catch_unwind(|| {
+    let next_ms = std::panic::catch_unwind(|| {
         // SAFETY: the timer's context, live for this call.
-        if unsafe { is_deciding(ctx) } {
-            // A panic in an earlier tick poisons the lock; the walk is still sound (each
-            // step leaves it usable; at worst a pending name leaks), so go on rather than stop sweeping for good.
-            let mut guard = WALK
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            if let Some(walk) = guard.as_mut() {
-                let clock = TickClock::start();
-                // SAFETY: as above.
-                let reads = unsafe { walk.step(ctx, &clock) };
-                stats::SWEEP_TICKS.bump();
-                let (cpu_ns, wall_ns) = clock.both_ns();
-                stats::SWEEP_TICK_MAX_US.raise(cpu_ns.min(wall_ns) / 1000);
-                stats::SWEEP_TICK_MAX_CPU_US.raise(cpu_ns / 1000);
-                stats::SWEEP_TICK_MAX_WALL_US.raise(wall_ns / 1000);
-                stats::SWEEP_TICK_MAX_SLOTS.raise(reads as u64);
-            }
+        if let Some(reason) = unsafe { writes_refused(ctx) } {
+            HELD_BECAUSE.store(reason, Ordering::Relaxed);
+            stats::SWEEP_HELD.bump();
+            return REST_MS;
         }
-    });
+        HELD_BECAUSE.store(0, Ordering::Relaxed);
+        // A panic in an earlier tick poisons the lock; the walk is still sound (each step
+        // leaves it usable), so go on rather than stop sweeping for good.
+        let mut guard = WALK
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let walk = guard.get_or_insert_with(Walk::default);
+        let now_ns = clock::now_us().saturating_mul(1000);
+        if now_ns < walk.rest_until_ns {
+            let rest_ms = (walk.rest_until_ns - now_ns).div_ceil(1_000_000);
+            return i64::try_from(rest_ms).unwrap_or(REST_MS).min(REST_MS);
+        }
+        let clock = TickClock::start();
+        // SAFETY: as above.
+        let (reads, pass_ended) = unsafe { walk.step(ctx, now_ns, &clock) };
+        stats::SWEEP_TICKS.bump();
+        let (cpu_ns, wall_ns) = clock.both_ns();
+        stats::SWEEP_TICK_MAX_US.raise(cpu_ns.min(wall_ns) / 1000);
+        stats::SWEEP_TICK_MAX_CPU_US.raise(cpu_ns / 1000);
+        stats::SWEEP_TICK_MAX_WALL_US.raise(wall_ns / 1000);
+        stats::SWEEP_TICK_MAX_SLOTS.raise(reads as u64);
+        if pass_ended {
+            stats::SWEEP_PASSES.bump();
+            walk.rest_until_ns = now_ns.saturating_add(PASS_GAP_NS);
+            REST_MS
+        } else {
+            TICK_MS
+        }
+    })
+    .unwrap_or(REST_MS);
     // SAFETY: as above.
-    unsafe { arm(ctx) };
+    unsafe { arm(ctx, next_ms) };
 }
 
 /// A tick's server time: the lesser of the main thread's CPU time and the monotonic clock
@@ -221,174 +341,145 @@ fn clock_ns(clock: libc::clockid_t) -> u64 {
         .saturating_add(u64::try_from(now.tv_nsec).unwrap_or(0))
 }
 
-/// Names of the tables one scan step found, owned until swept.
-struct Found {
-    ctx: *mut RedisModuleCtx,
-    names: Vec<*mut RedisModuleString>,
-}
-
-unsafe extern "C" fn collect(
-    _ctx: *mut RedisModuleCtx,
-    keyname: *mut RedisModuleString,
-    key: *mut RedisModuleKey,
-    privdata: *mut c_void,
-) {
-    // SAFETY: `privdata` is the `Found` that `step` passed to this scan; `key` is null or
-    // the open (read-only) handle of `keyname`, valid for this callback.
-    unsafe {
-        let found = &mut *privdata.cast::<Found>();
-        let (Some(key_type), Some(module_type), Some(retain)) = (
-            raw::RedisModule_KeyType,
-            raw::RedisModule_ModuleTypeGetType,
-            raw::RedisModule_CreateStringFromString,
-        ) else {
-            return;
-        };
-        if key.is_null()
-            || key_type(key) != raw::REDISMODULE_KEYTYPE_MODULE as c_int
-            || module_type(key) != table_type::registered_type()
-        {
-            return;
-        }
-        let name = retain(found.ctx, keyname);
-        if !name.is_null() {
-            found.names.push(name);
-        }
-    }
-}
-
-/// # Safety
-/// `ctx` must be a live context; `name` an owned string, freed here.
-unsafe fn free_name(ctx: *mut RedisModuleCtx, name: *mut RedisModuleString) {
-    // SAFETY: forwarded (caller); each name is freed exactly once.
-    unsafe {
-        if let Some(free) = raw::RedisModule_FreeString {
-            free(ctx, name);
-        }
-    }
+/// What a visit found.
+enum Visited {
+    /// Looked at whole: move on.
+    Done,
+    /// The tick ran out inside it: resume here next tick, with the visit's passes.
+    More(u64),
+    /// Not a table (any more): drop its name.
+    Gone,
 }
 
 impl Walk {
-    /// One tick's work: sweep queued tables, scanning for more when the queue is empty,
-    /// until the tick's slot reads, tables, scan steps or time run out. Returns the slot
-    /// reads made.
+    /// One tick's work: visit tables in the registry's order until the tick's slot reads or
+    /// time run out, or the pass ends. Returns the slot reads made and whether the pass
+    /// ended.
     ///
     /// # Safety
     /// `ctx` must be the timer's live context.
-    unsafe fn step(&mut self, ctx: *mut RedisModuleCtx, clock: &TickClock) -> usize {
-        // SAFETY: read once, after load.
-        let (Some(select), Some(scan), Some(restart)) = (unsafe {
-            (
-                raw::RedisModule_SelectDb,
-                raw::RedisModule_Scan,
-                raw::RedisModule_ScanCursorRestart,
-            )
-        }) else {
-            return 0;
-        };
-        let now_ns = clock::now_us().saturating_mul(1000);
+    unsafe fn step(
+        &mut self,
+        ctx: *mut RedisModuleCtx,
+        now_ns: u64,
+        clock: &TickClock,
+    ) -> (usize, bool) {
         // Slot reads so far, which may pass TICK_SLOTS by the rest of one cluster.
         let mut reads = 0;
-        let mut keys_left = TICK_KEYS;
-        let mut scans_left = TICK_SCANS;
-        let out_of_time = || clock.out_of_time();
-        while reads < TICK_SLOTS && keys_left > 0 && !out_of_time() {
-            if let Some(mut next) = self.queue.pop_front() {
-                keys_left -= 1;
-                // SAFETY: the timer's context; `next.name` is owned by the walk.
-                let more = unsafe {
-                    select(ctx, next.db) == raw::REDISMODULE_OK as c_int
-                        && Self::sweep_key(ctx, &mut next, now_ns, &mut reads, &out_of_time)
-                };
-                if more {
-                    // Resumed first next tick: one big table is not left for a whole pass.
-                    self.queue.push_front(next);
+        while reads < TICK_SLOTS && !clock.out_of_time() {
+            // Copied out, so the registry is not locked while the table is written (a
+            // write's keyspace events reach the registry).
+            let place = table_registry::lock()
+                .as_ref()
+                .and_then(|registry| registry.get(self.at))
+                .map(|(db, name)| (db, Box::<[u8]>::from(name)));
+            let Some(place) = place else {
+                self.at = 0;
+                self.visit = None;
+                return (reads, true);
+            };
+            let resumed = self
+                .visit
+                .take()
+                .and_then(|(at, passes)| (at == place).then_some(passes));
+            reads = reads.saturating_add(VISIT_SLOTS);
+            // SAFETY: the timer's context.
+            match unsafe { Self::visit(ctx, &place, resumed, now_ns, &mut reads, clock) } {
+                Visited::Done => self.at += 1,
+                Visited::More(passes) => {
+                    self.visit = Some((place, passes));
                     break;
                 }
-                // SAFETY: owned, done with.
-                unsafe { free_name(ctx, next.name) };
-                continue;
-            }
-            let resting = self.db == 0
-                && self.pass_ended_ns != 0
-                && now_ns.saturating_sub(self.pass_ended_ns) < PASS_GAP_NS;
-            if scans_left == 0 || resting {
-                break;
-            }
-            scans_left -= 1;
-            // SAFETY: the timer's context; the walk owns the cursor.
-            unsafe {
-                if select(ctx, self.db) != raw::REDISMODULE_OK as c_int {
-                    // Past the last database: the pass is over; the next starts at 0.
-                    self.db = 0;
-                    self.pass_ended_ns = now_ns.max(1);
-                    restart(self.cursor);
-                    continue;
+                Visited::Gone => {
+                    let mut registry = table_registry::lock();
+                    if let Some(registry) = registry.as_mut() {
+                        // Only if nothing moved it meanwhile; else it is visited again.
+                        if registry
+                            .get(self.at)
+                            .is_some_and(|(db, name)| (db, name) == (place.0, &place.1[..]))
+                        {
+                            registry.remove_at(self.at);
+                        }
+                    }
                 }
             }
-            let mut found = Found {
-                ctx,
-                names: Vec::new(),
-            };
-            // SAFETY: `collect` only touches `found`, which outlives the call.
-            let more = unsafe {
-                scan(
-                    ctx,
-                    self.cursor,
-                    Some(collect),
-                    ptr::from_mut(&mut found).cast(),
-                )
-            };
-            let db = self.db;
-            self.queue
-                .extend(found.names.into_iter().map(|name| Queued {
-                    db,
-                    name,
-                    passes_before: None,
-                }));
-            if more == 0 {
-                // This database is done: the next one, from its start.
-                self.db = self.db.saturating_add(1);
-                // SAFETY: the walk owns the cursor.
-                unsafe { restart(self.cursor) };
-            }
         }
-        reads
+        (reads, false)
     }
 
-    /// Sweeps one table with what is left of the tick's [`TICK_SLOTS`] (adding to `reads`),
-    /// in steps of [`KEY_STEP_SLOTS`] while there is time. Returns whether it has more to
-    /// look at (see [`TableKey::sweep`]).
+    /// Visits one table with what is left of the tick's [`TICK_SLOTS`] (adding to `reads`),
+    /// in steps of [`KEY_STEP_SLOTS`] while there is time. `resumed` holds the visit's
+    /// passes when a tick ran out inside it.
     ///
     /// # Safety
-    /// `ctx` is live with the table's database selected.
-    unsafe fn sweep_key(
+    /// `ctx` must be the timer's live context.
+    unsafe fn visit(
         ctx: *mut RedisModuleCtx,
-        table: &mut Queued,
+        (db, name): &table_registry::Place,
+        resumed: Option<u64>,
         now_ns: u64,
         reads: &mut usize,
-        out_of_time: &dyn Fn() -> bool,
-    ) -> bool {
-        // SAFETY: forwarded (caller). A key of another type now (RENAME, SET) is a WrongType
-        // error, left alone.
-        let Ok(mut key) = (unsafe { TableKey::open(ctx, table.name, None) }) else {
-            return false;
+        clock: &TickClock,
+    ) -> Visited {
+        // SAFETY: read once, after load.
+        let (Some(select), Some(create), Some(free)) = (unsafe {
+            (
+                raw::RedisModule_SelectDb,
+                raw::RedisModule_CreateString,
+                raw::RedisModule_FreeString,
+            )
+        }) else {
+            return Visited::Done;
         };
-        let passes_before = *table
-            .passes_before
-            .get_or_insert_with(|| key.sweep_passes());
+        // SAFETY: the timer's context; a database the server no longer has is refused.
+        if unsafe { select(ctx, *db) } != raw::REDISMODULE_OK as c_int {
+            return Visited::Gone;
+        }
+        // SAFETY: the bytes outlive the call, which copies them; freed below.
+        let key_name = unsafe { create(ctx, name.as_ptr().cast(), name.len()) };
+        if key_name.is_null() {
+            return Visited::Done;
+        }
+        // SAFETY: the timer's context and a live name.
+        let visited = unsafe { Self::sweep_key(ctx, key_name, resumed, now_ns, reads, clock) };
+        // SAFETY: made above, freed once, after the key handle closed.
+        unsafe { free(ctx, key_name) };
+        visited
+    }
+
+    /// # Safety
+    /// `ctx` is live with the table's database selected; `name` is live.
+    unsafe fn sweep_key(
+        ctx: *mut RedisModuleCtx,
+        name: *mut raw::RedisModuleString,
+        resumed: Option<u64>,
+        now_ns: u64,
+        reads: &mut usize,
+        clock: &TickClock,
+    ) -> Visited {
+        // SAFETY: forwarded (caller).
+        let mut key = match unsafe { TableKey::open(ctx, name, None) } {
+            Ok(key) if !key.is_empty() => key,
+            // Missing, or a key of another type now (RENAME, SET): its name goes.
+            Ok(_) | Err(Error::WrongType) => return Visited::Gone,
+            Err(_) => return Visited::Done,
+        };
+        let passes_before = resumed.unwrap_or_else(|| key.begin_visit());
         loop {
             let budget = TICK_SLOTS.saturating_sub(*reads).min(KEY_STEP_SLOTS);
             let Ok((used, removed, more)) = key.sweep(now_ns, budget, passes_before) else {
-                return false;
+                return Visited::Done;
             };
             stats::SWEPT.add(removed as u64);
             *reads = reads.saturating_add(used.max(1));
-            if !more {
-                return false;
+            if key.is_empty() {
+                return Visited::Gone;
             }
-            if *reads >= TICK_SLOTS || out_of_time() {
-                return true;
+            if !more {
+                return Visited::Done;
+            }
+            if *reads >= TICK_SLOTS || clock.out_of_time() {
+                return Visited::More(passes_before);
             }
         }
     }

@@ -11,9 +11,11 @@
 //!   ([`crate::sweeper`]) does the same through [`TableKey::sweep`]; `RL.HSETSTATE` (what
 //!   replicas and AOF replay) never sweeps, so a replica never decides by its own clock.
 //! - **Expiry.** The key expires when its latest bucket is full: each write raises the
-//!   expiry to the bucket's `full_at` if later. Redis's own expiry then removes (and
-//!   replicates the removal of) a table with no live bucket; a table left empty by a
-//!   removal is deleted on the spot.
+//!   key's expiry to the latest expiry any of its buckets asked for
+//!   ([`Table::latest_expire_at_ms`]) when the key has none or an earlier one, whatever a
+//!   user did to the key in between (`PERSIST`, `EXPIRE`, `RESTORE` with TTL 0). A later
+//!   expiry a user set is kept. Redis's own expiry then removes (and replicates the removal
+//!   of) a table with no live bucket; a table left empty by a removal is deleted on the spot.
 
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::ptr;
@@ -25,8 +27,8 @@ use redis_module::raw;
 use crate::bucket::{Change, State};
 use crate::datatype::{self, OpenKey, Store};
 use crate::error::Error;
-use crate::propagation;
 use crate::table::{self, Table, Tag};
+use crate::{propagation, table_registry};
 
 /// The type's name in RDB files and `TYPE` (exactly 9 characters, as Redis requires).
 pub const TYPE_NAME: &str = "rl-htable";
@@ -183,16 +185,25 @@ impl TableKey {
                 return Err(Error::Internal);
             }
             self.table = table;
+            // SAFETY: the running command's context and key name.
+            unsafe { table_registry::note(self.key.ctx, self.key.name) };
         }
-        self.table_mut()
-            .ok_or(Error::Internal)?
+        let table = self.table_mut().ok_or(Error::Internal)?;
+        table
             .set(tag, state)
             .map_err(|table::Full| Error::TableFull)?;
-        let expire_at_ms = i64::try_from(state.expire_at_ms()).map_err(|_| Error::Internal)?;
+        // The latest instant any bucket asked for, not this bucket's: after a user's PERSIST
+        // or RESTORE with TTL 0 the key has no expiry, and raising it to this bucket's alone
+        // would expire the key, and every later bucket with it, early.
+        let expire_at_ms =
+            i64::try_from(table.latest_expire_at_ms()).map_err(|_| Error::Internal)?;
         // SAFETY: the key is open for writing and holds our table.
         unsafe {
             let current = raw::RedisModule_GetAbsExpire.ok_or(Error::Internal)?(self.key.key);
-            if current < expire_at_ms {
+            // No expiry (REDISMODULE_NO_EXPIRE, -1) or an earlier one is raised; a later one
+            // (a user's own) is kept: it never drops a live bucket, and the sweep deletes
+            // the key once its last bucket is gone.
+            if current == raw::REDISMODULE_NO_EXPIRE as i64 || current < expire_at_ms {
                 let set = raw::RedisModule_SetAbsExpire.ok_or(Error::Internal)?(
                     self.key.key,
                     expire_at_ms,
@@ -290,9 +301,14 @@ impl TableKey {
         Ok((used, removed, more && !self.table.is_null()))
     }
 
-    /// The table's sweep passes so far (see [`Table::sweep_passes`]); 0 for a missing key.
-    pub fn sweep_passes(&self) -> u64 {
-        self.table().map_or(0, Table::sweep_passes)
+    /// Starts a visit of the background sweep: the table's sweep moves back to its first
+    /// slot, and the sweep passes so far are returned for [`TableKey::sweep`], so the visit
+    /// ends having looked at every slot, wherever the writes' own sweeping had got to.
+    pub fn begin_visit(&mut self) -> u64 {
+        self.table_mut().map_or(0, |table| {
+            table.restart_sweep();
+            table.sweep_passes()
+        })
     }
 
     /// The handle of one bucket, named by `field`.
@@ -408,7 +424,11 @@ unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *m
         Some(bytes)
     };
     match table::decode(encver, next_unsigned, next_bytes) {
-        Ok(table) => Box::into_raw(Box::new(table)).cast(),
+        Ok(table) => {
+            // The key it is loaded under is reported next (`loaded`, or `restore`).
+            table_registry::table_decoded();
+            Box::into_raw(Box::new(table)).cast()
+        }
         Err(table::DecodeError::Io) => ptr::null_mut(),
         Err(error) => {
             let message = match error {

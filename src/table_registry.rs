@@ -1,0 +1,374 @@
+//! Where the tables are: the (database, key name) of every table, for the background sweep
+//! to visit, so it never scans keys it does not own and its work does not grow with them.
+//!
+//! The registry may hold names that are no longer tables (deleted, expired, flushed, renamed
+//! away, overwritten by another type): the sweep drops such a name when it visits it, so
+//! nothing here needs to follow deletions. It must never miss a table, so every way a table
+//! comes to be under a name adds that name:
+//! - the module's own writes (`RL.HACQUIRE`, `RL.HSETSTATE` from a master, the AOF or a
+//!   slot migration) create a table through [`note`];
+//! - `RENAME`, `MOVE` and `COPY` report their destination (`rename_to`, `move_to`,
+//!   `copy_to`), and `RESTORE` (and so `MIGRATE`) reports `restore`;
+//! - loading an RDB (a restart, a replica's full sync, `DEBUG RELOAD`) reports each key as
+//!   `loaded`; only a key right after a table was decoded is looked at, so a load of many
+//!   other keys costs one flag test each;
+//! - `SWAPDB` swaps the databases of the names, and `FLUSHDB` / `FLUSHALL` drop them.
+//!
+//! [`Registry`] is the pure set (no Redis types); the glue below feeds it from the server.
+//! Depends on nothing of the module (it is handed the table type at [`subscribe`]), so the
+//! table type and the sweep both use it without an arrow between them.
+
+use std::collections::HashMap;
+use std::ffi::{c_char, c_int, c_void, CStr};
+use std::ptr;
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use redis_module::raw::{self, RedisModuleCtx, RedisModuleEvent, RedisModuleString};
+
+/// One table's place: its database and key name.
+pub type Place = (i32, Box<[u8]>);
+
+/// The names the sweep visits, in a visiting order that survives removals: a name added
+/// during a pass is visited in it or the next, and a removal never makes the pass skip one.
+#[derive(Debug, Default)]
+pub struct Registry {
+    places: Vec<Place>,
+    index: HashMap<Place, usize>,
+}
+
+impl Registry {
+    /// An empty registry.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Names held.
+    pub fn len(&self) -> usize {
+        self.places.len()
+    }
+
+    /// Whether no name is held.
+    pub fn is_empty(&self) -> bool {
+        self.places.is_empty()
+    }
+
+    /// Adds `name` in `db`; returns whether it was new.
+    pub fn insert(&mut self, db: i32, name: &[u8]) -> bool {
+        let place: Place = (db, name.into());
+        if self.index.contains_key(&place) {
+            return false;
+        }
+        self.index.insert(place.clone(), self.places.len());
+        self.places.push(place);
+        true
+    }
+
+    /// The place at position `i` of the visiting order.
+    pub fn get(&self, i: usize) -> Option<(i32, &[u8])> {
+        self.places.get(i).map(|(db, name)| (*db, &name[..]))
+    }
+
+    /// Removes the place at `i`. The last place moves into `i`, so a walk that removed at
+    /// its position visits `i` again rather than moving on.
+    pub fn remove_at(&mut self, i: usize) {
+        if i >= self.places.len() {
+            return;
+        }
+        let removed = self.places.swap_remove(i);
+        self.index.remove(&removed);
+        if let Some(moved) = self.places.get(i) {
+            if let Some(at) = self.index.get_mut(moved) {
+                *at = i;
+            }
+        }
+    }
+
+    /// `SWAPDB a b`: every name of `a` is now in `b`, and the other way round.
+    pub fn swap_dbs(&mut self, a: i32, b: i32) {
+        for place in &mut self.places {
+            if place.0 == a {
+                place.0 = b;
+            } else if place.0 == b {
+                place.0 = a;
+            }
+        }
+        self.reindex();
+    }
+
+    /// `FLUSHDB` of `db`, or `FLUSHALL` when `db` is `None`: drops their names.
+    pub fn flush(&mut self, db: Option<i32>) {
+        match db {
+            None => {
+                self.places.clear();
+                self.index.clear();
+            }
+            Some(db) => {
+                self.places.retain(|place| place.0 != db);
+                self.reindex();
+            }
+        }
+    }
+
+    fn reindex(&mut self) {
+        self.index = self
+            .places
+            .iter()
+            .enumerate()
+            .map(|(i, place)| (place.clone(), i))
+            .collect();
+    }
+}
+
+static REGISTRY: Mutex<Option<Registry>> = Mutex::new(None);
+
+/// The table type, handed over at [`subscribe`].
+static TABLE_TYPE: AtomicPtr<raw::RedisModuleType> = AtomicPtr::new(ptr::null_mut());
+
+/// Whether a table value was just decoded, so the next `loaded` key is worth a look.
+static TABLE_DECODED: AtomicBool = AtomicBool::new(false);
+
+/// The registry, locked. Only the main thread uses it, so the lock is never contended; a
+/// panic that poisoned it left the set usable (each operation leaves it whole).
+pub fn lock() -> MutexGuard<'static, Option<Registry>> {
+    REGISTRY.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Names held, for `INFO rl`.
+pub fn len() -> usize {
+    lock().as_ref().map_or(0, Registry::len)
+}
+
+/// Records that `name`, in the database `ctx` has selected, holds a table.
+///
+/// # Safety
+/// `ctx` must be a live context and `name` a live string.
+pub unsafe fn note(ctx: *mut RedisModuleCtx, name: *mut RedisModuleString) {
+    // SAFETY: forwarded (caller); the bytes are copied before the string can go.
+    unsafe {
+        let (Some(selected_db), Some(ptr_len)) = (
+            raw::RedisModule_GetSelectedDb,
+            raw::RedisModule_StringPtrLen,
+        ) else {
+            return;
+        };
+        let mut len = 0usize;
+        let bytes = ptr_len(name, &mut len);
+        if bytes.is_null() {
+            return;
+        }
+        let name = std::slice::from_raw_parts(bytes.cast::<u8>(), len);
+        let db = selected_db(ctx);
+        lock().get_or_insert_with(Registry::new).insert(db, name);
+    }
+}
+
+/// Called by the table type's `rdb_load` after it decoded a table: the next `loaded` key is
+/// looked at.
+pub fn table_decoded() {
+    TABLE_DECODED.store(true, Ordering::Relaxed);
+}
+
+/// Subscribes to what can put a table of `table_type` under a new name (see the file's
+/// docs). Returns false if the server refused any of it: tables may then be missed.
+///
+/// # Safety
+/// `ctx` must be the context passed to `RedisModule_OnLoad`.
+pub unsafe fn subscribe(ctx: *mut RedisModuleCtx, table_type: *mut raw::RedisModuleType) -> bool {
+    TABLE_TYPE.store(table_type, Ordering::Relaxed);
+    // SAFETY: load-time context (caller); the callbacks have the required signatures.
+    unsafe {
+        let (Some(keyspace), Some(server)) = (
+            raw::RedisModule_SubscribeToKeyspaceEvents,
+            raw::RedisModule_SubscribeToServerEvent,
+        ) else {
+            return false;
+        };
+        let types = (raw::REDISMODULE_NOTIFY_GENERIC | raw::REDISMODULE_NOTIFY_LOADED) as c_int;
+        let mut ok = keyspace(ctx, types, Some(on_keyspace)) == raw::REDISMODULE_OK as c_int;
+        for id in [
+            raw::REDISMODULE_EVENT_SWAPDB,
+            raw::REDISMODULE_EVENT_FLUSHDB,
+        ] {
+            let event = RedisModuleEvent { id, dataver: 1 };
+            ok &= server(ctx, event, Some(on_server)) == raw::REDISMODULE_OK as c_int;
+        }
+        ok
+    }
+}
+
+/// Whether the key `name` in `ctx`'s selected database holds a table of `table_type`.
+///
+/// # Safety
+/// `ctx` and `name` must be live.
+unsafe fn is_table(
+    ctx: *mut RedisModuleCtx,
+    name: *mut RedisModuleString,
+    table_type: *mut raw::RedisModuleType,
+) -> bool {
+    // SAFETY: forwarded (caller); the handle is closed before return. A read-only open
+    // neither creates nor (while loading) expires the key.
+    unsafe {
+        let (Some(open), Some(close), Some(key_type), Some(module_type)) = (
+            raw::RedisModule_OpenKey,
+            raw::RedisModule_CloseKey,
+            raw::RedisModule_KeyType,
+            raw::RedisModule_ModuleTypeGetType,
+        ) else {
+            return false;
+        };
+        let key = open(ctx, name, raw::REDISMODULE_READ as c_int).cast::<raw::RedisModuleKey>();
+        if key.is_null() {
+            return false;
+        }
+        let found = key_type(key) == raw::REDISMODULE_KEYTYPE_MODULE as c_int
+            && module_type(key) == table_type;
+        close(key);
+        found
+    }
+}
+
+unsafe extern "C" fn on_keyspace(
+    ctx: *mut RedisModuleCtx,
+    _type: c_int,
+    event: *const c_char,
+    key: *mut RedisModuleString,
+) -> c_int {
+    let _ = std::panic::catch_unwind(|| {
+        if event.is_null() {
+            return;
+        }
+        // SAFETY: the server passes a NUL-terminated event name, live for this call.
+        let event = unsafe { CStr::from_ptr(event) }.to_bytes();
+        let worth_a_look = match event {
+            b"loaded" => TABLE_DECODED.swap(false, Ordering::Relaxed),
+            b"rename_to" | b"move_to" | b"copy_to" | b"restore" => true,
+            _ => false,
+        };
+        if !worth_a_look {
+            return;
+        }
+        // SAFETY: the callback's live context (its database is the key's) and key name. A
+        // `loaded` key's name lives on the server's stack and must not be retained, which
+        // opening it would do: open a copy, freed here.
+        unsafe {
+            let (Some(copy), Some(free)) = (
+                raw::RedisModule_CreateStringFromString,
+                raw::RedisModule_FreeString,
+            ) else {
+                return;
+            };
+            let name = copy(ctx, key);
+            if name.is_null() {
+                return;
+            }
+            if is_table(ctx, name, TABLE_TYPE.load(Ordering::Relaxed)) {
+                note(ctx, name);
+            }
+            free(ctx, name);
+        }
+    });
+    raw::REDISMODULE_OK as c_int
+}
+
+/// `RedisModuleSwapDbInfo` (version 1).
+#[repr(C)]
+struct SwapDbInfo {
+    version: u64,
+    first: i32,
+    second: i32,
+}
+
+/// `RedisModuleFlushInfo` (version 1).
+#[repr(C)]
+struct FlushInfo {
+    version: u64,
+    sync: i32,
+    dbnum: i32,
+}
+
+unsafe extern "C" fn on_server(
+    _ctx: *mut RedisModuleCtx,
+    event: RedisModuleEvent,
+    subevent: u64,
+    data: *mut c_void,
+) {
+    let _ = std::panic::catch_unwind(|| {
+        if data.is_null() {
+            return;
+        }
+        let mut guard = lock();
+        let Some(registry) = guard.as_mut() else {
+            return;
+        };
+        if event.id == raw::REDISMODULE_EVENT_SWAPDB {
+            // SAFETY: the server passes a RedisModuleSwapDbInfo with this event.
+            let info = unsafe { &*data.cast::<SwapDbInfo>() };
+            registry.swap_dbs(info.first, info.second);
+        } else if event.id == raw::REDISMODULE_EVENT_FLUSHDB
+            && subevent == raw::REDISMODULE_SUBEVENT_FLUSHDB_END
+        {
+            // SAFETY: the server passes a RedisModuleFlushInfo with this event.
+            let info = unsafe { &*data.cast::<FlushInfo>() };
+            registry.flush((info.dbnum >= 0).then_some(info.dbnum));
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(r: &Registry) -> Vec<(i32, Vec<u8>)> {
+        (0..r.len())
+            .map(|i| {
+                let (db, name) = r.get(i).unwrap();
+                (db, name.to_vec())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_name_is_held_once_per_database() {
+        let mut r = Registry::new();
+        assert!(r.insert(0, b"t"));
+        assert!(!r.insert(0, b"t"));
+        assert!(r.insert(1, b"t"));
+        assert_eq!(r.len(), 2);
+    }
+
+    #[test]
+    fn a_removal_moves_the_last_name_into_its_place() {
+        let mut r = Registry::new();
+        for name in [&b"a"[..], b"b", b"c"] {
+            r.insert(0, name);
+        }
+        r.remove_at(0);
+        assert_eq!(names(&r), vec![(0, b"c".to_vec()), (0, b"b".to_vec())]);
+        // The index follows the move: "c" can be removed by position and re-added.
+        assert!(!r.insert(0, b"c"));
+        r.remove_at(0);
+        assert!(r.insert(0, b"c"));
+        r.remove_at(9); // past the end: nothing
+        assert_eq!(r.len(), 2);
+    }
+
+    #[test]
+    fn swapdb_and_flush_follow_the_server() {
+        let mut r = Registry::new();
+        r.insert(0, b"a");
+        r.insert(1, b"b");
+        r.insert(2, b"c");
+        r.swap_dbs(0, 1);
+        assert_eq!(
+            names(&r),
+            vec![(1, b"a".to_vec()), (0, b"b".to_vec()), (2, b"c".to_vec())]
+        );
+        assert!(!r.insert(1, b"a"), "the index follows the swap");
+        r.flush(Some(0));
+        assert_eq!(names(&r), vec![(1, b"a".to_vec()), (2, b"c".to_vec())]);
+        assert!(!r.insert(2, b"c"), "the index follows the flush");
+        r.flush(None);
+        assert!(r.is_empty());
+    }
+}
