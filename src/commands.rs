@@ -7,14 +7,16 @@
 //! exact state, or `DEL`), never as the command itself.
 
 use std::cell::RefCell;
+use std::collections::HashSet;
 use std::ffi::{c_int, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use redis_module::raw::{self, RedisModuleCtx, RedisModuleString};
 
 use crate::bucket::{self, Change, Decision, Outcome};
-use crate::datatype::{BucketKey, Store};
+use crate::datatype::BucketKey;
 use crate::error::{Error, MAX_MULTI_BUCKETS};
+use crate::store::Store;
 use crate::table_type::TableKey;
 use crate::{args, clock, stats, table};
 
@@ -214,10 +216,18 @@ fn take_at(
     cost: bucket::Cost,
     now_us: u64,
 ) -> Result<Decision, Error> {
-    let (decision, new_state) = bucket::acquire(limit, store.state(), now_us, cost);
-    store.stage(new_state.map_or(Change::Keep, Change::Set));
-    store.commit(c"rl.take")?;
-    Ok(decision)
+    store.measure_and_replace(c"rl.take", |state| decide_take(limit, state, now_us, cost))
+}
+
+/// The pure step of every taking command: the decision, and the change it makes.
+fn decide_take(
+    limit: &bucket::Limit,
+    state: Option<bucket::State>,
+    now_us: u64,
+    cost: bucket::Cost,
+) -> (Decision, Change) {
+    let (decision, new_state) = bucket::acquire(limit, state, now_us, cost);
+    (decision, new_state.map_or(Change::Keep, Change::Set))
 }
 
 /// The pure step of `RL.PEEK` and `RL.HPEEK`: nothing is staged or committed.
@@ -231,10 +241,9 @@ fn give_back(
     parsed: &args::Acquire,
     now_us: u64,
 ) -> Result<Decision, Error> {
-    let (decision, change) = bucket::refund(&parsed.limit, store.state(), now_us, parsed.cost);
-    store.stage(change);
-    store.commit(c"rl.refund")?;
-    Ok(decision)
+    store.measure_and_replace(c"rl.refund", |state| {
+        bucket::refund(&parsed.limit, state, now_us, parsed.cost)
+    })
 }
 
 fn peek_body(ctx: *mut RedisModuleCtx, argv: &[*mut RedisModuleString]) -> Result<Reply, Failure> {
@@ -353,9 +362,9 @@ fn acquire_multi_body(
     let mut decisions = Vec::with_capacity(parsed.len());
     for ((_, group), &handle) in parsed.iter().zip(&handle_of) {
         let bucket = handles.get_mut(handle).ok_or(Error::Internal)?;
-        let (decision, new_state) =
-            bucket::acquire(&group.limit, bucket.state(), now_us, group.cost);
-        bucket.stage(new_state.map_or(Change::Keep, Change::Set));
+        // Staged on each key, committed only if every group is allowed.
+        let (decision, change) = decide_take(&group.limit, bucket.state(), now_us, group.cost);
+        bucket.stage(change);
         decisions.push(decision);
     }
     let refused = decisions.iter().position(|d| !d.allowed());
@@ -419,12 +428,20 @@ fn hdel_body(ctx: *mut RedisModuleCtx, argv: &[*mut RedisModuleString]) -> Resul
     let now_ns = clock::now_us().saturating_mul(1000);
     // SAFETY: `ctx` and `key` belong to the running command.
     let mut table = unsafe { TableKey::open(ctx, key, Some(now_ns)) }?;
+    // A field named twice is removed and counted once.
+    let mut seen = HashSet::with_capacity(fields.len());
     let mut live = 0;
     for &field in fields {
         // SAFETY: an argument of the running command.
-        let removed = table.remove(table::tag(unsafe { bytes(field) }));
-        if removed.is_some_and(|state| !table::is_full(state, now_ns)) {
-            live += 1;
+        let tag = table::tag(unsafe { bytes(field) });
+        if !seen.insert(tag) {
+            continue;
+        }
+        if let Some(state) = table.get(tag) {
+            table.stage(tag, None);
+            if !table::is_full(state, now_ns) {
+                live += 1;
+            }
         }
     }
     table.commit(c"rl.hdel")?;
@@ -474,12 +491,7 @@ fn hset_state_body(
     // commands sweep, by the master's clock.
     let mut table = unsafe { TableKey::open(ctx, key, None) }?;
     for (tag, state) in changes {
-        match state {
-            Some(state) => table.set(tag, state)?,
-            None => {
-                table.remove(tag);
-            }
-        }
+        table.stage(tag, state);
     }
     table.commit(c"rl.hsetstate")?;
     Ok(Reply::Ok)
@@ -522,8 +534,7 @@ fn set_state_body(
     // SAFETY: `ctx` and `key` belong to the running command.
     let mut bucket = unsafe { BucketKey::open(ctx, key) }?;
     bucket.replicate_verbatim();
-    bucket.stage(Change::Set(state));
-    bucket.commit(c"rl.setstate")?;
+    bucket.measure_and_replace(c"rl.setstate", |_| ((), Change::Set(state)))?;
     Ok(Reply::Ok)
 }
 

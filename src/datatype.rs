@@ -1,6 +1,6 @@
-//! The `rl-bucket` module type: its callbacks (RDB, AOF, digest, copy, memory), and the
-//! [`Store`] door that commands read and write stored buckets through, with its per-key
-//! handle [`BucketKey`]. The table type (`table_type`) is the second store behind the door.
+//! The `rl-bucket` module type: its callbacks (RDB, AOF, digest, copy, memory), and its
+//! per-key handle [`BucketKey`], one of the two stores behind the [`Store`] door (`store`);
+//! the table type (`table_type`) is the other.
 //!
 //! A whole-nanosecond [`State`] (every state at rates dividing 1e9) lives in the value pointer
 //! itself, tagged with its low bit, so it costs no allocation of ours. A state with a fraction
@@ -18,6 +18,10 @@ use redis_module::raw;
 use crate::bucket::{Change, State};
 use crate::error::Error;
 use crate::propagation;
+use crate::store::{
+    cache_type_in, delete_key, full_at_i64, log_warning, replicate_del, replicated,
+    signal_modified, OpenKey, Staged, Store,
+};
 
 /// The type's name in RDB files (exactly 9 characters, as Redis requires).
 pub const TYPE_NAME: &str = "rl-bucket";
@@ -61,23 +65,6 @@ static TYPE_PTR: AtomicPtr<raw::RedisModuleType> = AtomicPtr::new(ptr::null_mut(
 /// Caches the registered type pointer. Call once, after `redis_module!` created the type.
 pub fn cache_type() -> Result<(), Error> {
     cache_type_in(&BUCKET_TYPE, &TYPE_PTR)
-}
-
-/// Caches `registered`'s type pointer in `slot`, so the hot path reads one atomic instead of
-/// a RefCell: for each type of the module.
-pub(crate) fn cache_type_in(
-    registered: &RedisType,
-    slot: &AtomicPtr<raw::RedisModuleType>,
-) -> Result<(), Error> {
-    let raw_type = registered
-        .raw_type
-        .try_borrow()
-        .map_err(|_| Error::Internal)?;
-    if raw_type.is_null() {
-        return Err(Error::Internal);
-    }
-    slot.store(*raw_type, Ordering::Relaxed);
-    Ok(())
 }
 
 fn bucket_type() -> *mut raw::RedisModuleType {
@@ -124,100 +111,12 @@ unsafe fn free_value(value: *mut c_void) {
     }
 }
 
-/// The signed form used in commands and digests; `State` guarantees both fit.
-fn full_at_i64(state: State) -> (i64, i64) {
-    (
-        i64::try_from(state.full_at_ns()).unwrap_or(i64::MAX),
-        i64::try_from(state.full_at_frac()).unwrap_or(i64::MAX),
-    )
-}
-
-/// The one door to a stored bucket, the way governor's `StateStore` is: a handle keeps what it
-/// read, the pure step stages a change, and [`Store::commit`] makes it durable itself (write or
-/// delete, the modified-key signal, the keyspace event, and the replicated effect). A handler
-/// never hands the door back what it already knows.
-pub trait Store {
-    /// The bucket as this handle sees it: what it read, plus any change staged since.
-    fn state(&self) -> Option<State>;
-    /// Records `change` for the next [`Store::commit`]; touches nothing yet.
-    fn stage(&mut self, change: Change);
-    /// Applies the staged change, if any: stores it, reports it as the keyspace event `event`
-    /// (`del` for a deletion), and replicates its effect. A handle with nothing staged
-    /// commits nothing and propagates nothing.
-    ///
-    /// # Errors
-    /// [`Error::Internal`] if the server refuses a write.
-    fn commit(&mut self, event: &CStr) -> Result<(), Error>;
-}
-
-/// A key of the running command, open for reading (and writing), closed on drop: what the
-/// handles of both stores hold.
-pub(crate) struct OpenKey {
-    pub(crate) ctx: *mut raw::RedisModuleCtx,
-    pub(crate) name: *mut raw::RedisModuleString,
-    /// Null only for a missing key opened for reading.
-    pub(crate) key: *mut raw::RedisModuleKey,
-}
-
-impl OpenKey {
-    /// Opens `name`, for writing too when `write`.
-    ///
-    /// # Errors
-    /// [`Error::Internal`] if the server lacks the API or returns no handle to write through.
-    ///
-    /// # Safety
-    /// `ctx` and `name` must be the live context and an argument of the running command.
-    pub(crate) unsafe fn open(
-        ctx: *mut raw::RedisModuleCtx,
-        name: *mut raw::RedisModuleString,
-        write: bool,
-    ) -> Result<Self, Error> {
-        let mode = if write {
-            raw::REDISMODULE_READ | raw::REDISMODULE_WRITE
-        } else {
-            raw::REDISMODULE_READ
-        };
-        let open = raw::RedisModule_OpenKey.ok_or(Error::Internal)?;
-        // SAFETY: guaranteed by the caller; a non-null handle is closed exactly once, in Drop.
-        let key = unsafe { open(ctx, name, mode as c_int) }.cast::<raw::RedisModuleKey>();
-        let handle = Self { ctx, name, key };
-        if write && key.is_null() {
-            return Err(Error::Internal);
-        }
-        Ok(handle)
-    }
-
-    /// The key's value if it holds `expected_type`, `None` if it is missing.
-    ///
-    /// # Errors
-    /// [`Error::WrongType`] for a key of any other type, whose value is never read.
-    pub(crate) fn value(
-        &self,
-        expected_type: *mut raw::RedisModuleType,
-    ) -> Result<Option<*mut c_void>, Error> {
-        // SAFETY: `self.key` is null or open.
-        unsafe { read(self.key, expected_type) }
-    }
-}
-
-impl Drop for OpenKey {
-    fn drop(&mut self) {
-        // SAFETY: a non-null handle is open and is closed only here.
-        unsafe {
-            if let (false, Some(close)) = (self.key.is_null(), raw::RedisModule_CloseKey) {
-                close(self.key);
-            }
-        }
-    }
-}
-
 /// A key holding one bucket, opened for a command.
 pub struct BucketKey {
     key: OpenKey,
-    /// What the key held when opened, updated by each commit.
-    stored: Option<State>,
-    /// What the next commit writes.
-    staged: Change,
+    /// What the key held when opened (updated by each commit), and what the next commit
+    /// writes.
+    staged: Staged,
     /// Whether the running command is its own effect (it reads no clock), so a commit
     /// replicates it as it came.
     verbatim: bool,
@@ -264,8 +163,7 @@ impl BucketKey {
         };
         Ok(Self {
             key,
-            stored,
-            staged: Change::Keep,
+            staged: Staged::new(stored),
             verbatim: false,
         })
     }
@@ -279,7 +177,7 @@ impl BucketKey {
     /// Stores `state` with its expiry, `state.expire_at_ms()`.
     fn write(&self, state: State) -> Result<(), Error> {
         let expire_at_ms = i64::try_from(state.expire_at_ms()).map_err(|_| Error::Internal)?;
-        let existed = self.stored.is_some();
+        let existed = self.staged.stored().is_some();
         // SAFETY: `self.key` is open for writing and, when `existed`, holds a value of our type
         // (checked at open); values are only ever made by `to_value`.
         let ok = unsafe {
@@ -327,22 +225,15 @@ impl BucketKey {
 }
 
 impl Store for BucketKey {
-    fn state(&self) -> Option<State> {
-        match self.staged {
-            Change::Keep => self.stored,
-            Change::Set(state) => Some(state),
-            Change::Delete => None,
-        }
+    fn staged(&self) -> &Staged {
+        &self.staged
     }
 
-    fn stage(&mut self, change: Change) {
-        if change != Change::Keep {
-            self.staged = change;
-        }
+    fn staged_mut(&mut self) -> &mut Staged {
+        &mut self.staged
     }
 
-    fn commit(&mut self, event: &CStr) -> Result<(), Error> {
-        let change = std::mem::replace(&mut self.staged, Change::Keep);
+    fn apply(&mut self, change: Change, event: &CStr) -> Result<(), Error> {
         match change {
             Change::Keep => return Ok(()),
             Change::Set(state) => {
@@ -353,7 +244,6 @@ impl Store for BucketKey {
                     raw::REDISMODULE_NOTIFY_MODULE,
                     event,
                 )?;
-                self.stored = Some(state);
             }
             Change::Delete => {
                 delete_key(self.key.key)?;
@@ -363,7 +253,6 @@ impl Store for BucketKey {
                     raw::REDISMODULE_NOTIFY_GENERIC,
                     c"del",
                 )?;
-                self.stored = None;
             }
         }
         if self.verbatim {
@@ -380,64 +269,6 @@ impl Store for BucketKey {
             _ => replicate_del(self.key.ctx, self.key.name),
         }
     }
-}
-
-/// The value of an open key if it holds `expected_type`, `None` if the key is missing.
-///
-/// # Errors
-/// [`Error::WrongType`] for a key of any other type, whose value is never read.
-///
-/// # Safety
-/// `key` must be null or an open key handle.
-pub(crate) unsafe fn read(
-    key: *mut raw::RedisModuleKey,
-    expected_type: *mut raw::RedisModuleType,
-) -> Result<Option<*mut c_void>, Error> {
-    if key.is_null() {
-        return Ok(None);
-    }
-    // SAFETY: `key` is an open handle (caller); these calls only inspect it.
-    unsafe {
-        let key_type = raw::RedisModule_KeyType.ok_or(Error::Internal)?(key);
-        if key_type == raw::REDISMODULE_KEYTYPE_EMPTY as c_int {
-            return Ok(None);
-        }
-        if key_type != raw::REDISMODULE_KEYTYPE_MODULE as c_int
-            || raw::RedisModule_ModuleTypeGetType.ok_or(Error::Internal)?(key) != expected_type
-        {
-            return Err(Error::WrongType);
-        }
-        Ok(Some(
-            raw::RedisModule_ModuleTypeGetValue.ok_or(Error::Internal)?(key)
-        ))
-    }
-}
-
-/// Deletes an open key.
-pub(crate) fn delete_key(key: *mut raw::RedisModuleKey) -> Result<(), Error> {
-    // SAFETY: `key` is open for writing (every caller opened it so).
-    let ok = unsafe { raw::RedisModule_DeleteKey.ok_or(Error::Internal)?(key) }
-        == raw::REDISMODULE_OK as c_int;
-    ok.then_some(()).ok_or(Error::Internal)
-}
-
-/// Reports a write: to WATCH and client-side caching, and as a keyspace event. The module
-/// opts out of implicit signals (so denials do not break WATCH), which makes the commits of
-/// the stores the one place a key is reported modified.
-pub(crate) fn signal_modified(
-    ctx: *mut raw::RedisModuleCtx,
-    name: *mut raw::RedisModuleString,
-    class: c_int,
-    event: &CStr,
-) -> Result<(), Error> {
-    // SAFETY: the context and key name of the running command; a static event name.
-    unsafe {
-        raw::RedisModule_SignalModifiedKey.ok_or(Error::Internal)?(ctx, name);
-        if let Some(notify) = raw::RedisModule_NotifyKeyspaceEvent {
-            notify(ctx, class, event.as_ptr(), name);
-        }
-    }
-    Ok(())
 }
 
 /// The effect of a bucket write: `RL.SETSTATE` with the exact state, whose expiry follows
@@ -473,44 +304,6 @@ fn replicate_set_state(
         }
     };
     replicated(status)
-}
-
-/// The effect of a deletion: `DEL`.
-pub(crate) fn replicate_del(
-    ctx: *mut raw::RedisModuleCtx,
-    name: *mut raw::RedisModuleString,
-) -> Result<(), Error> {
-    // SAFETY: read once, after load; "s" matches the one RedisModuleString.
-    let status = unsafe {
-        raw::RedisModule_Replicate.ok_or(Error::Internal)?(
-            ctx,
-            c"DEL".as_ptr(),
-            c"s".as_ptr(),
-            name,
-        )
-    };
-    replicated(status)
-}
-
-pub(crate) fn replicated(status: c_int) -> Result<(), Error> {
-    (status == raw::REDISMODULE_OK as c_int)
-        .then_some(())
-        .ok_or(Error::Internal)
-}
-
-/// Logs to the server log at warning level, from a callback that has no context.
-pub(crate) fn log_warning(message: &std::ffi::CStr) {
-    // SAFETY: a NULL context is allowed by RedisModule_Log; both strings are NUL-terminated.
-    unsafe {
-        if let Some(log) = raw::RedisModule_Log {
-            log(
-                ptr::null_mut(),
-                c"warning".as_ptr(),
-                c"%s".as_ptr(),
-                message.as_ptr(),
-            );
-        }
-    }
 }
 
 /// Why a stored value was refused.

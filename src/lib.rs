@@ -5,7 +5,9 @@
 //!   Knows nothing of Redis.
 //! - [`args`]: argument parsing and validation, one function per command.
 //! - [`commands`]: the command handlers, thin glue between the others.
-//! - [`datatype`]: the `rl-bucket` module type and the [`datatype::Store`] door commands use.
+//! - [`store`]: the one door to stored state ([`store::Store`]): read, stage one change,
+//!   commit it (write, signal, replicate the effect). Both module types are stores on it.
+//! - [`datatype`]: the `rl-bucket` module type and its per-key handle.
 //! - [`table`]: the bucket table, pure (no Redis types); [`table_type`]: its module type
 //!   `rl-htable` and its handles behind the same door.
 //! - [`clock`]: the one place that reads the server's time.
@@ -32,6 +34,7 @@ pub mod propagation;
 pub mod registry;
 pub mod server;
 pub mod stats;
+pub mod store;
 pub mod sweeper;
 pub mod table;
 pub mod table_registry;

@@ -25,8 +25,11 @@ use redis_module::native_types::RedisType;
 use redis_module::raw;
 
 use crate::bucket::{Change, State};
-use crate::datatype::{self, OpenKey, Store};
 use crate::error::Error;
+use crate::store::{
+    cache_type_in, delete_key, full_at_i64, log_warning, replicate_del, replicated,
+    signal_modified, OpenKey, Staged, Store,
+};
 use crate::table::{self, Table, Tag};
 use crate::{propagation, table_registry};
 
@@ -67,7 +70,7 @@ static TYPE_PTR: AtomicPtr<raw::RedisModuleType> = AtomicPtr::new(ptr::null_mut(
 
 /// Caches the registered type pointer. Call once, after `redis_module!` created the type.
 pub fn cache_type() -> Result<(), Error> {
-    datatype::cache_type_in(&TABLE_TYPE, &TYPE_PTR)
+    cache_type_in(&TABLE_TYPE, &TYPE_PTR)
 }
 
 fn table_type() -> *mut raw::RedisModuleType {
@@ -79,15 +82,18 @@ pub fn registered_type() -> *mut raw::RedisModuleType {
     table_type()
 }
 
-/// A key holding a table (or nothing yet), opened for a command.
+/// A key holding a table (or nothing yet), opened for a command: the door to the table's
+/// buckets. Reads see what is stored; changes are staged and applied, in order, at
+/// [`TableKey::commit`], as a per-key bucket's are.
 pub struct TableKey {
     key: OpenKey,
     /// The key's table; null while the key is missing.
     table: *mut Table,
     /// The master's clock for this command, or `None` where nothing may be swept.
     sweep_now_ns: Option<u64>,
-    /// Changes made and not yet committed: each tag's new state, or `None` for a removal.
-    effects: Vec<(Tag, Option<State>)>,
+    /// Changes staged and not yet committed, in order: each tag's new state, or `None` for
+    /// a removal.
+    staged: Vec<(Tag, Option<State>)>,
 }
 
 impl TableKey {
@@ -133,7 +139,7 @@ impl TableKey {
             key,
             table,
             sweep_now_ns,
-            effects: Vec::new(),
+            staged: Vec::new(),
         })
     }
 
@@ -157,18 +163,64 @@ impl TableKey {
         self.len() == 0
     }
 
-    /// The bucket of `tag`: `None` for a missing key or field (a full bucket).
+    /// The stored bucket of `tag` (staged changes are not seen): `None` for a missing key or
+    /// field (a full bucket).
     pub fn get(&self, tag: Tag) -> Option<State> {
         self.table()?.get(tag)
     }
 
-    /// Stores `state` for `tag`, creating the table if the key is missing, and raises the
-    /// key's expiry to the bucket's `full_at` if later. Reported at [`TableKey::commit`].
+    /// Stages `state` for `tag`, or its removal for `None`; applied at [`TableKey::commit`].
+    pub fn stage(&mut self, tag: Tag, state: Option<State>) {
+        self.staged.push((tag, state));
+    }
+
+    /// Applies the staged changes in order, then sweeps a step (the master's own commands
+    /// only), deletes the key if no bucket is left, reports the write as `event`, and
+    /// replicates each change as `RL.HSETSTATE` (or the key's deletion as `DEL`). Nothing
+    /// changed, nothing reported.
     ///
     /// # Errors
-    /// [`Error::TableFull`] for a new field past [`table::MAX_BUCKETS`] (nothing changes);
-    /// [`Error::Internal`] if the server refuses the write.
-    pub fn set(&mut self, tag: Tag, state: State) -> Result<(), Error> {
+    /// [`Error::TableFull`] if the new fields would take the table past
+    /// [`table::MAX_BUCKETS`] (nothing is written); [`Error::Internal`] if the server refuses.
+    pub fn commit(&mut self, event: &CStr) -> Result<(), Error> {
+        let staged = std::mem::take(&mut self.staged);
+        let new_fields = staged
+            .iter()
+            .filter(|&&(tag, state)| state.is_some() && self.get(tag).is_none())
+            .count();
+        if self.len().saturating_add(new_fields) > table::MAX_BUCKETS {
+            return Err(Error::TableFull);
+        }
+        let mut effects = Vec::with_capacity(staged.len());
+        for (tag, state) in staged {
+            match state {
+                Some(state) => {
+                    self.set(tag, state)?;
+                    effects.push((tag, Some(state)));
+                }
+                None => {
+                    if self
+                        .table_mut()
+                        .and_then(|table| table.remove(tag))
+                        .is_some()
+                    {
+                        effects.push((tag, None));
+                    }
+                }
+            }
+        }
+        if let (Some(now_ns), false) = (self.sweep_now_ns, effects.is_empty()) {
+            if let Some(table) = self.table_mut() {
+                let swept = table.sweep(now_ns, SWEEP_STEP);
+                effects.extend(swept.into_iter().map(|tag| (tag, None)));
+            }
+        }
+        self.publish(effects, event)
+    }
+
+    /// Stores `state` for `tag`, creating the table if the key is missing, and raises the
+    /// key's expiry to the table's latest if the key has none or an earlier one.
+    fn set(&mut self, tag: Tag, state: State) -> Result<(), Error> {
         if self.table.is_null() {
             let table = Box::into_raw(Box::new(Table::new()));
             // SAFETY: the key is open for writing and empty; on success the key owns `table`.
@@ -203,7 +255,7 @@ impl TableKey {
             // No expiry (REDISMODULE_NO_EXPIRE, -1) or an earlier one is raised; a later one
             // (a user's own) is kept: it never drops a live bucket, and the sweep deletes
             // the key once its last bucket is gone.
-            if current == raw::REDISMODULE_NO_EXPIRE as i64 || current < expire_at_ms {
+            if current < expire_at_ms {
                 let set = raw::RedisModule_SetAbsExpire.ok_or(Error::Internal)?(
                     self.key.key,
                     expire_at_ms,
@@ -213,55 +265,33 @@ impl TableKey {
                 }
             }
         }
-        self.effects.push((tag, Some(state)));
         Ok(())
     }
 
-    /// Removes the bucket of `tag`, returning it. Reported at [`TableKey::commit`].
-    pub fn remove(&mut self, tag: Tag) -> Option<State> {
-        let removed = self.table_mut()?.remove(tag);
-        if removed.is_some() {
-            self.effects.push((tag, None));
-        }
-        removed
-    }
-
-    /// Commits what this handle changed: sweeps a step (the master's own commands only),
-    /// deletes the key if no bucket is left, reports the write as `event`, and replicates
-    /// each change as `RL.HSETSTATE` (or the key's deletion as `DEL`). Nothing changed,
-    /// nothing reported.
-    ///
-    /// # Errors
-    /// [`Error::Internal`] if the server refuses.
-    pub fn commit(&mut self, event: &CStr) -> Result<(), Error> {
-        if let (Some(now_ns), false) = (self.sweep_now_ns, self.effects.is_empty()) {
-            if let Some(table) = self.table_mut() {
-                let swept = table.sweep(now_ns, SWEEP_STEP);
-                self.effects
-                    .extend(swept.into_iter().map(|tag| (tag, None)));
-            }
-        }
-        if self.effects.is_empty() {
+    /// Reports applied `effects`: deletes the key if no bucket is left, signals the write
+    /// as `event` (or `del`), and replicates each effect as `RL.HSETSTATE` (or the key's
+    /// deletion as `DEL`). No effect, nothing reported.
+    fn publish(&mut self, effects: Vec<(Tag, Option<State>)>, event: &CStr) -> Result<(), Error> {
+        if effects.is_empty() {
             return Ok(());
         }
-        let effects = std::mem::take(&mut self.effects);
         let propagate = propagation::needed(self.key.ctx);
         if self.table().is_some_and(Table::is_empty) {
-            datatype::delete_key(self.key.key)?;
+            delete_key(self.key.key)?;
             self.table = ptr::null_mut();
-            datatype::signal_modified(
+            signal_modified(
                 self.key.ctx,
                 self.key.name,
                 raw::REDISMODULE_NOTIFY_GENERIC,
                 c"del",
             )?;
             return if propagate {
-                datatype::replicate_del(self.key.ctx, self.key.name)
+                replicate_del(self.key.ctx, self.key.name)
             } else {
                 Ok(())
             };
         }
-        datatype::signal_modified(
+        signal_modified(
             self.key.ctx,
             self.key.name,
             raw::REDISMODULE_NOTIFY_MODULE,
@@ -275,11 +305,11 @@ impl TableKey {
         Ok(())
     }
 
-    /// Sweeps up to `budget` slots by `now_ns` (the master's clock) and commits what it
-    /// removed, as any write does. Returns the slots used, the buckets removed, and whether
-    /// the table still has
-    /// slots to look at: it is migrating, or has not been looked at whole since its
-    /// [`Table::sweep_passes`] were `passes_before`.
+    /// The background sweep's step: sweeps up to `budget` slots by `now_ns` (the master's
+    /// clock) and reports what it removed, as a write's commit does. Returns the slots used,
+    /// the buckets removed, and whether the table still has slots to look at: it is
+    /// migrating, or has not been looked at whole since its [`Table::sweep_passes`] were
+    /// `passes_before`.
     ///
     /// # Errors
     /// [`Error::Internal`] if the server refuses.
@@ -295,9 +325,10 @@ impl TableKey {
         let (swept, used) = table.sweep_counted(now_ns, budget);
         let more = table.is_migrating() || table.sweep_passes() == passes_before;
         let removed = swept.len();
-        self.effects
-            .extend(swept.into_iter().map(|tag| (tag, None)));
-        self.commit(c"rl.hsweep")?;
+        self.publish(
+            swept.into_iter().map(|tag| (tag, None)).collect(),
+            c"rl.hsweep",
+        )?;
         Ok((used, removed, more && !self.table.is_null()))
     }
 
@@ -314,12 +345,11 @@ impl TableKey {
     /// The handle of one bucket, named by `field`.
     pub fn field(self, field: &[u8]) -> TableField {
         let tag = table::tag(field);
-        let stored = self.get(tag);
+        let staged = Staged::new(self.get(tag));
         TableField {
             key: self,
             tag,
-            stored,
-            staged: Change::Keep,
+            staged,
         }
     }
 }
@@ -328,34 +358,24 @@ impl TableKey {
 pub struct TableField {
     key: TableKey,
     tag: Tag,
-    stored: Option<State>,
-    staged: Change,
+    staged: Staged,
 }
 
 impl Store for TableField {
-    fn state(&self) -> Option<State> {
-        match self.staged {
-            Change::Keep => self.stored,
-            Change::Set(state) => Some(state),
-            Change::Delete => None,
-        }
+    fn staged(&self) -> &Staged {
+        &self.staged
     }
 
-    fn stage(&mut self, change: Change) {
-        if change != Change::Keep {
-            self.staged = change;
-        }
+    fn staged_mut(&mut self) -> &mut Staged {
+        &mut self.staged
     }
 
-    fn commit(&mut self, event: &CStr) -> Result<(), Error> {
-        match std::mem::replace(&mut self.staged, Change::Keep) {
+    fn apply(&mut self, change: Change, event: &CStr) -> Result<(), Error> {
+        match change {
             Change::Keep => return Ok(()),
-            Change::Set(state) => self.key.set(self.tag, state)?,
-            Change::Delete => {
-                self.key.remove(self.tag);
-            }
+            Change::Set(state) => self.key.stage(self.tag, Some(state)),
+            Change::Delete => self.key.stage(self.tag, None),
         }
-        self.stored = self.key.get(self.tag);
         self.key.commit(event)
     }
 }
@@ -384,14 +404,7 @@ fn replicate_set_state(
             full_at_frac,
         )
     };
-    datatype::replicated(status)
-}
-
-fn full_at_i64(state: State) -> (i64, i64) {
-    (
-        i64::try_from(state.full_at_ns()).unwrap_or(i64::MAX),
-        i64::try_from(state.full_at_frac()).unwrap_or(i64::MAX),
-    )
+    replicated(status)
 }
 
 /// The table a value pointer holds.
@@ -438,7 +451,7 @@ unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *m
                 table::DecodeError::Order => c"rl-htable: tags out of order or repeated",
                 _ => c"rl-htable: stored state out of range",
             };
-            datatype::log_warning(message);
+            log_warning(message);
             ptr::null_mut()
         }
     }
