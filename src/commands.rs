@@ -11,8 +11,8 @@ use std::ffi::{c_int, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use redis_module::raw::{self, RedisModuleCtx, RedisModuleString};
+use rl_bucket::{self as bucket, Change, Decision, Outcome};
 
-use crate::bucket::{self, Change, Decision, Outcome};
 use crate::datatype::{BucketKey, Store};
 use crate::error::{Error, MAX_MULTI_BUCKETS};
 use crate::table_type::TableKey;

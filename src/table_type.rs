@@ -21,8 +21,8 @@ use std::sync::atomic::{AtomicPtr, Ordering};
 
 use redis_module::native_types::RedisType;
 use redis_module::raw;
+use rl_bucket::{Change, State};
 
-use crate::bucket::{Change, State};
 use crate::datatype::{self, OpenKey, Store};
 use crate::error::Error;
 use crate::propagation;

@@ -1,7 +1,7 @@
 //! The token bucket: pure, exact math over one instant. No Redis types, no clock.
 //!
 //! Time comes in as `now_us`, so every rule here is testable with an injected clock. A crate
-//! of its own with no dependencies: the module (`redis_rl::bucket` re-exports it), the Rust
+//! of its own with no dependencies: the module (which imports it directly), the Rust
 //! client's local fallback and the fuzzers all run this same code.
 //!
 //! # Representation
