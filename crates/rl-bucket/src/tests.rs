@@ -7,6 +7,7 @@
 //! from the implementation.
 
 use super::*;
+use crate::ticks::MAX_TICKS_PER_NS;
 use proptest::prelude::*;
 use Outcome::{Allowed, Denied};
 
