@@ -25,7 +25,8 @@
 //! - `refund.rs`: the step that gives back, [`refund`](fn@refund).
 //! - `model.rs` (tests only): the exact model in rational arithmetic, sharing no code with
 //!   the above; the fuzzer includes it by path.
-//! - `tests.rs`: the unit and property tests.
+//! - `tests/`: the unit and property tests, one file per concept above, plus the runs that
+//!   cross them: drift over a million calls, the invariants, and agreement with the model.
 //!
 //! # Representation
 //!
