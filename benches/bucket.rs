@@ -6,7 +6,7 @@ use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
 use redis_rl::args;
-use redis_rl::bucket::{acquire, peek, Cost, Limit, State};
+use rl_bucket::{acquire, peek, Cost, Limit, State};
 
 const NOW_US: u64 = 1_800_000_000_000_000;
 

@@ -22,7 +22,7 @@ soak-smoke-valkey: deps-valkey $(MODULE) ## The soak smoke run against Valkey (v
 	@echo "=== soak with REDIS_SERVER=$(VALKEY_SERVER) ($$("$(VALKEY_SERVER)" --version))"
 	REDIS_SERVER="$(VALKEY_SERVER)" $(call soak,$(SOAK_SMOKE_CALLS))
 
-# Chaos under load (tests/chaos.rs): a master at full load reconfigured in turn (AOF on and
+# Chaos under load (tests/chaos/): a master at full load reconfigured in turn (AOF on and
 # off, rewrites, snapshots, replicas by disk-based and diskless sync, killed links, redis-cli
 # --rdb and --replica, a chained replica), then compared with its replicas, its AOF replay and
 # the exact model; and a SIGKILL failover under load checked against WAIT. The load runs for

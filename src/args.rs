@@ -3,10 +3,11 @@
 //! Works on raw bytes, so non-UTF-8 input is an ordinary parse error. Nothing here touches a
 //! key; handlers parse everything first.
 
-use crate::bucket::{
+use rl_bucket::{
     Cost, Decimal, Limit, LimitError, State, MAX_CAPACITY, MAX_FULL_AT_FRAC, MAX_FULL_AT_NS,
     MAX_REFILL_S,
 };
+
 use crate::error::Error;
 
 /// `RL.ACQUIRE key rate capacity [cost]`, past the key.

@@ -12,8 +12,8 @@ use std::ffi::{c_int, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use redis_module::raw::{self, RedisModuleCtx, RedisModuleString};
+use rl_bucket::{self as bucket, Change, Decision, Outcome};
 
-use crate::bucket::{self, Change, Decision, Outcome};
 use crate::datatype::BucketKey;
 use crate::error::{Error, MAX_MULTI_BUCKETS};
 use crate::store::Store;

@@ -14,8 +14,8 @@ use std::sync::atomic::{AtomicPtr, Ordering};
 
 use redis_module::native_types::RedisType;
 use redis_module::raw;
+use rl_bucket::{Change, State};
 
-use crate::bucket::{Change, State};
 use crate::error::Error;
 use crate::propagation;
 use crate::store::{

@@ -1,8 +1,8 @@
 //! redis-rl: native rate-limit commands for Redis and Valkey.
 //!
 //! # Layout
-//! - [`bucket`]: the token bucket (the `rl-bucket` crate), pure math with the time passed in.
-//!   Knows nothing of Redis.
+//! - The token bucket is the `rl-bucket` crate, imported directly (`rl_bucket::Limit`, …):
+//!   pure math with the time passed in. Knows nothing of Redis.
 //! - [`args`]: argument parsing and validation, one function per command.
 //! - [`commands`]: the command handlers, thin glue between the others.
 //! - [`store`]: the one door to stored state ([`store::Store`]): read, stage one change,
@@ -23,7 +23,6 @@
 //! This file holds module registration only.
 
 pub mod args;
-pub use rl_bucket as bucket;
 pub mod clock;
 pub mod commands;
 pub mod config;

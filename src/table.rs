@@ -29,9 +29,8 @@
 //! about 2^64 hash evaluations (a birthday search), which only merges its own buckets;
 //! reaching a given field needs a second preimage (2^128).
 
+use rl_bucket::State;
 use siphasher::sip128::SipHasher13;
-
-use crate::bucket::State;
 
 /// A field's 128-bit tag.
 pub type Tag = u128;

@@ -23,8 +23,8 @@ use std::sync::atomic::{AtomicPtr, Ordering};
 
 use redis_module::native_types::RedisType;
 use redis_module::raw;
+use rl_bucket::{Change, State};
 
-use crate::bucket::{Change, State};
 use crate::error::Error;
 use crate::store::{
     cache_type_in, delete_key, full_at_i64, log_warning, replicate_del, replicated,

@@ -32,8 +32,8 @@ use num_bigint::BigInt;
 use num_rational::BigRational;
 use num_traits::{One, Signed, Zero};
 use redis_rl::args;
-use redis_rl::bucket::{Decimal, Limit, MAX_FULL_AT_FRAC, MAX_FULL_AT_NS};
 use redis_rl::error::Error;
+use rl_bucket::{Decimal, Limit, MAX_FULL_AT_FRAC, MAX_FULL_AT_NS};
 
 /// A decimal's digits (significant ones only counted) and exponent, as documented; `None` for
 /// anything else.

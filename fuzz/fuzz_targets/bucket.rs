@@ -1,5 +1,5 @@
 //! `bucket`: the RDB decoder, `datatype::decode`, on arbitrary fields, then the token bucket
-//! (`bucket::acquire`, `peek` and `refund`) on the decoded state (or an arbitrary one) with
+//! (`rl_bucket::acquire`, `peek` and `refund`) on the decoded state (or an arbitrary one) with
 //! arbitrary limits, costs and times, checked against the exact model of `crates/rl-bucket/src/model.rs`
 //! (rational arithmetic, shared with the unit tests by `#[path]`), never against itself.
 //!
@@ -46,11 +46,11 @@ use model::{Model, Reply};
 use num_bigint::BigInt;
 use num_rational::BigRational;
 use num_traits::{One, Zero};
-use redis_rl::bucket::{
+use redis_rl::datatype::{decode, DecodeError, ENCODING_VERSION};
+use rl_bucket::{
     acquire, peek, refund, Change, Cost, Decision, Limit, LimitError, Outcome, State, MAX_CAPACITY,
     MAX_FULL_AT_FRAC, MAX_FULL_AT_NS, MAX_RATE_PER_S, MAX_REFILL_S, MIN_RATE_PER_S,
 };
-use redis_rl::datatype::{decode, DecodeError, ENCODING_VERSION};
 
 /// Mid-November 2023 in ns: a realistic "now".
 const NOW_NS: u64 = 1_700_000_000_000_000_000;

@@ -20,8 +20,8 @@ use std::collections::BTreeMap;
 
 use libfuzzer_sys::arbitrary::{Result, Unstructured};
 use libfuzzer_sys::fuzz_target;
-use redis_rl::bucket::State;
 use redis_rl::table::{self, decode, DecodeError, Table, Tag, MAX_BUCKETS};
+use rl_bucket::State;
 
 fn number(u: &mut Unstructured) -> Result<u64> {
     Ok(match u.int_in_range(0u8..=3)? {

@@ -5,9 +5,9 @@ use std::cell::Cell;
 use std::collections::HashMap;
 
 use proptest::prelude::*;
+use rl_bucket::{Change, Cost, Limit};
 
 use super::*;
-use crate::bucket::{self, Change, Cost, Limit};
 
 thread_local! {
     /// Slots read by this thread (`Array::slot`): the work a call does, counted apart from
@@ -87,17 +87,17 @@ fn step(store: &mut impl Buckets, limit: &Limit, now_us: u64, op: &Op) -> Option
     match *op {
         Op::Take(f, c) => {
             let f = field(f);
-            let (decision, new) = bucket::acquire(limit, store.get(&f), now_us, cost(c));
+            let (decision, new) = rl_bucket::acquire(limit, store.get(&f), now_us, cost(c));
             store.put(&f, new.map_or(Change::Keep, Change::Set));
             Some(format!("{decision:?}"))
         }
         Op::Peek(f, c) => Some(format!(
             "{:?}",
-            bucket::peek(limit, store.get(&field(f)), now_us, cost(c))
+            rl_bucket::peek(limit, store.get(&field(f)), now_us, cost(c))
         )),
         Op::Refund(f, c) => {
             let f = field(f);
-            let (decision, change) = bucket::refund(limit, store.get(&f), now_us, cost(c));
+            let (decision, change) = rl_bucket::refund(limit, store.get(&f), now_us, cost(c));
             store.put(&f, change);
             Some(format!("{decision:?}"))
         }
