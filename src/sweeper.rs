@@ -72,6 +72,10 @@ pub const TICK_CPU_NS: u64 = 400_000;
 /// The least time between the end of one pass and the start of the next, 100 ms: with
 /// nothing to reclaim, what the sweep costs.
 pub const PASS_GAP_NS: u64 = 100_000_000;
+/// The longest a pass goes without looking at a table whose earliest bucket is not due. A
+/// write that adds a bucket filling sooner wakes the table at once ([`TableKey`] tells the
+/// registry), so this only bounds how long a mistake could last.
+pub const RECHECK_NS: u64 = 10_000_000_000;
 /// Slot reads between checks of the tick's time: a few µs of work. The check reads the
 /// monotonic clock (a vDSO read, about 25 ns here) and only past the budget the thread CPU
 /// clock, a system call: 1.2-1.4 µs a read on the Firecracker guest the docs measure on.
@@ -343,8 +347,8 @@ fn clock_ns(clock: libc::clockid_t) -> u64 {
 
 /// What a visit found.
 enum Visited {
-    /// Looked at whole: move on.
-    Done,
+    /// Looked at whole (or nothing in it is full before the instant, ns): move on.
+    Done(Option<u64>),
     /// The tick ran out inside it: resume here next tick, with the visit's passes.
     More(u64),
     /// Not a table (any more): drop its name.
@@ -369,14 +373,29 @@ impl Walk {
         while reads < TICK_SLOTS && !clock.out_of_time() {
             // Copied out, so the registry is not locked while the table is written (a
             // write's keyspace events reach the registry).
-            let place = table_registry::lock()
-                .as_ref()
-                .and_then(|registry| registry.get(self.at))
-                .map(|(db, name)| (db, Box::<[u8]>::from(name)));
-            let Some(place) = place else {
-                self.at = 0;
-                self.visit = None;
-                return (reads, true);
+            let place = {
+                let registry = table_registry::lock();
+                let Some(registry) = registry.as_ref() else {
+                    return (reads, true);
+                };
+                // Places whose tables have nothing due cost no lookup, and one slot read
+                // each against the budget.
+                while self.visit.is_none()
+                    && reads < TICK_SLOTS
+                    && now_ns < registry.skip_until_ns(self.at)
+                {
+                    self.at += 1;
+                    reads += 1;
+                }
+                if reads >= TICK_SLOTS {
+                    break;
+                }
+                let Some((db, name)) = registry.get(self.at) else {
+                    self.at = 0;
+                    self.visit = None;
+                    return (reads, true);
+                };
+                (db, Box::<[u8]>::from(name))
             };
             let resumed = self
                 .visit
@@ -385,7 +404,16 @@ impl Walk {
             reads = reads.saturating_add(VISIT_SLOTS);
             // SAFETY: the timer's context.
             match unsafe { Self::visit(ctx, &place, resumed, now_ns, &mut reads, clock) } {
-                Visited::Done => self.at += 1,
+                Visited::Done(quiet_until_ns) => {
+                    let recheck_ns = now_ns.saturating_add(RECHECK_NS);
+                    let until_ns = quiet_until_ns.map_or(0, |q| q.min(recheck_ns));
+                    if let Some(registry) = table_registry::lock().as_mut() {
+                        if registry.get(self.at) == Some((place.0, &place.1[..])) {
+                            registry.skip_until(self.at, until_ns);
+                        }
+                    }
+                    self.at += 1;
+                }
                 Visited::More(passes) => {
                     self.visit = Some((place, passes));
                     break;
@@ -394,10 +422,7 @@ impl Walk {
                     let mut registry = table_registry::lock();
                     if let Some(registry) = registry.as_mut() {
                         // Only if nothing moved it meanwhile; else it is visited again.
-                        if registry
-                            .get(self.at)
-                            .is_some_and(|(db, name)| (db, name) == (place.0, &place.1[..]))
-                        {
+                        if registry.get(self.at) == Some((place.0, &place.1[..])) {
                             registry.remove_at(self.at);
                         }
                     }
@@ -429,7 +454,7 @@ impl Walk {
                 raw::RedisModule_FreeString,
             )
         }) else {
-            return Visited::Done;
+            return Visited::Done(None);
         };
         // SAFETY: the timer's context; a database the server no longer has is refused.
         if unsafe { select(ctx, *db) } != raw::REDISMODULE_OK as c_int {
@@ -438,7 +463,7 @@ impl Walk {
         // SAFETY: the bytes outlive the call, which copies them; freed below.
         let key_name = unsafe { create(ctx, name.as_ptr().cast(), name.len()) };
         if key_name.is_null() {
-            return Visited::Done;
+            return Visited::Done(None);
         }
         // SAFETY: the timer's context and a live name.
         let visited = unsafe { Self::sweep_key(ctx, key_name, resumed, now_ns, reads, clock) };
@@ -462,13 +487,19 @@ impl Walk {
             Ok(key) if !key.is_empty() => key,
             // Missing, or a key of another type now (RENAME, SET): its name goes.
             Ok(_) | Err(Error::WrongType) => return Visited::Gone,
-            Err(_) => return Visited::Done,
+            Err(_) => return Visited::Done(None),
         };
+        if resumed.is_none() {
+            if let Some(quiet_until_ns) = key.quiet_until_ns().filter(|&q| q > now_ns) {
+                // Nothing in it is full yet: as good as a visit.
+                return Visited::Done(Some(quiet_until_ns));
+            }
+        }
         let passes_before = resumed.unwrap_or_else(|| key.begin_visit());
         loop {
             let budget = TICK_SLOTS.saturating_sub(*reads).min(KEY_STEP_SLOTS);
             let Ok((used, removed, more)) = key.sweep(now_ns, budget, passes_before) else {
-                return Visited::Done;
+                return Visited::Done(None);
             };
             stats::SWEPT.add(removed as u64);
             *reads = reads.saturating_add(used.max(1));
@@ -476,7 +507,7 @@ impl Walk {
                 return Visited::Gone;
             }
             if !more {
-                return Visited::Done;
+                return Visited::Done(key.quiet_until_ns());
             }
             if *reads >= TICK_SLOTS || clock.out_of_time() {
                 return Visited::More(passes_before);

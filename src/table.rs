@@ -417,6 +417,16 @@ pub struct Table {
     /// expiry of every live bucket. Never lowered by a removal, since finding the next latest
     /// would read every slot; a removed bucket's instant only keeps the key a little longer.
     latest_expire_at_ms: u64,
+    /// No bucket held is full before this instant (ns): a lower bound on the earliest
+    /// `full_at_ns`, so a sweeper may skip the table until then. Lowered by every write, and
+    /// set to the exact earliest by a pass that saw every bucket (see `pass_earliest_ns`).
+    earliest_full_ns: u64,
+    /// The earliest `full_at_ns` this pass of the sweep has seen, in the slots it looked at
+    /// and in every write since it began.
+    pass_earliest_ns: u64,
+    /// Whether this pass can have seen every bucket: no migration and no removal other than
+    /// the sweep's own since it began (either can move a bucket behind the cursor unseen).
+    pass_whole: bool,
 }
 
 impl Default for Table {
@@ -465,6 +475,9 @@ impl Table {
             sweep_at: 0,
             sweep_passes: 0,
             latest_expire_at_ms: 0,
+            earliest_full_ns: u64::MAX,
+            pass_earliest_ns: u64::MAX,
+            pass_whole: true,
         }
     }
 
@@ -476,6 +489,9 @@ impl Table {
             sweep_at: 0,
             sweep_passes: 0,
             latest_expire_at_ms: 0,
+            earliest_full_ns: u64::MAX,
+            pass_earliest_ns: u64::MAX,
+            pass_whole: true,
         };
         for &(tag, state) in entries {
             table.current.insert_absent(tag, state);
@@ -526,8 +542,17 @@ impl Table {
         Ok(())
     }
 
+    /// What every stored state moves: the latest expiry and the earliest full instant.
     fn raise_latest(&mut self, state: State) {
         self.latest_expire_at_ms = self.latest_expire_at_ms.max(state.expire_at_ms());
+        self.earliest_full_ns = self.earliest_full_ns.min(state.full_at_ns());
+        self.pass_earliest_ns = self.pass_earliest_ns.min(state.full_at_ns());
+    }
+
+    /// No bucket held is full before this instant (ns); `u64::MAX` for an empty table that
+    /// a whole pass has seen. A lower bound: a removal never raises it, only a whole pass.
+    pub fn earliest_full_ns(&self) -> u64 {
+        self.earliest_full_ns
     }
 
     /// The key expiry this table needs (Unix ms): no earlier than the expiry of any bucket it
@@ -539,6 +564,8 @@ impl Table {
     /// Removes the bucket of `tag`, returning it, and moves a step of any migration
     /// ([`REMOVE_MIGRATE_STEP`]).
     pub fn remove(&mut self, tag: Tag) -> Option<State> {
+        // Shifting a cluster back can move a bucket behind the sweep's cursor unseen.
+        self.pass_whole = false;
         self.migrate(REMOVE_MIGRATE_STEP);
         let removed = match self.current.find(tag, 0) {
             Some(i) => {
@@ -578,6 +605,7 @@ impl Table {
     fn start_migration(&mut self, slots: usize, order: u64) {
         let array = std::mem::replace(&mut self.current, Array::new(slots, order));
         self.sweep_at = 0;
+        self.pass_whole = false;
         self.old = Some(Box::new(Migration { array, passed: 0 }));
         self.migrate(MIGRATE_STEP);
     }
@@ -666,6 +694,10 @@ impl Table {
             if self.sweep_at >= array.slots {
                 self.sweep_at = 0;
                 self.sweep_passes = self.sweep_passes.wrapping_add(1);
+                if self.pass_whole && self.old.is_none() {
+                    self.earliest_full_ns = self.pass_earliest_ns;
+                }
+                self.begin_pass();
                 break;
             }
             read += 1;
@@ -681,7 +713,11 @@ impl Table {
                     // The cluster shifts back into `i`, so look at `i` again next.
                     read = read.saturating_add(array.remove_at(i));
                 }
-                _ => self.sweep_at = i + 1,
+                Some(state) => {
+                    self.pass_earliest_ns = self.pass_earliest_ns.min(state.full_at_ns());
+                    self.sweep_at = i + 1;
+                }
+                None => self.sweep_at = i + 1,
             }
         }
         self.maybe_shrink();
@@ -693,6 +729,12 @@ impl Table {
     /// way moves it back to the first slot of the new array, which it then walks whole).
     pub fn restart_sweep(&mut self) {
         self.sweep_at = 0;
+        self.begin_pass();
+    }
+
+    fn begin_pass(&mut self) {
+        self.pass_earliest_ns = u64::MAX;
+        self.pass_whole = self.old.is_none();
     }
 
     /// How many sweeps have reached the end of the current array (wrapping).

@@ -34,6 +34,9 @@ pub type Place = (i32, Box<[u8]>);
 #[derive(Debug, Default)]
 pub struct Registry {
     places: Vec<Place>,
+    /// Per place, the instant (ns) before which the sweep need not look at it: when its
+    /// table's earliest bucket fills, or a recheck, whichever is first. 0: look now.
+    skip_until_ns: Vec<u64>,
     index: HashMap<Place, usize>,
 }
 
@@ -53,15 +56,32 @@ impl Registry {
         self.places.is_empty()
     }
 
-    /// Adds `name` in `db`; returns whether it was new.
+    /// Adds `name` in `db`, to be looked at on the sweep's next pass (a name already held
+    /// is looked at again too: it may hold another table now). Returns whether it was new.
     pub fn insert(&mut self, db: i32, name: &[u8]) -> bool {
         let place: Place = (db, name.into());
-        if self.index.contains_key(&place) {
+        if let Some(&i) = self.index.get(&place) {
+            if let Some(skip) = self.skip_until_ns.get_mut(i) {
+                *skip = 0;
+            }
             return false;
         }
         self.index.insert(place.clone(), self.places.len());
         self.places.push(place);
+        self.skip_until_ns.push(0);
         true
+    }
+
+    /// The instant before which the place at `i` need not be looked at (0: now).
+    pub fn skip_until_ns(&self, i: usize) -> u64 {
+        self.skip_until_ns.get(i).copied().unwrap_or(0)
+    }
+
+    /// Lets the sweep pass over the place at `i` until `until_ns`.
+    pub fn skip_until(&mut self, i: usize, until_ns: u64) {
+        if let Some(skip) = self.skip_until_ns.get_mut(i) {
+            *skip = until_ns;
+        }
     }
 
     /// The place at position `i` of the visiting order.
@@ -76,6 +96,7 @@ impl Registry {
             return;
         }
         let removed = self.places.swap_remove(i);
+        self.skip_until_ns.swap_remove(i);
         self.index.remove(&removed);
         if let Some(moved) = self.places.get(i) {
             if let Some(at) = self.index.get_mut(moved) {
@@ -101,10 +122,16 @@ impl Registry {
         match db {
             None => {
                 self.places.clear();
+                self.skip_until_ns.clear();
                 self.index.clear();
             }
             Some(db) => {
-                self.places.retain(|place| place.0 != db);
+                let kept: Vec<(Place, u64)> = std::mem::take(&mut self.places)
+                    .into_iter()
+                    .zip(std::mem::take(&mut self.skip_until_ns))
+                    .filter(|(place, _)| place.0 != db)
+                    .collect();
+                (self.places, self.skip_until_ns) = kept.into_iter().unzip();
                 self.reindex();
             }
         }
@@ -351,6 +378,26 @@ mod tests {
         assert!(r.insert(0, b"c"));
         r.remove_at(9); // past the end: nothing
         assert_eq!(r.len(), 2);
+    }
+
+    #[test]
+    fn a_skip_follows_its_place_and_a_new_table_under_the_name_clears_it() {
+        let mut r = Registry::new();
+        r.insert(0, b"a");
+        r.insert(0, b"b");
+        r.skip_until(1, 99);
+        r.remove_at(0); // "b" moves into 0, its skip with it
+        assert_eq!((r.get(0), r.skip_until_ns(0)), (Some((0, &b"b"[..])), 99));
+        assert!(!r.insert(0, b"b"));
+        assert_eq!(
+            r.skip_until_ns(0),
+            0,
+            "a table created again is looked at now"
+        );
+        r.insert(1, b"c");
+        r.skip_until(1, 7);
+        r.flush(Some(0));
+        assert_eq!((r.get(0), r.skip_until_ns(0)), (Some((1, &b"c"[..])), 7));
     }
 
     #[test]

@@ -237,6 +237,11 @@ impl TableKey {
                 return Err(Error::Internal);
             }
             self.table = table;
+        }
+        let table = self.table_mut().ok_or(Error::Internal)?;
+        if state.full_at_ns() < table.earliest_full_ns() {
+            // A new table, or a bucket that fills before any the sweep knew of: the sweep
+            // must look at this table again by then.
             // SAFETY: the running command's context and key name.
             unsafe { table_registry::note(self.key.ctx, self.key.name) };
         }
@@ -330,6 +335,13 @@ impl TableKey {
             c"rl.hsweep",
         )?;
         Ok((used, removed, more && !self.table.is_null()))
+    }
+
+    /// No bucket of the table is full before this instant (ns), and no migration is under
+    /// way that a visit should drive; `None` when a visit has work to do now or later.
+    pub fn quiet_until_ns(&self) -> Option<u64> {
+        let table = self.table()?;
+        (!table.is_migrating()).then(|| table.earliest_full_ns())
     }
 
     /// Starts a visit of the background sweep: the table's sweep moves back to its first

@@ -140,6 +140,20 @@ fn run(limit: &Limit, ops: &[Op]) -> Result<(), TestCaseError> {
             .count();
         prop_assert_eq!(table.live(now_us * 1000), live_model, "live after op {}", i);
         prop_assert_eq!(table.len(), model.len(), "held after op {}", i);
+        // The bounds a sweeper and the key's expiry rely on: no bucket fills before the
+        // earliest instant, nor expires after the latest expiry.
+        let earliest = model.values().map(|s| s.full_at_ns()).min();
+        let latest = model.values().map(|s| s.expire_at_ms()).max();
+        prop_assert!(
+            earliest.is_none_or(|e| table.earliest_full_ns() <= e),
+            "earliest after op {}",
+            i
+        );
+        prop_assert!(
+            latest.is_none_or(|l| table.latest_expire_at_ms() >= l),
+            "latest after op {}",
+            i
+        );
     }
     // Every bucket the model holds, the table holds, with the same state.
     for (f, state) in &model {
@@ -158,6 +172,17 @@ fn run(limit: &Limit, ops: &[Op]) -> Result<(), TestCaseError> {
         table.sweep(now_us * 1000, slots * 2);
     }
     prop_assert_eq!(table.len(), table.live(now_us * 1000));
+    // A pass from the first slot with no migration and no removal but its own sees every
+    // bucket, so the bound it leaves is exact.
+    table.migrate(usize::MAX);
+    table.restart_sweep();
+    let passes = table.sweep_passes();
+    while table.sweep_passes() == passes {
+        table.sweep(now_us * 1000, slots * 2);
+    }
+    prop_assume!(!table.is_migrating());
+    let earliest = table.entries().map(|(_, s)| s.full_at_ns()).min();
+    prop_assert_eq!(table.earliest_full_ns(), earliest.unwrap_or(u64::MAX));
     Ok(())
 }
 
