@@ -127,7 +127,17 @@ fn wait_only_long_left(con: &mut impl ConnectionLike, keys: &[&str], what: &str)
 /// `CLIENT UNPAUSE`.
 #[test]
 fn a_write_pause_with_aof_on_holds_the_sweep_back_until_it_ends() {
-    let aof = ["--appendonly", "yes", "--aof-use-rdb-preamble", "no"];
+    // Every write reaches the file before its reply (`always`), so the restart, which
+    // kills the server, loses none: with `everysec` a write can wait while an fsync (of the
+    // AOF the server creates when it starts) is under way.
+    let aof = [
+        "--appendonly",
+        "yes",
+        "--aof-use-rdb-preamble",
+        "no",
+        "--appendfsync",
+        "always",
+    ];
     let mut server = Server::start_with(&aof);
     let mut con = server.conn();
     let mut pauser = server.conn();
