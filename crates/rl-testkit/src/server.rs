@@ -3,7 +3,7 @@
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
@@ -286,6 +286,53 @@ impl Server {
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+
+    /// The server's exit status if it has exited on its own, without waiting; `None` while
+    /// it runs (or after [`Server::kill`]). A server that aborted (a failed assertion, a
+    /// crash) shows a signal here, a clean `SHUTDOWN` a zero exit code.
+    pub fn exit_status(&mut self) -> Option<ExitStatus> {
+        self.child
+            .as_mut()
+            .and_then(|child| child.try_wait().ok().flatten())
+    }
+
+    /// Waits up to `within` for the server to exit on its own (after a `SHUTDOWN` sent on a
+    /// connection of the test's), and returns its exit status; `None` if it still runs then.
+    pub fn wait_exit(&mut self, within: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = self.exit_status() {
+                return Some(status);
+            }
+            if Instant::now() >= deadline || self.child.is_none() {
+                return None;
+            }
+            sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Stops the server's process (`SIGSTOP`): it keeps its connections open and answers
+    /// nothing, as a stalled host would, until [`Server::resume`]. A stopped server is still
+    /// killed on drop (`SIGKILL` ends a stopped process too).
+    pub fn suspend(&self) {
+        self.signal("STOP");
+    }
+
+    /// Lets a server stopped by [`Server::suspend`] run again (`SIGCONT`).
+    pub fn resume(&self) {
+        self.signal("CONT");
+    }
+
+    /// Sends `signal` (a name as `kill -s` takes it) to the running server. `kill(1)` rather
+    /// than libc, so the harness adds no dependency to the trees that use it.
+    fn signal(&self, signal: &str) {
+        let pid = self.pid().expect("the server is running");
+        let status = Command::new("kill")
+            .args(["-s", signal, &pid.to_string()])
+            .status()
+            .unwrap_or_else(|e| panic!("run kill -s {signal} {pid}: {e}"));
+        assert!(status.success(), "kill -s {signal} {pid}: {status}");
     }
 
     /// Starts the server again on the same port and directory (after `kill` or `shutdown`,
