@@ -10,12 +10,12 @@
 //!   master's clock and replicates what it removed, and the master's background sweep
 //!   ([`crate::sweeper`]) does the same through [`TableKey::sweep`]; `RL.HSETSTATE` (what
 //!   replicas and AOF replay) never sweeps, so a replica never decides by its own clock.
-//! - **Expiry.** The key expires when its latest bucket is full: each write raises the
-//!   key's expiry to the latest expiry any of its buckets asked for
-//!   ([`Table::latest_expire_at_ms`]) when the key has none or an earlier one, whatever a
-//!   user did to the key in between (`PERSIST`, `EXPIRE`, `RESTORE` with TTL 0). A later
-//!   expiry a user set is kept. Redis's own expiry then removes (and replicates the removal
-//!   of) a table with no live bucket; a table left empty by a removal is deleted on the spot.
+//! - **Expiry.** The key expires when its latest bucket is full: each write sets the key's
+//!   expiry to the latest expiry any of its buckets asked for
+//!   ([`Table::latest_expire_at_ms`]), whatever a user did to the key in between
+//!   (`PERSIST`, `EXPIRE`, `PEXPIREAT`, `RESTORE` with TTL 0 or `ABSTTL`). Redis's own expiry
+//!   then removes (and replicates the removal of) a table with no live bucket; a table left
+//!   empty by a removal is deleted on the spot.
 
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::ptr;
@@ -218,8 +218,8 @@ impl TableKey {
         self.publish(effects, event)
     }
 
-    /// Stores `state` for `tag`, creating the table if the key is missing, and raises the
-    /// key's expiry to the table's latest if the key has none or an earlier one.
+    /// Stores `state` for `tag`, creating the table if the key is missing, and sets the key's
+    /// expiry to the table's latest.
     fn set(&mut self, tag: Tag, state: State) -> Result<(), Error> {
         if self.table.is_null() {
             let table = Box::into_raw(Box::new(Table::new()));
@@ -257,10 +257,10 @@ impl TableKey {
         // SAFETY: the key is open for writing and holds our table.
         unsafe {
             let current = raw::RedisModule_GetAbsExpire.ok_or(Error::Internal)?(self.key.key);
-            // No expiry (REDISMODULE_NO_EXPIRE, -1) or an earlier one is raised; a later one
-            // (a user's own) is kept: it never drops a live bucket, and the sweep deletes
-            // the key once its last bucket is gone.
-            if current < expire_at_ms {
+            // The module owns a table's expiry: no expiry (REDISMODULE_NO_EXPIRE, -1), an
+            // earlier one or a later one a user set all become the table's latest, so the
+            // key lives exactly as long as its buckets need, whatever was done to it.
+            if current != expire_at_ms {
                 let set = raw::RedisModule_SetAbsExpire.ok_or(Error::Internal)?(
                     self.key.key,
                     expire_at_ms,
