@@ -16,6 +16,14 @@ PYTHON_PATH := $(PYTHON_RL):$(PYTHON_DEPS)
 $(REDIS_PY):
 	python3 -m pip install --quiet --upgrade --target "$(PYTHON_DEPS)" -r examples/python/requirements.txt
 
+# redis-py 5.x, the oldest the library supports (pip picks 8.x for `redis>=5,<9`), in a
+# --target directory of its own: tests/test_busy.py runs itself again on it.
+PYTHON_DEPS_REDIS5 := $(CURDIR)/target/python-deps-redis5
+REDIS_PY5 := $(PYTHON_DEPS_REDIS5)/redis/__init__.py
+
+$(REDIS_PY5):
+	python3 -m pip install --quiet --upgrade --target "$(PYTHON_DEPS_REDIS5)" "redis>=5,<6"
+
 # The web frameworks the HTTP middleware tests run in (redis_rl.asgi, redis_rl.wsgi), into the
 # same --target directory.
 PYTHON_HTTP := $(PYTHON_DEPS)/fastapi/__init__.py
@@ -33,10 +41,10 @@ deps-clients: deps $(REDIS_PY) $(PYTHON_HTTP) ## Install what the client librari
 
 test-clients: test-clients-python test-clients-node test-clients-rust test-clients-cluster ## Test the Python, Node and Rust libraries and the Lua script against real servers and a cluster
 
-test-clients-python: deps-clients $(MODULE_DEBUG) python-rl ## The Python library: vectors, Lua script, module, plain server, outages, shield
+test-clients-python: deps-clients $(REDIS_PY5) $(MODULE_DEBUG) python-rl ## The Python library: vectors, Lua script, module, plain server, outages, busy pools (redis-py 8.x and 5.x), shield
 	python3 clients/vectors/generate.py --check
 	python3 clients/vectors/table_generate.py --check
-	PYTHONPATH="$(PYTHON_PATH)" python3 clients/python/tests/run.py
+	PYTHONPATH="$(PYTHON_PATH)" RL_REDIS_PY5="$(PYTHON_DEPS_REDIS5)" python3 clients/python/tests/run.py
 
 test-clients-node: deps-clients $(MODULE_DEBUG) ## The Node library: vectors, Lua script, module, plain server, outages, shield (ioredis and node-redis)
 	cd clients/node && npm test
