@@ -203,12 +203,13 @@ class Decision:
 
     def headers(self):
         """X-RateLimit-Limit, -Remaining, -Reset (seconds, rounded up), and Retry-After
-        (seconds, rounded up) when denied and a wait can help."""
-        headers = {
-            "X-RateLimit-Limit": self.limit.args()[1],
-            "X-RateLimit-Remaining": str(self.remaining),
-            "X-RateLimit-Reset": str(_ceil_s(self.reset_after_ms)),
-        }
+        (seconds, rounded up) when denied and a wait can help. A decision of the "open" or
+        "closed" failure policy knows the limit but not what is left: X-RateLimit-Limit (and
+        Retry-After) only."""
+        headers = {"X-RateLimit-Limit": self.limit.args()[1]}
+        if self.source not in ("open", "closed"):
+            headers["X-RateLimit-Remaining"] = str(self.remaining)
+            headers["X-RateLimit-Reset"] = str(_ceil_s(self.reset_after_ms))
         if not self.allowed and self.retry_after_ms >= 0:
             headers["Retry-After"] = str(_ceil_s(self.retry_after_ms))
         return headers
