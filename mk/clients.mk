@@ -2,7 +2,7 @@
 # The Python, Node and Rust libraries, the Lua script they share, and the examples built on them.
 
 .PHONY: deps-clients test-clients test-clients-python test-clients-node test-clients-rust \
-	test-clients-cluster examples python-rl
+	test-clients-cluster examples python-rl dist-python
 
 # redis-py, for the Python library's tests, its benchmark and the examples: one pip --target
 # install (fine on an externally managed python3), put on PYTHONPATH by whoever needs it.
@@ -31,6 +31,13 @@ PYTHON_HTTP := $(PYTHON_DEPS)/fastapi/__init__.py
 $(PYTHON_HTTP): $(REDIS_PY)
 	python3 -m pip install --quiet --upgrade --target "$(PYTHON_DEPS)" starlette fastapi httpx flask
 
+# PyPA's `build`, for the wheel and sdist of dist-python, in a --target directory of its own.
+PYTHON_BUILD := $(CURDIR)/target/python-build
+PYTHON_BUILD_TOOL := $(PYTHON_BUILD)/build/__init__.py
+
+$(PYTHON_BUILD_TOOL):
+	python3 -m pip install --quiet --upgrade --target "$(PYTHON_BUILD)" build
+
 # Reinstalled on every run: pip decides nothing from timestamps, and it takes a second.
 python-rl:
 	python3 -m pip install --quiet --no-deps --upgrade --target "$(PYTHON_RL)" ./clients/python
@@ -45,6 +52,10 @@ test-clients-python: deps-clients $(REDIS_PY5) $(MODULE_DEBUG) python-rl ## The 
 	python3 clients/vectors/generate.py --check
 	python3 clients/vectors/table_generate.py --check
 	PYTHONPATH="$(PYTHON_PATH)" RL_REDIS_PY5="$(PYTHON_DEPS_REDIS5)" python3 clients/python/tests/run.py
+	$(MAKE) --no-print-directory dist-python
+
+dist-python: deps $(PYTHON_BUILD_TOOL) $(MODULE_DEBUG) ## The Python package as users install it: wheel and sdist (python -m build in target/python-dist/), each and a copy of clients/python installed into a fresh venv outside the repository, and a smoke run there against servers with and without the module
+	PYTHONPATH="$(PYTHON_BUILD)" python3 clients/python/tests/dist_check.py target/python-dist
 
 test-clients-node: deps-clients $(MODULE_DEBUG) ## The Node library: vectors, Lua script, module, plain server, outages, shield (ioredis and node-redis)
 	cd clients/node && npm test
