@@ -31,6 +31,13 @@ PYTHON_HTTP := $(PYTHON_DEPS)/fastapi/__init__.py
 $(PYTHON_HTTP): $(REDIS_PY)
 	python3 -m pip install --quiet --upgrade --target "$(PYTHON_DEPS)" starlette fastapi httpx flask
 
+# Django, for redis_rl.django's tests, into the same directory (its own stamp, so a directory
+# made before Django was added gets it too).
+PYTHON_DJANGO := $(PYTHON_DEPS)/django/__init__.py
+
+$(PYTHON_DJANGO): $(REDIS_PY)
+	python3 -m pip install --quiet --upgrade --target "$(PYTHON_DEPS)" django
+
 # PyPA's `build`, for the wheel and sdist of dist-python, in a --target directory of its own.
 PYTHON_BUILD := $(CURDIR)/target/python-build
 PYTHON_BUILD_TOOL := $(PYTHON_BUILD)/build/__init__.py
@@ -42,7 +49,7 @@ $(PYTHON_BUILD_TOOL):
 python-rl:
 	python3 -m pip install --quiet --no-deps --upgrade --target "$(PYTHON_RL)" ./clients/python
 
-deps-clients: deps $(REDIS_PY) $(PYTHON_HTTP) ## Install what the client libraries' tests need: redis-py and the web frameworks (pip), the Node packages (npm)
+deps-clients: deps $(REDIS_PY) $(PYTHON_HTTP) $(PYTHON_DJANGO) ## Install what the client libraries' tests need: redis-py and the web frameworks (pip), the Node packages (npm)
 	@command -v npm >/dev/null || { echo "deps-clients: npm not found; install Node.js 18+ and npm"; exit 1; }
 	cd clients/node && npm install --no-audit --no-fund --loglevel=error
 

@@ -1,11 +1,12 @@
-"""Rate limits for WSGI apps (Flask, Django) on the sync `redis_rl.Limiter`.
+"""Rate limits for WSGI apps (Flask, any WSGI app) on the sync `redis_rl.Limiter`.
 
     app.wsgi_app = RateLimitMiddleware(app.wsgi_app, limiter=limiter, limit=Limit(10, 20))
 
 `RateLimitMiddleware` limits every request; `limit_route` one Flask view. Both take the
 options of `redis_rl.http.Policy`; a key or cost function and `skip` get the WSGI environ, and
 `on_limited(environ, decision, headers)` returns a WSGI app (a Flask or Werkzeug `Response`
-is one). For Django, wrap the WSGI application in wsgi.py the same way. The limiter's
+is one). `limit_route` is Flask's; Django has its own middleware and view decorator in
+`redis_rl.django`. The limiter's
 failure policy, deny cache and Lua fallback apply to each request unchanged.
 
 Each decision is recorded in the environ (`environ["redis_rl"]`), so a request limited by
