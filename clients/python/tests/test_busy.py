@@ -12,6 +12,7 @@ process on the redis-py 5.x of RL_REDIS_PY5 (a second pip --target dir, see mk/c
 import asyncio
 import logging
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -140,6 +141,37 @@ class BusyIsNotDown(unittest.TestCase):
                 self.assertEqual({(d.allowed, d.source) for d in got}, {expected[policy]}, (policy, kind))
                 self.assertEqual(limiter.counters["outages"], 1, (policy, kind))
                 self.assertIn("cannot decide", logs.output[0])
+
+    def test_a_server_that_answers_nothing_from_the_start_gets_the_policy(self):
+        # SIGSTOP: the kernel still completes connections, nobody replies. Every call ends at
+        # its deadline, in the policy: as down (no reply) or busy (queued for a connection
+        # held by a call waiting on that reply), never hanging.
+        expected = {"open": (True, "open"), "closed": (False, "closed"), "local": (True, "local")}
+
+        async def tasks(policy, port):
+            client = redis.asyncio.Redis(port=port)
+            try:
+                limiter = rl_asyncio.Limiter(client, on_error=policy, timeout_ms=300)
+                return limiter, await burst_tasks(limiter, "k")
+            finally:
+                await client.aclose()
+
+        s = self.server()
+        os.kill(s.proc.pid, signal.SIGSTOP)
+        self.addCleanup(os.kill, s.proc.pid, signal.SIGCONT)
+        for policy in POLICIES:
+            for kind in ("threads", "tasks"):
+                began = time.monotonic()
+                with self.assertLogs("redis_rl", logging.WARNING):
+                    if kind == "threads":
+                        limiter = Limiter(redis.Redis(port=s.port), on_error=policy, timeout_ms=300)
+                        self.addCleanup(limiter.client.close)
+                        got = burst_threads(limiter, "k")
+                    else:
+                        limiter, got = asyncio.run(tasks(policy, s.port))
+                self.assertLess(time.monotonic() - began, 15, (policy, kind))  # a bound, not a measurement
+                self.assertEqual({(d.allowed, d.source) for d in got}, {expected[policy]}, (policy, kind))
+                self.assertEqual(limiter.counters["redis"], 0, (policy, kind))
 
     def test_a_pool_held_full_past_the_deadline_is_busy_not_an_outage(self):
         s = self.server()
