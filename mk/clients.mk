@@ -2,7 +2,7 @@
 # The Python, Node and Rust libraries, the Lua script they share, and the examples built on them.
 
 .PHONY: deps-clients test-clients test-clients-python test-clients-node test-clients-rust \
-	test-clients-cluster examples python-rl
+	test-clients-cluster examples python-rl dist-python
 
 # redis-py, for the Python library's tests, its benchmark and the examples: one pip --target
 # install (fine on an externally managed python3), put on PYTHONPATH by whoever needs it.
@@ -16,6 +16,14 @@ PYTHON_PATH := $(PYTHON_RL):$(PYTHON_DEPS)
 $(REDIS_PY):
 	python3 -m pip install --quiet --upgrade --target "$(PYTHON_DEPS)" -r examples/python/requirements.txt
 
+# redis-py 5.x, the oldest the library supports (pip picks 8.x for `redis>=5,<9`), in a
+# --target directory of its own: tests/test_busy.py runs itself again on it.
+PYTHON_DEPS_REDIS5 := $(CURDIR)/target/python-deps-redis5
+REDIS_PY5 := $(PYTHON_DEPS_REDIS5)/redis/__init__.py
+
+$(REDIS_PY5):
+	python3 -m pip install --quiet --upgrade --target "$(PYTHON_DEPS_REDIS5)" "redis>=5,<6"
+
 # The web frameworks the HTTP middleware tests run in (redis_rl.asgi, redis_rl.wsgi), into the
 # same --target directory.
 PYTHON_HTTP := $(PYTHON_DEPS)/fastapi/__init__.py
@@ -23,20 +31,38 @@ PYTHON_HTTP := $(PYTHON_DEPS)/fastapi/__init__.py
 $(PYTHON_HTTP): $(REDIS_PY)
 	python3 -m pip install --quiet --upgrade --target "$(PYTHON_DEPS)" starlette fastapi httpx flask
 
+# Django, for redis_rl.django's tests, into the same directory (its own stamp, so a directory
+# made before Django was added gets it too).
+PYTHON_DJANGO := $(PYTHON_DEPS)/django/__init__.py
+
+$(PYTHON_DJANGO): $(REDIS_PY)
+	python3 -m pip install --quiet --upgrade --target "$(PYTHON_DEPS)" django
+
+# PyPA's `build`, for the wheel and sdist of dist-python, in a --target directory of its own.
+PYTHON_BUILD := $(CURDIR)/target/python-build
+PYTHON_BUILD_TOOL := $(PYTHON_BUILD)/build/__init__.py
+
+$(PYTHON_BUILD_TOOL):
+	python3 -m pip install --quiet --upgrade --target "$(PYTHON_BUILD)" build
+
 # Reinstalled on every run: pip decides nothing from timestamps, and it takes a second.
 python-rl:
 	python3 -m pip install --quiet --no-deps --upgrade --target "$(PYTHON_RL)" ./clients/python
 
-deps-clients: deps $(REDIS_PY) $(PYTHON_HTTP) ## Install what the client libraries' tests need: redis-py and the web frameworks (pip), the Node packages (npm)
+deps-clients: deps $(REDIS_PY) $(PYTHON_HTTP) $(PYTHON_DJANGO) ## Install what the client libraries' tests need: redis-py and the web frameworks (pip), the Node packages (npm)
 	@command -v npm >/dev/null || { echo "deps-clients: npm not found; install Node.js 18+ and npm"; exit 1; }
 	cd clients/node && npm install --no-audit --no-fund --loglevel=error
 
 test-clients: test-clients-python test-clients-node test-clients-rust test-clients-cluster ## Test the Python, Node and Rust libraries and the Lua script against real servers and a cluster
 
-test-clients-python: deps-clients $(MODULE_DEBUG) python-rl ## The Python library: vectors, Lua script, module, plain server, outages, shield
+test-clients-python: deps-clients $(REDIS_PY5) $(MODULE_DEBUG) python-rl ## The Python library: vectors, Lua script, module, plain server, outages, busy pools (redis-py 8.x and 5.x), shield
 	python3 clients/vectors/generate.py --check
 	python3 clients/vectors/table_generate.py --check
-	PYTHONPATH="$(PYTHON_PATH)" python3 clients/python/tests/run.py
+	PYTHONPATH="$(PYTHON_PATH)" RL_REDIS_PY5="$(PYTHON_DEPS_REDIS5)" python3 clients/python/tests/run.py
+	$(MAKE) --no-print-directory dist-python
+
+dist-python: deps $(PYTHON_BUILD_TOOL) $(MODULE_DEBUG) ## The Python package as users install it: wheel and sdist (python -m build in target/python-dist/), each and a copy of clients/python installed into a fresh venv outside the repository, and a smoke run there against servers with and without the module
+	PYTHONPATH="$(PYTHON_BUILD)" python3 clients/python/tests/dist_check.py target/python-dist
 
 test-clients-node: deps-clients $(MODULE_DEBUG) ## The Node library: vectors, Lua script, module, plain server, outages, shield (ioredis and node-redis)
 	cd clients/node && npm test

@@ -42,7 +42,7 @@ def starlette_app(limiter, **options):
     return app
 
 
-class Asgi(unittest.IsolatedAsyncioTestCase):
+class AsgiBase(unittest.IsolatedAsyncioTestCase):
     async def limiter(self, port, **kwargs):
         client = redis.asyncio.Redis(port=port)
         self.addAsyncCleanup(client.aclose)
@@ -60,6 +60,8 @@ class Asgi(unittest.IsolatedAsyncioTestCase):
         self.addAsyncCleanup(c.aclose)
         return c
 
+
+class Asgi(AsgiBase):
     async def test_three_allowed_then_a_problem_429_on_module_and_lua(self):
         for module in (True, False):
             limiter = await self.limiter(self.server(module).port)
@@ -131,7 +133,10 @@ class Asgi(unittest.IsolatedAsyncioTestCase):
         closed = await self.http(starlette_app(await self.limiter(dead, timeout_ms=100)))
         r = await closed.get("/")
         self.assertEqual((r.status_code, r.headers["retry-after"]), (429, "1"))
-        self.assertEqual(r.headers["ratelimit"], '"default";r=0;t=0')
+        # "closed" knows the configured limit, not what is left: no RateLimit, no remaining,
+        # no reset (they would claim an empty bucket full again at once).
+        self.assertEqual(rate_headers(r), {"ratelimit-policy": '"default";q=3;w=300',
+                                           "x-ratelimit-limit": "3", "retry-after": "1"})
         self.assertEqual(r.json()["detail"], "Rate limit exceeded; retry after 1 s.")
         opened = await self.http(starlette_app(await self.limiter(dead, on_error="open", timeout_ms=100)))
         r = await opened.get("/")
@@ -176,6 +181,110 @@ class Asgi(unittest.IsolatedAsyncioTestCase):
         self.assertEqual([r.status_code for r in got], [200, 200, 200, 429])
         self.assertEqual(got[0].json(), {"hello": "world"})
         self.assertEqual(rate_headers(got[1]), expected(1, 200))
+
+
+class AsgiHooks(AsgiBase):
+    """Every hook may be async; limits per request; limit_route on any endpoint; one set of
+    header fields when several limits decide a request."""
+
+    async def test_async_hooks_are_awaited(self):
+        s = self.server()
+        limiter = await self.limiter(s.port)
+        seen = []
+
+        async def key(scope):
+            return "user:" + dict(scope["headers"]).get(b"x-user", b"anon").decode()
+
+        async def cost(scope):
+            return 1
+
+        async def skip(scope):
+            return scope["path"] == "/health"
+
+        async def on_limited(scope, decision, headers):
+            seen.append(decision.remaining)
+            return JSONResponse({"limited": True}, 429, headers=dict(headers))
+
+        http = await self.http(starlette_app(limiter, key=key, cost=cost, skip=skip, on_limited=on_limited))
+        got = [await http.get("/", headers={"X-User": "alice"}) for _ in range(4)]
+        self.assertEqual([r.status_code for r in got], [200, 200, 200, 429])
+        self.assertEqual(got[3].json(), {"limited": True})
+        self.assertEqual(seen, [0])
+        self.assertEqual([(await http.get("/health")).status_code for _ in range(5)], [200] * 5)
+        # One bucket for the user, not one per request named after an unawaited coroutine.
+        raw = redis.Redis(port=s.port)
+        self.assertEqual([k.decode() for k in raw.keys("rl:http:*")], ["rl:http:user:alice"])
+
+    async def test_limit_per_request_sync_and_async(self):
+        plans = {"free": Limit(0.01, 1), "pro": Limit(0.01, 3)}
+
+        def plan(scope):
+            return plans[dict(scope["headers"]).get(b"x-plan", b"free").decode()]
+
+        async def plan_async(scope):
+            return plan(scope)
+
+        for limit in (plan, plan_async):
+            limiter = await self.limiter(self.server().port)
+            app = Starlette(routes=[Route("/", lambda request: PlainTextResponse("hello"))])
+            app.add_middleware(RateLimitMiddleware, limiter=limiter, limit=limit, key="header:X-User")
+            http = await self.http(app)
+            free = [(await http.get("/", headers={"X-User": "a", "X-Plan": "free"})).status_code for _ in range(2)]
+            pro = [await http.get("/", headers={"X-User": "b", "X-Plan": "pro"}) for _ in range(4)]
+            self.assertEqual(free, [200, 429], limit)
+            self.assertEqual([r.status_code for r in pro], [200, 200, 200, 429], limit)
+            self.assertEqual(pro[0].headers["ratelimit-policy"], '"default";q=3;w=300', limit)
+
+    async def test_limit_route_on_a_plain_def_and_any_request_parameter_name(self):
+        limiter = await self.limiter(self.server().port)
+        app = FastAPI()
+
+        @app.get("/def")
+        @limit_route(limiter, Limit(0.01, 1), prefix="def:")
+        def plain(request: Request):
+            return JSONResponse({"plain": True})
+
+        @app.get("/named")
+        @limit_route(limiter, Limit(0.01, 1), prefix="named:")
+        async def named(req: Request, q: int = 0):
+            return JSONResponse({"q": q, "path": req.url.path})
+
+        @app.get("/none")
+        @limit_route(limiter, Limit(0.01, 1), prefix="none:")
+        def none(q: int = 0):
+            return PlainTextResponse(str(q))
+
+        http = await self.http(app)
+        for path, body in (("/def", '{"plain":true}'), ("/named?q=7", '{"q":7,"path":"/named"}'),
+                           ("/none?q=3", "3")):
+            first = await http.get(path)
+            self.assertEqual((first.status_code, first.text, first.headers["ratelimit"]),
+                             (200, body, '"default";r=0;t=100'), path)
+            second = await http.get(path)
+            self.assertEqual((second.status_code, second.headers["retry-after"]), (429, "100"), path)
+
+    async def test_middleware_and_limit_route_send_one_set_of_fields(self):
+        limiter = await self.limiter(self.server().port)
+        app = FastAPI()
+        app.add_middleware(RateLimitMiddleware, limiter=limiter, limit=Limit(0.01, 3))
+
+        @app.get("/")
+        @limit_route(limiter, Limit(0.01, 5), policy_name="route", prefix="route:")
+        async def root(request: Request):
+            return PlainTextResponse("ok")
+
+        http = await self.http(app)
+        first = await http.get("/")
+        self.assertEqual(first.status_code, 200)
+        # Both limits as the draft's lists; X-RateLimit-* of the tighter (2 left of 3, not 4 of 5).
+        self.assertEqual(rate_headers(first), {
+            "ratelimit-policy": '"default";q=3;w=300, "route";q=5;w=500',
+            "ratelimit": '"default";r=2;t=100, "route";r=4;t=100',
+            "x-ratelimit-limit": "3", "x-ratelimit-remaining": "2", "x-ratelimit-reset": "100"})
+        got = [await http.get("/") for _ in range(3)]
+        self.assertEqual([r.status_code for r in got], [200, 200, 429])
+        # The middleware denied before the route ran: its fields alone.
+        self.assertEqual(rate_headers(got[2]), {**expected(0, 300), "retry-after": "100"})
 
 
 if __name__ == "__main__":

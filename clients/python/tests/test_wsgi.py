@@ -84,6 +84,9 @@ class Wsgi(unittest.TestCase):
         dead = free_port()
         r = flask_app(self.limiter(dead, timeout_ms=100)).test_client().get("/")
         self.assertEqual((r.status_code, r.headers["Retry-After"]), (429, "1"))
+        # "closed" knows the configured limit, not what is left: no remaining, no reset.
+        self.assertEqual(rate_headers(r), {"RateLimit-Policy": '"default";q=3;w=300',
+                                           "X-RateLimit-Limit": "3", "Retry-After": "1"})
         r = flask_app(self.limiter(dead, on_error="open", timeout_ms=100)).test_client().get("/")
         self.assertEqual((r.status_code, rate_headers(r)), (200, {}))
         http = flask_app(self.limiter(dead, on_error="local", timeout_ms=100)).test_client()
@@ -112,6 +115,37 @@ class Wsgi(unittest.TestCase):
         self.assertEqual(got[1].headers["RateLimit"], '"default";r=0;t=200')
         self.assertEqual((got[2].get_data(as_text=True), got[2].headers["Retry-After"]), ("busy", "100"))
         self.assertEqual([http.get("/free").status_code for _ in range(4)], [200] * 4)
+
+    def test_limit_per_request(self):
+        plans = {"free": Limit(0.01, 1), "pro": Limit(0.01, 3)}
+        limiter = self.limiter(self.server().port)
+        app = flask.Flask(__name__)
+        app.route("/")(lambda: "hello")
+        app.wsgi_app = RateLimitMiddleware(app.wsgi_app, limiter=limiter, key="header:X-User",
+                                           limit=lambda environ: plans[environ.get("HTTP_X_PLAN", "free")])
+        http = app.test_client()
+        free = [http.get("/", headers={"X-User": "a"}).status_code for _ in range(2)]
+        pro = [http.get("/", headers={"X-User": "b", "X-Plan": "pro"}) for _ in range(4)]
+        self.assertEqual(free, [200, 429])
+        self.assertEqual([r.status_code for r in pro], [200, 200, 200, 429])
+        self.assertEqual(pro[0].headers["RateLimit-Policy"], '"default";q=3;w=300')
+
+    def test_middleware_and_limit_route_send_one_set_of_fields(self):
+        limiter = self.limiter(self.server().port)
+        app = flask.Flask(__name__)
+
+        @app.route("/")
+        @limit_route(limiter, Limit(0.01, 5), policy_name="route", prefix="route:")
+        def root():
+            return "ok"
+
+        app.wsgi_app = RateLimitMiddleware(app.wsgi_app, limiter=limiter, limit=LIMIT)
+        first = app.test_client().get("/")
+        self.assertEqual(first.status_code, 200)
+        self.assertEqual(rate_headers(first), {
+            "RateLimit-Policy": '"default";q=3;w=300, "route";q=5;w=500',
+            "RateLimit": '"default";r=2;t=100, "route";r=4;t=100',
+            "X-RateLimit-Limit": "3", "X-RateLimit-Remaining": "2", "X-RateLimit-Reset": "100"})
 
 
 if __name__ == "__main__":

@@ -11,8 +11,9 @@ policy, a hot-key shield and a Lua fallback for servers without the module.
 Layout: `_core` holds the types, the policy, the shield and each call's steps (no I/O);
 `_decimal` the text sent for a number and its exact value; `client` the sync limiter and
 `asyncio` its awaited twin (only the I/O); `bucket` the exact in-process bucket; `rl.lua` the
-fallback script (the same file as clients/lua/rl.lua); `table` the bucket tables
-(`limiter.table(name, shards)`).
+fallback script (a copy of clients/lua/rl.lua, kept equal by tests/test_package.py); `table`
+the bucket tables (`limiter.table(name, shards)`); `http` what the HTTP middlewares share,
+`asgi`, `wsgi` and `django` the middlewares and route decorators.
 """
 
 from ._core import (CLOSED_RETRY_AFTER_MS, Decision, Error, Limit, ModuleMissingError,

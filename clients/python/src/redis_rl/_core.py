@@ -203,12 +203,13 @@ class Decision:
 
     def headers(self):
         """X-RateLimit-Limit, -Remaining, -Reset (seconds, rounded up), and Retry-After
-        (seconds, rounded up) when denied and a wait can help."""
-        headers = {
-            "X-RateLimit-Limit": self.limit.args()[1],
-            "X-RateLimit-Remaining": str(self.remaining),
-            "X-RateLimit-Reset": str(_ceil_s(self.reset_after_ms)),
-        }
+        (seconds, rounded up) when denied and a wait can help. A decision of the "open" or
+        "closed" failure policy knows the limit but not what is left: X-RateLimit-Limit (and
+        Retry-After) only."""
+        headers = {"X-RateLimit-Limit": self.limit.args()[1]}
+        if self.source not in ("open", "closed"):
+            headers["X-RateLimit-Remaining"] = str(self.remaining)
+            headers["X-RateLimit-Reset"] = str(_ceil_s(self.reset_after_ms))
         if not self.allowed and self.retry_after_ms >= 0:
             headers["Retry-After"] = str(_ceil_s(self.retry_after_ms))
         return headers
@@ -266,7 +267,7 @@ def is_unavailable(error):
 
     import asyncio
 
-    if isinstance(error, (e.ConnectionError, e.TimeoutError, OSError, TimeoutError, asyncio.TimeoutError)):
+    if isinstance(error, (Busy, e.ConnectionError, e.TimeoutError, OSError, TimeoutError, asyncio.TimeoutError)):
         return True  # BusyLoadingError (LOADING) is a ConnectionError
     for name in ("ReadOnlyError", "OutOfMemoryError", "ClusterDownError", "MasterDownError",
                  "TryAgainError", "ClusterError"):
@@ -279,6 +280,26 @@ def is_unavailable(error):
         text = str(error)
         return text.startswith(("OOM", "READONLY", "LOADING", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN"))
     return False
+
+
+def is_busy(error):
+    """Whether an error means the client is busy, not that Redis is down: no connection came
+    free in the pool before the deadline (redis-py's MaxConnectionsError of a full
+    ConnectionPool, "No connection available." of a BlockingConnectionPool), or the deadline
+    passed while the call still queued for one (`Busy`)."""
+    from redis import exceptions as e
+
+    if isinstance(error, Busy):
+        return True
+    kind = getattr(e, "MaxConnectionsError", None)
+    if kind is not None and isinstance(error, kind):
+        return True
+    return isinstance(error, e.ConnectionError) and str(error).startswith(
+        ("Too many connections", "No connection available"))
+
+
+class Busy(Exception):
+    """The deadline passed before the call had a connection to send on."""
 
 
 def is_unknown_command(error):
@@ -328,9 +349,11 @@ class Engine:
         self.script = script_text()
         self.counters = dict.fromkeys(SOURCES, 0)
         self.counters["outages"] = 0
+        self.counters["busy"] = 0
         self.down_since = None
         self.next_probe = 0.0
         self.without_redis = 0  # decisions in the current outage
+        self.busy_logged = None  # when "busy" was last logged
 
     # The shield -----------------------------------------------------------------------------
 
@@ -404,6 +427,21 @@ class Engine:
                 log.warning("redis-rl: Redis cannot decide (%s: %s); deciding with on_error=%r "
                             "until it answers", type(error).__name__, error, self.on_error)
 
+    def busy(self, error):
+        """Records a call that found no connection before the deadline: the client is busy
+        (a full pool under load), Redis is not down, so no outage starts and the next calls go
+        to Redis as usual. Logged at most once a second."""
+        with self.lock:
+            self.counters["busy"] += 1
+            now = self.clock()
+            if self.busy_logged is None or now - self.busy_logged >= 1:
+                self.busy_logged = now
+                log.warning("redis-rl: busy, not down: no connection to Redis within the deadline "
+                            "(timeout_ms=%d; %s: %s); deciding with on_error=%r (%d busy so far). "
+                            "Raise the pool's max_connections or timeout_ms",
+                            round(self.timeout_s * 1000), type(error).__name__, error,
+                            self.on_error, self.counters["busy"])
+
     def _count_policy(self):
         self.counters[self.on_error] += 1
         self.without_redis += 1
@@ -475,8 +513,13 @@ class Engine:
         return self.policy_acquire(key, limit, cost, take=(op == "acquire"))
 
     def fail(self, call, error):
-        """The answer to a call Redis could not answer (`is_unavailable(error)`)."""
-        self.failed(error)
+        """The answer to a call Redis could not answer (`is_unavailable(error)`): busy (no
+        connection before the deadline) or down (the rest) is logged as such; the policy
+        decides either way."""
+        if is_busy(error):
+            self.busy(error)
+        else:
+            self.failed(error)
         return self.policy(call.op, call.items)
 
     def finish(self, call, reply):

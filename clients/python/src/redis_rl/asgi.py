@@ -3,16 +3,33 @@
     app.add_middleware(RateLimitMiddleware, limiter=limiter, limit=Limit(10, 20))
 
 `RateLimitMiddleware` limits every HTTP request; `limit_route` one endpoint. Both take the
-options of `redis_rl.http.Policy`; a key or cost function and `skip` get the ASGI scope, and
-`on_limited(scope, decision, headers)` returns an ASGI app (a Starlette `Response` is one).
-The limiter's failure policy, deny cache and Lua fallback apply to each request unchanged.
+options of `redis_rl.http.Policy`; a limit, key or cost function and `skip` get the ASGI
+scope, and `on_limited(scope, decision, headers)` returns an ASGI app (a Starlette `Response`
+is one). Each of these hooks may be sync or async: what it returns is awaited when it is
+awaitable. The limiter's failure policy, deny cache and Lua fallback apply to each request
+unchanged.
+
+Each decision is recorded in the scope (`scope["redis_rl"]`), so a request limited by the
+middleware and a route decorator gets one set of header fields for both
+(`redis_rl.http.header_fields`).
 """
 
 import functools
+import inspect
 
-from .http import PROBLEM_TYPE, Policy
+from .http import FIELD_NAMES, PROBLEM_TYPE, Policy, header_fields
 
 __all__ = ["RateLimitMiddleware", "limit_route", "Policy"]
+
+_DECIDED = "redis_rl"  # the scope's list of (policy, decision) for this request
+
+
+async def _value(hook, *args):
+    """A hook's value: called, and awaited when what it returns is awaitable."""
+    value = hook(*args)
+    if inspect.isawaitable(value):
+        value = await value
+    return value
 
 
 def _header_reader(scope):
@@ -31,18 +48,34 @@ def _peer(scope):
 
 
 async def decide(policy, scope):
-    """The decision and header fields for one request, or None when `skip` lets it pass."""
-    if policy.skip is not None and policy.skip(scope):
+    """The decision and header fields for one request, or None when `skip` lets it pass. The
+    fields cover every limit that decided this request so far (see the module's docs)."""
+    if policy.skip is not None and await _value(policy.skip, scope):
         return None
-    key = policy.key_for(scope, _peer(scope), _header_reader(scope))
-    decision = await policy.limiter.acquire(key, policy.limit, policy.cost_for(scope))
-    return decision, policy.headers(decision)
+    computed = await _value(policy.key, scope) if callable(policy.key) else None
+    key = policy.key_for(scope, _peer(scope), _header_reader(scope), computed)
+    limit = await _value(policy.limit_for, scope)
+    cost = await _value(policy.cost_for, scope)
+    decision = await policy.limiter.acquire(key, limit, cost)
+    decided = scope.setdefault(_DECIDED, [])
+    decided.append((policy, decision))
+    return decision, header_fields(decided)
+
+
+async def _limited_response(policy, scope, decision, headers):
+    """The app that answers a request over the limit: `on_limited`'s, or the problem+json."""
+    if policy.on_limited is not None:
+        return await _value(policy.on_limited, scope, decision, headers)
+    return None
+
+
+def _raw(headers):
+    return [(n.lower().encode("latin-1"), v.encode("latin-1")) for n, v in headers]
 
 
 async def _send_problem(send, decision, headers):
     body = Policy.problem(decision)
-    raw = [(n.lower().encode("latin-1"), v.encode("latin-1")) for n, v in headers]
-    raw += [(b"content-type", PROBLEM_TYPE.encode()), (b"content-length", str(len(body)).encode())]
+    raw = _raw(headers) + [(b"content-type", PROBLEM_TYPE.encode()), (b"content-length", str(len(body)).encode())]
     await send({"type": "http.response.start", "status": 429, "headers": raw})
     await send({"type": "http.response.body", "body": body})
 
@@ -63,49 +96,98 @@ class RateLimitMiddleware:
             return await self.app(scope, receive, send)
         decision, headers = decided
         if not decision.allowed:
-            if self.policy.on_limited is not None:
-                response = self.policy.on_limited(scope, decision, headers)
+            response = await _limited_response(self.policy, scope, decision, headers)
+            if response is not None:
                 return await response(scope, receive, send)
             return await _send_problem(send, decision, headers)
-        raw = [(n.lower().encode("latin-1"), v.encode("latin-1")) for n, v in headers]
 
         async def send_with_headers(message):
             if message["type"] == "http.response.start":
-                message = dict(message, headers=list(message.get("headers") or ()) + raw)
+                # One set of fields for every limit of this request: a route decorator inside
+                # may have written its own, which this set (holding it too) replaces.
+                fields = header_fields(scope[_DECIDED])
+                kept = [(n, v) for n, v in message.get("headers") or ()
+                        if n.decode("latin-1").lower() not in FIELD_NAMES]
+                message = dict(message, headers=kept + _raw(fields))
             await send(message)
 
         return await self.app(scope, receive, send_with_headers)
 
 
 def limit_route(limiter, limit, **options):
-    """A decorator for one Starlette or FastAPI endpoint that takes the request (a parameter
-    named `request`, or the first argument). Over the limit it returns the 429 without
-    running the endpoint; otherwise it adds the header fields to the Response the endpoint
-    returns (an endpoint returning plain data gets none: return a Response, or use the
-    middleware)."""
+    """A decorator for one Starlette or FastAPI endpoint, `async def` or plain `def` (run in
+    the thread pool, as FastAPI runs one). It finds the request among the arguments whatever
+    the parameter's name (a FastAPI endpoint that takes none is given one, hidden). Over the
+    limit it returns the 429 without running the endpoint; otherwise it adds the header fields
+    to the Response the endpoint returns (an endpoint returning plain data gets none: return a
+    Response, or use the middleware)."""
     policy = Policy(limiter, limit, **options)
 
     def wrap(endpoint):
+        from starlette.requests import HTTPConnection, Request
+
+        signature = inspect.signature(endpoint)
+
         @functools.wraps(endpoint)
         async def limited(*args, **kwargs):
+            from starlette.concurrency import run_in_threadpool
             from starlette.responses import Response
 
-            request = kwargs.get("request", args[0] if args else None)
+            hidden = kwargs.pop(_HIDDEN, None)
+            request = hidden or next((a for a in (*args, *kwargs.values()) if isinstance(a, HTTPConnection)), None)
+            if request is None:
+                raise TypeError(f"limit_route: {endpoint.__name__} was called without the request")
+
+            async def run():
+                if inspect.iscoroutinefunction(endpoint):
+                    return await endpoint(*args, **kwargs)
+                response = await run_in_threadpool(endpoint, *args, **kwargs)
+                return await response if inspect.isawaitable(response) else response
+
             decided = await decide(policy, request.scope)
             if decided is None:
-                return await endpoint(*args, **kwargs)
+                return await run()
             decision, headers = decided
             if not decision.allowed:
-                if policy.on_limited is not None:
-                    return policy.on_limited(request.scope, decision, headers)
+                response = await _limited_response(policy, request.scope, decision, headers)
+                if response is not None:
+                    return response
                 return Response(Policy.problem(decision), status_code=429, headers=dict(headers),
                                 media_type=PROBLEM_TYPE)
-            response = await endpoint(*args, **kwargs)
+            response = await run()
             if isinstance(response, Response):
                 for name, value in headers:
                     response.headers[name] = value
             return response
 
+        # FastAPI passes what the signature asks for, and one request parameter at most: an
+        # endpoint that takes none is made to ask for it by a name of our own, its own
+        # parameters untouched. Starlette passes the request itself and reads no signature.
+        if not _takes_request(endpoint, signature, HTTPConnection):
+            extra = inspect.Parameter(_HIDDEN, inspect.Parameter.KEYWORD_ONLY, annotation=Request)
+            params = list(signature.parameters.values())
+            at = next((i for i, p in enumerate(params) if p.kind is inspect.Parameter.VAR_KEYWORD), len(params))
+            limited.__signature__ = signature.replace(parameters=params[:at] + [extra] + params[at:])
         return limited
 
     return wrap
+
+
+_HIDDEN = "redis_rl_request"
+
+
+def _takes_request(endpoint, signature, connection_type):
+    """Whether a parameter of `endpoint` is annotated as a Request (or WebSocket)."""
+    import typing
+
+    try:
+        hints = typing.get_type_hints(endpoint)
+    except Exception:  # an annotation that does not resolve here: read them as written
+        hints = {}
+    for name, param in signature.parameters.items():
+        annotation = hints.get(name, param.annotation)
+        if isinstance(annotation, type) and issubclass(annotation, connection_type):
+            return True
+        if isinstance(annotation, str) and annotation.rsplit(".", 1)[-1] in ("Request", "HTTPConnection"):
+            return True
+    return False

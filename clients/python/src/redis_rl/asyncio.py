@@ -3,16 +3,25 @@
 The same API and rules as `redis_rl.Limiter` (see `redis_rl.client`), awaited: both run
 `_core.Engine`, which decides everything but the I/O. Each call runs under `asyncio.wait_for`
 with the limiter's deadline, whatever the client's own timeouts.
+
+Busy is not down: calls beyond the client pool's `max_connections` queue here for a free
+connection (a semaphore per event loop), and a pool that is full anyway (shared with other
+work) is tried again until the deadline. Only then does the policy decide, logged as busy.
 """
 
 import asyncio
+import random
+import weakref
 
 from redis import exceptions as redis_errors
 
-from ._core import Engine, LimiterBase, is_unavailable, monotonic
+from ._core import Busy, Engine, LimiterBase, is_busy, is_unavailable, monotonic
 
 
-def connect(url, timeout_ms=50, **kwargs):
+_OUTAGE = object()  # what `_queue` returns when an outage began while the call queued
+
+
+def connect(url, timeout_ms=1000, **kwargs):
     """`redis.asyncio.Redis.from_url` with short timeouts and no retries: a client for a limiter."""
     from redis.asyncio import Redis
     from redis.asyncio.retry import Retry
@@ -22,7 +31,7 @@ def connect(url, timeout_ms=50, **kwargs):
                           socket_connect_timeout=timeout_ms / 1000, retry=Retry(NoBackoff(), 0), **kwargs)
 
 
-def connect_cluster(url, timeout_ms=50, **kwargs):
+def connect_cluster(url, timeout_ms=1000, **kwargs):
     """`redis.asyncio.RedisCluster.from_url` with short socket timeouts, for a limiter."""
     from redis.asyncio import RedisCluster
 
@@ -32,15 +41,21 @@ def connect_cluster(url, timeout_ms=50, **kwargs):
 
 class Limiter(LimiterBase):
     """The asyncio `redis_rl.Limiter`: the same options, methods and rules (see its
-    docstring), awaited. `timeout_ms` (default 50) is each call's deadline, enforced with
-    asyncio.wait_for on every call, on any client.
+    docstring), awaited. `timeout_ms` (default 1000) is each call's deadline, enforced with
+    asyncio.wait_for on every call, on any client: the wait for a free connection (calls
+    beyond the pool's `max_connections` queue for one) and the reply together.
     """
 
     def __init__(self, client, *, on_error, instances=1, deny_cache=False, without_module="lua",
-                 timeout_ms=50, probe_interval_ms=100, local_max_keys=100_000, clock=monotonic):
+                 timeout_ms=1000, probe_interval_ms=100, local_max_keys=100_000, clock=monotonic):
         self._engine = Engine(on_error, instances, deny_cache, without_module, timeout_ms,
                               probe_interval_ms, local_max_keys, clock)
         self.client = client
+        pool = getattr(client, "connection_pool", None)
+        bound = getattr(pool, "max_connections", None)
+        # An unbounded pool (redis-py 5.x's default, 2**31) never runs out: no queue needed.
+        self._max_in_flight = bound if isinstance(bound, int) and 0 < bound <= 10_000 else None
+        self._gates = weakref.WeakKeyDictionary()  # event loop -> asyncio.Semaphore
 
     async def acquire(self, key, limit, cost=1):
         """Takes `cost` tokens from the bucket `key` of `limit`; returns a Decision."""
@@ -84,16 +99,41 @@ class Limiter(LimiterBase):
         answer, call = engine.begin(op, items)
         if call is None:
             return answer
+        queued = [True]  # still waiting for a connection (busy) rather than for Redis
         try:
-            reply = await asyncio.wait_for(self._drive(engine.exchange(call)), engine.timeout_s)
+            reply = await asyncio.wait_for(self._queue(engine.exchange(call), queued), engine.timeout_s)
+            if reply is _OUTAGE:
+                return engine.policy(op, call.items)
         except (redis_errors.RedisError, redis_errors.RedisClusterException, OSError,
                 asyncio.TimeoutError) as error:
+            if isinstance(error, asyncio.TimeoutError) and queued[0]:
+                error = Busy(f"no free connection within {round(engine.timeout_s * 1000)} ms")
             if not is_unavailable(error):
                 raise
             return engine.fail(call, error)
         return engine.finish(call, reply)
 
-    async def _drive(self, steps):
+    def _gate(self):
+        """This event loop's queue for a connection, or None when the pool has no bound."""
+        if self._max_in_flight is None:
+            return None
+        loop = asyncio.get_running_loop()
+        gate = self._gates.get(loop)
+        if gate is None:
+            gate = self._gates[loop] = asyncio.Semaphore(self._max_in_flight)
+        return gate
+
+    async def _queue(self, steps, queued):
+        gate = self._gate()
+        if gate is None:
+            return await self._drive(steps, queued)
+        async with gate:
+            # An outage that began while this call queued decides it as it decides new calls.
+            if self._engine.skip_redis():
+                return _OUTAGE
+            return await self._drive(steps, queued)
+
+    async def _drive(self, steps, queued=None):
         """Runs the requests of `engine.exchange` until it returns the reply."""
         advance, value = steps.send, None
         while True:
@@ -102,9 +142,24 @@ class Limiter(LimiterBase):
             except StopIteration as done:
                 return done.value
             try:
-                advance, value = steps.send, await self._execute(request)
+                advance, value = steps.send, await self._send(request, queued)
             except Exception as error:  # the engine handles what it knows, and re-raises the rest
                 advance, value = steps.throw, error
+
+    async def _send(self, request, queued):
+        """`_execute`, again after a short sleep while the pool is full (a client shared with
+        other work): the deadline of `_run` ends the waiting."""
+        pause, queued = 0.002, queued if queued is not None else [False]
+        while True:
+            queued[0] = False
+            try:
+                return await self._execute(request)
+            except (redis_errors.ConnectionError, redis_errors.RedisClusterException) as error:
+                if not is_busy(error):
+                    raise
+            queued[0] = True
+            await asyncio.sleep(pause * random.uniform(0.5, 1.5))
+            pause = min(pause * 2, 0.05)
 
     async def _execute(self, request):
         client = self.client

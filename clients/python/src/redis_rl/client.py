@@ -10,10 +10,17 @@ from redis import exceptions as redis_errors
 from ._core import Engine, LimiterBase, is_unavailable, monotonic
 
 
+# The pool a limiter makes when the client's own has no useful bound (redis-py 5.x: 2**31).
+DEFAULT_MAX_CONNECTIONS = 100
+
+
 def with_deadline(client, timeout_ms):
     """A `redis.Redis` on a pool of its own: the client's settings, with `timeout_ms` as the
-    socket and connect timeouts and no retries, so each call has that deadline. A cluster
-    client is returned as it is: give it short timeouts yourself (see `connect_cluster`)."""
+    socket and connect timeouts and no retries, on a `BlockingConnectionPool` of the client's
+    `max_connections` (100 when it has no bound below 10,000) that waits up to `timeout_ms`
+    for a free connection. A full pool is load, not an outage: a call waits for a connection
+    rather than failing at once (redis-py's `ConnectionPool` raises `MaxConnectionsError`).
+    A cluster client is returned as it is: give it timeouts yourself (see `connect_cluster`)."""
     import redis
     from redis.backoff import NoBackoff
     from redis.retry import Retry
@@ -25,11 +32,15 @@ def with_deadline(client, timeout_ms):
     kwargs.update(socket_timeout=timeout_ms / 1000, socket_connect_timeout=timeout_ms / 1000,
                   retry=Retry(NoBackoff(), 0), retry_on_timeout=False)
     kwargs.pop("retry_on_error", None)
-    return redis.Redis(connection_pool=redis.ConnectionPool(
-        connection_class=pool.connection_class, max_connections=pool.max_connections, **kwargs))
+    max_connections = getattr(pool, "max_connections", None)
+    if not isinstance(max_connections, int) or not 0 < max_connections <= 10_000:
+        max_connections = DEFAULT_MAX_CONNECTIONS
+    return redis.Redis(connection_pool=redis.BlockingConnectionPool(
+        connection_class=pool.connection_class, max_connections=max_connections,
+        timeout=timeout_ms / 1000, **kwargs))
 
 
-def connect(url, timeout_ms=50, **kwargs):
+def connect(url, timeout_ms=1000, **kwargs):
     """`redis.Redis.from_url` with short timeouts and no retries: a client for a limiter."""
     import redis
     from redis.backoff import NoBackoff
@@ -40,7 +51,7 @@ def connect(url, timeout_ms=50, **kwargs):
                                 retry=Retry(NoBackoff(), 0), **kwargs)
 
 
-def connect_cluster(url, timeout_ms=50, **kwargs):
+def connect_cluster(url, timeout_ms=1000, **kwargs):
     """`redis.RedisCluster.from_url` with short socket timeouts, for a limiter."""
     import redis
 
@@ -61,9 +72,13 @@ class Limiter(LimiterBase):
       entries), False, or the number of entries to keep.
     - `without_module` (default "lua"): on a server without the module, run the shipped Lua
       script ("lua") or raise ModuleMissingError ("refuse").
-    - `timeout_ms` (default 50): each call's deadline. A `redis.Redis` client is copied onto a
-      pool of its own with that socket timeout and no retries; a cluster client keeps its own
-      timeouts.
+    - `timeout_ms` (default 1000): each call's deadline, the longest it waits for Redis: for a
+      free connection in the pool, for a connection to open, for the reply. Busy is not down:
+      a full pool or a slow reply under load is waited for, and only a call still without an
+      answer at the deadline is decided by the policy (logged as busy, or as an outage when
+      Redis refused, reset or did not answer). A `redis.Redis` client is copied onto a
+      `BlockingConnectionPool` of its own with that deadline as the socket, connect and pool
+      timeouts and no retries; a cluster client keeps its own timeouts.
     - `probe_interval_ms` (default 100): during an outage, Redis is tried again at most this
       often; the calls in between are decided by the policy at once.
     - `local_max_keys` (default 100,000): the most buckets "local" keeps (least recently used
@@ -73,7 +88,7 @@ class Limiter(LimiterBase):
     """
 
     def __init__(self, client, *, on_error, instances=1, deny_cache=False, without_module="lua",
-                 timeout_ms=50, probe_interval_ms=100, local_max_keys=100_000, clock=monotonic):
+                 timeout_ms=1000, probe_interval_ms=100, local_max_keys=100_000, clock=monotonic):
         self._engine = Engine(on_error, instances, deny_cache, without_module, timeout_ms,
                               probe_interval_ms, local_max_keys, clock)
         self.client = with_deadline(client, timeout_ms)

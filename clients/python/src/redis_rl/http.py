@@ -11,7 +11,12 @@ Header fields written (each response the limiter decided):
   read (on by default: `legacy_headers=False` turns them off);
 - `Retry-After` (seconds, rounded up) on a 429 that a wait can cure.
 
-A decision by the "open" failure policy knows no quota, so it writes none of these fields.
+When several limits decided one request (the middleware and a route decorator), one set of
+fields is written: `RateLimit-Policy` and `RateLimit` as the draft's lists, one item per
+limit, and `X-RateLimit-*` of the tightest (the fewest tokens left). A decision by the
+"open" failure policy knows no quota, so it writes none of these fields; one by "closed"
+knows the configured limit but not what is left, so it writes `RateLimit-Policy`,
+`X-RateLimit-Limit` and `Retry-After` only.
 """
 
 import ipaddress
@@ -20,6 +25,9 @@ import math
 
 #: The draft whose `RateLimit-Policy` and `RateLimit` syntax is written.
 HEADERS_DRAFT = "draft-ietf-httpapi-ratelimit-headers-10"
+
+
+_UNSET = object()
 
 
 def _networks(trusted_proxies):
@@ -37,11 +45,15 @@ class Policy:
     """One limit for HTTP requests.
 
     - `limiter`: a `redis_rl.Limiter` (WSGI) or `redis_rl.asyncio.Limiter` (ASGI);
-    - `limit`: the `Limit` each key gets;
+    - `limit`: the `Limit` each key gets, or a function of the request returning one (a
+      user's plan);
     - `key`: "ip" (the client address, default), "header:<Name>" (a request header's value;
       requests without it fall back to the address), or a function of the request (the ASGI
       scope, the WSGI environ) returning the key;
     - `cost`: tokens per request, or a function of the request;
+
+    In the ASGI middleware every function here (`limit`, `key`, `cost`, `skip`,
+    `on_limited`) may be `async def` or return an awaitable: it is awaited.
     - `trusted_proxies`: addresses or networks ("10.0.0.0/8") whose X-Forwarded-For is
       believed; from anyone else it is ignored (default: nobody);
     - `prefix`: put before each key in Redis (default "rl:http:");
@@ -67,8 +79,6 @@ class Policy:
         self.legacy_headers = legacy_headers
         self.skip = skip
         self.on_limited = on_limited
-        # Exact: the seconds a refill from empty takes, rounded up.
-        self.window_s = max(1, math.ceil(limit.capacity_fraction / limit.rate_fraction))
 
     # The key -------------------------------------------------------------------------------
 
@@ -91,10 +101,11 @@ class Policy:
     def _trusted(self, ip):
         return any(ip in net for net in self.trusted)
 
-    def key_for(self, request, peer, header):
-        """The bucket key: `header(name)` reads a request header (None when absent)."""
+    def key_for(self, request, peer, header, computed=_UNSET):
+        """The bucket key: `header(name)` reads a request header (None when absent);
+        `computed`, what the key function returned when the caller called it (and awaited)."""
         if callable(self.key):
-            key = self.key(request)
+            key = self.key(request) if computed is _UNSET else computed
         elif self.key.startswith("header:"):
             key = header(self.key[len("header:"):]) or None
             if key is not None:
@@ -108,23 +119,22 @@ class Policy:
     def cost_for(self, request):
         return self.cost(request) if callable(self.cost) else self.cost
 
+    def limit_for(self, request):
+        return self.limit(request) if callable(self.limit) else self.limit
+
     # The response ---------------------------------------------------------------------------
 
     def headers(self, decision):
-        """The header fields for `decision`, as [(name, value)]."""
-        if decision.source == "open":
-            return []
-        limit = decision.limit
-        reset_s = -(-decision.reset_after_ms // 1000)
-        out = [
-            ("RateLimit-Policy", f'"{self.policy_name}";q={math.floor(limit.capacity_fraction)};w={self.window_s}'),
-            ("RateLimit", f'"{self.policy_name}";r={decision.remaining};t={reset_s}'),
-        ]
-        legacy = decision.headers()  # X-RateLimit-* and Retry-After, as the library writes them
-        for name, value in legacy.items():
-            if name == "Retry-After" or self.legacy_headers:
-                out.append((name, value))
-        return out
+        """The header fields for `decision` alone, as [(name, value)]."""
+        return header_fields([(self, decision)])
+
+    def policy_item(self, limit):
+        # w: the seconds a refill from empty takes, exact, rounded up.
+        window_s = max(1, math.ceil(limit.capacity_fraction / limit.rate_fraction))
+        return f'"{self.policy_name}";q={math.floor(limit.capacity_fraction)};w={window_s}'
+
+    def remaining_item(self, decision):
+        return f'"{self.policy_name}";r={decision.remaining};t={_ceil_s(decision.reset_after_ms)}'
 
     @staticmethod
     def problem(decision):
@@ -138,3 +148,38 @@ class Policy:
 
 
 PROBLEM_TYPE = "application/problem+json"
+
+#: The names `header_fields` writes, which a middleware replaces in a response it decided.
+FIELD_NAMES = ("ratelimit-policy", "ratelimit", "x-ratelimit-limit", "x-ratelimit-remaining",
+               "x-ratelimit-reset", "retry-after")
+
+
+def _ceil_s(ms):
+    return -(-ms // 1000)
+
+
+def header_fields(decided):
+    """One set of header fields for the [(policy, decision)] of one request, as [(name,
+    value)]: each limit an item of RateLimit-Policy (unless "open" decided it) and of
+    RateLimit (unless a failure policy other than "local" did: no quota is known), X-RateLimit-*
+    of the tightest limit whose quota is known (X-RateLimit-Limit alone when only "closed"
+    decided), and Retry-After, the longest wait among the denials a wait can cure."""
+    decided = [(p, d) for p, d in decided if d.source != "open"]
+    known = [(p, d) for p, d in decided if d.source != "closed"]
+    out = []
+    if decided:
+        out.append(("RateLimit-Policy", ", ".join(p.policy_item(d.limit) for p, d in decided)))
+    if known:
+        out.append(("RateLimit", ", ".join(p.remaining_item(d) for p, d in known)))
+    if any(p.legacy_headers for p, _ in decided):
+        if known:
+            _, tight = min(known, key=lambda e: (e[1].remaining, -e[1].reset_after_ms))
+            legacy = tight.headers()
+            for name in ("X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset"):
+                out.append((name, legacy[name]))
+        else:
+            out.append(("X-RateLimit-Limit", decided[0][1].limit.args()[1]))
+    waits = [d.retry_after_ms for _, d in decided if not d.allowed and d.retry_after_ms >= 0]
+    if waits:
+        out.append(("Retry-After", str(_ceil_s(max(waits)))))
+    return out

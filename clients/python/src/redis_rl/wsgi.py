@@ -1,21 +1,27 @@
-"""Rate limits for WSGI apps (Flask, Django) on the sync `redis_rl.Limiter`.
+"""Rate limits for WSGI apps (Flask, any WSGI app) on the sync `redis_rl.Limiter`.
 
     app.wsgi_app = RateLimitMiddleware(app.wsgi_app, limiter=limiter, limit=Limit(10, 20))
 
 `RateLimitMiddleware` limits every request; `limit_route` one Flask view. Both take the
 options of `redis_rl.http.Policy`; a key or cost function and `skip` get the WSGI environ, and
 `on_limited(environ, decision, headers)` returns a WSGI app (a Flask or Werkzeug `Response`
-is one). For Django, wrap the WSGI application in wsgi.py the same way. The limiter's
+is one). `limit_route` is Flask's; Django has its own middleware and view decorator in
+`redis_rl.django`. The limiter's
 failure policy, deny cache and Lua fallback apply to each request unchanged.
+
+Each decision is recorded in the environ (`environ["redis_rl"]`), so a request limited by
+the middleware and a route decorator gets one set of header fields for both
+(`redis_rl.http.header_fields`).
 """
 
 import functools
 
-from .http import PROBLEM_TYPE, Policy
+from .http import FIELD_NAMES, PROBLEM_TYPE, Policy, header_fields
 
 __all__ = ["RateLimitMiddleware", "limit_route", "Policy"]
 
 _REASON = "429 Too Many Requests"
+_DECIDED = "redis_rl"  # the environ's list of (policy, decision) for this request
 
 
 def _header_reader(environ):
@@ -32,8 +38,10 @@ def decide(policy, environ):
     if policy.skip is not None and policy.skip(environ):
         return None
     key = policy.key_for(environ, environ.get("REMOTE_ADDR"), _header_reader(environ))
-    decision = policy.limiter.acquire(key, policy.limit, policy.cost_for(environ))
-    return decision, policy.headers(decision)
+    decision = policy.limiter.acquire(key, policy.limit_for(environ), policy.cost_for(environ))
+    decided = environ.setdefault(_DECIDED, [])
+    decided.append((policy, decision))
+    return decision, header_fields(decided)
 
 
 def _problem_app(decision, headers):
@@ -66,7 +74,10 @@ class RateLimitMiddleware:
             return app(environ, start_response)
 
         def start_with_headers(status, response_headers, exc_info=None):
-            return start_response(status, list(response_headers) + headers, exc_info)
+            # One set of fields for every limit of this request: a route decorator inside may
+            # have written its own, which this set (holding it too) replaces.
+            kept = [(n, v) for n, v in response_headers if n.lower() not in FIELD_NAMES]
+            return start_response(status, kept + header_fields(environ[_DECIDED]), exc_info)
 
         return self.app(environ, start_with_headers)
 

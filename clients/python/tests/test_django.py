@@ -1,0 +1,157 @@
+"""redis_rl.django in a real Django app, through Django's test client: the middleware from
+settings, the view decorator on a function view and a class-based view, both on one request
+(one set of header fields), hooks that get the HttpRequest, and the closed policy during an
+outage. Exact counts, header fields and problem+json bodies, against real servers."""
+
+import json
+import types
+import unittest
+
+import django
+import redis
+from django.conf import settings
+
+if not settings.configured:
+    settings.configure(DEBUG=False, SECRET_KEY="test", ALLOWED_HOSTS=["*"], INSTALLED_APPS=[],
+                       MIDDLEWARE=[], ROOT_URLCONF=None, USE_TZ=True)
+    django.setup()
+
+from django.http import HttpResponse, JsonResponse  # noqa: E402  (after settings)
+from django.test import Client, override_settings  # noqa: E402
+from django.urls import path  # noqa: E402
+from django.utils.decorators import method_decorator  # noqa: E402
+from django.views import View  # noqa: E402
+
+from redis_rl import Limit, Limiter  # noqa: E402
+from redis_rl.django import limit_view  # noqa: E402
+from servers import Server, free_port  # noqa: E402
+
+LIMIT = Limit(rate=0.01, capacity=3)  # nothing refills while a test runs
+MIDDLEWARE = ["redis_rl.django.RateLimitMiddleware"]
+
+
+def expected(remaining, reset_s):
+    return {"RateLimit-Policy": '"default";q=3;w=300', "RateLimit": f'"default";r={remaining};t={reset_s}',
+            "X-RateLimit-Limit": "3", "X-RateLimit-Remaining": str(remaining),
+            "X-RateLimit-Reset": str(reset_s)}
+
+
+def rate_headers(response):
+    return {k: v for k, v in response.headers.items() if "RateLimit" in k or k == "Retry-After"}
+
+
+def urlconf(*patterns):
+    module = types.ModuleType("urls")  # hashable, as Django's resolver cache needs
+    module.urlpatterns = list(patterns)
+    return module
+
+
+def hello(request):
+    return HttpResponse("hello")
+
+
+class Django(unittest.TestCase):
+    def limiter(self, port, **kwargs):
+        kwargs.setdefault("on_error", "closed")
+        limiter = Limiter(redis.Redis(port=port), **kwargs)
+        self.addCleanup(limiter.client.close)
+        return limiter
+
+    def server(self, module=True):
+        s = Server(module=module)
+        self.addCleanup(s.close)
+        return s
+
+    def app(self, urls, middleware=None):
+        """A Django test client for `urls`, with the middleware when its options are given."""
+        overrides = {"ROOT_URLCONF": urls, "MIDDLEWARE": MIDDLEWARE if middleware else []}
+        if middleware:
+            overrides["REDIS_RL_MIDDLEWARE"] = middleware
+        context = override_settings(**overrides)
+        context.enable()
+        self.addCleanup(context.disable)
+        return Client(REMOTE_ADDR="203.0.113.7")
+
+    def test_middleware_three_allowed_then_a_problem_429_on_module_and_lua(self):
+        for module in (True, False):
+            limiter = self.limiter(self.server(module).port)
+            http = self.app(urlconf(path("", hello), path("health", hello)),
+                            {"limiter": limiter, "limit": LIMIT,
+                             "skip": lambda request: request.path == "/health"})
+            got = [http.get("/") for _ in range(4)]
+            self.assertEqual([r.status_code for r in got], [200, 200, 200, 429])
+            self.assertEqual(got[0].content, b"hello")
+            self.assertEqual(rate_headers(got[0]), expected(2, 100))
+            denied = got[3]
+            self.assertEqual(rate_headers(denied), {**expected(0, 300), "Retry-After": "100"})
+            self.assertEqual(denied["Content-Type"], "application/problem+json")
+            self.assertEqual(json.loads(denied.content)["detail"], "Rate limit exceeded; retry after 100 s.")
+            self.assertEqual([(r.status_code, rate_headers(r)) for r in (http.get("/health") for _ in range(4))],
+                             [(200, {})] * 4)
+            self.assertEqual(limiter.path, "module" if module else "lua")
+
+    def test_view_decorator_with_hooks_of_the_request_and_a_custom_response(self):
+        s = self.server()
+        limiter = self.limiter(s.port)
+
+        @limit_view(limiter, Limit(0.01, 2), key=lambda request: "user:" + request.GET.get("user", "anon"),
+                    cost=lambda request: int(request.GET.get("cost", 1)),
+                    on_limited=lambda request, d, headers: JsonResponse({"slow": "down"}, status=503,
+                                                                        headers=dict(headers)))
+        def search(request):
+            return JsonResponse({"results": []})
+
+        class Report(View):
+            @method_decorator(limit_view(limiter, Limit(0.01, 1), prefix="report:"))
+            def dispatch(self, request, *args, **kwargs):
+                return super().dispatch(request, *args, **kwargs)
+
+            def get(self, request):
+                return HttpResponse("report")
+
+        http = self.app(urlconf(path("search", search), path("report", Report.as_view())))
+        got = [http.get("/search?user=alice") for _ in range(3)]
+        self.assertEqual([r.status_code for r in got], [200, 200, 503])
+        self.assertEqual(json.loads(got[0].content), {"results": []})
+        self.assertEqual(got[1]["RateLimit"], '"default";r=0;t=200')
+        self.assertEqual((json.loads(got[2].content), got[2]["Retry-After"]), ({"slow": "down"}, "100"))
+        self.assertEqual(http.get("/search?user=bob&cost=2").status_code, 200)
+        self.assertEqual([http.get("/report").status_code for _ in range(2)], [200, 429])
+        raw = redis.Redis(port=s.port)
+        self.assertEqual(sorted(k.decode() for k in raw.keys("*")),
+                         ["report:ip:203.0.113.7", "rl:http:user:alice", "rl:http:user:bob"])
+
+    def test_middleware_and_view_decorator_send_one_set_of_fields(self):
+        limiter = self.limiter(self.server().port)
+        view = limit_view(limiter, Limit(0.01, 5), policy_name="route", prefix="route:")(hello)
+        http = self.app(urlconf(path("", view)), {"limiter": limiter, "limit": LIMIT})
+        first = http.get("/")
+        self.assertEqual(rate_headers(first), {
+            "RateLimit-Policy": '"default";q=3;w=300, "route";q=5;w=500',
+            "RateLimit": '"default";r=2;t=100, "route";r=4;t=100',
+            "X-RateLimit-Limit": "3", "X-RateLimit-Remaining": "2", "X-RateLimit-Reset": "100"})
+
+    def test_limit_per_request(self):
+        plans = {"free": Limit(0.01, 1), "pro": Limit(0.01, 3)}
+        limiter = self.limiter(self.server().port)
+        http = self.app(urlconf(path("", hello)), {
+            "limiter": limiter, "key": "header:X-User",
+            "limit": lambda request: plans[request.headers.get("X-Plan", "free")]})
+        self.assertEqual([http.get("/", headers={"X-User": "a"}).status_code for _ in range(2)], [200, 429])
+        pro = [http.get("/", headers={"X-User": "b", "X-Plan": "pro"}).status_code for _ in range(4)]
+        self.assertEqual(pro, [200, 200, 200, 429])
+
+    def test_outage_applies_the_failure_policy(self):
+        dead = free_port()
+        closed = self.app(urlconf(path("", hello)), {"limiter": self.limiter(dead, timeout_ms=100), "limit": LIMIT})
+        r = closed.get("/")
+        self.assertEqual((r.status_code, rate_headers(r)), (429, {
+            "RateLimit-Policy": '"default";q=3;w=300', "X-RateLimit-Limit": "3", "Retry-After": "1"}))
+        opened = self.app(urlconf(path("", hello)), {
+            "limiter": self.limiter(dead, on_error="open", timeout_ms=100), "limit": LIMIT})
+        r = opened.get("/")
+        self.assertEqual((r.status_code, rate_headers(r)), (200, {}))
+
+
+if __name__ == "__main__":
+    unittest.main()
