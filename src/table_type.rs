@@ -183,32 +183,42 @@ impl TableKey {
     /// [`Error::TableFull`] if the new fields would take the table past
     /// [`table::MAX_BUCKETS`] (nothing is written); [`Error::Internal`] if the server refuses.
     pub fn commit(&mut self, event: &CStr) -> Result<(), Error> {
-        let staged = std::mem::take(&mut self.staged);
-        let new_fields = staged
-            .iter()
-            .filter(|&&(tag, state)| state.is_some() && self.get(tag).is_none())
-            .count();
-        if self.len().saturating_add(new_fields) > table::MAX_BUCKETS {
-            return Err(Error::TableFull);
-        }
-        let mut effects = Vec::with_capacity(staged.len());
-        for (tag, state) in staged {
-            match state {
-                Some(state) => {
-                    self.set(tag, state)?;
-                    effects.push((tag, Some(state)));
-                }
-                None => {
-                    if self
-                        .table_mut()
-                        .and_then(|table| table.remove(tag))
-                        .is_some()
-                    {
-                        effects.push((tag, None));
-                    }
-                }
+        // The staged changes become the effects in place: one allocation per write.
+        let mut effects = std::mem::take(&mut self.staged);
+        // Counting the new fields costs a lookup each; only a table near the cap needs it.
+        if self.len().saturating_add(effects.len()) > table::MAX_BUCKETS {
+            let new_fields = effects
+                .iter()
+                .filter(|&&(tag, state)| state.is_some() && self.get(tag).is_none())
+                .count();
+            if self.len().saturating_add(new_fields) > table::MAX_BUCKETS {
+                return Err(Error::TableFull);
             }
         }
+        let mut applied = 0;
+        for i in 0..effects.len() {
+            let Some(&(tag, state)) = effects.get(i) else {
+                break;
+            };
+            let changed = match state {
+                Some(state) => {
+                    self.set(tag, state)?;
+                    true
+                }
+                // Removing a bucket that is not there changes nothing, and reports nothing.
+                None => self
+                    .table_mut()
+                    .and_then(|table| table.remove(tag))
+                    .is_some(),
+            };
+            if changed {
+                if let Some(effect) = effects.get_mut(applied) {
+                    *effect = (tag, state);
+                }
+                applied += 1;
+            }
+        }
+        effects.truncate(applied);
         if let (Some(now_ns), false) = (self.sweep_now_ns, effects.is_empty()) {
             if let Some(table) = self.table_mut() {
                 let swept = table.sweep(now_ns, SWEEP_STEP);
