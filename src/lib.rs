@@ -106,7 +106,17 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
     // SAFETY: `ctx.ctx` is the context passed to RedisModule_OnLoad.
     unsafe { propagation::subscribe(ctx.ctx) };
     // SAFETY: as above.
-    if !unsafe { table_registry::subscribe(ctx.ctx, table_type::registered_type()) } {
+    // SAFETY: as above.
+    let renames = !unsafe { server::generic_events_move_clients(ctx.ctx) };
+    if !renames {
+        ctx.log_notice(
+            "rl: this Valkey moves a client's database on MOVE or COPY when a module listens \
+             to generic keyspace events (valkey-io/valkey#4024); not listening, so a renamed \
+             or moved table is found again at a write that adds an earlier bucket",
+        );
+    }
+    // SAFETY: as above.
+    if !unsafe { table_registry::subscribe(ctx.ctx, table_type::registered_type(), renames) } {
         ctx.log_warning("rl: keyspace or server events unavailable; the sweep may miss tables");
     }
     // SAFETY: as above.

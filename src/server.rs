@@ -56,6 +56,41 @@ pub unsafe fn is_valkey(ctx: *mut RedisModuleCtx) -> bool {
     .unwrap_or(false)
 }
 
+/// Whether a module subscribed to generic keyspace events moves the client of a `MOVE` or a
+/// cross-database `COPY` to the destination database: Valkey from 8.1 (valkey-io/valkey#1819
+/// runs the callbacks on the executing client and selects the event's database on it) until
+/// the fix (valkey-io/valkey#4024, seen fixed in 9.1.2). A server bug has no API to probe, so
+/// this reads `valkey_version`, and any Valkey whose version it cannot read counts as
+/// affected: the safe side is not to subscribe.
+///
+/// # Safety
+/// `ctx` must be a live context.
+pub unsafe fn generic_events_move_clients(ctx: *mut RedisModuleCtx) -> bool {
+    // SAFETY: as in `module_options`.
+    if !unsafe { is_valkey(ctx) } {
+        return false;
+    }
+    // SAFETY: as above.
+    let version = unsafe {
+        with_info(ctx, c"server", |info| {
+            let field = raw::RedisModule_ServerInfoGetFieldC?;
+            let text = field(info, c"valkey_version".as_ptr());
+            (!text.is_null()).then(|| CStr::from_ptr(text).to_string_lossy().into_owned())
+        })
+    }
+    .flatten();
+    version
+        .as_deref()
+        .and_then(parse_version)
+        .is_none_or(|v| ((8, 1, 0)..(9, 1, 2)).contains(&v))
+}
+
+/// `major.minor.patch` as numbers; `None` for anything else.
+fn parse_version(text: &str) -> Option<(u32, u32, u32)> {
+    let mut parts = text.trim().splitn(3, '.').map(|p| p.parse::<u32>().ok());
+    Some((parts.next()??, parts.next()??, parts.next()??))
+}
+
 /// Runs `read` on one `INFO` section and frees it; `None` if the server cannot provide it.
 ///
 /// # Safety
@@ -78,5 +113,19 @@ pub unsafe fn with_info<T>(
         let value = read(info);
         free_info(ctx, info);
         Some(value)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_parse_as_three_numbers_or_not_at_all() {
+        assert_eq!(parse_version("8.1.1"), Some((8, 1, 1)));
+        assert_eq!(parse_version("9.1.2\r"), Some((9, 1, 2)));
+        assert_eq!(parse_version("9.1"), None);
+        assert_eq!(parse_version("9.1.x"), None);
+        assert_eq!(parse_version(""), None);
     }
 }

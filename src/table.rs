@@ -427,6 +427,9 @@ pub struct Table {
     /// Whether this pass can have seen every bucket: no migration and no removal other than
     /// the sweep's own since it began (either can move a bucket behind the cursor unseen).
     pass_whole: bool,
+    /// Where the glue last recorded this table (a database number and key name), so it can
+    /// tell when the table has moved (a rename, a move) at its next write. Not stored.
+    pub recorded_at: Option<(i32, Box<[u8]>)>,
 }
 
 impl Default for Table {
@@ -478,6 +481,7 @@ impl Table {
             earliest_full_ns: u64::MAX,
             pass_earliest_ns: u64::MAX,
             pass_whole: true,
+            recorded_at: None,
         }
     }
 
@@ -492,6 +496,7 @@ impl Table {
             earliest_full_ns: u64::MAX,
             pass_earliest_ns: u64::MAX,
             pass_whole: true,
+            recorded_at: None,
         };
         for &(tag, state) in entries {
             table.current.insert_absent(tag, state);

@@ -7,11 +7,14 @@
 //! comes to be under a name adds that name:
 //! - the module's own writes (`RL.HACQUIRE`, `RL.HSETSTATE` from a master, the AOF or a
 //!   slot migration) create a table through [`note`];
-//! - `RENAME`, `MOVE` and `COPY` report their destination (`rename_to`, `move_to`,
-//!   `copy_to`), and `RESTORE` (and so `MIGRATE`) reports `restore`;
-//! - loading an RDB (a restart, a replica's full sync, `DEBUG RELOAD`) reports each key as
-//!   `loaded`; only a key right after a table was decoded is looked at, so a load of many
-//!   other keys costs one flag test each;
+//! - the table type's callbacks name the key a table value arrives under ([`note_place`]):
+//!   `rdb_load` for loading an RDB (a restart, a replica's full sync, `DEBUG RELOAD`) and for
+//!   `RESTORE` (and so `MIGRATE`), `copy2` for `COPY`;
+//! - `RENAME` and `MOVE` report their destination as keyspace events (`rename_to`,
+//!   `move_to`), except on the Valkey versions where subscribing to those events moves the
+//!   client of every `MOVE` and cross-database `COPY` to the destination database
+//!   (`server::generic_events_move_clients`): there a renamed or moved table is found again
+//!   at a write that adds a bucket filling sooner than any it holds;
 //! - `SWAPDB` swaps the databases of the names, and `FLUSHDB` / `FLUSHALL` drop them.
 //!
 //! [`Registry`] is the pure set (no Redis types); the glue below feeds it from the server.
@@ -21,7 +24,7 @@
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::ptr;
-use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use redis_module::raw::{self, RedisModuleCtx, RedisModuleEvent, RedisModuleString};
@@ -152,9 +155,6 @@ static REGISTRY: Mutex<Option<Registry>> = Mutex::new(None);
 /// The table type, handed over at [`subscribe`].
 static TABLE_TYPE: AtomicPtr<raw::RedisModuleType> = AtomicPtr::new(ptr::null_mut());
 
-/// Whether a table value was just decoded, so the next `loaded` key is worth a look.
-static TABLE_DECODED: AtomicBool = AtomicBool::new(false);
-
 /// The registry, locked. Only the main thread uses it, so the lock is never contended; a
 /// panic that poisoned it left the set usable (each operation leaves it whole).
 pub fn lock() -> MutexGuard<'static, Option<Registry>> {
@@ -171,37 +171,80 @@ pub fn len() -> usize {
 /// # Safety
 /// `ctx` must be a live context and `name` a live string.
 pub unsafe fn note(ctx: *mut RedisModuleCtx, name: *mut RedisModuleString) {
+    // SAFETY: forwarded (caller).
+    unsafe {
+        if let Some(selected_db) = raw::RedisModule_GetSelectedDb {
+            note_place(selected_db(ctx), name);
+        }
+    }
+}
+
+/// The database `ctx` has selected and the bytes of `name`, borrowed for as long as the
+/// caller holds the string.
+///
+/// # Safety
+/// `ctx` must be a live context and `name` a live string that outlives `'a`.
+pub unsafe fn place_of<'a>(
+    ctx: *mut RedisModuleCtx,
+    name: *const RedisModuleString,
+) -> Option<(i32, &'a [u8])> {
+    // SAFETY: forwarded (caller).
+    unsafe {
+        let (selected_db, ptr_len) = (
+            raw::RedisModule_GetSelectedDb?,
+            raw::RedisModule_StringPtrLen?,
+        );
+        let mut len = 0usize;
+        let bytes = ptr_len(name, &mut len);
+        if bytes.is_null() {
+            return None;
+        }
+        Some((
+            selected_db(ctx),
+            std::slice::from_raw_parts(bytes.cast::<u8>(), len),
+        ))
+    }
+}
+
+/// Records that `name` in database `db` holds a table.
+pub fn note_at(db: i32, name: &[u8]) {
+    lock().get_or_insert_with(Registry::new).insert(db, name);
+}
+
+/// Records that `name` in database `db` holds a table.
+///
+/// # Safety
+/// `name` must be null or a live string.
+pub unsafe fn note_place(db: c_int, name: *const RedisModuleString) {
     // SAFETY: forwarded (caller); the bytes are copied before the string can go.
     unsafe {
-        let (Some(selected_db), Some(ptr_len)) = (
-            raw::RedisModule_GetSelectedDb,
-            raw::RedisModule_StringPtrLen,
-        ) else {
+        let Some(ptr_len) = raw::RedisModule_StringPtrLen else {
             return;
         };
+        if name.is_null() {
+            return;
+        }
         let mut len = 0usize;
         let bytes = ptr_len(name, &mut len);
         if bytes.is_null() {
             return;
         }
         let name = std::slice::from_raw_parts(bytes.cast::<u8>(), len);
-        let db = selected_db(ctx);
         lock().get_or_insert_with(Registry::new).insert(db, name);
     }
 }
 
-/// Called by the table type's `rdb_load` after it decoded a table: the next `loaded` key is
-/// looked at.
-pub fn table_decoded() {
-    TABLE_DECODED.store(true, Ordering::Relaxed);
-}
-
 /// Subscribes to what can put a table of `table_type` under a new name (see the file's
-/// docs). Returns false if the server refused any of it: tables may then be missed.
+/// docs); `renames` says whether to listen to the keyspace events of `RENAME` and `MOVE`.
+/// Returns false if the server refused any of it: tables may then be missed.
 ///
 /// # Safety
 /// `ctx` must be the context passed to `RedisModule_OnLoad`.
-pub unsafe fn subscribe(ctx: *mut RedisModuleCtx, table_type: *mut raw::RedisModuleType) -> bool {
+pub unsafe fn subscribe(
+    ctx: *mut RedisModuleCtx,
+    table_type: *mut raw::RedisModuleType,
+    renames: bool,
+) -> bool {
     TABLE_TYPE.store(table_type, Ordering::Relaxed);
     // SAFETY: load-time context (caller); the callbacks have the required signatures.
     unsafe {
@@ -211,8 +254,9 @@ pub unsafe fn subscribe(ctx: *mut RedisModuleCtx, table_type: *mut raw::RedisMod
         ) else {
             return false;
         };
-        let types = (raw::REDISMODULE_NOTIFY_GENERIC | raw::REDISMODULE_NOTIFY_LOADED) as c_int;
-        let mut ok = keyspace(ctx, types, Some(on_keyspace)) == raw::REDISMODULE_OK as c_int;
+        let generic = raw::REDISMODULE_NOTIFY_GENERIC as c_int;
+        let mut ok =
+            !renames || keyspace(ctx, generic, Some(on_keyspace)) == raw::REDISMODULE_OK as c_int;
         for id in [
             raw::REDISMODULE_EVENT_SWAPDB,
             raw::REDISMODULE_EVENT_FLUSHDB,
@@ -267,17 +311,12 @@ unsafe extern "C" fn on_keyspace(
         }
         // SAFETY: the server passes a NUL-terminated event name, live for this call.
         let event = unsafe { CStr::from_ptr(event) }.to_bytes();
-        let worth_a_look = match event {
-            b"loaded" => TABLE_DECODED.swap(false, Ordering::Relaxed),
-            b"rename_to" | b"move_to" | b"copy_to" | b"restore" => true,
-            _ => false,
-        };
-        if !worth_a_look {
+        if !matches!(event, b"rename_to" | b"move_to") {
             return;
         }
-        // SAFETY: the callback's live context (its database is the key's) and key name. A
-        // `loaded` key's name lives on the server's stack and must not be retained, which
-        // opening it would do: open a copy, freed here.
+        // SAFETY: the callback's live context (its database is the key's) and key name.
+        // Opening a key retains its name, which the server may forbid for an event's name:
+        // open a copy, freed here.
         unsafe {
             let (Some(copy), Some(free)) = (
                 raw::RedisModule_CreateStringFromString,

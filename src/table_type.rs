@@ -61,7 +61,7 @@ pub static TABLE_TYPE: RedisType = RedisType::new(
         mem_usage2: None,
         free_effort2: None,
         unlink2: None,
-        copy2: None,
+        copy2: Some(copy2),
         aux_save2: None,
     },
 );
@@ -248,14 +248,23 @@ impl TableKey {
             }
             self.table = table;
         }
+        // SAFETY: the running command's context and key name, live for this command.
+        let place = unsafe { table_registry::place_of(self.key.ctx, self.key.name) };
         let table = self.table_mut().ok_or(Error::Internal)?;
-        if state.full_at_ns() < table.earliest_full_ns() {
-            // A new table, or a bucket that fills before any the sweep knew of: the sweep
-            // must look at this table again by then.
-            // SAFETY: the running command's context and key name.
-            unsafe { table_registry::note(self.key.ctx, self.key.name) };
+        // A new table, one under a new name (renamed, moved, restored), or a bucket that
+        // fills before any the sweep knew of: the sweep must look at this table by then.
+        let recorded = table
+            .recorded_at
+            .as_ref()
+            .map(|(db, name)| (*db, &name[..]));
+        if let Some((db, name)) = place {
+            if recorded != place {
+                table_registry::note_at(db, name);
+                table.recorded_at = Some((db, name.into()));
+            } else if state.full_at_ns() < table.earliest_full_ns() {
+                table_registry::note_at(db, name);
+            }
         }
-        let table = self.table_mut().ok_or(Error::Internal)?;
         table
             .set(tag, state)
             .map_err(|table::Full| Error::TableFull)?;
@@ -460,8 +469,16 @@ unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *m
     };
     match table::decode(encver, next_unsigned, next_bytes) {
         Ok(table) => {
-            // The key it is loaded under is reported next (`loaded`, or `restore`).
-            table_registry::table_decoded();
+            // The key it is loaded under (a load, RESTORE, MIGRATE) joins the registry.
+            // SAFETY: `rdb` is live; the name, if any, lives for this call.
+            unsafe {
+                if let (Some(name), Some(db)) = (
+                    raw::RedisModule_GetKeyNameFromIO,
+                    raw::RedisModule_GetDbIdFromIO,
+                ) {
+                    table_registry::note_place(db(rdb), name(rdb));
+                }
+            }
             Box::into_raw(Box::new(table)).cast()
         }
         Err(table::DecodeError::Io) => ptr::null_mut(),
@@ -588,5 +605,23 @@ unsafe extern "C" fn copy(
     match unsafe { table_of(value) } {
         Some(table) => Box::into_raw(Box::new(table.clone())).cast(),
         None => ptr::null_mut(),
+    }
+}
+
+/// `COPY` where the server has `copy2` (and calls it instead of `copy`): the copy joins the
+/// registry under its name and database.
+unsafe extern "C" fn copy2(
+    ctx: *mut raw::RedisModuleKeyOptCtx,
+    value: *const c_void,
+) -> *mut c_void {
+    // SAFETY: Redis passes a live option context and a live value of this type.
+    unsafe {
+        if let (Some(name), Some(db)) = (
+            raw::RedisModule_GetToKeyNameFromOptCtx,
+            raw::RedisModule_GetToDbIdFromOptCtx,
+        ) {
+            table_registry::note_place(db(ctx), name(ctx));
+        }
+        copy(ptr::null_mut(), ptr::null_mut(), value)
     }
 }
