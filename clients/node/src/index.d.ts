@@ -70,6 +70,8 @@ export const RANGES: {
 export class RateLimitError extends Error {}
 export class ModuleMissingError extends RateLimitError {}
 export const CLOSED_RETRY_AFTER_MS: number;
+/** The default deadline of a call (timeoutMs), ms: 2000. */
+export const DEFAULT_TIMEOUT_MS: number;
 
 export interface LimiterOptions {
   /** Required: "open" allows, "closed" denies, "local" decides in process with
@@ -81,7 +83,9 @@ export interface LimiterOptions {
   denyCache?: boolean | number;
   /** On a server without the module: the Lua script ("lua", default) or an error. */
   withoutModule?: "lua" | "refuse";
-  /** Each call's deadline, ms. Default 50. */
+  /** Each call's deadline, ms, waiting for a connection still opening included: busy is
+   * not down, so only after it (or at once on a transport error) does onError decide. Default
+   * 2000 (DEFAULT_TIMEOUT_MS). */
   timeoutMs?: number;
   /** During an outage, Redis is tried at most this often (ms). Default 100. */
   probeIntervalMs?: number;

@@ -26,6 +26,12 @@ const MIN_RATE = fromDecimal(RANGES.rate.min), MAX_RATE = fromDecimal(RANGES.rat
 const CAPACITY_ABOVE = fromDecimal(RANGES.capacity.above), MAX_CAPACITY = fromDecimal(RANGES.capacity.max);
 const MAX_REFILL_S = fromDecimal(RANGES.refill.max_s), MIN_COST = fromDecimal(RANGES.cost.min);
 const POLICIES = ["open", "closed", "local"];
+/**
+ * How long a call may take, by default, before the failure policy decides, in ms: a
+ * connection still opening, a queue of a thousand calls ahead on one connection or a slow
+ * reply under load is busy, not down, and is waited for; it fits inside a web request.
+ */
+export const DEFAULT_TIMEOUT_MS = 2000;
 /** What a `closed` decision tells the caller to wait, in ms. */
 export const CLOSED_RETRY_AFTER_MS = 1000;
 const MAX_EXACT_DENOMINATOR = 1n << 31n;
@@ -35,7 +41,12 @@ const ROUNDED_DENOMINATOR = 1n << 30n;
 export class RateLimitError extends Error {}
 /** The server has no RL.ACQUIRE and the limiter was built with withoutModule: "refuse". */
 export class ModuleMissingError extends RateLimitError {}
-class DeadlineError extends Error {}
+class DeadlineError extends Error {
+  constructor(message) {
+    super(message);
+    this.name = "DeadlineError";
+  }
+}
 
 /** The text sent for a number: its shortest round-trip decimal, read exactly by the module. */
 const numberArg = numberText;
@@ -191,13 +202,15 @@ const isNoScript = (e) => isReplyError(e) && e.message.startsWith("NOSCRIPT");
  * - onError (required): "open" allows, "closed" denies, "local" decides in process with an
  *   exact bucket of rate / instances and capacity / instances per key;
  * - instances (1), denyCache (false; true = 10,000 entries, or a number), withoutModule
- *   ("lua" or "refuse"), timeoutMs (50: each call's deadline), probeIntervalMs (100: how
- *   often Redis is tried during an outage), localMaxKeys (100,000).
+ *   ("lua" or "refuse"), timeoutMs (DEFAULT_TIMEOUT_MS, 2000: each call's deadline, which
+ *   covers waiting for a connection still opening; the policy decides only after it, or at
+ *   once on a transport error), probeIntervalMs (100: how often Redis is tried during an
+ *   outage, without waiting for the connection), localMaxKeys (100,000).
  */
 export class Limiter {
   constructor(client, options = {}) {
     const {
-      onError, instances = 1, denyCache = false, withoutModule = "lua", timeoutMs = 50,
+      onError, instances = 1, denyCache = false, withoutModule = "lua", timeoutMs = DEFAULT_TIMEOUT_MS,
       probeIntervalMs = 100, localMaxKeys = 100_000, clock = () => performance.now(), logger = console,
     } = options;
     if (onError === undefined) {
@@ -222,6 +235,8 @@ export class Limiter {
     }
     this.cache = new Map(); // key -> {limit, cost, until, remaining, resetUntil}
     this.path = null; // null until detected; "module", "lua" or "missing"
+    this.detecting = null; // the one detection in flight, shared by concurrent first calls
+    this.inFlight = 0; // calls sent and not yet answered, for the deadline's log line
     this.counters = { redis: 0, lua: 0, cache: 0, local: 0, open: 0, closed: 0, outages: 0 };
     this.downSince = null;
     this.nextProbe = 0;
@@ -421,16 +436,25 @@ export class Limiter {
     return this.path === "module" ? "redis" : "lua";
   }
 
-  /** Runs `op` under the deadline. */
+  /**
+   * Runs `op` under the deadline. A connection still opening is waited for, unless Redis is
+   * already known to be down (then a probe fails at once and the policy keeps deciding).
+   */
   async call(op, items) {
-    return this.deadline(this.callUnbounded(op, items));
+    const state = { connected: true, expired: false };
+    return this.deadline(this.callUnbounded(op, items, state), state);
   }
 
   /** Awaits `work` for at most timeoutMs; a reply after that is dropped. */
-  async deadline(work) {
+  async deadline(work, state) {
     let timer;
     const deadline = new Promise((_, reject) => {
-      timer = setTimeout(() => reject(new DeadlineError(`no reply within ${this.timeoutMs} ms`)), this.timeoutMs);
+      timer = setTimeout(() => {
+        state.expired = true; // work still waiting to be sent is never sent
+        reject(new DeadlineError(state.connected
+          ? `no reply within ${this.timeoutMs} ms (busy or down: ${this.inFlight} calls in flight)`
+          : `not connected within ${this.timeoutMs} ms (the connection is opening or reconnecting)`));
+      }, this.timeoutMs);
     });
     work.catch(() => {}); // a reply after the deadline is dropped
     try {
@@ -438,6 +462,14 @@ export class Limiter {
     } finally {
       clearTimeout(timer);
     }
+  }
+
+  /** Detects the path once for all the calls waiting on it. */
+  detectOnce() {
+    if (!this.detecting) {
+      this.detecting = this.detect().finally(() => { this.detecting = null; });
+    }
+    return this.detecting;
   }
 
   async detect() {
@@ -453,15 +485,33 @@ export class Limiter {
     }
   }
 
-  async callUnbounded(op, items) {
-    if (this.path === null) await this.detect();
+  async callUnbounded(op, items, state) {
+    const opening = this.downSince === null ? this.redis.ready() : null;
+    if (opening) {
+      state.connected = false;
+      await opening;
+      state.connected = true;
+      // Given up on while it waited: a call sent now would take tokens nobody gets.
+      if (state.expired) throw new DeadlineError("given up before the connection opened");
+    }
+    this.inFlight++;
+    try {
+      return await this.callOnPath(op, items, state);
+    } finally {
+      this.inFlight--;
+    }
+  }
+
+  async callOnPath(op, items, state) {
+    if (this.path === null) await this.detectOnce();
+    if (state.expired) throw new DeadlineError("given up before the path was known");
     this.refuseIfMissing();
     try {
       return await this.send(op, items);
     } catch (error) {
       if (!isUnknownCommand(error)) throw error;
       // The module went away (or came): look again, then retry once on the new path.
-      await this.detect();
+      await this.detectOnce();
       this.refuseIfMissing();
       return this.send(op, items);
     }
