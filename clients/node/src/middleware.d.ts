@@ -37,9 +37,18 @@ export function clientAddress(peer: string | undefined, forwardedFor: string | u
 export function headerFields(decision: Decision, options?: { policyName?: string; legacyHeaders?: boolean }): [string, string][];
 export function problem(decision: Decision): { type: string; title: string; status: 429; detail: string };
 
-/** A Store for express-rate-limit: limit per windowMs as one token bucket per key. */
+/**
+ * A Store for express-rate-limit: limit per windowMs as one token bucket per key. `decrement`
+ * gives back only what the same request's increment took; totalHits is a positive integer
+ * under every failure policy; the default prefix is "rl:erl:<limit>/<windowMs>ms:", one key
+ * space per limiter, and two limiters sharing a Redis key in one request are refused.
+ */
 export class RedisRlStore {
-  constructor(options: { limiter: Limiter; prefix?: string });
+  /**
+   * `limit`: the limit of a key (sync or async), for express-rate-limit's `limit` given as a
+   * function of the request, which a store never sees: the same tiers, by key.
+   */
+  constructor(options: { limiter: Limiter; prefix?: string; limit?: (key: string) => number | Promise<number> });
   readonly localKeys: false;
   readonly prefix: string;
   init(options: { limit: unknown; windowMs: number }): void;
