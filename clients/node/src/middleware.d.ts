@@ -9,9 +9,10 @@ export const PROBLEM_TYPE: "application/problem+json";
 
 export interface RateLimitOptions<Req extends IncomingMessage = IncomingMessage, Res extends ServerResponse = ServerResponse> {
   limiter: Limiter;
-  limit: Limit;
-  /** "ip" (default), "header:<Name>", or a function of the request. */
-  key?: "ip" | `header:${string}` | ((req: Req) => string | null | undefined);
+  /** A Limit, or one per request (per-user tiers), sync or async. */
+  limit: Limit | ((req: Req) => Limit | Promise<Limit>);
+  /** "ip" (default), "header:<Name>", or a function of the request, sync or async. */
+  key?: "ip" | `header:${string}` | ((req: Req) => string | null | undefined | Promise<string | null | undefined>);
   /** Tokens per request (default 1). */
   cost?: number | ((req: Req) => number | Promise<number>);
   /** Addresses or networks ("10.0.0.0/8") whose X-Forwarded-For is believed. */
@@ -25,7 +26,7 @@ export interface RateLimitOptions<Req extends IncomingMessage = IncomingMessage,
   /** True lets a request through untouched (health checks). */
   skip?: (req: Req) => boolean | Promise<boolean>;
   /** Sends a custom response instead of the problem+json 429. */
-  onLimited?: (req: Req, res: Res, decision: Decision, headers: [string, string][]) => unknown;
+  onLimited?: (req: Req, res: Res, decision: Decision, headers: [string, string][]) => unknown | Promise<unknown>;
 }
 
 /** Connect/Express middleware. */

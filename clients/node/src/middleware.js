@@ -76,44 +76,59 @@ export function problem(decision) {
 }
 
 /**
- * Connect/Express middleware. Options: limiter, limit (required); key: "ip" (default),
- * "header:<Name>" (falls back to the address when absent) or (req) => key; cost: tokens per
- * request or (req) => tokens; trustedProxies: addresses or networks ("10.0.0.0/8") whose
+ * Connect/Express middleware. Options: limiter, limit (required: a Limit, or (req) => Limit
+ * for limits per request, such as per-user tiers); key: "ip" (default), "header:<Name>"
+ * (falls back to the address when absent) or (req) => key; cost: tokens per request or
+ * (req) => tokens; trustedProxies: addresses or networks ("10.0.0.0/8") whose
  * X-Forwarded-For is believed (default none); prefix ("rl:http:"); policyName ("default");
  * legacyHeaders (true); skip: (req) => true lets a request through untouched; onLimited:
  * (req, res, decision, headers) sends a custom response instead of the problem+json 429.
+ * Every function (key, limit, cost, skip, onLimited) may be sync or async: what it returns
+ * is awaited, and what it throws or rejects goes to next(error).
  */
 export function rateLimit(options) {
   const {
     limiter, limit, key = "ip", cost = 1, trustedProxies = [], prefix = "rl:http:", policyName = "default",
     legacyHeaders = true, skip, onLimited,
   } = options;
-  if (!limiter || !(limit instanceof Limit)) throw new TypeError("rateLimit needs { limiter, limit: new Limit(...) }");
+  if (!limiter || !(limit instanceof Limit || typeof limit === "function")) {
+    throw new TypeError("rateLimit needs { limiter, limit: new Limit(...) or (req) => Limit }");
+  }
   if (!(key === "ip" || typeof key === "function" || (typeof key === "string" && key.startsWith("header:")))) {
     throw new RangeError('key must be "ip", "header:<Name>" or a function of the request');
   }
   const trusted = trustList(trustedProxies);
-  const keyFor = (req) => {
+  const keyFor = async (req) => {
     let k = null;
-    if (typeof key === "function") k = key(req);
+    if (typeof key === "function") k = await key(req);
     else if (key.startsWith("header:")) {
       const v = req.headers[key.slice(7).toLowerCase()];
       if (v) k = `h:${v}`;
     }
     if (k === null || k === undefined) {
       k = `ip:${clientAddress(req.socket?.remoteAddress, req.headers["x-forwarded-for"], trusted)}`;
+    } else if (typeof k !== "string" && typeof k !== "number") {
+      throw new TypeError(`rateLimit: key must give a string, got ${Object.prototype.toString.call(k)}`);
     }
     return prefix + k;
+  };
+  const limitFor = async (req) => {
+    const l = typeof limit === "function" ? await limit(req) : limit;
+    if (!(l instanceof Limit)) throw new TypeError("rateLimit: limit must give a Limit (new Limit(...))");
+    return l;
   };
 
   return async function rateLimitMiddleware(req, res, next) {
     try {
       if (skip && (await skip(req))) return next();
-      const decision = await limiter.acquire(keyFor(req), limit, typeof cost === "function" ? await cost(req) : cost);
+      const [bucketKey, bucket, tokens] = await Promise.all([
+        keyFor(req), limitFor(req), typeof cost === "function" ? cost(req) : cost,
+      ]);
+      const decision = await limiter.acquire(bucketKey, bucket, tokens);
       const headers = headerFields(decision, { policyName, legacyHeaders });
       for (const [name, value] of headers) res.setHeader(name, value);
       if (decision.allowed) return next();
-      if (onLimited) return onLimited(req, res, decision, headers);
+      if (onLimited) return await onLimited(req, res, decision, headers);
       const body = JSON.stringify(problem(decision));
       res.statusCode = 429;
       res.setHeader("Content-Type", PROBLEM_TYPE);
