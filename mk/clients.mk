@@ -38,8 +38,11 @@ test-clients-python: deps-clients $(MODULE_DEBUG) python-rl ## The Python librar
 	python3 clients/vectors/table_generate.py --check
 	PYTHONPATH="$(PYTHON_PATH)" python3 clients/python/tests/run.py
 
-test-clients-node: deps-clients $(MODULE_DEBUG) ## The Node library: vectors, Lua script, module, plain server, outages, shield (ioredis and node-redis)
+test-clients-node: deps-clients $(MODULE_DEBUG) ## The Node library: vectors, Lua script, module, plain server, outages, shield (ioredis and node-redis), and its npm pack installed outside the repository
 	cd clients/node && npm test
+	@# As users install it: the packed tarball and ioredis in a fresh temp dir, a smoke script
+	@# against a server with the module and a plain one (the shipped Lua script).
+	cd clients/node && npm run --silent test:pack
 
 test-clients-rust: $(MODULE_DEBUG) ## The Rust client (clients/rust): vectors, module, plain server (Lua), outages, shield, cluster, wait, tower layer
 	$(CARGO) test -p rl-bucket --test vectors
