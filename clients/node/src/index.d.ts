@@ -4,14 +4,17 @@
 export type Source = "redis" | "lua" | "cache" | "local" | "open" | "closed";
 export type OnError = "open" | "closed" | "local";
 
+/** A number, or its decimal text ("0.1", "60"), read exactly. */
+export type Amount = number | string;
+
 /** A validated limit: `rate` tokens per second, a burst of `capacity` tokens; or `rate`
  * tokens per `per` seconds, sent as "rate/per" (capacity defaults to the count). Numbers mean
  * their shortest decimal (`0.1` is one tenth exactly). Throws a RangeError naming the
  * argument (the text of clients/vectors/ranges.json) when the module would refuse it. */
 export class Limit {
-  constructor(rate: number, capacity: number, options?: { per?: number });
-  constructor(count: number, options: { per: number });
-  constructor(limit: { rate: number; capacity?: number; per?: number });
+  constructor(rate: Amount, capacity: Amount, options?: { per?: Amount });
+  constructor(count: Amount, options: { per: Amount });
+  constructor(limit: { rate: Amount; capacity?: Amount; per?: Amount });
   /** Tokens per second (the nearest double; the module gets the exact `rateText`). */
   readonly rate: number;
   readonly capacity: number;

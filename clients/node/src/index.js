@@ -83,13 +83,16 @@ export class Limit {
     else if (typeof capacity === "object" && capacity !== null) [capacity, options] = [undefined, capacity];
     const per = typeof options === "object" && options !== null ? options.per : options;
     let [rateText, rateQ] = argument(rate, "rate");
+    let perS;
     if (per !== undefined) {
-      if (!(typeof per === "number" && Number.isFinite(per) && per > 0)) {
-        throw new RangeError("per must be a finite number of seconds above 0");
-      }
+      // A number or its text, like rate and capacity: { per: 60 } and { per: "60" } are one limit.
+      const valid = (typeof per === "number" || (typeof per === "string" && per.trim() !== "")) && Number.isFinite(Number(per)) && Number(per) > 0;
+      const [perText, perQ] = valid ? argument(per, "per") : [null, null];
+      if (!valid || perQ.cmp(0n) <= 0) throw new RangeError("per must be a finite number of seconds above 0");
+      perS = Number(per);
       if (capacity === undefined) capacity = rate;
-      if (rateQ.cmp(0n) > 0) rateText = `${rateText}/${numberText(per)}`;
-      rateQ = rateQ.div(fromDecimal(numberText(per)));
+      if (rateQ.cmp(0n) > 0) rateText = `${rateText}/${perText}`;
+      rateQ = rateQ.div(perQ);
     } else if (capacity === undefined) {
       throw new TypeError("Limit needs a capacity unless per is given (then it is the count)");
     }
@@ -100,10 +103,10 @@ export class Limit {
     }
     if (capacityQ.div(rateQ).cmp(MAX_REFILL_S) > 0) throw new RangeError(RANGES.refill.error);
     /** Tokens per second (the nearest double; `rateQ` is exact). */
-    this.rate = per === undefined ? Number(rate) : Number(rate) / per;
+    this.rate = per === undefined ? Number(rate) : Number(rate) / perS;
     this.capacity = Number(capacity);
     /** The period in seconds, when given. */
-    this.per = per;
+    this.per = perS;
     this.rateQ = rateQ;
     this.capacityQ = capacityQ;
     this.rateText = rateText;
