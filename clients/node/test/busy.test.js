@@ -96,22 +96,22 @@ for (const kind of Object.keys(CLIENTS)) {
     assert.deepEqual(limiter.logs, []);
   }));
 
-  test(`${kind}: an unreachable server gets the policy within the deadline, and the log says so`, () => withCleanups(async (scope) => {
+  // The deadline's own timer decides (its log line says so); no wall-clock bound is asserted,
+  // and the test's timeout only stops a hang.
+  test(`${kind}: an unreachable server gets the policy at the deadline, and the log says so`, { timeout: 60_000 }, () => withCleanups(async (scope) => {
     const s = await scope.server(false);
     await s.stop(); // nothing listens on its port now
     const client = CLIENTS[kind](s.port, scope);
     const logs = [];
     const limiter = new Limiter(client, { onError: "open", timeoutMs: 300, logger: { warn: (m) => logs.push(m) } });
-    const t0 = performance.now();
     const decisions = await Promise.all(Array.from({ length: 50 }, () => limiter.acquire("k", HALF)));
-    const tookMs = performance.now() - t0;
     assert.deepEqual(new Set(decisions.map((d) => d.source)), new Set(["open"]));
-    assert.ok(tookMs < 300 + 1000, `took ${tookMs} ms`); // the deadline, plus a loaded machine's slack
+    assert.equal(limiter.counters.outages, 1);
     assert.equal(logs.length, 1, logs.join("\n"));
     assert.match(logs[0], /not connected within 300 ms/);
   }));
 
-  test(`${kind}: a server that stops answering mid-call gets the policy at the deadline`, () => withCleanups(async (scope) => {
+  test(`${kind}: a server that stops answering mid-call gets the policy at the deadline`, { timeout: 60_000 }, () => withCleanups(async (scope) => {
     const s = await scope.server();
     const client = CLIENTS[kind](s.port, scope);
     const limiter = limiterOn(client, "closed");
