@@ -197,6 +197,37 @@ function isUnavailable(error) {
   return !(error instanceof RateLimitError) && !(error instanceof RangeError) && !(error instanceof TypeError);
 }
 
+/** node-redis's commandsQueueMaxLength: a full queue refuses a command at once. */
+const isQueueFull = (e) => e instanceof Error && e.message === "The queue is full";
+const sleepMs = (ms) => new Promise((r) => setTimeout(r, ms));
+
+/**
+ * The adapter's send, but a full client queue (busy, not down) is tried again until there
+ * is room, for at most the limiter's deadline from the first try.
+ */
+function withRoomWaits(redis, limiter) {
+  const send = redis.send;
+  return {
+    ...redis,
+    async send(args, key) {
+      const giveUpAt = limiter.clock() + limiter.timeoutMs;
+      for (let pauseMs = 1; ; pauseMs = Math.min(pauseMs * 2, 20)) {
+        try {
+          return await send(args, key);
+        } catch (error) {
+          if (!isQueueFull(error) || limiter.clock() + pauseMs >= giveUpAt) throw error;
+        }
+        limiter.waitingForRoom++;
+        try {
+          await sleepMs(pauseMs * (0.5 + Math.random()));
+        } finally {
+          limiter.waitingForRoom--;
+        }
+      }
+    },
+  };
+}
+
 const isUnknownCommand = (e) => isReplyError(e) && /unknown command/i.test(e.message);
 const isNoScript = (e) => isReplyError(e) && e.message.startsWith("NOSCRIPT");
 
@@ -224,7 +255,7 @@ export class Limiter {
     }
     if (!["lua", "refuse"].includes(withoutModule)) throw new RangeError('withoutModule must be "lua" or "refuse"');
     if (!(timeoutMs > 0 && timeoutMs <= 60_000)) throw new RangeError("timeoutMs must be above 0 and at most 60000");
-    this.redis = adapt(client);
+    this.redis = withRoomWaits(adapt(client), this);
     this.onError = onError;
     this.withoutModule = withoutModule;
     this.timeoutMs = timeoutMs;
@@ -240,6 +271,7 @@ export class Limiter {
     this.path = null; // null until detected; "module", "lua" or "missing"
     this.detecting = null; // the one detection in flight, shared by concurrent first calls
     this.inFlight = 0; // calls sent and not yet answered, for the deadline's log line
+    this.waitingForRoom = 0; // sends waiting for room in the client's own queue (node-redis)
     this.counters = { redis: 0, lua: 0, cache: 0, local: 0, open: 0, closed: 0, outages: 0 };
     this.downSince = null;
     this.nextProbe = 0;
@@ -455,7 +487,8 @@ export class Limiter {
       timer = setTimeout(() => {
         state.expired = true; // work still waiting to be sent is never sent
         reject(new DeadlineError(state.connected
-          ? `no reply within ${this.timeoutMs} ms (busy or down: ${this.inFlight} calls in flight)`
+          ? `no reply within ${this.timeoutMs} ms (busy or down: ${this.inFlight} calls in flight, ` +
+            `${this.waitingForRoom} waiting for room in the client's queue)`
           : `not connected within ${this.timeoutMs} ms (the connection is opening or reconnecting)`));
       }, this.timeoutMs);
     });

@@ -30,9 +30,9 @@ const CLIENTS = {
   },
 };
 
-function nodeRedis(createClient, port, scope) {
+function nodeRedis(createClient, port, scope, options = {}) {
   {
-    const c = createClient({ socket: { port, host: "127.0.0.1", reconnectStrategy: () => 50 }, disableOfflineQueue: true });
+    const c = createClient({ socket: { port, host: "127.0.0.1", reconnectStrategy: () => 50 }, disableOfflineQueue: true, ...options });
     c.on("error", () => {});
     c.connect().catch(() => {}); // not awaited: the first calls find it still opening
     scope.defer(() => (c.destroy ? c.destroy() : c.disconnect().catch(() => {})));
@@ -126,5 +126,18 @@ for (const kind of Object.keys(CLIENTS)) {
     }
     assert.equal(d.source, "closed");
     assert.match(limiter.logs.at(-1), /no reply within 200 ms/);
+  }));
+}
+
+// node-redis refuses a command at once when its queue holds commandsQueueMaxLength: a full
+// queue is busy, not down, and the call waits for room within its deadline.
+for (const [kind, create] of [["node-redis 5", createClient], ["node-redis 4", createClient4]]) {
+  test(`${kind} with a queue of 10: ${N} concurrent calls wait for room and are all answered by the module`, () => withCleanups(async (scope) => {
+    const s = await scope.server();
+    const limiter = limiterOn(nodeRedis(create, s.port, scope, { commandsQueueMaxLength: 10 }), "closed");
+    await burst(limiter, "first");
+    await burst(limiter, "warm");
+    assert.equal(limiter.counters.closed, 0);
+    assert.deepEqual(limiter.logs, []);
   }));
 }
