@@ -64,8 +64,11 @@ test-clients-python: deps-clients $(REDIS_PY5) $(MODULE_DEBUG) python-rl ## The 
 dist-python: deps $(PYTHON_BUILD_TOOL) $(MODULE_DEBUG) ## The Python package as users install it: wheel and sdist (python -m build in target/python-dist/), each and a copy of clients/python installed into a fresh venv outside the repository, and a smoke run there against servers with and without the module
 	PYTHONPATH="$(PYTHON_BUILD)" python3 clients/python/tests/dist_check.py target/python-dist
 
-test-clients-node: deps-clients $(MODULE_DEBUG) ## The Node library: vectors, Lua script, module, plain server, outages, shield (ioredis and node-redis)
+test-clients-node: deps-clients $(MODULE_DEBUG) ## The Node library: vectors, Lua script, module, plain server, outages, shield (ioredis and node-redis), and its npm pack installed outside the repository
 	cd clients/node && npm test
+	@# As users install it: the packed tarball and ioredis in a fresh temp dir, a smoke script
+	@# against a server with the module and a plain one (the shipped Lua script).
+	cd clients/node && npm run --silent test:pack
 
 test-clients-rust: $(MODULE_DEBUG) ## The Rust client (clients/rust): vectors, module, plain server (Lua), outages, shield, cluster, wait, tower layer
 	$(CARGO) test -p rl-bucket --test vectors

@@ -4,14 +4,17 @@
 export type Source = "redis" | "lua" | "cache" | "local" | "open" | "closed";
 export type OnError = "open" | "closed" | "local";
 
+/** A number, or its decimal text ("0.1", "60"), read exactly. */
+export type Amount = number | string;
+
 /** A validated limit: `rate` tokens per second, a burst of `capacity` tokens; or `rate`
  * tokens per `per` seconds, sent as "rate/per" (capacity defaults to the count). Numbers mean
  * their shortest decimal (`0.1` is one tenth exactly). Throws a RangeError naming the
  * argument (the text of clients/vectors/ranges.json) when the module would refuse it. */
 export class Limit {
-  constructor(rate: number, capacity: number, options?: { per?: number });
-  constructor(count: number, options: { per: number });
-  constructor(limit: { rate: number; capacity?: number; per?: number });
+  constructor(rate: Amount, capacity: Amount, options?: { per?: Amount });
+  constructor(count: Amount, options: { per: Amount });
+  constructor(limit: { rate: Amount; capacity?: Amount; per?: Amount });
   /** Tokens per second (the nearest double; the module gets the exact `rateText`). */
   readonly rate: number;
   readonly capacity: number;
@@ -70,6 +73,8 @@ export const RANGES: {
 export class RateLimitError extends Error {}
 export class ModuleMissingError extends RateLimitError {}
 export const CLOSED_RETRY_AFTER_MS: number;
+/** The default deadline of a call (timeoutMs), ms: 2000. */
+export const DEFAULT_TIMEOUT_MS: number;
 
 export interface LimiterOptions {
   /** Required: "open" allows, "closed" denies, "local" decides in process with
@@ -81,7 +86,9 @@ export interface LimiterOptions {
   denyCache?: boolean | number;
   /** On a server without the module: the Lua script ("lua", default) or an error. */
   withoutModule?: "lua" | "refuse";
-  /** Each call's deadline, ms. Default 50. */
+  /** Each call's deadline, ms, waiting for a connection still opening included: busy is
+   * not down, so only after it (or at once on a transport error) does onError decide. Default
+   * 2000 (DEFAULT_TIMEOUT_MS). */
   timeoutMs?: number;
   /** During an outage, Redis is tried at most this often (ms). Default 100. */
   probeIntervalMs?: number;

@@ -26,6 +26,12 @@ const MIN_RATE = fromDecimal(RANGES.rate.min), MAX_RATE = fromDecimal(RANGES.rat
 const CAPACITY_ABOVE = fromDecimal(RANGES.capacity.above), MAX_CAPACITY = fromDecimal(RANGES.capacity.max);
 const MAX_REFILL_S = fromDecimal(RANGES.refill.max_s), MIN_COST = fromDecimal(RANGES.cost.min);
 const POLICIES = ["open", "closed", "local"];
+/**
+ * How long a call may take, by default, before the failure policy decides, in ms: a
+ * connection still opening, a queue of a thousand calls ahead on one connection or a slow
+ * reply under load is busy, not down, and is waited for; it fits inside a web request.
+ */
+export const DEFAULT_TIMEOUT_MS = 2000;
 /** What a `closed` decision tells the caller to wait, in ms. */
 export const CLOSED_RETRY_AFTER_MS = 1000;
 const MAX_EXACT_DENOMINATOR = 1n << 31n;
@@ -35,7 +41,12 @@ const ROUNDED_DENOMINATOR = 1n << 30n;
 export class RateLimitError extends Error {}
 /** The server has no RL.ACQUIRE and the limiter was built with withoutModule: "refuse". */
 export class ModuleMissingError extends RateLimitError {}
-class DeadlineError extends Error {}
+class DeadlineError extends Error {
+  constructor(message) {
+    super(message);
+    this.name = "DeadlineError";
+  }
+}
 
 /** The text sent for a number: its shortest round-trip decimal, read exactly by the module. */
 const numberArg = numberText;
@@ -72,13 +83,16 @@ export class Limit {
     else if (typeof capacity === "object" && capacity !== null) [capacity, options] = [undefined, capacity];
     const per = typeof options === "object" && options !== null ? options.per : options;
     let [rateText, rateQ] = argument(rate, "rate");
+    let perS;
     if (per !== undefined) {
-      if (!(typeof per === "number" && Number.isFinite(per) && per > 0)) {
-        throw new RangeError("per must be a finite number of seconds above 0");
-      }
+      // A number or its text, like rate and capacity: { per: 60 } and { per: "60" } are one limit.
+      const valid = (typeof per === "number" || (typeof per === "string" && per.trim() !== "")) && Number.isFinite(Number(per)) && Number(per) > 0;
+      const [perText, perQ] = valid ? argument(per, "per") : [null, null];
+      if (!valid || perQ.cmp(0n) <= 0) throw new RangeError("per must be a finite number of seconds above 0");
+      perS = Number(per);
       if (capacity === undefined) capacity = rate;
-      if (rateQ.cmp(0n) > 0) rateText = `${rateText}/${numberText(per)}`;
-      rateQ = rateQ.div(fromDecimal(numberText(per)));
+      if (rateQ.cmp(0n) > 0) rateText = `${rateText}/${perText}`;
+      rateQ = rateQ.div(perQ);
     } else if (capacity === undefined) {
       throw new TypeError("Limit needs a capacity unless per is given (then it is the count)");
     }
@@ -89,10 +103,10 @@ export class Limit {
     }
     if (capacityQ.div(rateQ).cmp(MAX_REFILL_S) > 0) throw new RangeError(RANGES.refill.error);
     /** Tokens per second (the nearest double; `rateQ` is exact). */
-    this.rate = per === undefined ? Number(rate) : Number(rate) / per;
+    this.rate = per === undefined ? Number(rate) : Number(rate) / perS;
     this.capacity = Number(capacity);
     /** The period in seconds, when given. */
-    this.per = per;
+    this.per = perS;
     this.rateQ = rateQ;
     this.capacityQ = capacityQ;
     this.rateText = rateText;
@@ -183,6 +197,37 @@ function isUnavailable(error) {
   return !(error instanceof RateLimitError) && !(error instanceof RangeError) && !(error instanceof TypeError);
 }
 
+/** node-redis's commandsQueueMaxLength: a full queue refuses a command at once. */
+const isQueueFull = (e) => e instanceof Error && e.message === "The queue is full";
+const sleepMs = (ms) => new Promise((r) => setTimeout(r, ms));
+
+/**
+ * The adapter's send, but a full client queue (busy, not down) is tried again until there
+ * is room, for at most the limiter's deadline from the first try.
+ */
+function withRoomWaits(redis, limiter) {
+  const send = redis.send;
+  return {
+    ...redis,
+    async send(args, key) {
+      const giveUpAt = limiter.clock() + limiter.timeoutMs;
+      for (let pauseMs = 1; ; pauseMs = Math.min(pauseMs * 2, 20)) {
+        try {
+          return await send(args, key);
+        } catch (error) {
+          if (!isQueueFull(error) || limiter.clock() + pauseMs >= giveUpAt) throw error;
+        }
+        limiter.waitingForRoom++;
+        try {
+          await sleepMs(pauseMs * (0.5 + Math.random()));
+        } finally {
+          limiter.waitingForRoom--;
+        }
+      }
+    },
+  };
+}
+
 const isUnknownCommand = (e) => isReplyError(e) && /unknown command/i.test(e.message);
 const isNoScript = (e) => isReplyError(e) && e.message.startsWith("NOSCRIPT");
 
@@ -191,13 +236,15 @@ const isNoScript = (e) => isReplyError(e) && e.message.startsWith("NOSCRIPT");
  * - onError (required): "open" allows, "closed" denies, "local" decides in process with an
  *   exact bucket of rate / instances and capacity / instances per key;
  * - instances (1), denyCache (false; true = 10,000 entries, or a number), withoutModule
- *   ("lua" or "refuse"), timeoutMs (50: each call's deadline), probeIntervalMs (100: how
- *   often Redis is tried during an outage), localMaxKeys (100,000).
+ *   ("lua" or "refuse"), timeoutMs (DEFAULT_TIMEOUT_MS, 2000: each call's deadline, which
+ *   covers waiting for a connection still opening; the policy decides only after it, or at
+ *   once on a transport error), probeIntervalMs (100: how often Redis is tried during an
+ *   outage, without waiting for the connection), localMaxKeys (100,000).
  */
 export class Limiter {
   constructor(client, options = {}) {
     const {
-      onError, instances = 1, denyCache = false, withoutModule = "lua", timeoutMs = 50,
+      onError, instances = 1, denyCache = false, withoutModule = "lua", timeoutMs = DEFAULT_TIMEOUT_MS,
       probeIntervalMs = 100, localMaxKeys = 100_000, clock = () => performance.now(), logger = console,
     } = options;
     if (onError === undefined) {
@@ -208,7 +255,7 @@ export class Limiter {
     }
     if (!["lua", "refuse"].includes(withoutModule)) throw new RangeError('withoutModule must be "lua" or "refuse"');
     if (!(timeoutMs > 0 && timeoutMs <= 60_000)) throw new RangeError("timeoutMs must be above 0 and at most 60000");
-    this.redis = adapt(client);
+    this.redis = withRoomWaits(adapt(client), this);
     this.onError = onError;
     this.withoutModule = withoutModule;
     this.timeoutMs = timeoutMs;
@@ -222,6 +269,9 @@ export class Limiter {
     }
     this.cache = new Map(); // key -> {limit, cost, until, remaining, resetUntil}
     this.path = null; // null until detected; "module", "lua" or "missing"
+    this.detecting = null; // the one detection in flight, shared by concurrent first calls
+    this.inFlight = 0; // calls sent and not yet answered, for the deadline's log line
+    this.waitingForRoom = 0; // sends waiting for room in the client's own queue (node-redis)
     this.counters = { redis: 0, lua: 0, cache: 0, local: 0, open: 0, closed: 0, outages: 0 };
     this.downSince = null;
     this.nextProbe = 0;
@@ -421,16 +471,26 @@ export class Limiter {
     return this.path === "module" ? "redis" : "lua";
   }
 
-  /** Runs `op` under the deadline. */
+  /**
+   * Runs `op` under the deadline. A connection still opening is waited for, unless Redis is
+   * already known to be down (then a probe fails at once and the policy keeps deciding).
+   */
   async call(op, items) {
-    return this.deadline(this.callUnbounded(op, items));
+    const state = { connected: true, expired: false };
+    return this.deadline(this.callUnbounded(op, items, state), state);
   }
 
   /** Awaits `work` for at most timeoutMs; a reply after that is dropped. */
-  async deadline(work) {
+  async deadline(work, state) {
     let timer;
     const deadline = new Promise((_, reject) => {
-      timer = setTimeout(() => reject(new DeadlineError(`no reply within ${this.timeoutMs} ms`)), this.timeoutMs);
+      timer = setTimeout(() => {
+        state.expired = true; // work still waiting to be sent is never sent
+        reject(new DeadlineError(state.connected
+          ? `no reply within ${this.timeoutMs} ms (busy or down: ${this.inFlight} calls in flight, ` +
+            `${this.waitingForRoom} waiting for room in the client's queue)`
+          : `not connected within ${this.timeoutMs} ms (the connection is opening or reconnecting)`));
+      }, this.timeoutMs);
     });
     work.catch(() => {}); // a reply after the deadline is dropped
     try {
@@ -438,6 +498,14 @@ export class Limiter {
     } finally {
       clearTimeout(timer);
     }
+  }
+
+  /** Detects the path once for all the calls waiting on it. */
+  detectOnce() {
+    if (!this.detecting) {
+      this.detecting = this.detect().finally(() => { this.detecting = null; });
+    }
+    return this.detecting;
   }
 
   async detect() {
@@ -453,15 +521,33 @@ export class Limiter {
     }
   }
 
-  async callUnbounded(op, items) {
-    if (this.path === null) await this.detect();
+  async callUnbounded(op, items, state) {
+    const opening = this.downSince === null ? this.redis.ready() : null;
+    if (opening) {
+      state.connected = false;
+      await opening;
+      state.connected = true;
+      // Given up on while it waited: a call sent now would take tokens nobody gets.
+      if (state.expired) throw new DeadlineError("given up before the connection opened");
+    }
+    this.inFlight++;
+    try {
+      return await this.callOnPath(op, items, state);
+    } finally {
+      this.inFlight--;
+    }
+  }
+
+  async callOnPath(op, items, state) {
+    if (this.path === null) await this.detectOnce();
+    if (state.expired) throw new DeadlineError("given up before the path was known");
     this.refuseIfMissing();
     try {
       return await this.send(op, items);
     } catch (error) {
       if (!isUnknownCommand(error)) throw error;
       // The module went away (or came): look again, then retry once on the new path.
-      await this.detect();
+      await this.detectOnce();
       this.refuseIfMissing();
       return this.send(op, items);
     }

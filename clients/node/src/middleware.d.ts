@@ -9,9 +9,10 @@ export const PROBLEM_TYPE: "application/problem+json";
 
 export interface RateLimitOptions<Req extends IncomingMessage = IncomingMessage, Res extends ServerResponse = ServerResponse> {
   limiter: Limiter;
-  limit: Limit;
-  /** "ip" (default), "header:<Name>", or a function of the request. */
-  key?: "ip" | `header:${string}` | ((req: Req) => string | null | undefined);
+  /** A Limit, or one per request (per-user tiers), sync or async. */
+  limit: Limit | ((req: Req) => Limit | Promise<Limit>);
+  /** "ip" (default), "header:<Name>", or a function of the request, sync or async. */
+  key?: "ip" | `header:${string}` | ((req: Req) => string | null | undefined | Promise<string | null | undefined>);
   /** Tokens per request (default 1). */
   cost?: number | ((req: Req) => number | Promise<number>);
   /** Addresses or networks ("10.0.0.0/8") whose X-Forwarded-For is believed. */
@@ -25,7 +26,7 @@ export interface RateLimitOptions<Req extends IncomingMessage = IncomingMessage,
   /** True lets a request through untouched (health checks). */
   skip?: (req: Req) => boolean | Promise<boolean>;
   /** Sends a custom response instead of the problem+json 429. */
-  onLimited?: (req: Req, res: Res, decision: Decision, headers: [string, string][]) => unknown;
+  onLimited?: (req: Req, res: Res, decision: Decision, headers: [string, string][]) => unknown | Promise<unknown>;
 }
 
 /** Connect/Express middleware. */
@@ -37,9 +38,18 @@ export function clientAddress(peer: string | undefined, forwardedFor: string | u
 export function headerFields(decision: Decision, options?: { policyName?: string; legacyHeaders?: boolean }): [string, string][];
 export function problem(decision: Decision): { type: string; title: string; status: 429; detail: string };
 
-/** A Store for express-rate-limit: limit per windowMs as one token bucket per key. */
+/**
+ * A Store for express-rate-limit: limit per windowMs as one token bucket per key. `decrement`
+ * gives back only what the same request's increment took; totalHits is a positive integer
+ * under every failure policy; the default prefix is "rl:erl:<limit>/<windowMs>ms:", one key
+ * space per limiter, and two limiters sharing a Redis key in one request are refused.
+ */
 export class RedisRlStore {
-  constructor(options: { limiter: Limiter; prefix?: string });
+  /**
+   * `limit`: the limit of a key (sync or async), for express-rate-limit's `limit` given as a
+   * function of the request, which a store never sees: the same tiers, by key.
+   */
+  constructor(options: { limiter: Limiter; prefix?: string; limit?: (key: string) => number | Promise<number> });
   readonly localKeys: false;
   readonly prefix: string;
   init(options: { limit: unknown; windowMs: number }): void;

@@ -11,6 +11,7 @@
 // - Retry-After (seconds, rounded up) on a 429 that a wait can cure.
 // A decision by the "open" failure policy knows no quota, so it writes none of these.
 
+import { AsyncLocalStorage } from "node:async_hooks";
 import { BlockList, isIP } from "node:net";
 import { Limit } from "./index.js";
 
@@ -75,44 +76,59 @@ export function problem(decision) {
 }
 
 /**
- * Connect/Express middleware. Options: limiter, limit (required); key: "ip" (default),
- * "header:<Name>" (falls back to the address when absent) or (req) => key; cost: tokens per
- * request or (req) => tokens; trustedProxies: addresses or networks ("10.0.0.0/8") whose
+ * Connect/Express middleware. Options: limiter, limit (required: a Limit, or (req) => Limit
+ * for limits per request, such as per-user tiers); key: "ip" (default), "header:<Name>"
+ * (falls back to the address when absent) or (req) => key; cost: tokens per request or
+ * (req) => tokens; trustedProxies: addresses or networks ("10.0.0.0/8") whose
  * X-Forwarded-For is believed (default none); prefix ("rl:http:"); policyName ("default");
  * legacyHeaders (true); skip: (req) => true lets a request through untouched; onLimited:
  * (req, res, decision, headers) sends a custom response instead of the problem+json 429.
+ * Every function (key, limit, cost, skip, onLimited) may be sync or async: what it returns
+ * is awaited, and what it throws or rejects goes to next(error).
  */
 export function rateLimit(options) {
   const {
     limiter, limit, key = "ip", cost = 1, trustedProxies = [], prefix = "rl:http:", policyName = "default",
     legacyHeaders = true, skip, onLimited,
   } = options;
-  if (!limiter || !(limit instanceof Limit)) throw new TypeError("rateLimit needs { limiter, limit: new Limit(...) }");
+  if (!limiter || !(limit instanceof Limit || typeof limit === "function")) {
+    throw new TypeError("rateLimit needs { limiter, limit: new Limit(...) or (req) => Limit }");
+  }
   if (!(key === "ip" || typeof key === "function" || (typeof key === "string" && key.startsWith("header:")))) {
     throw new RangeError('key must be "ip", "header:<Name>" or a function of the request');
   }
   const trusted = trustList(trustedProxies);
-  const keyFor = (req) => {
+  const keyFor = async (req) => {
     let k = null;
-    if (typeof key === "function") k = key(req);
+    if (typeof key === "function") k = await key(req);
     else if (key.startsWith("header:")) {
       const v = req.headers[key.slice(7).toLowerCase()];
       if (v) k = `h:${v}`;
     }
     if (k === null || k === undefined) {
       k = `ip:${clientAddress(req.socket?.remoteAddress, req.headers["x-forwarded-for"], trusted)}`;
+    } else if (typeof k !== "string" && typeof k !== "number") {
+      throw new TypeError(`rateLimit: key must give a string, got ${Object.prototype.toString.call(k)}`);
     }
     return prefix + k;
+  };
+  const limitFor = async (req) => {
+    const l = typeof limit === "function" ? await limit(req) : limit;
+    if (!(l instanceof Limit)) throw new TypeError("rateLimit: limit must give a Limit (new Limit(...))");
+    return l;
   };
 
   return async function rateLimitMiddleware(req, res, next) {
     try {
       if (skip && (await skip(req))) return next();
-      const decision = await limiter.acquire(keyFor(req), limit, typeof cost === "function" ? await cost(req) : cost);
+      const [bucketKey, bucket, tokens] = await Promise.all([
+        keyFor(req), limitFor(req), typeof cost === "function" ? cost(req) : cost,
+      ]);
+      const decision = await limiter.acquire(bucketKey, bucket, tokens);
       const headers = headerFields(decision, { policyName, legacyHeaders });
       for (const [name, value] of headers) res.setHeader(name, value);
       if (decision.allowed) return next();
-      if (onLimited) return onLimited(req, res, decision, headers);
+      if (onLimited) return await onLimited(req, res, decision, headers);
       const body = JSON.stringify(problem(decision));
       res.statusCode = 429;
       res.setHeader("Content-Type", PROBLEM_TYPE);
@@ -125,50 +141,129 @@ export function rateLimit(options) {
 }
 
 /**
+ * What each request's increments took, per store: express-rate-limit calls `decrement(key)`
+ * without the request, so the request is found through its async context. The ledger is
+ * entered in `increment`'s synchronous start, after express-rate-limit's own awaits, so its
+ * context is the request's alone; every limiter stacked after it in the request sees it too.
+ */
+const requestLedger = new AsyncLocalStorage();
+
+function ledgerOfThisRequest() {
+  let ledger = requestLedger.getStore();
+  if (!ledger) {
+    ledger = { takes: new Map(), keys: new Map() }; // store -> {key, taken}; Redis key -> store
+    requestLedger.enterWith(ledger);
+  }
+  return ledger;
+}
+
+/**
  * A Store for express-rate-limit (v7, v8) on the Limiter: `limit` requests per `windowMs`
  * become one token bucket per key of `limit` tokens per `windowMs / 1000` seconds (the exact
  * N/S rate "100/60") and capacity `limit`: a client may burst `limit` requests, then one more each
  * windowMs / limit, instead of a fixed window that lets 2 x limit through across a window's
- * edge. `totalHits` is the tokens in use (limit - remaining), or limit + 1 when denied, and
- * `resetTime` is when the bucket is full again (when denied: when the next token arrives, so
- * Retry-After is right). `limit` must be a number (a per-request function cannot name a
- * bucket); `decrement` refunds a token, `resetKey` refills the bucket.
+ * edge.
+ *
+ * The contract kept with express-rate-limit:
+ * - `increment` returns `totalHits`, a positive integer, and `resetTime` under every failure
+ *   policy: the tokens in use (limit - remaining), or limit + 1 when denied, with `resetTime`
+ *   when the bucket is full again (when denied: when the next token arrives, so Retry-After
+ *   is right); under "open" (no quota known) 1 hit and one window;
+ * - `decrement` (skipFailedRequests, skipSuccessfulRequests) gives back what this request's
+ *   increment took, once, and nothing when it took nothing (a 429, an "open" decision);
+ * - each limiter has its own keys: the default prefix is "rl:erl:<limit>/<windowMs>ms:", and
+ *   two limiters that still share a Redis key in one request are refused with an error
+ *   naming the key (give each its own `prefix`).
+ *
+ * express-rate-limit calls a `limit` function only after increment, with the request a store
+ * never sees; with one, give the store `limit: (key) => number` (sync or async: the same
+ * tiers by key), or use this package's rateLimit middleware, whose limit may be a function of
+ * the request.
  */
 export class RedisRlStore {
-  constructor({ limiter, prefix = "rl:erl:" }) {
+  constructor({ limiter, prefix, limit } = {}) {
     if (!limiter) throw new TypeError("RedisRlStore needs { limiter }");
+    if (limit !== undefined && typeof limit !== "function") {
+      throw new TypeError("RedisRlStore's limit, when given, is a function of the key: (key) => number");
+    }
     this.limiter = limiter;
-    this.prefix = prefix;
+    this.ownPrefix = prefix;
+    this.prefix = prefix ?? "rl:erl:";
+    this.limitOfKey = limit;
     this.localKeys = false;
     this.bucket = null;
+    this.windowS = null;
+    this.windowMs = null;
   }
 
   init(options) {
-    if (typeof options.limit !== "number") {
-      throw new TypeError("RedisRlStore needs a numeric limit (a function cannot name one bucket)");
+    this.windowMs = options.windowMs;
+    this.windowS = options.windowMs / 1000;
+    if (typeof options.limit === "function") {
+      if (!this.limitOfKey) {
+        this.initError = new TypeError("RedisRlStore: express-rate-limit's limit is a function of the request, which " +
+          "it calls after the store's increment(key); give the store the same tiers by key, " +
+          "new RedisRlStore({ limiter, limit: (key) => number }), or use redis-rl's rateLimit middleware");
+        throw this.initError;
+      }
+      if (this.ownPrefix === undefined) this.prefix = `rl:erl:bykey/${options.windowMs}ms:`;
+      return;
     }
-    this.bucket = new Limit(options.limit, { per: options.windowMs / 1000 });
+    if (typeof options.limit !== "number") throw new TypeError("RedisRlStore needs a numeric limit or a limit function");
+    this.bucket = new Limit(options.limit, { per: this.windowS });
+    if (this.ownPrefix === undefined) this.prefix = `rl:erl:${options.limit}/${options.windowMs}ms:`;
+  }
+
+  async bucketOf(key) {
+    if (this.bucket) return this.bucket;
+    if (this.limitOfKey) return new Limit(await this.limitOfKey(key), { per: this.windowS });
+    throw this.initError ?? new TypeError("RedisRlStore was not initialised by express-rate-limit");
   }
 
   async increment(key) {
-    const d = await this.limiter.acquire(this.prefix + key, this.bucket, 1);
-    const capacity = this.bucket.capacity;
+    // Synchronously first, so the ledger is in the request's context (see requestLedger).
+    const ledger = ledgerOfThisRequest();
+    const redisKey = this.prefix + key;
+    const other = ledger.keys.get(redisKey);
+    if (other && other !== this) {
+      throw new RangeError(`RedisRlStore: two express-rate-limit limiters use the Redis key ${redisKey} for one ` +
+        "request, so each would count the other's hits; give each RedisRlStore its own prefix");
+    }
+    ledger.keys.set(redisKey, this);
+    const take = { key, taken: false, bucket: null };
+    ledger.takes.set(this, take);
+    const bucket = await this.bucketOf(key);
+    take.bucket = bucket;
+    const d = await this.limiter.acquire(redisKey, bucket, 1);
+    take.taken = d.allowed && d.source !== "open";
+    const capacity = bucket.capacity;
     const now = Date.now();
-    if (d.source === "open") return { totalHits: 0, resetTime: new Date(now) };
-    if (!d.allowed) return { totalHits: capacity + 1, resetTime: new Date(now + Math.max(0, d.retryAfterMs)) };
-    return { totalHits: capacity - d.remaining, resetTime: new Date(now + d.resetAfterMs) };
+    if (d.source === "open") return { totalHits: 1, resetTime: new Date(now + this.windowMs) };
+    if (!d.allowed) return { totalHits: Math.floor(capacity) + 1, resetTime: new Date(now + Math.max(0, d.retryAfterMs)) };
+    return { totalHits: Math.max(1, Math.ceil(capacity - d.remaining)), resetTime: new Date(now + d.resetAfterMs) };
   }
 
   async get(key) {
-    const d = await this.limiter.peek(this.prefix + key, this.bucket, 0);
-    return { totalHits: this.bucket.capacity - d.remaining, resetTime: new Date(Date.now() + d.resetAfterMs) };
+    const bucket = await this.bucketOf(key);
+    const d = await this.limiter.peek(this.prefix + key, bucket, 0);
+    return { totalHits: Math.max(0, Math.ceil(bucket.capacity - d.remaining)), resetTime: new Date(Date.now() + d.resetAfterMs) };
   }
 
+  /** Gives back this request's token for `key`, if its increment took one. */
   async decrement(key) {
-    await this.limiter.refund(this.prefix + key, this.bucket, 1);
+    const take = requestLedger.getStore()?.takes.get(this);
+    if (!take || take.key !== key) {
+      // Called outside a request's increment (by hand): a plain refund of one token.
+      await this.limiter.refund(this.prefix + key, await this.bucketOf(key), 1);
+      return;
+    }
+    if (!take.taken) return;
+    take.taken = false;
+    await this.limiter.refund(this.prefix + key, take.bucket, 1);
   }
 
   async resetKey(key) {
-    await this.limiter.refund(this.prefix + key, this.bucket, this.bucket.capacity);
+    const bucket = await this.bucketOf(key);
+    await this.limiter.refund(this.prefix + key, bucket, bucket.capacity);
   }
 }

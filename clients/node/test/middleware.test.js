@@ -144,8 +144,9 @@ test("express-rate-limit with RedisRlStore: limit per windowMs as one exact buck
     // One token each 100 s / 3 = 33.3 s: the next one is 34 s away, rounded up.
     assert.equal(got[3].headers.get("retry-after"), "34");
     assert.equal(limiter.counters[source], 4);
-    // The bucket is the module's: 3 per 100 s, capacity 3, drained.
-    const d = await limiter.peek("rl:erl:127.0.0.1", new Limit(0.03, 3), 1);
+    // The bucket is the module's: 3 per 100 s, capacity 3, drained, under the limiter's own
+    // default prefix (its limit and window).
+    const d = await limiter.peek("rl:erl:3/100000ms:127.0.0.1", new Limit(0.03, 3), 1);
     assert.deepEqual([d.allowed, d.remaining], [false, 0]);
   }
   const dead = await t.listen(ercApp(await t.limiter(await t.deadPort(), { dead: true, onError: "local", timeoutMs: 100 })));

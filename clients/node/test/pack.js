@@ -1,0 +1,60 @@
+// The package as users install it: `npm pack`, the tarball installed with its peer dependency
+// (ioredis) in a fresh directory outside the repository, and a smoke script run there against
+// real servers, one with the module and one without (the shipped Lua script). Run by
+// `make test-clients-node` (npm run test:pack); not a *.test.js, since it installs from npm.
+import { execFileSync } from "node:child_process";
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join, relative } from "node:path";
+import { fileURLToPath } from "node:url";
+import { Server } from "./servers.js";
+
+const PACKAGE = fileURLToPath(new URL("..", import.meta.url));
+const ROOT = fileURLToPath(new URL("../../..", import.meta.url));
+const peer = JSON.parse(readFileSync(join(PACKAGE, "package.json"), "utf8")).peerDependencies.ioredis;
+
+const SMOKE = `
+import assert from "node:assert/strict";
+import Redis from "ioredis";
+import { Limit, Limiter, RANGES } from "redis-rl";
+import { RedisRlStore, rateLimit } from "redis-rl/middleware";
+
+assert.equal(typeof rateLimit, "function");
+assert.equal(typeof RedisRlStore, "function");
+assert.equal(RANGES.rate.min, "0.000001"); // the shipped ranges.json was read
+for (const [port, source] of [[process.env.RL_PORT, "redis"], [process.env.PLAIN_PORT, "lua"]]) {
+  // As the README builds it: no offline queue, and the first call while it still connects.
+  const redis = new Redis({ port: Number(port), host: "127.0.0.1", enableOfflineQueue: false });
+  const limiter = new Limiter(redis, { onError: "closed" });
+  const limit = new Limit(0.1, 2);
+  const got = [];
+  for (let i = 0; i < 3; i++) got.push(await limiter.acquire("smoke", limit));
+  assert.deepEqual(got.map((d) => [d.allowed, d.source]), [[true, source], [true, source], [false, source]]);
+  redis.disconnect();
+}
+console.log("redis-rl smoke: module and Lua paths answered from the installed package");
+`;
+
+const run = (cmd, args, cwd, env = {}) => execFileSync(cmd, args, { cwd, env: { ...process.env, ...env }, stdio: ["ignore", "pipe", "inherit"] }).toString();
+
+const dir = mkdtempSync(join(tmpdir(), "redis-rl-pack-"));
+if (!relative(ROOT, dir).startsWith("..")) throw new Error(`${dir} is inside the repository`);
+const servers = [];
+try {
+  const tarball = run("npm", ["pack", "--silent", "--pack-destination", dir], PACKAGE).trim().split("\n").at(-1);
+  const listing = run("tar", ["-tvzf", join(dir, tarball)], dir);
+  for (const file of ["package/src/rl.lua", "package/src/ranges.json", "package/src/index.js", "package/src/index.d.ts"]) {
+    const line = listing.split("\n").find((l) => l.endsWith(` ${file}`));
+    if (!line || !line.startsWith("-")) throw new Error(`the tarball has no regular file ${file}:\n${listing}`);
+  }
+  const app = join(dir, "app");
+  run("mkdir", [app], dir);
+  writeFileSync(join(app, "package.json"), JSON.stringify({ name: "smoke", private: true, type: "module" }));
+  run("npm", ["install", "--no-audit", "--no-fund", "--loglevel=error", join(dir, tarball), `ioredis@${peer}`], app);
+  writeFileSync(join(app, "smoke.mjs"), SMOKE);
+  servers.push(await Server.start(true), await Server.start(false));
+  process.stdout.write(run("node", ["smoke.mjs"], app, { RL_PORT: String(servers[0].port), PLAIN_PORT: String(servers[1].port) }));
+} finally {
+  for (const s of servers) await s.close();
+  rmSync(dir, { recursive: true, force: true });
+}
