@@ -558,8 +558,10 @@ impl Engine {
                     }
                     _ => cmd.arg(*key),
                 }
-                .arg(number(limit.rate_per_s()))
-                .arg(number(limit.capacity()))
+                // The texts the limit was validated with: `5/60` stays exact, where the
+                // double 0.08333… would leave a fraction of a token in every state.
+                .arg(limit.rate_text())
+                .arg(limit.capacity_text())
                 .arg(number(*cost));
             }
             return cmd;
