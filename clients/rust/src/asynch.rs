@@ -8,7 +8,7 @@
 
 use std::time::Instant;
 
-use redis::aio::ConnectionLike;
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::Value;
 
 use crate::engine::{is_noscript, is_unknown_command, CallError, Engine, Op, Path};
@@ -16,17 +16,17 @@ use crate::types::{check_cost, Counters, Decision, Error, Limit, MultiDecision, 
 
 /// The async twin of [`crate::Limiter`], with the same methods, awaited.
 ///
-/// A plain `MultiplexedConnection` does not reconnect after the server restarts; use a
-/// `ConnectionManager` (or a cluster connection), and decisions go back to Redis when it
-/// answers again.
+/// Build it with [`AsyncLimiter::connect`], which does not need Redis to be up: the failure
+/// policy then covers the start too, and decisions go to Redis once it answers. A plain
+/// `MultiplexedConnection` does not reconnect after the server restarts; on
+/// [`AsyncLimiter::new`] use a `ConnectionManager` (or a cluster connection).
 ///
 /// ```no_run
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 /// use redis_rl_client::{AsyncLimiter, Limit, OnError, Options};
 ///
 /// let client = redis::Client::open("redis://127.0.0.1/")?;
-/// let connection = client.get_connection_manager().await?;
-/// let limiter = AsyncLimiter::new(connection, Options::new(OnError::Closed));
+/// let limiter = AsyncLimiter::connect(client, Options::new(OnError::Closed))?;
 /// let d = limiter.acquire("login:alice", &Limit::new(0.1, 5.0)?, 1.0).await?;
 /// # let _ = d;
 /// # Ok(())
@@ -35,6 +35,33 @@ use crate::types::{check_cost, Counters, Decision, Error, Limit, MultiDecision, 
 pub struct AsyncLimiter<C> {
     connection: C,
     engine: Engine,
+}
+
+impl AsyncLimiter<ConnectionManager> {
+    /// A limiter on `client` that connects on its first call, not here, so it can be built
+    /// while Redis is down (a service starting before its Redis): until Redis answers, the
+    /// failure policy decides, as in any outage, and each probe tries to connect again. Call
+    /// it inside a tokio runtime.
+    ///
+    /// The `ConnectionManager` it makes gives each connect attempt the limiter's deadline and
+    /// makes one attempt per try, no backoff of its own: the limiter's `probe_interval` paces
+    /// the tries, so decisions go back to Redis within a probe or two of it coming up.
+    ///
+    /// # Errors
+    /// [`Error::Redis`] if the redis crate refuses the connection's settings; never because
+    /// Redis is unreachable.
+    pub fn connect(client: redis::Client, options: Options) -> Result<Self, Error> {
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(options.timeout))
+            // The limiter bounds each call itself, and a reply late for one call is still
+            // read off the connection.
+            .set_response_timeout(None)
+            .set_number_of_retries(0);
+        let connection = client
+            .get_connection_manager_lazy(config)
+            .map_err(Error::Redis)?;
+        Ok(AsyncLimiter::new(connection, options))
+    }
 }
 
 impl<C: ConnectionLike + Clone + Send + Sync> AsyncLimiter<C> {
