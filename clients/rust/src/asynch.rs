@@ -35,6 +35,9 @@ use crate::types::{check_cost, Counters, Decision, Error, Limit, MultiDecision, 
 pub struct AsyncLimiter<C> {
     connection: C,
     engine: Engine,
+    /// Held while one call detects the module, so a cold limiter's first calls share one
+    /// `COMMAND INFO` instead of sending one each.
+    detecting: tokio::sync::Mutex<()>,
 }
 
 impl AsyncLimiter<ConnectionManager> {
@@ -70,6 +73,7 @@ impl<C: ConnectionLike + Clone + Send + Sync> AsyncLimiter<C> {
         AsyncLimiter {
             connection,
             engine: Engine::new(options),
+            detecting: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -172,15 +176,10 @@ impl<C: ConnectionLike + Clone + Send + Sync> AsyncLimiter<C> {
     /// table's calls that are not decisions.
     pub(crate) async fn connection_with_path(&self) -> Result<(C, Path), CallError> {
         let mut connection = self.connection.clone();
-        let path = match self.engine.ready()? {
-            Some(path) => path,
-            None => {
-                let deadline = self.engine.options.timeout;
-                tokio::time::timeout(deadline, self.detect(&mut connection))
-                    .await
-                    .map_err(|_| CallError::Timeout)??
-            }
-        };
+        let deadline = self.engine.options.timeout;
+        let path = tokio::time::timeout(deadline, self.detected_path(&mut connection))
+            .await
+            .map_err(|_| CallError::Timeout(deadline))??;
         Ok((connection, path))
     }
 
@@ -191,7 +190,7 @@ impl<C: ConnectionLike + Clone + Send + Sync> AsyncLimiter<C> {
         let deadline = self.engine.options.timeout;
         match tokio::time::timeout(deadline, self.call_on(&mut connection, op, items)).await {
             Ok(result) => result,
-            Err(_) => Err(CallError::Timeout),
+            Err(_) => Err(CallError::Timeout(deadline)),
         }
     }
 
@@ -201,16 +200,26 @@ impl<C: ConnectionLike + Clone + Send + Sync> AsyncLimiter<C> {
         op: Op,
         items: &[(&str, Limit, f64)],
     ) -> Result<Value, CallError> {
-        let path = match self.engine.ready()? {
-            Some(path) => path,
-            None => self.detect(connection).await?,
-        };
+        let path = self.detected_path(connection).await?;
         match self.send(connection, path, op, items).await {
             Err(CallError::Redis(e)) if is_unknown_command(&e) => {
                 let path = self.detect(connection).await?;
                 self.send(connection, path, op, items).await
             }
             result => result,
+        }
+    }
+
+    /// The detected path, detecting it first if no call has: one call detects while the
+    /// others wait for its answer.
+    async fn detected_path(&self, connection: &mut C) -> Result<Path, CallError> {
+        if let Some(path) = self.engine.ready()? {
+            return Ok(path);
+        }
+        let _detecting = self.detecting.lock().await;
+        match self.engine.ready()? {
+            Some(path) => Ok(path),
+            None => self.detect(connection).await,
         }
     }
 

@@ -56,7 +56,7 @@ pub enum Path {
 pub(crate) enum CallError {
     Redis(RedisError),
     /// The per-call deadline passed (async: the whole call; sync: the socket timeouts).
-    Timeout,
+    Timeout(std::time::Duration),
     Missing,
     Reply(String),
 }
@@ -71,7 +71,7 @@ impl CallError {
     /// Whether the failure policy decides this one.
     pub(crate) fn unavailable(&self) -> bool {
         match self {
-            CallError::Timeout => true,
+            CallError::Timeout(_) => true,
             CallError::Redis(e) => is_unavailable(e),
             CallError::Missing | CallError::Reply(_) => false,
         }
@@ -80,7 +80,7 @@ impl CallError {
     pub(crate) fn into_error(self) -> Error {
         match self {
             CallError::Redis(e) => Error::Redis(e),
-            CallError::Timeout => Error::Reply("timeout".into()),
+            CallError::Timeout(_) => Error::Reply("timeout".into()),
             CallError::Missing => Error::ModuleMissing,
             CallError::Reply(text) => Error::Reply(text),
         }
@@ -89,7 +89,13 @@ impl CallError {
     fn describe(&self) -> String {
         match self {
             CallError::Redis(e) => e.to_string(),
-            CallError::Timeout => "the call's deadline passed".into(),
+            // Which it was matters to whoever reads the log: a deadline too short for the
+            // load looks like an outage from here.
+            CallError::Timeout(deadline) => format!(
+                "no reply within {} ms: Redis is down, or too busy for the deadline \
+                 (Options::timeout)",
+                deadline.as_millis()
+            ),
             CallError::Missing => "module missing".into(),
             CallError::Reply(text) => text.clone(),
         }

@@ -488,9 +488,10 @@ impl<C: redis::aio::ConnectionLike + Clone + Send + Sync> AsyncTable<'_, C> {
         &self,
         work: impl std::future::Future<Output = Result<T, CallError>>,
     ) -> Result<T, Error> {
-        match tokio::time::timeout(self.limiter.engine().options.timeout, work).await {
+        let deadline = self.limiter.engine().options.timeout;
+        match tokio::time::timeout(deadline, work).await {
             Ok(result) => result.map_err(CallError::into_error),
-            Err(_) => Err(CallError::Timeout.into_error()),
+            Err(_) => Err(CallError::Timeout(deadline).into_error()),
         }
     }
 }
