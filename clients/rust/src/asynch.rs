@@ -11,7 +11,7 @@ use std::time::Instant;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::Value;
 
-use crate::engine::{is_noscript, is_unknown_command, CallError, Engine, Op, Path};
+use crate::engine::{is_noscript, is_unknown_command, CallError, Engine, Op, Path, Target};
 use crate::types::{check_cost, Counters, Decision, Error, Limit, MultiDecision, Options, Refund};
 
 /// The async twin of [`crate::Limiter`], with the same methods, awaited.
@@ -92,7 +92,8 @@ impl<C: ConnectionLike + Clone + Send + Sync> AsyncLimiter<C> {
     /// # Errors
     /// As for [`crate::Limiter::acquire`].
     pub async fn acquire(&self, key: &str, limit: &Limit, cost: f64) -> Result<Decision, Error> {
-        self.decide(Op::Acquire, key, limit, cost).await
+        self.decide(Op::Acquire, Target::Key(key), limit, cost)
+            .await
     }
 
     /// What [`AsyncLimiter::acquire`] would decide for `cost`, taking nothing.
@@ -100,24 +101,25 @@ impl<C: ConnectionLike + Clone + Send + Sync> AsyncLimiter<C> {
     /// # Errors
     /// As for [`crate::Limiter::acquire`].
     pub async fn peek(&self, key: &str, limit: &Limit, cost: f64) -> Result<Decision, Error> {
-        self.decide(Op::Peek, key, limit, cost).await
+        self.decide(Op::Peek, Target::Key(key), limit, cost).await
     }
 
     /// An acquire or a peek (`op`), of a key or of a table's field (`crate::table`).
     pub(crate) async fn decide(
         &self,
         op: Op,
-        key: &str,
+        target: Target<'_>,
         limit: &Limit,
         cost: f64,
     ) -> Result<Decision, Error> {
         let cost = check_cost(cost)?;
+        let key = target.key();
         let take = op.takes();
         if let Some(decision) = self.engine.before(key, limit, cost, take) {
             return Ok(decision);
         }
         let sent_at = Instant::now();
-        let result = self.call(op, &[(key, *limit, cost)]).await;
+        let result = self.call(op, &[(target, *limit, cost)]).await;
         self.engine.after(result, (key, limit, cost), take, sent_at)
     }
 
@@ -139,7 +141,11 @@ impl<C: ConnectionLike + Clone + Send + Sync> AsyncLimiter<C> {
             return Ok(multi);
         }
         let sent_at = Instant::now();
-        let result = self.call(Op::Multi, items).await;
+        let targets: Vec<(Target<'_>, Limit, f64)> = items
+            .iter()
+            .map(|(key, limit, cost)| (Target::Key(key), *limit, *cost))
+            .collect();
+        let result = self.call(Op::Multi, &targets).await;
         self.engine.after_multi(result, items, sent_at)
     }
 
@@ -148,22 +154,24 @@ impl<C: ConnectionLike + Clone + Send + Sync> AsyncLimiter<C> {
     /// # Errors
     /// As for [`crate::Limiter::acquire`].
     pub async fn refund(&self, key: &str, limit: &Limit, cost: f64) -> Result<Refund, Error> {
-        self.give_back(Op::Refund, key, limit, cost).await
+        self.give_back(Op::Refund, Target::Key(key), limit, cost)
+            .await
     }
 
     /// A refund (`op`), of a key or of a table's field.
     pub(crate) async fn give_back(
         &self,
         op: Op,
-        key: &str,
+        target: Target<'_>,
         limit: &Limit,
         cost: f64,
     ) -> Result<Refund, Error> {
         let cost = check_cost(cost)?;
+        let key = target.key();
         if let Some(refund) = self.engine.before_refund(key, limit, cost) {
             return Ok(refund);
         }
-        let result = self.call(op, &[(key, *limit, cost)]).await;
+        let result = self.call(op, &[(target, *limit, cost)]).await;
         self.engine.after_refund(result, (key, limit, cost))
     }
 
@@ -185,7 +193,7 @@ impl<C: ConnectionLike + Clone + Send + Sync> AsyncLimiter<C> {
 
     // The call into Redis ------------------------------------------------------------------
 
-    async fn call(&self, op: Op, items: &[(&str, Limit, f64)]) -> Result<Value, CallError> {
+    async fn call(&self, op: Op, items: &[(Target<'_>, Limit, f64)]) -> Result<Value, CallError> {
         let mut connection = self.connection.clone();
         let deadline = self.engine.options.timeout;
         match tokio::time::timeout(deadline, self.call_on(&mut connection, op, items)).await {
@@ -198,7 +206,7 @@ impl<C: ConnectionLike + Clone + Send + Sync> AsyncLimiter<C> {
         &self,
         connection: &mut C,
         op: Op,
-        items: &[(&str, Limit, f64)],
+        items: &[(Target<'_>, Limit, f64)],
     ) -> Result<Value, CallError> {
         let path = self.detected_path(connection).await?;
         match self.send(connection, path, op, items).await {
@@ -233,7 +241,7 @@ impl<C: ConnectionLike + Clone + Send + Sync> AsyncLimiter<C> {
         connection: &mut C,
         path: Path,
         op: Op,
-        items: &[(&str, Limit, f64)],
+        items: &[(Target<'_>, Limit, f64)],
     ) -> Result<Value, CallError> {
         if path == Path::Module {
             return Ok(Engine::command(path, "", op, items)

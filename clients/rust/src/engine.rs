@@ -18,25 +18,44 @@ use crate::types::{
 };
 
 /// What a call asks for.
-///
-/// The `H` ops are a bucket table's field (`crate::table`): the item's key is then the field's
-/// fallback key `name:{i}:field`, which the Lua path uses as it is and the module path splits
-/// back into the table `name:{i}` and the field (a table's name holds no brace).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Op {
     Acquire,
     Peek,
     Refund,
     Multi,
-    HAcquire,
-    HPeek,
-    HRefund,
 }
 
 impl Op {
     /// Whether a decision of this op takes tokens (and so may be remembered by the shield).
     pub(crate) fn takes(self) -> bool {
-        matches!(self, Op::Acquire | Op::HAcquire)
+        self == Op::Acquire
+    }
+}
+
+/// The bucket a call is about: a key of its own, or a field of a bucket table
+/// (`crate::table`), each part kept as it is rather than encoded into one string and split
+/// back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Target<'a> {
+    /// A bucket of its own, at `key`.
+    Key(&'a str),
+    /// A table's field: RL.H* on `table` (`name:{i}`) and `field` on the module path; the
+    /// field's fallback key `name:{i}:field` everywhere else.
+    Field {
+        table: &'a str,
+        field: &'a str,
+        fallback_key: &'a str,
+    },
+}
+
+impl<'a> Target<'a> {
+    /// The name the deny cache, the `Local` policy and the Lua path know the bucket by.
+    pub(crate) fn key(self) -> &'a str {
+        match self {
+            Target::Key(key) => key,
+            Target::Field { fallback_key, .. } => fallback_key,
+        }
     }
 }
 
@@ -543,26 +562,24 @@ impl Engine {
         path: Path,
         sha: &str,
         op: Op,
-        items: &[(&str, Limit, f64)],
+        items: &[(Target<'_>, Limit, f64)],
     ) -> redis::Cmd {
         if path == Path::Module {
-            let name = match op {
-                Op::Acquire => "RL.ACQUIRE",
-                Op::Peek => "RL.PEEK",
-                Op::Refund => "RL.REFUND",
-                Op::Multi => "RL.ACQUIRE.MULTI",
-                Op::HAcquire => "RL.HACQUIRE",
-                Op::HPeek => "RL.HPEEK",
-                Op::HRefund => "RL.HREFUND",
+            let field = matches!(items.first(), Some((Target::Field { .. }, _, _)));
+            let name = match (op, field) {
+                (Op::Acquire, false) => "RL.ACQUIRE",
+                (Op::Peek, false) => "RL.PEEK",
+                (Op::Refund, false) => "RL.REFUND",
+                (Op::Multi, _) => "RL.ACQUIRE.MULTI",
+                (Op::Acquire, true) => "RL.HACQUIRE",
+                (Op::Peek, true) => "RL.HPEEK",
+                (Op::Refund, true) => "RL.HREFUND",
             };
             let mut cmd = redis::cmd(name);
-            for (key, limit, cost) in items {
-                match op {
-                    Op::HAcquire | Op::HPeek | Op::HRefund => {
-                        let (table, field) = crate::table::split_fallback_key(key);
-                        cmd.arg(table).arg(field)
-                    }
-                    _ => cmd.arg(*key),
+            for (target, limit, cost) in items {
+                match *target {
+                    Target::Key(key) => cmd.arg(key),
+                    Target::Field { table, field, .. } => cmd.arg(table).arg(field),
                 }
                 // The texts the limit was validated with: `5/60` stays exact, where the
                 // double 0.08333… would leave a fraction of a token in every state.
@@ -573,19 +590,19 @@ impl Engine {
             return cmd;
         }
         let mode = match op {
-            Op::Acquire | Op::HAcquire => "acquire",
-            Op::Peek | Op::HPeek => "peek",
-            Op::Refund | Op::HRefund => "refund",
+            Op::Acquire => "acquire",
+            Op::Peek => "peek",
+            Op::Refund => "refund",
             Op::Multi => "multi",
         };
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(sha).arg(items.len());
-        for (key, _, _) in items {
-            cmd.arg(*key);
+        for (target, _, _) in items {
+            cmd.arg(target.key());
         }
         cmd.arg(mode);
         for (_, limit, cost) in items {
-            for arg in script::args(limit, *cost, matches!(op, Op::Refund | Op::HRefund)) {
+            for arg in script::args(limit, *cost, op == Op::Refund) {
                 cmd.arg(arg);
             }
         }
