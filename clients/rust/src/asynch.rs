@@ -11,7 +11,7 @@ use std::time::Instant;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::Value;
 
-use crate::engine::{is_noscript, is_unknown_command, CallError, Engine, Op, Path, Target};
+use crate::engine::{CallError, Engine, Exchange, Op, Path, Step, Target};
 use crate::types::{check_cost, Counters, Decision, Error, Limit, MultiDecision, Options, Refund};
 
 /// The async twin of [`crate::Limiter`], with the same methods, awaited.
@@ -202,19 +202,22 @@ impl<C: ConnectionLike + Clone + Send + Sync> AsyncLimiter<C> {
         }
     }
 
+    /// One call's exchange (`engine::Exchange`), each step awaited; the module is detected
+    /// first, once for all the calls waiting on a cold limiter.
     async fn call_on(
         &self,
         connection: &mut C,
         op: Op,
         items: &[(Target<'_>, Limit, f64)],
     ) -> Result<Value, CallError> {
-        let path = self.detected_path(connection).await?;
-        match self.send(connection, path, op, items).await {
-            Err(CallError::Redis(e)) if is_unknown_command(&e) => {
-                let path = self.detect(connection).await?;
-                self.send(connection, path, op, items).await
-            }
-            result => result,
+        self.detected_path(connection).await?;
+        let mut exchange = Exchange::new(&self.engine, op, items);
+        let mut step = exchange.start();
+        loop {
+            step = match step {
+                Step::Send(cmd) => exchange.reply(cmd.query_async(connection).await),
+                Step::Done(result) => return result,
+            };
         }
     }
 
@@ -234,39 +237,5 @@ impl<C: ConnectionLike + Clone + Send + Sync> AsyncLimiter<C> {
     async fn detect(&self, connection: &mut C) -> Result<Path, CallError> {
         let reply: Value = Engine::detect_command().query_async(connection).await?;
         self.engine.detected(&reply)
-    }
-
-    async fn send(
-        &self,
-        connection: &mut C,
-        path: Path,
-        op: Op,
-        items: &[(Target<'_>, Limit, f64)],
-    ) -> Result<Value, CallError> {
-        if path == Path::Module {
-            return Ok(Engine::command(path, "", op, items)
-                .query_async(connection)
-                .await?);
-        }
-        let sha = match self.engine.sha() {
-            Some(sha) => sha,
-            None => self
-                .engine
-                .set_sha(Engine::script_load().query_async(connection).await?)?,
-        };
-        match Engine::command(path, &sha, op, items)
-            .query_async(connection)
-            .await
-        {
-            Err(e) if is_noscript(&e) => {
-                let sha = self
-                    .engine
-                    .set_sha(Engine::script_load().query_async(connection).await?)?;
-                Ok(Engine::command(path, &sha, op, items)
-                    .query_async(connection)
-                    .await?)
-            }
-            result => Ok(result?),
-        }
     }
 }

@@ -2,8 +2,11 @@
 //! the outage and its counters, the deny cache and the local buckets, behind one lock; the
 //! commands to send; the replies read back; the errors that mean "Redis cannot decide".
 //!
-//! Nothing here does I/O. `sync` and `asynch` send what [`Engine::command`] builds and hand
-//! back what came; the lock is never held across a call into Redis.
+//! Nothing here does I/O. One call's conversation with Redis (detect the module, load the
+//! script, send, and look again after an "unknown command" or NOSCRIPT) is an [`Exchange`]:
+//! `sync` and `asynch` send each command it asks for and hand back the reply, blocking or
+//! awaited, and that loop is all they repeat. The lock is never held across a call into
+//! Redis.
 
 use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
@@ -610,6 +613,149 @@ impl Engine {
     }
 }
 
+/// What an [`Exchange`] wants next: a command sent and its reply handed back, or its result.
+pub(crate) enum Step {
+    Send(redis::Cmd),
+    Done(Result<Value, CallError>),
+}
+
+/// Where an [`Exchange`] is: which reply it waits for, and which retries it has used (once
+/// each: a new detection after "unknown command", a new SCRIPT LOAD after NOSCRIPT).
+#[derive(Clone, Copy)]
+enum Stage {
+    Detecting {
+        redetected: bool,
+    },
+    Loading {
+        path: Path,
+        redetected: bool,
+        reloaded: bool,
+    },
+    Sending {
+        path: Path,
+        redetected: bool,
+        reloaded: bool,
+    },
+    Done,
+}
+
+/// One call's conversation with Redis, as steps, without I/O: the module's command, or the
+/// script's EVALSHA (loading it first if no SHA is known); the module is detected first when
+/// no call has yet, and again, once, after an "unknown command" (the module went away or
+/// came); the script is loaded again, once, after NOSCRIPT.
+///
+/// ```text
+/// let mut step = exchange.start();
+/// loop { match step { Step::Send(cmd) => step = exchange.reply(cmd.query(c)), Step::Done(r) => return r } }
+/// ```
+pub(crate) struct Exchange<'a> {
+    engine: &'a Engine,
+    op: Op,
+    items: &'a [(Target<'a>, Limit, f64)],
+    stage: Stage,
+}
+
+impl<'a> Exchange<'a> {
+    pub(crate) fn new(engine: &'a Engine, op: Op, items: &'a [(Target<'a>, Limit, f64)]) -> Self {
+        Exchange {
+            engine,
+            op,
+            items,
+            stage: Stage::Done,
+        }
+    }
+
+    /// The first step.
+    pub(crate) fn start(&mut self) -> Step {
+        match self.engine.ready() {
+            Err(e) => self.done(Err(e)),
+            Ok(Some(path)) => self.send(path, false, false),
+            Ok(None) => self.detect(false),
+        }
+    }
+
+    /// The next step, given the reply to the command of the last.
+    pub(crate) fn reply(&mut self, reply: redis::RedisResult<Value>) -> Step {
+        match (self.stage, reply) {
+            (Stage::Done, _) => self.done(Err(CallError::Reply("a reply after the end".into()))),
+            (Stage::Detecting { redetected }, Ok(value)) => match self.engine.detected(&value) {
+                Ok(path) => self.send(path, redetected, false),
+                Err(e) => self.done(Err(e)),
+            },
+            (
+                Stage::Loading {
+                    path,
+                    redetected,
+                    reloaded,
+                },
+                Ok(value),
+            ) => match self.engine.set_sha(value) {
+                Ok(sha) => {
+                    self.stage = Stage::Sending {
+                        path,
+                        redetected,
+                        reloaded,
+                    };
+                    Step::Send(Engine::command(path, &sha, self.op, self.items))
+                }
+                Err(e) => self.done(Err(e)),
+            },
+            (Stage::Sending { .. }, Ok(value)) => self.done(Ok(value)),
+            (
+                Stage::Sending {
+                    path,
+                    redetected,
+                    reloaded,
+                },
+                Err(e),
+            ) if path == Path::Lua && !reloaded && is_noscript(&e) => {
+                self.load(path, redetected, true)
+            }
+            (Stage::Sending { redetected, .. } | Stage::Loading { redetected, .. }, Err(e))
+                if !redetected && is_unknown_command(&e) =>
+            {
+                self.detect(true)
+            }
+            (_, Err(e)) => self.done(Err(CallError::Redis(e))),
+        }
+    }
+
+    fn detect(&mut self, redetected: bool) -> Step {
+        self.stage = Stage::Detecting { redetected };
+        Step::Send(Engine::detect_command())
+    }
+
+    fn load(&mut self, path: Path, redetected: bool, reloaded: bool) -> Step {
+        self.stage = Stage::Loading {
+            path,
+            redetected,
+            reloaded,
+        };
+        Step::Send(Engine::script_load())
+    }
+
+    fn send(&mut self, path: Path, redetected: bool, reloaded: bool) -> Step {
+        let sha = match path {
+            Path::Module => String::new(),
+            _ => match self.engine.sha() {
+                Some(sha) => sha,
+                None => return self.load(path, redetected, reloaded),
+            },
+        };
+        self.stage = Stage::Sending {
+            path,
+            redetected,
+            reloaded,
+        };
+        Step::Send(Engine::command(path, &sha, self.op, self.items))
+    }
+
+    fn done(&mut self, result: Result<Value, CallError>) -> Step {
+        self.stage = Stage::Done;
+        Step::Done(result)
+    }
+}
+
 fn open_reply() -> Reply {
     Reply {
         allowed: true,
@@ -721,4 +867,100 @@ pub(crate) fn read_multi(
         decisions,
         source,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::OnError;
+
+    /// A server's reply, parsed from RESP as the redis crate would read it off the socket.
+    fn reply(resp: &str) -> redis::RedisResult<Value> {
+        redis::parse_redis_value(resp.as_bytes())?.extract_error()
+    }
+
+    /// The command name of a step, or "done: ok" / "done: err".
+    fn name(step: &Step) -> String {
+        match step {
+            Step::Send(cmd) => match cmd.args_iter().next() {
+                Some(redis::Arg::Simple(bytes)) => String::from_utf8_lossy(bytes).into_owned(),
+                _ => "?".into(),
+            },
+            Step::Done(Ok(_)) => "done: ok".into(),
+            Step::Done(Err(_)) => "done: err".into(),
+        }
+    }
+
+    /// Runs an exchange against scripted replies, one per command it sends; returns the
+    /// commands' names and how it ended.
+    fn run(engine: &Engine, replies: &[&str]) -> Vec<String> {
+        let limit = Limit::new(5.0, 10.0).unwrap();
+        let items = [(Target::Key("k"), limit, 1.0)];
+        let mut exchange = Exchange::new(engine, Op::Acquire, &items);
+        let mut step = exchange.start();
+        let mut seen = vec![name(&step)];
+        for r in replies {
+            step = exchange.reply(reply(r));
+            seen.push(name(&step));
+        }
+        seen
+    }
+
+    const MODULE: &str = "*1\r\n*1\r\n$10\r\nrl.acquire\r\n";
+    const NO_MODULE: &str = "*1\r\n_\r\n";
+    const DECISION: &str = "*4\r\n:1\r\n:9\r\n:0\r\n:200\r\n";
+    const SHA: &str = "$3\r\nabc\r\n";
+    const UNKNOWN: &str = "-ERR unknown command 'RL.ACQUIRE'\r\n";
+    const NOSCRIPT: &str = "-NOSCRIPT No matching script.\r\n";
+
+    #[test]
+    fn a_cold_call_detects_the_module_then_sends() {
+        let engine = Engine::new(Options::new(OnError::Closed));
+        assert_eq!(
+            run(&engine, &[MODULE, DECISION]),
+            ["COMMAND", "RL.ACQUIRE", "done: ok"]
+        );
+        // Warm: straight to the command.
+        assert_eq!(run(&engine, &[DECISION]), ["RL.ACQUIRE", "done: ok"]);
+    }
+
+    #[test]
+    fn a_module_gone_is_detected_again_once_and_the_script_loaded() {
+        let engine = Engine::new(Options::new(OnError::Closed));
+        run(&engine, &[MODULE, DECISION]);
+        assert_eq!(
+            run(&engine, &[UNKNOWN, NO_MODULE, SHA, DECISION]),
+            ["RL.ACQUIRE", "COMMAND", "SCRIPT", "EVALSHA", "done: ok"]
+        );
+        assert_eq!(engine.path(), Some(Path::Lua));
+    }
+
+    #[test]
+    fn noscript_loads_the_script_again_once() {
+        let engine = Engine::new(Options::new(OnError::Closed));
+        assert_eq!(
+            run(&engine, &[NO_MODULE, SHA, NOSCRIPT, SHA, DECISION]),
+            ["COMMAND", "SCRIPT", "EVALSHA", "SCRIPT", "EVALSHA", "done: ok"]
+        );
+        // A second NOSCRIPT in the same call is returned, not looped on.
+        assert_eq!(
+            run(&engine, &[NOSCRIPT, SHA, NOSCRIPT]),
+            ["EVALSHA", "SCRIPT", "EVALSHA", "done: err"]
+        );
+    }
+
+    #[test]
+    fn an_unknown_command_after_a_new_detection_is_returned() {
+        let engine = Engine::new(Options::new(OnError::Closed));
+        assert_eq!(
+            run(&engine, &[MODULE, UNKNOWN, MODULE, UNKNOWN]),
+            [
+                "COMMAND",
+                "RL.ACQUIRE",
+                "COMMAND",
+                "RL.ACQUIRE",
+                "done: err"
+            ]
+        );
+    }
 }

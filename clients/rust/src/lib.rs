@@ -41,9 +41,10 @@
 //!
 //! # Layout
 //!
-//! `types` the values; `engine` the rules shared by both limiters (no I/O); `sync` the
-//! blocking [`Limiter`] on a `redis::Client` or `ClusterClient`; `asynch` the tokio
-//! [`AsyncLimiter`]; `local` the bounded local buckets and deny cache; `script` the Lua
+//! `types` the values; `engine` the rules shared by both limiters and each call's exchange
+//! with Redis as steps (no I/O); `sync` the blocking [`Limiter`] on a `redis::Client` or
+//! `ClusterClient` and `asynch` the tokio [`AsyncLimiter`], shells that send each step,
+//! blocking or awaited; `local` the bounded local buckets and deny cache; `script` the Lua
 //! script and its arguments; `table` the bucket tables ([`Limiter::table`]: a limit's fields
 //! over `shards` keys).
 

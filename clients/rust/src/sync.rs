@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use redis::{ConnectionLike, RedisResult, Value};
 
-use crate::engine::{is_noscript, is_unknown_command, CallError, Engine, Op, Path, Target};
+use crate::engine::{CallError, Engine, Exchange, Op, Path, Step, Target};
 use crate::types::{check_cost, Counters, Decision, Error, Limit, MultiDecision, Options, Refund};
 
 /// How the blocking limiter opens a connection with a deadline.
@@ -232,55 +232,25 @@ impl<K: Connect> Limiter<K> {
         })
     }
 
+    /// One call's exchange (`engine::Exchange`), each step sent blocking.
     fn call_on(
         &self,
         connection: &mut K::Connection,
         op: Op,
         items: &[(Target<'_>, Limit, f64)],
     ) -> Result<Value, CallError> {
-        let path = match self.engine.ready()? {
-            Some(path) => path,
-            None => self.detect(connection)?,
-        };
-        match self.send(connection, path, op, items) {
-            Err(CallError::Redis(e)) if is_unknown_command(&e) => {
-                // The module went away (or came): look again, then retry once on the new path.
-                let path = self.detect(connection)?;
-                self.send(connection, path, op, items)
-            }
-            result => result,
+        let mut exchange = Exchange::new(&self.engine, op, items);
+        let mut step = exchange.start();
+        loop {
+            step = match step {
+                Step::Send(cmd) => exchange.reply(cmd.query(connection)),
+                Step::Done(result) => return result,
+            };
         }
     }
 
     fn detect(&self, connection: &mut K::Connection) -> Result<Path, CallError> {
         let reply: Value = Engine::detect_command().query(connection)?;
         self.engine.detected(&reply)
-    }
-
-    fn send(
-        &self,
-        connection: &mut K::Connection,
-        path: Path,
-        op: Op,
-        items: &[(Target<'_>, Limit, f64)],
-    ) -> Result<Value, CallError> {
-        if path == Path::Module {
-            return Ok(Engine::command(path, "", op, items).query(connection)?);
-        }
-        let sha = match self.engine.sha() {
-            Some(sha) => sha,
-            None => self
-                .engine
-                .set_sha(Engine::script_load().query(connection)?)?,
-        };
-        match Engine::command(path, &sha, op, items).query(connection) {
-            Err(e) if is_noscript(&e) => {
-                let sha = self
-                    .engine
-                    .set_sha(Engine::script_load().query(connection)?)?;
-                Ok(Engine::command(path, &sha, op, items).query(connection)?)
-            }
-            result => Ok(result?),
-        }
     }
 }
