@@ -238,6 +238,37 @@ fn burst_cost_refund_and_override_are_exact() {
     assert_eq!(svc.json(&with_override).status, 429);
 }
 
+/// The module gets the configured limit's exact texts: 5 per minute is `5/60` (read back with
+/// MONITOR), not the double 0.0833…, which left a fraction of a token in every state.
+#[test]
+fn five_per_minute_reaches_redis_as_5_per_60() {
+    use std::io::{BufRead, BufReader, Write};
+    let redis = common::Server::start();
+    let svc = Service::start(&redis_url(redis.port), &[("parity.yaml", PARITY)], &[]);
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", redis.port)).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    stream.write_all(b"MONITOR\r\n").unwrap();
+    let mut monitor = BufReader::new(stream);
+    let mut line = String::new();
+    monitor.read_line(&mut line).unwrap();
+    assert_eq!(line.trim_end(), "+OK");
+    // `second` is 5 per minute in PARITY.
+    assert_eq!(svc.json(&one("parity", &[("second", "u")])).status, 200);
+    let acquire = loop {
+        line.clear();
+        assert!(monitor.read_line(&mut line).unwrap() > 0, "MONITOR closed");
+        if line.contains("] \"RL.ACQUIRE") {
+            break line.clone();
+        }
+    };
+    assert!(
+        acquire.trim_end().ends_with(r#""5/60" "5" "1""#),
+        "{acquire}"
+    );
+}
+
 #[test]
 fn all_or_nothing_a_denied_request_takes_nothing() {
     let redis = common::Server::start();

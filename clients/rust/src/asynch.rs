@@ -8,25 +8,25 @@
 
 use std::time::Instant;
 
-use redis::aio::ConnectionLike;
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::Value;
 
-use crate::engine::{is_noscript, is_unknown_command, CallError, Engine, Op, Path};
+use crate::engine::{CallError, Engine, Exchange, Op, Path, Step, Target};
 use crate::types::{check_cost, Counters, Decision, Error, Limit, MultiDecision, Options, Refund};
 
 /// The async twin of [`crate::Limiter`], with the same methods, awaited.
 ///
-/// A plain `MultiplexedConnection` does not reconnect after the server restarts; use a
-/// `ConnectionManager` (or a cluster connection), and decisions go back to Redis when it
-/// answers again.
+/// Build it with [`AsyncLimiter::connect`], which does not need Redis to be up: the failure
+/// policy then covers the start too, and decisions go to Redis once it answers. A plain
+/// `MultiplexedConnection` does not reconnect after the server restarts; on
+/// [`AsyncLimiter::new`] use a `ConnectionManager` (or a cluster connection).
 ///
 /// ```no_run
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 /// use redis_rl_client::{AsyncLimiter, Limit, OnError, Options};
 ///
 /// let client = redis::Client::open("redis://127.0.0.1/")?;
-/// let connection = client.get_connection_manager().await?;
-/// let limiter = AsyncLimiter::new(connection, Options::new(OnError::Closed));
+/// let limiter = AsyncLimiter::connect(client, Options::new(OnError::Closed))?;
 /// let d = limiter.acquire("login:alice", &Limit::new(0.1, 5.0)?, 1.0).await?;
 /// # let _ = d;
 /// # Ok(())
@@ -35,6 +35,36 @@ use crate::types::{check_cost, Counters, Decision, Error, Limit, MultiDecision, 
 pub struct AsyncLimiter<C> {
     connection: C,
     engine: Engine,
+    /// Held while one call detects the module, so a cold limiter's first calls share one
+    /// `COMMAND INFO` instead of sending one each.
+    detecting: tokio::sync::Mutex<()>,
+}
+
+impl AsyncLimiter<ConnectionManager> {
+    /// A limiter on `client` that connects on its first call, not here, so it can be built
+    /// while Redis is down (a service starting before its Redis): until Redis answers, the
+    /// failure policy decides, as in any outage, and each probe tries to connect again. Call
+    /// it inside a tokio runtime.
+    ///
+    /// The `ConnectionManager` it makes gives each connect attempt the limiter's deadline and
+    /// makes one attempt per try, no backoff of its own: the limiter's `probe_interval` paces
+    /// the tries, so decisions go back to Redis within a probe or two of it coming up.
+    ///
+    /// # Errors
+    /// [`Error::Redis`] if the redis crate refuses the connection's settings; never because
+    /// Redis is unreachable.
+    pub fn connect(client: redis::Client, options: Options) -> Result<Self, Error> {
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(options.timeout))
+            // The limiter bounds each call itself, and a reply late for one call is still
+            // read off the connection.
+            .set_response_timeout(None)
+            .set_number_of_retries(0);
+        let connection = client
+            .get_connection_manager_lazy(config)
+            .map_err(Error::Redis)?;
+        Ok(AsyncLimiter::new(connection, options))
+    }
 }
 
 impl<C: ConnectionLike + Clone + Send + Sync> AsyncLimiter<C> {
@@ -43,6 +73,7 @@ impl<C: ConnectionLike + Clone + Send + Sync> AsyncLimiter<C> {
         AsyncLimiter {
             connection,
             engine: Engine::new(options),
+            detecting: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -61,7 +92,8 @@ impl<C: ConnectionLike + Clone + Send + Sync> AsyncLimiter<C> {
     /// # Errors
     /// As for [`crate::Limiter::acquire`].
     pub async fn acquire(&self, key: &str, limit: &Limit, cost: f64) -> Result<Decision, Error> {
-        self.decide(Op::Acquire, key, limit, cost).await
+        self.decide(Op::Acquire, Target::Key(key), limit, cost)
+            .await
     }
 
     /// What [`AsyncLimiter::acquire`] would decide for `cost`, taking nothing.
@@ -69,24 +101,25 @@ impl<C: ConnectionLike + Clone + Send + Sync> AsyncLimiter<C> {
     /// # Errors
     /// As for [`crate::Limiter::acquire`].
     pub async fn peek(&self, key: &str, limit: &Limit, cost: f64) -> Result<Decision, Error> {
-        self.decide(Op::Peek, key, limit, cost).await
+        self.decide(Op::Peek, Target::Key(key), limit, cost).await
     }
 
     /// An acquire or a peek (`op`), of a key or of a table's field (`crate::table`).
     pub(crate) async fn decide(
         &self,
         op: Op,
-        key: &str,
+        target: Target<'_>,
         limit: &Limit,
         cost: f64,
     ) -> Result<Decision, Error> {
         let cost = check_cost(cost)?;
+        let key = target.key();
         let take = op.takes();
         if let Some(decision) = self.engine.before(key, limit, cost, take) {
             return Ok(decision);
         }
         let sent_at = Instant::now();
-        let result = self.call(op, &[(key, *limit, cost)]).await;
+        let result = self.call(op, &[(target, *limit, cost)]).await;
         self.engine.after(result, (key, limit, cost), take, sent_at)
     }
 
@@ -108,7 +141,11 @@ impl<C: ConnectionLike + Clone + Send + Sync> AsyncLimiter<C> {
             return Ok(multi);
         }
         let sent_at = Instant::now();
-        let result = self.call(Op::Multi, items).await;
+        let targets: Vec<(Target<'_>, Limit, f64)> = items
+            .iter()
+            .map(|(key, limit, cost)| (Target::Key(key), *limit, *cost))
+            .collect();
+        let result = self.call(Op::Multi, &targets).await;
         self.engine.after_multi(result, items, sent_at)
     }
 
@@ -117,22 +154,24 @@ impl<C: ConnectionLike + Clone + Send + Sync> AsyncLimiter<C> {
     /// # Errors
     /// As for [`crate::Limiter::acquire`].
     pub async fn refund(&self, key: &str, limit: &Limit, cost: f64) -> Result<Refund, Error> {
-        self.give_back(Op::Refund, key, limit, cost).await
+        self.give_back(Op::Refund, Target::Key(key), limit, cost)
+            .await
     }
 
     /// A refund (`op`), of a key or of a table's field.
     pub(crate) async fn give_back(
         &self,
         op: Op,
-        key: &str,
+        target: Target<'_>,
         limit: &Limit,
         cost: f64,
     ) -> Result<Refund, Error> {
         let cost = check_cost(cost)?;
+        let key = target.key();
         if let Some(refund) = self.engine.before_refund(key, limit, cost) {
             return Ok(refund);
         }
-        let result = self.call(op, &[(key, *limit, cost)]).await;
+        let result = self.call(op, &[(target, *limit, cost)]).await;
         self.engine.after_refund(result, (key, limit, cost))
     }
 
@@ -145,84 +184,58 @@ impl<C: ConnectionLike + Clone + Send + Sync> AsyncLimiter<C> {
     /// table's calls that are not decisions.
     pub(crate) async fn connection_with_path(&self) -> Result<(C, Path), CallError> {
         let mut connection = self.connection.clone();
-        let path = match self.engine.ready()? {
-            Some(path) => path,
-            None => {
-                let deadline = self.engine.options.timeout;
-                tokio::time::timeout(deadline, self.detect(&mut connection))
-                    .await
-                    .map_err(|_| CallError::Timeout)??
-            }
-        };
+        let deadline = self.engine.options.timeout;
+        let path = tokio::time::timeout(deadline, self.detected_path(&mut connection))
+            .await
+            .map_err(|_| CallError::Timeout(deadline))??;
         Ok((connection, path))
     }
 
     // The call into Redis ------------------------------------------------------------------
 
-    async fn call(&self, op: Op, items: &[(&str, Limit, f64)]) -> Result<Value, CallError> {
+    async fn call(&self, op: Op, items: &[(Target<'_>, Limit, f64)]) -> Result<Value, CallError> {
         let mut connection = self.connection.clone();
         let deadline = self.engine.options.timeout;
         match tokio::time::timeout(deadline, self.call_on(&mut connection, op, items)).await {
             Ok(result) => result,
-            Err(_) => Err(CallError::Timeout),
+            Err(_) => Err(CallError::Timeout(deadline)),
         }
     }
 
+    /// One call's exchange (`engine::Exchange`), each step awaited; the module is detected
+    /// first, once for all the calls waiting on a cold limiter.
     async fn call_on(
         &self,
         connection: &mut C,
         op: Op,
-        items: &[(&str, Limit, f64)],
+        items: &[(Target<'_>, Limit, f64)],
     ) -> Result<Value, CallError> {
-        let path = match self.engine.ready()? {
-            Some(path) => path,
-            None => self.detect(connection).await?,
-        };
-        match self.send(connection, path, op, items).await {
-            Err(CallError::Redis(e)) if is_unknown_command(&e) => {
-                let path = self.detect(connection).await?;
-                self.send(connection, path, op, items).await
-            }
-            result => result,
+        self.detected_path(connection).await?;
+        let mut exchange = Exchange::new(&self.engine, op, items);
+        let mut step = exchange.start();
+        loop {
+            step = match step {
+                Step::Send(cmd) => exchange.reply(cmd.query_async(connection).await),
+                Step::Done(result) => return result,
+            };
+        }
+    }
+
+    /// The detected path, detecting it first if no call has: one call detects while the
+    /// others wait for its answer.
+    async fn detected_path(&self, connection: &mut C) -> Result<Path, CallError> {
+        if let Some(path) = self.engine.ready()? {
+            return Ok(path);
+        }
+        let _detecting = self.detecting.lock().await;
+        match self.engine.ready()? {
+            Some(path) => Ok(path),
+            None => self.detect(connection).await,
         }
     }
 
     async fn detect(&self, connection: &mut C) -> Result<Path, CallError> {
         let reply: Value = Engine::detect_command().query_async(connection).await?;
         self.engine.detected(&reply)
-    }
-
-    async fn send(
-        &self,
-        connection: &mut C,
-        path: Path,
-        op: Op,
-        items: &[(&str, Limit, f64)],
-    ) -> Result<Value, CallError> {
-        if path == Path::Module {
-            return Ok(Engine::command(path, "", op, items)
-                .query_async(connection)
-                .await?);
-        }
-        let sha = match self.engine.sha() {
-            Some(sha) => sha,
-            None => self
-                .engine
-                .set_sha(Engine::script_load().query_async(connection).await?)?,
-        };
-        match Engine::command(path, &sha, op, items)
-            .query_async(connection)
-            .await
-        {
-            Err(e) if is_noscript(&e) => {
-                let sha = self
-                    .engine
-                    .set_sha(Engine::script_load().query_async(connection).await?)?;
-                Ok(Engine::command(path, &sha, op, items)
-                    .query_async(connection)
-                    .await?)
-            }
-            result => Ok(result?),
-        }
     }
 }

@@ -2,8 +2,11 @@
 //! the outage and its counters, the deny cache and the local buckets, behind one lock; the
 //! commands to send; the replies read back; the errors that mean "Redis cannot decide".
 //!
-//! Nothing here does I/O. `sync` and `asynch` send what [`Engine::command`] builds and hand
-//! back what came; the lock is never held across a call into Redis.
+//! Nothing here does I/O. One call's conversation with Redis (detect the module, load the
+//! script, send, and look again after an "unknown command" or NOSCRIPT) is an [`Exchange`]:
+//! `sync` and `asynch` send each command it asks for and hand back the reply, blocking or
+//! awaited, and that loop is all they repeat. The lock is never held across a call into
+//! Redis.
 
 use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
@@ -18,25 +21,44 @@ use crate::types::{
 };
 
 /// What a call asks for.
-///
-/// The `H` ops are a bucket table's field (`crate::table`): the item's key is then the field's
-/// fallback key `name:{i}:field`, which the Lua path uses as it is and the module path splits
-/// back into the table `name:{i}` and the field (a table's name holds no brace).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Op {
     Acquire,
     Peek,
     Refund,
     Multi,
-    HAcquire,
-    HPeek,
-    HRefund,
 }
 
 impl Op {
     /// Whether a decision of this op takes tokens (and so may be remembered by the shield).
     pub(crate) fn takes(self) -> bool {
-        matches!(self, Op::Acquire | Op::HAcquire)
+        self == Op::Acquire
+    }
+}
+
+/// The bucket a call is about: a key of its own, or a field of a bucket table
+/// (`crate::table`), each part kept as it is rather than encoded into one string and split
+/// back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Target<'a> {
+    /// A bucket of its own, at `key`.
+    Key(&'a str),
+    /// A table's field: RL.H* on `table` (`name:{i}`) and `field` on the module path; the
+    /// field's fallback key `name:{i}:field` everywhere else.
+    Field {
+        table: &'a str,
+        field: &'a str,
+        fallback_key: &'a str,
+    },
+}
+
+impl<'a> Target<'a> {
+    /// The name the deny cache, the `Local` policy and the Lua path know the bucket by.
+    pub(crate) fn key(self) -> &'a str {
+        match self {
+            Target::Key(key) => key,
+            Target::Field { fallback_key, .. } => fallback_key,
+        }
     }
 }
 
@@ -56,7 +78,7 @@ pub enum Path {
 pub(crate) enum CallError {
     Redis(RedisError),
     /// The per-call deadline passed (async: the whole call; sync: the socket timeouts).
-    Timeout,
+    Timeout(std::time::Duration),
     Missing,
     Reply(String),
 }
@@ -71,7 +93,7 @@ impl CallError {
     /// Whether the failure policy decides this one.
     pub(crate) fn unavailable(&self) -> bool {
         match self {
-            CallError::Timeout => true,
+            CallError::Timeout(_) => true,
             CallError::Redis(e) => is_unavailable(e),
             CallError::Missing | CallError::Reply(_) => false,
         }
@@ -80,7 +102,7 @@ impl CallError {
     pub(crate) fn into_error(self) -> Error {
         match self {
             CallError::Redis(e) => Error::Redis(e),
-            CallError::Timeout => Error::Reply("timeout".into()),
+            CallError::Timeout(_) => Error::Reply("timeout".into()),
             CallError::Missing => Error::ModuleMissing,
             CallError::Reply(text) => Error::Reply(text),
         }
@@ -89,7 +111,13 @@ impl CallError {
     fn describe(&self) -> String {
         match self {
             CallError::Redis(e) => e.to_string(),
-            CallError::Timeout => "the call's deadline passed".into(),
+            // Which it was matters to whoever reads the log: a deadline too short for the
+            // load looks like an outage from here.
+            CallError::Timeout(deadline) => format!(
+                "no reply within {} ms: Redis is down, or too busy for the deadline \
+                 (Options::timeout)",
+                deadline.as_millis()
+            ),
             CallError::Missing => "module missing".into(),
             CallError::Reply(text) => text.clone(),
         }
@@ -537,51 +565,194 @@ impl Engine {
         path: Path,
         sha: &str,
         op: Op,
-        items: &[(&str, Limit, f64)],
+        items: &[(Target<'_>, Limit, f64)],
     ) -> redis::Cmd {
         if path == Path::Module {
-            let name = match op {
-                Op::Acquire => "RL.ACQUIRE",
-                Op::Peek => "RL.PEEK",
-                Op::Refund => "RL.REFUND",
-                Op::Multi => "RL.ACQUIRE.MULTI",
-                Op::HAcquire => "RL.HACQUIRE",
-                Op::HPeek => "RL.HPEEK",
-                Op::HRefund => "RL.HREFUND",
+            let field = matches!(items.first(), Some((Target::Field { .. }, _, _)));
+            let name = match (op, field) {
+                (Op::Acquire, false) => "RL.ACQUIRE",
+                (Op::Peek, false) => "RL.PEEK",
+                (Op::Refund, false) => "RL.REFUND",
+                (Op::Multi, _) => "RL.ACQUIRE.MULTI",
+                (Op::Acquire, true) => "RL.HACQUIRE",
+                (Op::Peek, true) => "RL.HPEEK",
+                (Op::Refund, true) => "RL.HREFUND",
             };
             let mut cmd = redis::cmd(name);
-            for (key, limit, cost) in items {
-                match op {
-                    Op::HAcquire | Op::HPeek | Op::HRefund => {
-                        let (table, field) = crate::table::split_fallback_key(key);
-                        cmd.arg(table).arg(field)
-                    }
-                    _ => cmd.arg(*key),
+            for (target, limit, cost) in items {
+                match *target {
+                    Target::Key(key) => cmd.arg(key),
+                    Target::Field { table, field, .. } => cmd.arg(table).arg(field),
                 }
-                .arg(number(limit.rate_per_s()))
-                .arg(number(limit.capacity()))
+                // The texts the limit was validated with: `5/60` stays exact, where the
+                // double 0.08333… would leave a fraction of a token in every state.
+                .arg(limit.rate_text())
+                .arg(limit.capacity_text())
                 .arg(number(*cost));
             }
             return cmd;
         }
         let mode = match op {
-            Op::Acquire | Op::HAcquire => "acquire",
-            Op::Peek | Op::HPeek => "peek",
-            Op::Refund | Op::HRefund => "refund",
+            Op::Acquire => "acquire",
+            Op::Peek => "peek",
+            Op::Refund => "refund",
             Op::Multi => "multi",
         };
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(sha).arg(items.len());
-        for (key, _, _) in items {
-            cmd.arg(*key);
+        for (target, _, _) in items {
+            cmd.arg(target.key());
         }
         cmd.arg(mode);
         for (_, limit, cost) in items {
-            for arg in script::args(limit, *cost, matches!(op, Op::Refund | Op::HRefund)) {
+            for arg in script::args(limit, *cost, op == Op::Refund) {
                 cmd.arg(arg);
             }
         }
         cmd
+    }
+}
+
+/// What an [`Exchange`] wants next: a command sent and its reply handed back, or its result.
+pub(crate) enum Step {
+    Send(redis::Cmd),
+    Done(Result<Value, CallError>),
+}
+
+/// Where an [`Exchange`] is: which reply it waits for, and which retries it has used (once
+/// each: a new detection after "unknown command", a new SCRIPT LOAD after NOSCRIPT).
+#[derive(Clone, Copy)]
+enum Stage {
+    Detecting {
+        redetected: bool,
+    },
+    Loading {
+        path: Path,
+        redetected: bool,
+        reloaded: bool,
+    },
+    Sending {
+        path: Path,
+        redetected: bool,
+        reloaded: bool,
+    },
+    Done,
+}
+
+/// One call's conversation with Redis, as steps, without I/O: the module's command, or the
+/// script's EVALSHA (loading it first if no SHA is known); the module is detected first when
+/// no call has yet, and again, once, after an "unknown command" (the module went away or
+/// came); the script is loaded again, once, after NOSCRIPT.
+///
+/// ```text
+/// let mut step = exchange.start();
+/// loop { match step { Step::Send(cmd) => step = exchange.reply(cmd.query(c)), Step::Done(r) => return r } }
+/// ```
+pub(crate) struct Exchange<'a> {
+    engine: &'a Engine,
+    op: Op,
+    items: &'a [(Target<'a>, Limit, f64)],
+    stage: Stage,
+}
+
+impl<'a> Exchange<'a> {
+    pub(crate) fn new(engine: &'a Engine, op: Op, items: &'a [(Target<'a>, Limit, f64)]) -> Self {
+        Exchange {
+            engine,
+            op,
+            items,
+            stage: Stage::Done,
+        }
+    }
+
+    /// The first step.
+    pub(crate) fn start(&mut self) -> Step {
+        match self.engine.ready() {
+            Err(e) => self.done(Err(e)),
+            Ok(Some(path)) => self.send(path, false, false),
+            Ok(None) => self.detect(false),
+        }
+    }
+
+    /// The next step, given the reply to the command of the last.
+    pub(crate) fn reply(&mut self, reply: redis::RedisResult<Value>) -> Step {
+        match (self.stage, reply) {
+            (Stage::Done, _) => self.done(Err(CallError::Reply("a reply after the end".into()))),
+            (Stage::Detecting { redetected }, Ok(value)) => match self.engine.detected(&value) {
+                Ok(path) => self.send(path, redetected, false),
+                Err(e) => self.done(Err(e)),
+            },
+            (
+                Stage::Loading {
+                    path,
+                    redetected,
+                    reloaded,
+                },
+                Ok(value),
+            ) => match self.engine.set_sha(value) {
+                Ok(sha) => {
+                    self.stage = Stage::Sending {
+                        path,
+                        redetected,
+                        reloaded,
+                    };
+                    Step::Send(Engine::command(path, &sha, self.op, self.items))
+                }
+                Err(e) => self.done(Err(e)),
+            },
+            (Stage::Sending { .. }, Ok(value)) => self.done(Ok(value)),
+            (
+                Stage::Sending {
+                    path,
+                    redetected,
+                    reloaded,
+                },
+                Err(e),
+            ) if path == Path::Lua && !reloaded && is_noscript(&e) => {
+                self.load(path, redetected, true)
+            }
+            (Stage::Sending { redetected, .. } | Stage::Loading { redetected, .. }, Err(e))
+                if !redetected && is_unknown_command(&e) =>
+            {
+                self.detect(true)
+            }
+            (_, Err(e)) => self.done(Err(CallError::Redis(e))),
+        }
+    }
+
+    fn detect(&mut self, redetected: bool) -> Step {
+        self.stage = Stage::Detecting { redetected };
+        Step::Send(Engine::detect_command())
+    }
+
+    fn load(&mut self, path: Path, redetected: bool, reloaded: bool) -> Step {
+        self.stage = Stage::Loading {
+            path,
+            redetected,
+            reloaded,
+        };
+        Step::Send(Engine::script_load())
+    }
+
+    fn send(&mut self, path: Path, redetected: bool, reloaded: bool) -> Step {
+        let sha = match path {
+            Path::Module => String::new(),
+            _ => match self.engine.sha() {
+                Some(sha) => sha,
+                None => return self.load(path, redetected, reloaded),
+            },
+        };
+        self.stage = Stage::Sending {
+            path,
+            redetected,
+            reloaded,
+        };
+        Step::Send(Engine::command(path, &sha, self.op, self.items))
+    }
+
+    fn done(&mut self, result: Result<Value, CallError>) -> Step {
+        self.stage = Stage::Done;
+        Step::Done(result)
     }
 }
 
@@ -696,4 +867,100 @@ pub(crate) fn read_multi(
         decisions,
         source,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::OnError;
+
+    /// A server's reply, parsed from RESP as the redis crate would read it off the socket.
+    fn reply(resp: &str) -> redis::RedisResult<Value> {
+        redis::parse_redis_value(resp.as_bytes())?.extract_error()
+    }
+
+    /// The command name of a step, or "done: ok" / "done: err".
+    fn name(step: &Step) -> String {
+        match step {
+            Step::Send(cmd) => match cmd.args_iter().next() {
+                Some(redis::Arg::Simple(bytes)) => String::from_utf8_lossy(bytes).into_owned(),
+                _ => "?".into(),
+            },
+            Step::Done(Ok(_)) => "done: ok".into(),
+            Step::Done(Err(_)) => "done: err".into(),
+        }
+    }
+
+    /// Runs an exchange against scripted replies, one per command it sends; returns the
+    /// commands' names and how it ended.
+    fn run(engine: &Engine, replies: &[&str]) -> Vec<String> {
+        let limit = Limit::new(5.0, 10.0).unwrap();
+        let items = [(Target::Key("k"), limit, 1.0)];
+        let mut exchange = Exchange::new(engine, Op::Acquire, &items);
+        let mut step = exchange.start();
+        let mut seen = vec![name(&step)];
+        for r in replies {
+            step = exchange.reply(reply(r));
+            seen.push(name(&step));
+        }
+        seen
+    }
+
+    const MODULE: &str = "*1\r\n*1\r\n$10\r\nrl.acquire\r\n";
+    const NO_MODULE: &str = "*1\r\n_\r\n";
+    const DECISION: &str = "*4\r\n:1\r\n:9\r\n:0\r\n:200\r\n";
+    const SHA: &str = "$3\r\nabc\r\n";
+    const UNKNOWN: &str = "-ERR unknown command 'RL.ACQUIRE'\r\n";
+    const NOSCRIPT: &str = "-NOSCRIPT No matching script.\r\n";
+
+    #[test]
+    fn a_cold_call_detects_the_module_then_sends() {
+        let engine = Engine::new(Options::new(OnError::Closed));
+        assert_eq!(
+            run(&engine, &[MODULE, DECISION]),
+            ["COMMAND", "RL.ACQUIRE", "done: ok"]
+        );
+        // Warm: straight to the command.
+        assert_eq!(run(&engine, &[DECISION]), ["RL.ACQUIRE", "done: ok"]);
+    }
+
+    #[test]
+    fn a_module_gone_is_detected_again_once_and_the_script_loaded() {
+        let engine = Engine::new(Options::new(OnError::Closed));
+        run(&engine, &[MODULE, DECISION]);
+        assert_eq!(
+            run(&engine, &[UNKNOWN, NO_MODULE, SHA, DECISION]),
+            ["RL.ACQUIRE", "COMMAND", "SCRIPT", "EVALSHA", "done: ok"]
+        );
+        assert_eq!(engine.path(), Some(Path::Lua));
+    }
+
+    #[test]
+    fn noscript_loads_the_script_again_once() {
+        let engine = Engine::new(Options::new(OnError::Closed));
+        assert_eq!(
+            run(&engine, &[NO_MODULE, SHA, NOSCRIPT, SHA, DECISION]),
+            ["COMMAND", "SCRIPT", "EVALSHA", "SCRIPT", "EVALSHA", "done: ok"]
+        );
+        // A second NOSCRIPT in the same call is returned, not looped on.
+        assert_eq!(
+            run(&engine, &[NOSCRIPT, SHA, NOSCRIPT]),
+            ["EVALSHA", "SCRIPT", "EVALSHA", "done: err"]
+        );
+    }
+
+    #[test]
+    fn an_unknown_command_after_a_new_detection_is_returned() {
+        let engine = Engine::new(Options::new(OnError::Closed));
+        assert_eq!(
+            run(&engine, &[MODULE, UNKNOWN, MODULE, UNKNOWN]),
+            [
+                "COMMAND",
+                "RL.ACQUIRE",
+                "COMMAND",
+                "RL.ACQUIRE",
+                "done: err"
+            ]
+        );
+    }
 }

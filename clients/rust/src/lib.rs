@@ -23,7 +23,7 @@
 //! - [`Decision`] says who decided in [`Source`]: `Redis` (the module), `Lua` (the fallback
 //!   script), `Cache` (the deny cache), or the failure policy: `Local`, `Open`, `Closed`.
 //! - [`OnError`] has no default. It applies to connection errors, timeouts (each call has a
-//!   deadline, 50 ms by default) and the OOM, READONLY and LOADING replies. `Local` decides
+//!   deadline, 2 s by default: busy is not down) and the OOM, READONLY and LOADING replies. `Local` decides
 //!   with the module's own pure bucket (`rl_bucket`) at `rate / instances` and
 //!   `capacity / instances` per key, at most `local_max_keys` keys. Decisions without Redis
 //!   are counted ([`Limiter::counters`]) and logged once per outage through the `log` crate;
@@ -41,9 +41,10 @@
 //!
 //! # Layout
 //!
-//! `types` the values; `engine` the rules shared by both limiters (no I/O); `sync` the
-//! blocking [`Limiter`] on a `redis::Client` or `ClusterClient`; `asynch` the tokio
-//! [`AsyncLimiter`]; `local` the bounded local buckets and deny cache; `script` the Lua
+//! `types` the values; `engine` the rules shared by both limiters and each call's exchange
+//! with Redis as steps (no I/O); `sync` the blocking [`Limiter`] on a `redis::Client` or
+//! `ClusterClient` and `asynch` the tokio [`AsyncLimiter`], shells that send each step,
+//! blocking or awaited; `local` the bounded local buckets and deny cache; `script` the Lua
 //! script and its arguments; `table` the bucket tables ([`Limiter::table`]: a limit's fields
 //! over `shards` keys).
 
@@ -66,7 +67,7 @@ pub use sync::{Connect, Limiter};
 pub use table::{shard_of, AsyncTable, Table, MAX_SHARDS};
 pub use types::{
     Counters, Decision, Error, Limit, MultiDecision, OnError, Options, Refund, Source,
-    WithoutModule, CLOSED_RETRY_AFTER_MS, DEFAULT_DENY_CACHE_ENTRIES,
+    WithoutModule, CLOSED_RETRY_AFTER_MS, DEFAULT_DENY_CACHE_ENTRIES, DEFAULT_TIMEOUT,
 };
 pub use wait::WaitError;
 

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use redis::{ConnectionLike, RedisResult, Value};
 
-use crate::engine::{is_noscript, is_unknown_command, CallError, Engine, Op, Path};
+use crate::engine::{CallError, Engine, Exchange, Op, Path, Step, Target};
 use crate::types::{check_cost, Counters, Decision, Error, Limit, MultiDecision, Options, Refund};
 
 /// How the blocking limiter opens a connection with a deadline.
@@ -97,7 +97,7 @@ impl<K: Connect> Limiter<K> {
     /// `WithoutModule::Refuse`; [`Error::Redis`] for an error reply the failure policy does
     /// not cover (WRONGTYPE). Outages are decided by the policy, not returned.
     pub fn acquire(&self, key: &str, limit: &Limit, cost: f64) -> Result<Decision, Error> {
-        self.decide(Op::Acquire, key, limit, cost)
+        self.decide(Op::Acquire, Target::Key(key), limit, cost)
     }
 
     /// What [`Limiter::acquire`] would decide for `cost`, taking nothing.
@@ -105,24 +105,25 @@ impl<K: Connect> Limiter<K> {
     /// # Errors
     /// As for [`Limiter::acquire`].
     pub fn peek(&self, key: &str, limit: &Limit, cost: f64) -> Result<Decision, Error> {
-        self.decide(Op::Peek, key, limit, cost)
+        self.decide(Op::Peek, Target::Key(key), limit, cost)
     }
 
     /// An acquire or a peek (`op`), of a key or of a table's field (`crate::table`).
     pub(crate) fn decide(
         &self,
         op: Op,
-        key: &str,
+        target: Target<'_>,
         limit: &Limit,
         cost: f64,
     ) -> Result<Decision, Error> {
         let cost = check_cost(cost)?;
+        let key = target.key();
         let take = op.takes();
         if let Some(decision) = self.engine.before(key, limit, cost, take) {
             return Ok(decision);
         }
         let sent_at = Instant::now();
-        let result = self.call(op, &[(key, *limit, cost)]);
+        let result = self.call(op, &[(target, *limit, cost)]);
         self.engine.after(result, (key, limit, cost), take, sent_at)
     }
 
@@ -145,7 +146,11 @@ impl<K: Connect> Limiter<K> {
             return Ok(multi);
         }
         let sent_at = Instant::now();
-        let result = self.call(Op::Multi, items);
+        let targets: Vec<(Target<'_>, Limit, f64)> = items
+            .iter()
+            .map(|(key, limit, cost)| (Target::Key(key), *limit, *cost))
+            .collect();
+        let result = self.call(Op::Multi, &targets);
         self.engine.after_multi(result, items, sent_at)
     }
 
@@ -155,22 +160,23 @@ impl<K: Connect> Limiter<K> {
     /// # Errors
     /// As for [`Limiter::acquire`].
     pub fn refund(&self, key: &str, limit: &Limit, cost: f64) -> Result<Refund, Error> {
-        self.give_back(Op::Refund, key, limit, cost)
+        self.give_back(Op::Refund, Target::Key(key), limit, cost)
     }
 
     /// A refund (`op`), of a key or of a table's field.
     pub(crate) fn give_back(
         &self,
         op: Op,
-        key: &str,
+        target: Target<'_>,
         limit: &Limit,
         cost: f64,
     ) -> Result<Refund, Error> {
         let cost = check_cost(cost)?;
+        let key = target.key();
         if let Some(refund) = self.engine.before_refund(key, limit, cost) {
             return Ok(refund);
         }
-        let result = self.call(op, &[(key, *limit, cost)]);
+        let result = self.call(op, &[(target, *limit, cost)]);
         self.engine.after_refund(result, (key, limit, cost))
     }
 
@@ -187,7 +193,7 @@ impl<K: Connect> Limiter<K> {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    fn call(&self, op: Op, items: &[(&str, Limit, f64)]) -> Result<Value, CallError> {
+    fn call(&self, op: Op, items: &[(Target<'_>, Limit, f64)]) -> Result<Value, CallError> {
         self.with_connection(|connection| self.call_on(connection, op, items))
     }
 
@@ -226,55 +232,25 @@ impl<K: Connect> Limiter<K> {
         })
     }
 
+    /// One call's exchange (`engine::Exchange`), each step sent blocking.
     fn call_on(
         &self,
         connection: &mut K::Connection,
         op: Op,
-        items: &[(&str, Limit, f64)],
+        items: &[(Target<'_>, Limit, f64)],
     ) -> Result<Value, CallError> {
-        let path = match self.engine.ready()? {
-            Some(path) => path,
-            None => self.detect(connection)?,
-        };
-        match self.send(connection, path, op, items) {
-            Err(CallError::Redis(e)) if is_unknown_command(&e) => {
-                // The module went away (or came): look again, then retry once on the new path.
-                let path = self.detect(connection)?;
-                self.send(connection, path, op, items)
-            }
-            result => result,
+        let mut exchange = Exchange::new(&self.engine, op, items);
+        let mut step = exchange.start();
+        loop {
+            step = match step {
+                Step::Send(cmd) => exchange.reply(cmd.query(connection)),
+                Step::Done(result) => return result,
+            };
         }
     }
 
     fn detect(&self, connection: &mut K::Connection) -> Result<Path, CallError> {
         let reply: Value = Engine::detect_command().query(connection)?;
         self.engine.detected(&reply)
-    }
-
-    fn send(
-        &self,
-        connection: &mut K::Connection,
-        path: Path,
-        op: Op,
-        items: &[(&str, Limit, f64)],
-    ) -> Result<Value, CallError> {
-        if path == Path::Module {
-            return Ok(Engine::command(path, "", op, items).query(connection)?);
-        }
-        let sha = match self.engine.sha() {
-            Some(sha) => sha,
-            None => self
-                .engine
-                .set_sha(Engine::script_load().query(connection)?)?,
-        };
-        match Engine::command(path, &sha, op, items).query(connection) {
-            Err(e) if is_noscript(&e) => {
-                let sha = self
-                    .engine
-                    .set_sha(Engine::script_load().query(connection)?)?;
-                Ok(Engine::command(path, &sha, op, items).query(connection)?)
-            }
-            result => Ok(result?),
-        }
     }
 }

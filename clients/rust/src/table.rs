@@ -15,7 +15,7 @@
 use redis::Value;
 
 use crate::asynch::AsyncLimiter;
-use crate::engine::{CallError, Engine, Op, Path};
+use crate::engine::{CallError, Engine, Op, Path, Target};
 use crate::sync::{Connect, Limiter};
 use crate::types::{Decision, Error, Limit, Refund};
 
@@ -43,15 +43,19 @@ pub fn shard_of(field: &str, shards: u32) -> u32 {
     u32::try_from(shard).unwrap_or(0)
 }
 
-/// The table key and the field of a fallback key `name:{i}:field` (a name holds no brace,
-/// so the first `}:` closes the shard's hash tag). Used by the engine's module path.
-pub(crate) fn split_fallback_key(key: &str) -> (&str, &str) {
-    match key.find("}:") {
-        Some(at) => (
-            key.get(..=at).unwrap_or(key),
-            key.get(at.saturating_add(2)..).unwrap_or(""),
-        ),
-        None => (key, ""),
+/// The names of one field's bucket: its table key and its fallback key.
+struct Named {
+    table: String,
+    fallback_key: String,
+}
+
+impl Named {
+    fn target<'a>(&'a self, field: &'a str) -> Target<'a> {
+        Target::Field {
+            table: &self.table,
+            field,
+            fallback_key: &self.fallback_key,
+        }
     }
 }
 
@@ -88,6 +92,16 @@ impl Shards {
 
     fn fallback_key(&self, field: &str) -> String {
         format!("{}:{field}", self.key(shard_of(field, self.shards)))
+    }
+
+    /// The table key and the fallback key of `field`, for [`Named::target`].
+    fn named(&self, field: &str) -> Named {
+        let table = self.key(shard_of(field, self.shards));
+        let fallback_key = format!("{table}:{field}");
+        Named {
+            table,
+            fallback_key,
+        }
     }
 
     /// The distinct fields by table key, in the order first given, at most
@@ -265,8 +279,9 @@ impl<K: Connect> Table<'_, K> {
     /// # Errors
     /// As for [`Limiter::acquire`].
     pub fn acquire(&self, field: &str, limit: &Limit, cost: f64) -> Result<Decision, Error> {
+        let named = self.shards.named(field);
         self.limiter
-            .decide(Op::HAcquire, &self.fallback_key(field), limit, cost)
+            .decide(Op::Acquire, named.target(field), limit, cost)
     }
 
     /// What [`Table::acquire`] would decide for `cost`, taking nothing.
@@ -274,8 +289,9 @@ impl<K: Connect> Table<'_, K> {
     /// # Errors
     /// As for [`Limiter::acquire`].
     pub fn peek(&self, field: &str, limit: &Limit, cost: f64) -> Result<Decision, Error> {
+        let named = self.shards.named(field);
         self.limiter
-            .decide(Op::HPeek, &self.fallback_key(field), limit, cost)
+            .decide(Op::Peek, named.target(field), limit, cost)
     }
 
     /// Gives `cost` tokens back to the bucket `field` and clears its deny-cache entry.
@@ -283,8 +299,9 @@ impl<K: Connect> Table<'_, K> {
     /// # Errors
     /// As for [`Limiter::acquire`].
     pub fn refund(&self, field: &str, limit: &Limit, cost: f64) -> Result<Refund, Error> {
+        let named = self.shards.named(field);
         self.limiter
-            .give_back(Op::HRefund, &self.fallback_key(field), limit, cost)
+            .give_back(Op::Refund, named.target(field), limit, cost)
     }
 
     /// Resets the buckets of `fields` (full again); returns how many were live.
@@ -395,8 +412,10 @@ impl<C: redis::aio::ConnectionLike + Clone + Send + Sync> AsyncTable<'_, C> {
     /// # Errors
     /// As for [`Limiter::acquire`].
     pub async fn acquire(&self, field: &str, limit: &Limit, cost: f64) -> Result<Decision, Error> {
-        let key = self.fallback_key(field);
-        self.limiter.decide(Op::HAcquire, &key, limit, cost).await
+        let named = self.shards.named(field);
+        self.limiter
+            .decide(Op::Acquire, named.target(field), limit, cost)
+            .await
     }
 
     /// What [`AsyncTable::acquire`] would decide for `cost`, taking nothing.
@@ -404,8 +423,10 @@ impl<C: redis::aio::ConnectionLike + Clone + Send + Sync> AsyncTable<'_, C> {
     /// # Errors
     /// As for [`Limiter::acquire`].
     pub async fn peek(&self, field: &str, limit: &Limit, cost: f64) -> Result<Decision, Error> {
-        let key = self.fallback_key(field);
-        self.limiter.decide(Op::HPeek, &key, limit, cost).await
+        let named = self.shards.named(field);
+        self.limiter
+            .decide(Op::Peek, named.target(field), limit, cost)
+            .await
     }
 
     /// Gives `cost` tokens back to the bucket `field` and clears its deny-cache entry.
@@ -413,8 +434,10 @@ impl<C: redis::aio::ConnectionLike + Clone + Send + Sync> AsyncTable<'_, C> {
     /// # Errors
     /// As for [`Limiter::acquire`].
     pub async fn refund(&self, field: &str, limit: &Limit, cost: f64) -> Result<Refund, Error> {
-        let key = self.fallback_key(field);
-        self.limiter.give_back(Op::HRefund, &key, limit, cost).await
+        let named = self.shards.named(field);
+        self.limiter
+            .give_back(Op::Refund, named.target(field), limit, cost)
+            .await
     }
 
     /// Resets the buckets of `fields` (full again); returns how many were live.
@@ -488,9 +511,10 @@ impl<C: redis::aio::ConnectionLike + Clone + Send + Sync> AsyncTable<'_, C> {
         &self,
         work: impl std::future::Future<Output = Result<T, CallError>>,
     ) -> Result<T, Error> {
-        match tokio::time::timeout(self.limiter.engine().options.timeout, work).await {
+        let deadline = self.limiter.engine().options.timeout;
+        match tokio::time::timeout(deadline, work).await {
             Ok(result) => result.map_err(CallError::into_error),
-            Err(_) => Err(CallError::Timeout.into_error()),
+            Err(_) => Err(CallError::Timeout(deadline).into_error()),
         }
     }
 }
@@ -500,13 +524,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_fallback_key_splits_back_into_table_and_field() {
+    fn a_field_names_its_table_and_fallback_key_apart() {
         let shards = Shards::new("api", 16).unwrap();
         for field in ["", "a", "x}:y", "{z}", "日本語"] {
-            let key = shards.fallback_key(field);
-            let (table, got) = split_fallback_key(&key);
-            assert_eq!(table, shards.key(shard_of(field, 16)));
-            assert_eq!(got, field);
+            let named = shards.named(field);
+            assert_eq!(named.table, shards.key(shard_of(field, 16)));
+            assert_eq!(named.fallback_key, shards.fallback_key(field));
+            assert_eq!(
+                named.target(field),
+                Target::Field {
+                    table: &named.table,
+                    field,
+                    fallback_key: &named.fallback_key
+                }
+            );
         }
     }
 

@@ -326,20 +326,26 @@ pub struct Options {
     pub(crate) local_max_keys: usize,
 }
 
+/// Each call's deadline unless [`Options::timeout`] sets another: long enough for calls
+/// queued behind thousands of others on one connection, a connection still opening, or a slow
+/// reply under load (busy is not down), short enough for a web request. The Node library's
+/// `DEFAULT_TIMEOUT_MS` is the same.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// The deny cache's size bound when it is switched on with `true`.
 pub const DEFAULT_DENY_CACHE_ENTRIES: usize = 10_000;
 
 impl Options {
     /// Settings with the failure policy `on_error`, one instance, no deny cache, the Lua
-    /// fallback, a 50 ms deadline per call, Redis tried again every 100 ms during an outage,
-    /// and at most 100,000 local buckets.
+    /// fallback, a [`DEFAULT_TIMEOUT`] (2 s) deadline per call, Redis tried again every
+    /// 100 ms during an outage, and at most 100,000 local buckets.
     pub fn new(on_error: OnError) -> Options {
         Options {
             on_error,
             instances: 1,
             deny_cache: 0,
             without_module: WithoutModule::Lua,
-            timeout: Duration::from_millis(50),
+            timeout: DEFAULT_TIMEOUT,
             probe_interval: Duration::from_millis(100),
             local_max_keys: 100_000,
         }
@@ -370,10 +376,15 @@ impl Options {
         self
     }
 
-    /// Each call's deadline; past it the failure policy decides. The async limiter bounds the
-    /// whole call with it; the blocking one sets it as the connect, read and write timeouts,
-    /// so a call that also detects the module or loads the script (its first, or the first
-    /// after an "unknown command" or NOSCRIPT) can take up to three of them.
+    /// Each call's deadline ([`DEFAULT_TIMEOUT`], 2 s, by default); past it the failure
+    /// policy decides. The async limiter bounds the whole call with it, waiting for the
+    /// connection to open and for the calls queued ahead included; the blocking one sets it
+    /// as the connect, read and write timeouts, so a call that also detects the module or
+    /// loads the script (its first, or the first after an "unknown command" or NOSCRIPT) can
+    /// take up to three of them. During a known outage calls do not wait for it: the policy
+    /// decides at once between probes (`probe_interval`). Make it shorter only if a
+    /// request cannot wait that long, knowing that calls then missing it under load are
+    /// decided by the policy as if Redis were down.
     pub fn timeout(mut self, timeout: Duration) -> Options {
         self.timeout = timeout.max(Duration::from_millis(1));
         self

@@ -20,18 +20,21 @@ use redis::aio::ConnectionManager;
 use redis_rl_client::layer::RateLimitLayer;
 use redis_rl_client::{AsyncLimiter, Limit, OnError, Options, WaitError};
 
-/// A shared async limiter on `redis_url` with the failure policy `on_error`.
-pub async fn limiter(
+/// A shared async limiter on `redis_url` with the failure policy `on_error`. It needs no
+/// connection to be built: a service that starts before its Redis serves at once, decided by
+/// `on_error` until Redis answers, then by Redis. Call it inside the tokio runtime.
+///
+/// # Errors
+/// A malformed `redis_url`; never an unreachable Redis.
+pub fn limiter(
     redis_url: &str,
     on_error: OnError,
-) -> redis::RedisResult<Arc<AsyncLimiter<ConnectionManager>>> {
-    let connection = redis::Client::open(redis_url)?
-        .get_connection_manager()
-        .await?;
+) -> Result<Arc<AsyncLimiter<ConnectionManager>>, redis_rl_client::Error> {
+    let client = redis::Client::open(redis_url).map_err(redis_rl_client::Error::Redis)?;
     let options = Options::new(on_error)
         .deny_cache(true)
         .timeout(Duration::from_millis(500));
-    Ok(Arc::new(AsyncLimiter::new(connection, options)))
+    Ok(Arc::new(AsyncLimiter::connect(client, options)?))
 }
 
 /// The API behind its rate limit: `limit` per client address, keys under `prefix`.

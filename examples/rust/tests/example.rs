@@ -34,9 +34,7 @@ async fn get(addr: std::net::SocketAddr, path: &str) -> (u16, String, String) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_api_answers_a_burst_then_a_problem_429() {
-    let limiter = redis_rl_examples::limiter(&redis_url(), OnError::Closed)
-        .await
-        .unwrap();
+    let limiter = redis_rl_examples::limiter(&redis_url(), OnError::Closed).unwrap();
     let router = redis_rl_examples::api(limiter, Limit::new(0.001, 3.0).unwrap(), &unique("api"));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -70,9 +68,7 @@ async fn the_api_answers_a_burst_then_a_problem_429() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_worker_pool_takes_turns_at_the_vendors_rate() {
-    let limiter = redis_rl_examples::limiter(&redis_url(), OnError::Closed)
-        .await
-        .unwrap();
+    let limiter = redis_rl_examples::limiter(&redis_url(), OnError::Closed).unwrap();
     let start = Instant::now();
     let jobs: Vec<u64> = (0..12).collect();
     let results = redis_rl_examples::worker_pool(
@@ -87,4 +83,27 @@ async fn the_worker_pool_takes_turns_at_the_vendors_rate() {
     assert_eq!(results, jobs.iter().map(|j| j * j).collect::<Vec<_>>());
     // 12 calls at 20/s with no burst: the 12th is 11 intervals (550 ms) after the first.
     assert!(start.elapsed() >= Duration::from_millis(549));
+}
+
+/// A loopback port nothing listens on: bound, then let go.
+fn dead_url() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    drop(listener);
+    format!("redis://127.0.0.1:{port}")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_starts_and_answers_by_its_policy_while_redis_is_down() {
+    for (on_error, want) in [(OnError::Open, 200), (OnError::Closed, 429)] {
+        let limiter = redis_rl_examples::limiter(&dead_url(), on_error).unwrap();
+        let router = redis_rl_examples::api(limiter, Limit::new(1.0, 5.0).unwrap(), "boot:");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(redis_rl_examples::serve(listener, router));
+        for _ in 0..3 {
+            assert_eq!(get(addr, "/").await.0, want, "{on_error:?}");
+        }
+        assert_eq!(get(addr, "/health").await.0, 200);
+    }
 }
