@@ -689,3 +689,43 @@ fn a_migration_step_allocates_a_bounded_number_of_chunks() {
     );
     println!("{steps} steps, at most {most} allocations in one");
 }
+
+#[test]
+fn a_lookup_near_the_end_of_a_migration_does_not_walk_the_tail_again() {
+    // An old array whose last slots and first slots are one cluster (it wraps), with a
+    // migration past all but the last few: a lookup of a missing tag whose chain runs into
+    // that tail must stop where the chain wraps into the passed slots, not go round the tail
+    // until it has read as many slots as the array has.
+    let slots = 4096;
+    let mut array = Array::new(slots, 0);
+    let state = State::from_full_at_ns(1_700_000_000_000_000_000).unwrap();
+    let mut tail = Vec::new();
+    for i in 0u64.. {
+        let t = tag(format!("f{i}").as_bytes());
+        if array.home(t) >= slots - 8 {
+            array.insert_absent(t, state);
+            tail.push(t);
+        }
+        if tail.len() == 12 {
+            break;
+        }
+    }
+    let missing = (0u64..)
+        .map(|i| tag(format!("m{i}").as_bytes()))
+        .find(|&t| array.home(t) >= slots - 8)
+        .unwrap();
+    let passed = slots - 8;
+    SLOT_READS.with(|reads| reads.set(0));
+    assert_eq!(array.find(missing, passed), None);
+    let reads = SLOT_READS.with(Cell::get);
+    assert!(reads <= 8, "a lookup read {reads} slots");
+    // Held tags in the tail are still found, and one that wrapped past the end is gone
+    // with the passed slots (the migration moved it).
+    for &t in &tail {
+        match array.find(t, 0) {
+            Some(i) if i >= passed => assert_eq!(array.find(t, passed), Some(i)),
+            Some(_) => assert_eq!(array.find(t, passed), None),
+            None => panic!("a held tag is missing"),
+        }
+    }
+}
