@@ -36,38 +36,8 @@ use common::info::info_number;
 use common::Server;
 use redis::{Connection, Value};
 
-/// Slowlog entries as (command name, µs).
-fn slowlog(con: &mut Connection) -> Vec<(String, i64)> {
-    let entries: Vec<Value> = redis::cmd("SLOWLOG")
-        .arg("GET")
-        .arg(1024)
-        .query(con)
-        .unwrap();
-    entries
-        .iter()
-        .filter_map(|e| match e {
-            Value::Array(parts) => {
-                let us = match parts.get(2) {
-                    Some(Value::Int(us)) => *us,
-                    _ => return None,
-                };
-                let name = match parts.get(3) {
-                    Some(Value::Array(args)) => match args.first() {
-                        Some(Value::BulkString(b)) => String::from_utf8_lossy(b).to_uppercase(),
-                        _ => String::new(),
-                    },
-                    _ => String::new(),
-                };
-                Some((name, us))
-            }
-            _ => None,
-        })
-        .collect()
-}
-
-/// The field index (so the table's size when it ran) and µs of each `RL.HACQUIRE` in
-/// `SLOWLOG`: the fill names its fields by their index.
-fn slow_fill_calls(con: &mut Connection) -> Vec<(u64, i64)> {
+/// Slowlog entries as (µs, the command's arguments, its name first).
+fn slowlog_entries(con: &mut Connection) -> Vec<(i64, Vec<String>)> {
     let entries: Vec<Value> = redis::cmd("SLOWLOG")
         .arg("GET")
         .arg(1024)
@@ -81,17 +51,38 @@ fn slow_fill_calls(con: &mut Connection) -> Vec<(u64, i64)> {
                 return None;
             };
             let Some(Value::Array(args)) = parts.get(3) else {
-                return None;
+                return Some((*us, Vec::new()));
             };
-            let text = |i: usize| match args.get(i) {
-                Some(Value::BulkString(b)) => String::from_utf8_lossy(b).to_string(),
-                _ => String::new(),
-            };
-            if !text(0).eq_ignore_ascii_case("RL.HACQUIRE") {
-                return None;
-            }
-            Some((text(2).parse().ok()?, *us))
+            let args = args
+                .iter()
+                .map(|a| match a {
+                    Value::BulkString(b) => String::from_utf8_lossy(b).to_string(),
+                    _ => String::new(),
+                })
+                .collect();
+            Some((*us, args))
         })
+        .collect()
+}
+
+/// Slowlog entries as (command name, µs).
+fn slowlog(con: &mut Connection) -> Vec<(String, i64)> {
+    slowlog_entries(con)
+        .into_iter()
+        .map(|(us, args)| (args.first().map_or(String::new(), |n| n.to_uppercase()), us))
+        .collect()
+}
+
+/// The field index (so the table's size when it ran) and µs of each `RL.HACQUIRE` in
+/// `SLOWLOG`: the fill names its fields by their index.
+fn slow_fill_calls(con: &mut Connection) -> Vec<(u64, i64)> {
+    slowlog_entries(con)
+        .into_iter()
+        .filter(|(_, args)| {
+            args.first()
+                .is_some_and(|n| n.eq_ignore_ascii_case("RL.HACQUIRE"))
+        })
+        .filter_map(|(us, args)| Some((args.get(2)?.parse().ok()?, us)))
         .collect()
 }
 
