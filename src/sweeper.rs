@@ -13,11 +13,12 @@
 //!   server's assertion that nothing is propagated while clients are paused, and aborts it);
 //! - while `min-replicas-to-write` is not met (`INFO replication`'s
 //!   `min_slaves_good_slaves` against the setting, read with `CONFIG GET` again after any
-//!   config event).
+//!   config event);
+//! - while the server is over `maxmemory` (the context's OOM flag), where it refuses
+//!   writes: the server's own expiry still removes whole tables then.
 //!
-//! Under `maxmemory` the sweep goes on: it only removes, which frees memory and which the
-//! server allows out of memory too (`DEL`, its own expiry). After a refusal the next tick
-//! comes [`REST_MS`] later and asks again, so reclaim resumes on its own.
+//! After a refusal the next tick comes [`REST_MS`] later and asks again, so reclaim
+//! resumes on its own.
 //!
 //! **Bounded ticks.** Each tick (every [`TICK_MS`] while a pass is under way) does at most:
 //! - [`TICK_SLOTS`] slot reads over all the tables it visits (each slot swept or migrated,
@@ -97,13 +98,14 @@ static WALK: Mutex<Option<Walk>> = Mutex::new(None);
 
 /// Why the last tick that did nothing held back, for `INFO rl`.
 static HELD_BECAUSE: AtomicU64 = AtomicU64::new(0);
-const HELD_REASONS: [&str; 6] = [
+const HELD_REASONS: [&str; 7] = [
     "none",
     "replica",
     "loading",
     "paused",
     "min-replicas",
     "unknown",
+    "oom",
 ];
 
 /// What the last tick held back for: "none" when it swept.
@@ -161,6 +163,9 @@ unsafe fn writes_refused(ctx: *mut RedisModuleCtx) -> Option<u64> {
     }
     if flags & raw::REDISMODULE_CTX_FLAGS_LOADING != 0 {
         return Some(2);
+    }
+    if flags & raw::REDISMODULE_CTX_FLAGS_OOM != 0 {
+        return Some(6);
     }
     // SAFETY: no preconditions; it reads (and expires) the server's pause state.
     if unsafe { avoid_replica_traffic() } != 0 {

@@ -290,3 +290,37 @@ fn min_replicas_to_write_not_met_holds_the_sweep_back() {
         .unwrap();
     wait_swept(&mut con, "t");
 }
+
+#[test]
+fn a_server_over_maxmemory_holds_the_sweep_back() {
+    let server = Server::start();
+    let mut con = server.conn();
+    fill(&mut con, "t");
+    // Any server uses more than a byte: from now on it is out of memory, and refuses
+    // writes (maxmemory-policy noeviction, the default).
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg(1)
+        .query(&mut con)
+        .unwrap();
+    sleep(Duration::from_millis(600));
+    assert_eq!(
+        hlen(&mut con, "t"),
+        1 + SHORT_FIELDS as i64,
+        "the sweep wrote"
+    );
+    let text = info(&mut con, "rl");
+    assert_eq!(
+        info_field(&text, "rl_sweep_held_because"),
+        Some("oom"),
+        "{text}"
+    );
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg(0)
+        .query(&mut con)
+        .unwrap();
+    wait_swept(&mut con, "t");
+}
