@@ -192,16 +192,8 @@ fn aof_commands(dir: &Path) -> Vec<Vec<Vec<u8>>> {
 
 #[test]
 fn replication_stream_carries_setstate_never_acquire() {
-    // appendfsync always: the AOF is written before each reply, so the file is complete
-    // when the test reads it.
-    let server = Server::start_with(&[
-        "--appendonly",
-        "yes",
-        "--aof-use-rdb-preamble",
-        "no",
-        "--appendfsync",
-        "always",
-    ]);
+    // The AOF is written before each reply, so the file is complete when the test reads it.
+    let server = Server::start_with(&common::aof::PLAIN_AOF_ALWAYS);
     let replica_server = server.start_replica();
     let mut master = server.conn();
     let mut replica = replica_server.conn();
@@ -288,15 +280,7 @@ fn replication_stream_carries_setstate_never_acquire() {
         .query(&mut replica)
         .expect("REPLICAOF NO ONE");
     let mut server = server;
-    let master_args = [
-        "--appendonly",
-        "yes",
-        "--aof-use-rdb-preamble",
-        "no",
-        "--appendfsync",
-        "always",
-    ];
-    server.restart_with(&master_args);
+    server.restart_with(&common::aof::PLAIN_AOF_ALWAYS);
     let mut replayed = server.conn();
     assert_same_state(&mut replayed, &mut replica);
     assert_eq!(all_keys(&mut replayed).len(), keys.len());

@@ -268,18 +268,7 @@ fn a_write_after_rename_sets_the_expiry_to_the_latest_full_at() {
 /// buckets), and the AOF replays to the same.
 #[test]
 fn replicas_and_the_aof_hold_the_masters_expiry_after_user_commands_and_writes() {
-    // Every write reaches the file before its reply (`always`), so the restart, which
-    // kills the server, loses none: with `everysec` a write can wait while an fsync (of the
-    // AOF the server creates when it starts) is under way.
-    let aof = [
-        "--appendonly",
-        "yes",
-        "--aof-use-rdb-preamble",
-        "no",
-        "--appendfsync",
-        "always",
-    ];
-    let mut master = Server::start_with(&aof);
+    let mut master = Server::start_with(&common::aof::PLAIN_AOF_ALWAYS);
     let replica = master.start_replica();
     let mut m = master.conn();
     let mut r = replica.conn();
@@ -304,7 +293,7 @@ fn replicas_and_the_aof_hold_the_masters_expiry_after_user_commands_and_writes()
         assert_eq!(snapshot(&mut r), snapshot(&mut m), "after {step:?}");
     }
     let on_master = snapshot(&mut m);
-    master.restart_with(&aof);
+    master.restart_with(&common::aof::PLAIN_AOF_ALWAYS);
     assert_eq!(snapshot(&mut master.conn()), on_master, "after the AOF");
 }
 

@@ -46,6 +46,16 @@ const PAUSED_FOR: Duration = Duration::from_millis(1000);
 /// How long reclaim, a sync or a failover may take once writes flow again (a deadline).
 const DEADLINE: Duration = Duration::from_secs(20);
 
+/// `CLIENT PAUSE 30000 WRITE` from `pauser`: long enough for any test, which unpauses.
+fn pause_writes(pauser: &mut Connection) {
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(30_000)
+        .arg("WRITE")
+        .query(pauser)
+        .expect("CLIENT PAUSE WRITE");
+}
+
 fn hacquire(key: &str, field: &str, args: &[&str]) -> redis::Cmd {
     let mut cmd = redis::cmd("RL.HACQUIRE");
     cmd.arg(key).arg(field).arg(args);
@@ -127,27 +137,11 @@ fn wait_only_long_left(con: &mut impl ConnectionLike, keys: &[&str], what: &str)
 /// `CLIENT UNPAUSE`.
 #[test]
 fn a_write_pause_with_aof_on_holds_the_sweep_back_until_it_ends() {
-    // Every write reaches the file before its reply (`always`), so the restart, which
-    // kills the server, loses none: with `everysec` a write can wait while an fsync (of the
-    // AOF the server creates when it starts) is under way.
-    let aof = [
-        "--appendonly",
-        "yes",
-        "--aof-use-rdb-preamble",
-        "no",
-        "--appendfsync",
-        "always",
-    ];
-    let mut server = Server::start_with(&aof);
+    let mut server = Server::start_with(&common::aof::PLAIN_AOF_ALWAYS);
     let mut con = server.conn();
     let mut pauser = server.conn();
     fill(&mut con, "t", "s");
-    let _: () = redis::cmd("CLIENT")
-        .arg("PAUSE")
-        .arg(30_000)
-        .arg("WRITE")
-        .query(&mut pauser)
-        .expect("CLIENT PAUSE WRITE");
+    pause_writes(&mut pauser);
     let before = paused_state(&mut con, &["t"]);
     let swept_before = swept(&mut con);
     sleep(PAUSED_FOR);
@@ -166,7 +160,7 @@ fn a_write_pause_with_aof_on_holds_the_sweep_back_until_it_ends() {
 
     // The AOF holds the removals: it replays to the same table.
     let after = snapshot(&mut con);
-    server.restart_with(&aof);
+    server.restart_with(&common::aof::PLAIN_AOF_ALWAYS);
     assert_eq!(snapshot(&mut server.conn()), after, "after the AOF");
 }
 
@@ -199,12 +193,7 @@ fn a_write_pause_on_a_master_with_a_replica_holds_the_sweep_back_on_both() {
     let mut r = replica.conn();
     let mut pauser = master.conn();
     fill(&mut m, "t", "s");
-    let _: () = redis::cmd("CLIENT")
-        .arg("PAUSE")
-        .arg(30_000)
-        .arg("WRITE")
-        .query(&mut pauser)
-        .expect("CLIENT PAUSE WRITE");
+    pause_writes(&mut pauser);
     let before = paused_state(&mut m, &["t"]);
     sleep(PAUSED_FOR);
     assert_lives(&mut master, "during CLIENT PAUSE WRITE");

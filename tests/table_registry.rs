@@ -255,40 +255,48 @@ fn a_promoted_replica_sweeps_the_tables_it_was_sent() {
     wait_swept(&mut r, "after");
 }
 
+/// Sets `setting` to `refusing` (from then on the server refuses writes), checks that for
+/// 600 ms the sweep removes nothing from table `t` and `INFO rl` names `reason`, then sets it
+/// to `accepting` and waits for the sweep to resume on its own.
+fn assert_held_until_lifted(
+    con: &mut Connection,
+    setting: &str,
+    refusing: i64,
+    accepting: i64,
+    reason: &str,
+) {
+    let set = |con: &mut Connection, value: i64| {
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg(setting)
+            .arg(value)
+            .query(con)
+            .unwrap();
+    };
+    set(con, refusing);
+    sleep(Duration::from_millis(600));
+    assert_eq!(
+        hlen(con, "t"),
+        1 + SHORT_FIELDS as i64,
+        "the sweep wrote while {setting} was {refusing}"
+    );
+    let text = info(con, "rl");
+    assert_eq!(
+        info_field(&text, "rl_sweep_held_because"),
+        Some(reason),
+        "{text}"
+    );
+    set(con, accepting);
+    wait_swept(con, "t");
+}
+
 #[test]
 fn min_replicas_to_write_not_met_holds_the_sweep_back() {
     let server = Server::start_with(&["--min-replicas-max-lag", "10"]);
     let mut con = server.conn();
     fill(&mut con, "t");
-    // No replica: from now on the server refuses writes, and the sweep must write nothing.
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("min-replicas-to-write")
-        .arg(1)
-        .query(&mut con)
-        .unwrap();
-    let held_from = Instant::now();
-    while held_from.elapsed() < Duration::from_millis(600) {
-        sleep(Duration::from_millis(50));
-    }
-    assert_eq!(
-        hlen(&mut con, "t"),
-        1 + SHORT_FIELDS as i64,
-        "the sweep wrote"
-    );
-    let text = info(&mut con, "rl");
-    assert_eq!(
-        info_field(&text, "rl_sweep_held_because"),
-        Some("min-replicas"),
-        "{text}"
-    );
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("min-replicas-to-write")
-        .arg(0)
-        .query(&mut con)
-        .unwrap();
-    wait_swept(&mut con, "t");
+    // No replica: with one required the server refuses writes.
+    assert_held_until_lifted(&mut con, "min-replicas-to-write", 1, 0, "min-replicas");
 }
 
 #[test]
@@ -296,31 +304,7 @@ fn a_server_over_maxmemory_holds_the_sweep_back() {
     let server = Server::start();
     let mut con = server.conn();
     fill(&mut con, "t");
-    // Any server uses more than a byte: from now on it is out of memory, and refuses
-    // writes (maxmemory-policy noeviction, the default).
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("maxmemory")
-        .arg(1)
-        .query(&mut con)
-        .unwrap();
-    sleep(Duration::from_millis(600));
-    assert_eq!(
-        hlen(&mut con, "t"),
-        1 + SHORT_FIELDS as i64,
-        "the sweep wrote"
-    );
-    let text = info(&mut con, "rl");
-    assert_eq!(
-        info_field(&text, "rl_sweep_held_because"),
-        Some("oom"),
-        "{text}"
-    );
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("maxmemory")
-        .arg(0)
-        .query(&mut con)
-        .unwrap();
-    wait_swept(&mut con, "t");
+    // Any server uses more than a byte: at 1 it is out of memory, and refuses writes
+    // (maxmemory-policy noeviction, the default).
+    assert_held_until_lifted(&mut con, "maxmemory", 1, 0, "oom");
 }

@@ -1,6 +1,18 @@
 //! Reading AOF files as commands: the RESP framing Redis writes, for the persistence and
 //! replication tests that check what an AOF holds.
 
+/// Server arguments for a plain AOF (no RDB preamble, so [`parse_aof`] reads it) written
+/// before every reply (`always`), so a restart that kills the server loses no write: with
+/// `everysec` a write can wait while a background fsync is under way.
+pub const PLAIN_AOF_ALWAYS: [&str; 6] = [
+    "--appendonly",
+    "yes",
+    "--aof-use-rdb-preamble",
+    "no",
+    "--appendfsync",
+    "always",
+];
+
 /// Splits an AOF (plain RESP, no RDB preamble) into commands, each a list of arguments.
 pub fn parse_aof(bytes: &[u8]) -> Vec<Vec<Vec<u8>>> {
     fn line<'a>(bytes: &'a [u8], pos: &mut usize) -> &'a [u8] {
