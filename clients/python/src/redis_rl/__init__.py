@@ -16,13 +16,15 @@ the bucket tables (`limiter.table(name, shards)`); `http` what the HTTP middlewa
 `asgi`, `wsgi` and `django` the middlewares and route decorators.
 """
 
-from ._core import (CLOSED_RETRY_AFTER_MS, Decision, Error, Limit, ModuleMissingError,
+from ._core import (CLOSED_RETRY_AFTER_MS, Charge, Decision, Error, Limit, ModuleMissingError,
                     MultiDecision, Refund)
+from .bucket import DebtTooLongError
 from .client import Limiter, connect, connect_cluster
 from .table import AsyncTable, Table, shard_of
 from .wait import WaitCancelledError, WaitNeverError, WaitTimeoutError
 
-__all__ = ["Limiter", "Limit", "Decision", "MultiDecision", "Refund", "Error",
+__all__ = ["Limiter", "Limit", "Decision", "MultiDecision", "Refund", "Charge", "Error",
+           "DebtTooLongError",
            "ModuleMissingError", "CLOSED_RETRY_AFTER_MS", "connect", "connect_cluster",
            "WaitTimeoutError", "WaitNeverError", "WaitCancelledError",
            "Table", "AsyncTable", "shard_of"]

@@ -15,7 +15,7 @@ from fractions import Fraction
 from importlib import resources
 
 from . import _decimal
-from .bucket import LocalBuckets
+from .bucket import DebtTooLongError, LocalBuckets
 
 log = logging.getLogger("redis_rl")
 
@@ -34,6 +34,8 @@ MIN_CAPACITY_ABOVE = Fraction(RANGES["capacity"]["above"])
 MAX_CAPACITY = Fraction(RANGES["capacity"]["max"])
 MAX_REFILL_S = Fraction(RANGES["refill"]["max_s"])
 MIN_COST = Fraction(RANGES["cost"]["min"])
+#: The longest a charge may leave a bucket short of full, in ns (the refill bound, 100 years).
+MAX_DEBT_NS = MAX_REFILL_S * 10**9
 
 POLICIES = ("open", "closed", "local")
 WITHOUT_MODULE = ("lua", "refuse")
@@ -242,6 +244,50 @@ class MultiDecision:
                 f"source={self.source!r})")
 
 
+class Charge:
+    """The answer of `charge`: a post-paid cost applied, perhaps into debt.
+
+    `applied` (whether the cost was recorded: by Redis, or by the "local" policy's bucket; False
+    only when the "open" or "closed" policy answered, which record nothing: that charge is
+    logged and counted in `counters["unapplied_charges"]`, and is the caller's to send again),
+    `remaining` (the signed balance in whole tokens, rounded toward -infinity: negative while
+    in debt), `retry_after_ms` (the wait until the debt is repaid and a take can pass again,
+    0 when not in debt), `reset_after_ms` (until full), the `limit`, and `source` as in
+    Decision. `in_debt` is `remaining < 0`.
+    """
+
+    __slots__ = ("applied", "remaining", "retry_after_ms", "reset_after_ms", "limit", "source")
+
+    def __init__(self, applied, remaining, retry_after_ms, reset_after_ms, limit, source):
+        self.applied = bool(applied)
+        self.remaining = int(remaining)
+        self.retry_after_ms = int(retry_after_ms)
+        self.reset_after_ms = int(reset_after_ms)
+        self.limit = limit
+        self.source = source
+
+    @property
+    def in_debt(self):
+        return self.remaining < 0
+
+    def __repr__(self):
+        return (f"Charge(applied={self.applied}, remaining={self.remaining}, "
+                f"retry_after_ms={self.retry_after_ms}, reset_after_ms={self.reset_after_ms}, "
+                f"limit={self.limit!r}, source={self.source!r})")
+
+
+def refused(error):
+    """The error to raise for a reply Redis refused: the module's (or script's) refusal of a
+    charge past the debt bound as DebtTooLongError (as the "local" policy raises it), any
+    other as it is."""
+    text = str(error)
+    if text.startswith("ERR "):
+        text = text[4:]
+    if text.startswith("cost would leave the bucket in debt"):
+        return DebtTooLongError(text)
+    return error
+
+
 class Refund:
     """The answer of `refund`: `remaining` and `reset_after_ms` after it, and `source`."""
 
@@ -350,6 +396,7 @@ class Engine:
         self.counters = dict.fromkeys(SOURCES, 0)
         self.counters["outages"] = 0
         self.counters["busy"] = 0
+        self.counters["unapplied_charges"] = 0
         self.down_since = None
         self.next_probe = 0.0
         self.without_redis = 0  # decisions in the current outage
@@ -477,14 +524,27 @@ class Engine:
             remaining, reset_after_ms = self.local.refund(key, limit, cost, self.now_us())
         return Refund(remaining, reset_after_ms, "local")
 
+    def policy_charge(self, key, limit, cost):
+        with self.lock:
+            self._count_policy()
+            if self.on_error == "local":
+                reply = self.local.charge(key, limit, cost, self.now_us(), MAX_DEBT_NS)
+                return Charge(*reply, limit, "local")
+            self.counters["unapplied_charges"] += 1
+        # Usage already done that nothing recorded: say so every time, with what was lost.
+        log.warning("redis-rl: a charge of %s on %r was not applied: Redis cannot decide and "
+                    "on_error=%r keeps no buckets (send it again, or use on_error=\"local\")",
+                    cost, key, self.on_error)
+        return Charge(False, 0, 0, 0, limit, self.on_error)
+
     def now_us(self):
         return int(self.clock() * 1_000_000)
 
     # One call, before and after the I/O ----------------------------------------------------
 
     def begin(self, op, items):
-        """Everything a call decides before Redis, for op in acquire, peek, refund, multi over
-        [(key, limit)] or [(key, limit, cost)]: checks the costs, asks the deny cache and the
+        """Everything a call decides before Redis, for op in acquire, peek, refund, charge,
+        multi over [(key, limit)] or [(key, limit, cost)]: checks the costs, asks the deny cache and the
         outage state. Returns `(answer, None)` when that decided, else `(None, call)`: run
         `exchange(call)`, then hand its reply to `finish` or its outage to `fail`."""
         items = [(key, limit, check_cost(rest[0] if rest else 1)) for key, limit, *rest in items]
@@ -497,7 +557,8 @@ class Engine:
                     if op == "acquire":
                         return hit, None
                     return MultiDecision(False, index, hit.retry_after_ms, (), "cache"), None
-        if op == "refund":
+        if op in ("refund", "charge"):
+            # A charge may put the key in debt for longer than a remembered denial says.
             self.forget(items[0][0])
         if self.skip_redis():
             return self.policy(op, items), None
@@ -510,6 +571,8 @@ class Engine:
         (key, limit, cost), = items
         if op == "refund":
             return self.policy_refund(key, limit, cost)
+        if op == "charge":
+            return self.policy_charge(key, limit, cost)
         return self.policy_acquire(key, limit, cost, take=(op == "acquire"))
 
     def fail(self, call, error):
@@ -528,6 +591,9 @@ class Engine:
         self.answered(source)
         if call.op == "refund":
             return Refund(*reply, source)
+        if call.op == "charge":
+            (_, limit, _), = call.items
+            return Charge(*reply, limit, source)
         if call.op == "multi":
             allowed, refused, retry, replies = reply
             decisions = [Decision(*r, limit, source) for r, (_, limit, _) in zip(replies, call.items)]
@@ -582,7 +648,7 @@ class Engine:
 
     def command(self, op, items):
         """The module command, or the script's EVALSHA arguments after the sha, for op in
-        acquire, peek, refund, multi over [(key, limit, cost)]."""
+        acquire, peek, refund, charge, multi over [(key, limit, cost)]."""
         if self.mode == "module":
             if op == "multi":
                 args = ["RL.ACQUIRE.MULTI"]
@@ -592,9 +658,11 @@ class Engine:
             (key, limit, cost), = items
             table = getattr(key, "table", None)
             if table is not None:  # a bucket table's field (redis_rl.table.TableField)
-                return [{"acquire": "RL.HACQUIRE", "peek": "RL.HPEEK", "refund": "RL.HREFUND"}[op],
+                return [{"acquire": "RL.HACQUIRE", "peek": "RL.HPEEK", "refund": "RL.HREFUND",
+                         "charge": "RL.HCHARGE"}[op],
                         table, key.field, *limit.args(), _number(cost)]
-            return [{"acquire": "RL.ACQUIRE", "peek": "RL.PEEK", "refund": "RL.REFUND"}[op],
+            return [{"acquire": "RL.ACQUIRE", "peek": "RL.PEEK", "refund": "RL.REFUND",
+                     "charge": "RL.CHARGE"}[op],
                     key, *limit.args(), _number(cost)]
         args = [str(len(items)), *(key for key, _, _ in items), op]
         for _, limit, cost in items:

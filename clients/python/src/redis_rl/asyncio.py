@@ -15,7 +15,7 @@ import weakref
 
 from redis import exceptions as redis_errors
 
-from ._core import Busy, Engine, LimiterBase, is_busy, is_unavailable, monotonic
+from ._core import refused, Busy, Engine, LimiterBase, is_busy, is_unavailable, monotonic
 
 
 _OUTAGE = object()  # what `_queue` returns when an outage began while the call queued
@@ -71,6 +71,18 @@ class Limiter(LimiterBase):
         give them one hash tag, as in "{user:42}:s" and "{user:42}:h"."""
         return await self._run("multi", items)
 
+    async def charge(self, key, limit, cost):
+        """Applies `cost` tokens to the bucket `key` whatever it holds (post-paid: usage already
+        done, such as the tokens of an answer), taking it into debt if need be: RL.CHARGE.
+        While in debt every take is denied until `retry_after_ms` has passed. Returns a Charge
+        whose `remaining` is the signed balance. Raises DebtTooLongError (a ValueError),
+        changing nothing, when the bucket would not be full again within 100 years.
+
+        When Redis cannot decide: "local" applies it to the local bucket; "open" and "closed"
+        record it nowhere and say so (`applied` False, a warning naming the key and the cost,
+        `counters["unapplied_charges"]`)."""
+        return await self._run("charge", [(key, limit, cost)])
+
     async def refund(self, key, limit, cost=1):
         """Gives `cost` tokens back (a request that failed before doing any work) and clears
         the deny cache's entry for `key`."""
@@ -109,7 +121,7 @@ class Limiter(LimiterBase):
             if isinstance(error, asyncio.TimeoutError) and queued[0]:
                 error = Busy(f"no free connection within {round(engine.timeout_s * 1000)} ms")
             if not is_unavailable(error):
-                raise
+                raise refused(error)
             return engine.fail(call, error)
         return engine.finish(call, reply)
 

@@ -34,8 +34,17 @@ def _debt(full_at_ns, now_ns):
     return full_at_ns - now_ns
 
 
+def _balance(rate, capacity, debt_ns):
+    # Whole tokens in the bucket, rounded toward -infinity: negative while in debt (charge).
+    return floor(capacity - debt_ns * rate / NS_PER_S)
+
+
 def _remaining(rate, capacity, debt_ns):
-    return max(0, floor(capacity - debt_ns * rate / NS_PER_S))
+    return max(0, _balance(rate, capacity, debt_ns))
+
+
+class DebtTooLongError(ValueError):
+    """A charge would leave the bucket short of full for longer than the module allows."""
 
 
 def acquire(rate, capacity, full_at_ns, now_us, cost, take=True):
@@ -44,21 +53,50 @@ def acquire(rate, capacity, full_at_ns, now_us, cost, take=True):
     `rate`, `capacity` and `cost` are Fractions; `full_at_ns` is the state (a Fraction, or
     None for a missing key, a full bucket). Returns `((allowed, remaining, retry_after_ms,
     reset_after_ms), new_full_at_ns)`, where the new state is `full_at_ns` itself when the
-    call changes nothing (a denial, a peek, or cost 0).
+    call changes nothing (a denial, a peek, or cost 0). A take's `remaining` is never below 0
+    (it is what X-RateLimit-Remaining reads); a peek's is the signed balance, negative while
+    a charge keeps the bucket in debt (as RL.PEEK replies).
     """
     now_ns = now_us * NS_PER_US
     debt = _debt(full_at_ns, now_ns)
+    remaining = (_remaining if take else _balance)(rate, capacity, debt)
     if cost > capacity:
-        return (0, _remaining(rate, capacity, debt), -1, _ms_ceil(debt)), full_at_ns
+        return (0, remaining, -1, _ms_ceil(debt)), full_at_ns
     t_ns = NS_PER_S / rate
     slack = (capacity - cost) * t_ns
     if debt > slack:
-        return (0, _remaining(rate, capacity, debt), _ms_ceil(debt - slack), _ms_ceil(debt)), full_at_ns
+        return (0, remaining, _ms_ceil(debt - slack), _ms_ceil(debt)), full_at_ns
     if not take or cost == 0:
-        return (1, _remaining(rate, capacity, debt), 0, _ms_ceil(debt)), full_at_ns
+        return (1, remaining, 0, _ms_ceil(debt)), full_at_ns
     new_full_at = max(full_at_ns or 0, now_ns) + cost * t_ns
     debt = new_full_at - now_ns
     return (1, _remaining(rate, capacity, debt), 0, _ms_ceil(debt)), new_full_at
+
+
+def charge(rate, capacity, full_at_ns, now_us, cost, max_debt_ns):
+    """Applies `cost` tokens at `now_us` whatever the bucket holds (post-paid: usage already
+    done), taking it below zero if need be, as RL.CHARGE does.
+
+    Returns `((1, balance, retry_after_ms, reset_after_ms), new_full_at_ns)`: `balance` is the
+    whole tokens left rounded toward -infinity (negative in debt), `retry_after_ms` the wait
+    until the debt is repaid (the balance back to 0, when a cost-0 check passes again; 0 when
+    not in debt), `reset_after_ms` until full. Cost 0 changes nothing.
+
+    Raises DebtTooLongError, changing nothing, when the bucket would not be full again within
+    `max_debt_ns` (the module's bound, 100 years).
+    """
+    now_ns = now_us * NS_PER_US
+    t_ns = NS_PER_S / rate
+    new_full_at = full_at_ns
+    if cost != 0:
+        new_full_at = max(full_at_ns or 0, now_ns) + cost * t_ns
+    debt = _debt(new_full_at, now_ns)
+    if debt > max_debt_ns:
+        raise DebtTooLongError(f"cost would leave the bucket in debt for more than "
+                               f"{max_debt_ns // (NS_PER_S * 86400 * 365)} years")
+    owed = debt - capacity * t_ns  # how far below zero tokens the bucket is, in ns of refill
+    retry_after_ms = _ms_ceil(owed) if owed > 0 else 0
+    return (1, _balance(rate, capacity, debt), retry_after_ms, _ms_ceil(debt)), new_full_at
 
 
 def refund(rate, capacity, full_at_ns, now_us, cost):
@@ -129,6 +167,15 @@ class LocalBuckets:
             if new is not self._full_at.get(key):
                 self._store(key, new)
         return 1, -1, 0, replies
+
+    def charge(self, key, limit, cost, now_us, max_debt_ns):
+        """Applies `cost` to the bucket `key` whatever it holds (see `charge`)."""
+        rate, capacity = self._share(limit)
+        old = self._full_at.get(key)
+        reply, new = charge(rate, capacity, old, now_us, exact(cost), max_debt_ns)
+        if new is not old:
+            self._store(key, new)
+        return reply
 
     def forget(self, key):
         """Drops the bucket of `key`: it is full again (a table's delete)."""

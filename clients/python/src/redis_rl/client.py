@@ -7,7 +7,7 @@ sends them with redis-py. The asyncio twin is `redis_rl.asyncio`, the same over 
 
 from redis import exceptions as redis_errors
 
-from ._core import Engine, LimiterBase, is_unavailable, monotonic
+from ._core import refused, Engine, LimiterBase, is_unavailable, monotonic
 
 
 # The pool a limiter makes when the client's own has no useful bound (redis-py 5.x: 2**31).
@@ -107,6 +107,18 @@ class Limiter(LimiterBase):
         give them one hash tag, as in "{user:42}:s" and "{user:42}:h"."""
         return self._run("multi", items)
 
+    def charge(self, key, limit, cost):
+        """Applies `cost` tokens to the bucket `key` whatever it holds (post-paid: usage already
+        done, such as the tokens of an answer), taking it into debt if need be: RL.CHARGE.
+        While in debt every take is denied until `retry_after_ms` has passed. Returns a Charge
+        whose `remaining` is the signed balance. Raises DebtTooLongError (a ValueError),
+        changing nothing, when the bucket would not be full again within 100 years.
+
+        When Redis cannot decide: "local" applies it to the local bucket; "open" and "closed"
+        record it nowhere and say so (`applied` False, a warning naming the key and the cost,
+        `counters["unapplied_charges"]`)."""
+        return self._run("charge", [(key, limit, cost)])
+
     def refund(self, key, limit, cost=1):
         """Gives `cost` tokens back (a request that failed before doing any work) and clears
         the deny cache's entry for `key`."""
@@ -141,7 +153,7 @@ class Limiter(LimiterBase):
             reply = self._drive(engine.exchange(call))
         except (redis_errors.RedisError, redis_errors.RedisClusterException) as error:
             if not is_unavailable(error):
-                raise
+                raise refused(error)
             return engine.fail(call, error)
         return engine.finish(call, reply)
 

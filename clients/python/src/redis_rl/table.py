@@ -149,7 +149,7 @@ class _TableBase:
 class Table(_TableBase):
     """A limit's buckets named by field, over `shards` tables (see the module docstring).
 
-    `acquire`, `peek` and `refund` take and reply as the limiter's methods of the same names,
+    `acquire`, `peek`, `charge` and `refund` take and reply as the limiter's methods of the same names,
     with a field for the key. `delete(*fields)` resets buckets and returns how many were live
     (not full); `len()` counts the live buckets over all the shards. Those two are not
     decisions: when Redis cannot answer they raise, whatever the failure policy.
@@ -162,6 +162,11 @@ class Table(_TableBase):
     def peek(self, field, limit, cost=1):
         """What `acquire` would decide for `cost`, taking nothing."""
         return self._limiter.peek(self.bucket(field), limit, cost)
+
+    def charge(self, field, limit, cost):
+        """Applies the post-paid `cost` to the bucket `field`, into debt if need be (RL.HCHARGE;
+        see `redis_rl.Limiter.charge`); returns a Charge."""
+        return self._limiter.charge(self.bucket(field), limit, cost)
 
     def refund(self, field, limit, cost=1):
         """Gives `cost` tokens back to the bucket `field` and clears its deny-cache entry."""
@@ -203,6 +208,11 @@ class AsyncTable(_TableBase):
     async def peek(self, field, limit, cost=1):
         """What `acquire` would decide for `cost`, taking nothing."""
         return await self._limiter.peek(self.bucket(field), limit, cost)
+
+    async def charge(self, field, limit, cost):
+        """Applies the post-paid `cost` to the bucket `field`, into debt if need be (RL.HCHARGE;
+        see `redis_rl.Limiter.charge`); returns a Charge."""
+        return await self._limiter.charge(self.bucket(field), limit, cost)
 
     async def refund(self, field, limit, cost=1):
         """Gives `cost` tokens back to the bucket `field` and clears its deny-cache entry."""
