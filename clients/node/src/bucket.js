@@ -67,35 +67,63 @@ const ZERO = new Q(0n);
 
 const msCeil = (ns) => Number(ns.div(1_000_000n).ceil());
 const debtOf = (fullAtNs, nowNs) => (fullAtNs === null || fullAtNs.cmp(nowNs) <= 0 ? ZERO : fullAtNs.sub(nowNs));
-function remainingOf(rate, capacity, debt) {
-  const k = capacity.sub(debt.mul(rate).div(NS_PER_S)).floor();
-  return k < 0n ? 0 : Number(k);
+// Whole tokens in the bucket, rounded toward -infinity: negative while in debt (charge).
+const balanceOf = (rate, capacity, debt) => Number(capacity.sub(debt.mul(rate).div(NS_PER_S)).floor());
+const remainingOf = (rate, capacity, debt) => Math.max(0, balanceOf(rate, capacity, debt));
+
+/** A charge would leave the bucket short of full for longer than the module allows. */
+export class DebtTooLongError extends RangeError {
+  constructor(message) {
+    super(message);
+    this.name = "DebtTooLongError";
+  }
 }
 
 /**
  * Takes `cost` tokens at `nowUs` (a BigInt) if the bucket holds them, or only looks when
  * `take` is false. `rate`, `capacity`, `cost` are Q; `fullAtNs` is the state (a Q, or null
  * for a missing key, a full bucket). Returns {reply: [allowed, remaining, retryAfterMs,
- * resetAfterMs], state}, `state` being `fullAtNs` itself when nothing changed.
+ * resetAfterMs], state}, `state` being `fullAtNs` itself when nothing changed. A take's
+ * `remaining` is never below 0 (X-RateLimit-Remaining reads it); a peek's is the signed
+ * balance, negative while a charge keeps the bucket in debt (as RL.PEEK replies).
  */
 export function acquire(rate, capacity, fullAtNs, nowUs, cost, take = true) {
   const nowNs = new Q(nowUs * 1000n);
   const debt = debtOf(fullAtNs, nowNs);
-  if (cost.cmp(capacity) > 0) {
-    return { reply: [0, remainingOf(rate, capacity, debt), -1, msCeil(debt)], state: fullAtNs };
-  }
+  const remaining = (take ? remainingOf : balanceOf)(rate, capacity, debt);
+  if (cost.cmp(capacity) > 0) return { reply: [0, remaining, -1, msCeil(debt)], state: fullAtNs };
   const tNs = new Q(NS_PER_S).div(rate);
   const slack = capacity.sub(cost).mul(tNs);
   if (debt.cmp(slack) > 0) {
-    return { reply: [0, remainingOf(rate, capacity, debt), msCeil(debt.sub(slack)), msCeil(debt)], state: fullAtNs };
+    return { reply: [0, remaining, msCeil(debt.sub(slack)), msCeil(debt)], state: fullAtNs };
   }
-  if (!take || cost.isZero()) {
-    return { reply: [1, remainingOf(rate, capacity, debt), 0, msCeil(debt)], state: fullAtNs };
-  }
+  if (!take || cost.isZero()) return { reply: [1, remaining, 0, msCeil(debt)], state: fullAtNs };
   const base = fullAtNs !== null && fullAtNs.cmp(nowNs) > 0 ? fullAtNs : nowNs;
   const state = base.add(cost.mul(tNs));
   const after = state.sub(nowNs);
   return { reply: [1, remainingOf(rate, capacity, after), 0, msCeil(after)], state };
+}
+
+/**
+ * Applies `cost` tokens at `nowUs` whatever the bucket holds (post-paid: usage already done),
+ * into debt if need be, as RL.CHARGE does: {reply: [1, balance, retryAfterMs, resetAfterMs],
+ * state}. `balance` is the whole tokens left rounded toward -infinity (negative in debt),
+ * `retryAfterMs` the wait until the debt is repaid (0 when none), `resetAfterMs` until full.
+ * Cost 0 changes nothing. Throws DebtTooLongError, changing nothing, when the bucket would not
+ * be full again within `maxDebtNs` (a Q: the module's bound, 100 years).
+ */
+export function charge(rate, capacity, fullAtNs, nowUs, cost, maxDebtNs) {
+  const nowNs = new Q(nowUs * 1000n);
+  const tNs = new Q(NS_PER_S).div(rate);
+  let state = fullAtNs;
+  if (!cost.isZero()) state = (fullAtNs !== null && fullAtNs.cmp(nowNs) > 0 ? fullAtNs : nowNs).add(cost.mul(tNs));
+  const debt = debtOf(state, nowNs);
+  if (debt.cmp(maxDebtNs) > 0) {
+    const years = maxDebtNs.div(NS_PER_S * 86_400n * 365n).floor();
+    throw new DebtTooLongError(`cost would leave the bucket in debt for more than ${years} years`);
+  }
+  const owed = debt.sub(capacity.mul(tNs)); // how far below zero tokens, in ns of refill
+  return { reply: [1, balanceOf(rate, capacity, debt), owed.cmp(ZERO) > 0 ? msCeil(owed) : 0, msCeil(debt)], state };
 }
 
 /** Gives `cost` tokens back, capped at capacity: {reply: [remaining, resetAfterMs], state},
@@ -159,6 +187,15 @@ export class LocalBuckets {
     }
     for (const [key, state] of pending) if (state !== (this.fullAt.get(key) ?? null)) this.store(key, state);
     return [1, -1, 0, replies];
+  }
+
+  /** Applies `cost` to the bucket `key` whatever it holds (see `charge`). */
+  charge(key, limit, cost, nowUs, maxDebtNs) {
+    const [rate, capacity] = this.share(limit);
+    const old = this.fullAt.get(key) ?? null;
+    const { reply, state } = charge(rate, capacity, old, nowUs, Q.of(cost), maxDebtNs);
+    if (state !== old) this.store(key, state);
+    return reply;
   }
 
   refund(key, limit, cost, nowUs) {

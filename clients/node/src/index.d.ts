@@ -32,7 +32,8 @@ export class Limit {
 
 export class Decision {
   readonly allowed: boolean;
-  /** Whole tokens left after this call. */
+  /** Whole tokens left after this call: never below 0 for a take; a peek's is the signed
+   * balance, negative while a charge keeps the bucket in debt. */
   readonly remaining: number;
   /** 0 when allowed; the wait (ms, rounded up) when denied; -1 when cost > capacity. */
   readonly retryAfterMs: number;
@@ -54,6 +55,26 @@ export class MultiDecision {
   readonly decisions: Decision[];
   readonly source: Source;
 }
+
+/** charge's answer: a post-paid cost applied, perhaps into debt. */
+export class Charge {
+  /** False only when the "open" or "closed" policy answered: recorded nowhere (logged and
+   * counted in counters.unappliedCharges; send it again). */
+  readonly applied: boolean;
+  /** The signed balance in whole tokens, rounded toward -infinity: negative in debt. */
+  readonly remaining: number;
+  /** The wait until the debt is repaid, ms rounded up; 0 when not in debt. */
+  readonly retryAfterMs: number;
+  /** Until the bucket is full, ms rounded up. */
+  readonly resetAfterMs: number;
+  readonly limit: Limit;
+  readonly source: Source;
+  /** remaining < 0: every take is denied until retryAfterMs. */
+  readonly inDebt: boolean;
+}
+
+/** A charge would leave the bucket short of full for more than 100 years (nothing written). */
+export class DebtTooLongError extends RangeError {}
 
 export class Refund {
   readonly remaining: number;
@@ -107,7 +128,7 @@ export type Item = [key: string, limit: Limit] | [key: string, limit: Limit, cos
 export class Limiter {
   constructor(client: Client, options: LimiterOptions);
   /** Decisions by source, and outages seen. */
-  readonly counters: Record<Source | "outages", number>;
+  readonly counters: Record<Source | "outages" | "unappliedCharges", number>;
   /** "module", "lua", "missing", or null before the first call. */
   readonly path: "module" | "lua" | "missing" | null;
   acquire(key: string, limit: Limit, cost?: number): Promise<Decision>;
@@ -116,6 +137,9 @@ export class Limiter {
   acquireAll(items: Item[]): Promise<MultiDecision>;
   /** Gives tokens back and clears the deny cache's entry for `key`. */
   refund(key: string, limit: Limit, cost?: number): Promise<Refund>;
+  /** Applies a post-paid cost whatever the bucket holds, into debt if need be (RL.CHARGE);
+   * rejects with DebtTooLongError past 100 years of debt. */
+  charge(key: string, limit: Limit, cost: number): Promise<Charge>;
   /** A bucket table of this limiter, over `shards` (default 1) tables `name:{0}` …. */
   table(name: string, shards?: number): Table;
   /** Takes `cost` tokens once the bucket holds them; rejects with WaitTimeoutError after
@@ -166,6 +190,8 @@ export class Table {
   acquire(field: string, limit: Limit, cost?: number): Promise<Decision>;
   peek(field: string, limit: Limit, cost?: number): Promise<Decision>;
   refund(field: string, limit: Limit, cost?: number): Promise<Refund>;
+  /** Applies a post-paid cost to the bucket `field`, into debt if need be (RL.HCHARGE). */
+  charge(field: string, limit: Limit, cost: number): Promise<Charge>;
   /** Resets the buckets (full again); how many were live. Rejects when Redis cannot answer. */
   delete(...fields: string[]): Promise<number>;
   /** Live buckets over all the shards. Rejects when Redis cannot answer. */

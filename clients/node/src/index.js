@@ -8,12 +8,12 @@
 
 import { readFileSync } from "node:fs";
 import { performance } from "node:perf_hooks";
-import { LocalBuckets, Q, fromDecimal, numberText } from "./bucket.js";
+import { DebtTooLongError, LocalBuckets, Q, fromDecimal, numberText } from "./bucket.js";
 import { adapt, isReplyError, sha1 } from "./adapter.js";
 import { Table } from "./table.js";
 import { wait } from "./wait.js";
 
-export { LocalBuckets } from "./bucket.js";
+export { DebtTooLongError, LocalBuckets } from "./bucket.js";
 export { Table, shardOf, MAX_SHARDS } from "./table.js";
 export { WaitNeverError, WaitTimeoutError } from "./wait.js";
 
@@ -25,6 +25,8 @@ export const RANGES = JSON.parse(readFileSync(new URL("./ranges.json", import.me
 const MIN_RATE = fromDecimal(RANGES.rate.min), MAX_RATE = fromDecimal(RANGES.rate.max);
 const CAPACITY_ABOVE = fromDecimal(RANGES.capacity.above), MAX_CAPACITY = fromDecimal(RANGES.capacity.max);
 const MAX_REFILL_S = fromDecimal(RANGES.refill.max_s), MIN_COST = fromDecimal(RANGES.cost.min);
+/** The longest a charge may leave a bucket short of full, in ns (the refill bound, 100 years). */
+const MAX_DEBT_NS = MAX_REFILL_S.mul(1_000_000_000n);
 const POLICIES = ["open", "closed", "local"];
 /**
  * How long a call may take, by default, before the failure policy decides, in ms: a
@@ -179,6 +181,36 @@ export class MultiDecision {
   }
 }
 
+/**
+ * charge's answer: a post-paid cost applied, perhaps into debt. `applied` is false only when
+ * the "open" or "closed" policy answered (Redis unreachable), which record it nowhere: that is
+ * logged, counted in counters.unappliedCharges, and the caller's to send again. `remaining` is
+ * the signed balance in whole tokens (rounded toward -infinity: negative in debt),
+ * `retryAfterMs` the wait until the debt is repaid (0 when none), `resetAfterMs` until full.
+ */
+export class Charge {
+  constructor(applied, remaining, retryAfterMs, resetAfterMs, limit, source) {
+    this.applied = Boolean(applied);
+    this.remaining = Number(remaining);
+    this.retryAfterMs = Number(retryAfterMs);
+    this.resetAfterMs = Number(resetAfterMs);
+    this.limit = limit;
+    this.source = source;
+  }
+
+  /** Whether the balance is below zero: every take is denied until retryAfterMs. */
+  get inDebt() {
+    return this.remaining < 0;
+  }
+}
+
+/** The error to throw for a refusal by Redis: the module's (or script's) refusal of a charge
+ * past the debt bound as DebtTooLongError (as the "local" policy throws it), any other as is. */
+function refused(error) {
+  const text = isReplyError(error) ? error.message.replace(/^ERR /, "") : "";
+  return text.startsWith("cost would leave the bucket in debt") ? new DebtTooLongError(text) : error;
+}
+
 /** refund's answer. */
 export class Refund {
   constructor(remaining, resetAfterMs, source) {
@@ -272,7 +304,7 @@ export class Limiter {
     this.detecting = null; // the one detection in flight, shared by concurrent first calls
     this.inFlight = 0; // calls sent and not yet answered, for the deadline's log line
     this.waitingForRoom = 0; // sends waiting for room in the client's own queue (node-redis)
-    this.counters = { redis: 0, lua: 0, cache: 0, local: 0, open: 0, closed: 0, outages: 0 };
+    this.counters = { redis: 0, lua: 0, cache: 0, local: 0, open: 0, closed: 0, outages: 0, unappliedCharges: 0 };
     this.downSince = null;
     this.nextProbe = 0;
     this.withoutRedis = 0;
@@ -369,6 +401,18 @@ export class Limiter {
     return new Refund(...this.local.refund(key, limit, cost, this.nowUs()), "local");
   }
 
+  policyCharge(key, limit, cost) {
+    this.countPolicy();
+    if (this.onError === "local") {
+      return new Charge(...this.local.charge(key, limit, cost, this.nowUs(), MAX_DEBT_NS), limit, "local");
+    }
+    // Usage already done that nothing recorded: say so every time, with what was lost.
+    this.counters.unappliedCharges++;
+    this.logger.warn(`redis-rl: a charge of ${cost} on ${JSON.stringify(String(key))} was not applied: Redis ` +
+      `cannot decide and onError=${this.onError} keeps no buckets (send it again, or use onError: "local")`);
+    return new Charge(false, 0, 0, 0, limit, this.onError);
+  }
+
   // The API ---------------------------------------------------------------------------------
 
   /** A bucket table of this limiter: `shards` tables `name:{0}` … (src/table.js). */
@@ -445,6 +489,33 @@ export class Limiter {
     const decisions = replies.map((r, i) => new Decision(...r, items[i][1], source));
     if (!allowed) items.forEach(([key, limit, cost], i) => this.remember(key, limit, cost, decisions[i], sentAt));
     return new MultiDecision(allowed, refused, retry, decisions, source);
+  }
+
+  /**
+   * Applies `cost` tokens (required) to bucket `key` whatever it holds (post-paid: usage
+   * already done, such as the tokens of an answer), into debt if need be: RL.CHARGE. While in
+   * debt every take is denied until retryAfterMs. Resolves to a Charge whose `remaining` is the
+   * signed balance; rejects with DebtTooLongError, changing nothing, when the bucket would not
+   * be full again within 100 years. When Redis cannot decide, "local" applies it to the local
+   * bucket; "open" and "closed" record it nowhere and say so (applied false, a warning naming
+   * the key and cost, counters.unappliedCharges).
+   */
+  async charge(key, limit, cost, route = undefined) {
+    if (cost === undefined) throw new TypeError("charge needs a cost (the tokens the work used)");
+    cost = checkCost(cost);
+    this.cache.delete(key); // a remembered denial may end before the new debt does
+    if (this.skipRedis()) return this.policyCharge(key, limit, cost);
+    let reply;
+    try {
+      reply = await this.call("charge", [[key, limit, cost, route]]);
+    } catch (error) {
+      if (!isUnavailable(error)) throw refused(error);
+      this.failed(error);
+      return this.policyCharge(key, limit, cost);
+    }
+    const source = this.source();
+    this.answered(source);
+    return new Charge(...reply, limit, source);
   }
 
   /** Gives `cost` tokens back and clears the deny cache's entry for `key`. */
@@ -558,8 +629,8 @@ export class Limiter {
     if (this.path === "module") {
       const route = items[0][3]; // a bucket table's field: RL.H* on its table
       const name = route
-        ? { acquire: "RL.HACQUIRE", peek: "RL.HPEEK", refund: "RL.HREFUND" }[op]
-        : { acquire: "RL.ACQUIRE", peek: "RL.PEEK", refund: "RL.REFUND", multi: "RL.ACQUIRE.MULTI" }[op];
+        ? { acquire: "RL.HACQUIRE", peek: "RL.HPEEK", refund: "RL.HREFUND", charge: "RL.HCHARGE" }[op]
+        : { acquire: "RL.ACQUIRE", peek: "RL.PEEK", refund: "RL.REFUND", charge: "RL.CHARGE", multi: "RL.ACQUIRE.MULTI" }[op];
       const args = [name];
       for (const [key, limit, cost] of items) {
         args.push(...(route ? [route.table, route.field] : [key]), ...limit.args(), numberArg(cost));

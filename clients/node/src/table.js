@@ -38,7 +38,7 @@ function checkField(field) {
 const luaPattern = (name) => name.replace(/[*?[\]\\]/g, (c) => `\\${c}`) + ":{*}:*";
 
 /**
- * A limit's buckets named by field, over `shards` tables. acquire, peek and refund take and
+ * A limit's buckets named by field, over `shards` tables. acquire, peek, charge and refund take and
  * reply as the limiter's methods, with a field for the key. delete(...fields) resets buckets
  * and resolves to how many were live (not full); len() counts the live buckets over all the
  * shards. Those two are not decisions: when Redis cannot answer they reject, whatever the
@@ -79,6 +79,13 @@ export class Table {
   peek(field, limit, cost = 1) {
     const b = this.bucket(field);
     return this.limiter.peek(b.key, limit, cost, b);
+  }
+
+  /** Applies the post-paid `cost` to the bucket `field`, into debt if need be (RL.HCHARGE;
+   * see Limiter.charge): resolves to a Charge. */
+  charge(field, limit, cost) {
+    const b = this.bucket(field);
+    return this.limiter.charge(b.key, limit, cost, b);
   }
 
   /** Gives `cost` tokens back to the bucket `field` and clears its deny-cache entry. */

@@ -3,9 +3,10 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
-import { acquire, refund, fromDecimal, fromRate, numberText, Q, LocalBuckets } from "../src/bucket.js";
-import { Limit } from "../src/index.js";
+import { acquire, charge, refund, fromDecimal, fromRate, numberText, Q, LocalBuckets } from "../src/bucket.js";
+import { Limit, RANGES } from "../src/index.js";
 
+const MAX_DEBT_NS = new Q(BigInt(RANGES.refill.max_s) * 1_000_000_000n);
 const vectors = JSON.parse(readFileSync(new URL("../../vectors/bucket.json", import.meta.url)));
 
 test("every step of every vector case matches", () => {
@@ -21,7 +22,9 @@ test("every step of every vector case matches", () => {
       const now = BigInt(step.now_us);
       const out = step.op === "refund"
         ? refund(rate, capacity, state, now, cost)
-        : acquire(rate, capacity, state, now, cost, step.op === "acquire");
+        : step.op === "charge"
+          ? charge(rate, capacity, state, now, cost, MAX_DEBT_NS)
+          : acquire(rate, capacity, state, now, cost, step.op === "acquire");
       state = out.state;
       assert.deepEqual(out.reply, step.expect, `${c.name}, step ${i}: ${JSON.stringify(step)}`);
       steps++;

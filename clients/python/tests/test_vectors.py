@@ -6,7 +6,7 @@ import os
 import unittest
 
 from redis_rl import _decimal, bucket
-from redis_rl._core import Limit
+from redis_rl._core import MAX_DEBT_NS, Limit
 
 VECTORS = os.path.join(os.path.dirname(__file__), "..", "..", "vectors", "bucket.json")
 
@@ -25,6 +25,8 @@ class Vectors(unittest.TestCase):
                 cost = _decimal.parse(step["cost"])
                 if step["op"] == "refund":
                     got, full_at = bucket.refund(rate, capacity, full_at, step["now_us"], cost)
+                elif step["op"] == "charge":
+                    got, full_at = bucket.charge(rate, capacity, full_at, step["now_us"], cost, MAX_DEBT_NS)
                 else:
                     got, full_at = bucket.acquire(rate, capacity, full_at, step["now_us"], cost,
                                                   take=step["op"] == "acquire")
