@@ -12,7 +12,7 @@ import unittest
 import random
 
 from redis_rl import bucket
-from redis_rl._core import Limit
+from redis_rl._core import MAX_DEBT_NS, Limit
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.join(HERE, "..", "..")
@@ -58,8 +58,8 @@ class LuaVectors(unittest.TestCase):
 
 
     def test_random_sequences_agree_with_the_exact_bucket(self):
-        # Differential: seeded random calls (acquire, peek, refund, multi over 1-3 keys, some
-        # named twice) at exactly representable rates with integer capacities and costs, where
+        # Differential: seeded random calls (acquire, peek, refund, charge into debt, multi over
+        # 1-3 keys, some named twice) at exactly representable rates with integer capacities and costs, where
         # the script claims exactness. The reference is the exact in-process bucket.
         rng = random.Random(11)
         rates = [1, 2, 3, 7, 10, 1000, 999_999_937, 0.5, 2.5, 0.125]
@@ -74,7 +74,7 @@ class LuaVectors(unittest.TestCase):
             now_us = 1_700_000_000_000_000 + rng.randrange(10**6)
             for _ in range(30):
                 now_us += rng.choice([0, 0, 0, 1, 999, 1000, 333_333, 10**6])
-                op = rng.choice(["acquire", "acquire", "peek", "refund", "multi"])
+                op = rng.choice(["acquire", "acquire", "peek", "refund", "charge", "multi"])
                 if op == "multi":
                     chosen = [rng.choice(keys) for _ in range(rng.randint(1, 3))]
                     costs = [rng.randint(0, 4) for _ in chosen]
@@ -87,6 +87,8 @@ class LuaVectors(unittest.TestCase):
                     key, cost = rng.choice(keys), rng.randint(0, 6)
                     if op == "refund":
                         want = list(local.refund(key, limits[key], cost, now_us))
+                    elif op == "charge":
+                        want = list(local.charge(key, limits[key], cost, now_us, MAX_DEBT_NS))
                     else:
                         want = list(local.acquire(key, limits[key], cost, now_us, take=op == "acquire"))
                     lines.append(" ".join([str(now_us), key, op, *limits[key].script_args(cost, op == "refund")]))
