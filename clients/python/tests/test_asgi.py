@@ -95,7 +95,7 @@ class Asgi(AsgiBase):
         self.assertEqual(r.headers["ratelimit"], '"default";r=1;t=200')
         raw = redis.Redis(port=limiter.client.connection_pool.connection_kwargs["port"])
         self.assertEqual(sorted(k.decode() for k in raw.keys("rl:http:*")),
-                         ["rl:http:ip:198.51.100.9", "rl:http:ip:203.0.113.7"])
+                         ["rl:http:0.01:3:ip:198.51.100.9", "rl:http:0.01:3:ip:203.0.113.7"])
 
     async def test_header_key_cost_skip_custom_response_and_no_legacy_headers(self):
         limiter = await self.limiter(self.server().port)
@@ -213,7 +213,7 @@ class AsgiHooks(AsgiBase):
         self.assertEqual([(await http.get("/health")).status_code for _ in range(5)], [200] * 5)
         # One bucket for the user, not one per request named after an unawaited coroutine.
         raw = redis.Redis(port=s.port)
-        self.assertEqual([k.decode() for k in raw.keys("rl:http:*")], ["rl:http:user:alice"])
+        self.assertEqual([k.decode() for k in raw.keys("rl:http:*")], ["rl:http:0.01:3:user:alice"])
 
     async def test_limit_per_request_sync_and_async(self):
         plans = {"free": Limit(0.01, 1), "pro": Limit(0.01, 3)}
@@ -285,6 +285,42 @@ class AsgiHooks(AsgiBase):
         self.assertEqual([r.status_code for r in got], [200, 200, 429])
         # The middleware denied before the route ran: its fields alone.
         self.assertEqual(rate_headers(got[2]), {**expected(0, 300), "retry-after": "100"})
+
+    async def test_middleware_and_limit_route_keep_their_own_buckets_by_default(self):
+        # No prefix on either: each limit has its own key space, so the route's 5 are not
+        # spent by the middleware's takes (one shared bucket answered r=3 for the route).
+        limiter = await self.limiter(self.server().port)
+        app = FastAPI()
+        app.add_middleware(RateLimitMiddleware, limiter=limiter, limit=Limit(0.01, 3))
+
+        @app.get("/")
+        @limit_route(limiter, Limit(0.01, 5), policy_name="route")
+        async def root(request: Request):
+            return PlainTextResponse("ok")
+
+        http = await self.http(app)
+        got = [await http.get("/") for _ in range(4)]
+        self.assertEqual([r.status_code for r in got], [200, 200, 200, 429])
+        self.assertEqual([r.headers["ratelimit"] for r in got[:3]],
+                         [f'"default";r={2 - i};t={100 * (i + 1)}, "route";r={4 - i};t={100 * (i + 1)}' for i in range(3)])
+        raw = redis.Redis(port=limiter.client.connection_pool.connection_kwargs["port"])
+        self.assertEqual(sorted(k.decode() for k in raw.keys("*")),
+                         ["rl:http:0.01:3:ip:203.0.113.7", "rl:http:0.01:5:ip:203.0.113.7"])
+
+    async def test_two_limits_on_one_redis_key_for_a_request_are_refused(self):
+        limiter = await self.limiter(self.server().port)
+        app = FastAPI()
+        app.add_middleware(RateLimitMiddleware, limiter=limiter, limit=Limit(0.01, 3))
+
+        @app.get("/")
+        @limit_route(limiter, Limit(0.01, 3))
+        async def root(request: Request):
+            return PlainTextResponse("ok")
+
+        http = await self.http(app)
+        with self.assertRaisesRegex(ValueError, "two rate limits use the Redis key "
+                                    "'rl:http:0.01:3:ip:203.0.113.7' for one request.*own prefix"):
+            await http.get("/")
 
 
 if __name__ == "__main__":

@@ -119,7 +119,7 @@ class Django(unittest.TestCase):
         self.assertEqual([http.get("/report").status_code for _ in range(2)], [200, 429])
         raw = redis.Redis(port=s.port)
         self.assertEqual(sorted(k.decode() for k in raw.keys("*")),
-                         ["report:ip:203.0.113.7", "rl:http:user:alice", "rl:http:user:bob"])
+                         ["report:ip:203.0.113.7", "rl:http:0.01:2:user:alice", "rl:http:0.01:2:user:bob"])
 
     def test_middleware_and_view_decorator_send_one_set_of_fields(self):
         limiter = self.limiter(self.server().port)
@@ -130,6 +130,24 @@ class Django(unittest.TestCase):
             "RateLimit-Policy": '"default";q=3;w=300, "route";q=5;w=500',
             "RateLimit": '"default";r=2;t=100, "route";r=4;t=100',
             "X-RateLimit-Limit": "3", "X-RateLimit-Remaining": "2", "X-RateLimit-Reset": "100"})
+
+    def test_middleware_and_view_decorator_keep_their_own_buckets_by_default(self):
+        s = self.server()
+        limiter = self.limiter(s.port)
+        view = limit_view(limiter, Limit(0.01, 5), policy_name="route")(hello)
+        http = self.app(urlconf(path("", view)), {"limiter": limiter, "limit": LIMIT})
+        got = [http.get("/") for _ in range(4)]
+        self.assertEqual([r.status_code for r in got], [200, 200, 200, 429])
+        self.assertEqual(got[2]["RateLimit"], '"default";r=0;t=300, "route";r=2;t=300')
+        self.assertEqual(sorted(k.decode() for k in redis.Redis(port=s.port).keys("*")),
+                         ["rl:http:0.01:3:ip:203.0.113.7", "rl:http:0.01:5:ip:203.0.113.7"])
+
+    def test_two_limits_on_one_redis_key_for_a_request_are_refused(self):
+        limiter = self.limiter(self.server().port)
+        view = limit_view(limiter, LIMIT)(hello)
+        http = self.app(urlconf(path("", view)), {"limiter": limiter, "limit": LIMIT})
+        with self.assertRaisesRegex(ValueError, "Redis key 'rl:http:0.01:3:ip:203.0.113.7' for one request"):
+            http.get("/")
 
     def test_limit_per_request(self):
         plans = {"free": Limit(0.01, 1), "pro": Limit(0.01, 3)}

@@ -147,6 +147,37 @@ class Wsgi(unittest.TestCase):
             "RateLimit": '"default";r=2;t=100, "route";r=4;t=100',
             "X-RateLimit-Limit": "3", "X-RateLimit-Remaining": "2", "X-RateLimit-Reset": "100"})
 
+    def test_middleware_and_limit_route_keep_their_own_buckets_by_default(self):
+        s = self.server()
+        limiter = self.limiter(s.port)
+        app = flask.Flask(__name__)
+
+        @app.route("/")
+        @limit_route(limiter, Limit(0.01, 5), policy_name="route")
+        def root():
+            return "ok"
+
+        app.wsgi_app = RateLimitMiddleware(app.wsgi_app, limiter=limiter, limit=LIMIT)
+        got = [app.test_client().get("/") for _ in range(4)]
+        self.assertEqual([r.status_code for r in got], [200, 200, 200, 429])
+        self.assertEqual(got[2].headers["RateLimit"], '"default";r=0;t=300, "route";r=2;t=300')
+        self.assertEqual(sorted(k.decode() for k in redis.Redis(port=s.port).keys("*")),
+                         ["rl:http:0.01:3:ip:127.0.0.1", "rl:http:0.01:5:ip:127.0.0.1"])
+
+    def test_two_limits_on_one_redis_key_for_a_request_are_refused(self):
+        limiter = self.limiter(self.server().port)
+        app = flask.Flask(__name__)
+        app.testing = True  # the error reaches the test rather than becoming a 500
+
+        @app.route("/")
+        @limit_route(limiter, LIMIT, prefix="shared:")
+        def root():
+            return "ok"
+
+        app.wsgi_app = RateLimitMiddleware(app.wsgi_app, limiter=limiter, limit=Limit(0.01, 9), prefix="shared:")
+        with self.assertRaisesRegex(ValueError, "Redis key 'shared:ip:127.0.0.1' for one request"):
+            app.test_client().get("/")
+
 
 if __name__ == "__main__":
     unittest.main()

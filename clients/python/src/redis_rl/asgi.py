@@ -22,6 +22,7 @@ from .http import FIELD_NAMES, PROBLEM_TYPE, Policy, header_fields
 __all__ = ["RateLimitMiddleware", "limit_route", "Policy"]
 
 _DECIDED = "redis_rl"  # the scope's list of (policy, decision) for this request
+_KEYS = "redis_rl.keys"  # the scope's Redis keys used for this request, and by which policy
 
 
 async def _value(hook, *args):
@@ -53,8 +54,9 @@ async def decide(policy, scope):
     if policy.skip is not None and await _value(policy.skip, scope):
         return None
     computed = await _value(policy.key, scope) if callable(policy.key) else None
-    key = policy.key_for(scope, _peer(scope), _header_reader(scope), computed)
     limit = await _value(policy.limit_for, scope)
+    key = policy.key_for(scope, _peer(scope), _header_reader(scope), computed, limit)
+    policy.claim(scope.setdefault(_KEYS, {}), key)
     cost = await _value(policy.cost_for, scope)
     decision = await policy.limiter.acquire(key, limit, cost)
     decided = scope.setdefault(_DECIDED, [])

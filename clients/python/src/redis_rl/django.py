@@ -25,14 +25,21 @@ from .http import FIELD_NAMES, PROBLEM_TYPE, Policy, header_fields
 __all__ = ["RateLimitMiddleware", "limit_view", "Policy"]
 
 _DECIDED = "_redis_rl_decided"  # the request's list of (policy, decision)
+_KEYS = "_redis_rl_keys"  # the request's Redis keys used so far, and by which policy
 
 
 def decide(policy, request):
     """The decision and header fields for one request, or None when `skip` lets it pass."""
     if policy.skip is not None and policy.skip(request):
         return None
-    key = policy.key_for(request, request.META.get("REMOTE_ADDR"), request.headers.get)
-    decision = policy.limiter.acquire(key, policy.limit_for(request), policy.cost_for(request))
+    limit = policy.limit_for(request)
+    key = policy.key_for(request, request.META.get("REMOTE_ADDR"), request.headers.get, limit=limit)
+    claims = getattr(request, _KEYS, None)
+    if claims is None:
+        claims = {}
+        setattr(request, _KEYS, claims)
+    policy.claim(claims, key)
+    decision = policy.limiter.acquire(key, limit, policy.cost_for(request))
     decided = getattr(request, _DECIDED, None)
     if decided is None:
         decided = []

@@ -23,6 +23,9 @@ import ipaddress
 import json
 import math
 
+#: The start of every default key space: `rl:http:<rate>:<capacity>:` (see `Policy`).
+DEFAULT_PREFIX = "rl:http:"
+
 #: The draft whose `RateLimit-Policy` and `RateLimit` syntax is written.
 HEADERS_DRAFT = "draft-ietf-httpapi-ratelimit-headers-10"
 
@@ -56,7 +59,11 @@ class Policy:
     `on_limited`) may be `async def` or return an awaitable: it is awaited.
     - `trusted_proxies`: addresses or networks ("10.0.0.0/8") whose X-Forwarded-For is
       believed; from anyone else it is ignored (default: nobody);
-    - `prefix`: put before each key in Redis (default "rl:http:");
+    - `prefix`: put before each key in Redis. By default each limit has its own key space,
+      `rl:http:<rate>:<capacity>:` (`rl:http:100/60:100:ip:203.0.113.7`), so a middleware and
+      a route decorator with different limits never share a bucket. Two policies that still
+      name the same Redis key for one request (the same limit, or the same `prefix`) are
+      refused with a ValueError naming the key: give each its own `prefix`;
     - `policy_name`: the name in the RateLimit fields (default "default");
     - `legacy_headers`: also write X-RateLimit-* (default True);
     - `skip`: a function of the request; True lets the request through untouched (health
@@ -65,7 +72,7 @@ class Policy:
       instead of the problem+json 429 (a framework response, see asgi/wsgi).
     """
 
-    def __init__(self, limiter, limit, *, key="ip", cost=1, trusted_proxies=(), prefix="rl:http:",
+    def __init__(self, limiter, limit, *, key="ip", cost=1, trusted_proxies=(), prefix=None,
                  policy_name="default", legacy_headers=True, skip=None, on_limited=None):
         if not (key == "ip" or callable(key) or (isinstance(key, str) and key.startswith("header:"))):
             raise ValueError('key must be "ip", "header:<Name>" or a function of the request')
@@ -101,9 +108,26 @@ class Policy:
     def _trusted(self, ip):
         return any(ip in net for net in self.trusted)
 
-    def key_for(self, request, peer, header, computed=_UNSET):
-        """The bucket key: `header(name)` reads a request header (None when absent);
-        `computed`, what the key function returned when the caller called it (and awaited)."""
+    def prefix_for(self, limit):
+        """What goes before the key in Redis: `prefix`, or the limit's own key space."""
+        if self.prefix is not None:
+            return self.prefix
+        rate, capacity = limit.args()
+        return f"{DEFAULT_PREFIX}{rate}:{capacity}:"
+
+    def claim(self, claims, key):
+        """Records that this policy uses the Redis `key` for the request whose claims (a dict
+        kept with the request) are given; ValueError if another policy already does, as the two
+        would each count the other's requests in one bucket."""
+        owner = claims.setdefault(key, self)
+        if owner is not self:
+            raise ValueError(f"two rate limits use the Redis key {key!r} for one request, so each "
+                             "would count the other's requests; give each its own prefix")
+
+    def key_for(self, request, peer, header, computed=_UNSET, limit=None):
+        """The bucket key in Redis, in the key space of `limit` unless a prefix was given:
+        `header(name)` reads a request header (None when absent); `computed`, what the key
+        function returned when the caller called it (and awaited)."""
         if callable(self.key):
             key = self.key(request) if computed is _UNSET else computed
         elif self.key.startswith("header:"):
@@ -114,7 +138,7 @@ class Policy:
             key = None
         if key is None:
             key = "ip:" + self.client_address(peer, header("X-Forwarded-For"))
-        return self.prefix + str(key)
+        return self.prefix_for(limit) + str(key)
 
     def cost_for(self, request):
         return self.cost(request) if callable(self.cost) else self.cost

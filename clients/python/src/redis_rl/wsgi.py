@@ -22,6 +22,7 @@ __all__ = ["RateLimitMiddleware", "limit_route", "Policy"]
 
 _REASON = "429 Too Many Requests"
 _DECIDED = "redis_rl"  # the environ's list of (policy, decision) for this request
+_KEYS = "redis_rl.keys"  # the environ's Redis keys used for this request, and by which policy
 
 
 def _header_reader(environ):
@@ -37,8 +38,10 @@ def decide(policy, environ):
     """The decision and header fields for one request, or None when `skip` lets it pass."""
     if policy.skip is not None and policy.skip(environ):
         return None
-    key = policy.key_for(environ, environ.get("REMOTE_ADDR"), _header_reader(environ))
-    decision = policy.limiter.acquire(key, policy.limit_for(environ), policy.cost_for(environ))
+    limit = policy.limit_for(environ)
+    key = policy.key_for(environ, environ.get("REMOTE_ADDR"), _header_reader(environ), limit=limit)
+    policy.claim(environ.setdefault(_KEYS, {}), key)
+    decision = policy.limiter.acquire(key, limit, policy.cost_for(environ))
     decided = environ.setdefault(_DECIDED, [])
     decided.append((policy, decision))
     return decision, header_fields(decided)
