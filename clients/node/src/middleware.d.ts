@@ -17,7 +17,8 @@ export interface RateLimitOptions<Req extends IncomingMessage = IncomingMessage,
   cost?: number | ((req: Req) => number | Promise<number>);
   /** Addresses or networks ("10.0.0.0/8") whose X-Forwarded-For is believed. */
   trustedProxies?: string[];
-  /** Before each key in Redis. Default "rl:http:". */
+  /** Before each key in Redis. Default: the limit's own key space, "rl:http:<rate>:<capacity>:";
+   * two middlewares on one Redis key for a request are refused with an error naming it. */
   prefix?: string;
   /** The name in RateLimit-Policy / RateLimit. Default "default". */
   policyName?: string;

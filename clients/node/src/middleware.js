@@ -75,12 +75,35 @@ export function problem(decision) {
   return { type: "about:blank", title: "Too Many Requests", status: 429, detail };
 }
 
+/** The start of every default key space of rateLimit: "rl:http:<rate>:<capacity>:". */
+export const DEFAULT_PREFIX = "rl:http:";
+
+/** Per request, the Redis keys its rateLimit middlewares used, and which middleware. */
+const keysOfRequest = new WeakMap();
+
+/** Records that `owner` uses `redisKey` for `req`; throws if another middleware already did,
+ * as the two would each count the other's requests in one bucket. */
+function claimKey(req, redisKey, owner) {
+  let keys = keysOfRequest.get(req);
+  if (!keys) keysOfRequest.set(req, (keys = new Map()));
+  const other = keys.get(redisKey);
+  if (other && other !== owner) {
+    throw new RangeError(`rateLimit: two middlewares use the Redis key ${redisKey} for one request, so each ` +
+      "would count the other's requests; give each its own prefix");
+  }
+  keys.set(redisKey, owner);
+}
+
 /**
  * Connect/Express middleware. Options: limiter, limit (required: a Limit, or (req) => Limit
  * for limits per request, such as per-user tiers); key: "ip" (default), "header:<Name>"
  * (falls back to the address when absent) or (req) => key; cost: tokens per request or
  * (req) => tokens; trustedProxies: addresses or networks ("10.0.0.0/8") whose
- * X-Forwarded-For is believed (default none); prefix ("rl:http:"); policyName ("default");
+ * X-Forwarded-For is believed (default none); prefix: put before each key in Redis (by
+ * default each limit has its own key space, "rl:http:<rate>:<capacity>:", so two middlewares
+ * with different limits never share a bucket; two that still name one Redis key for a
+ * request, by the same limit or the same prefix, are refused with an error naming the key:
+ * give each its own prefix); policyName ("default");
  * legacyHeaders (true); skip: (req) => true lets a request through untouched; onLimited:
  * (req, res, decision, headers) sends a custom response instead of the problem+json 429.
  * Every function (key, limit, cost, skip, onLimited) may be sync or async: what it returns
@@ -88,7 +111,7 @@ export function problem(decision) {
  */
 export function rateLimit(options) {
   const {
-    limiter, limit, key = "ip", cost = 1, trustedProxies = [], prefix = "rl:http:", policyName = "default",
+    limiter, limit, key = "ip", cost = 1, trustedProxies = [], prefix, policyName = "default",
     legacyHeaders = true, skip, onLimited,
   } = options;
   if (!limiter || !(limit instanceof Limit || typeof limit === "function")) {
@@ -98,7 +121,7 @@ export function rateLimit(options) {
     throw new RangeError('key must be "ip", "header:<Name>" or a function of the request');
   }
   const trusted = trustList(trustedProxies);
-  const keyFor = async (req) => {
+  const keyFor = async (req, bucket) => {
     let k = null;
     if (typeof key === "function") k = await key(req);
     else if (key.startsWith("header:")) {
@@ -110,7 +133,7 @@ export function rateLimit(options) {
     } else if (typeof k !== "string" && typeof k !== "number") {
       throw new TypeError(`rateLimit: key must give a string, got ${Object.prototype.toString.call(k)}`);
     }
-    return prefix + k;
+    return (prefix ?? `${DEFAULT_PREFIX}${bucket.rateText}:${bucket.capacityText}:`) + k;
   };
   const limitFor = async (req) => {
     const l = typeof limit === "function" ? await limit(req) : limit;
@@ -121,9 +144,9 @@ export function rateLimit(options) {
   return async function rateLimitMiddleware(req, res, next) {
     try {
       if (skip && (await skip(req))) return next();
-      const [bucketKey, bucket, tokens] = await Promise.all([
-        keyFor(req), limitFor(req), typeof cost === "function" ? cost(req) : cost,
-      ]);
+      const [bucket, tokens] = await Promise.all([limitFor(req), typeof cost === "function" ? cost(req) : cost]);
+      const bucketKey = await keyFor(req, bucket);
+      claimKey(req, bucketKey, rateLimitMiddleware);
       const decision = await limiter.acquire(bucketKey, bucket, tokens);
       const headers = headerFields(decision, { policyName, legacyHeaders });
       for (const [name, value] of headers) res.setHeader(name, value);

@@ -4,6 +4,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import express from "express";
+import express4 from "express4";
 import { rateLimit as expressRateLimit } from "express-rate-limit";
 import Redis from "ioredis";
 import { Limit, Limiter } from "../src/index.js";
@@ -120,6 +121,48 @@ test("express: an outage is decided by the failure policy", () => withSetup(asyn
   assert.deepEqual(got.map((x) => x.status), [200, 200, 200, 429]);
   assert.deepEqual(rateHeaders(got[1]), expected(1, 200));
 }));
+
+for (const [name, makeApp] of Object.entries({ "express 5": express, "express 4": express4 })) {
+  /** A global limit of 100 on the app and a login limit of 3 on /login, both by address. */
+  const stacked = (limiter, login = new Limit(0.01, 3), options = {}) => {
+    const a = makeApp();
+    a.use(rateLimit({ limiter, limit: new Limit(0.01, 100), ...options }));
+    a.post("/login", rateLimit({ limiter, limit: login, policyName: "login", ...options }), (req, res) => res.send("in"));
+    a.use((err, req, res, next) => res.status(500).send(err.message)); // eslint-disable-line no-unused-vars
+    return a;
+  };
+
+  test(`${name}: two rateLimit middlewares with default prefixes keep their own buckets`, () => withSetup(async (t) => {
+    const limiter = await t.limiter((await t.server()).port);
+    const http = await new Promise((r) => { const h = stacked(limiter).listen(0, "127.0.0.1", () => r(h)); });
+    t.defer(() => new Promise((r) => http.close(r)));
+    const got = [];
+    for (let i = 0; i < 4; i++) got.push(await fetch(`http://127.0.0.1:${http.address().port}/login`, { method: "POST" }));
+    // One shared bucket with two limits denied the second login (3 - 2 taken before it).
+    assert.deepEqual(got.map((r) => r.status), [200, 200, 200, 429]);
+    assert.deepEqual(got.map((r) => r.headers.get("ratelimit")),
+      ['"login";r=2;t=100', '"login";r=1;t=200', '"login";r=0;t=300', '"login";r=0;t=300']);
+    const keys = (await limiter.redis.send(["KEYS", "rl:http:*"])).map(String).sort();
+    assert.deepEqual(keys, ["rl:http:0.01:100:ip:127.0.0.1", "rl:http:0.01:3:ip:127.0.0.1"]);
+    const global = await limiter.peek("rl:http:0.01:100:ip:127.0.0.1", new Limit(0.01, 100), 0);
+    assert.equal(global.remaining, 96); // the global limit counted each of the 4 requests once
+  }));
+
+  test(`${name}: two rateLimit middlewares on one Redis key for a request are refused, naming it`, () => withSetup(async (t) => {
+    const limiter = await t.limiter((await t.server()).port);
+    for (const [login, options, key] of [
+      [new Limit(0.01, 100), {}, "rl:http:0.01:100:ip:127.0.0.1"], // the same limit twice
+      [new Limit(0.01, 3), { prefix: "same:" }, "same:ip:127.0.0.1"], // one prefix for both
+    ]) {
+      const http = await new Promise((r) => { const h = stacked(limiter, login, options).listen(0, "127.0.0.1", () => r(h)); });
+      t.defer(() => new Promise((r) => http.close(r)));
+      const r = await fetch(`http://127.0.0.1:${http.address().port}/login`, { method: "POST" });
+      assert.equal(r.status, 500);
+      assert.equal(await r.text(), `rateLimit: two middlewares use the Redis key ${key} for one request, so each ` +
+        "would count the other's requests; give each its own prefix");
+    }
+  }));
+}
 
 function ercApp(limiter) {
   const a = express();
