@@ -35,6 +35,16 @@ export function rateLimit<Req extends IncomingMessage = IncomingMessage, Res ext
   options: RateLimitOptions<Req, Res>,
 ): (req: Req, res: Res, next: (error?: unknown) => void) => Promise<void>;
 
+/**
+ * Runs `middleware` (an express-rate-limit middleware) with its request in reach of its
+ * RedisRlStore, so that a `limit(req, res)` function is honoured: the store calls it, with the
+ * request being served, before it takes from the bucket of that limit.
+ */
+export function withRequest<M extends (req: any, res: any, next: any) => unknown>(middleware: M): M;
+
+/** The start of rateLimit's default key spaces: "rl:http:<rate>:<capacity>:". */
+export const DEFAULT_PREFIX: "rl:http:";
+
 export function clientAddress(peer: string | undefined, forwardedFor: string | undefined, trusted: BlockList): string;
 export function headerFields(decision: Decision, options?: { policyName?: string; legacyHeaders?: boolean }): [string, string][];
 export function problem(decision: Decision): { type: string; title: string; status: 429; detail: string };
@@ -47,8 +57,9 @@ export function problem(decision: Decision): { type: string; title: string; stat
  */
 export class RedisRlStore {
   /**
-   * `limit`: the limit of a key (sync or async), for express-rate-limit's `limit` given as a
-   * function of the request, which a store never sees: the same tiers, by key.
+   * `limit`: the limit of a key (sync or async), the same tiers by key, for express-rate-limit's
+   * `limit` given as a function of the request when the middleware is not wrapped in
+   * `withRequest` (with the wrapper, the store calls express-rate-limit's `limit(req, res)`).
    */
   constructor(options: { limiter: Limiter; prefix?: string; limit?: (key: string) => number | Promise<number> });
   readonly localKeys: false;

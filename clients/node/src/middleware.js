@@ -163,6 +163,26 @@ export function rateLimit(options) {
   };
 }
 
+/** The request a middleware wrapped by `withRequest` is serving: {req, res}. */
+const requestContext = new AsyncLocalStorage();
+
+/**
+ * `middleware`, run with its request in reach of the RedisRlStore it uses: wrap an
+ * express-rate-limit middleware whose `limit` is a function of the request, as
+ * `app.use(withRequest(rateLimit({ limit: (req, res) => ..., store: new RedisRlStore(...) })))`.
+ * express-rate-limit calls `limit(req, res)` only after the store's increment(key), which
+ * never sees the request; with the wrapper, the store calls the same function first, with
+ * the request this call serves (Node's AsyncLocalStorage, which follows every await of that
+ * middleware and nothing else), and takes from a bucket of that limit. Stacked wrapped
+ * middlewares each see their own request; an unwrapped one is unchanged.
+ */
+export function withRequest(middleware) {
+  if (typeof middleware !== "function") throw new TypeError("withRequest needs a middleware function (req, res, next)");
+  return function withRequestMiddleware(req, res, next) {
+    return requestContext.run({ req, res }, () => middleware(req, res, next));
+  };
+}
+
 /**
  * What each request's increments took, per store: express-rate-limit calls `decrement(key)`
  * without the request, so the request is found through its async context. The ledger is
@@ -198,10 +218,14 @@ function ledgerOfThisRequest() {
  *   two limiters that still share a Redis key in one request are refused with an error
  *   naming the key (give each its own `prefix`).
  *
- * express-rate-limit calls a `limit` function only after increment, with the request a store
- * never sees; with one, give the store `limit: (key) => number` (sync or async: the same
- * tiers by key), or use this package's rateLimit middleware, whose limit may be a function of
- * the request.
+ * express-rate-limit's `limit` may be a function of the request, `limit(req, res)`, sync or
+ * async. express-rate-limit (7.x and 8.x) calls it itself, after `increment(key)`, and never
+ * hands it or the request to the store; so wrap the middleware in `withRequest`, and the store
+ * calls the same function with the request the middleware is serving (an AsyncLocalStorage
+ * context, see withRequest) and takes from a bucket of that many requests per window, under
+ * the default prefix "rl:erl:<that limit>/<windowMs>ms:". Without the wrapper such a store
+ * refuses to guess: increment rejects, naming the two ways that work (withRequest, or the
+ * store's own `limit: (key) => number`, the same tiers by key, prefix "rl:erl:bykey/...").
  */
 export class RedisRlStore {
   constructor({ limiter, prefix, limit } = {}) {
@@ -213,6 +237,7 @@ export class RedisRlStore {
     this.ownPrefix = prefix;
     this.prefix = prefix ?? "rl:erl:";
     this.limitOfKey = limit;
+    this.limitOfRequest = null;
     this.localKeys = false;
     this.bucket = null;
     this.windowS = null;
@@ -223,13 +248,11 @@ export class RedisRlStore {
     this.windowMs = options.windowMs;
     this.windowS = options.windowMs / 1000;
     if (typeof options.limit === "function") {
-      if (!this.limitOfKey) {
-        this.initError = new TypeError("RedisRlStore: express-rate-limit's limit is a function of the request, which " +
-          "it calls after the store's increment(key); give the store the same tiers by key, " +
-          "new RedisRlStore({ limiter, limit: (key) => number }), or use redis-rl's rateLimit middleware");
-        throw this.initError;
+      if (this.limitOfKey) {
+        if (this.ownPrefix === undefined) this.prefix = `rl:erl:bykey/${options.windowMs}ms:`;
+      } else {
+        this.limitOfRequest = options.limit; // called in increment, with the request of withRequest
       }
-      if (this.ownPrefix === undefined) this.prefix = `rl:erl:bykey/${options.windowMs}ms:`;
       return;
     }
     if (typeof options.limit !== "number") throw new TypeError("RedisRlStore needs a numeric limit or a limit function");
@@ -237,26 +260,41 @@ export class RedisRlStore {
     if (this.ownPrefix === undefined) this.prefix = `rl:erl:${options.limit}/${options.windowMs}ms:`;
   }
 
-  async bucketOf(key) {
-    if (this.bucket) return this.bucket;
-    if (this.limitOfKey) return new Limit(await this.limitOfKey(key), { per: this.windowS });
-    throw this.initError ?? new TypeError("RedisRlStore was not initialised by express-rate-limit");
+  /** The bucket of `key` and its Redis key: {bucket, redisKey}. */
+  async target(key) {
+    if (this.bucket) return { bucket: this.bucket, redisKey: this.prefix + key };
+    if (this.limitOfKey) {
+      return { bucket: new Limit(await this.limitOfKey(key), { per: this.windowS }), redisKey: this.prefix + key };
+    }
+    if (!this.limitOfRequest) throw new TypeError("RedisRlStore was not initialised by express-rate-limit");
+    const context = requestContext.getStore();
+    if (!context) {
+      throw new TypeError("RedisRlStore: express-rate-limit's limit is a function of the request, which it calls " +
+        "after the store's increment(key) without handing the request over; wrap the middleware, " +
+        "app.use(withRequest(rateLimit({ ... }))), or give the store the same tiers by key, " +
+        "new RedisRlStore({ limiter, limit: (key) => number })");
+    }
+    const n = await this.limitOfRequest(context.req, context.res);
+    if (typeof n !== "number") throw new TypeError(`RedisRlStore: limit(req, res) must give a number, got ${typeof n}`);
+    const bucket = new Limit(n, { per: this.windowS });
+    const prefix = this.ownPrefix ?? `rl:erl:${n}/${this.windowMs}ms:`;
+    return { bucket, redisKey: prefix + key };
   }
 
   async increment(key) {
     // Synchronously first, so the ledger is in the request's context (see requestLedger).
     const ledger = ledgerOfThisRequest();
-    const redisKey = this.prefix + key;
+    const take = { key, taken: false, bucket: null, redisKey: null };
+    ledger.takes.set(this, take);
+    const { bucket, redisKey } = await this.target(key);
     const other = ledger.keys.get(redisKey);
     if (other && other !== this) {
       throw new RangeError(`RedisRlStore: two express-rate-limit limiters use the Redis key ${redisKey} for one ` +
         "request, so each would count the other's hits; give each RedisRlStore its own prefix");
     }
     ledger.keys.set(redisKey, this);
-    const take = { key, taken: false, bucket: null };
-    ledger.takes.set(this, take);
-    const bucket = await this.bucketOf(key);
     take.bucket = bucket;
+    take.redisKey = redisKey;
     const d = await this.limiter.acquire(redisKey, bucket, 1);
     take.taken = d.allowed && d.source !== "open";
     const capacity = bucket.capacity;
@@ -267,8 +305,8 @@ export class RedisRlStore {
   }
 
   async get(key) {
-    const bucket = await this.bucketOf(key);
-    const d = await this.limiter.peek(this.prefix + key, bucket, 0);
+    const { bucket, redisKey } = await this.target(key);
+    const d = await this.limiter.peek(redisKey, bucket, 0);
     return { totalHits: Math.max(0, Math.ceil(bucket.capacity - d.remaining)), resetTime: new Date(Date.now() + d.resetAfterMs) };
   }
 
@@ -277,16 +315,17 @@ export class RedisRlStore {
     const take = requestLedger.getStore()?.takes.get(this);
     if (!take || take.key !== key) {
       // Called outside a request's increment (by hand): a plain refund of one token.
-      await this.limiter.refund(this.prefix + key, await this.bucketOf(key), 1);
+      const { bucket, redisKey } = await this.target(key);
+      await this.limiter.refund(redisKey, bucket, 1);
       return;
     }
     if (!take.taken) return;
     take.taken = false;
-    await this.limiter.refund(this.prefix + key, take.bucket, 1);
+    await this.limiter.refund(take.redisKey, take.bucket, 1);
   }
 
   async resetKey(key) {
-    const bucket = await this.bucketOf(key);
-    await this.limiter.refund(this.prefix + key, bucket, bucket.capacity);
+    const { bucket, redisKey } = await this.target(key);
+    await this.limiter.refund(redisKey, bucket, bucket.capacity);
   }
 }

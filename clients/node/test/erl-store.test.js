@@ -9,7 +9,7 @@ import express4 from "express4";
 import { MemoryStore, rateLimit } from "express-rate-limit";
 import Redis from "ioredis";
 import { Limiter } from "../src/index.js";
-import { RedisRlStore } from "../src/middleware.js";
+import { RedisRlStore, withRequest } from "../src/middleware.js";
 import { Server, withCleanups } from "./servers.js";
 
 const EXPRESSES = { "express 5": express5, "express 4": express4 };
@@ -145,12 +145,55 @@ for (const [name, express] of Object.entries(EXPRESSES)) {
     assert.deepEqual(t.erlLog, []);
   }));
 
-  test(`${name}: a limit function without the store's limit by key says why, instead of a TypeError on null`, () => withSetup(async (t) => {
+  test(`${name}: a limit function of the request without withRequest says what works, instead of a TypeError on null`, () => withSetup(async (t) => {
     const limiter = await t.limiter((await t.server()).port);
     const r = await (await t.listen(app(express, t, { limit: () => 3, store: new RedisRlStore({ limiter }) })))("/ok");
     assert.equal(r.status, 500);
-    assert.match(await r.text(), /limit: \(key\) => number/);
+    const text = await r.text();
+    assert.match(text, /withRequest\(rateLimit/);
+    assert.match(text, /limit: \(key\) => number/);
   }));
+
+  // express-rate-limit's limit(req, res), sync and async, on limiters wrapped by withRequest:
+  // a per-user tier (gold 4, others 2) stacked before a limit of 6 over all users, both
+  // stores side by side. Each case: options, [user, path] requests, the statuses expected.
+  const tierCases = [
+    ["no skipping", {}, [...repeat(["gold", "/ok"], 5), ...repeat(["free", "/ok"], 3), ["other", "/ok"]],
+      [200, 200, 200, 200, 429, 200, 200, 429, 429]],
+    ["skipFailedRequests", { skipFailedRequests: true }, [...repeat(["gold", "/fail"], 5), ...repeat(["gold", "/ok"], 5)],
+      [...repeat(500, 5), 200, 200, 200, 200, 429]],
+    ["skipSuccessfulRequests", { skipSuccessfulRequests: true }, [...repeat(["free", "/ok"], 5), ...repeat(["free", "/fail"], 3)],
+      [...repeat(200, 5), 500, 500, 429]],
+  ];
+  for (const [title, options, requests, expected] of tierCases) {
+    test(`${name}: limit(req, res) per request through withRequest, ${title}, stacked, as MemoryStore does`, () => withSetup(async (t) => {
+      const limiter = await t.limiter((await t.server()).port);
+      const tierSync = (req, res) => (req.headers["x-user"] === "gold" && res.req === req ? 4 : 2);
+      const tierAsync = async (req, res) => tierSync(req, res);
+      const build = (store) => {
+        const a = express();
+        const common = { windowMs: WINDOW_MS, standardHeaders: "draft-6", legacyHeaders: false, logger: t.logger(), ...options };
+        a.use(withRequest(rateLimit({ ...common, limit: tierAsync, keyGenerator: (req) => req.headers["x-user"], store: store() })));
+        a.use(withRequest(rateLimit({ ...common, limit: () => 6, keyGenerator: () => "all", store: store() })));
+        a.get("/ok", (req, res) => res.send("ok"));
+        a.get("/fail", (req, res) => res.status(500).send("boom"));
+        return a;
+      };
+      const run = async (get) => {
+        const out = [];
+        for (const [user, path] of requests) out.push((await get(path, { "x-user": user })).status);
+        return out;
+      };
+      const ours = await run(await t.listen(build(() => new RedisRlStore({ limiter }))));
+      const memory = await run(await t.listen(build(() => new MemoryStore())));
+      assert.deepEqual(memory, expected, "MemoryStore");
+      assert.deepEqual(ours, expected, "RedisRlStore");
+      assert.deepEqual(t.erlLog, []);
+      // Each limit its own bucket, under its own default prefix.
+      const keys = (await limiter.redis.send(["KEYS", "rl:erl:*"])).map(String).sort();
+      assert.ok(keys.every((k) => /^rl:erl:(4\/100000ms:gold|2\/100000ms:(free|other)|6\/100000ms:all)$/.test(k)), keys.join());
+    }));
+  }
 
   test(`${name}: totalHits and resetTime are valid under every failure policy`, () => withSetup(async (t) => {
     const s = await t.server(false);
