@@ -147,7 +147,11 @@ export class Limit {
 
 const ceilS = (ms) => Math.ceil(ms / 1000);
 
-/** Who decided what for one call; `source` is redis, lua, cache, local, open or closed. */
+/**
+ * Who decided what for one call; `source` is redis, lua, cache, local, open or closed.
+ * `remaining` is never below 0 after a take; a peek's is the signed balance, negative while a
+ * charge keeps the bucket in debt.
+ */
 export class Decision {
   constructor(allowed, remaining, retryAfterMs, resetAfterMs, limit, source) {
     this.allowed = Boolean(allowed);
@@ -162,7 +166,7 @@ export class Decision {
   headers() {
     const h = {
       "X-RateLimit-Limit": this.limit.capacityText,
-      "X-RateLimit-Remaining": String(this.remaining),
+      "X-RateLimit-Remaining": String(Math.max(0, this.remaining)), // a peek's may be < 0 (debt)
       "X-RateLimit-Reset": String(ceilS(this.resetAfterMs)),
     };
     if (!this.allowed && this.retryAfterMs >= 0) h["Retry-After"] = String(ceilS(this.retryAfterMs));

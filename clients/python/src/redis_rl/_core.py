@@ -179,7 +179,8 @@ def _ceil_s(ms):
 class Decision:
     """Who decided what for one call.
 
-    `allowed`, `remaining` (whole tokens left), `retry_after_ms` (0 when allowed, -1 when the
+    `allowed`, `remaining` (whole tokens left: never below 0 after a take; a peek's is the
+    signed balance, negative while a `charge` keeps the bucket in debt), `retry_after_ms` (0 when allowed, -1 when the
     cost exceeds the capacity and no wait helps), `reset_after_ms` (until full), the `limit`
     asked for, and `source`: "redis" (the module), "lua" (the fallback script), "cache" (the
     deny cache), or the failure policy that decided without Redis: "local", "open", "closed".
@@ -210,7 +211,7 @@ class Decision:
         Retry-After) only."""
         headers = {"X-RateLimit-Limit": self.limit.args()[1]}
         if self.source not in ("open", "closed"):
-            headers["X-RateLimit-Remaining"] = str(self.remaining)
+            headers["X-RateLimit-Remaining"] = str(max(0, self.remaining))  # a peek's may be < 0
             headers["X-RateLimit-Reset"] = str(_ceil_s(self.reset_after_ms))
         if not self.allowed and self.retry_after_ms >= 0:
             headers["Retry-After"] = str(_ceil_s(self.retry_after_ms))
