@@ -73,7 +73,9 @@ test("under local a charge Redis cannot take is applied to the local bucket", ()
   assert.deepEqual([c.applied, c.source, c.remaining, c.inDebt], [true, "local", -3, true]);
   assert.ok(c.retryAfterMs > 0);
   assert.equal((await limiter.acquire("k", SLOW, 0)).allowed, false);
-  assert.equal((await limiter.peek("k", SLOW, 0)).remaining, -3);
+  const peeked = await limiter.peek("k", SLOW, 0);
+  assert.equal(peeked.remaining, -3);
+  assert.equal(peeked.headers()["X-RateLimit-Remaining"], "0"); // a header field is never negative
 }));
 
 test("under open and closed a charge Redis cannot take is recorded nowhere, and says so", () => withCleanups(async (scope) => {

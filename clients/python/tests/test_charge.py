@@ -87,7 +87,10 @@ class Outage(unittest.TestCase):
         self.assertGreater(c.retry_after_ms, 0)
         # The local bucket now denies every take, a cost of 0 included.
         self.assertFalse(limiter.acquire("k", SLOW, 0).allowed)
-        self.assertEqual(limiter.peek("k", SLOW, 0).remaining, -3)
+        peeked = limiter.peek("k", SLOW, 0)
+        self.assertEqual(peeked.remaining, -3)
+        # A header field is never negative: the balance shows as 0 there.
+        self.assertEqual(peeked.headers()["X-RateLimit-Remaining"], "0")
 
     def test_open_and_closed_apply_nothing_and_say_so(self):
         for policy in ("open", "closed"):
