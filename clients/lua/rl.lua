@@ -32,6 +32,7 @@
 --   Sq Sr      (capacity - cost) * T, rounded down; Sq = -1 when cost > capacity (never
 --              possible; a charge does not read them)
 --   Kq Kr      cost * T: rounded up for acquire, peek, charge and multi, down for refund
+--              (a refund gives back at most Cq Cr, the capacity, as the module does)
 --   Cfloor     floor(capacity)
 --
 -- The rate, capacity and cost are the exact values the module reads from the same call's
@@ -263,6 +264,9 @@ if mode == 'acquire' or mode == 'peek' or mode == 'refund' or mode == 'charge' t
   local full = load(key, lim)
   if full and full.err then return full end
   if mode == 'refund' then
+    -- At most the capacity comes back, as the module caps it: a bucket in debt after a charge
+    -- owes more than that.
+    if not less_eq(lim.kq, lim.kr, lim.cq, lim.cr) then lim.kq, lim.kr = lim.cq, lim.cr end
     local dq, dr = debt_of(full)
     if dq == 0 and dr == 0 then return {remaining_of(lim, 0, 0), 0} end
     if less_eq(dq, dr, lim.kq, lim.kr) then
