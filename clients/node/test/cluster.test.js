@@ -51,6 +51,15 @@ for (const kind of Object.keys(CLIENTS)) {
         const refused = await limiter.acquireAll(items);
         assert.deepEqual([refused.allowed, refused.refusedIndex, refused.source], [false, 1, source]);
         await assert.rejects(limiter.acquireAll([["a" + randomUUID(), SLOW], ["b" + randomUUID(), SLOW], ["c" + randomUUID(), SLOW]]));
+        for (let i = 0; i < 12; i++) { // a charge into debt reaches each key's shard too
+          const key = `charge:${path}:${randomUUID()}`;
+          const c = await limiter.charge(key, SLOW, 5);
+          assert.deepEqual([c.applied, c.remaining, c.source], [true, -2, source], `${path} ${key}`);
+          assert.equal((await limiter.acquire(key, SLOW, 0)).allowed, false);
+          assert.equal((await limiter.peek(key, SLOW, 0)).remaining, -2);
+        }
+        const t = await limiter.table(`usage${randomUUID()}`, 3).charge("alice", SLOW, 4);
+        assert.deepEqual([t.applied, t.remaining, t.source], [true, -1, source]);
       }
     } finally {
       await close();

@@ -57,6 +57,21 @@ class Cluster(unittest.TestCase):
                                  f"{path} {key}")
                 self.assertEqual(limiter.refund(key, SLOW).remaining, 1)
 
+    def test_charges_reach_each_keys_shard_on_module_and_lua_paths(self):
+        for path in ("module", "lua"):
+            limiter = Limiter(self.client, on_error="closed", timeout_ms=1000)
+            if path == "lua":
+                limiter._engine.mode = "lua"
+            source = "redis" if path == "module" else "lua"
+            for key in self.keys_on_every_shard():
+                key = f"charge:{path}:{key}"
+                c = limiter.charge(key, SLOW, 5)
+                self.assertEqual((c.applied, c.remaining, c.source), (True, -2, source), f"{path} {key}")
+                self.assertFalse(limiter.acquire(key, SLOW, 0).allowed)
+                self.assertEqual(limiter.peek(key, SLOW, 0).remaining, -2)
+            c = limiter.table(f"usage{self.tag}{path}", shards=3).charge("alice", SLOW, 4)
+            self.assertEqual((c.applied, c.remaining, c.source), (True, -1, source))
+
     def test_acquire_all_needs_one_hash_tag(self):
         for path in ("module", "lua"):
             limiter = Limiter(self.client, on_error="closed", timeout_ms=1000)
