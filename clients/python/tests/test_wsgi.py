@@ -178,6 +178,13 @@ class Wsgi(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "Redis key 'shared:ip:127.0.0.1' for one request"):
             app.test_client().get("/")
 
+    def test_a_limit_function_that_gives_no_limit_is_named(self):
+        limiter = self.limiter(self.server().port)
+        app = flask.Flask(__name__)
+        app.wsgi_app = RateLimitMiddleware(app.wsgi_app, limiter=limiter, limit=lambda environ: 5)
+        with self.assertRaisesRegex(TypeError, "limit must be \\(or give\\) a redis_rl.Limit, got int"):
+            app.test_client().get("/")
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -23,6 +23,8 @@ import ipaddress
 import json
 import math
 
+from ._core import Limit
+
 #: The start of every default key space: `rl:http:<rate>:<capacity>:` (see `Policy`).
 DEFAULT_PREFIX = "rl:http:"
 
@@ -110,6 +112,8 @@ class Policy:
 
     def prefix_for(self, limit):
         """What goes before the key in Redis: `prefix`, or the limit's own key space."""
+        if not isinstance(limit, Limit):
+            raise TypeError(f"limit must be (or give) a redis_rl.Limit, got {type(limit).__name__}")
         if self.prefix is not None:
             return self.prefix
         rate, capacity = limit.args()
