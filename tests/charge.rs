@@ -2,7 +2,8 @@
 //! may take a bucket into debt; while in debt every take is denied (cost 0 included) and
 //! RL.PEEK shows the negative balance; the bound on the debt and every bad argument get their
 //! exact error and write nothing; other types get WRONGTYPE; redis-cell's and GCRA's replies
-//! keep their shape on a bucket in debt; DEBUG RELOAD and an RDB restart keep the debt.
+//! keep their shape on a bucket in debt; DEBUG RELOAD and an RDB restart keep the debt; the
+//! Lua fallback script's `charge` mode replies as the module does on the same server.
 //!
 //! Time: a first charge on a missing key is exact whatever the clock says (the bucket starts
 //! full at `now`), so those replies are compared exactly at 3/s, 7/s and 3 per 10,000 s.
@@ -324,4 +325,76 @@ fn debt_survives_debug_reload_and_an_rdb_restart() {
     assert_eq!(snapshot(&mut con), before, "after an RDB restart");
     assert_eq!(peek(&mut con, &["k", "0.001", "5", "0"])[1], -3);
     assert_eq!(hpeek(&mut con, &["t", "f", "0.001", "5", "0"])[1], -7);
+}
+
+/// The Lua fallback script (clients/lua/rl.lua), as every library ships it.
+const SCRIPT: &str = include_str!("../clients/lua/rl.lua");
+
+/// `EVAL` of the script in `mode` on `key` with its 10 numbers, or the error text.
+fn script(
+    con: &mut Connection,
+    mode: &str,
+    key: &str,
+    numbers: [i64; 10],
+) -> Result<Vec<i64>, String> {
+    redis::cmd("EVAL")
+        .arg(SCRIPT)
+        .arg(1)
+        .arg(key)
+        .arg(mode)
+        .arg(&numbers[..])
+        .query(con)
+        .map_err(|e| common::error_reply_text(&e))
+}
+
+#[test]
+fn the_lua_script_charges_as_the_module_does() {
+    let server = Server::start();
+    let mut con = server.conn();
+    // The script's numbers, worked out by hand (clients/lua/rl.lua's header): D, T, the
+    // capacity's refill, the slack (-1: a cost above capacity), cost × T rounded up, and
+    // floor(capacity); all in µs over D. At 3/s T = 333,333 + 1/3 µs.
+    let three = |cost_q: i64, cost_r: i64| [3, 333_333, 1, 1_000_000, 0, -1, 0, cost_q, cost_r, 3];
+    // 5 at 3/s from 3 (1,666,666 + 2/3 µs), 10 at 1/s from 1 (nine in debt), and 0.
+    let rows: &[(&str, [&str; 3], [i64; 10])] = &[
+        ("k3", ["3", "3", "5"], three(1_666_666, 2)),
+        (
+            "k1",
+            ["1", "1", "10"],
+            [1, 1_000_000, 0, 1_000_000, 0, -1, 0, 10_000_000, 0, 1],
+        ),
+        ("kz", ["3", "3", "0"], three(0, 0)),
+    ];
+    for (key, [rate, capacity, cost], numbers) in rows {
+        let module = charge(&mut con, &[&format!("m{key}"), rate, capacity, cost]);
+        let lua = script(&mut con, "charge", &format!("l{key}"), *numbers).expect("EVAL");
+        assert_eq!(lua, module, "charge {cost} at {rate}, capacity {capacity}");
+    }
+    // Past the bound: the same error, and nothing written.
+    let past = [
+        1,
+        1_000_000,
+        0,
+        1_000_000,
+        0,
+        -1,
+        0,
+        3_153_600_001_000_000,
+        0,
+        1,
+    ];
+    let module = error_text(
+        &mut con,
+        &command("RL.CHARGE", &["m", "1", "1", "3153600001"]),
+    );
+    assert_eq!(script(&mut con, "charge", "l", past), Err(module));
+    assert!(!exists(&mut con, b"m") && !exists(&mut con, b"l"));
+    // In debt, a peek of cost 0 shows the same negative balance as RL.PEEK (3/s: 2 in debt
+    // for 666.67 ms; the waits move by the ms between the calls).
+    // Cost 0: the slack is the whole capacity's refill, 1,000,000 µs.
+    let peek_zero = [3, 333_333, 1, 1_000_000, 0, 1_000_000, 0, 0, 0, 3];
+    let lua = script(&mut con, "peek", "lk3", peek_zero).expect("EVAL");
+    let module = peek(&mut con, &["mk3", "3", "3", "0"]);
+    assert_eq!((lua[0], module[0]), (0, 0), "{lua:?} {module:?}");
+    assert!(lua[1] < 0 && module[1] < 0, "{lua:?} {module:?}");
 }
