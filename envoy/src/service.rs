@@ -126,6 +126,9 @@ enum Outcome {
     Uncharged(Decision),
     Over(Option<Decision>),
     ShadowOver(Option<Decision>),
+    /// It had room but was not read by the take (a later cluster slot, or a ban denied
+    /// the request): a peek's decision, the bucket as it is.
+    Peeked(Decision),
     /// Not asked: an earlier slot refused (cluster), or a ban denied the request.
     Skipped,
 }
@@ -379,7 +382,7 @@ impl Service {
                 .inc_by(item.cost);
             let thresholds = Thresholds::of(item, self.settings.near_limit_ratio);
             let decision = match outcome {
-                Outcome::Taken(d) | Outcome::Uncharged(d) => {
+                Outcome::Taken(d) | Outcome::Uncharged(d) | Outcome::Peeked(d) => {
                     // Within its own limit: counted as the Go service counts it (which
                     // takes each descriptor on its own), whether or not all or nothing
                     // charged it.
@@ -387,7 +390,12 @@ impl Service {
                         .within_limit
                         .with_label_values(&labels)
                         .inc_by(item.cost);
-                    let near = thresholds.near_hits_within(d.remaining, item.cost);
+                    // What the bucket would hold once this cost is taken.
+                    let after = match outcome {
+                        Outcome::Peeked(d) => d.remaining.saturating_sub(item.cost),
+                        _ => d.remaining,
+                    };
+                    let near = thresholds.near_hits_within(after, item.cost);
                     if near > 0 {
                         self.metrics
                             .near_limit
@@ -600,7 +608,7 @@ impl Service {
         .map_err(|e| self.client_failure(e))?;
         self.policy_check(d.source)?;
         Ok(match (d.allowed, item.shadow) {
-            (true, _) => Outcome::Uncharged(d),
+            (true, _) => Outcome::Peeked(d),
             (false, true) => Outcome::ShadowOver(Some(d)),
             (false, false) => Outcome::Over(Some(d)),
         })
