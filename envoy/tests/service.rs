@@ -634,7 +634,10 @@ fn the_peer_example_loads_and_a_zero_limit_bans_without_redis() {
         assert_eq!(status["code"], "OVER_LIMIT");
         // requestsPerUnit 0, left out as a default too.
         assert_eq!(status["currentLimit"]["unit"], "MINUTE");
-        assert!(status["currentLimit"].get("requestsPerUnit").is_none(), "{status}");
+        assert!(
+            status["currentLimit"].get("requestsPerUnit").is_none(),
+            "{status}"
+        );
         // limitRemaining 0 is the proto3 default, which protojson leaves out.
         assert!(status.get("limitRemaining").is_none(), "{status}");
         assert_eq!(status["durationUntilReset"], "60s");
