@@ -307,7 +307,7 @@ impl Source {
             if kind.is_symlink() && path.is_dir() {
                 continue;
             }
-            if self.watch_root {
+            if self.watch_root && !self.app_dir.is_empty() {
                 // goruntime's key: the path under the base, `/` as `.`; the Go service keeps
                 // keys starting with `config.`.
                 let key = path
