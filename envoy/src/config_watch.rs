@@ -1,5 +1,5 @@
 //! Filesystem notifications for the config: which directories to watch (the config
-//! directory, and with `RUNTIME_WATCH_ROOT` the runtime root and the directory holding it, so
+//! directory and its subdirectories, and with `RUNTIME_WATCH_ROOT` the runtime root and the directory holding it, so
 //! that a symlink swap of the root is seen) and a wake-up when any of them changes.
 //!
 //! The caller keeps its one-second poll as the fallback: a filesystem without inotify
@@ -24,7 +24,8 @@ pub struct Watch {
 /// `root` (recursively, as envoyproxy/ratelimit's runtime does) and `root`'s parent, where
 /// a deployment swaps a symlink in.
 pub fn targets(dir: &Path, root: &Path, watch_root: bool) -> Vec<(PathBuf, RecursiveMode)> {
-    let mut all = vec![(dir.to_path_buf(), RecursiveMode::NonRecursive)];
+    // Recursive: the runtime loader reads the files of subdirectories too.
+    let mut all = vec![(dir.to_path_buf(), RecursiveMode::Recursive)];
     if watch_root {
         all.push((root.to_path_buf(), RecursiveMode::Recursive));
         if let Some(parent) = root.parent().filter(|p| !p.as_os_str().is_empty()) {
@@ -94,6 +95,20 @@ mod tests {
             start(&targets(tmp.path(), tmp.path(), false), changed.clone()).expect("inotify watch");
         assert_eq!(watch.watched, [tmp.path().to_path_buf()]);
         std::fs::write(tmp.path().join("a.yaml"), "domain: a\n").unwrap();
+        tokio::time::timeout(Duration::from_secs(5), changed.notified())
+            .await
+            .expect("no notification within 5 s");
+    }
+
+    #[tokio::test]
+    async fn a_file_written_in_a_subdirectory_wakes_the_watcher() {
+        // The runtime loader reads subdirectories' files too, so their changes count.
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::create_dir(tmp.path().join("sub")).unwrap();
+        let changed = Arc::new(Notify::new());
+        let _watch =
+            start(&targets(tmp.path(), tmp.path(), false), changed.clone()).expect("inotify watch");
+        std::fs::write(tmp.path().join("sub/a.yaml"), "domain: a\n").unwrap();
         tokio::time::timeout(Duration::from_secs(5), changed.notified())
             .await
             .expect("no notification within 5 s");

@@ -5,62 +5,38 @@
 //! # Layout
 //!
 //! `settings` the environment; `config` the YAML and the descriptor lookup (pure);
-//! `service` one call, on redis-rl-client's async limiter; `redis_pool` the multiplexed
+//! `service` one call, on redis-rl-client's async limiter; `grpc` the gRPC face; `redis_pool` the multiplexed
 //! connections and the cluster slot; `http` /healthcheck, /json and /metrics; `metrics` the
 //! Prometheus names; `config_watch` the filesystem notifications for the config. This file wires them: startup, reload (file change, SIGHUP) and drain
 //! (SIGTERM). The service never reaches around the client library to Redis.
 
 mod config;
 mod config_watch;
+mod grpc;
 mod http;
 mod metrics;
 mod redis_pool;
 mod service;
 mod settings;
+mod yaml11;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
-    RateLimitService, RateLimitServiceServer,
-};
-use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use redis_rl_client::{AsyncLimiter, OnError, Options, WithoutModule};
 use tokio::sync::watch;
 
-use crate::config::Config;
+use crate::config::{Config, Source};
 use crate::metrics::Metrics;
-use crate::service::{Backend, Failure, Service};
+use crate::service::{Backend, Service};
 use crate::settings::{Policy, Settings};
 
 // Every call allocates a few dozen small blocks (HTTP/2 frames, the protobuf, the Redis
 // reply); glibc's malloc and free were a tenth of the service's CPU in `perf` at 16 streams.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-/// The gRPC face of [`Service`].
-struct Grpc(Arc<Service>);
-
-#[tonic::async_trait]
-impl RateLimitService for Grpc {
-    async fn should_rate_limit(
-        &self,
-        request: tonic::Request<RateLimitRequest>,
-    ) -> Result<tonic::Response<RateLimitResponse>, tonic::Status> {
-        match self
-            .0
-            .should_rate_limit(request.get_ref(), "ShouldRateLimit")
-            .await
-        {
-            Ok(response) => Ok(tonic::Response::new(response)),
-            Err(Failure::Invalid(text)) => Err(tonic::Status::invalid_argument(text)),
-            Err(Failure::Unavailable(text)) => Err(tonic::Status::unavailable(text)),
-            Err(Failure::Internal(text)) => Err(tonic::Status::internal(text)),
-        }
-    }
-}
 
 fn init_logging(settings: &Settings) {
     let level = match settings.log_level.as_str() {
@@ -81,26 +57,36 @@ fn init_logging(settings: &Settings) {
     }
 }
 
-/// A fingerprint of the config directory (names, sizes, modification times): a change means
-/// a reload.
+/// A fingerprint of a directory tree (names, sizes, modification times, following
+/// symlinks): a change means a reload.
 fn fingerprint(dir: &Path) -> Vec<(PathBuf, u64, Option<SystemTime>)> {
-    let mut all: Vec<_> = std::fs::read_dir(dir)
-        .map(|entries| {
-            entries
-                .filter_map(Result::ok)
-                .filter_map(|e| {
-                    let meta = e.metadata().ok()?;
-                    Some((e.path(), meta.len(), meta.modified().ok()))
-                })
-                .collect()
-        })
-        .unwrap_or_default();
+    fn walk(dir: &Path, depth: u32, all: &mut Vec<(PathBuf, u64, Option<SystemTime>)>) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for e in entries.filter_map(Result::ok) {
+            let path = e.path();
+            let Ok(meta) = std::fs::metadata(&path) else {
+                continue;
+            };
+            all.push((path.clone(), meta.len(), meta.modified().ok()));
+            // The runtime loader walks directories too; a symlinked one is not followed
+            // there, and a bound on the depth keeps a symlink loop finite here.
+            let real_dir = e.file_type().is_ok_and(|t| t.is_dir());
+            if real_dir && depth < 16 {
+                walk(&path, depth + 1, all);
+            }
+        }
+    }
+    let mut all = Vec::new();
+    walk(dir, 0, &mut all);
     all.sort();
     all
 }
 
-fn reload(service: &Service, dir: &Path, why: &str) {
-    match Config::load_dir(dir) {
+fn reload(service: &Service, source: &Source, why: &str) {
+    let dir = source.config_dir();
+    match Config::load(source) {
         Ok(config) => {
             service.metrics.config_load_success.inc();
             tracing::warn!(
@@ -234,8 +220,9 @@ async fn serve(settings: Arc<Settings>) -> ExitCode {
             "{name} is set but not supported by redis-rl-envoy; it has no effect (see docs/envoy.md)"
         );
     }
-    let dir = settings.config_dir();
-    let config = match Config::load_dir(&dir) {
+    let source = settings.config_source();
+    let dir = source.config_dir();
+    let config = match Config::load(&source) {
         Ok(c) => c,
         Err(e) => {
             tracing::error!("config refused: {e}");
@@ -285,7 +272,7 @@ async fn serve(settings: Arc<Settings>) -> ExitCode {
         }
     };
     let grpc = tonic::transport::Server::builder()
-        .add_service(RateLimitServiceServer::new(Grpc(service.clone())))
+        .add_service(grpc::Server(service.clone()))
         .serve_with_incoming_shutdown(
             tokio_stream_incoming(grpc_listener),
             shutdown_signal(stop_rx.clone()),
@@ -319,6 +306,7 @@ async fn serve(settings: Arc<Settings>) -> ExitCode {
     let watcher = {
         let service = service.clone();
         let dir = dir.clone();
+        let source = source.clone();
         let root = PathBuf::from(&settings.runtime_root);
         let watched = if settings.runtime_watch_root {
             root.clone()
@@ -346,7 +334,7 @@ async fn serve(settings: Arc<Settings>) -> ExitCode {
                 };
                 let notified = tokio::select! {
                     _ = hangup => {
-                        reload(&service, &dir, "SIGHUP");
+                        reload(&service, &source, "SIGHUP");
                         continue;
                     }
                     _ = changed.notified() => {
@@ -360,7 +348,7 @@ async fn serve(settings: Arc<Settings>) -> ExitCode {
                 let now = (fingerprint(&dir), fingerprint(&watched));
                 if now != last {
                     last = now;
-                    reload(&service, &dir, "a file changed");
+                    reload(&service, &source, "a file changed");
                     // A swapped symlink or a recreated directory holds new inodes: watch
                     // those from now on.
                     notifications =
