@@ -17,7 +17,9 @@ use serde_yaml_ng::Value;
 
 /// The keys a config file may hold anywhere; any other is a misspelling and refused, as the
 /// Go service refuses it. `unit_multiplier`, `value_to_metric` and `share_threshold` are the
-/// Go service's newer keys; `burst` is this service's one extension (the bucket's capacity).
+/// Go service's newer keys, as are `quota_mode` and `metadata` (a descriptor's own map, sent
+/// back in the response's dynamic metadata, whose keys are the user's and not checked);
+/// `burst` (the bucket's capacity) and `post_paid` are this service's extensions.
 const VALID_KEYS: &[&str] = &[
     "domain",
     "key",
@@ -34,7 +36,10 @@ const VALID_KEYS: &[&str] = &[
     "detailed_metric",
     "value_to_metric",
     "share_threshold",
+    "quota_mode",
+    "metadata",
     "burst",
+    "post_paid",
 ];
 
 /// A config error: the file and the problem, as `<file>: <problem>`.
@@ -137,6 +142,10 @@ pub struct RateLimit {
     pub unlimited: bool,
     pub name: String,
     pub replaces: Vec<String>,
+    /// Hits always apply, even past what is left (the bucket goes into debt), and the
+    /// descriptor is over its limit while in debt: a charge after the fact (Envoy's
+    /// `apply_on_stream_done`) is never refused. Quota-mode limits are always post-paid.
+    pub post_paid: bool,
     /// The limit sent to Redis, built once when the config loads rather than on every call;
     /// `Err` (the client library's text) is answered per call, as the limit is used.
     pub bucket: Result<Limit, String>,
@@ -173,6 +182,9 @@ struct Limited {
     full_key: String,
     shadow_mode: bool,
     detailed_metric: bool,
+    quota_mode: bool,
+    /// The level's `metadata`, as JSON (the response's dynamic metadata is a Struct).
+    metadata: Option<Arc<serde_json::Value>>,
 }
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -199,6 +211,12 @@ pub struct Match {
     /// `value_to_metric` ask for it.
     pub stats_key: String,
     pub shadow_mode: bool,
+    /// `quota_mode: true` on the level: the request is over only when every quota-mode
+    /// descriptor is (or a plain one is), and hits are post-paid.
+    pub quota_mode: bool,
+    /// The level's `metadata`, merged into the response's dynamic metadata when the
+    /// descriptor is within its limit (`RESPONSE_DYNAMIC_METADATA=true`).
+    pub metadata: Option<Arc<serde_json::Value>>,
     /// The entries the bucket is keyed by: the request's, except a `share_threshold`
     /// wildcard level, which keys by its pattern so all matching values share one bucket.
     pub key_entries: Vec<(String, String)>,
@@ -349,6 +367,8 @@ impl Config {
                             limited.full_key.clone()
                         },
                         shadow_mode: limited.shadow_mode,
+                        quota_mode: limited.quota_mode,
+                        metadata: limited.metadata.clone(),
                         key_entries: key_entries.clone(),
                     });
                 }
@@ -380,6 +400,10 @@ fn validate_keys(map: &serde_yaml_ng::Mapping) -> Result<(), String> {
         };
         if !VALID_KEYS.contains(&key.as_str()) {
             return Err(format!("config error, unknown key '{key}'"));
+        }
+        if key == "metadata" {
+            // The user's own map: any keys, checked when the level loads.
+            continue;
         }
         match v {
             Value::Sequence(items) => {
@@ -445,6 +469,24 @@ fn u32_field(map: &serde_yaml_ng::Mapping, key: &str) -> Result<Option<u32>, Str
     }
 }
 
+/// A level's `metadata`: a map with string keys, kept as JSON.
+fn metadata_field(
+    map: &serde_yaml_ng::Mapping,
+    full_key: &str,
+) -> Result<Option<Arc<serde_json::Value>>, String> {
+    let Some(value) = get(map, "metadata") else {
+        return Ok(None);
+    };
+    let bad = || format!("'metadata' of '{full_key}' must be a map with string keys");
+    if !matches!(value, Value::Mapping(_)) {
+        return Err(bad());
+    }
+    match serde_json::to_value(value) {
+        Ok(json @ serde_json::Value::Object(_)) => Ok(Some(Arc::new(json))),
+        _ => Err(bad()),
+    }
+}
+
 fn list_field<'a>(map: &'a serde_yaml_ng::Mapping, key: &str) -> Result<&'a [Value], String> {
     match get(map, key) {
         None => Ok(&[]),
@@ -495,12 +537,16 @@ fn load_level(
                 full_key: full_key.clone(),
                 shadow_mode: false,
                 detailed_metric: false,
+                quota_mode: false,
+                metadata: None,
             }),
             ..Node::default()
         };
         if let Some(limited) = child.limit.as_mut() {
             limited.shadow_mode = bool_field(map, "shadow_mode")?;
             limited.detailed_metric = bool_field(map, "detailed_metric")?;
+            limited.quota_mode = bool_field(map, "quota_mode")?;
+            limited.metadata = metadata_field(map, &full_key)?;
         }
         load_level(
             &mut child,
@@ -547,6 +593,7 @@ fn load_rate_limit(map: &serde_yaml_ng::Mapping) -> Result<RateLimit, String> {
         Some(_) => return Err("burst must be a number above 0 and at most 1e15".into()),
     };
     let name = string_field(map, "name")?.unwrap_or_default();
+    let post_paid = bool_field(map, "post_paid")?;
     let mut replaces = Vec::new();
     for item in list_field(map, "replaces")? {
         let Value::Mapping(r) = item else {
@@ -572,6 +619,7 @@ fn load_rate_limit(map: &serde_yaml_ng::Mapping) -> Result<RateLimit, String> {
         unlimited,
         name,
         replaces,
+        post_paid,
         bucket: bucket_limit(
             requests_per_unit,
             period_s,
@@ -686,6 +734,32 @@ descriptors:
         assert_eq!(m.stats_key, "d.route_api.user");
         // The bucket is still the request's entries.
         assert_eq!(m.key_entries, entries(&[("route", "api"), ("user", "u")]));
+    }
+
+    #[test]
+    fn quota_mode_metadata_and_post_paid_are_kept_with_the_limit() {
+        // The peer's metadata test file's shape: a map at any level, nested maps inside,
+        // whose keys are the user's (not config keys).
+        let c = load(
+            "domain: d\ndescriptors:\n  - key: service\n    value: s1\n    quota_mode: true\n    rate_limit: {unit: minute, requests_per_unit: 1}\n    metadata:\n      service_with_quota:\n        name: s1\n  - key: tokens\n    rate_limit: {unit: minute, requests_per_unit: 9, post_paid: true}\n",
+        )
+        .unwrap();
+        let m = c.lookup("d", &entries(&[("service", "s1")])).unwrap();
+        assert!(m.quota_mode);
+        assert!(!m.rate_limit.post_paid);
+        assert_eq!(
+            m.metadata.as_deref(),
+            Some(&serde_json::json!({"service_with_quota": {"name": "s1"}}))
+        );
+        let m = c.lookup("d", &entries(&[("tokens", "x")])).unwrap();
+        assert!(!m.quota_mode);
+        assert!(m.rate_limit.post_paid);
+        assert_eq!(m.metadata, None);
+        let e = load("domain: d\ndescriptors:\n  - key: k\n    metadata: [1]\n    rate_limit: {unit: second, requests_per_unit: 1}\n").unwrap_err();
+        assert!(
+            e.problem.contains("'metadata' of 'd.k' must be a map"),
+            "{e}"
+        );
     }
 
     #[test]

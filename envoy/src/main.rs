@@ -14,6 +14,7 @@ mod config;
 mod config_watch;
 mod http;
 mod metrics;
+mod quota;
 mod redis_pool;
 mod service;
 mod settings;

@@ -24,6 +24,7 @@ use redis_rl_client::{AsyncLimiter, Decision, Error as ClientError, Limit, Multi
 
 use crate::config::{bucket_limit, Config, Match, RateLimit, Unit};
 use crate::metrics::Metrics;
+use crate::quota::{MetadataDescriptor, Verdict};
 use crate::settings::{Policy, Settings};
 
 /// At most this many descriptors per request: Envoy sends one per rate-limit action list,
@@ -83,9 +84,26 @@ impl Backend {
         }
     }
 
+    /// Charges `cost` post-paid: applied whatever the bucket holds, which may go into debt.
+    async fn charge(&self, key: &str, limit: &Limit, cost: f64) -> Result<Charged, ClientError> {
+        let _ = (key, limit, cost);
+        Err(ClientError::Invalid(
+            "post-paid charges (quota_mode, post_paid) need redis-rl-client's charge",
+        ))
+    }
+
     fn is_cluster(&self) -> bool {
         matches!(self, Backend::Cluster(_))
     }
+}
+
+/// A post-paid charge's answer: the bucket's balance after it, negative in debt.
+#[derive(Clone, Copy, Debug)]
+struct Charged {
+    balance: i64,
+    retry_after_ms: i64,
+    reset_after_ms: i64,
+    source: Source,
 }
 
 /// The service: the config (swapped whole on reload), the limiter, the settings.
@@ -112,6 +130,10 @@ struct Limited {
     limit: Limit,
     cost: u64,
     shadow: bool,
+    /// Quota mode (`quota_mode` or `GLOBAL_QUOTA_MODE`): see `crate::quota`.
+    quota: bool,
+    /// Charged post-paid (quota mode or `post_paid`) rather than taken all or nothing.
+    post_paid: bool,
 }
 
 /// What happened to one limited descriptor.
@@ -222,6 +244,7 @@ impl Service {
                         unlimited: false,
                         name: String::new(),
                         replaces: Vec::new(),
+                        post_paid: false,
                         bucket: bucket_limit(
                             requests_per_unit,
                             unit.seconds(),
@@ -230,6 +253,8 @@ impl Service {
                     }),
                     stats_key: override_stats_key(&request.domain, &w.entries),
                     shadow_mode: false,
+                    quota_mode: false,
+                    metadata: None,
                     key_entries: w.entries.clone(),
                 }),
                 None => config.lookup(&request.domain, &w.entries),
@@ -267,6 +292,8 @@ impl Service {
                 &m.key_entries,
             );
             let shadow = m.shadow_mode || self.settings.shadow_mode;
+            let quota = m.quota_mode || self.settings.global_quota_mode;
+            let post_paid = quota || m.rate_limit.post_paid;
             let item = Limited {
                 index,
                 found: m,
@@ -274,6 +301,8 @@ impl Service {
                 limit,
                 cost,
                 shadow,
+                quota,
+                post_paid,
             };
             if refund {
                 refunds.push(item);
@@ -296,7 +325,42 @@ impl Service {
             // back must learn they were not.
             self.policy_check(source)?;
         }
-        let outcomes = self.take(&limited).await?;
+        // Post-paid charges first: they apply whatever happens next. When every quota is
+        // over, the request is refused, and the plain buckets are left untouched.
+        let (charged, limited): (Vec<Limited>, Vec<Limited>) =
+            limited.into_iter().partition(|it| it.post_paid);
+        let mut outcomes: Vec<Outcome> = Vec::with_capacity(charged.len() + limited.len());
+        for item in &charged {
+            #[allow(clippy::cast_precision_loss)]
+            let cost = item.cost as f64;
+            let c = self
+                .backend
+                .charge(&item.key, &item.limit, cost)
+                .await
+                .map_err(|e| self.client_failure(e))?;
+            self.policy_check(c.source)?;
+            let over = crate::quota::post_paid_over(c.balance);
+            let d = Decision {
+                allowed: !over,
+                remaining: u64::try_from(c.balance).unwrap_or(0),
+                retry_after_ms: c.retry_after_ms,
+                reset_after_ms: c.reset_after_ms,
+                limit: item.limit,
+                source: c.source,
+            };
+            outcomes.push(match (over, item.shadow) {
+                (false, _) => Outcome::Taken(d),
+                (true, false) => Outcome::Over(Some(d)),
+                (true, true) => Outcome::ShadowOver(Some(d)),
+            });
+        }
+        let charged_verdicts: Vec<Verdict> = charged.iter().zip(&outcomes).map(verdict).collect();
+        if crate::quota::all_quotas_over(&charged_verdicts) {
+            outcomes.extend(limited.iter().map(|_| Outcome::Skipped));
+        } else {
+            outcomes.extend(self.take(&limited).await?);
+        }
+        let limited: Vec<Limited> = charged.into_iter().chain(limited).collect();
         self.metrics
             .redis_time
             .observe(redis_started.elapsed().as_secs_f64());
@@ -332,8 +396,9 @@ impl Service {
                         .over_limit
                         .with_label_values(&labels)
                         .inc_by(item.cost);
+                    // A quota over its quota says so in its status; whether the request is
+                    // refused is the rule's (below).
                     status.code = Code::OverLimit as i32;
-                    overall = Code::OverLimit;
                     *d
                 }
                 Outcome::ShadowOver(d) => {
@@ -366,6 +431,31 @@ impl Service {
                 }
             }
         }
+        let verdicts: Vec<Verdict> = limited.iter().zip(&outcomes).map(verdict).collect();
+        if crate::quota::request_over(&verdicts) {
+            overall = Code::OverLimit;
+        }
+        let dynamic_metadata = self.settings.response_dynamic_metadata.then(|| {
+            let described: Vec<MetadataDescriptor<'_>> = wanted
+                .iter()
+                .enumerate()
+                .map(|(index, w)| {
+                    let found = limited
+                        .iter()
+                        .zip(&outcomes)
+                        .find(|(it, _)| it.index == index);
+                    MetadataDescriptor {
+                        entries: &w.entries,
+                        quota: found.is_some_and(|(it, _)| it.quota),
+                        over: found.is_some_and(|(_, o)| {
+                            matches!(o, Outcome::Over(_) | Outcome::ShadowOver(_))
+                        }),
+                        metadata: found.and_then(|(it, _)| it.found.metadata.as_deref()),
+                    }
+                })
+                .collect();
+            crate::quota::to_struct(&crate::quota::dynamic_metadata(&request.domain, &described))
+        });
         let mut headers = Vec::new();
         if self.settings.limit_response_headers_enabled {
             if let Some((rpu, remaining, reset_ms)) = tightest {
@@ -383,7 +473,9 @@ impl Service {
                 }
             }
         }
-        Ok(response(overall, statuses, headers))
+        let mut out = response(overall, statuses, headers);
+        out.dynamic_metadata = dynamic_metadata;
+        Ok(out)
     }
 
     /// Takes every item's cost, all or nothing; shadow-mode items that refuse are reported
@@ -521,6 +613,14 @@ impl Service {
             ClientError::ModuleMissing => Failure::Unavailable(e.to_string()),
             e => Failure::Internal(e.to_string()),
         }
+    }
+}
+
+/// What the quota rule reads of one item's outcome: over when enforced and refused.
+fn verdict((item, outcome): (&Limited, &Outcome)) -> Verdict {
+    Verdict {
+        quota: item.quota,
+        over: matches!(outcome, Outcome::Over(_)),
     }
 }
 

@@ -37,6 +37,12 @@ pub struct Settings {
     pub prometheus_addr: String,
     pub prometheus_path: String,
     pub shadow_mode: bool,
+    /// GLOBAL_QUOTA_MODE: every limit is in quota mode, as if each had `quota_mode: true`.
+    pub global_quota_mode: bool,
+    /// RESPONSE_DYNAMIC_METADATA: each response carries dynamic metadata (the domain, the
+    /// descriptors, the quota-mode violations and the configured `metadata` of the
+    /// descriptors within their limits), which Envoy's filter emits for later filters.
+    pub response_dynamic_metadata: bool,
     pub near_limit_ratio: f64,
     pub cache_key_prefix: String,
     pub local_cache_size_in_bytes: usize,
@@ -228,6 +234,8 @@ impl Settings {
             prometheus_addr: text("PROMETHEUS_ADDR", ":9090"),
             prometheus_path: text("PROMETHEUS_PATH", "/metrics"),
             shadow_mode: flag("SHADOW_MODE", false)?,
+            global_quota_mode: flag("GLOBAL_QUOTA_MODE", false)?,
+            response_dynamic_metadata: flag("RESPONSE_DYNAMIC_METADATA", false)?,
             near_limit_ratio,
             cache_key_prefix: text("CACHE_KEY_PREFIX", ""),
             local_cache_size_in_bytes: usize::try_from(number(
