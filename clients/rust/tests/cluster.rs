@@ -41,7 +41,7 @@ fn keys() -> Vec<String> {
 
 /// Keys of two slots, the lower first: taken slot by slot, and the lower slot's take refunded
 /// when the higher refuses, so a refused call costs nothing.
-fn across_slots(limiter: &Limiter<ClusterClient>, source: Source) {
+fn across_slots(limiter: &Limiter<ClusterClient>, source: Source, cluster: &ClusterClient) {
     let (low, high) = ("{b}:across", "{a}:across");
     assert!(key_slot(low.as_bytes()) < key_slot(high.as_bytes()));
     let five = Limit::new(0.001, 5.0).unwrap();
@@ -71,6 +71,22 @@ fn across_slots(limiter: &Limiter<ClusterClient>, source: Source) {
     ];
     let d = limiter.acquire_across_slots(&items).unwrap();
     assert!(d.allowed, "{d:?}");
+    assert_eq!(limiter.peek(low, &five, 1.0).unwrap().remaining, 3);
+    // A later slot's error (a key of another type) gives the lower slot's take back too.
+    let wrong = "{a}:wrongtype";
+    let _: () = redis::cmd("SET")
+        .arg(wrong)
+        .arg("x")
+        .query(&mut cluster.get_connection().unwrap())
+        .unwrap();
+    let items = [
+        SlotItem::new(low, five, 1.0),
+        SlotItem::new(wrong, one, 1.0),
+    ];
+    assert!(matches!(
+        limiter.acquire_across_slots(&items),
+        Err(Error::Redis(_))
+    ));
     assert_eq!(limiter.peek(low, &five, 1.0).unwrap().remaining, 3);
 }
 
@@ -119,7 +135,7 @@ fn limiters_work_on_a_cluster() {
     let spread = [("a", limit, 1.0), ("b", limit, 1.0)];
     assert!(matches!(limiter.acquire_all(&spread), Err(Error::Redis(_))));
     assert_eq!(limiter.counters().outages, 0);
-    across_slots(&limiter, Source::Redis);
+    across_slots(&limiter, Source::Redis, &client(&cluster));
 
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -249,7 +265,7 @@ fn the_lua_path_works_on_a_cluster_without_the_module() {
         (refused.allowed, refused.refused_index, refused.source),
         (false, Some(0), Source::Lua)
     );
-    across_slots(&limiter, Source::Lua);
+    across_slots(&limiter, Source::Lua, &cluster_client(ports()));
 
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
