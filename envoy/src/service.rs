@@ -3,13 +3,11 @@
 //! response. The failure policy, the deny cache and the Lua fallback are the client
 //! library's; this file only maps Envoy's request onto `acquire_all` and back.
 //!
-//! All or nothing: on one server every limited descriptor is one `RL.ACQUIRE.MULTI`. On a
-//! cluster the buckets are grouped by hash slot and taken slot by slot; when a later slot
-//! refuses, the slots already taken are refunded (`RL.REFUND`). Between the take and the
-//! refund (one round trip) another call can see those buckets short of the refunded tokens:
-//! that is the one window where a cluster is not atomic.
+//! All or nothing is the client's `acquire_across_slots`: on one server every limited
+//! descriptor is one `RL.ACQUIRE.MULTI`; on a cluster the buckets are taken slot by slot, and
+//! the slots already taken are refunded when a later one refuses (the one window where a
+//! cluster is not atomic: see the client's `slots` module).
 
-use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
 use std::time::Instant;
 
@@ -20,7 +18,10 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
-use redis_rl_client::{AsyncLimiter, Decision, Error as ClientError, Limit, MultiDecision, Source};
+use redis_rl_client::{
+    AsyncLimiter, Decision, Error as ClientError, Limit, SlotItem, SlotOutcome, SlotsDecision,
+    Source,
+};
 
 use crate::config::{bucket_limit, Config, Match, RateLimit, Unit};
 use crate::metrics::Metrics;
@@ -66,13 +67,13 @@ pub enum Backend {
 }
 
 impl Backend {
-    async fn acquire_all(
+    async fn acquire_across_slots(
         &self,
-        items: &[(&str, Limit, f64)],
-    ) -> Result<MultiDecision, ClientError> {
+        items: &[SlotItem<'_>],
+    ) -> Result<SlotsDecision, ClientError> {
         match self {
-            Backend::Single(l) => l.acquire_all(items).await,
-            Backend::Cluster(l) => l.acquire_all(items).await,
+            Backend::Single(l) => l.acquire_across_slots(items).await,
+            Backend::Cluster(l) => l.acquire_across_slots(items).await,
         }
     }
 
@@ -90,10 +91,6 @@ impl Backend {
         Err(ClientError::Invalid(
             "post-paid charges (quota_mode, post_paid) need redis-rl-client's charge",
         ))
-    }
-
-    fn is_cluster(&self) -> bool {
-        matches!(self, Backend::Cluster(_))
     }
 }
 
@@ -478,121 +475,44 @@ impl Service {
         Ok(out)
     }
 
-    /// Takes every item's cost, all or nothing; shadow-mode items that refuse are reported
-    /// and left out, and the rest is asked again.
+    /// Takes every item's cost, all or nothing, through the client's
+    /// `acquire_across_slots`; shadow-mode items that refuse are reported and left out.
     async fn take(&self, items: &[Limited]) -> Result<Vec<Outcome>, Failure> {
-        let mut outcomes = vec![Outcome::Skipped; items.len()];
-        // Groups of item indexes that one RL.ACQUIRE.MULTI may take: one on a single server,
-        // one per hash slot on a cluster, in slot order.
-        let mut groups: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
-        for (i, item) in items.iter().enumerate() {
-            let slot = if self.backend.is_cluster() {
-                crate::redis_pool::slot(item.key.as_bytes())
-            } else {
-                0
-            };
-            groups.entry(slot).or_default().push(i);
+        if items.is_empty() {
+            return Ok(Vec::new());
         }
-        let mut taken: Vec<usize> = Vec::new();
-        for group in groups.values() {
-            let mut asking: Vec<usize> = group.clone();
-            loop {
-                if asking.is_empty() {
-                    break;
-                }
-                let args: Vec<(&str, Limit, f64)> = asking
-                    .iter()
-                    .filter_map(|&i| items.get(i))
-                    .map(|it| {
-                        #[allow(clippy::cast_precision_loss)]
-                        let cost = it.cost as f64;
-                        (it.key.as_str(), it.limit, cost)
-                    })
-                    .collect();
-                let multi = self
-                    .backend
-                    .acquire_all(&args)
-                    .await
-                    .map_err(|e| self.client_failure(e))?;
-                self.policy_check(multi.source)?;
-                if multi.allowed {
-                    for (pos, &i) in asking.iter().enumerate() {
-                        if let (Some(slot), Some(d)) =
-                            (outcomes.get_mut(i), multi.decisions.get(pos))
-                        {
-                            *slot = Outcome::Taken(*d);
-                        }
-                        taken.push(i);
-                    }
-                    break;
-                }
-                // Which items refused: each decision says so; the deny cache knows only the
-                // first one.
-                let refusing: Vec<usize> = if multi.decisions.is_empty() {
-                    multi
-                        .refused_index
-                        .and_then(|r| asking.get(r).copied())
-                        .into_iter()
-                        .collect()
+        let asked: Vec<SlotItem<'_>> = items
+            .iter()
+            .map(|it| {
+                #[allow(clippy::cast_precision_loss)]
+                let item = SlotItem::new(&it.key, it.limit, it.cost as f64);
+                if it.shadow {
+                    item.shadow()
                 } else {
-                    asking
-                        .iter()
-                        .zip(&multi.decisions)
-                        .filter(|(_, d)| !d.allowed)
-                        .map(|(&i, _)| i)
-                        .collect()
-                };
-                let decision_of = |i: usize| {
-                    asking
-                        .iter()
-                        .position(|&a| a == i)
-                        .and_then(|p| multi.decisions.get(p).copied())
-                };
-                let all_shadow = !refusing.is_empty()
-                    && refusing
-                        .iter()
-                        .all(|&i| items.get(i).is_some_and(|it| it.shadow));
-                if all_shadow {
-                    for &i in &refusing {
-                        if let Some(slot) = outcomes.get_mut(i) {
-                            *slot = Outcome::ShadowOver(decision_of(i));
-                        }
-                    }
-                    asking.retain(|i| !refusing.contains(i));
-                    continue;
+                    item
                 }
-                for &i in &asking {
-                    if let Some(slot) = outcomes.get_mut(i) {
-                        let d = decision_of(i);
-                        let refused = refusing.contains(&i);
-                        *slot = match (refused, items.get(i).is_some_and(|it| it.shadow)) {
-                            (true, true) => Outcome::ShadowOver(d),
-                            (true, false) => Outcome::Over(d),
-                            // Allowed alone but not taken: reported with what Redis said.
-                            (false, _) => match d {
-                                Some(d) => Outcome::Taken(d),
-                                None => Outcome::Skipped,
-                            },
-                        };
-                    }
-                }
-                // Give back what earlier slots took, so a denied request costs nothing.
-                for &i in &taken {
-                    if let Some(it) = items.get(i) {
-                        #[allow(clippy::cast_precision_loss)]
-                        let cost = it.cost as f64;
-                        if let Err(e) = self.backend.refund(&it.key, &it.limit, cost).await {
-                            tracing::warn!(
-                                "refund of {} after a later slot refused failed: {e}",
-                                it.key
-                            );
-                        }
-                    }
-                }
-                return Ok(outcomes);
-            }
+            })
+            .collect();
+        let decided = self
+            .backend
+            .acquire_across_slots(&asked)
+            .await
+            .map_err(|e| self.client_failure(e))?;
+        for source in &decided.sources {
+            self.policy_check(*source)?;
         }
-        Ok(outcomes)
+        Ok(decided
+            .outcomes
+            .iter()
+            .map(|outcome| match *outcome {
+                SlotOutcome::Taken(d) => Outcome::Taken(d),
+                // Allowed alone but not taken (or given back): reported with what Redis said.
+                SlotOutcome::NotTaken(Some(d)) => Outcome::Taken(d),
+                SlotOutcome::NotTaken(None) => Outcome::Skipped,
+                SlotOutcome::Refused(d) => Outcome::Over(d),
+                SlotOutcome::ShadowRefused(d) => Outcome::ShadowOver(d),
+            })
+            .collect())
     }
 
     /// RL_ON_ERROR=error: a `closed` decision of the library means Redis could not decide,

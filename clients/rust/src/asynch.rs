@@ -12,6 +12,7 @@ use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::Value;
 
 use crate::engine::{CallError, Engine, Exchange, Op, Path, Step, Target};
+use crate::slots::{Across, AcrossStep, SlotItem, SlotsDecision};
 use crate::types::{check_cost, Counters, Decision, Error, Limit, MultiDecision, Options, Refund};
 
 /// The async twin of [`crate::Limiter`], with the same methods, awaited.
@@ -147,6 +148,32 @@ impl<C: ConnectionLike + Clone + Send + Sync> AsyncLimiter<C> {
             .collect();
         let result = self.call(Op::Multi, &targets).await;
         self.engine.after_multi(result, items, sent_at)
+    }
+
+    /// All or nothing across hash slots, as [`crate::Limiter::acquire_across_slots`].
+    ///
+    /// # Errors
+    /// As for [`crate::Limiter::acquire_across_slots`].
+    pub async fn acquire_across_slots(
+        &self,
+        items: &[SlotItem<'_>],
+    ) -> Result<SlotsDecision, Error> {
+        let mut plan = Across::new(&self.engine, items)?;
+        let mut step = plan.start();
+        loop {
+            step = match step {
+                AcrossStep::Ask(args) => plan.answer(self.acquire_all(&args).await),
+                AcrossStep::Refund(args) => {
+                    for (key, limit, cost) in args {
+                        if let Err(e) = self.refund(key, &limit, cost).await {
+                            log::warn!("redis-rl: giving back {key} after a refusal failed: {e}");
+                        }
+                    }
+                    plan.refunded()
+                }
+                AcrossStep::Done(result) => return result,
+            };
+        }
     }
 
     /// Gives `cost` tokens back and clears the deny cache's entry for `key`.

@@ -172,6 +172,8 @@ pub(crate) struct Engine {
 struct Inner {
     path: Option<Path>,
     sha: Option<String>,
+    /// Redis answered CROSSSLOT once: a cluster (`crate::slots`).
+    cluster: bool,
     counters: Counters,
     down_since: Option<Instant>,
     next_probe: Instant,
@@ -189,6 +191,7 @@ impl Engine {
             inner: Mutex::new(Inner {
                 path: None,
                 sha: None,
+                cluster: false,
                 counters: Counters::default(),
                 down_since: None,
                 next_probe: now,
@@ -214,6 +217,19 @@ impl Engine {
 
     pub(crate) fn path(&self) -> Option<Path> {
         self.lock().path
+    }
+
+    /// Whether Redis has shown itself a cluster (a CROSSSLOT reply).
+    pub(crate) fn is_cluster(&self) -> bool {
+        self.lock().cluster
+    }
+
+    pub(crate) fn set_cluster(&self) {
+        let mut inner = self.lock();
+        if !inner.cluster {
+            log::info!("redis-rl: a cluster: calls across slots go slot by slot");
+        }
+        inner.cluster = true;
     }
 
     fn now_us(&self) -> u64 {

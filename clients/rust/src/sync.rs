@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use redis::{ConnectionLike, RedisResult, Value};
 
 use crate::engine::{CallError, Engine, Exchange, Op, Path, Step, Target};
+use crate::slots::{Across, AcrossStep, SlotItem, SlotsDecision};
 use crate::types::{check_cost, Counters, Decision, Error, Limit, MultiDecision, Options, Refund};
 
 /// How the blocking limiter opens a connection with a deadline.
@@ -152,6 +153,52 @@ impl<K: Connect> Limiter<K> {
             .collect();
         let result = self.call(Op::Multi, &targets);
         self.engine.after_multi(result, items, sent_at)
+    }
+
+    /// All or nothing over `items`, whatever slots their keys hash to: one
+    /// [`Limiter::acquire_all`] on one server; on a cluster (learnt from its first CROSSSLOT
+    /// reply) one per hash slot, in slot order, refunding the slots already taken when a later
+    /// one refuses or fails. A shadow item's refusal is reported but does not refuse the call.
+    /// The deny cache and the failure policy apply to each `acquire_all`, and
+    /// [`SlotsDecision::sources`] says who decided each.
+    ///
+    /// On a cluster it is not atomic: between a slot's take and its refund (one round trip)
+    /// other calls see that slot's buckets short of the tokens given back.
+    ///
+    /// ```no_run
+    /// use redis_rl_client::{Limit, Limiter, OnError, Options, SlotItem};
+    ///
+    /// let limiter = Limiter::new(redis::Client::open("redis://127.0.0.1/")?, Options::new(OnError::Closed));
+    /// let per_user = Limit::new(1.0, 10.0)?;
+    /// let per_route = Limit::new(100.0, 100.0)?;
+    /// let d = limiter.acquire_across_slots(&[
+    ///     SlotItem::new("user:42", per_user, 1.0),
+    ///     SlotItem::new("route:/search", per_route, 1.0).shadow(),
+    /// ])?;
+    /// # let _ = d.allowed;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] for no items or a bad cost, and as for [`Limiter::acquire`] (after
+    /// the slots already taken are refunded).
+    pub fn acquire_across_slots(&self, items: &[SlotItem<'_>]) -> Result<SlotsDecision, Error> {
+        let mut plan = Across::new(&self.engine, items)?;
+        let mut step = plan.start();
+        loop {
+            step = match step {
+                AcrossStep::Ask(args) => plan.answer(self.acquire_all(&args)),
+                AcrossStep::Refund(args) => {
+                    for (key, limit, cost) in args {
+                        if let Err(e) = self.refund(key, &limit, cost) {
+                            log::warn!("redis-rl: giving back {key} after a refusal failed: {e}");
+                        }
+                    }
+                    plan.refunded()
+                }
+                AcrossStep::Done(result) => return result,
+            };
+        }
     }
 
     /// Gives `cost` tokens back (a request that failed before doing any work), capped at the
