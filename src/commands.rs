@@ -12,7 +12,7 @@ use std::ffi::{c_int, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use redis_module::raw::{self, RedisModuleCtx, RedisModuleString};
-use rl_bucket::{self as bucket, Change, Decision, Outcome};
+use rl_bucket::{self as bucket, Change, Charged, Decision, Outcome};
 
 use crate::datatype::BucketKey;
 use crate::error::{Error, MAX_MULTI_BUCKETS};
@@ -32,6 +32,9 @@ enum Reply {
     Throttle(Decision, u64),
     /// `RL.REFUND`: remaining, reset_after_ms.
     Refund(Decision),
+    /// `RL.CHARGE`: 1 (applied), the signed balance, retry_after_ms (until the debt is
+    /// repaid) and reset_after_ms, in `RL.ACQUIRE`'s shape.
+    Charge(Charged),
     /// `RL.ACQUIRE.MULTI`: the first refused bucket if any, and every bucket's decision.
     Multi(Option<usize>, Vec<Decision>),
     /// One integer (`RL.HDEL`, `RL.HLEN`).
@@ -46,7 +49,12 @@ impl Reply {
         match self {
             Reply::Decision(decision) | Reply::Throttle(decision, _) => Some(decision.allowed()),
             Reply::Multi(refused, _) => Some(refused.is_none()),
-            Reply::Peek(_) | Reply::Refund(_) | Reply::Integer(_) | Reply::Ok => None,
+            // A charge always applies: it reports work done, and decides nothing.
+            Reply::Peek(_)
+            | Reply::Refund(_)
+            | Reply::Charge(_)
+            | Reply::Integer(_)
+            | Reply::Ok => None,
         }
     }
 }
@@ -106,6 +114,15 @@ handler!(
 handler!(
     /// `RL.REFUND key rate capacity [cost]`
     refund, c"RL.REFUND", refund_body, true
+);
+handler!(
+    /// `RL.CHARGE key rate capacity cost`: takes `cost` whatever the bucket holds (post-paid),
+    /// perhaps into debt.
+    charge, c"RL.CHARGE", charge_body, true
+);
+handler!(
+    /// `RL.HCHARGE key field rate capacity cost`: `RL.CHARGE` on one bucket of a table.
+    hcharge, c"RL.HCHARGE", hcharge_body, true
 );
 handler!(
     /// `RL.HACQUIRE key field rate capacity [cost]`: `RL.ACQUIRE` on one bucket of a table.
@@ -244,6 +261,55 @@ fn give_back(
     store.measure_and_replace(c"rl.refund", |state| {
         bucket::refund(&parsed.limit, state, now_us, parsed.cost)
     })
+}
+
+/// The pure step and commit of `RL.CHARGE` and `RL.HCHARGE`. Past the bound nothing is
+/// staged, so nothing is written.
+fn post_paid(
+    store: &mut impl Store,
+    parsed: &args::Acquire,
+    now_us: u64,
+) -> Result<Charged, Error> {
+    store.measure_and_replace(c"rl.charge", |state| {
+        match bucket::charge(&parsed.limit, state, now_us, parsed.cost) {
+            Ok((charged, new_state)) => (Ok(charged), new_state.map_or(Change::Keep, Change::Set)),
+            Err(bucket::ChargeError::DebtTooLong) => (Err(Error::DebtTooLong), Change::Keep),
+        }
+    })?
+}
+
+/// `rate capacity cost` with the cost required, as `RL.CHARGE` and `RL.HCHARGE` take them.
+fn split_charge_args<const N: usize>(
+    argv: &[*mut RedisModuleString],
+) -> Result<([*mut RedisModuleString; N], args::Acquire), Failure> {
+    let (names, limit_args, cost) = split_args::<N>(argv)?;
+    let cost = cost.ok_or(Failure::Arity)?;
+    Ok((names, parse_limit(limit_args, Some(cost))?))
+}
+
+fn charge_body(
+    ctx: *mut RedisModuleCtx,
+    argv: &[*mut RedisModuleString],
+) -> Result<Reply, Failure> {
+    let ([key], parsed) = split_charge_args(argv)?;
+    // SAFETY: `ctx` and `key` belong to the running command.
+    let mut bucket = unsafe { BucketKey::open(ctx, key) }?;
+    Ok(Reply::Charge(post_paid(
+        &mut bucket,
+        &parsed,
+        clock::now_us(),
+    )?))
+}
+
+fn hcharge_body(
+    ctx: *mut RedisModuleCtx,
+    argv: &[*mut RedisModuleString],
+) -> Result<Reply, Failure> {
+    let ([key, field], parsed) = split_charge_args(argv)?;
+    let now_us = clock::now_us();
+    // SAFETY: `ctx`, `key` and `field` belong to the running command.
+    let mut bucket = unsafe { TableKey::open(ctx, key, sweep_now_ns(now_us))?.field(bytes(field)) };
+    Ok(Reply::Charge(post_paid(&mut bucket, &parsed, now_us)?))
 }
 
 fn peek_body(ctx: *mut RedisModuleCtx, argv: &[*mut RedisModuleString]) -> Result<Reply, Failure> {
@@ -671,9 +737,26 @@ unsafe fn send(ctx: *mut RedisModuleCtx, reply: &Reply) -> c_int {
     // SAFETY: `ctx` is live (caller).
     unsafe {
         match reply {
-            Reply::Decision(decision) | Reply::Peek(decision) => {
-                send_integers(ctx, &four(decision))
-            }
+            Reply::Decision(decision) => send_integers(ctx, &four(decision)),
+            // A peek reports the signed balance, negative while the bucket is in debt.
+            Reply::Peek(decision) => send_integers(
+                ctx,
+                &[
+                    i64::from(decision.allowed()),
+                    decision.balance,
+                    decision.retry_after_ms(),
+                    decision.reset_after_ms(),
+                ],
+            ),
+            Reply::Charge(charged) => send_integers(
+                ctx,
+                &[
+                    1,
+                    charged.balance,
+                    charged.retry_after_ms(),
+                    charged.reset_after_ms(),
+                ],
+            ),
             Reply::Throttle(decision, total) => send_integers(ctx, &five(decision, *total)),
             Reply::Refund(decision) => send_integers(
                 ctx,

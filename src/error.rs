@@ -45,6 +45,9 @@ pub enum Error {
     RefillTime,
     /// `cost` is not a finite number `>= 0`.
     Cost,
+    /// `cost` (of `RL.CHARGE`, `RL.HCHARGE`) would leave the bucket short of full for more
+    /// than 100 years, or past 2262.
+    DebtTooLong,
     /// `max_burst` (of `RL.THROTTLE`) is not an integer in range.
     MaxBurst,
     /// `count_per_period` is not an integer in range.
@@ -97,6 +100,9 @@ impl Error {
                 c"ERR capacity / rate must be at most 3153600000 (a full refill within 100 years)"
             }
             Error::Cost => c"ERR cost must be a finite number >= 0 (tokens)",
+            Error::DebtTooLong => {
+                c"ERR cost would leave the bucket in debt for more than 100 years (it must be full again within 3153600000 s, and before 2262)"
+            }
             Error::MaxBurst => c"ERR max_burst must be an integer from 0 to 999999999999999",
             Error::CountPerPeriod => {
                 c"ERR count_per_period must be an integer from 1 to 1000000000"

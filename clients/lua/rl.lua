@@ -1,13 +1,24 @@
--- redis-rl fallback for servers without the module: RL.ACQUIRE, RL.PEEK, RL.REFUND and
--- RL.ACQUIRE.MULTI as one script, on the server's clock, with the module's replies.
+-- redis-rl fallback for servers without the module: RL.ACQUIRE, RL.PEEK, RL.REFUND,
+-- RL.CHARGE and RL.ACQUIRE.MULTI as one script, on the server's clock, with the module's
+-- replies.
 -- Every client library ships this same file (clients/lua/rl.lua); the Python and Node
 -- packages link to it. It is run with EVALSHA (SCRIPT LOAD after NOSCRIPT).
 --
 --   EVALSHA sha N key1 .. keyN  mode  [10 numbers per key]
 --
 -- mode: "acquire" or "peek" (N = 1: reply {allowed, remaining, retry_after_ms,
--- reset_after_ms}), "refund" (N = 1: reply {remaining, reset_after_ms}), "multi" (N >= 1:
--- reply {allowed, refused_index, retry_after_ms, {per-key replies}}, all or nothing).
+-- reset_after_ms}; a peek's remaining is the signed balance, negative while in debt),
+-- "refund" (N = 1: reply {remaining, reset_after_ms}), "charge" (N = 1: reply {1, balance,
+-- retry_after_ms, reset_after_ms}, see below), "multi" (N >= 1: reply {allowed,
+-- refused_index, retry_after_ms, {per-key replies}}, all or nothing).
+--
+-- A charge (RL.CHARGE) is post-paid: it always applies, moving the instant to
+-- max(full, now) + cost * T even past the capacity, so the bucket may go below zero (debt).
+-- Its balance is the tokens after it rounded toward -infinity (negative in debt), its
+-- retry_after_ms the wait until the debt is repaid (0 when not in debt). While in debt every
+-- acquire is denied, cost 0 included. The bucket must be full again within 100 years of now
+-- (and, for the script's doubles, the instant below 2^53 us, in 2255); past that the reply
+-- is an error and nothing is written. A balance below -2^53 tokens is rounded (doubles).
 --
 -- Lua numbers are doubles, so all arithmetic here is on integers below 2^53, where doubles
 -- are exact. Time is counted in microseconds plus a remainder numerator over an integer
@@ -18,8 +29,10 @@
 --   D          the denominator (1 <= D < 2^31)
 --   Tq Tr      T = 1e6 / rate: microseconds per token (Tq <= 1e12)
 --   Cq Cr      capacity * T, rounded down: the refill time of a full bucket (<= 3153600000 s)
---   Sq Sr      (capacity - cost) * T, rounded down; Sq = -1 when cost > capacity (never possible)
---   Kq Kr      cost * T: rounded up for acquire, peek and multi, down for refund
+--   Sq Sr      (capacity - cost) * T, rounded down; Sq = -1 when cost > capacity (never
+--              possible; a charge does not read them)
+--   Kq Kr      cost * T: rounded up for acquire, peek, charge and multi, down for refund
+--              (a refund gives back at most Cq Cr, the capacity, as the module does)
 --   Cfloor     floor(capacity)
 --
 -- The rate, capacity and cost are the exact values the module reads from the same call's
@@ -175,19 +188,45 @@ local function remaining_of(lim, dq, dr)
   return k
 end
 
+-- Whether n tokens' refill time, n * T, is at least (aq, ar).
+local function covers(lim, n, aq, ar)
+  local q, r = muldiv(n, lim.tr, lim.d)
+  return less_eq(aq, ar, q + n * lim.tq, r)
+end
+
+-- A bucket's signed balance: remaining_of while it holds tokens, else -k for the smallest
+-- whole k with k * T >= debt - capacity * T (rounded toward -infinity), negative in debt.
+local function balance_of(lim, dq, dr)
+  if less_eq(dq, dr, lim.cq, lim.cr) then return remaining_of(lim, dq, dr) end
+  local oq, orr = sub(dq, dr, lim.cq, lim.cr, lim.d)
+  local k = math.ceil((oq + orr / lim.d) / (lim.tq + lim.tr / lim.d))
+  if k < 1 then k = 1 end
+  -- muldiv is exact below 2^53 only: a debt that deep is reported as the estimate.
+  if k >= P42 * 2048 then return -k end
+  for _ = 1, 64 do
+    if k > 1 and covers(lim, k - 1, oq, orr) then k = k - 1 else break end
+  end
+  for _ = 1, 64 do
+    if not covers(lim, k, oq, orr) then k = k + 1 else break end
+  end
+  return -k
+end
+
 -- One acquire (or peek) decision on `full` at now. Returns the reply and the new instant, or
--- nil when nothing is to be written.
+-- nil when nothing is to be written. A peek reports the signed balance, an acquire what may
+-- be taken (0 while in debt).
 local function decide(lim, full, take)
   local dq, dr = debt_of(full)
+  local count = take and remaining_of or balance_of
   if lim.sq < 0 then
-    return {0, remaining_of(lim, dq, dr), -1, ceil_ms(dq, dr)}, nil
+    return {0, count(lim, dq, dr), -1, ceil_ms(dq, dr)}, nil
   end
   if not less_eq(dq, dr, lim.sq, lim.sr) then
     local wq, wr = sub(dq, dr, lim.sq, lim.sr, lim.d)
-    return {0, remaining_of(lim, dq, dr), ceil_ms(wq, wr), ceil_ms(dq, dr)}, nil
+    return {0, count(lim, dq, dr), ceil_ms(wq, wr), ceil_ms(dq, dr)}, nil
   end
   if not take or (lim.kq == 0 and lim.kr == 0) then
-    return {1, remaining_of(lim, dq, dr), 0, ceil_ms(dq, dr)}, nil
+    return {1, count(lim, dq, dr), 0, ceil_ms(dq, dr)}, nil
   end
   local bq, br = now_q, 0
   if dq > 0 or dr > 0 then bq, br = full[1], full[2] end
@@ -202,8 +241,22 @@ local function store(key, lim, full)
   redis.call('PEXPIREAT', key, int(ceil_ms(full[1], full[2])))
 end
 
+-- The charge's bound: full again within 100 years of now (3153600000 s, in us), and an
+-- instant below 2^53 us, where the script's doubles stay exact.
+local MAX_DEBT_US = 3153600000 * 1000000
+local MAX_INSTANT_US = P42 * 2048
+
+-- A charge's reply for a bucket `debt` short of full: {1, balance, until repaid, until full}.
+local function charged(lim, dq, dr)
+  local repaid = 0
+  if not less_eq(dq, dr, lim.cq, lim.cr) then
+    repaid = ceil_ms(sub(dq, dr, lim.cq, lim.cr, lim.d))
+  end
+  return {1, balance_of(lim, dq, dr), repaid, ceil_ms(dq, dr)}
+end
+
 local mode = ARGV[1]
-if mode == 'acquire' or mode == 'peek' or mode == 'refund' then
+if mode == 'acquire' or mode == 'peek' or mode == 'refund' or mode == 'charge' then
   if #KEYS ~= 1 then return redis.error_reply('ERR redis-rl script: ' .. mode .. ' takes one key') end
   local lim = limit_of(1)
   if lim.err then return lim end
@@ -211,6 +264,9 @@ if mode == 'acquire' or mode == 'peek' or mode == 'refund' then
   local full = load(key, lim)
   if full and full.err then return full end
   if mode == 'refund' then
+    -- At most the capacity comes back, as the module caps it: a bucket in debt after a charge
+    -- owes more than that.
+    if not less_eq(lim.kq, lim.kr, lim.cq, lim.cr) then lim.kq, lim.kr = lim.cq, lim.cr end
     local dq, dr = debt_of(full)
     if dq == 0 and dr == 0 then return {remaining_of(lim, 0, 0), 0} end
     if less_eq(dq, dr, lim.kq, lim.kr) then
@@ -222,6 +278,20 @@ if mode == 'acquire' or mode == 'peek' or mode == 'refund' then
     local nq, nr = add(now_q, 0, ndq, ndr, lim.d)
     store(key, lim, {nq, nr})
     return {remaining_of(lim, ndq, ndr), ceil_ms(ndq, ndr)}
+  end
+  if mode == 'charge' then
+    local dq, dr = debt_of(full)
+    if lim.kq == 0 and lim.kr == 0 then return charged(lim, dq, dr) end
+    local bq, br = now_q, 0
+    if dq > 0 or dr > 0 then bq, br = full[1], full[2] end
+    local nq, nr = add(bq, br, lim.kq, lim.kr, lim.d)
+    local ndq, ndr = sub(nq, nr, now_q, 0, lim.d)
+    if not less_eq(ndq, ndr, MAX_DEBT_US, 0) or nq >= MAX_INSTANT_US then
+      return redis.error_reply('ERR cost would leave the bucket in debt for more than 100 years '
+        .. '(it must be full again within 3153600000 s, and before 2262)')
+    end
+    store(key, lim, {nq, nr})
+    return charged(lim, ndq, ndr)
   end
   local reply, new = decide(lim, full, mode == 'acquire')
   if new then store(key, lim, new) end

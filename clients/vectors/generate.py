@@ -18,11 +18,17 @@ seconds, both decimal strings), each meaning its exact value, as the module pars
 arguments (an optional `+`, digits with at most one point, an optional exponent `e`/`E` with
 an optional sign: "0.1" is one tenth, not the double nearest it). Every step is
 
-    {"op": "acquire" | "peek" | "refund", "now_us": int, "cost": str, "expect": [int, ...]}
+    {"op": "acquire" | "peek" | "refund" | "charge", "now_us": int, "cost": str,
+     "expect": [int, ...]}
 
 starting from a missing key (a full bucket). `expect` is the module's reply: for acquire and
 peek [allowed, remaining, retry_after_ms, reset_after_ms], for refund [remaining,
-reset_after_ms]. The state carries over from step to step; now_us never goes backwards except
+reset_after_ms], for charge [1, balance, retry_after_ms, reset_after_ms]. A charge (RL.CHARGE)
+always applies, perhaps taking the bucket below zero (debt): its balance is the whole tokens
+left rounded toward -infinity, negative in debt, and its retry_after_ms the wait until the debt
+is repaid. A peek's remaining is that signed balance too (RL.PEEK shows a debt); an acquire's
+is never below 0, and while in debt every acquire is denied, cost 0 included. Every charge
+here is within the module's bound (full again within 100 years), so none is refused. The state carries over from step to step; now_us never goes backwards except
 where a case says so in its name (a clock stepping back).
 """
 
@@ -71,28 +77,43 @@ class Model:
     def tokens(self, debt):
         return self.capacity - debt * self.rate / NS_PER_S
 
-    def reply(self, allowed, debt, retry_after_ms):
-        remaining = max(0, floor(self.tokens(debt)))
+    def reply(self, allowed, debt, retry_after_ms, signed=False):
+        balance = floor(self.tokens(debt))
+        remaining = balance if signed else max(0, balance)
         return [int(allowed), remaining, retry_after_ms, ceil_ms(debt)]
 
     def acquire(self, now_us, cost, take=True):
         now_ns = now_us * 1000
         cost = decimal(cost)
         debt = self.debt(now_ns)
+        # A peek reports the signed balance; a take what may be taken, never below 0.
+        signed = not take
         if cost > self.capacity:
-            return self.reply(False, debt, -1)
+            return self.reply(False, debt, -1, signed)
         slack = (self.capacity - cost) * self.t_ns
         if debt > slack:
-            return self.reply(False, debt, ceil_ms(debt - slack))
+            return self.reply(False, debt, ceil_ms(debt - slack), signed)
         if cost > 0 and take:
             self.full_at = max(self.full_at or 0, now_ns) + cost * self.t_ns
             debt = self.debt(now_ns)
-        return self.reply(True, debt, 0)
+        return self.reply(True, debt, 0, signed)
+
+    def charge(self, now_us, cost):
+        now_ns = now_us * 1000
+        cost = decimal(cost)
+        if cost > 0:
+            self.full_at = max(self.full_at or 0, now_ns) + cost * self.t_ns
+        debt = self.debt(now_ns)
+        if debt > MAX_DEBT_NS:
+            raise ValueError("a vector charge past the module's bound: the module refuses it")
+        owed = debt - self.capacity * self.t_ns  # ns of refill until the balance is 0 again
+        return [1, floor(self.tokens(debt)), ceil_ms(owed) if owed > 0 else 0, ceil_ms(debt)]
 
     def refund(self, now_us, cost):
         now_ns = now_us * 1000
         debt = self.debt(now_ns)
-        debt = max(Fraction(0), debt - decimal(cost) * self.t_ns)
+        # At most the capacity comes back (RL.REFUND caps it): a charge can owe more.
+        debt = max(Fraction(0), debt - min(decimal(cost), self.capacity) * self.t_ns)
         self.full_at = None if debt == 0 else now_ns + debt
         remaining = max(0, floor(self.tokens(debt)))
         return [remaining, ceil_ms(debt)]
@@ -102,8 +123,13 @@ class Model:
             return self.acquire(now_us, cost)
         if op == "peek":
             return self.acquire(now_us, cost, take=False)
+        if op == "charge":
+            return self.charge(now_us, cost)
         return self.refund(now_us, cost)
 
+
+# The longest a charge may leave a bucket short of full: 100 years (MAX_REFILL_S), in ns.
+MAX_DEBT_NS = 3_153_600_000 * NS_PER_S
 
 T0 = 1_700_000_000_000_000  # a plausible Unix-epoch µs, so sums are of realistic size
 
@@ -207,9 +233,43 @@ def cases():
                burst(11) + [("acquire", 200_000, "1")])
 
 
+def debt_cases():
+    """Charges into debt, then takes, peeks and cost-0 checks at various times, at rates
+    whose token interval is not a whole ns (3/s, 7/s, 3/10) or not a whole ms (100/60 is 0.6 s:
+    whole)."""
+    # 3/s, capacity 3: a charge of 5 leaves 2 in debt, repaid 666.67 ms later.
+    yield case("charge into debt at 3/s, then takes and checks", "3", "3",
+               [("charge", 0, "5"), ("peek", 0, "0"), ("acquire", 0, "0"), ("acquire", 0, "1"),
+                ("peek", 333_333, "0"), ("peek", 333_334, "0"), ("acquire", 666_666, "0"),
+                ("acquire", 666_667, "0"), ("acquire", 666_667, "1"), ("acquire", 1_000_000, "1"),
+                ("peek", 1_000_000, "1")])
+    yield case("charge into debt at 7/s, a second charge adds to the debt", "7", "7",
+               [("charge", 0, "10"), ("charge", 0, "4"), ("peek", 0, "0"), ("acquire", 500_000, "0"),
+                ("peek", 999_999, "0"), ("acquire", 1_000_000, "0"), ("peek", 1_000_000, "1"),
+                ("acquire", 1_142_857, "1"), ("acquire", 1_142_858, "1"), ("charge", 1_142_858, "0")])
+    yield case("charge into debt at 3/10: one token per 3.33 s", "3/10", "3",
+               [("acquire", 0, "2"), ("charge", 0, "3"), ("peek", 0, "1"), ("acquire", 3_333_333, "0"),
+                ("acquire", 3_333_334, "0"), ("peek", 3_333_334, "0"), ("acquire", 6_666_667, "1"),
+                ("peek", 16_666_667, "3")])
+    yield case("charge into debt at 100/60: a hundred a minute", "100/60", "100",
+               [("charge", 0, "250"), ("peek", 0, "0"), ("acquire", 59_999_999, "0"),
+                ("peek", 89_999_999, "0"), ("acquire", 90_000_000, "0"), ("acquire", 90_000_000, "1"),
+                ("acquire", 90_600_000, "1"), ("charge", 100_000_000, "100"), ("peek", 150_000_000, "0")])
+    yield case("charges within the capacity are takes; cost 0 changes nothing", "3", "3",
+               [("charge", 0, "0"), ("charge", 0, "1"), ("peek", 0, "2"), ("charge", 0, "2"),
+                ("acquire", 0, "0"), ("charge", 0, "0.5"), ("peek", 0, "0"), ("acquire", 166_666, "0"),
+                ("acquire", 166_667, "0")])
+    yield case("a refund in debt, and an acquire's remaining never below 0", "7", "2",
+               [("charge", 0, "9"), ("acquire", 0, "1"), ("refund", 0, "2"), ("peek", 0, "1"),
+                ("refund", 0, "3"), ("peek", 0, "0"), ("acquire", 428_572, "0")])
+    yield case("a charge of 100 years' refill, the most a charge may owe", "1", "1",
+               [("charge", 0, "3153600000"), ("peek", 0, "0"), ("acquire", 1_000_000, "0"),
+                ("charge", 1_000_000, "1"), ("peek", 1_000_000, "1")])
+
+
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
-    doc = {"format": 1, "cases": list(cases())}
+    doc = {"format": 1, "cases": list(cases()) + list(debt_cases())}
     outputs = {os.path.join(here, "bucket.json"): json.dumps(doc, indent=1) + "\n"}
     for path, text in outputs.items():
         if "--check" in sys.argv:

@@ -102,7 +102,9 @@ export function acquire(rate, capacity, fullAtNs, nowUs, cost, take = true) {
  * `state` null once the bucket is full again (delete the key). */
 export function refund(rate, capacity, fullAtNs, nowUs, cost) {
   const nowNs = new Q(nowUs * 1000n);
-  let debt = debtOf(fullAtNs, nowNs).sub(cost.mul(NS_PER_S).div(rate));
+  // At most the capacity comes back, as the module caps it (a charge can owe more).
+  const back = cost.cmp(capacity) > 0 ? capacity : cost;
+  let debt = debtOf(fullAtNs, nowNs).sub(back.mul(NS_PER_S).div(rate));
   if (debt.cmp(ZERO) < 0) debt = ZERO;
   return { reply: [remainingOf(rate, capacity, debt), msCeil(debt)], state: debt.isZero() ? null : nowNs.add(debt) };
 }

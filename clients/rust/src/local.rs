@@ -453,6 +453,12 @@ mod tests {
         let mut steps = 0;
         for case in doc["cases"].as_array().unwrap() {
             let name = case["name"].as_str().unwrap();
+            // This library's local bucket has no charge (RL.CHARGE) yet: the cases with one
+            // are held to the module's bucket and the Lua script until it does.
+            let steps_of = case["steps"].as_array().unwrap();
+            if steps_of.iter().any(|step| step["op"] == "charge") {
+                continue;
+            }
             let capacity = number(&case["capacity"]);
             // As a caller writes it: a decimal rate, or N/S with Limit::per.
             let limit = match case["rate"].as_str().unwrap().split_once('/') {
@@ -474,12 +480,19 @@ mod tests {
             for (i, step) in case["steps"].as_array().unwrap().iter().enumerate() {
                 let now_us = step["now_us"].as_u64().unwrap();
                 let cost = number(&step["cost"]);
-                let expect: Vec<i64> = step["expect"]
+                let mut expect: Vec<i64> = step["expect"]
                     .as_array()
                     .unwrap()
                     .iter()
                     .map(|x| x.as_i64().unwrap())
                     .collect();
+                if step["op"] == "peek" {
+                    // RL.PEEK reports the signed balance (negative in debt, as after a clock
+                    // stepped back); this library's reply keeps `remaining` unsigned, so 0.
+                    if let Some(balance) = expect.get_mut(1) {
+                        *balance = (*balance).max(0);
+                    }
+                }
                 let got = match step["op"].as_str().unwrap() {
                     "refund" => {
                         let (remaining, reset) = local.refund("k", &limit, cost, now_us);

@@ -38,11 +38,15 @@ fn decide(
     let now_ticks = limit.now_ticks(now_us);
     let full_ticks = limit.full_ticks(state);
     let debt_ticks = full_ticks.saturating_sub(now_ticks);
-    let report = |outcome, debt_ticks, retry_ticks| Decision {
-        outcome,
-        remaining: limit.whole_tokens(debt_ticks),
-        retry_after_ns: limit.ns_ceil(retry_ticks),
-        reset_after_ns: limit.ns_ceil(debt_ticks),
+    let report = |outcome, debt_ticks, retry_ticks| {
+        let (remaining, balance) = limit.tokens(debt_ticks);
+        Decision {
+            outcome,
+            remaining,
+            balance,
+            retry_after_ns: limit.ns_ceil(retry_ticks),
+            reset_after_ns: limit.ns_ceil(debt_ticks),
+        }
     };
 
     let Some(cost_ticks) = limit.cost_ticks(cost) else {
@@ -91,13 +95,13 @@ fn decide(
     )
 }
 
-/// What [`acquire`] would decide for `cost`, taking nothing. `remaining` and
-/// `reset_after_ns` describe the bucket as it is now; `retry_after_ns` is the wait until
+/// What [`acquire`] would decide for `cost`, taking nothing. `remaining`, `balance` and
+/// `reset_after_ns` describe the bucket as it is now (`balance` negative while in debt); `retry_after_ns` is the wait until
 /// `cost` tokens are there (0 if they are).
 pub fn peek(limit: &Limit, state: Option<State>, now_us: u64, cost: Cost) -> Decision {
     let (mut decision, taken, debt_ticks) = decide(limit, state, now_us, cost);
     if taken.is_some() {
-        decision.remaining = limit.whole_tokens(debt_ticks);
+        (decision.remaining, decision.balance) = limit.tokens(debt_ticks);
         decision.reset_after_ns = limit.ns_ceil(debt_ticks);
     }
     decision

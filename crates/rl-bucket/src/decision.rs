@@ -1,6 +1,6 @@
 //! What a call tells its caller: the [`Outcome`], the [`Decision`] in exact units with the
-//! millisecond views a client needs (rounded so that waiting that long is enough), and the
-//! [`Change`] a call makes to the stored key.
+//! millisecond views a client needs (rounded so that waiting that long is enough), a
+//! [`Charged`] bucket's report, and the [`Change`] a call makes to the stored key.
 //!
 //! Plain values: must not depend on limits or the steps that fill them in, and knows nothing
 //! of Redis (a handler turns these into a reply) or a clock.
@@ -26,8 +26,13 @@ pub enum Outcome {
 pub struct Decision {
     /// Allowed, denied, or impossible.
     pub outcome: Outcome,
-    /// Whole tokens left after this call (rounded down).
+    /// Whole tokens left after this call (rounded down), 0 while the bucket is in debt: what
+    /// `X-RateLimit-Remaining` reports.
     pub remaining: u64,
+    /// The signed balance after this call, in whole tokens rounded toward −∞: `remaining`
+    /// while the bucket holds tokens, negative while it is in debt (a [`charge`](crate::charge)
+    /// took it below zero, or the capacity shrank under what it owes). What `RL.PEEK` reports.
+    pub balance: i64,
     /// When denied, the nanoseconds until `cost` tokens are there (rounded up); 0 otherwise.
     pub retry_after_ns: u64,
     /// The nanoseconds until the bucket is full (rounded up); 0 when it is full.
@@ -48,6 +53,33 @@ impl Decision {
             Outcome::Denied => ms_ceil(self.retry_after_ns),
             Outcome::Impossible => -1,
         }
+    }
+
+    /// Milliseconds until the bucket is full, rounded up; 0 when full.
+    pub fn reset_after_ms(&self) -> i64 {
+        ms_ceil(self.reset_after_ns)
+    }
+}
+
+/// What a [`charge`](crate::charge) reports: it always applies, so there is no outcome, only
+/// the bucket after it, in exact units.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Charged {
+    /// The balance after the charge in whole tokens, rounded toward −∞: negative while the
+    /// bucket is in debt.
+    pub balance: i64,
+    /// The nanoseconds until the debt is repaid (rounded up): until the balance is back to 0,
+    /// when a cost-0 check passes again. 0 when not in debt.
+    pub repaid_after_ns: u64,
+    /// The nanoseconds until the bucket is full (rounded up); 0 when it is full.
+    pub reset_after_ns: u64,
+}
+
+impl Charged {
+    /// Milliseconds until the debt is repaid, rounded up so that a cost-0 check made that
+    /// much later passes; 0 when not in debt.
+    pub fn retry_after_ms(&self) -> i64 {
+        ms_ceil(self.repaid_after_ns)
     }
 
     /// Milliseconds until the bucket is full, rounded up; 0 when full.

@@ -23,6 +23,8 @@
 //!   millisecond views, [`Change`].
 //! - `acquire.rs`: the steps that take, [`acquire`](fn@acquire) and [`peek`].
 //! - `refund.rs`: the step that gives back, [`refund`](fn@refund).
+//! - `charge.rs`: the post-paid step, [`charge`](fn@charge), which always applies and may
+//!   leave the bucket in debt, and its bound ([`ChargeError`]).
 //! - `model.rs` (tests only): the exact model in rational arithmetic, sharing no code with
 //!   the above; the fuzzer includes it by path.
 //! - `tests/`: the unit and property tests, one file per concept above, plus the runs that
@@ -114,6 +116,12 @@
 //! - **Cost 0** asks "am I limited?": allowed iff the bucket holds at least 0 tokens. After a
 //!   limit shrank, a bucket can owe more than its whole capacity; then cost 0 is denied with
 //!   the wait until the debt fits again, as redis-cell answers.
+//! - **Debt.** A [`charge`](fn@charge) reports work already done, so it always applies and
+//!   may take the bucket below zero: `full_at` moves to `max(full_at, now) + cost × T` past
+//!   `now + capacity × T`. While `full_at - now > capacity × T` the bucket is in debt: every
+//!   take is denied (cost 0 included) with the wait until the take fits, `remaining` is 0,
+//!   and [`Decision::balance`] (what `RL.PEEK` reports) is negative. The debt is bounded:
+//!   the bucket must be full again within [`MAX_REFILL_S`] of now ([`ChargeError`]).
 //!
 //! ```
 //! use rl_bucket::{acquire, Cost, Limit};
@@ -128,6 +136,7 @@
 //! ```
 
 mod acquire;
+mod charge;
 mod cost;
 mod decimal;
 mod decision;
@@ -137,9 +146,10 @@ mod state;
 mod ticks;
 
 pub use acquire::{acquire, peek};
+pub use charge::{charge, ChargeError};
 pub use cost::Cost;
 pub use decimal::Decimal;
-pub use decision::{Change, Decision, Outcome};
+pub use decision::{Change, Charged, Decision, Outcome};
 pub use limit::{Limit, LimitError, MAX_CAPACITY, MAX_RATE_PER_S, MAX_REFILL_S, MIN_RATE_PER_S};
 pub use refund::refund;
 pub use state::{State, MAX_FULL_AT_FRAC, MAX_FULL_AT_NS};

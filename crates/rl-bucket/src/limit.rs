@@ -219,15 +219,45 @@ impl Limit {
         cost.0.mul_round(self.ticks_per_token, Round::Up)
     }
 
-    /// Whole tokens in a bucket `debt_ticks` short of full: the largest integer `k` with
-    /// `debt_ticks <= capacity_ticks - k × T`, so that a request for `remaining` tokens is
-    /// always allowed. 0 when the bucket owes more than its capacity.
-    pub(crate) fn whole_tokens(&self, debt_ticks: u128) -> u64 {
-        let (held, _) = div_rem(
-            self.capacity_ticks.saturating_sub(debt_ticks),
-            self.ticks_per_token,
-        );
-        u64::try_from(held).unwrap_or(u64::MAX)
+    /// The signed balance of a bucket `debt_ticks` short of full, in whole tokens rounded
+    /// toward −∞: `floor((capacity × T - debt) / T)`, the largest integer `k` with
+    /// `debt <= capacity × T - k × T`, so that a request for that many tokens is always
+    /// allowed. Negative while the bucket is in debt (`debt > capacity × T`): a bucket a
+    /// quarter of a token in debt holds -1.
+    pub(crate) fn balance(&self, debt_ticks: u128) -> i64 {
+        match self.capacity_ticks.checked_sub(debt_ticks) {
+            Some(held_ticks) => {
+                let (held, _) = div_rem(held_ticks, self.ticks_per_token);
+                i64::try_from(held).unwrap_or(i64::MAX)
+            }
+            None => {
+                let (owed, rem) = div_rem(debt_ticks - self.capacity_ticks, self.ticks_per_token);
+                let owed = owed.saturating_add(u128::from(rem > 0));
+                i64::try_from(owed).map_or(i64::MIN, |owed| -owed)
+            }
+        }
+    }
+
+    /// `cost × T` in ticks, rounded up, whatever the capacity: what a charge adds. `None`
+    /// when it does not fit in 128 bits (far past any bound a charge accepts).
+    pub(crate) fn charge_ticks(&self, cost: Cost) -> Option<u128> {
+        if cost == Cost::ONE {
+            return Some(self.ticks_per_token);
+        }
+        cost.0.mul_round(self.ticks_per_token, Round::Up)
+    }
+
+    /// [`Limit::balance`] and the whole tokens a caller may take, `remaining`: the balance,
+    /// or 0 while in debt.
+    pub(crate) fn tokens(&self, debt_ticks: u128) -> (u64, i64) {
+        let balance = self.balance(debt_ticks);
+        (u64::try_from(balance).unwrap_or(0), balance)
+    }
+
+    /// Whether a bucket `debt_ticks` short of full is full again within [`MAX_REFILL_S`]: the
+    /// bound a charge may push the bucket to (the same as a full refill's).
+    pub(crate) fn within_refill_bound(&self, debt_ticks: u128) -> bool {
+        debt_ticks <= MAX_REFILL_NS * u128::from(self.ticks_per_ns)
     }
 
     /// `ticks` as whole nanoseconds, rounded up.

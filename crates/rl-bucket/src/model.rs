@@ -17,11 +17,29 @@ pub struct Reply {
     /// `None` for impossible (cost above capacity), else whether it was allowed.
     pub allowed: Option<bool>,
     pub remaining: u64,
+    /// floor(tokens), signed: negative while the bucket is in debt.
+    pub balance: i64,
     /// ceil(ns) until `cost` tokens are there; 0 unless denied.
     pub retry_after_ns: u64,
     /// ceil(ns) until full, after the call.
     pub reset_after_ns: u64,
 }
+
+/// The model's view of one charge: the bucket after it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Charged {
+    /// floor(tokens), signed: negative while the bucket is in debt.
+    pub balance: i64,
+    /// ceil(ns) until the debt is repaid (tokens back to 0); 0 when not in debt.
+    pub repaid_after_ns: u64,
+    /// ceil(ns) until full.
+    pub reset_after_ns: u64,
+}
+
+/// The longest a charge may leave a bucket short of full: 100 years, in ns.
+const MAX_DEBT_NS: u64 = 3_153_600_000 * 1_000_000_000;
+/// The first instant (ns) a state cannot hold: `i64::MAX + 1`.
+const FIRST_UNSTORABLE_NS: u64 = 1 << 63;
 
 /// A limit and an exact instant; `full_at_ns: None` is a full bucket.
 #[derive(Clone, Debug)]
@@ -146,10 +164,20 @@ impl Model {
         }
     }
 
+    /// floor(capacity - debt / T), signed.
+    fn balance(&self, debt_ns: &BigRational) -> i64 {
+        (&self.capacity - debt_ns / &self.ns_per_token)
+            .floor()
+            .to_integer()
+            .to_i64()
+            .expect("a balance within i64")
+    }
+
     fn reply(&self, allowed: Option<bool>, debt_ns: &BigRational, retry_ns: &BigRational) -> Reply {
         Reply {
             allowed,
             remaining: self.whole_tokens(debt_ns),
+            balance: self.balance(debt_ns),
             retry_after_ns: ceil_u64(retry_ns),
             reset_after_ns: ceil_u64(debt_ns),
         }
@@ -192,8 +220,40 @@ impl Model {
         let mut reply = probe.acquire(now_us, cost);
         let debt_ns = self.debt_ns(&BigRational::from_integer(BigInt::from(now_us) * 1000));
         reply.remaining = self.whole_tokens(&debt_ns);
+        reply.balance = self.balance(&debt_ns);
         reply.reset_after_ns = ceil_u64(&debt_ns);
         reply
+    }
+
+    /// Charges `cost` whatever the bucket holds: `full_at = max(full_at, now) + cost × T`.
+    /// `None` (and nothing changes) when the bucket would not be full again within 100 years
+    /// of now, or the instant could not be stored (at or past `i64::MAX + 1` ns).
+    pub fn charge_exact(&mut self, now_us: u64, cost: BigRational) -> Option<Charged> {
+        let now_ns = BigRational::from_integer(BigInt::from(now_us) * 1000);
+        let full_at = if cost.is_zero() {
+            self.full_at_ns.clone()
+        } else {
+            let start = match &self.full_at_ns {
+                Some(full_at) if full_at > &now_ns => full_at.clone(),
+                _ => now_ns.clone(),
+            };
+            let full_at = start + &cost * &self.ns_per_token;
+            let debt = &full_at - &now_ns;
+            if debt > BigRational::from_integer(MAX_DEBT_NS.into())
+                || full_at >= BigRational::from_integer(FIRST_UNSTORABLE_NS.into())
+            {
+                return None;
+            }
+            Some(full_at)
+        };
+        self.full_at_ns = full_at;
+        let debt_ns = self.debt_ns(&now_ns);
+        let owed_ns = &debt_ns - &self.capacity * &self.ns_per_token;
+        Some(Charged {
+            balance: self.balance(&debt_ns),
+            repaid_after_ns: ceil_u64(&owed_ns),
+            reset_after_ns: ceil_u64(&debt_ns),
+        })
     }
 
     /// `T` in ns, exactly.

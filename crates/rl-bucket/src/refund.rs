@@ -42,9 +42,11 @@ pub fn refund(
         }
         _ => (debt_ticks, Change::Keep),
     };
+    let (remaining, balance) = limit.tokens(new_debt_ticks);
     let decision = Decision {
         outcome: Outcome::Allowed,
-        remaining: limit.whole_tokens(new_debt_ticks),
+        remaining,
+        balance,
         retry_after_ns: 0,
         reset_after_ns: limit.ns_ceil(new_debt_ticks),
     };

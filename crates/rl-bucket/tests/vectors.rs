@@ -6,7 +6,7 @@
 
 #![cfg(test)]
 
-use rl_bucket::{acquire, peek, refund, Change, Cost, Limit, State};
+use rl_bucket::{acquire, charge, peek, refund, Change, Cost, Limit, State};
 use serde_json::Value;
 
 fn vectors() -> Value {
@@ -54,7 +54,31 @@ fn every_step_of_every_case_matches() {
                     }
                     reply(&d)
                 }
-                "peek" => reply(&peek(&limit, state, now_us, cost)),
+                // A peek reports the signed balance, negative while in debt.
+                "peek" => {
+                    let d = peek(&limit, state, now_us, cost);
+                    vec![
+                        i64::from(d.allowed()),
+                        d.balance,
+                        d.retry_after_ms(),
+                        d.reset_after_ms(),
+                    ]
+                }
+                "charge" => match charge(&limit, state, now_us, cost) {
+                    Ok((charged, new_state)) => {
+                        if new_state.is_some() {
+                            state = new_state;
+                        }
+                        vec![
+                            1,
+                            charged.balance,
+                            charged.retry_after_ms(),
+                            charged.reset_after_ms(),
+                        ]
+                    }
+                    // The vectors write a refused charge as an empty reply.
+                    Err(_) => vec![],
+                },
                 "refund" => {
                     let (d, change) = refund(&limit, state, now_us, cost);
                     match change {

@@ -65,7 +65,8 @@ def refund(rate, capacity, full_at_ns, now_us, cost):
     """Gives `cost` tokens back, capped at capacity. Returns `((remaining, reset_after_ms),
     new_full_at_ns)`, the new state being `FULL` (None) once the bucket is full again."""
     now_ns = now_us * NS_PER_US
-    debt = max(Fraction(0), _debt(full_at_ns, now_ns) - cost * NS_PER_S / rate)
+    # At most the capacity comes back, as the module caps it (a charge can owe more).
+    debt = max(Fraction(0), _debt(full_at_ns, now_ns) - min(cost, capacity) * NS_PER_S / rate)
     new_full_at = FULL if debt == 0 else now_ns + debt
     return (_remaining(rate, capacity, debt), _ms_ceil(debt)), new_full_at
 

@@ -208,7 +208,7 @@ proptest! {
 /// A rate as a user types it: a decimal with random digits and exponent (`3.7e-4`,
 /// `0.0123`, `81`), or `N/S` from pairs that do not divide (100/60, 7/3, 3/10) or random
 /// ones, some with decimal parts. Only texts `Limit::parse` accepts with `capacity`.
-fn rate_texts() -> impl Strategy<Value = String> {
+pub(super) fn rate_texts() -> impl Strategy<Value = String> {
     prop_oneof![
         // digits × 10^exp: 1 to 17 digits, anywhere from 1e-6 to 1e9.
         (1u64..=99_999_999_999_999_999, -22i32..=9).prop_map(|(m, e)| format!("{m}e{e}")),
@@ -242,7 +242,7 @@ fn ops(capacity: u64, max_step_us: u64) -> impl Strategy<Value = Vec<(Op, u64, u
 
 /// Whether `st` (or a missing key) is the model's exact instant: the stored state is at least
 /// it and less than 2^-63 ns above it (the fraction is rounded up, never down).
-fn holds_the_model_instant(st: Option<State>, m: &model::Model, now_us: u64) -> bool {
+pub(super) fn holds_the_model_instant(st: Option<State>, m: &model::Model, now_us: u64) -> bool {
     let two63 = num_rational::BigRational::new(1.into(), num_bigint::BigInt::from(1u64) << 63);
     match (st, &m.full_at_ns) {
         (None, _) => m.is_full(now_us),

@@ -31,6 +31,7 @@ fn millisecond_views_round_up() {
         let d = Decision {
             outcome,
             remaining: 0,
+            balance: 0,
             retry_after_ns: retry_ns,
             reset_after_ns: reset_ns,
         };

@@ -13,6 +13,8 @@
 //! - `acquire.rs`: every field of one call's reply, sequences of calls, extreme limits, and
 //!   the replies the issues pinned down.
 //! - `refund.rs`: peeks and refunds against the exact model.
+//! - `charge.rs`: charges into debt, then takes, peeks and cost-0 checks at random times,
+//!   against the exact model; the bound on the debt.
 //! - `drift.rs`: a saturated caller over a million calls gets exactly the model's count.
 //! - `properties.rs`: the invariants, over generated limits, states and costs.
 //! - `against_model.rs`: every field of every reply against the exact model (`model.rs`),
@@ -27,6 +29,7 @@ use proptest::prelude::*;
 
 mod acquire;
 mod against_model;
+mod charge;
 mod cost;
 mod decimal;
 mod decision;
@@ -64,6 +67,7 @@ fn assert_matches(d: &Decision, want: &model::Reply, at: &str) {
     };
     assert_eq!(d.outcome, outcome, "outcome, {at}");
     assert_eq!(d.remaining, want.remaining, "remaining, {at}");
+    assert_eq!(d.balance, want.balance, "balance, {at}");
     assert_eq!(
         d.retry_after_ns, want.retry_after_ns,
         "retry_after_ns, {at}"
