@@ -116,18 +116,23 @@ fn header(h: &str) -> String {
     format!("{{request_headers: {{header_name: {h}, descriptor_key: {h}}}}}")
 }
 
+/// Envoy's generic-key action: descriptor `key` = `value`.
+fn generic(key: &str, value: &str) -> String {
+    format!("{{generic_key: {{descriptor_key: {key}, descriptor_value: {value}}}}}")
+}
+
 /// The per-route config of Envoy's filter: request-path actions with `hits_addend`, and a
-/// stream-done action that charges what the answer used (`x-tokens-used`).
-fn per_route(request_path: &[(&str, &str, u64)], on_done: Option<(&str, &str)>) -> String {
+/// stream-done action (`on_done`) that charges what the answer used (`x-tokens-used`).
+fn per_route(request_path: &[(&str, &str, u64)], on_done: Option<String>) -> String {
     let mut limits = String::new();
     for (key, value, hits) in request_path {
         limits.push_str(&format!(
             "                    - actions: [{{generic_key: {{descriptor_key: {key}, descriptor_value: {value}}}}}]\n                      hits_addend: {{number: {hits}}}\n"
         ));
     }
-    if let Some((key, value)) = on_done {
+    if let Some(action) = on_done {
         limits.push_str(&format!(
-            "                    - actions: [{{generic_key: {{descriptor_key: {key}, descriptor_value: {value}}}}}]\n                      hits_addend: {{format: \"%RESP(x-tokens-used)%\"}}\n                      apply_on_stream_done: true\n"
+            "                    - actions: [{action}]\n                      hits_addend: {{format: \"%RESP(x-tokens-used)%\"}}\n                      apply_on_stream_done: true\n"
         ));
     }
     format!(
@@ -186,7 +191,7 @@ fn routes() -> String {
             ("token_service", "service_1", 0),
             ("token_service", "service_2", 0),
         ],
-        Some(("token_service", "service_2")),
+        Some(generic("token_service", "service_2")),
     ));
     // An LLM user's tokens per minute.
     r.push_str(
@@ -194,17 +199,15 @@ fn routes() -> String {
     );
     r.push_str(&per_route(
         &[("llm_user", "alice", 0)],
-        Some(("llm_user", "alice")),
+        Some(generic("llm_user", "alice")),
     ));
     // Multi-service: the Lua filter sets x-backend from the dynamic metadata and clears
-    // the route cache; the backend's route charges that backend's quota on stream done.
+    // the route cache, so the backend's route forwards it. Envoy takes the stream-done
+    // actions from the route the filter saw, so that route's charge the backend x-backend
+    // names.
     for (n, cluster) in [(1, "service1"), (2, "service2")] {
         r.push_str(&format!(
             "              - match: {{prefix: \"/multiservice-tokenquota\", headers: [{{name: x-backend, string_match: {{exact: service_{n}}}}}]}}\n                route: {{cluster: {cluster}}}\n"
-        ));
-        r.push_str(&per_route(
-            &[],
-            Some(("multi_service", &format!("service_{n}"))),
         ));
     }
     r.push_str("              - match: {prefix: \"/multiservice-tokenquota\"}\n                route: {cluster: upstream}\n");
@@ -213,7 +216,7 @@ fn routes() -> String {
             ("multi_service", "service_1", 0),
             ("multi_service", "service_2", 0),
         ],
-        None,
+        Some("{request_headers: {header_name: x-backend, descriptor_key: multi_service}}".into()),
     ));
     r.push_str(
         "              - match: {prefix: \"/\"}\n                route: {cluster: upstream}\n",
