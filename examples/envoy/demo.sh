@@ -93,6 +93,7 @@ tokens_charged() { # wait until redis-rl-envoy has counted $1 tokens of carol's
             | awk '/^ratelimit_service_rate_limit_total_hits\{domain="demo",key1="llm_user"/ {print $2}')
         [ "${n:-0}" = "$1" ] && return 0; sleep 0.1
     done
+    echo "envoy-demo: redis-rl-envoy has not counted $1 tokens for carol" >&2
 }
 total=0
 for used in 400 400 400 1; do
