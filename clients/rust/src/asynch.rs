@@ -13,7 +13,9 @@ use redis::Value;
 
 use crate::engine::{CallError, Engine, Exchange, Op, Path, Step, Target};
 use crate::slots::{Across, AcrossStep, SlotItem, SlotsDecision};
-use crate::types::{check_cost, Counters, Decision, Error, Limit, MultiDecision, Options, Refund};
+use crate::types::{
+    check_cost, Charged, Counters, Decision, Error, Limit, MultiDecision, Options, Refund,
+};
 
 /// The async twin of [`crate::Limiter`], with the same methods, awaited.
 ///
@@ -183,6 +185,32 @@ impl<C: ConnectionLike + Clone + Send + Sync> AsyncLimiter<C> {
     pub async fn refund(&self, key: &str, limit: &Limit, cost: f64) -> Result<Refund, Error> {
         self.give_back(Op::Refund, Target::Key(key), limit, cost)
             .await
+    }
+
+    /// Charges `cost` tokens for work already done, as [`crate::Limiter::charge`].
+    ///
+    /// # Errors
+    /// As for [`crate::Limiter::charge`].
+    pub async fn charge(&self, key: &str, limit: &Limit, cost: f64) -> Result<Charged, Error> {
+        self.charge_target(Target::Key(key), limit, cost).await
+    }
+
+    /// A charge of a key or of a table's field.
+    pub(crate) async fn charge_target(
+        &self,
+        target: Target<'_>,
+        limit: &Limit,
+        cost: f64,
+    ) -> Result<Charged, Error> {
+        let cost = check_cost(cost)?;
+        let key = target.key();
+        if let Some(charged) = self.engine.before_charge(key, limit, cost) {
+            return charged;
+        }
+        let sent_at = Instant::now();
+        let result = self.call(Op::Charge, &[(target, *limit, cost)]).await;
+        self.engine
+            .after_charge(result, (key, limit, cost), sent_at)
     }
 
     /// A refund (`op`), of a key or of a table's field.

@@ -16,8 +16,8 @@ use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
 use crate::local::{DenyCache, LocalBuckets, Reply};
 use crate::script;
 use crate::types::{
-    number, Counters, Decision, Error, Limit, MultiDecision, OnError, Options, Refund, Source,
-    WithoutModule, CLOSED_RETRY_AFTER_MS,
+    number, Charged, Counters, Decision, Error, Limit, MultiDecision, OnError, Options, Refund,
+    Source, WithoutModule, CLOSED_RETRY_AFTER_MS, DEBT_ERROR,
 };
 
 /// What a call asks for.
@@ -27,6 +27,8 @@ pub(crate) enum Op {
     Peek,
     Refund,
     Multi,
+    /// A post-paid cost (RL.CHARGE): always applies, may leave the bucket in debt.
+    Charge,
 }
 
 impl Op {
@@ -491,6 +493,80 @@ impl Engine {
         }
     }
 
+    /// During an outage between probes, the policy's charge (a charge always applies, so the
+    /// deny cache has nothing to say before it).
+    pub(crate) fn before_charge(
+        &self,
+        key: &str,
+        limit: &Limit,
+        cost: f64,
+    ) -> Option<Result<Charged, Error>> {
+        self.skip_redis()
+            .then(|| self.policy_charge(key, limit, cost))
+    }
+
+    /// After asking Redis for a charge sent at `sent_at`. A charge into debt is remembered by
+    /// the deny cache as a denial of any cost until the debt is repaid: every acquire is
+    /// denied until then, so asking Redis would change nothing.
+    pub(crate) fn after_charge(
+        &self,
+        result: Result<Value, CallError>,
+        (key, limit, cost): (&str, &Limit, f64),
+        sent_at: Instant,
+    ) -> Result<Charged, Error> {
+        match result {
+            Ok(value) => {
+                let source = self.answered();
+                let charged = read_charged(&value, limit, source).map_err(CallError::into_error)?;
+                if charged.in_debt() {
+                    let denied = Decision {
+                        allowed: false,
+                        remaining: 0,
+                        retry_after_ms: charged.retry_after_ms,
+                        reset_after_ms: charged.reset_after_ms,
+                        limit: *limit,
+                        source,
+                    };
+                    self.remember(key, 0.0, &denied, sent_at);
+                }
+                Ok(charged)
+            }
+            Err(e) if e.unavailable() => {
+                self.failed(&e);
+                self.policy_charge(key, limit, cost)
+            }
+            Err(e) => Err(e.into_error()),
+        }
+    }
+
+    /// The policy's charge: `Local` charges the local bucket; `Open` and `Closed` charge
+    /// nothing (`Closed` reports its usual wait, as its denials do).
+    pub(crate) fn policy_charge(
+        &self,
+        key: &str,
+        limit: &Limit,
+        cost: f64,
+    ) -> Result<Charged, Error> {
+        let now_us = self.now_us();
+        let mut inner = self.lock();
+        let source = self.count_policy(&mut inner);
+        let (balance, retry_after_ms, reset_after_ms) = match source {
+            Source::Local => inner
+                .local
+                .charge(key, limit, cost, now_us)
+                .ok_or(Error::Invalid(DEBT_ERROR))?,
+            Source::Closed => (0, CLOSED_RETRY_AFTER_MS, 0),
+            _ => (0, 0, 0),
+        };
+        Ok(Charged {
+            balance,
+            retry_after_ms,
+            reset_after_ms,
+            limit: *limit,
+            source,
+        })
+    }
+
     /// Before a refund: clears the deny cache's entry; the policy's answer between probes.
     pub(crate) fn before_refund(&self, key: &str, limit: &Limit, cost: f64) -> Option<Refund> {
         self.forget(key);
@@ -593,6 +669,8 @@ impl Engine {
                 (Op::Acquire, true) => "RL.HACQUIRE",
                 (Op::Peek, true) => "RL.HPEEK",
                 (Op::Refund, true) => "RL.HREFUND",
+                (Op::Charge, false) => "RL.CHARGE",
+                (Op::Charge, true) => "RL.HCHARGE",
             };
             let mut cmd = redis::cmd(name);
             for (target, limit, cost) in items {
@@ -613,6 +691,7 @@ impl Engine {
             Op::Peek => "peek",
             Op::Refund => "refund",
             Op::Multi => "multi",
+            Op::Charge => "charge",
         };
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(sha).arg(items.len());
@@ -838,6 +917,25 @@ pub(crate) fn read_decision(
     source: Source,
 ) -> Result<Decision, CallError> {
     Ok(decision(reply_of(value)?, limit, source))
+}
+
+/// RL.CHARGE's reply: `[1, balance, retry_after_ms, reset_after_ms]`, the balance signed.
+pub(crate) fn read_charged(
+    value: &Value,
+    limit: &Limit,
+    source: Source,
+) -> Result<Charged, CallError> {
+    let v = integers(value, "RL.CHARGE reply", 4)?;
+    match v.as_slice() {
+        [1, balance, retry, reset] => Ok(Charged {
+            balance: *balance,
+            retry_after_ms: *retry,
+            reset_after_ms: *reset,
+            limit: *limit,
+            source,
+        }),
+        _ => Err(CallError::Reply(format!("RL.CHARGE reply: {value:?}"))),
+    }
 }
 
 /// RL.REFUND's reply: `[remaining, reset_after_ms]`.

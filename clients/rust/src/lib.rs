@@ -69,7 +69,7 @@ pub use slots::{key_slot, SlotItem, SlotOutcome, SlotsDecision};
 pub use sync::{Connect, Limiter};
 pub use table::{shard_of, AsyncTable, Table, MAX_SHARDS};
 pub use types::{
-    Counters, Decision, Error, Limit, MultiDecision, OnError, Options, Refund, Source,
+    Charged, Counters, Decision, Error, Limit, MultiDecision, OnError, Options, Refund, Source,
     WithoutModule, CLOSED_RETRY_AFTER_MS, DEFAULT_DENY_CACHE_ENTRIES, DEFAULT_TIMEOUT,
 };
 pub use wait::WaitError;

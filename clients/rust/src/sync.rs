@@ -11,7 +11,9 @@ use redis::{ConnectionLike, RedisResult, Value};
 
 use crate::engine::{CallError, Engine, Exchange, Op, Path, Step, Target};
 use crate::slots::{Across, AcrossStep, SlotItem, SlotsDecision};
-use crate::types::{check_cost, Counters, Decision, Error, Limit, MultiDecision, Options, Refund};
+use crate::types::{
+    check_cost, Charged, Counters, Decision, Error, Limit, MultiDecision, Options, Refund,
+};
 
 /// How the blocking limiter opens a connection with a deadline.
 pub trait Connect {
@@ -208,6 +210,50 @@ impl<K: Connect> Limiter<K> {
     /// As for [`Limiter::acquire`].
     pub fn refund(&self, key: &str, limit: &Limit, cost: f64) -> Result<Refund, Error> {
         self.give_back(Op::Refund, Target::Key(key), limit, cost)
+    }
+
+    /// Charges `cost` tokens to the bucket `key` of `limit` for work already done
+    /// (RL.CHARGE): post-paid, it always applies, and may take the bucket below zero. While
+    /// the bucket is in debt every acquire is denied, cost 0 included, until refill repays
+    /// it ([`Charged::retry_after_ms`]). Use it when the cost is known only afterwards
+    /// (tokens of a response, bytes sent); `acquire` with an estimate first if the request
+    /// must be refused up front.
+    ///
+    /// ```no_run
+    /// use redis_rl_client::{Limit, Limiter, OnError, Options};
+    ///
+    /// let limiter = Limiter::new(redis::Client::open("redis://127.0.0.1/")?, Options::new(OnError::Local));
+    /// let per_user = Limit::new(1000.0, 10_000.0)?; // 1000 tokens/s, bursts of 10,000
+    /// let used = 12_500.0; // what the request turned out to cost
+    /// let c = limiter.charge("llm:user:42", &per_user, used)?;
+    /// if c.in_debt() { /* later requests get 429 until c.retry_after_ms */ }
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] for a bad cost; [`Error::Redis`] (or, on the `Local` policy,
+    /// [`Error::Invalid`]) when the charge would leave the bucket in debt for more than 100
+    /// years, and nothing is written; and as for [`Limiter::acquire`].
+    pub fn charge(&self, key: &str, limit: &Limit, cost: f64) -> Result<Charged, Error> {
+        self.charge_target(Target::Key(key), limit, cost)
+    }
+
+    /// A charge of a key or of a table's field.
+    pub(crate) fn charge_target(
+        &self,
+        target: Target<'_>,
+        limit: &Limit,
+        cost: f64,
+    ) -> Result<Charged, Error> {
+        let cost = check_cost(cost)?;
+        let key = target.key();
+        if let Some(charged) = self.engine.before_charge(key, limit, cost) {
+            return charged;
+        }
+        let sent_at = Instant::now();
+        let result = self.call(Op::Charge, &[(target, *limit, cost)]);
+        self.engine
+            .after_charge(result, (key, limit, cost), sent_at)
     }
 
     /// A refund (`op`), of a key or of a table's field.

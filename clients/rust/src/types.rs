@@ -1,5 +1,5 @@
-//! The library's values: [`Limit`], [`Decision`], [`MultiDecision`], [`Refund`], [`Source`],
-//! the options ([`Options`], [`OnError`], [`WithoutModule`]), [`Counters`] and [`Error`].
+//! The library's values: [`Limit`], [`Decision`], [`MultiDecision`], [`Refund`], [`Charged`],
+//! [`Source`], the options ([`Options`], [`OnError`], [`WithoutModule`]), [`Counters`] and [`Error`].
 //!
 //! Nothing here does I/O; the names are the Python and Node libraries' names.
 
@@ -188,6 +188,9 @@ pub(crate) const CAPACITY_ERROR: &str =
 pub(crate) const REFILL_ERROR: &str =
     "capacity / rate must be at most 3153600000 (a full refill within 100 years)";
 pub(crate) const COST_ERROR: &str = "cost must be a finite number >= 0 (tokens)";
+/// The module's refusal of a charge past its bound, for the local bucket's (nothing written).
+pub(crate) const DEBT_ERROR: &str = "cost would leave the bucket in debt for more than 100 years \
+     (it must be full again within 3153600000 s, and before 2262)";
 
 /// Who decided.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -275,6 +278,62 @@ pub struct MultiDecision {
     pub decisions: Vec<Decision>,
     /// Who decided.
     pub source: Source,
+}
+
+/// The answer of `charge`: a post-paid cost always applies, so there is no `allowed`, only the
+/// bucket after it. Its balance is signed: a charge may take the bucket below zero (in debt),
+/// and while it is, every acquire is denied, cost 0 included, until refill repays the debt.
+///
+/// ```
+/// use redis_rl_client::{Charged, Limit, Source};
+///
+/// // 3 tokens/s, burst 3, charged 5 on a full bucket: two tokens in debt.
+/// let c = Charged { balance: -2, retry_after_ms: 667, reset_after_ms: 1667,
+///                   limit: Limit::new(3.0, 3.0)?, source: Source::Redis };
+/// assert!(c.in_debt());
+/// assert_eq!(c.remaining(), 0);
+/// # Ok::<(), redis_rl_client::Error>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Charged {
+    /// Whole tokens after the charge, rounded toward −∞: negative while in debt.
+    pub balance: i64,
+    /// Until the debt is repaid (a cost-0 acquire passes again), in ms rounded up; 0 when not
+    /// in debt. `Retry-After` for the next request.
+    pub retry_after_ms: i64,
+    /// Until the bucket is full again, in ms rounded up.
+    pub reset_after_ms: i64,
+    /// The limit charged.
+    pub limit: Limit,
+    /// Who applied it: `Redis`, `Lua`, or the failure policy (`Local` charged its local
+    /// bucket; `Open` and `Closed` charged nothing).
+    pub source: Source,
+}
+
+impl Charged {
+    /// Whether the bucket owes tokens: acquires are denied until `retry_after_ms` passes.
+    pub fn in_debt(&self) -> bool {
+        self.balance < 0
+    }
+
+    /// `X-RateLimit-Remaining`: the balance, 0 while in debt.
+    pub fn remaining(&self) -> u64 {
+        u64::try_from(self.balance).unwrap_or(0)
+    }
+
+    /// `X-RateLimit-Limit`, `-Remaining`, `-Reset`, and `Retry-After` while in debt, as
+    /// [`Decision::headers`].
+    pub fn headers(&self) -> Vec<(&'static str, String)> {
+        Decision {
+            allowed: !self.in_debt(),
+            remaining: self.remaining(),
+            retry_after_ms: self.retry_after_ms,
+            reset_after_ms: self.reset_after_ms,
+            limit: self.limit,
+            source: self.source,
+        }
+        .headers()
+    }
 }
 
 /// The answer of `refund`: the bucket after it.
