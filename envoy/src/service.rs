@@ -19,8 +19,8 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
 use redis_rl_client::{
-    AsyncLimiter, Decision, Error as ClientError, Limit, SlotItem, SlotOutcome, SlotsDecision,
-    Source,
+    AsyncLimiter, Charged, Decision, Error as ClientError, Limit, SlotItem, SlotOutcome,
+    SlotsDecision, Source,
 };
 
 use crate::config::{bucket_limit, Config, Match, RateLimit, Unit};
@@ -87,20 +87,11 @@ impl Backend {
 
     /// Charges `cost` post-paid: applied whatever the bucket holds, which may go into debt.
     async fn charge(&self, key: &str, limit: &Limit, cost: f64) -> Result<Charged, ClientError> {
-        let _ = (key, limit, cost);
-        Err(ClientError::Invalid(
-            "post-paid charges (quota_mode, post_paid) need redis-rl-client's charge",
-        ))
+        match self {
+            Backend::Single(l) => l.charge(key, limit, cost).await,
+            Backend::Cluster(l) => l.charge(key, limit, cost).await,
+        }
     }
-}
-
-/// A post-paid charge's answer: the bucket's balance after it, negative in debt.
-#[derive(Clone, Copy, Debug)]
-struct Charged {
-    balance: i64,
-    retry_after_ms: i64,
-    reset_after_ms: i64,
-    source: Source,
 }
 
 /// The service: the config (swapped whole on reload), the limiter, the settings.
