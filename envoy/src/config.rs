@@ -1,10 +1,13 @@
-//! envoyproxy/ratelimit's YAML config, unchanged: loading, the same validation (each error
-//! names the file), and the same lookup of a descriptor's limit. Pure: no Redis, no clock.
+//! envoyproxy/ratelimit's YAML config: which runtime files are read, the YAML read as its
+//! parser reads it ([`crate::yaml11`]), the same validation (each error names the file), and
+//! the same lookup of a descriptor's limit. Pure apart from reading the files: no Redis, no
+//! clock.
 //!
 //! Lookup follows the Go service's `GetLimit`: at each level the entry's `key_value` is tried
-//! first, then wildcard values (`foo*`, first match in file order), then the key alone (the
-//! default); a limit applies only when the request's entries end at the level that holds it;
-//! a level without `rate_limit` whitelists.
+//! first, then wildcard values (a `*` anywhere in the value matches any run of bytes; the
+//! first match in file order wins), then the key alone (the default); a limit applies only
+//! when the request's entries end at the level that holds it; a level without `rate_limit`
+//! whitelists.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
@@ -13,13 +16,12 @@ use std::sync::Arc;
 
 use redis_rl_client::Limit;
 
-use serde_yaml_ng::Value;
+use crate::yaml11::{Node, Resolved};
 
 /// The keys a config file may hold anywhere; any other is a misspelling and refused, as the
-/// Go service refuses it. `unit_multiplier`, `value_to_metric` and `share_threshold` are the
-/// Go service's newer keys, as are `quota_mode` and `metadata` (a descriptor's own map, sent
-/// back in the response's dynamic metadata, whose keys are the user's and not checked);
-/// `burst` (the bucket's capacity) and `post_paid` are this service's extensions.
+/// Go service refuses it. `unit_multiplier`, `value_to_metric`, `share_threshold`,
+/// `quota_mode` and `metadata` are the Go service's newer keys; `burst` (the bucket's capacity)
+/// and `post_paid` are this service's extensions.
 const VALID_KEYS: &[&str] = &[
     "domain",
     "key",
@@ -131,7 +133,7 @@ impl Unit {
 /// One `rate_limit` block.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RateLimit {
-    /// Tokens per period.
+    /// Tokens per period; 0 (without `unlimited`) bans: always over the limit.
     pub requests_per_unit: u32,
     pub unit: Unit,
     /// The period is `unit × unit_multiplier` (at least 1).
@@ -151,6 +153,20 @@ pub struct RateLimit {
     pub bucket: Result<Limit, String>,
 }
 
+impl RateLimit {
+    /// `requests_per_unit: 0`: every request is over the limit, and Redis is not asked.
+    pub fn is_ban(&self) -> bool {
+        !self.unlimited && self.requests_per_unit == 0
+    }
+
+    /// The period in seconds (`unit × unit_multiplier`).
+    pub fn period_s(&self) -> u64 {
+        self.unit
+            .seconds()
+            .saturating_mul(u64::from(self.unit_multiplier.max(1)))
+    }
+}
+
 /// The limit sent to Redis: `requests_per_unit` every `period_s` seconds exactly (the
 /// module's `N/S` rate: 100 per minute is one token every 0.6 s), with `capacity` tokens.
 pub fn bucket_limit(requests_per_unit: u32, period_s: u64, capacity: f64) -> Result<Limit, String> {
@@ -167,10 +183,10 @@ pub fn bucket_limit(requests_per_unit: u32, period_s: u64, capacity: f64) -> Res
 
 /// One level of the descriptor tree.
 #[derive(Clone, Debug, Default)]
-struct Node {
+struct Level {
     limit: Option<Limited>,
-    children: HashMap<String, Node>,
-    /// Wildcard child keys (`key_prefix*`), in file order.
+    children: HashMap<String, Level>,
+    /// Wildcard child keys (`key_value` with a `*` in the value), in file order.
     wildcards: Vec<String>,
 }
 
@@ -183,7 +199,6 @@ struct Limited {
     shadow_mode: bool,
     detailed_metric: bool,
     quota_mode: bool,
-    /// The level's `metadata`, as JSON (the response's dynamic metadata is a Struct).
     metadata: Option<Arc<serde_json::Value>>,
 }
 
@@ -196,7 +211,7 @@ struct LevelFlags {
 /// The loaded config: domains and their descriptor trees.
 #[derive(Clone, Debug, Default)]
 pub struct Config {
-    domains: HashMap<String, Node>,
+    domains: HashMap<String, Level>,
     /// Per level, the flags that change the key or the metric name.
     flags: HashMap<String, LevelFlags>,
     /// The files loaded, for the log line.
@@ -211,90 +226,190 @@ pub struct Match {
     /// `value_to_metric` ask for it.
     pub stats_key: String,
     pub shadow_mode: bool,
-    /// `quota_mode: true` on the level: the request is over only when every quota-mode
-    /// descriptor is (or a plain one is), and hits are post-paid.
-    pub quota_mode: bool,
-    /// The level's `metadata`, merged into the response's dynamic metadata when the
-    /// descriptor is within its limit (`RESPONSE_DYNAMIC_METADATA=true`).
-    pub metadata: Option<Arc<serde_json::Value>>,
     /// The entries the bucket is keyed by: the request's, except a `share_threshold`
     /// wildcard level, which keys by its pattern so all matching values share one bucket.
     pub key_entries: Vec<(String, String)>,
+    /// The level's `quota_mode` (stored for the quota behaviour; the lookup does not use it).
+    pub quota_mode: bool,
+    /// The level's `metadata`, free-form, as JSON.
+    pub metadata: Option<Arc<serde_json::Value>>,
+}
+
+/// Where the runtime files are and how they are read: envoyproxy/ratelimit's goruntime
+/// layout and its `MERGE_DOMAIN_CONFIG`.
+#[derive(Clone, Debug)]
+pub struct Source {
+    /// `$RUNTIME_ROOT/$RUNTIME_SUBDIRECTORY`.
+    pub base: PathBuf,
+    /// `$RUNTIME_APPDIRECTORY` (`config`).
+    pub app_dir: String,
+    /// `RUNTIME_WATCH_ROOT`: every file under `base` whose path, `/` read as `.`, starts with
+    /// `<app_dir>.`; otherwise every file under `base/<app_dir>`.
+    pub watch_root: bool,
+    /// `RUNTIME_IGNOREDOTFILES`: skip files and directories whose name starts with `.`.
+    pub ignore_dotfiles: bool,
+    /// `MERGE_DOMAIN_CONFIG`: files of one domain are merged instead of refused.
+    pub merge_domains: bool,
+}
+
+impl Source {
+    /// One directory, read as the unit tests use it: every file under `dir`.
+    #[cfg(test)]
+    pub fn dir(dir: &Path) -> Source {
+        Source {
+            base: dir.to_path_buf(),
+            app_dir: String::new(),
+            watch_root: false,
+            ignore_dotfiles: false,
+            merge_domains: false,
+        }
+    }
+
+    /// The directory the files are under (`base/<app_dir>`).
+    pub fn config_dir(&self) -> PathBuf {
+        if self.app_dir.is_empty() {
+            self.base.clone()
+        } else {
+            self.base.join(&self.app_dir)
+        }
+    }
+
+    /// The files the Go service's runtime loader reads, sorted by path (the Go service takes
+    /// them in a map's order). Every file counts, whatever its extension, as goruntime reads
+    /// them all; a symlink to a file is read, a symlink to a directory is not followed.
+    pub fn files(&self) -> Vec<PathBuf> {
+        let walk_root = if self.watch_root {
+            self.base.clone()
+        } else {
+            self.config_dir()
+        };
+        let mut found = Vec::new();
+        self.walk(&walk_root, &walk_root, &mut found);
+        found.sort();
+        found
+    }
+
+    fn walk(&self, root: &Path, dir: &Path, found: &mut Vec<PathBuf>) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for entry in entries.filter_map(Result::ok) {
+            let path = entry.path();
+            let name = entry.file_name();
+            let dotted = name.to_string_lossy().starts_with('.');
+            if self.ignore_dotfiles && dotted {
+                continue;
+            }
+            let Ok(kind) = entry.file_type() else {
+                continue;
+            };
+            if kind.is_dir() {
+                self.walk(root, &path, found);
+                continue;
+            }
+            // A symlink to a directory is not walked (goruntime's walk does not follow it,
+            // and reading it fails and is skipped).
+            if kind.is_symlink() && path.is_dir() {
+                continue;
+            }
+            if self.watch_root {
+                // goruntime's key: the path under the base, `/` as `.`; the Go service keeps
+                // keys starting with `config.`.
+                let key = path
+                    .strip_prefix(root)
+                    .map(|p| p.to_string_lossy().replace('/', "."))
+                    .unwrap_or_default();
+                if !key.starts_with(&format!("{}.", self.app_dir)) {
+                    continue;
+                }
+            }
+            found.push(path);
+        }
+    }
 }
 
 impl Config {
-    /// Loads every `*.yaml` / `*.yml` file of `dir`, sorted by name.
+    /// Loads every runtime file of `source` (see [`Source::files`]).
     ///
     /// # Errors
-    /// The first file's problem, naming the file; an unreadable directory names the
-    /// directory.
-    pub fn load_dir(dir: &Path) -> Result<Config, ConfigError> {
-        let entries = std::fs::read_dir(dir).map_err(|e| ConfigError {
-            file: dir.display().to_string(),
-            problem: format!("cannot read the config directory: {e}"),
-        })?;
-        let mut paths: Vec<PathBuf> = entries
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| {
-                p.is_file()
-                    && matches!(
-                        p.extension().and_then(|x| x.to_str()),
-                        Some("yaml") | Some("yml")
-                    )
-            })
-            .collect();
-        paths.sort();
+    /// The first file's problem, naming the file.
+    pub fn load(source: &Source) -> Result<Config, ConfigError> {
+        let paths = source.files();
         let mut files = Vec::new();
         for path in &paths {
-            let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
-                file: path.display().to_string(),
-                problem: format!("cannot read: {e}"),
+            let file = path.display().to_string();
+            let bytes = match std::fs::read(path) {
+                Ok(b) => b,
+                Err(e) => {
+                    // goruntime logs an unreadable file and goes on without it.
+                    tracing::warn!("runtime: error reading {file}: {e}");
+                    continue;
+                }
+            };
+            let text = String::from_utf8(bytes).map_err(|_| ConfigError {
+                file: file.clone(),
+                problem: "error loading config file: yaml: invalid UTF-8".into(),
             })?;
-            files.push((path.display().to_string(), text));
+            files.push((file, text));
         }
-        let mut config = Config::from_texts(&files)?;
+        let mut config = Config::from_texts(&files, source.merge_domains)?;
         config.files = paths;
         Ok(config)
     }
 
-    /// Loads `(file name, YAML text)` pairs; a domain may appear in one file only.
+    /// Loads `(file name, YAML text)` pairs. A domain in two files is refused unless
+    /// `merge_domains`, which loads the later file's descriptors into the domain's top level
+    /// (a descriptor both define is a duplicate and refused, as the Go service does).
     ///
     /// # Errors
     /// The first problem found, naming its file.
-    pub fn from_texts(files: &[(String, String)]) -> Result<Config, ConfigError> {
+    pub fn from_texts(
+        files: &[(String, String)],
+        merge_domains: bool,
+    ) -> Result<Config, ConfigError> {
         let mut config = Config::default();
         for (name, text) in files {
             let err = |problem: String| ConfigError {
                 file: name.clone(),
                 problem,
             };
-            let root: Value = serde_yaml_ng::from_str(text)
+            let root = crate::yaml11::parse(text)
                 .map_err(|e| err(format!("error loading config file: {e}")))?;
-            let map = match &root {
-                Value::Mapping(map) => map,
-                Value::Null => return Err(err("config file cannot have empty domain".into())),
-                _ => return Err(err("config file must be a map".into())),
+            let empty = Node::Map(Vec::new());
+            let root = match &root {
+                None => &empty,
+                Some(node @ Node::Map(_)) => node,
+                Some(node) if node.is_null() => &empty,
+                Some(other) => {
+                    return Err(err(format!(
+                        "error loading config file: cannot unmarshal {} into a map",
+                        kind_of(other)
+                    )))
+                }
             };
-            validate_keys(map).map_err(err)?;
-            let domain = string_field(map, "domain")
-                .map_err(err)?
-                .unwrap_or_default();
+            validate_keys(root).map_err(err)?;
+            let domain = string_field(root, "domain").map_err(|e| err(unmarshal(e)))?;
             if domain.is_empty() {
                 return Err(err("config file cannot have empty domain".into()));
             }
-            if config.domains.contains_key(&domain) {
-                return Err(err(format!("duplicate domain '{domain}' in config file")));
+            let descriptors = list_field(root, "descriptors").map_err(|e| err(unmarshal(e)))?;
+            if let Some(level) = config.domains.get_mut(&domain) {
+                if !merge_domains {
+                    return Err(err(format!("duplicate domain '{domain}' in config file")));
+                }
+                load_level(level, &mut config.flags, &format!("{domain}."), descriptors)
+                    .map_err(err)?;
+                continue;
             }
-            let mut node = Node::default();
-            let descriptors = list_field(map, "descriptors").map_err(err)?;
+            let mut level = Level::default();
             load_level(
-                &mut node,
+                &mut level,
                 &mut config.flags,
                 &format!("{domain}."),
                 descriptors,
             )
             .map_err(err)?;
-            config.domains.insert(domain, node);
+            config.domains.insert(domain, level);
         }
         Ok(config)
     }
@@ -311,7 +426,7 @@ impl Config {
 
     /// The limit of a descriptor's `entries` in `domain`, or `None` (no limit: allowed).
     pub fn lookup(&self, domain: &str, entries: &[(String, String)]) -> Option<Match> {
-        let mut node = self.domains.get(domain)?;
+        let mut level = self.domains.get(domain)?;
         let mut found: Option<Match> = None;
         let mut key_entries = Vec::with_capacity(entries.len());
         let mut stats_key = domain.to_string();
@@ -319,23 +434,19 @@ impl Config {
         let mut valued = false;
         for (index, (key, value)) in entries.iter().enumerate() {
             let exact = format!("{key}_{value}");
-            let (child_key, child) = if let Some(child) = node.children.get(&exact) {
+            let (child_key, child) = if let Some(child) = level.children.get(&exact) {
                 (exact.clone(), Some(child))
-            } else if let Some(w) = node
-                .wildcards
-                .iter()
-                .find(|w| exact.starts_with(w.trim_end_matches('*')))
-            {
-                (w.clone(), node.children.get(w))
+            } else if let Some(w) = level.wildcards.iter().find(|w| glob_match(w, &exact)) {
+                (w.clone(), level.children.get(w))
             } else {
-                (key.clone(), node.children.get(key))
+                (key.clone(), level.children.get(key))
             };
             let flags = self
                 .flags
                 .get(&format!("{stats_key}.{child_key}"))
                 .copied()
                 .unwrap_or_default();
-            let shared = flags.share_threshold && child_key.ends_with('*');
+            let shared = flags.share_threshold && child_key != exact && child_key.contains('*');
             key_entries.push((
                 key.clone(),
                 if shared {
@@ -367,9 +478,9 @@ impl Config {
                             limited.full_key.clone()
                         },
                         shadow_mode: limited.shadow_mode,
+                        key_entries: key_entries.clone(),
                         quota_mode: limited.quota_mode,
                         metadata: limited.metadata.clone(),
-                        key_entries: key_entries.clone(),
                     });
                 }
             }
@@ -384,187 +495,260 @@ impl Config {
                 }
                 break;
             }
-            node = child;
+            level = child;
         }
         found
     }
 }
 
-fn validate_keys(map: &serde_yaml_ng::Mapping) -> Result<(), String> {
-    for (k, v) in map {
-        let Value::String(key) = k else {
-            return Err(format!(
-                "config error, key is not of type string: {}",
-                short(k)
-            ));
+/// Whether `text` matches `pattern`, where each `*` matches any run of bytes (none too).
+/// Greedy with one backtrack point: linear in the text for a pattern with one `*`, at most
+/// text × pattern otherwise (patterns are config, values are a client's).
+pub fn glob_match(pattern: &str, text: &str) -> bool {
+    let (p, t) = (pattern.as_bytes(), text.as_bytes());
+    let (mut pi, mut ti) = (0usize, 0usize);
+    let mut star: Option<(usize, usize)> = None;
+    while ti < t.len() {
+        match p.get(pi) {
+            Some(b'*') => {
+                star = Some((pi, ti));
+                pi += 1;
+            }
+            Some(c) if Some(c) == t.get(ti) => {
+                pi += 1;
+                ti += 1;
+            }
+            _ => match star {
+                Some((sp, st)) => {
+                    pi = sp + 1;
+                    ti = st + 1;
+                    star = Some((sp, st + 1));
+                }
+                None => return false,
+            },
+        }
+    }
+    p.get(pi..)
+        .is_some_and(|rest| rest.iter().all(|&c| c == b'*'))
+}
+
+/// yaml.v2's name of a node's kind, as its errors print it.
+fn kind_of(node: &Node) -> String {
+    match node {
+        Node::Scalar(s) => format!("{} `{}`", s.kind(), s.text),
+        Node::Seq(_) => "!!seq".into(),
+        Node::Map(_) => "!!map".into(),
+    }
+}
+
+fn unmarshal(problem: String) -> String {
+    format!("error loading config file: yaml: unmarshal errors: {problem}")
+}
+
+/// The Go service's `validateYamlKeys` on the document as yaml.v2 decodes it into
+/// `map[interface{}]interface{}`: keys are strings from [`VALID_KEYS`], lists hold maps, and
+/// a leaf is a string, an int (Go's `int`), a bool or null; a float is refused ("error
+/// checking config"), except as `burst`, this service's own key. `metadata` is free-form.
+fn validate_keys(map: &Node) -> Result<(), String> {
+    let Node::Map(entries) = map else {
+        return Ok(());
+    };
+    for (k, v) in entries {
+        let key = match k {
+            Node::Scalar(s) if s.resolve() == Resolved::Str => s.text.as_str(),
+            other => {
+                return Err(format!(
+                    "config error, key is not of type string: {}",
+                    short(&other.go_text())
+                ))
+            }
         };
-        if !VALID_KEYS.contains(&key.as_str()) {
+        if !VALID_KEYS.contains(&key) {
             return Err(format!("config error, unknown key '{key}'"));
         }
         if key == "metadata" {
-            // The user's own map: any keys, checked when the level loads.
             continue;
         }
         match v {
-            Value::Sequence(items) => {
+            Node::Seq(items) => {
                 for item in items {
-                    let Value::Mapping(inner) = item else {
+                    if !matches!(item, Node::Map(_)) {
                         return Err(format!(
                             "config error, yaml file contains list of type other than map: {}",
-                            short(item)
+                            short(&item.go_text())
                         ));
-                    };
-                    validate_keys(inner)?;
+                    }
+                    validate_keys(item)?;
                 }
             }
-            Value::Mapping(inner) => validate_keys(inner)?,
-            _ => {}
+            Node::Map(_) => validate_keys(v)?,
+            Node::Scalar(s) => match s.resolve() {
+                Resolved::Null | Resolved::Bool(_) | Resolved::Str => {}
+                Resolved::Int(n) if i64::try_from(n).is_ok() => {}
+                Resolved::Float(_) if key == "burst" => {}
+                Resolved::Int(_) | Resolved::Float(_) => {
+                    return Err(format!(
+                        "error checking config ('{key}: {}' is not a string, a whole number or a boolean)",
+                        s.text
+                    ))
+                }
+            },
         }
     }
     Ok(())
 }
 
-fn short(value: &Value) -> String {
-    let text = serde_yaml_ng::to_string(value).unwrap_or_default();
-    let text = text.trim();
+fn short(text: &str) -> String {
     text.chars().take(80).collect()
 }
 
-fn get<'a>(map: &'a serde_yaml_ng::Mapping, key: &str) -> Option<&'a Value> {
-    map.get(Value::String(key.to_string()))
-        .filter(|v| !v.is_null())
+fn get<'a>(map: &'a Node, key: &str) -> Option<&'a Node> {
+    map.get(key).filter(|v| !v.is_null())
 }
 
-fn string_field(map: &serde_yaml_ng::Mapping, key: &str) -> Result<Option<String>, String> {
+/// A Go `string` field: any scalar's text, as written (yaml.v2 keeps `0x10` and `01234`).
+fn string_field(map: &Node, key: &str) -> Result<String, String> {
     match get(map, key) {
-        None => Ok(None),
-        Some(Value::String(s)) => Ok(Some(s.clone())),
-        // YAML reads `value: 42` or `value: true` as a number or a bool; the Go service takes
-        // them as their text.
-        Some(Value::Number(n)) => Ok(Some(n.to_string())),
-        Some(Value::Bool(b)) => Ok(Some(b.to_string())),
-        Some(_) => Err(format!("'{key}' must be a string")),
-    }
-}
-
-fn bool_field(map: &serde_yaml_ng::Mapping, key: &str) -> Result<bool, String> {
-    match get(map, key) {
-        None => Ok(false),
-        Some(Value::Bool(b)) => Ok(*b),
-        Some(_) => Err(format!("'{key}' must be true or false")),
-    }
-}
-
-fn u32_field(map: &serde_yaml_ng::Mapping, key: &str) -> Result<Option<u32>, String> {
-    match get(map, key) {
-        None => Ok(None),
-        Some(Value::Number(n)) => n
-            .as_u64()
-            .and_then(|n| u32::try_from(n).ok())
-            .map(Some)
-            .ok_or_else(|| format!("'{key}' must be a whole number from 0 to 4294967295")),
-        Some(_) => Err(format!(
-            "'{key}' must be a whole number from 0 to 4294967295"
+        None => Ok(String::new()),
+        Some(Node::Scalar(s)) => Ok(s.text.clone()),
+        Some(other) => Err(format!(
+            "cannot unmarshal {} into string ('{key}')",
+            kind_of(other)
         )),
     }
 }
 
-/// A level's `metadata`: a map with string keys, kept as JSON.
-fn metadata_field(
-    map: &serde_yaml_ng::Mapping,
-    full_key: &str,
-) -> Result<Option<Arc<serde_json::Value>>, String> {
-    let Some(value) = get(map, "metadata") else {
-        return Ok(None);
-    };
-    let bad = || format!("'metadata' of '{full_key}' must be a map with string keys");
-    if !matches!(value, Value::Mapping(_)) {
-        return Err(bad());
-    }
-    match serde_json::to_value(value) {
-        Ok(json @ serde_json::Value::Object(_)) => Ok(Some(Arc::new(json))),
-        _ => Err(bad()),
+/// A Go `bool` field: a YAML 1.1 boolean (`true`, `yes`, `on`, `y`, and their negatives).
+fn bool_field(map: &Node, key: &str) -> Result<bool, String> {
+    match get(map, key) {
+        None => Ok(false),
+        Some(Node::Scalar(s)) => match s.resolve() {
+            Resolved::Bool(b) => Ok(b),
+            _ => Err(format!(
+                "line {}: cannot unmarshal {} into bool ('{key}')",
+                s.line,
+                kind_of(&Node::Scalar(s.clone()))
+            )),
+        },
+        Some(other) => Err(format!(
+            "cannot unmarshal {} into bool ('{key}')",
+            kind_of(other)
+        )),
     }
 }
 
-fn list_field<'a>(map: &'a serde_yaml_ng::Mapping, key: &str) -> Result<&'a [Value], String> {
+/// A Go `uint32` field: a whole number from 0 to 4294967295, in any of YAML 1.1's forms.
+fn u32_field(map: &Node, key: &str) -> Result<Option<u32>, String> {
+    match get(map, key) {
+        None => Ok(None),
+        Some(Node::Scalar(s)) => match s.resolve() {
+            Resolved::Int(n) => u32::try_from(n).map(Some).map_err(|_| {
+                format!(
+                    "line {}: cannot unmarshal !!int `{}` into uint32 ('{key}' must be a whole number from 0 to 4294967295)",
+                    s.line, s.text
+                )
+            }),
+            _ => Err(format!(
+                "line {}: cannot unmarshal {} into uint32 ('{key}' must be a whole number from 0 to 4294967295)",
+                s.line,
+                kind_of(&Node::Scalar(s.clone()))
+            )),
+        },
+        Some(other) => Err(format!("cannot unmarshal {} into uint32 ('{key}')", kind_of(other))),
+    }
+}
+
+fn list_field<'a>(map: &'a Node, key: &str) -> Result<&'a [Node], String> {
     match get(map, key) {
         None => Ok(&[]),
-        Some(Value::Sequence(items)) => Ok(items),
-        Some(_) => Err(format!("'{key}' must be a list")),
+        Some(Node::Seq(items)) => Ok(items),
+        Some(other) => Err(format!(
+            "cannot unmarshal {} into a list ('{key}')",
+            kind_of(other)
+        )),
     }
 }
 
 fn load_level(
-    node: &mut Node,
+    level: &mut Level,
     flags: &mut HashMap<String, LevelFlags>,
     parent_key: &str,
-    descriptors: &[Value],
+    descriptors: &[Node],
 ) -> Result<(), String> {
     for item in descriptors {
-        let Value::Mapping(map) = item else {
+        if !matches!(item, Node::Map(_)) {
             return Err("descriptors must be a list of maps".into());
-        };
-        let key = string_field(map, "key")?.unwrap_or_default();
+        }
+        let key = string_field(item, "key").map_err(unmarshal)?;
         if key.is_empty() {
             return Err("descriptor has empty key".into());
         }
-        let value = string_field(map, "value")?.unwrap_or_default();
+        let value = string_field(item, "value").map_err(unmarshal)?;
         let final_key = if value.is_empty() {
             key.clone()
         } else {
             format!("{key}_{value}")
         };
         let full_key = format!("{parent_key}{final_key}");
-        if node.children.contains_key(&final_key) {
+        if level.children.contains_key(&final_key) {
             return Err(format!("duplicate descriptor composite key '{full_key}'"));
         }
-        let rate_limit = match get(map, "rate_limit") {
+        let rate_limit = match get(item, "rate_limit") {
             None => None,
-            Some(Value::Mapping(rl)) => Some(load_rate_limit(rl)?),
-            Some(_) => return Err(format!("'rate_limit' of '{full_key}' must be a map")),
+            Some(rl @ Node::Map(_)) => Some(load_rate_limit(rl)?),
+            Some(other) => {
+                return Err(unmarshal(format!(
+                    "cannot unmarshal {} into a rate_limit map ('{full_key}')",
+                    kind_of(other)
+                )))
+            }
         };
+        let wildcard = value.contains('*');
+        let share_threshold = bool_field(item, "share_threshold").map_err(unmarshal)?;
+        if share_threshold && !wildcard {
+            return Err(format!(
+                "share_threshold can only be used with wildcard values (a value containing '*'), but found key '{final_key}'"
+            ));
+        }
         flags.insert(
             full_key.clone(),
             LevelFlags {
-                value_to_metric: bool_field(map, "value_to_metric")?,
-                share_threshold: bool_field(map, "share_threshold")?,
+                value_to_metric: bool_field(item, "value_to_metric").map_err(unmarshal)?,
+                share_threshold,
             },
         );
-        let mut child = Node {
+        let shadow_mode = bool_field(item, "shadow_mode").map_err(unmarshal)?;
+        let detailed_metric = bool_field(item, "detailed_metric").map_err(unmarshal)?;
+        let quota_mode = bool_field(item, "quota_mode").map_err(unmarshal)?;
+        let metadata = get(item, "metadata").map(|m| Arc::new(m.to_json()));
+        let mut child = Level {
             limit: rate_limit.map(|rate_limit| Limited {
                 rate_limit: Arc::new(rate_limit),
                 full_key: full_key.clone(),
-                shadow_mode: false,
-                detailed_metric: false,
-                quota_mode: false,
-                metadata: None,
+                shadow_mode,
+                detailed_metric,
+                quota_mode,
+                metadata,
             }),
-            ..Node::default()
+            ..Level::default()
         };
-        if let Some(limited) = child.limit.as_mut() {
-            limited.shadow_mode = bool_field(map, "shadow_mode")?;
-            limited.detailed_metric = bool_field(map, "detailed_metric")?;
-            limited.quota_mode = bool_field(map, "quota_mode")?;
-            limited.metadata = metadata_field(map, &full_key)?;
-        }
         load_level(
             &mut child,
             flags,
             &format!("{full_key}."),
-            list_field(map, "descriptors")?,
+            list_field(item, "descriptors").map_err(unmarshal)?,
         )?;
-        if final_key.ends_with('*') {
-            node.wildcards.push(final_key.clone());
+        if wildcard {
+            level.wildcards.push(final_key.clone());
         }
-        node.children.insert(final_key, child);
+        level.children.insert(final_key, child);
     }
     Ok(())
 }
 
-fn load_rate_limit(map: &serde_yaml_ng::Mapping) -> Result<RateLimit, String> {
-    let unlimited = bool_field(map, "unlimited")?;
-    let unit_text = string_field(map, "unit")?.unwrap_or_default();
+fn load_rate_limit(map: &Node) -> Result<RateLimit, String> {
+    let unlimited = bool_field(map, "unlimited").map_err(unmarshal)?;
+    let unit_text = string_field(map, "unit").map_err(unmarshal)?;
     let unit = Unit::parse(&unit_text);
     if unlimited && unit.is_some() {
         return Err("should not specify rate limit unit when unlimited".into());
@@ -574,32 +758,37 @@ fn load_rate_limit(map: &serde_yaml_ng::Mapping) -> Result<RateLimit, String> {
         (None, true) => Unit::Second,
         (None, false) => return Err(format!("invalid rate limit unit '{unit_text}'")),
     };
-    let requests_per_unit = u32_field(map, "requests_per_unit")?.unwrap_or(0);
-    if !unlimited && requests_per_unit == 0 {
-        return Err(
-            "requests_per_unit must be at least 1 (use unlimited: true for no limit)".into(),
-        );
-    }
-    let unit_multiplier = u32_field(map, "unit_multiplier")?.unwrap_or(1);
+    // 0 is the Go service's ban: every request over the limit (see `RateLimit::is_ban`).
+    let requests_per_unit = u32_field(map, "requests_per_unit")
+        .map_err(unmarshal)?
+        .unwrap_or(0);
+    let unit_multiplier = u32_field(map, "unit_multiplier")
+        .map_err(unmarshal)?
+        .unwrap_or(1);
     if unit_multiplier == 0 {
         return Err("unit_multiplier must be at least 1".into());
     }
     let burst = match get(map, "burst") {
         None => None,
-        Some(Value::Number(n)) => match n.as_f64() {
-            Some(b) if b.is_finite() && b > 0.0 && b <= 1e15 => Some(b),
+        Some(Node::Scalar(s)) => match s.resolve() {
+            Resolved::Int(n) if n > 0 && n <= 1_000_000_000_000_000 => {
+                #[allow(clippy::cast_precision_loss)]
+                let b = n as f64;
+                Some(b)
+            }
+            Resolved::Float(b) if b.is_finite() && b > 0.0 && b <= 1e15 => Some(b),
             _ => return Err("burst must be a number above 0 and at most 1e15".into()),
         },
         Some(_) => return Err("burst must be a number above 0 and at most 1e15".into()),
     };
-    let name = string_field(map, "name")?.unwrap_or_default();
-    let post_paid = bool_field(map, "post_paid")?;
+    let name = string_field(map, "name").map_err(unmarshal)?;
+    let post_paid = bool_field(map, "post_paid").map_err(unmarshal)?;
     let mut replaces = Vec::new();
-    for item in list_field(map, "replaces")? {
-        let Value::Mapping(r) = item else {
+    for item in list_field(map, "replaces").map_err(unmarshal)? {
+        if !matches!(item, Node::Map(_)) {
             return Err("replaces must be a list of maps with a name".into());
-        };
-        let replaced = string_field(r, "name")?.unwrap_or_default();
+        }
+        let replaced = string_field(item, "name").map_err(unmarshal)?;
         if replaced.is_empty() {
             return Err("should not have an empty replaces entry".into());
         }
@@ -647,7 +836,7 @@ mod tests {
     use super::*;
 
     fn load(text: &str) -> Result<Config, ConfigError> {
-        Config::from_texts(&[("f.yaml".into(), text.into())])
+        Config::from_texts(&[("f.yaml".into(), text.into())], false)
     }
 
     fn entries(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
@@ -737,32 +926,6 @@ descriptors:
     }
 
     #[test]
-    fn quota_mode_metadata_and_post_paid_are_kept_with_the_limit() {
-        // The peer's metadata test file's shape: a map at any level, nested maps inside,
-        // whose keys are the user's (not config keys).
-        let c = load(
-            "domain: d\ndescriptors:\n  - key: service\n    value: s1\n    quota_mode: true\n    rate_limit: {unit: minute, requests_per_unit: 1}\n    metadata:\n      service_with_quota:\n        name: s1\n  - key: tokens\n    rate_limit: {unit: minute, requests_per_unit: 9, post_paid: true}\n",
-        )
-        .unwrap();
-        let m = c.lookup("d", &entries(&[("service", "s1")])).unwrap();
-        assert!(m.quota_mode);
-        assert!(!m.rate_limit.post_paid);
-        assert_eq!(
-            m.metadata.as_deref(),
-            Some(&serde_json::json!({"service_with_quota": {"name": "s1"}}))
-        );
-        let m = c.lookup("d", &entries(&[("tokens", "x")])).unwrap();
-        assert!(!m.quota_mode);
-        assert!(m.rate_limit.post_paid);
-        assert_eq!(m.metadata, None);
-        let e = load("domain: d\ndescriptors:\n  - key: k\n    metadata: [1]\n    rate_limit: {unit: second, requests_per_unit: 1}\n").unwrap_err();
-        assert!(
-            e.problem.contains("'metadata' of 'd.k' must be a map"),
-            "{e}"
-        );
-    }
-
-    #[test]
     fn bad_files_are_refused_naming_file_and_problem() {
         // (yaml, the problem's words)
         let cases = [
@@ -783,12 +946,321 @@ descriptors:
             assert_eq!(e.file, "f.yaml");
             assert!(e.problem.contains(words), "{yaml:?} gave {e}");
         }
-        let dup = Config::from_texts(&[
-            ("a.yaml".into(), "domain: d\n".into()),
-            ("b.yaml".into(), "domain: d\n".into()),
-        ])
+        let dup = Config::from_texts(
+            &[
+                ("a.yaml".into(), "domain: d\n".into()),
+                ("b.yaml".into(), "domain: d\n".into()),
+            ],
+            false,
+        )
         .unwrap_err();
         assert_eq!(dup.file, "b.yaml");
         assert!(dup.problem.contains("duplicate domain 'd'"));
+    }
+
+    #[test]
+    fn wildcards_match_anywhere_in_the_value_after_exact_values() {
+        let c = load(
+            "domain: d
+descriptors:
+  - key: w
+    value: bar*b
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: w
+    value: foo*bar*baz
+    rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: w
+    value: /api*v1
+    rate_limit: {unit: minute, requests_per_unit: 3}
+  - key: w
+    value: /api*
+    rate_limit: {unit: minute, requests_per_unit: 4}
+  - key: w
+    value: /api/v1
+    rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: w
+    rate_limit: {unit: minute, requests_per_unit: 6}
+",
+        )
+        .unwrap();
+        // (value, the requests_per_unit it gets)
+        let cases = [
+            ("barb", 1),
+            ("bar-xyz-b", 1),
+            ("barbX", 6),
+            ("foobarbaz", 2),
+            ("foo-1-bar-2-baz", 2),
+            ("foo-bar", 6),
+            // The first wildcard in file order wins: `/api*v1` is listed before `/api*`.
+            ("/api/users/v1", 3),
+            ("/api/users/v2", 4),
+            // An exact value beats every wildcard.
+            ("/api/v1", 5),
+            ("other", 6),
+        ];
+        for (value, rpu) in cases {
+            let m = c.lookup("d", &entries(&[("w", value)])).unwrap();
+            assert_eq!(m.rate_limit.requests_per_unit, rpu, "{value}");
+        }
+        assert!(glob_match("a*", "a"));
+        assert!(glob_match("*", ""));
+        assert!(!glob_match("a*b", "ba"));
+        assert!(glob_match("a**b", "ab"));
+    }
+
+    #[test]
+    fn share_threshold_needs_a_wildcard_and_shares_a_middle_one() {
+        let e = load("domain: d\ndescriptors:\n  - key: k\n    value: v\n    share_threshold: true\n    rate_limit: {unit: second, requests_per_unit: 1}\n").unwrap_err();
+        assert!(
+            e.problem
+                .contains("share_threshold can only be used with wildcard values")
+                && e.problem.contains("'k_v'"),
+            "{e}"
+        );
+        let e =
+            load("domain: d\ndescriptors:\n  - key: k\n    share_threshold: true\n").unwrap_err();
+        assert!(e.problem.contains("found key 'k'"), "{e}");
+        let c = load("domain: d\ndescriptors:\n  - key: k\n    value: /api*v1\n    share_threshold: true\n    rate_limit: {unit: second, requests_per_unit: 1}\n").unwrap();
+        let a = c.lookup("d", &entries(&[("k", "/api/a/v1")])).unwrap();
+        let b = c.lookup("d", &entries(&[("k", "/api/b/v1")])).unwrap();
+        assert_eq!(a.key_entries, entries(&[("k", "/api*v1")]));
+        assert_eq!(a.key_entries, b.key_entries);
+    }
+
+    #[test]
+    fn quota_mode_metadata_and_a_zero_limit_load() {
+        let c = load(
+            "domain: d
+descriptors:
+  - key: service
+    value: s1
+    quota_mode: true
+    metadata: {name: service_1, nested: {any_key: [1, yes, x]}}
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: bar
+    value: banned
+    rate_limit: {unit: minute, requests_per_unit: 0}
+",
+        )
+        .unwrap();
+        let m = c.lookup("d", &entries(&[("service", "s1")])).unwrap();
+        assert!(m.quota_mode);
+        assert_eq!(
+            m.metadata.as_deref(),
+            Some(&serde_json::json!({"name": "service_1", "nested": {"any_key": [1, true, "x"]}}))
+        );
+        let ban = c.lookup("d", &entries(&[("bar", "banned")])).unwrap();
+        assert!(ban.rate_limit.is_ban());
+        assert!(!m.rate_limit.is_ban());
+    }
+
+    #[test]
+    fn post_paid_is_kept_with_the_limit() {
+        let c = load(
+            "domain: d\ndescriptors:\n  - key: tokens\n    rate_limit: {unit: minute, requests_per_unit: 9, post_paid: yes}\n  - key: plain\n    rate_limit: {unit: minute, requests_per_unit: 9}\n",
+        )
+        .unwrap();
+        assert!(
+            c.lookup("d", &entries(&[("tokens", "x")]))
+                .unwrap()
+                .rate_limit
+                .post_paid
+        );
+        assert!(
+            !c.lookup("d", &entries(&[("plain", "x")]))
+                .unwrap()
+                .rate_limit
+                .post_paid
+        );
+        let e = load("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, post_paid: 3}\n").unwrap_err();
+        assert!(e.problem.contains("post_paid"), "{e}");
+    }
+
+    #[test]
+    fn merge_domain_config_merges_files_and_refuses_a_shared_descriptor() {
+        let a = ("a.yaml".to_string(), "domain: d\ndescriptors:\n  - key: k1\n    rate_limit: {unit: minute, requests_per_unit: 1}\n".to_string());
+        let b = ("b.yaml".to_string(), "domain: d\ndescriptors:\n  - key: k2\n    value: v2\n    rate_limit: {unit: minute, requests_per_unit: 2}\n".to_string());
+        let c = Config::from_texts(&[a.clone(), b.clone()], true).unwrap();
+        assert_eq!(
+            c.lookup("d", &entries(&[("k1", "x")]))
+                .unwrap()
+                .rate_limit
+                .requests_per_unit,
+            1
+        );
+        assert_eq!(
+            c.lookup("d", &entries(&[("k2", "v2")]))
+                .unwrap()
+                .rate_limit
+                .requests_per_unit,
+            2
+        );
+        // Off: the Go service's error.
+        let e = Config::from_texts(&[a.clone(), b], false).unwrap_err();
+        assert_eq!(e.file, "b.yaml");
+        assert!(e.problem.contains("duplicate domain 'd'"), "{e}");
+        // On, with a descriptor both files define: the Go service's duplicate key error.
+        let e = Config::from_texts(&[a.clone(), ("c.yaml".into(), a.1.clone())], true).unwrap_err();
+        assert_eq!(e.file, "c.yaml");
+        assert!(
+            e.problem
+                .contains("duplicate descriptor composite key 'd.k1'"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn yaml_1_1_forms_decode_as_the_go_service_decodes_them() {
+        let rl =
+            |extra: &str| format!("domain: d\ndescriptors:\n  - key: k\n    value: v\n{extra}");
+        // (a descriptor's lines, whether shadow_mode is on)
+        let bools = [
+            ("    shadow_mode: yes\n", true),
+            ("    shadow_mode: Yes\n", true),
+            ("    shadow_mode: on\n", true),
+            ("    shadow_mode: ON\n", true),
+            ("    shadow_mode: y\n", true),
+            ("    shadow_mode: True\n", true),
+            ("    shadow_mode: no\n", false),
+            ("    shadow_mode: off\n", false),
+            ("    shadow_mode: n\n", false),
+            ("    shadow_mode: ~\n", false),
+        ];
+        for (line, on) in bools {
+            let text = rl(&format!(
+                "{line}    rate_limit: {{unit: minute, requests_per_unit: 1}}\n"
+            ));
+            let c = load(&text).unwrap_or_else(|e| panic!("{line}: {e}"));
+            assert_eq!(
+                c.lookup("d", &entries(&[("k", "v")])).unwrap().shadow_mode,
+                on,
+                "{line}"
+            );
+        }
+        // (requests_per_unit as written, its value)
+        let ints = [
+            ("10", 10),
+            ("0x1F", 31),
+            ("0o17", 15),
+            ("017", 15),
+            ("0b101", 5),
+            ("1_000", 1000),
+            ("+7", 7),
+        ];
+        for (text, n) in ints {
+            let c = load(&rl(&format!(
+                "    rate_limit: {{unit: minute, requests_per_unit: {text}}}\n"
+            )))
+            .unwrap_or_else(|e| panic!("{text}: {e}"));
+            assert_eq!(
+                c.lookup("d", &entries(&[("k", "v")]))
+                    .unwrap()
+                    .rate_limit
+                    .requests_per_unit,
+                n,
+                "{text}"
+            );
+        }
+        // A string field keeps a number's text: `01234` is matched as "01234".
+        let c = load("domain: d\ndescriptors:\n  - key: zip\n    value: 01234\n    rate_limit: {unit: minute, requests_per_unit: 1}\n  - key: hex\n    value: 0x10\n    rate_limit: {unit: minute, requests_per_unit: 2}\n  - key: b\n    value: yes\n    rate_limit: {unit: minute, requests_per_unit: 3}\n").unwrap();
+        assert!(c.lookup("d", &entries(&[("zip", "01234")])).is_some());
+        assert!(c.lookup("d", &entries(&[("hex", "0x10")])).is_some());
+        assert!(c.lookup("d", &entries(&[("b", "yes")])).is_some());
+        // Refused as the Go service refuses them: (lines, words of the problem)
+        let bad = [
+            // A quoted "yes" is a string, not a bool.
+            (
+                "    shadow_mode: \"yes\"\n",
+                "cannot unmarshal !!str `yes` into bool",
+            ),
+            (
+                "    shadow_mode: 1\n",
+                "cannot unmarshal !!int `1` into bool",
+            ),
+            // A float anywhere but `burst` fails the Go service's key check.
+            (
+                "    rate_limit: {unit: minute, requests_per_unit: 1.5}\n",
+                "error checking config",
+            ),
+            (
+                "    rate_limit: {unit: minute, requests_per_unit: -1}\n",
+                "into uint32",
+            ),
+            (
+                "    rate_limit: {unit: minute, requests_per_unit: 4294967296}\n",
+                "into uint32",
+            ),
+            (
+                "    rate_limit: {unit: minute, requests_per_unit: yes}\n",
+                "cannot unmarshal !!bool `yes` into uint32",
+            ),
+            ("    yes: 1\n", "key is not of type string: true"),
+        ];
+        for (line, words) in bad {
+            let e = load(&rl(line)).unwrap_err();
+            assert!(e.problem.contains(words), "{line}: {e}");
+        }
+    }
+
+    #[test]
+    fn runtime_files_are_found_as_the_go_loader_finds_them() {
+        let tmp = tempfile::tempdir().unwrap();
+        let base = tmp.path();
+        let config = base.join("config");
+        std::fs::create_dir_all(config.join("sub")).unwrap();
+        std::fs::create_dir_all(config.join(".hidden")).unwrap();
+        std::fs::write(config.join("a.yaml"), "domain: a\n").unwrap();
+        std::fs::write(config.join("b.conf"), "domain: b\n").unwrap();
+        std::fs::write(config.join("sub/c.yml"), "domain: c\n").unwrap();
+        std::fs::write(config.join(".dot.yaml"), "domain: dot\n").unwrap();
+        std::fs::write(config.join(".hidden/e.yaml"), "domain: e\n").unwrap();
+        std::fs::write(base.join("config.top.yaml"), "domain: top\n").unwrap();
+        std::fs::write(base.join("other.yaml"), "domain: other\n").unwrap();
+        let names = |source: &Source| -> Vec<String> {
+            source
+                .files()
+                .iter()
+                .map(|p| p.strip_prefix(base).unwrap().display().to_string())
+                .collect()
+        };
+        let mut source = Source {
+            base: base.to_path_buf(),
+            app_dir: "config".into(),
+            watch_root: false,
+            ignore_dotfiles: false,
+            merge_domains: false,
+        };
+        // Every file under config/, whatever its name, dotfiles included.
+        assert_eq!(
+            names(&source),
+            [
+                "config/.dot.yaml",
+                "config/.hidden/e.yaml",
+                "config/a.yaml",
+                "config/b.conf",
+                "config/sub/c.yml"
+            ]
+        );
+        source.ignore_dotfiles = true;
+        assert_eq!(
+            names(&source),
+            ["config/a.yaml", "config/b.conf", "config/sub/c.yml"]
+        );
+        // Watching the root: every file whose path under the base reads `config.…`.
+        source.watch_root = true;
+        assert_eq!(
+            names(&source),
+            [
+                "config/a.yaml",
+                "config/b.conf",
+                "config/sub/c.yml",
+                "config.top.yaml"
+            ]
+        );
+        let loaded = Config::load(&source).unwrap();
+        assert_eq!(loaded.domain_count(), 4);
+        assert!(Config::load(&Source::dir(&config))
+            .unwrap()
+            .has_domain("dot"));
     }
 }

@@ -24,7 +24,8 @@ pub struct Watch {
 /// `root` (recursively, as envoyproxy/ratelimit's runtime does) and `root`'s parent, where
 /// a deployment swaps a symlink in.
 pub fn targets(dir: &Path, root: &Path, watch_root: bool) -> Vec<(PathBuf, RecursiveMode)> {
-    let mut all = vec![(dir.to_path_buf(), RecursiveMode::NonRecursive)];
+    // Recursive: the runtime loader reads the files of subdirectories too.
+    let mut all = vec![(dir.to_path_buf(), RecursiveMode::Recursive)];
     if watch_root {
         all.push((root.to_path_buf(), RecursiveMode::Recursive));
         if let Some(parent) = root.parent().filter(|p| !p.as_os_str().is_empty()) {

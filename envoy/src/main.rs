@@ -18,6 +18,7 @@ mod quota;
 mod redis_pool;
 mod service;
 mod settings;
+mod yaml11;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -31,7 +32,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimit
 use redis_rl_client::{AsyncLimiter, OnError, Options, WithoutModule};
 use tokio::sync::watch;
 
-use crate::config::Config;
+use crate::config::{Config, Source};
 use crate::metrics::Metrics;
 use crate::service::{Backend, Failure, Service};
 use crate::settings::{Policy, Settings};
@@ -82,26 +83,36 @@ fn init_logging(settings: &Settings) {
     }
 }
 
-/// A fingerprint of the config directory (names, sizes, modification times): a change means
-/// a reload.
+/// A fingerprint of a directory tree (names, sizes, modification times, following
+/// symlinks): a change means a reload.
 fn fingerprint(dir: &Path) -> Vec<(PathBuf, u64, Option<SystemTime>)> {
-    let mut all: Vec<_> = std::fs::read_dir(dir)
-        .map(|entries| {
-            entries
-                .filter_map(Result::ok)
-                .filter_map(|e| {
-                    let meta = e.metadata().ok()?;
-                    Some((e.path(), meta.len(), meta.modified().ok()))
-                })
-                .collect()
-        })
-        .unwrap_or_default();
+    fn walk(dir: &Path, depth: u32, all: &mut Vec<(PathBuf, u64, Option<SystemTime>)>) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for e in entries.filter_map(Result::ok) {
+            let path = e.path();
+            let Ok(meta) = std::fs::metadata(&path) else {
+                continue;
+            };
+            all.push((path.clone(), meta.len(), meta.modified().ok()));
+            // The runtime loader walks directories too; a symlinked one is not followed
+            // there, and a bound on the depth keeps a symlink loop finite here.
+            let real_dir = e.file_type().is_ok_and(|t| t.is_dir());
+            if real_dir && depth < 16 {
+                walk(&path, depth + 1, all);
+            }
+        }
+    }
+    let mut all = Vec::new();
+    walk(dir, 0, &mut all);
     all.sort();
     all
 }
 
-fn reload(service: &Service, dir: &Path, why: &str) {
-    match Config::load_dir(dir) {
+fn reload(service: &Service, source: &Source, why: &str) {
+    let dir = source.config_dir();
+    match Config::load(source) {
         Ok(config) => {
             service.metrics.config_load_success.inc();
             tracing::warn!(
@@ -235,8 +246,9 @@ async fn serve(settings: Arc<Settings>) -> ExitCode {
             "{name} is set but not supported by redis-rl-envoy; it has no effect (see docs/envoy.md)"
         );
     }
-    let dir = settings.config_dir();
-    let config = match Config::load_dir(&dir) {
+    let source = settings.config_source();
+    let dir = source.config_dir();
+    let config = match Config::load(&source) {
         Ok(c) => c,
         Err(e) => {
             tracing::error!("config refused: {e}");
@@ -320,6 +332,7 @@ async fn serve(settings: Arc<Settings>) -> ExitCode {
     let watcher = {
         let service = service.clone();
         let dir = dir.clone();
+        let source = source.clone();
         let root = PathBuf::from(&settings.runtime_root);
         let watched = if settings.runtime_watch_root {
             root.clone()
@@ -347,7 +360,7 @@ async fn serve(settings: Arc<Settings>) -> ExitCode {
                 };
                 let notified = tokio::select! {
                     _ = hangup => {
-                        reload(&service, &dir, "SIGHUP");
+                        reload(&service, &source, "SIGHUP");
                         continue;
                     }
                     _ = changed.notified() => {
@@ -361,7 +374,7 @@ async fn serve(settings: Arc<Settings>) -> ExitCode {
                 let now = (fingerprint(&dir), fingerprint(&watched));
                 if now != last {
                     last = now;
-                    reload(&service, &dir, "a file changed");
+                    reload(&service, &source, "a file changed");
                     // A swapped symlink or a recreated directory holds new inodes: watch
                     // those from now on.
                     notifications =

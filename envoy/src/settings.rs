@@ -4,6 +4,8 @@
 
 use std::path::PathBuf;
 
+use crate::config::Source;
+
 /// What to answer when Redis cannot decide (`RL_ON_ERROR`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Policy {
@@ -28,6 +30,10 @@ pub struct Settings {
     pub runtime_subdirectory: String,
     pub runtime_appdirectory: String,
     pub runtime_watch_root: bool,
+    /// RUNTIME_IGNOREDOTFILES: skip runtime files and directories whose name starts with `.`.
+    pub runtime_ignore_dotfiles: bool,
+    /// MERGE_DOMAIN_CONFIG: files naming one domain are merged instead of refused.
+    pub merge_domain_config: bool,
     pub redis_socket_type: String,
     pub redis_type: String,
     pub redis_url: String,
@@ -101,8 +107,6 @@ pub const UNSUPPORTED: &[&str] = &[
     "DEBUG_PORT",
     "EXPIRATION_JITTER_MAX_SECONDS",
     "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
-    "MERGE_DOMAIN_CONFIG",
-    "RUNTIME_IGNOREDOTFILES",
     "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
     "TRACING_ENABLED",
 ];
@@ -305,6 +309,8 @@ impl Settings {
             runtime_subdirectory: text("RUNTIME_SUBDIRECTORY", ""),
             runtime_appdirectory: text("RUNTIME_APPDIRECTORY", "config"),
             runtime_watch_root: flag("RUNTIME_WATCH_ROOT", true)?,
+            runtime_ignore_dotfiles: flag("RUNTIME_IGNOREDOTFILES", false)?,
+            merge_domain_config: flag("MERGE_DOMAIN_CONFIG", false)?,
             redis_socket_type,
             redis_type,
             redis_url: text("REDIS_URL", "/var/run/nutcracker/ratelimit.sock"),
@@ -342,16 +348,19 @@ impl Settings {
         })
     }
 
-    /// `$RUNTIME_ROOT/$RUNTIME_SUBDIRECTORY/$RUNTIME_APPDIRECTORY`, where the YAML files are.
-    pub fn config_dir(&self) -> PathBuf {
-        let mut dir = PathBuf::from(&self.runtime_root);
+    /// The runtime files as the Go service's loader finds them (see [`Source`]).
+    pub fn config_source(&self) -> Source {
+        let mut base = PathBuf::from(&self.runtime_root);
         if !self.runtime_subdirectory.is_empty() {
-            dir.push(&self.runtime_subdirectory);
+            base.push(&self.runtime_subdirectory);
         }
-        if !self.runtime_appdirectory.is_empty() {
-            dir.push(&self.runtime_appdirectory);
+        Source {
+            base,
+            app_dir: self.runtime_appdirectory.clone(),
+            watch_root: self.runtime_watch_root,
+            ignore_dotfiles: self.runtime_ignore_dotfiles,
+            merge_domains: self.merge_domain_config,
         }
-        dir
     }
 
     /// The redis crate's URL(s) for REDIS_URL: `host:port` (tcp, a comma-separated list for a
@@ -414,7 +423,7 @@ mod tests {
         let s = with(&[]).unwrap();
         assert_eq!((s.port, s.grpc_port), (8080, 8081));
         assert_eq!(
-            s.config_dir(),
+            s.config_source().config_dir(),
             PathBuf::from("/srv/runtime_data/current/config")
         );
         assert_eq!(s.redis_socket_type, "unix");

@@ -45,6 +45,8 @@ descriptors:
   - key: generic_key
     value: burst
     rate_limit: {unit: day, requests_per_unit: 100}
+  - key: long
+    rate_limit: {unit: hour, requests_per_unit: 2}
 ";
 
 /// The routes of the tests, into `envoy-template.yaml` (shared with `make bench-envoy`).
@@ -73,6 +75,11 @@ const ROUTES: &str = r#"              - match: {prefix: "/user"}
                     rate_limits:
                     - actions: [{generic_key: {descriptor_value: addend}}]
                       hits_addend: {number: 3}
+              - match: {prefix: "/long"}
+                route:
+                  cluster: upstream
+                  rate_limits:
+                  - actions: [{request_headers: {header_name: x-long, descriptor_key: long}}]
               - match: {prefix: "/shadow"}
                 route:
                   cluster: upstream
@@ -361,4 +368,21 @@ fn behind_envoy_on_a_cluster_limits_hold_and_denials_take_nothing() {
     // find the shared bucket empty.
     let s = stack_on(Redis::Cluster(common::cluster::Cluster::start()), &[]);
     limits_and_all_or_nothing(&s);
+}
+
+/// A client's long header value is limited like any other: it once made an INVALID_ARGUMENT,
+/// which Envoy's default `failure_mode_deny: false` lets through (this Envoy denies on
+/// failure, so it was a 500).
+#[test]
+fn behind_envoy_a_long_header_value_gets_its_429() {
+    let s = stack(&[]);
+    for len in [1100, 40_000] {
+        let value = "v".repeat(len);
+        assert_eq!(
+            statuses(&s.envoy, "/long", &[("x-long", &value)], 3),
+            [200, 200, 429],
+            "a {len}-byte header: {}",
+            s.service.log()
+        );
+    }
 }

@@ -149,12 +149,22 @@ fn a_charge_past_what_is_left_applies_and_checks_are_refused_while_in_debt() {
 #[test]
 fn plain_limits_refuse_a_charge_past_what_is_left_and_post_paid_ones_apply_it() {
     let (_redis, svc) = start(&[]);
-    // A plain limit: a charge of 8 on 7 is refused and takes nothing, and the refused
-    // hits are counted in over_limit (never dropped without a trace).
+    // A plain limit: a charge of 8 on 7 is refused and takes nothing. The refused hits
+    // are counted (never dropped without a trace): all 8 in total_hits, none within, and
+    // the one past the capacity over the limit, as the Go service splits them.
     assert_eq!(svc.json(&request(&[("plain", "u", Some(8))])).status, 429);
+    let metric = |name: &str| {
+        svc.metric(&format!(
+            r#"ratelimit_service_rate_limit_{name}{{domain="q",key1="plain",key2=""}}"#
+        ))
+    };
     assert_eq!(
-        svc.metric(r#"ratelimit_service_rate_limit_over_limit{domain="q",key1="plain",key2=""}"#),
-        8
+        (
+            metric("total_hits"),
+            metric("within_limit"),
+            metric("over_limit")
+        ),
+        (8, 0, 1)
     );
     let r = svc.json(&request(&[("plain", "u", Some(0))]));
     assert_eq!(r.json()["statuses"][0]["limitRemaining"], json!(7));

@@ -165,8 +165,21 @@ impl Service {
         let dir = Service::config_dir(root.path());
         std::fs::create_dir_all(&dir).expect("config dir");
         for (name, text) in files {
-            std::fs::write(dir.join(name), text).expect("write config");
+            let path = dir.join(name);
+            if let Some(parent) = path.parent() {
+                std::fs::create_dir_all(parent).expect("config subdirectory");
+            }
+            std::fs::write(path, text).expect("write config");
         }
+        Service::try_start_in(root, redis_url, env)
+    }
+
+    /// As [`Service::try_start`] on a runtime root the caller prepared (`RUNTIME_ROOT`).
+    pub fn try_start_in(
+        root: tempfile::TempDir,
+        redis_url: &str,
+        env: &[(&str, &str)],
+    ) -> Result<Service, String> {
         let (http_port, grpc_port, metrics_port) = (free_port(), free_port(), free_port());
         let log = root.path().join("service.log");
         let mut command = Command::new(env!("CARGO_BIN_EXE_redis-rl-envoy"));
