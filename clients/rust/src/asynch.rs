@@ -3,8 +3,9 @@
 //! `redis::cluster_async::ClusterConnection`. Tokio only.
 //!
 //! Each call runs under `tokio::time::timeout` with the limiter's deadline, so a slow or
-//! unreachable Redis costs at most that before the failure policy decides. The rules live in
-//! `engine`; this file only sends.
+//! unreachable Redis costs at most that before the failure policy decides. A command already
+//! sent is not withdrawn then, and Redis may still apply it (see `Options::timeout`). The
+//! rules live in `engine`; this file only sends.
 
 use std::time::Instant;
 

@@ -81,6 +81,8 @@ pub(crate) enum CallError {
     Redis(RedisError),
     /// The per-call deadline passed (async: the whole call; sync: the socket timeouts).
     Timeout(std::time::Duration),
+    /// The blocking limiter's connection stayed taken by other calls for the whole deadline.
+    Busy(std::time::Duration),
     Missing,
     Reply(String),
 }
@@ -95,7 +97,7 @@ impl CallError {
     /// Whether the failure policy decides this one.
     pub(crate) fn unavailable(&self) -> bool {
         match self {
-            CallError::Timeout(_) => true,
+            CallError::Timeout(_) | CallError::Busy(_) => true,
             CallError::Redis(e) => is_unavailable(e),
             CallError::Missing | CallError::Reply(_) => false,
         }
@@ -104,7 +106,7 @@ impl CallError {
     pub(crate) fn into_error(self) -> Error {
         match self {
             CallError::Redis(e) => Error::Redis(e),
-            CallError::Timeout(_) => Error::Reply("timeout".into()),
+            CallError::Timeout(_) | CallError::Busy(_) => Error::Reply("timeout".into()),
             CallError::Missing => Error::ModuleMissing,
             CallError::Reply(text) => Error::Reply(text),
         }
@@ -118,6 +120,11 @@ impl CallError {
             CallError::Timeout(deadline) => format!(
                 "no reply within {} ms: Redis is down, or too busy for the deadline \
                  (Options::timeout)",
+                deadline.as_millis()
+            ),
+            CallError::Busy(deadline) => format!(
+                "no turn on the connection within {} ms: other calls held it (a blocking \
+                 Limiter has one connection; give each worker its own, or use AsyncLimiter)",
                 deadline.as_millis()
             ),
             CallError::Missing => "module missing".into(),
@@ -181,6 +188,8 @@ struct Inner {
     next_probe: Instant,
     /// Decisions taken without Redis in the current outage.
     without_redis: u64,
+    /// When "busy, not down" was last logged: at most once a second.
+    busy_logged: Option<Instant>,
     cache: DenyCache,
     local: LocalBuckets,
 }
@@ -198,6 +207,7 @@ impl Engine {
                 down_since: None,
                 next_probe: now,
                 without_redis: 0,
+                busy_logged: None,
                 cache: DenyCache::new(options.deny_cache),
                 local: LocalBuckets::new(options.instances, options.local_max_keys),
             }),
@@ -319,9 +329,27 @@ impl Engine {
         source
     }
 
-    /// Redis could not answer: starts an outage (logged once, not once per call).
+    /// Redis could not answer: starts an outage (logged once, not once per call). A call
+    /// that never had its turn on the connection (`Busy`) is counted and logged apart, at
+    /// most once a second, and starts no outage: the next call goes to Redis.
     pub(crate) fn failed(&self, error: &CallError) {
         let mut inner = self.lock();
+        if let CallError::Busy(_) = error {
+            inner.counters.busy = inner.counters.busy.saturating_add(1);
+            let now = Instant::now();
+            if inner
+                .busy_logged
+                .is_none_or(|at| now.duration_since(at) >= std::time::Duration::from_secs(1))
+            {
+                inner.busy_logged = Some(now);
+                log::warn!(
+                    "redis-rl: busy, not down ({}); deciding this call with on_error={:?}",
+                    error.describe(),
+                    self.options.on_error
+                );
+            }
+            return;
+        }
         if inner.down_since.is_none() {
             let now = Instant::now();
             inner.down_since = Some(now);

@@ -1,10 +1,11 @@
 //! The blocking limiter, on a `redis::Client` or a `redis::cluster::ClusterClient`.
 //!
-//! It keeps one connection behind a mutex, made through [`Connect`] with the call's deadline
-//! as connect, read and write timeouts, and drops it on a connection error so the next call
-//! (the next probe, during an outage) connects again. The rules live in `engine`.
+//! It keeps one connection, made through [`Connect`] with the call's deadline as connect, read
+//! and write timeouts, and drops it on a connection error so the next call (the next probe,
+//! during an outage) connects again. Calls take turns on it; a call waits for its turn at
+//! most the deadline, then the failure policy decides. The rules live in `engine`.
 
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use redis::{ConnectionLike, RedisResult, Value};
@@ -69,8 +70,34 @@ impl Connect for redis::cluster::ClusterClient {
 /// ```
 pub struct Limiter<K: Connect = redis::Client> {
     connector: K,
-    connection: Mutex<Option<K::Connection>>,
+    connection: Mutex<Slot<K::Connection>>,
+    /// Signalled when a call gives the connection back.
+    freed: Condvar,
     engine: Engine,
+}
+
+/// The connection, and whether a call has it now (it is taken out of the lock for the call,
+/// so waiting for it can be bounded).
+struct Slot<C> {
+    connection: Option<C>,
+    busy: bool,
+}
+
+/// One call's turn on the connection: gives it back (or drops it) and wakes the next waiter,
+/// even if the call panicked.
+struct Turn<'a, K: Connect> {
+    limiter: &'a Limiter<K>,
+    connection: Option<K::Connection>,
+}
+
+impl<K: Connect> Drop for Turn<'_, K> {
+    fn drop(&mut self) {
+        let mut slot = self.limiter.lock();
+        slot.busy = false;
+        slot.connection = self.connection.take();
+        drop(slot);
+        self.limiter.freed.notify_one();
+    }
 }
 
 impl<K: Connect> Limiter<K> {
@@ -78,7 +105,11 @@ impl<K: Connect> Limiter<K> {
     pub fn new(connector: K, options: Options) -> Self {
         Limiter {
             connector,
-            connection: Mutex::new(None),
+            connection: Mutex::new(Slot {
+                connection: None,
+                busy: false,
+            }),
+            freed: Condvar::new(),
             engine: Engine::new(options),
         }
     }
@@ -280,7 +311,7 @@ impl<K: Connect> Limiter<K> {
 
     // The call into Redis ------------------------------------------------------------------
 
-    fn lock(&self) -> MutexGuard<'_, Option<K::Connection>> {
+    fn lock(&self) -> MutexGuard<'_, Slot<K::Connection>> {
         self.connection
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -290,22 +321,45 @@ impl<K: Connect> Limiter<K> {
         self.with_connection(|connection| self.call_on(connection, op, items))
     }
 
+    /// Waits for the connection's turn, at most the deadline: a call queued behind others
+    /// on a slow Redis must not wait for all of them before its policy decides.
+    fn turn(&self) -> Result<Turn<'_, K>, CallError> {
+        let deadline = self.engine.options.timeout;
+        let until = Instant::now() + deadline;
+        let mut slot = self.lock();
+        while slot.busy {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(CallError::Busy(deadline));
+            }
+            slot = match self.freed.wait_timeout(slot, left) {
+                Ok((slot, _)) => slot,
+                Err(poisoned) => poisoned.into_inner().0,
+            };
+        }
+        slot.busy = true;
+        Ok(Turn {
+            limiter: self,
+            connection: slot.connection.take(),
+        })
+    }
+
     /// Runs `work` on the connection, connecting first if there is none, and drops it when
     /// Redis is unavailable so the next try connects again.
     fn with_connection<T>(
         &self,
         work: impl FnOnce(&mut K::Connection) -> Result<T, CallError>,
     ) -> Result<T, CallError> {
-        let mut slot = self.lock();
-        let result = match slot.as_mut() {
+        let mut turn = self.turn()?;
+        let result = match turn.connection.as_mut() {
             Some(connection) => work(connection),
             None => match self.connector.connect(self.engine.options.timeout) {
-                Ok(connection) => work(slot.insert(connection)),
+                Ok(connection) => work(turn.connection.insert(connection)),
                 Err(e) => Err(CallError::Redis(e)),
             },
         };
         if result.as_ref().is_err_and(CallError::unavailable) {
-            *slot = None; // connect again on the next try
+            turn.connection = None; // connect again on the next try
         }
         result
     }

@@ -437,13 +437,24 @@ impl Options {
 
     /// Each call's deadline ([`DEFAULT_TIMEOUT`], 2 s, by default); past it the failure
     /// policy decides. The async limiter bounds the whole call with it, waiting for the
-    /// connection to open and for the calls queued ahead included; the blocking one sets it
-    /// as the connect, read and write timeouts, so a call that also detects the module or
-    /// loads the script (its first, or the first after an "unknown command" or NOSCRIPT) can
-    /// take up to three of them. During a known outage calls do not wait for it: the policy
-    /// decides at once between probes (`probe_interval`). Make it shorter only if a
-    /// request cannot wait that long, knowing that calls then missing it under load are
-    /// decided by the policy as if Redis were down.
+    /// connection to open and for the calls queued ahead included. The blocking one waits at
+    /// most this long for its turn on its connection (past it, the policy decides that call,
+    /// counted in [`Counters::busy`], and no outage begins), then sets it as the connect,
+    /// read and write timeouts, so a call that also detects the module or loads the script
+    /// (its first, or the first after an "unknown command" or NOSCRIPT) can take up to three
+    /// of them. During a known outage calls do not wait for it: the policy decides at once
+    /// between probes (`probe_interval`). Make it shorter only if a request cannot wait that
+    /// long, knowing that calls then missing it under load are decided by the policy as if
+    /// Redis were down.
+    ///
+    /// A call past its deadline may still reach Redis afterwards: a command already written
+    /// (or queued on a multiplexed connection) is not withdrawn when the caller stops
+    /// waiting, so Redis may apply it after the policy decided. An acquire then takes its
+    /// tokens for a request the policy answered; nothing gives them back, since the library
+    /// cannot know whether it ran (a `refund` would give back tokens that may never have been
+    /// taken). The error is on the strict side (a bucket short of at most that call's cost),
+    /// and it is why a deadline too short for the load makes limits stricter as well as
+    /// handing decisions to the policy.
     pub fn timeout(mut self, timeout: Duration) -> Options {
         self.timeout = timeout.max(Duration::from_millis(1));
         self
@@ -480,6 +491,9 @@ pub struct Counters {
     pub closed: u64,
     /// Outages: runs of calls Redis could not answer, each logged once.
     pub outages: u64,
+    /// Calls of a blocking [`crate::Limiter`] whose turn on its connection did not come within
+    /// the deadline: busy, not down. The policy decided them, and no outage began.
+    pub busy: u64,
 }
 
 impl Counters {
