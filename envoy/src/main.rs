@@ -5,13 +5,14 @@
 //! # Layout
 //!
 //! `settings` the environment; `config` the YAML and the descriptor lookup (pure);
-//! `service` one call, on redis-rl-client's async limiter; `redis_pool` the multiplexed
+//! `service` one call, on redis-rl-client's async limiter; `grpc` the gRPC face; `redis_pool` the multiplexed
 //! connections and the cluster slot; `http` /healthcheck, /json and /metrics; `metrics` the
 //! Prometheus names; `config_watch` the filesystem notifications for the config. This file wires them: startup, reload (file change, SIGHUP) and drain
 //! (SIGTERM). The service never reaches around the client library to Redis.
 
 mod config;
 mod config_watch;
+mod grpc;
 mod http;
 mod metrics;
 mod quota;
@@ -25,44 +26,18 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
-    RateLimitService, RateLimitServiceServer,
-};
-use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use redis_rl_client::{AsyncLimiter, OnError, Options, WithoutModule};
 use tokio::sync::watch;
 
 use crate::config::{Config, Source};
 use crate::metrics::Metrics;
-use crate::service::{Backend, Failure, Service};
+use crate::service::{Backend, Service};
 use crate::settings::{Policy, Settings};
 
 // Every call allocates a few dozen small blocks (HTTP/2 frames, the protobuf, the Redis
 // reply); glibc's malloc and free were a tenth of the service's CPU in `perf` at 16 streams.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-/// The gRPC face of [`Service`].
-struct Grpc(Arc<Service>);
-
-#[tonic::async_trait]
-impl RateLimitService for Grpc {
-    async fn should_rate_limit(
-        &self,
-        request: tonic::Request<RateLimitRequest>,
-    ) -> Result<tonic::Response<RateLimitResponse>, tonic::Status> {
-        match self
-            .0
-            .should_rate_limit(request.get_ref(), "ShouldRateLimit")
-            .await
-        {
-            Ok(response) => Ok(tonic::Response::new(response)),
-            Err(Failure::Invalid(text)) => Err(tonic::Status::invalid_argument(text)),
-            Err(Failure::Unavailable(text)) => Err(tonic::Status::unavailable(text)),
-            Err(Failure::Internal(text)) => Err(tonic::Status::internal(text)),
-        }
-    }
-}
 
 fn init_logging(settings: &Settings) {
     let level = match settings.log_level.as_str() {
@@ -298,7 +273,7 @@ async fn serve(settings: Arc<Settings>) -> ExitCode {
         }
     };
     let grpc = tonic::transport::Server::builder()
-        .add_service(RateLimitServiceServer::new(Grpc(service.clone())))
+        .add_service(grpc::Server(service.clone()))
         .serve_with_incoming_shutdown(
             tokio_stream_incoming(grpc_listener),
             shutdown_signal(stop_rx.clone()),

@@ -934,4 +934,46 @@ mod tests {
             }
         }
     }
+
+    #[test]
+    fn long_keys_are_hashed_distinct_and_never_equal_a_short_one() {
+        let long = |last: &str| redis_key("rl:", "d", &e(&[("k", &("v".repeat(2000) + last))]));
+        let (a, b) = (long("a"), long("b"));
+        assert_ne!(a, b);
+        // The prefix and domain, the marker, 64 hex digits.
+        assert!(a.starts_with("rl:d%H"), "{a}");
+        assert_eq!(a.len(), "rl:d%H".len() + 64);
+        assert!(a.bytes().skip(6).all(|c| c.is_ascii_hexdigit()));
+        // A short key whose value spells the marker is escaped, so it cannot be `d%H…`.
+        let spelled = redis_key("rl:", "d", &e(&[("k", &a[4..])]));
+        assert_ne!(spelled, a);
+        assert!(!spelled.contains("%H"));
+        // At the boundary: 1,024 bytes stay plain, 1,025 are hashed.
+        let at = |n: usize| redis_key("", "d", &e(&[("k", &"x".repeat(n))]));
+        assert_eq!(at(MAX_PLAIN_KEY_BYTES - 4).len(), MAX_PLAIN_KEY_BYTES);
+        assert!(at(MAX_PLAIN_KEY_BYTES - 3).contains("%H"));
+    }
+
+    #[test]
+    fn over_and_near_hits_split_as_base_limiter_splits_them() {
+        // A bucket of 10 with NEAR_LIMIT_RATIO 0.8: near past 8 used, over past 10.
+        let t = Thresholds { over: 10, near: 8 };
+        // (remaining now, cost, (over, near))
+        let over_cases = [
+            // Already empty: every hit over.
+            (0, 3, (3, 0)),
+            // 2 used before, cost 12: 4 past the capacity over, the 2 between 8 and 10 near.
+            (8, 12, (4, 2)),
+            // 9 used before, cost 2: 1 over, 1 near (from 9, not from 8).
+            (1, 2, (1, 1)),
+        ];
+        for (remaining, cost, expected) in over_cases {
+            assert_eq!(t.over_hits(remaining, cost), expected, "{remaining} {cost}");
+        }
+        // (remaining after the take, cost, near hits)
+        let within_cases = [(5, 1, 0), (2, 1, 0), (1, 1, 1), (0, 3, 2), (0, 1, 1)];
+        for (after, cost, near) in within_cases {
+            assert_eq!(t.near_hits_within(after, cost), near, "{after} {cost}");
+        }
+    }
 }

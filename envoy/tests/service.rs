@@ -917,3 +917,76 @@ fn runtime_dotfiles_are_read_or_ignored_as_the_go_loader_does_and_reload_works()
             .is_some()
     });
 }
+
+/// `RateLimitRequest` with bytes where the proto has strings, to send what Envoy sends for a
+/// header that is not UTF-8.
+#[derive(Clone, PartialEq, prost::Message)]
+struct RawRequest {
+    #[prost(bytes = "vec", tag = "1")]
+    domain: Vec<u8>,
+    #[prost(message, repeated, tag = "2")]
+    descriptors: Vec<RawDescriptor>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct RawDescriptor {
+    #[prost(message, repeated, tag = "1")]
+    entries: Vec<RawEntry>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct RawEntry {
+    #[prost(bytes = "vec", tag = "1")]
+    key: Vec<u8>,
+    #[prost(bytes = "vec", tag = "2")]
+    value: Vec<u8>,
+}
+
+#[test]
+fn a_value_that_is_not_utf8_is_limited_over_grpc() {
+    use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
+    let redis = common::Server::start();
+    let config = "domain: h\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 2}\n";
+    let svc = Service::start(&redis_url(redis.port), &[("h.yaml", config)], &[]);
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let channel =
+            tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{}", svc.grpc_port))
+                .unwrap()
+                .connect()
+                .await
+                .unwrap();
+        let grpc = tonic::client::Grpc::new(channel);
+        let call = |value: &[u8]| {
+            let request = RawRequest {
+                domain: b"h".to_vec(),
+                descriptors: vec![RawDescriptor {
+                    entries: vec![RawEntry {
+                        key: b"user".to_vec(),
+                        value: value.to_vec(),
+                    }],
+                }],
+            };
+            let mut grpc = grpc.clone();
+            async move {
+                grpc.ready().await.unwrap();
+                let codec = tonic_prost::ProstCodec::<RawRequest, RateLimitResponse>::default();
+                let path = tonic::codegen::http::uri::PathAndQuery::from_static(
+                    "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
+                );
+                grpc.unary(tonic::Request::new(request), path, codec)
+                    .await
+                    .map(|r| r.into_inner().overall_code)
+                    .map_err(|s| s.code())
+            }
+        };
+        // Latin-1 bytes, as an HTTP/1 header may carry them: OK, OK, OVER_LIMIT.
+        let mut got = Vec::new();
+        for _ in 0..3 {
+            got.push(call(b"caf\xe9").await);
+        }
+        assert_eq!(got, [Ok(1), Ok(1), Ok(2)]);
+        // Another byte is another bucket.
+        assert_eq!(call(b"caf\xe8").await, Ok(1));
+    });
+}
