@@ -580,7 +580,8 @@ impl Service {
             .await
             .map_err(|e| self.client_failure(e))?;
         self.policy_check(c.source)?;
-        let over = crate::quota::post_paid_over(c.balance);
+        // `closed` charged nothing and must still refuse, as its takes do.
+        let over = crate::quota::post_paid_over(c.balance) || c.source == Source::Closed;
         let d = Decision {
             allowed: !over,
             remaining: c.remaining(),

@@ -13,7 +13,7 @@ use rl_testkit as common;
 mod support;
 
 use serde_json::{json, Value};
-use support::Service;
+use support::{PlainRedis, Service};
 
 const QUOTA: &str = "
 domain: q
@@ -313,4 +313,47 @@ fn grpc_carries_the_dynamic_metadata_and_the_quota_rule() {
         assert_eq!(overall, [1, 1, 2]);
         assert_eq!(backends, ["s1", "s2", ""]);
     });
+}
+
+#[test]
+fn with_redis_down_each_policy_decides_a_quota_as_it_decides_a_take() {
+    // (RL_ON_ERROR, the status of a quota-only request with Redis killed)
+    let cases = [
+        // The call fails: 503 over /json.
+        ("error", 503),
+        // Let through, nothing charged.
+        ("open", 200),
+        // Refused: a charge the policy did not apply still refuses, as a take does.
+        ("closed", 429),
+        // The local bucket: 8 on 7 (RL_INSTANCES=1) leaves it in debt, refused.
+        ("local", 429),
+    ];
+    for (policy, status) in cases {
+        let (mut redis, svc) = start(&[("RL_ON_ERROR", policy), ("RL_TIMEOUT_MS", "2000")]);
+        // The first call reaches Redis, so the service knows the module before the outage.
+        assert_eq!(svc.json(&request(&[("tokens", "u", Some(0))])).status, 200);
+        redis.kill();
+        let r = svc.json(&request(&[("tokens", "u", Some(8))]));
+        assert_eq!(r.status, status, "{policy}: {}", r.body);
+    }
+}
+
+#[test]
+fn on_a_plain_redis_the_lua_script_charges_the_same() {
+    let redis = PlainRedis::start();
+    let svc = Service::start(
+        &format!("127.0.0.1:{}", redis.port),
+        &[("q.yaml", QUOTA)],
+        &[],
+    );
+    let both = request(&[("service", "s1", None), ("service", "s2", None)]);
+    let statuses: Vec<u16> = (0..3).map(|_| svc.json(&both).status).collect();
+    assert_eq!(statuses, [200, 200, 429], "{}", svc.log());
+    assert_eq!(svc.json(&request(&[("tokens", "u", Some(9))])).status, 429);
+    assert_eq!(svc.json(&request(&[("tokens", "u", Some(0))])).status, 429);
+    assert!(
+        svc.metric(r#"redis_rl_envoy_decisions_total{source="lua"}"#) > 0,
+        "{}",
+        svc.metrics()
+    );
 }
