@@ -7,6 +7,10 @@
 //! descriptor is one `RL.ACQUIRE.MULTI`; on a cluster the buckets are taken slot by slot, and
 //! the slots already taken are refunded when a later one refuses (the one window where a
 //! cluster is not atomic: see the client's `slots` module).
+//!
+//! Quota-mode and `post_paid` descriptors are charged first, post-paid (the client's
+//! `charge`: it always applies and may leave the bucket in debt); whether the request is
+//! over is the quota rule's (`crate::quota`), which also builds the dynamic metadata.
 
 use std::sync::{Arc, RwLock};
 use std::time::Instant;
