@@ -77,6 +77,11 @@ descriptors:
   - key: llm_user
     quota_mode: true
     rate_limit: {unit: minute, requests_per_unit: 10}
+  # The same charges on a plain limit, and on a post-paid plain limit.
+  - key: plain_user
+    rate_limit: {unit: minute, requests_per_unit: 10}
+  - key: paid_user
+    rate_limit: {unit: minute, requests_per_unit: 10, post_paid: true}
 ";
 
 /// replaces.sh's limits, on their own: `requests_per_unit: 0` (the peer's ban).
@@ -201,6 +206,15 @@ fn routes() -> String {
         &[("llm_user", "alice", 0)],
         Some(generic("llm_user", "alice")),
     ));
+    for key in ["plain_user", "paid_user"] {
+        r.push_str(&format!(
+            "              - match: {{prefix: \"/{key}\"}}\n                route: {{cluster: upstream}}\n"
+        ));
+        r.push_str(&per_route(
+            &[(key, "alice", 0)],
+            Some(generic(key, "alice")),
+        ));
+    }
     // Multi-service: the Lua filter sets x-backend from the dynamic metadata and clears
     // the route cache, so the backend's route forwards it. Envoy takes the stream-done
     // actions from the route the filter saw, so that route's charge the backend x-backend
@@ -304,15 +318,23 @@ fn stack() -> Stack {
 }
 
 fn stack_with(limits: &str) -> Stack {
+    stack_with_env(limits, &[])
+}
+
+fn stack_with_env(limits: &str, env: &[(&str, &str)]) -> Stack {
     let redis = common::Server::start();
     let service = Service::start(
         &format!("127.0.0.1:{}", redis.port),
         &[("edge.yaml", limits)],
         &[
-            ("RL_TIMEOUT_MS", "10000"),
-            ("LOG_LEVEL", "debug"),
-            ("RESPONSE_DYNAMIC_METADATA", "true"),
-        ],
+            &[
+                ("RL_TIMEOUT_MS", "10000"),
+                ("LOG_LEVEL", "debug"),
+                ("RESPONSE_DYNAMIC_METADATA", "true"),
+            ],
+            env,
+        ]
+        .concat(),
     );
     let extra_clusters = ["service1", "service2"]
         .iter()
@@ -583,4 +605,37 @@ fn llm_tokens_per_minute_go_into_debt_and_refuse_until_repaid() {
     }
     let r = s.get("/llm", &[("x-tokens", "1")]);
     assert_eq!(r.status, 429, "{r:?}");
+}
+
+/// Three answers of 4 tokens on `path` (10 per minute), each charge counted before the
+/// next request; then the status of a fourth request.
+fn three_answers_then(s: &Stack, path: &str, key: &str) -> u16 {
+    for total in [4, 8, 12] {
+        let r = s.get(path, &[("x-tokens", "4")]);
+        assert_eq!(r.status, 200, "{path}: {}", s.service.log());
+        s.wait_hits(key, total);
+    }
+    s.get(path, &[("x-tokens", "1")]).status
+}
+
+#[test]
+fn stream_done_charges_on_plain_post_paid_and_global_quota_limits() {
+    let s = stack();
+    // A plain limit refuses the third charge (4 on the 2 left) and takes nothing: the
+    // fourth request passes on those 2. The refused hits are counted, not dropped.
+    assert_eq!(three_answers_then(&s, "/plain_user", "plain_user"), 200);
+    assert_eq!(
+        s.service.metric(
+            r#"ratelimit_service_rate_limit_within_limit{domain="edge",key1="plain_user",key2=""}"#
+        ),
+        8
+    );
+    // post_paid: the third charge applies (2 in debt), and the fourth is refused.
+    assert_eq!(three_answers_then(&s, "/paid_user", "paid_user"), 429);
+    // GLOBAL_QUOTA_MODE: the plain limit is in quota mode, post-paid too.
+    let global = stack_with_env(LIMITS, &[("GLOBAL_QUOTA_MODE", "true")]);
+    assert_eq!(
+        three_answers_then(&global, "/plain_user", "plain_user"),
+        429
+    );
 }

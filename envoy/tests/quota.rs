@@ -312,6 +312,26 @@ fn grpc_carries_the_dynamic_metadata_and_the_quota_rule() {
         }
         assert_eq!(overall, [1, 1, 2]);
         assert_eq!(backends, ["s1", "s2", ""]);
+        // A post-paid plain limit over gRPC: 8 on 7 applies (1 in debt), and the 0-hit
+        // check after it is refused; the same on a plain limit is refused and takes nothing.
+        let one = |key: &str, hits: u64| RateLimitRequest {
+            domain: "q".into(),
+            descriptors: vec![RateLimitDescriptor {
+                entries: vec![Entry {
+                    key: key.into(),
+                    value: "g".into(),
+                }],
+                hits_addend: Some(UInt64Value { value: hits }),
+                ..Default::default()
+            }],
+            hits_addend: 0,
+        };
+        let mut codes = Vec::new();
+        for (key, hits) in [("paid", 8), ("paid", 0), ("plain", 8), ("plain", 0)] {
+            let r = client.should_rate_limit(one(key, hits)).await.unwrap();
+            codes.push(r.into_inner().overall_code);
+        }
+        assert_eq!(codes, [2, 2, 2, 1]);
     });
 }
 
