@@ -1,6 +1,8 @@
 //! envoyproxy/ratelimit's integration scenarios, written again for this service, behind a
 //! real Envoy 1.40: simple get, trigger the limit, shadow mode, replaces, value in the stats
-//! key when unspecified, quota, token quota and multi-service token quota. Each test states
+//! key when unspecified, quota, token quota and multi-service token quota; then an LLM's
+//! tokens per minute, and stream-done charges on plain, `post_paid` and `GLOBAL_QUOTA_MODE`
+//! limits. Each test states
 //! the peer script's expected outcome and checks it here; where a token bucket times a
 //! refill differently from the peer's fixed window, the comment says so (and
 //! docs/envoy.md's migration table lists it).
