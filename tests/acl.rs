@@ -252,6 +252,8 @@ fn ratelimit_acl_category_where_the_server_supports_it() {
         "rl.acquire.multi",
         "rl.throttle",
         "rl.refund",
+        "rl.charge",
+        "rl.hcharge",
     ] {
         assert!(
             members.contains(&name.to_string()) || !lists_module_commands,
@@ -287,6 +289,10 @@ fn ratelimit_acl_category_where_the_server_supports_it() {
         [1, 2, 0, 1_000_000]
     );
     assert_eq!(rl::peek(&mut app, &["k", "0.001", "3"])[..2], [1, 2]);
+    assert_eq!(
+        rl::charge(&mut app, &["k", "0.001", "3", "3"])[..2],
+        [1, -1]
+    );
     let err = error_text(&mut app, redis::cmd("SET").arg("k2").arg("v"));
     assert!(err.starts_with("NOPERM "), "{err}");
     assert!(!exists(&mut admin, b"k2"));

@@ -184,7 +184,9 @@ fn info_counts_calls_decisions_and_errors() {
         ("RL.PEEK", &[b"a", b"0.001", b"1"], [1, 0, 0, 0]), // decides nothing
         ("RL.PEEK", &[b"fresh", b"0.001", b"1"], [1, 0, 0, 0]),
         ("RL.REFUND", &[b"a", b"0.001", b"1"], [1, 0, 0, 0]),
-        ("RL.SETSTATE", &[b"s", b"1"], [0, 0, 0, 0]), // internal: not counted
+        ("RL.CHARGE", &[b"c", b"0.001", b"1", b"5"], [1, 0, 0, 0]), // applies: decides nothing
+        ("RL.CHARGE", &[b"c", b"1", b"1", b"1e30"], [1, 0, 0, 1]),  // past the bound
+        ("RL.SETSTATE", &[b"s", b"1"], [0, 0, 0, 0]),               // internal: not counted
         // Error replies from the module count as calls and errors.
         ("RL.ACQUIRE", &[b"a", b"x", b"1"], [1, 0, 0, 1]),
         ("RL.PEEK", &[b"str", b"0.001", b"1"], [1, 0, 0, 1]), // WRONGTYPE
@@ -245,6 +247,10 @@ fn declared_keys_and_flags() {
         keys_and_flags(&mut con, &["RL.REFUND", "r", "1", "2"]),
         [("r".to_string(), rw())]
     );
+    assert_eq!(
+        keys_and_flags(&mut con, &["RL.CHARGE", "c", "1", "2", "3"]),
+        [("c".to_string(), rw())]
+    );
 
     // Command flags: RL.PEEK is a fast read, the others writes.
     let flags = |con: &mut Connection, name: &str| -> Vec<String> {
@@ -269,7 +275,7 @@ fn declared_keys_and_flags() {
     );
     assert!(peek_flags.contains(&"fast".to_string()), "{peek_flags:?}");
     assert!(!peek_flags.contains(&"write".to_string()), "{peek_flags:?}");
-    for name in ["RL.ACQUIRE.MULTI", "RL.THROTTLE", "RL.REFUND"] {
+    for name in ["RL.ACQUIRE.MULTI", "RL.THROTTLE", "RL.REFUND", "RL.CHARGE"] {
         let got = flags(&mut con, name);
         assert!(got.contains(&"write".to_string()), "{name}: {got:?}");
         assert!(got.contains(&"denyoom".to_string()), "{name}: {got:?}");
@@ -335,6 +341,25 @@ fn watch_is_broken_by_writes_only() {
             &["k", "0.001", "5", "1"],
             false,
         ),
+        ("charge of 0", "RL.CHARGE", &["k", "0.001", "5", "0"], false),
+        (
+            "charge into debt",
+            "RL.CHARGE",
+            &["k", "0.001", "5", "9"],
+            true,
+        ),
+        (
+            "charge of 0 in debt",
+            "RL.CHARGE",
+            &["k", "0.001", "5", "0"],
+            false,
+        ),
+        (
+            "denial in debt",
+            "RL.ACQUIRE",
+            &["k", "0.001", "5", "0"],
+            false,
+        ),
     ];
     acquire(&mut con, &["k", "0.001", "5", "2"]);
     for (what, name, args, aborts) in cases {
@@ -380,11 +405,13 @@ fn every_command_states_its_complexity_and_version() {
         ("RL.THROTTLE", "O(1)", "0.1.0"),
         ("RL.GCRA", "O(1)", "0.2.0"),
         ("RL.REFUND", "O(1)", "0.1.0"),
+        ("RL.CHARGE", "O(1)", "0.3.0"),
         ("RL.SETSTATE", "O(1)", "0.1.0"),
         ("RL.ACQUIRE.MULTI", "O(N log N) ", "0.1.0"),
         ("RL.HACQUIRE", "O(1) amortized", "0.3.0"),
         ("RL.HPEEK", "O(1)", "0.3.0"),
         ("RL.HREFUND", "O(1) amortized", "0.3.0"),
+        ("RL.HCHARGE", "O(1) amortized", "0.3.0"),
         ("RL.HDEL", "O(N) ", "0.3.0"),
         ("RL.HLEN", "O(1)", "0.3.0"),
         ("RL.HSETSTATE", "O(N) ", "0.3.0"),

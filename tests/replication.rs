@@ -453,3 +453,107 @@ fn new_commands_replicate_their_effect_never_themselves() {
         );
     }
 }
+
+#[test]
+fn charges_into_debt_replicate_their_effect_and_replay_to_the_same_bytes() {
+    let server = Server::start_with(&common::aof::PLAIN_AOF_ALWAYS);
+    let mut master = server.conn();
+    // Before the replica exists: it gets these from the full sync.
+    rl::charge(&mut master, &["c1", "0.001", "5", "8"]); // three in debt
+    rl::hcharge(&mut master, &["ct", "f", "0.001", "5", "12"]); // seven in debt
+    let replica_server = server.start_replica();
+    let mut replica = replica_server.conn();
+    wait_for_replica(&mut master);
+    assert_same_state(&mut master, &mut replica);
+
+    // With the replica attached: charges into debt at rates whose 1e9 / rate is not whole
+    // (states with a fraction of a ns), a charge adding to a debt, denials and refunds while
+    // in debt, cost-0 charges, and the same on a table.
+    rl::charge(&mut master, &["c1", "0.001", "5", "2"]);
+    assert_eq!(rl::acquire(&mut master, &["c1", "0.001", "5", "0"])[0], 0);
+    rl::charge(&mut master, &["c3", "3", "3000", "5000"]);
+    rl::charge(&mut master, &["c7", "7", "7000", "9000"]);
+    assert_eq!(refund(&mut master, &["c7", "7", "7000", "1"])[0], 0);
+    rl::charge(&mut master, &["c7", "7", "7000", "0"]);
+    rl::charge(&mut master, &["zero", "7", "7000", "0"]);
+    rl::hcharge(&mut master, &["ct", "g", "3", "3000", "4000"]);
+    rl::hcharge(&mut master, &["ct", "f", "0.001", "5", "1"]);
+    assert_eq!(
+        rl::hacquire(&mut master, &["ct", "f", "0.001", "5", "0"])[0],
+        0
+    );
+    rl::hcharge(&mut master, &["ct", "h", "7", "7", "0"]);
+    let _: Vec<i64> = redis::cmd("RL.HREFUND")
+        .arg(&["ct", "g", "3", "3000", "1"])
+        .query(&mut master)
+        .expect("RL.HREFUND");
+    wait_for_replica(&mut master);
+    assert_same_state(&mut master, &mut replica);
+    assert_eq!(
+        all_keys(&mut master),
+        [&b"c1"[..], b"c3", b"c7", b"ct"],
+        "exactly the charged buckets exist"
+    );
+    assert_eq!(peek(&mut replica, &["c1", "0.001", "5", "0"])[1], -5);
+    for name in ["rl.charge", "rl.hcharge", "rl.acquire", "rl.refund"] {
+        assert_eq!(
+            calls(&mut replica, name),
+            None,
+            "{name} reached the replica"
+        );
+    }
+
+    // The AOF holds the effects only, and replays to the same bytes.
+    let commands = aof_commands(server.dir.path());
+    let names: Vec<String> = commands
+        .iter()
+        .map(|c| String::from_utf8_lossy(&c[0]).to_ascii_uppercase())
+        .collect();
+    assert!(
+        names
+            .iter()
+            .all(|n| n == "SELECT" || n == "RL.SETSTATE" || n == "RL.HSETSTATE"),
+        "unexpected commands in the AOF: {names:?}"
+    );
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("NO")
+        .arg("ONE")
+        .query(&mut replica)
+        .expect("REPLICAOF NO ONE");
+    let mut server = server;
+    server.restart_with(&common::aof::PLAIN_AOF_ALWAYS);
+    let mut replayed = server.conn();
+    assert_same_state(&mut replayed, &mut replica);
+}
+
+#[test]
+fn a_zero_or_refused_charge_propagates_nothing() {
+    // No replication PINGs during the test: they would move the offset too.
+    let server = Server::start_with(&["--repl-ping-replica-period", "3600"]);
+    let replica_server = server.start_replica();
+    let mut master = server.conn();
+    let mut replica = replica_server.conn();
+    rl::charge(&mut master, &["k", "1", "1", "3153600000"]);
+    rl::hcharge(&mut master, &["t", "f", "1", "1", "5"]);
+    let offset = repl_offset(&mut master);
+    // (command, arguments, refused): each changes nothing, so ships nothing.
+    let rows: &[(&str, &[&str], bool)] = &[
+        ("RL.CHARGE", &["k", "1", "1", "0"], false), // cost 0 on a bucket in debt
+        ("RL.CHARGE", &["missing", "1", "1", "0"], false), // cost 0 on a missing key
+        ("RL.HCHARGE", &["t", "f", "1", "1", "0"], false),
+        ("RL.HCHARGE", &["t", "new", "1", "1", "0"], false),
+        ("RL.CHARGE", &["k", "1", "1", "1"], true), // past the bound
+        ("RL.HCHARGE", &["t", "f", "1", "1", "3153600000"], true),
+    ];
+    for &(name, args, refused) in rows {
+        let reply: redis::RedisResult<Vec<i64>> = redis::cmd(name).arg(args).query(&mut master);
+        assert_eq!(reply.is_err(), refused, "{name} {args:?}: {reply:?}");
+        assert_eq!(
+            repl_offset(&mut master),
+            offset,
+            "{name} {args:?} propagated something"
+        );
+    }
+    wait_for_replica(&mut master);
+    assert_same_state(&mut master, &mut replica);
+}

@@ -504,6 +504,7 @@ fn routing_names_the_key_and_acl_the_category() {
         ("RL.HACQUIRE", &["t", "f", "1", "2"][..]),
         ("RL.HPEEK", &["t", "f", "1", "2"][..]),
         ("RL.HREFUND", &["t", "f", "1", "2", "1"][..]),
+        ("RL.HCHARGE", &["t", "f", "1", "2", "1"][..]),
         ("RL.HDEL", &["t", "f", "g"][..]),
         ("RL.HLEN", &["t"][..]),
     ] {
@@ -520,6 +521,7 @@ fn routing_names_the_key_and_acl_the_category() {
     let want: &[(&str, &[&str], &[&str])] = &[
         ("RL.HACQUIRE", &["write", "denyoom", "fast"], &["readonly"]),
         ("RL.HREFUND", &["write", "denyoom", "fast"], &["readonly"]),
+        ("RL.HCHARGE", &["write", "denyoom", "fast"], &["readonly"]),
         ("RL.HPEEK", &["readonly", "fast"], &["write", "denyoom"]),
         ("RL.HLEN", &["readonly", "fast"], &["write", "denyoom"]),
         ("RL.HDEL", &["write", "fast"], &["denyoom", "readonly"]),

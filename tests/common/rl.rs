@@ -25,6 +25,26 @@ pub fn refund(con: &mut Connection, args: &[&str]) -> Vec<i64> {
     ints(con, "RL.REFUND", args)
 }
 
+/// `RL.CHARGE args…`.
+pub fn charge(con: &mut Connection, args: &[&str]) -> Vec<i64> {
+    ints(con, "RL.CHARGE", args)
+}
+
+/// `RL.HCHARGE args…`.
+pub fn hcharge(con: &mut Connection, args: &[&str]) -> Vec<i64> {
+    ints(con, "RL.HCHARGE", args)
+}
+
+/// `RL.HPEEK args…`.
+pub fn hpeek(con: &mut Connection, args: &[&str]) -> Vec<i64> {
+    ints(con, "RL.HPEEK", args)
+}
+
+/// `RL.HACQUIRE args…`.
+pub fn hacquire(con: &mut Connection, args: &[&str]) -> Vec<i64> {
+    ints(con, "RL.HACQUIRE", args)
+}
+
 /// `RL.GCRA args…`.
 pub fn gcra(con: &mut Connection, args: &[&str]) -> Vec<i64> {
     ints(con, "RL.GCRA", args)

@@ -10,6 +10,8 @@ pub const REFILL: &str =
     "ERR capacity / rate must be at most 3153600000 (a full refill within 100 years)";
 /// `cost` negative or not a number.
 pub const COST: &str = "ERR cost must be a finite number >= 0 (tokens)";
+/// `cost` of `RL.CHARGE` / `RL.HCHARGE` past the bound on debt.
+pub const DEBT: &str = "ERR cost would leave the bucket in debt for more than 100 years (it must be full again within 3153600000 s, and before 2262)";
 /// A key of another type.
 pub const WRONGTYPE: &str = "WRONGTYPE Operation against a key holding the wrong kind of value";
 
