@@ -312,7 +312,7 @@ impl Source {
             if kind.is_symlink() && path.is_dir() {
                 continue;
             }
-            if self.watch_root {
+            if self.watch_root && !self.app_dir.is_empty() {
                 // goruntime's key: the path under the base, `/` as `.`; the Go service keeps
                 // keys starting with `config.`.
                 let key = path
@@ -1194,6 +1194,11 @@ descriptors:
                 "    rate_limit: {unit: minute, requests_per_unit: yes}\n",
                 "cannot unmarshal !!bool `yes` into uint32",
             ),
+            // A quoted number is a string.
+            (
+                "    rate_limit: {unit: minute, requests_per_unit: \"5\"}\n",
+                "cannot unmarshal !!str `5` into uint32",
+            ),
             ("    yes: 1\n", "key is not of type string: true"),
         ];
         for (line, words) in bad {
@@ -1262,5 +1267,64 @@ descriptors:
         assert!(Config::load(&Source::dir(&config))
             .unwrap()
             .has_domain("dot"));
+    }
+
+    #[test]
+    fn nested_share_thresholds_and_their_metrics_load_and_match() {
+        // The features of the Go service's share_threshold test file, in our own config.
+        let c = load(
+            "domain: d
+descriptors:
+  - key: tenant
+    value: t*prod
+    share_threshold: true
+    descriptors:
+      - key: resource
+        value: res*v2
+        share_threshold: true
+        rate_limit: {unit: minute, requests_per_unit: 60}
+  - key: route
+    value: api/*
+    share_threshold: true
+    value_to_metric: true
+    descriptors:
+      - key: method
+        rate_limit: {unit: minute, requests_per_unit: 60}
+  - key: file
+    value: test1
+    rate_limit: {unit: minute, requests_per_unit: 50}
+  - key: file
+    value: test*
+    share_threshold: true
+    rate_limit: {unit: minute, requests_per_unit: 100}
+",
+        )
+        .unwrap();
+        let m = c
+            .lookup(
+                "d",
+                &entries(&[("tenant", "t-a-prod"), ("resource", "res-x-v2")]),
+            )
+            .unwrap();
+        assert_eq!(
+            m.key_entries,
+            entries(&[("tenant", "t*prod"), ("resource", "res*v2")])
+        );
+        assert_eq!(m.stats_key, "d.tenant_t*prod.resource_res*v2");
+        // share_threshold wins over value_to_metric: the metric keeps the pattern.
+        let m = c
+            .lookup("d", &entries(&[("route", "api/users"), ("method", "GET")]))
+            .unwrap();
+        assert_eq!(
+            m.key_entries,
+            entries(&[("route", "api/*"), ("method", "GET")])
+        );
+        assert_eq!(m.stats_key, "d.route_api/*.method");
+        // An explicit value beats the shared wildcard and keys by itself.
+        let m = c.lookup("d", &entries(&[("file", "test1")])).unwrap();
+        assert_eq!(m.rate_limit.requests_per_unit, 50);
+        assert_eq!(m.key_entries, entries(&[("file", "test1")]));
+        let m = c.lookup("d", &entries(&[("file", "test2")])).unwrap();
+        assert_eq!(m.key_entries, entries(&[("file", "test*")]));
     }
 }

@@ -1,5 +1,5 @@
 //! Filesystem notifications for the config: which directories to watch (the config
-//! directory, and with `RUNTIME_WATCH_ROOT` the runtime root and the directory holding it, so
+//! directory and its subdirectories, and with `RUNTIME_WATCH_ROOT` the runtime root and the directory holding it, so
 //! that a symlink swap of the root is seen) and a wake-up when any of them changes.
 //!
 //! The caller keeps its one-second poll as the fallback: a filesystem without inotify
@@ -95,6 +95,20 @@ mod tests {
             start(&targets(tmp.path(), tmp.path(), false), changed.clone()).expect("inotify watch");
         assert_eq!(watch.watched, [tmp.path().to_path_buf()]);
         std::fs::write(tmp.path().join("a.yaml"), "domain: a\n").unwrap();
+        tokio::time::timeout(Duration::from_secs(5), changed.notified())
+            .await
+            .expect("no notification within 5 s");
+    }
+
+    #[tokio::test]
+    async fn a_file_written_in_a_subdirectory_wakes_the_watcher() {
+        // The runtime loader reads subdirectories' files too, so their changes count.
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::create_dir(tmp.path().join("sub")).unwrap();
+        let changed = Arc::new(Notify::new());
+        let _watch =
+            start(&targets(tmp.path(), tmp.path(), false), changed.clone()).expect("inotify watch");
+        std::fs::write(tmp.path().join("sub/a.yaml"), "domain: a\n").unwrap();
         tokio::time::timeout(Duration::from_secs(5), changed.notified())
             .await
             .expect("no notification within 5 s");

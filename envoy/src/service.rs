@@ -42,7 +42,9 @@ pub const MAX_ENTRIES: usize = 32;
 /// [`redis_key`]): a value of any length is limited, never refused, since Envoy's default
 /// (`failure_mode_deny: false`) lets a refused call through.
 pub const MAX_PLAIN_KEY_BYTES: usize = 1024;
-/// The largest cost (`hits_addend`), the module's largest capacity.
+/// The largest capacity the module keeps: a cost above it can never pass any bucket, so it
+/// is answered over the limit without asking Redis (not refused: `hits_addend` may come from
+/// a client's header, and a refused call is let through by Envoy's default).
 pub const MAX_COST: u64 = 1_000_000_000_000_000;
 
 /// Why a call has no response.
@@ -273,7 +275,8 @@ impl Service {
 
         let mut limited: Vec<Limited> = Vec::new();
         let mut refunds: Vec<Limited> = Vec::new();
-        // `requests_per_unit: 0` (bans): over the limit without asking Redis.
+        // `requests_per_unit: 0` (bans) and costs above every capacity: over the limit
+        // without asking Redis.
         let mut bans: Vec<(usize, Match, u64, bool)> = Vec::new();
         for (index, m, cost, refund) in found {
             if let Some(status) = statuses.get_mut(index) {
@@ -289,7 +292,8 @@ impl Service {
                 }
             }
             let shadow = m.shadow_mode || self.settings.shadow_mode;
-            if m.rate_limit.is_ban() {
+            // A cost above every capacity never passes: over the limit, as a ban is.
+            if m.rate_limit.is_ban() || cost > MAX_COST {
                 // A refund to a ban changes nothing; a take is over the limit.
                 if !refund {
                     bans.push((index, m, cost, shadow));
@@ -353,7 +357,7 @@ impl Service {
                 i64::try_from(m.rate_limit.period_s().saturating_mul(1000)).unwrap_or(i64::MAX);
             status.limit_remaining = 0;
             status.duration_until_reset = Some(duration(period_ms));
-            tightest = Some((0, 0, period_ms));
+            tightest = Some((m.rate_limit.requests_per_unit, 0, period_ms));
         }
 
         let redis_started = Instant::now();
@@ -828,9 +832,12 @@ fn check_descriptor(
         }
     }
     let cost = d.hits_addend.map_or(request_cost, |h| h.value);
-    if cost > MAX_COST {
-        return bad(format!("hits_addend must be at most {MAX_COST}"));
-    }
+    // A refund of more than any bucket holds fills the bucket, as MAX_COST does.
+    let cost = if d.is_negative_hits {
+        cost.min(MAX_COST)
+    } else {
+        cost
+    };
     let override_limit = match &d.limit {
         None => None,
         // requests_per_unit 0 is a ban, as in the config.
@@ -905,7 +912,6 @@ mod tests {
     #[test]
     fn bad_requests_are_refused_before_redis() {
         use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
-        use envoy_types::pb::google::protobuf::UInt64Value;
         let desc = |key: &str, value: &str| RateLimitDescriptor {
             entries: vec![Entry {
                 key: key.into(),
@@ -918,14 +924,11 @@ mod tests {
             descriptors,
             hits_addend: 0,
         };
-        let mut max_cost = desc("k", "v");
-        max_cost.hits_addend = Some(UInt64Value { value: u64::MAX });
         let cases = vec![
             (req("", vec![desc("k", "v")]), "domain"),
             (req("d", vec![]), "descriptors must not be empty"),
             (req("d", vec![desc("k", "v"); 5000]), "at most 64"),
             (req("d", vec![desc("", "v")]), "key must not be empty"),
-            (req("d", vec![max_cost]), "hits_addend"),
             (
                 req("d", vec![RateLimitDescriptor::default()]),
                 "entries must not be empty",

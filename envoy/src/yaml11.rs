@@ -47,6 +47,9 @@ pub enum Resolved {
 
 const STR_TAG: &str = "tag:yaml.org,2002:str";
 
+/// The deepest nesting read.
+const MAX_DEPTH: usize = 128;
+
 impl Scalar {
     /// yaml.v2's resolution: quoted scalars and `!!str` are strings; a plain scalar is null,
     /// a YAML 1.1 bool, an int (`ParseInt(text without '_', 0)`: 0x, 0o, 0b, leading-0
@@ -270,6 +273,7 @@ pub fn parse(text: &str) -> Result<Option<Node>, String> {
     let mut builder = Builder {
         events: events.into_iter(),
         anchors: HashMap::new(),
+        alias_budget: MAX_ALIAS_NODES,
     };
     builder.document()
 }
@@ -380,7 +384,25 @@ fn events(text: &str) -> Option<Vec<Event>> {
 
 struct Builder {
     events: std::vec::IntoIter<Event>,
-    anchors: HashMap<String, Node>,
+    /// Each anchor's node and its size in nodes.
+    anchors: HashMap<String, (Node, usize)>,
+    /// Nodes aliases may still copy: nested aliases ("billion laughs") grow a document
+    /// exponentially, and a bound keeps that an error, not an out-of-memory abort.
+    alias_budget: usize,
+}
+
+/// The nodes all aliases of one document may copy, together.
+const MAX_ALIAS_NODES: usize = 1_000_000;
+
+fn size(node: &Node) -> usize {
+    match node {
+        Node::Scalar(_) => 1,
+        Node::Seq(items) => items.iter().map(size).fold(1, usize::saturating_add),
+        Node::Map(entries) => entries
+            .iter()
+            .map(|(k, v)| size(k).saturating_add(size(v)))
+            .fold(1, usize::saturating_add),
+    }
 }
 
 impl Builder {
@@ -394,26 +416,36 @@ impl Builder {
         }
         match self.events.next() {
             Some(Event::DocumentEnd) | None => Ok(None),
-            Some(first) => self.node(first).map(Some),
+            Some(first) => self.node(first, 0).map(Some),
         }
     }
 
-    fn node(&mut self, event: Event) -> Result<Node, String> {
+    fn node(&mut self, event: Event, depth: usize) -> Result<Node, String> {
+        // The tree is walked recursively (here and by the config's loader): a bound keeps a
+        // pathological file an error, not a stack overflow. serde_yaml_ng stops at 128 too.
+        if depth > MAX_DEPTH {
+            return Err(format!(
+                "recursion limit exceeded: more than {MAX_DEPTH} levels of nesting"
+            ));
+        }
         let (node, anchor) = match event {
             Event::Scalar(s, anchor) => (Node::Scalar(s), anchor),
             Event::Alias(name) => {
-                return self
+                let (node, nodes) = self
                     .anchors
                     .get(&name)
-                    .cloned()
-                    .ok_or_else(|| format!("unknown anchor '{name}' referenced"));
+                    .ok_or_else(|| format!("unknown anchor '{name}' referenced"))?;
+                self.alias_budget = self.alias_budget.checked_sub(*nodes).ok_or_else(|| {
+                    format!("aliases expand to more than {MAX_ALIAS_NODES} nodes")
+                })?;
+                return Ok(node.clone());
             }
             Event::SeqStart(anchor) => {
                 let mut items = Vec::new();
                 loop {
                     match self.events.next() {
                         Some(Event::SeqEnd) => break,
-                        Some(e) => items.push(self.node(e)?),
+                        Some(e) => items.push(self.node(e, depth + 1)?),
                         None => return Err("unexpected end of a sequence".into()),
                     }
                 }
@@ -424,11 +456,11 @@ impl Builder {
                 loop {
                     let key = match self.events.next() {
                         Some(Event::MapEnd) => break,
-                        Some(e) => self.node(e)?,
+                        Some(e) => self.node(e, depth + 1)?,
                         None => return Err("unexpected end of a mapping".into()),
                     };
                     let value = match self.events.next() {
-                        Some(e) => self.node(e)?,
+                        Some(e) => self.node(e, depth + 1)?,
                         None => return Err("unexpected end of a mapping".into()),
                     };
                     let merge = matches!(&key, Node::Scalar(s) if s.plain && s.tag.is_none() && s.text == "<<");
@@ -464,7 +496,7 @@ impl Builder {
             _ => return Err("unexpected YAML event".into()),
         };
         if let Some(name) = anchor {
-            self.anchors.insert(name, node.clone());
+            self.anchors.insert(name, (node.clone(), size(&node)));
         }
         Ok(node)
     }
@@ -551,5 +583,13 @@ mod tests {
         assert_eq!(parse("# only a comment\n").unwrap(), None);
         assert!(parse("a: [\n").is_err());
         assert!(parse("a: *nowhere\n").is_err());
+        let deep = "[".repeat(1000) + &"]".repeat(1000);
+        assert!(parse(&deep).unwrap_err().contains("recursion limit"));
+        let mut laughs = String::from("a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n");
+        for i in 1..10 {
+            let p = i - 1;
+            laughs.push_str(&format!("a{i}: &a{i} [*a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}]\n"));
+        }
+        assert!(parse(&laughs).unwrap_err().contains("aliases expand"));
     }
 }
