@@ -240,6 +240,21 @@ fn routes() -> String {
     r
 }
 
+/// Before the ratelimit filter: drop a client's own `x-backend` and route again, so a
+/// client cannot pick a backend route (which has no rate limits) itself.
+const LUA_STRIP: &str = r#"          - name: strip-backend
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua
+              default_source_code:
+                inline_string: |
+                  function envoy_on_request(handle)
+                    if handle:headers():get("x-backend") ~= nil then
+                      handle:headers():remove("x-backend")
+                      handle:clearRouteCache()
+                    end
+                  end
+"#;
+
 /// After the ratelimit filter: name the backend the service chose (its dynamic metadata's
 /// `backend`) and route again.
 const LUA: &str = r#"          - name: envoy.filters.http.lua
@@ -352,6 +367,10 @@ fn stack_with_env(limits: &str, env: &[(&str, &str)]) -> Stack {
         .replace(
             "          - name: envoy.filters.http.router\n",
             &format!("{LUA}          - name: envoy.filters.http.router\n"),
+        )
+        .replace(
+            "          - name: envoy.filters.http.ratelimit\n",
+            &format!("{LUA_STRIP}          - name: envoy.filters.http.ratelimit\n"),
         )
         .replace("  clusters:\n", &format!("  clusters:\n{extra_clusters}"))
         .replace("{upstream}", &token_upstream("the upstream").to_string())
@@ -590,6 +609,9 @@ fn peer_multiservice_token_quota_routes_to_the_service_with_quota() {
         s.wait_hits(&format!("multi_service_service_{}", n + 1), charged[n]);
     }
     let r = s.get("/multiservice-tokenquota", &[]);
+    assert_eq!(r.status, 429, "{r:?}");
+    // A client naming a backend itself is limited all the same.
+    let r = s.get("/multiservice-tokenquota", &[("x-backend", "service_2")]);
     assert_eq!(r.status, 429, "{r:?}");
 }
 
