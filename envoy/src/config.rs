@@ -20,8 +20,8 @@ use crate::yaml11::{Node, Resolved};
 
 /// The keys a config file may hold anywhere; any other is a misspelling and refused, as the
 /// Go service refuses it. `unit_multiplier`, `value_to_metric`, `share_threshold`,
-/// `quota_mode` and `metadata` are the Go service's newer keys; `burst` is this service's one
-/// extension (the bucket's capacity).
+/// `quota_mode` and `metadata` are the Go service's newer keys; `burst` (the bucket's capacity)
+/// and `post_paid` are this service's extensions.
 const VALID_KEYS: &[&str] = &[
     "domain",
     "key",
@@ -41,6 +41,7 @@ const VALID_KEYS: &[&str] = &[
     "quota_mode",
     "metadata",
     "burst",
+    "post_paid",
 ];
 
 /// A config error: the file and the problem, as `<file>: <problem>`.
@@ -143,6 +144,10 @@ pub struct RateLimit {
     pub unlimited: bool,
     pub name: String,
     pub replaces: Vec<String>,
+    /// Hits always apply, even past what is left (the bucket goes into debt), and the
+    /// descriptor is over its limit while in debt: a charge after the fact (Envoy's
+    /// `apply_on_stream_done`) is never refused. Quota-mode limits are always post-paid.
+    pub post_paid: bool,
     /// The limit sent to Redis, built once when the config loads rather than on every call;
     /// `Err` (the client library's text) is answered per call, as the limit is used.
     pub bucket: Result<Limit, String>,
@@ -777,6 +782,7 @@ fn load_rate_limit(map: &Node) -> Result<RateLimit, String> {
         Some(_) => return Err("burst must be a number above 0 and at most 1e15".into()),
     };
     let name = string_field(map, "name").map_err(unmarshal)?;
+    let post_paid = bool_field(map, "post_paid").map_err(unmarshal)?;
     let mut replaces = Vec::new();
     for item in list_field(map, "replaces").map_err(unmarshal)? {
         if !matches!(item, Node::Map(_)) {
@@ -802,6 +808,7 @@ fn load_rate_limit(map: &Node) -> Result<RateLimit, String> {
         unlimited,
         name,
         replaces,
+        post_paid,
         bucket: bucket_limit(
             requests_per_unit,
             period_s,
@@ -1045,6 +1052,28 @@ descriptors:
         let ban = c.lookup("d", &entries(&[("bar", "banned")])).unwrap();
         assert!(ban.rate_limit.is_ban());
         assert!(!m.rate_limit.is_ban());
+    }
+
+    #[test]
+    fn post_paid_is_kept_with_the_limit() {
+        let c = load(
+            "domain: d\ndescriptors:\n  - key: tokens\n    rate_limit: {unit: minute, requests_per_unit: 9, post_paid: yes}\n  - key: plain\n    rate_limit: {unit: minute, requests_per_unit: 9}\n",
+        )
+        .unwrap();
+        assert!(
+            c.lookup("d", &entries(&[("tokens", "x")]))
+                .unwrap()
+                .rate_limit
+                .post_paid
+        );
+        assert!(
+            !c.lookup("d", &entries(&[("plain", "x")]))
+                .unwrap()
+                .rate_limit
+                .post_paid
+        );
+        let e = load("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, post_paid: 3}\n").unwrap_err();
+        assert!(e.problem.contains("post_paid"), "{e}");
     }
 
     #[test]

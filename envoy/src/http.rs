@@ -208,6 +208,12 @@ pub fn response_json(r: &RateLimitResponse) -> Value {
             .collect();
         out.insert("responseHeadersToAdd".into(), Value::Array(headers));
     }
+    if let Some(metadata) = &r.dynamic_metadata {
+        out.insert(
+            "dynamicMetadata".into(),
+            crate::quota::struct_to_json(metadata),
+        );
+    }
     Value::Object(out)
 }
 

@@ -15,6 +15,7 @@ mod config_watch;
 mod grpc;
 mod http;
 mod metrics;
+mod quota;
 mod redis_pool;
 mod service;
 mod settings;

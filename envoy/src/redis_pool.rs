@@ -1,6 +1,6 @@
 //! The connection the single-server limiter sends on: up to `REDIS_POOL_SIZE` multiplexed
 //! `ConnectionManager`s (each pipelines every call in flight and reconnects by itself),
-//! filled one at a time. Also the cluster hash slot of a key.
+//! filled one at a time.
 //!
 //! Why fill rather than take turns: a multiplexed connection writes every command queued
 //! since its last write in one syscall, and Redis answers all it read in one. Spreading 16
@@ -129,35 +129,9 @@ impl ConnectionLike for Pool {
     }
 }
 
-/// The cluster hash slot of `key` (CRC16/XMODEM mod 16384 of the key, or of its first
-/// non-empty `{hash tag}`).
-pub fn slot(key: &[u8]) -> u16 {
-    let tagged = key
-        .iter()
-        .position(|&b| b == b'{')
-        .and_then(|open| {
-            let rest = key.get(open + 1..)?;
-            let close = rest.iter().position(|&b| b == b'}')?;
-            (close > 0).then(|| rest.get(..close)).flatten()
-        })
-        .unwrap_or(key);
-    let mut crc: u16 = 0;
-    for &byte in tagged {
-        crc ^= u16::from(byte) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 {
-                (crc << 1) ^ 0x1021
-            } else {
-                crc << 1
-            };
-        }
-    }
-    crc % 16384
-}
-
 #[cfg(test)]
 mod tests {
-    use super::{slot, Pool, SPILL_AT};
+    use super::{Pool, SPILL_AT};
 
     #[test]
     fn calls_fill_one_connection_before_the_next() {
@@ -172,17 +146,5 @@ mod tests {
             Pool::pick([SPILL_AT + 9, SPILL_AT + 2, SPILL_AT + 4].into_iter()),
             1
         );
-    }
-
-    #[test]
-    fn slots_match_redis() {
-        // CLUSTER KEYSLOT foo is 12182 (the cluster spec's example).
-        assert_eq!(slot(b"foo"), 12182);
-        // CRC16/XMODEM's check value, below 16384 already.
-        assert_eq!(slot(b"123456789"), 0x31C3);
-        // A hash tag hashes its content only.
-        assert_eq!(slot(b"{user1000}.following"), slot(b"user1000"));
-        // An empty first tag means the whole key is hashed, not "bar".
-        assert_ne!(slot(b"foo{}{bar}"), slot(b"bar"));
     }
 }

@@ -3,13 +3,15 @@
 //! response. The failure policy, the deny cache and the Lua fallback are the client
 //! library's; this file only maps Envoy's request onto `acquire_all` and back.
 //!
-//! All or nothing: on one server every limited descriptor is one `RL.ACQUIRE.MULTI`. On a
-//! cluster the buckets are grouped by hash slot and taken slot by slot; when a later slot
-//! refuses, the slots already taken are refunded (`RL.REFUND`). Between the take and the
-//! refund (one round trip) another call can see those buckets short of the refunded tokens:
-//! that is the one window where a cluster is not atomic.
+//! All or nothing is the client's `acquire_across_slots`: on one server every limited
+//! descriptor is one `RL.ACQUIRE.MULTI`; on a cluster the buckets are taken slot by slot, and
+//! the slots already taken are refunded when a later one refuses (the one window where a
+//! cluster is not atomic: see the client's `slots` module).
+//!
+//! Quota-mode and `post_paid` descriptors are charged first, post-paid (the client's
+//! `charge`: it always applies and may leave the bucket in debt); whether the request is
+//! over is the quota rule's (`crate::quota`), which also builds the dynamic metadata.
 
-use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
 use std::time::Instant;
 
@@ -20,10 +22,14 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
-use redis_rl_client::{AsyncLimiter, Decision, Error as ClientError, Limit, MultiDecision, Source};
+use redis_rl_client::{
+    AsyncLimiter, Charged, Decision, Error as ClientError, Limit, SlotItem, SlotOutcome,
+    SlotsDecision, Source,
+};
 
 use crate::config::{bucket_limit, Config, Match, RateLimit, Unit};
 use crate::metrics::Metrics;
+use crate::quota::{MetadataDescriptor, Verdict};
 use crate::settings::{Policy, Settings};
 
 /// At most this many descriptors per request: Envoy sends one per rate-limit action list,
@@ -69,13 +75,13 @@ pub enum Backend {
 }
 
 impl Backend {
-    async fn acquire_all(
+    async fn acquire_across_slots(
         &self,
-        items: &[(&str, Limit, f64)],
-    ) -> Result<MultiDecision, ClientError> {
+        items: &[SlotItem<'_>],
+    ) -> Result<SlotsDecision, ClientError> {
         match self {
-            Backend::Single(l) => l.acquire_all(items).await,
-            Backend::Cluster(l) => l.acquire_all(items).await,
+            Backend::Single(l) => l.acquire_across_slots(items).await,
+            Backend::Cluster(l) => l.acquire_across_slots(items).await,
         }
     }
 
@@ -87,8 +93,12 @@ impl Backend {
         }
     }
 
-    fn is_cluster(&self) -> bool {
-        matches!(self, Backend::Cluster(_))
+    /// Charges `cost` post-paid: applied whatever the bucket holds, which may go into debt.
+    async fn charge(&self, key: &str, limit: &Limit, cost: f64) -> Result<Charged, ClientError> {
+        match self {
+            Backend::Single(l) => l.charge(key, limit, cost).await,
+            Backend::Cluster(l) => l.charge(key, limit, cost).await,
+        }
     }
 }
 
@@ -116,6 +126,10 @@ struct Limited {
     limit: Limit,
     cost: u64,
     shadow: bool,
+    /// Quota mode (`quota_mode` or `GLOBAL_QUOTA_MODE`): see `crate::quota`.
+    quota: bool,
+    /// Charged post-paid (quota mode or `post_paid`) rather than taken all or nothing.
+    post_paid: bool,
 }
 
 /// What happened to one limited descriptor.
@@ -233,6 +247,7 @@ impl Service {
                         unlimited: false,
                         name: String::new(),
                         replaces: Vec::new(),
+                        post_paid: false,
                         bucket: bucket_limit(
                             requests_per_unit,
                             unit.seconds(),
@@ -291,6 +306,8 @@ impl Service {
                 &request.domain,
                 &m.key_entries,
             );
+            let quota = m.quota_mode || self.settings.global_quota_mode;
+            let post_paid = quota || m.rate_limit.post_paid;
             let item = Limited {
                 index,
                 found: m,
@@ -298,6 +315,8 @@ impl Service {
                 limit,
                 cost,
                 shadow,
+                quota,
+                post_paid,
             };
             if refund {
                 refunds.push(item);
@@ -355,16 +374,26 @@ impl Service {
             // back must learn they were not.
             self.policy_check(source)?;
         }
-        let mut outcomes = if banned {
-            // A ban denies the request: all or nothing takes nothing else.
-            vec![Outcome::Skipped; limited.len()]
+        // Post-paid charges first: they apply whatever happens next. When every quota is
+        // over (or a ban refuses), the request is refused, and the plain buckets are left
+        // untouched.
+        let (charged, limited): (Vec<Limited>, Vec<Limited>) =
+            limited.into_iter().partition(|it| it.post_paid);
+        let mut outcomes: Vec<Outcome> = Vec::with_capacity(charged.len() + limited.len());
+        for item in &charged {
+            outcomes.push(self.charge(item).await?);
+        }
+        let charged_verdicts: Vec<Verdict> = charged.iter().zip(&outcomes).map(verdict).collect();
+        if banned || crate::quota::all_quotas_over(&charged_verdicts) {
+            outcomes.extend(limited.iter().map(|_| Outcome::Skipped));
         } else {
-            self.take(&limited).await?
-        };
-        // A denied request charged nothing; the buckets nobody read are peeked, so each
-        // status tells its own bucket's truth.
-        let denied = banned || outcomes.iter().any(|o| matches!(o, Outcome::Over(_)));
-        if denied {
+            outcomes.extend(self.take(&limited).await?);
+        }
+        let limited: Vec<Limited> = charged.into_iter().chain(limited).collect();
+        let verdicts: Vec<Verdict> = limited.iter().zip(&outcomes).map(verdict).collect();
+        // A denied request charged nothing of its plain buckets; the ones nobody read are
+        // peeked, so each status tells its own bucket's truth.
+        if banned || crate::quota::request_over(&verdicts) {
             for (item, outcome) in limited.iter().zip(outcomes.iter_mut()) {
                 if matches!(outcome, Outcome::Skipped) {
                     *outcome = self.peek(item).await?;
@@ -429,8 +458,9 @@ impl Service {
                             .with_label_values(&labels)
                             .inc_by(item.cost);
                     } else {
+                        // A quota over its quota says so in its status; whether the request
+                        // is refused is the rule's (below).
                         status.code = Code::OverLimit as i32;
-                        overall = Code::OverLimit;
                     }
                     *d
                 }
@@ -460,6 +490,31 @@ impl Service {
                 }
             }
         }
+        let verdicts: Vec<Verdict> = limited.iter().zip(&outcomes).map(verdict).collect();
+        if crate::quota::request_over(&verdicts) {
+            overall = Code::OverLimit;
+        }
+        let dynamic_metadata = self.settings.response_dynamic_metadata.then(|| {
+            let described: Vec<MetadataDescriptor<'_>> = wanted
+                .iter()
+                .enumerate()
+                .map(|(index, w)| {
+                    let found = limited
+                        .iter()
+                        .zip(&outcomes)
+                        .find(|(it, _)| it.index == index);
+                    MetadataDescriptor {
+                        entries: &w.entries,
+                        quota: found.is_some_and(|(it, _)| it.quota),
+                        over: found.is_some_and(|(_, o)| {
+                            matches!(o, Outcome::Over(_) | Outcome::ShadowOver(_))
+                        }),
+                        metadata: found.and_then(|(it, _)| it.found.metadata.as_deref()),
+                    }
+                })
+                .collect();
+            crate::quota::to_struct(&crate::quota::dynamic_metadata(&request.domain, &described))
+        });
         let mut headers = Vec::new();
         if self.settings.limit_response_headers_enabled {
             if let Some((rpu, remaining, reset_ms)) = tightest {
@@ -477,128 +532,77 @@ impl Service {
                 }
             }
         }
-        Ok(response(overall, statuses, headers))
+        let mut out = response(overall, statuses, headers);
+        out.dynamic_metadata = dynamic_metadata;
+        Ok(out)
     }
 
-    /// Takes every item's cost, all or nothing; shadow-mode items that refuse are reported
-    /// and left out, and the rest is asked again.
+    /// Takes every item's cost, all or nothing, through the client's
+    /// `acquire_across_slots`; shadow-mode items that refuse are reported and left out.
     async fn take(&self, items: &[Limited]) -> Result<Vec<Outcome>, Failure> {
-        let mut outcomes = vec![Outcome::Skipped; items.len()];
-        // Groups of item indexes that one RL.ACQUIRE.MULTI may take: one on a single server,
-        // one per hash slot on a cluster, in slot order.
-        let mut groups: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
-        for (i, item) in items.iter().enumerate() {
-            let slot = if self.backend.is_cluster() {
-                crate::redis_pool::slot(item.key.as_bytes())
-            } else {
-                0
-            };
-            groups.entry(slot).or_default().push(i);
+        if items.is_empty() {
+            return Ok(Vec::new());
         }
-        let mut taken: Vec<usize> = Vec::new();
-        for group in groups.values() {
-            let mut asking: Vec<usize> = group.clone();
-            loop {
-                if asking.is_empty() {
-                    break;
-                }
-                let args: Vec<(&str, Limit, f64)> = asking
-                    .iter()
-                    .filter_map(|&i| items.get(i))
-                    .map(|it| {
-                        #[allow(clippy::cast_precision_loss)]
-                        let cost = it.cost as f64;
-                        (it.key.as_str(), it.limit, cost)
-                    })
-                    .collect();
-                let multi = self
-                    .backend
-                    .acquire_all(&args)
-                    .await
-                    .map_err(|e| self.client_failure(e))?;
-                self.policy_check(multi.source)?;
-                if multi.allowed {
-                    for (pos, &i) in asking.iter().enumerate() {
-                        if let (Some(slot), Some(d)) =
-                            (outcomes.get_mut(i), multi.decisions.get(pos))
-                        {
-                            *slot = Outcome::Taken(*d);
-                        }
-                        taken.push(i);
-                    }
-                    break;
-                }
-                // Which items refused: each decision says so; the deny cache knows only the
-                // first one.
-                let refusing: Vec<usize> = if multi.decisions.is_empty() {
-                    multi
-                        .refused_index
-                        .and_then(|r| asking.get(r).copied())
-                        .into_iter()
-                        .collect()
+        let asked: Vec<SlotItem<'_>> = items
+            .iter()
+            .map(|it| {
+                #[allow(clippy::cast_precision_loss)]
+                let item = SlotItem::new(&it.key, it.limit, it.cost as f64);
+                if it.shadow {
+                    item.shadow()
                 } else {
-                    asking
-                        .iter()
-                        .zip(&multi.decisions)
-                        .filter(|(_, d)| !d.allowed)
-                        .map(|(&i, _)| i)
-                        .collect()
-                };
-                let decision_of = |i: usize| {
-                    asking
-                        .iter()
-                        .position(|&a| a == i)
-                        .and_then(|p| multi.decisions.get(p).copied())
-                };
-                let all_shadow = !refusing.is_empty()
-                    && refusing
-                        .iter()
-                        .all(|&i| items.get(i).is_some_and(|it| it.shadow));
-                if all_shadow {
-                    for &i in &refusing {
-                        if let Some(slot) = outcomes.get_mut(i) {
-                            *slot = Outcome::ShadowOver(decision_of(i));
-                        }
-                    }
-                    asking.retain(|i| !refusing.contains(i));
-                    continue;
+                    item
                 }
-                for &i in &asking {
-                    if let Some(slot) = outcomes.get_mut(i) {
-                        let d = decision_of(i);
-                        let refused = refusing.contains(&i);
-                        *slot = match (refused, items.get(i).is_some_and(|it| it.shadow)) {
-                            (true, true) => Outcome::ShadowOver(d),
-                            (true, false) => Outcome::Over(d),
-                            // Allowed alone but not taken: reported with what Redis said.
-                            (false, _) => match d {
-                                Some(d) => Outcome::Uncharged(d),
-                                None => Outcome::Skipped,
-                            },
-                        };
-                    }
-                }
-                // Give back what earlier slots took, so a denied request costs nothing.
-                for &i in &taken {
-                    if let Some(it) = items.get(i) {
-                        #[allow(clippy::cast_precision_loss)]
-                        let cost = it.cost as f64;
-                        if let Err(e) = self.backend.refund(&it.key, &it.limit, cost).await {
-                            tracing::warn!(
-                                "refund of {} after a later slot refused failed: {e}",
-                                it.key
-                            );
-                        } else if let Some(o) = outcomes.get_mut(i) {
-                            if let Outcome::Taken(d) = *o {
-                                *o = Outcome::Uncharged(d);
-                            }
-                        }
-                    }
-                }
-                return Ok(outcomes);
-            }
+            })
+            .collect();
+        let decided = self
+            .backend
+            .acquire_across_slots(&asked)
+            .await
+            .map_err(|e| self.client_failure(e))?;
+        for source in &decided.sources {
+            self.policy_check(*source)?;
         }
-        Ok(outcomes)
+        Ok(decided
+            .outcomes
+            .iter()
+            .map(|outcome| match *outcome {
+                SlotOutcome::Taken(d) => Outcome::Taken(d),
+                // Allowed alone but not taken (or given back): reported with what Redis said.
+                SlotOutcome::NotTaken(Some(d)) => Outcome::Uncharged(d),
+                SlotOutcome::NotTaken(None) => Outcome::Skipped,
+                SlotOutcome::Refused(d) => Outcome::Over(d),
+                SlotOutcome::ShadowRefused(d) => Outcome::ShadowOver(d),
+            })
+            .collect())
+    }
+
+    /// Charges one post-paid item: the charge applies, and the item is over while its
+    /// bucket is in debt.
+    async fn charge(&self, item: &Limited) -> Result<Outcome, Failure> {
+        #[allow(clippy::cast_precision_loss)]
+        let cost = item.cost as f64;
+        let c = self
+            .backend
+            .charge(&item.key, &item.limit, cost)
+            .await
+            .map_err(|e| self.client_failure(e))?;
+        self.policy_check(c.source)?;
+        // `closed` charged nothing and must still refuse, as its takes do.
+        let over = crate::quota::post_paid_over(c.balance) || c.source == Source::Closed;
+        let d = Decision {
+            allowed: !over,
+            remaining: c.remaining(),
+            retry_after_ms: c.retry_after_ms,
+            reset_after_ms: c.reset_after_ms,
+            limit: item.limit,
+            source: c.source,
+        };
+        Ok(match (over, item.shadow) {
+            (false, _) => Outcome::Taken(d),
+            (true, false) => Outcome::Over(Some(d)),
+            (true, true) => Outcome::ShadowOver(Some(d)),
+        })
     }
 
     /// One bucket's state for a denied request that did not read it: a peek of its cost.
@@ -636,6 +640,14 @@ impl Service {
             ClientError::ModuleMissing => Failure::Unavailable(e.to_string()),
             e => Failure::Internal(e.to_string()),
         }
+    }
+}
+
+/// What the quota rule reads of one item's outcome: over when enforced and refused.
+fn verdict((item, outcome): (&Limited, &Outcome)) -> Verdict {
+    Verdict {
+        quota: item.quota,
+        over: matches!(outcome, Outcome::Over(_)),
     }
 }
 

@@ -34,9 +34,6 @@ pub struct Settings {
     pub runtime_ignore_dotfiles: bool,
     /// MERGE_DOMAIN_CONFIG: files naming one domain are merged instead of refused.
     pub merge_domain_config: bool,
-    /// GLOBAL_QUOTA_MODE: every limit in quota mode (stored; the quota behaviour reads it).
-    #[allow(dead_code)]
-    pub global_quota_mode: bool,
     pub redis_socket_type: String,
     pub redis_type: String,
     pub redis_url: String,
@@ -46,6 +43,12 @@ pub struct Settings {
     pub prometheus_addr: String,
     pub prometheus_path: String,
     pub shadow_mode: bool,
+    /// GLOBAL_QUOTA_MODE: every limit is in quota mode, as if each had `quota_mode: true`.
+    pub global_quota_mode: bool,
+    /// RESPONSE_DYNAMIC_METADATA: each response carries dynamic metadata (the domain, the
+    /// descriptors, the quota-mode violations and the configured `metadata` of the
+    /// descriptors within their limits), which Envoy's filter emits for later filters.
+    pub response_dynamic_metadata: bool,
     pub near_limit_ratio: f64,
     pub cache_key_prefix: String,
     pub local_cache_size_in_bytes: usize,
@@ -58,7 +61,8 @@ pub struct Settings {
     pub on_error: Policy,
     pub instances: u32,
     pub without_module_lua: bool,
-    /// RL_TIMEOUT_MS: each Redis call's deadline before the failure policy decides.
+    /// Each Redis call's deadline before the failure policy decides: `RL_TIMEOUT_MS` if set,
+    /// else the Go service's `REDIS_TIMEOUT`, else the client library's default.
     pub timeout_ms: u64,
     /// RL_WORKER_THREADS: the runtime's threads; 0 means one per CPU the process may use.
     pub worker_threads: usize,
@@ -119,6 +123,64 @@ pub const UNSUPPORTED_PREFIXES: &[&str] = &[
     "GRPC_CLIENT_TLS",
     "TRACING_",
 ];
+
+/// The longest deadline `RL_TIMEOUT_MS` and `REDIS_TIMEOUT` may set, in ms.
+pub const MAX_TIMEOUT_MS: u64 = 60_000;
+
+/// A Go `time.ParseDuration` text (`250ms`, `10s`, `1m30s`, `1.5s`; `0`) in whole ms, rounded
+/// up so a sub-ms deadline is not 0; `None` for anything else, a sign included.
+fn go_duration_ms(text: &str) -> Option<u64> {
+    let mut rest = text.trim();
+    rest = rest.strip_prefix('+').unwrap_or(rest);
+    if rest == "0" {
+        return Some(0);
+    }
+    if rest.is_empty() {
+        return None;
+    }
+    // Units longest first, so `ms` is not read as `m` and a stray `s`.
+    const UNITS: [(&str, u128); 8] = [
+        ("ns", 1),
+        ("us", 1_000),
+        ("µs", 1_000),
+        ("μs", 1_000),
+        ("ms", 1_000_000),
+        ("s", 1_000_000_000),
+        ("m", 60_000_000_000),
+        ("h", 3_600_000_000_000),
+    ];
+    let mut total_ns: u128 = 0;
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !c.is_ascii_digit() && c != '.')
+            .unwrap_or(rest.len());
+        let (number, after) = rest.split_at(digits);
+        let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
+        if whole.is_empty() && fraction.is_empty() || fraction.contains('.') {
+            return None;
+        }
+        let (unit, unit_ns) = UNITS
+            .iter()
+            .find(|(unit, _)| after.starts_with(unit))
+            .copied()?;
+        let whole: u128 = if whole.is_empty() {
+            0
+        } else {
+            whole.parse().ok()?
+        };
+        let mut part_ns = whole.checked_mul(unit_ns)?;
+        if !fraction.is_empty() {
+            // Go keeps the fraction's leading digits; 18 hold any unit's ns.
+            let kept = fraction.get(..fraction.len().min(18))?;
+            let scale = 10u128.checked_pow(u32::try_from(kept.len()).ok()?)?;
+            let fraction: u128 = kept.parse().ok()?;
+            part_ns = part_ns.checked_add(fraction.checked_mul(unit_ns)? / scale)?;
+        }
+        total_ns = total_ns.checked_add(part_ns)?;
+        rest = after.get(unit.len()..)?;
+    }
+    u64::try_from(total_ns.div_ceil(1_000_000)).ok()
+}
 
 /// Whether `name` is a Go service variable this service ignores.
 pub fn unsupported(name: &str) -> bool {
@@ -215,6 +277,29 @@ impl Settings {
                 "LOG_LEVEL must be debug, info, warn or error, not {log_level:?}"
             ));
         }
+        // Busy is not down: a deadline of tens of ms turns a loaded Redis into an outage. The
+        // Go service's REDIS_TIMEOUT (a Go duration, 10s there) is read so a migrated
+        // deployment keeps its choice; ours, in ms, wins when both are set.
+        let redis_timeout_ms = match var("REDIS_TIMEOUT") {
+            None => None,
+            Some(v) => Some(
+                go_duration_ms(&v)
+                    .filter(|ms| (1..=MAX_TIMEOUT_MS).contains(ms))
+                    .ok_or_else(|| {
+                        format!(
+                            "REDIS_TIMEOUT must be a Go duration from 1ms to 60s, such as 250ms \
+                             or 10s, not {v:?}"
+                        )
+                    })?,
+            ),
+        };
+        let timeout_ms = match (var("RL_TIMEOUT_MS"), redis_timeout_ms) {
+            (Some(_), _) => number("RL_TIMEOUT_MS", 0, MAX_TIMEOUT_MS)?.max(1),
+            (None, Some(ms)) => ms,
+            (None, None) => {
+                u64::try_from(redis_rl_client::DEFAULT_TIMEOUT.as_millis()).unwrap_or(2000)
+            }
+        };
         Ok(Settings {
             host: text("HOST", "0.0.0.0"),
             port: port("PORT", 8080)?,
@@ -226,7 +311,6 @@ impl Settings {
             runtime_watch_root: flag("RUNTIME_WATCH_ROOT", true)?,
             runtime_ignore_dotfiles: flag("RUNTIME_IGNOREDOTFILES", false)?,
             merge_domain_config: flag("MERGE_DOMAIN_CONFIG", false)?,
-            global_quota_mode: flag("GLOBAL_QUOTA_MODE", false)?,
             redis_socket_type,
             redis_type,
             redis_url: text("REDIS_URL", "/var/run/nutcracker/ratelimit.sock"),
@@ -238,6 +322,8 @@ impl Settings {
             prometheus_addr: text("PROMETHEUS_ADDR", ":9090"),
             prometheus_path: text("PROMETHEUS_PATH", "/metrics"),
             shadow_mode: flag("SHADOW_MODE", false)?,
+            global_quota_mode: flag("GLOBAL_QUOTA_MODE", false)?,
+            response_dynamic_metadata: flag("RESPONSE_DYNAMIC_METADATA", false)?,
             near_limit_ratio,
             cache_key_prefix: text("CACHE_KEY_PREFIX", ""),
             local_cache_size_in_bytes: usize::try_from(number(
@@ -257,7 +343,7 @@ impl Settings {
                 .unwrap_or(1)
                 .max(1),
             without_module_lua,
-            timeout_ms: number("RL_TIMEOUT_MS", 50, 60_000)?.max(1),
+            timeout_ms,
             worker_threads: usize::try_from(number("RL_WORKER_THREADS", 0, 1024)?).unwrap_or(0),
         })
     }
@@ -346,6 +432,34 @@ mod tests {
         assert_eq!(s.on_error, Policy::Error);
         assert!(s.without_module_lua);
         assert_eq!(s.prometheus_bind(), "0.0.0.0:9090");
+        // Not 50 ms: a deadline that fits a web request, the client library's.
+        assert_eq!(s.timeout_ms, 2000);
+    }
+
+    #[test]
+    fn the_deadline_is_rl_timeout_ms_else_the_go_services_redis_timeout() {
+        let ms = |pairs: &[(&str, &str)]| with(pairs).map(|s| s.timeout_ms);
+        for (text, want) in [
+            ("10s", 10_000),
+            ("250ms", 250),
+            ("1.5s", 1500),
+            ("1m", 60_000),
+            ("0.5ms", 1),
+            ("250us", 1),
+            ("1s500ms", 1500),
+            ("+2s", 2000),
+        ] {
+            assert_eq!(ms(&[("REDIS_TIMEOUT", text)]), Ok(want), "{text}");
+        }
+        assert_eq!(
+            ms(&[("REDIS_TIMEOUT", "10s"), ("RL_TIMEOUT_MS", "50")]),
+            Ok(50)
+        );
+        assert_eq!(ms(&[("RL_TIMEOUT_MS", "300")]), Ok(300));
+        for bad in ["10", "ten", "-1s", "2m", "0", "1.2.3s", "s", "5 s", ""] {
+            let e = ms(&[("REDIS_TIMEOUT", bad)]).unwrap_err();
+            assert!(e.starts_with("REDIS_TIMEOUT must be"), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# make envoy-demo: Redis with the module, redis-rl-envoy, an upstream (python3 -m http.server)
-# and Envoy, all on free ports on 127.0.0.1; a burst with curl, a 429, then everything stops.
+# make envoy-demo: Redis with the module, redis-rl-envoy, an upstream (a few lines of
+# python3) and Envoy, all on free ports on 127.0.0.1; a burst with curl, a 429, a token
+# quota charged after each answer and its 429, then everything stops.
 #
 # Environment (the Makefile sets them): MODULE (the module .so), SERVICE (redis-rl-envoy),
 # ENVOY (the envoy binary), REDIS_SERVER (default redis-server).
@@ -24,7 +25,7 @@ wait_for() { # url, what
     echo "envoy-demo: $2 did not come up" >&2; exit 1
 }
 REDIS_PORT=$(free_port) HTTP_PORT=$(free_port) GRPC_PORT=$(free_port)
-UPSTREAM_PORT=$(free_port) LISTEN_PORT=$(free_port) ADMIN_PORT=$(free_port)
+UPSTREAM_PORT=$(free_port) LISTEN_PORT=$(free_port) ADMIN_PORT=$(free_port) METRICS_PORT=$(free_port)
 
 "$REDIS_SERVER" --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no \
     --loadmodule "$MODULE" >"$RUN/redis.log" 2>&1 &
@@ -33,12 +34,31 @@ for _ in $(seq 1 100); do redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && bre
 
 RUNTIME_ROOT="$HERE" RUNTIME_APPDIRECTORY=config REDIS_SOCKET_TYPE=tcp REDIS_URL="127.0.0.1:$REDIS_PORT" \
     HOST=127.0.0.1 PORT="$HTTP_PORT" GRPC_HOST=127.0.0.1 GRPC_PORT="$GRPC_PORT" RL_ON_ERROR=open \
+    USE_PROMETHEUS=true PROMETHEUS_ADDR="127.0.0.1:$METRICS_PORT" \
     "$SERVICE" >"$RUN/service.log" 2>&1 &
 PIDS+=($!)
 wait_for "http://127.0.0.1:$HTTP_PORT/healthcheck" "redis-rl-envoy"
 
-mkdir -p "$RUN/www" && echo "hello from the upstream" >"$RUN/www/index.html"
-python3 -m http.server "$UPSTREAM_PORT" --bind 127.0.0.1 --directory "$RUN/www" >"$RUN/upstream.log" 2>&1 &
+# The upstream: "hello" for any path; /v1/chat answers as an LLM would and reports the
+# tokens it used (the x-tokens header of the request, to keep the demo predictable) in
+# x-tokens-used, which Envoy charges to the user's quota when the answer is done.
+cat >"$RUN/upstream.py" <<'PY'
+import http.server, sys
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = b"hello from the upstream\n"
+        self.send_response(200)
+        if self.path.startswith("/v1/chat"):
+            body = b"an answer\n"
+            self.send_header("x-tokens-used", self.headers.get("x-tokens", "1"))
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args):
+        pass
+http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Handler).serve_forever()
+PY
+python3 "$RUN/upstream.py" "$UPSTREAM_PORT" >"$RUN/upstream.log" 2>&1 &
 PIDS+=($!)
 wait_for "http://127.0.0.1:$UPSTREAM_PORT/" "the upstream"
 
@@ -64,5 +84,29 @@ echo
 echo "The same decision over HTTP (POST /json, protojson in and out):"
 curl -s -w '\n  HTTP %{http_code}\n' -X POST "http://127.0.0.1:$HTTP_PORT/json" \
     -d '{"domain":"demo","descriptors":[{"entries":[{"key":"user","value":"alice"}]}]}' | sed 's/^/  /'
+echo
+echo "A token quota: carol may use 1000 LLM tokens per minute. Each answer reports what it"
+echo "used (x-tokens-used); Envoy charges it after the answer, even past what is left."
+tokens_charged() { # wait until redis-rl-envoy has counted $1 tokens of carol's
+    for _ in $(seq 1 100); do
+        n=$(curl -s "http://127.0.0.1:$METRICS_PORT/metrics" \
+            | awk '/^ratelimit_service_rate_limit_total_hits\{domain="demo",key1="llm_user"/ {print $2}')
+        [ "${n:-0}" = "$1" ] && return 0; sleep 0.1
+    done
+    echo "envoy-demo: redis-rl-envoy has not counted $1 tokens for carol" >&2
+}
+total=0
+for used in 400 400 400 1; do
+    echo "\$ curl -H 'x-user: carol' -H 'x-tokens: $used' http://127.0.0.1:$LISTEN_PORT/v1/chat"
+    code=$(curl -s -o /dev/null -w '%{http_code}' -H 'x-user: carol' -H "x-tokens: $used" \
+        "http://127.0.0.1:$LISTEN_PORT/v1/chat")
+    if [ "$code" = 200 ]; then
+        total=$((total + used))
+        tokens_charged "$total"
+        echo "  HTTP $code, the answer used $used tokens ($total charged this minute)"
+    else
+        echo "  HTTP $code: the quota is spent (1200 of 1000 used), refused until repaid"
+    fi
+done
 echo
 echo "Stopping Redis, redis-rl-envoy, the upstream and Envoy."

@@ -3,8 +3,9 @@
 //! `redis::cluster_async::ClusterConnection`. Tokio only.
 //!
 //! Each call runs under `tokio::time::timeout` with the limiter's deadline, so a slow or
-//! unreachable Redis costs at most that before the failure policy decides. The rules live in
-//! `engine`; this file only sends.
+//! unreachable Redis costs at most that before the failure policy decides. A command already
+//! sent is not withdrawn then, and Redis may still apply it (see `Options::timeout`). The
+//! rules live in `engine`; this file only sends.
 
 use std::time::Instant;
 
@@ -12,7 +13,10 @@ use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::Value;
 
 use crate::engine::{CallError, Engine, Exchange, Op, Path, Step, Target};
-use crate::types::{check_cost, Counters, Decision, Error, Limit, MultiDecision, Options, Refund};
+use crate::slots::{Across, AcrossStep, SlotItem, SlotsDecision};
+use crate::types::{
+    check_cost, Charged, Counters, Decision, Error, Limit, MultiDecision, Options, Refund,
+};
 
 /// The async twin of [`crate::Limiter`], with the same methods, awaited.
 ///
@@ -149,6 +153,32 @@ impl<C: ConnectionLike + Clone + Send + Sync> AsyncLimiter<C> {
         self.engine.after_multi(result, items, sent_at)
     }
 
+    /// All or nothing across hash slots, as [`crate::Limiter::acquire_across_slots`].
+    ///
+    /// # Errors
+    /// As for [`crate::Limiter::acquire_across_slots`].
+    pub async fn acquire_across_slots(
+        &self,
+        items: &[SlotItem<'_>],
+    ) -> Result<SlotsDecision, Error> {
+        let mut plan = Across::new(&self.engine, items)?;
+        let mut step = plan.start();
+        loop {
+            step = match step {
+                AcrossStep::Ask(args) => plan.answer(self.acquire_all(&args).await),
+                AcrossStep::Refund(args) => {
+                    for (key, limit, cost) in args {
+                        if let Err(e) = self.refund(key, &limit, cost).await {
+                            log::warn!("redis-rl: giving back {key} after a refusal failed: {e}");
+                        }
+                    }
+                    plan.refunded()
+                }
+                AcrossStep::Done(result) => return result,
+            };
+        }
+    }
+
     /// Gives `cost` tokens back and clears the deny cache's entry for `key`.
     ///
     /// # Errors
@@ -156,6 +186,32 @@ impl<C: ConnectionLike + Clone + Send + Sync> AsyncLimiter<C> {
     pub async fn refund(&self, key: &str, limit: &Limit, cost: f64) -> Result<Refund, Error> {
         self.give_back(Op::Refund, Target::Key(key), limit, cost)
             .await
+    }
+
+    /// Charges `cost` tokens for work already done, as [`crate::Limiter::charge`].
+    ///
+    /// # Errors
+    /// As for [`crate::Limiter::charge`].
+    pub async fn charge(&self, key: &str, limit: &Limit, cost: f64) -> Result<Charged, Error> {
+        self.charge_target(Target::Key(key), limit, cost).await
+    }
+
+    /// A charge of a key or of a table's field.
+    pub(crate) async fn charge_target(
+        &self,
+        target: Target<'_>,
+        limit: &Limit,
+        cost: f64,
+    ) -> Result<Charged, Error> {
+        let cost = check_cost(cost)?;
+        let key = target.key();
+        if let Some(charged) = self.engine.before_charge(key, limit, cost) {
+            return charged;
+        }
+        let sent_at = Instant::now();
+        let result = self.call(Op::Charge, &[(target, *limit, cost)]).await;
+        self.engine
+            .after_charge(result, (key, limit, cost), sent_at)
     }
 
     /// A refund (`op`), of a key or of a table's field.

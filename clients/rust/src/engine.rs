@@ -16,8 +16,8 @@ use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
 use crate::local::{DenyCache, LocalBuckets, Reply};
 use crate::script;
 use crate::types::{
-    number, Counters, Decision, Error, Limit, MultiDecision, OnError, Options, Refund, Source,
-    WithoutModule, CLOSED_RETRY_AFTER_MS,
+    number, Charged, Counters, Decision, Error, Limit, MultiDecision, OnError, Options, Refund,
+    Source, WithoutModule, CLOSED_RETRY_AFTER_MS, DEBT_ERROR,
 };
 
 /// What a call asks for.
@@ -27,6 +27,8 @@ pub(crate) enum Op {
     Peek,
     Refund,
     Multi,
+    /// A post-paid cost (RL.CHARGE): always applies, may leave the bucket in debt.
+    Charge,
 }
 
 impl Op {
@@ -79,6 +81,8 @@ pub(crate) enum CallError {
     Redis(RedisError),
     /// The per-call deadline passed (async: the whole call; sync: the socket timeouts).
     Timeout(std::time::Duration),
+    /// The blocking limiter's connection stayed taken by other calls for the whole deadline.
+    Busy(std::time::Duration),
     Missing,
     Reply(String),
 }
@@ -93,7 +97,7 @@ impl CallError {
     /// Whether the failure policy decides this one.
     pub(crate) fn unavailable(&self) -> bool {
         match self {
-            CallError::Timeout(_) => true,
+            CallError::Timeout(_) | CallError::Busy(_) => true,
             CallError::Redis(e) => is_unavailable(e),
             CallError::Missing | CallError::Reply(_) => false,
         }
@@ -102,7 +106,7 @@ impl CallError {
     pub(crate) fn into_error(self) -> Error {
         match self {
             CallError::Redis(e) => Error::Redis(e),
-            CallError::Timeout(_) => Error::Reply("timeout".into()),
+            CallError::Timeout(_) | CallError::Busy(_) => Error::Reply("timeout".into()),
             CallError::Missing => Error::ModuleMissing,
             CallError::Reply(text) => Error::Reply(text),
         }
@@ -116,6 +120,11 @@ impl CallError {
             CallError::Timeout(deadline) => format!(
                 "no reply within {} ms: Redis is down, or too busy for the deadline \
                  (Options::timeout)",
+                deadline.as_millis()
+            ),
+            CallError::Busy(deadline) => format!(
+                "no turn on the connection within {} ms: other calls held it (a blocking \
+                 Limiter has one connection; give each worker its own, or use AsyncLimiter)",
                 deadline.as_millis()
             ),
             CallError::Missing => "module missing".into(),
@@ -172,11 +181,15 @@ pub(crate) struct Engine {
 struct Inner {
     path: Option<Path>,
     sha: Option<String>,
+    /// Redis answered CROSSSLOT once: a cluster (`crate::slots`).
+    cluster: bool,
     counters: Counters,
     down_since: Option<Instant>,
     next_probe: Instant,
     /// Decisions taken without Redis in the current outage.
     without_redis: u64,
+    /// When "busy, not down" was last logged: at most once a second.
+    busy_logged: Option<Instant>,
     cache: DenyCache,
     local: LocalBuckets,
 }
@@ -189,10 +202,12 @@ impl Engine {
             inner: Mutex::new(Inner {
                 path: None,
                 sha: None,
+                cluster: false,
                 counters: Counters::default(),
                 down_since: None,
                 next_probe: now,
                 without_redis: 0,
+                busy_logged: None,
                 cache: DenyCache::new(options.deny_cache),
                 local: LocalBuckets::new(options.instances, options.local_max_keys),
             }),
@@ -214,6 +229,19 @@ impl Engine {
 
     pub(crate) fn path(&self) -> Option<Path> {
         self.lock().path
+    }
+
+    /// Whether Redis has shown itself a cluster (a CROSSSLOT reply).
+    pub(crate) fn is_cluster(&self) -> bool {
+        self.lock().cluster
+    }
+
+    pub(crate) fn set_cluster(&self) {
+        let mut inner = self.lock();
+        if !inner.cluster {
+            log::info!("redis-rl: a cluster: calls across slots go slot by slot");
+        }
+        inner.cluster = true;
     }
 
     fn now_us(&self) -> u64 {
@@ -301,9 +329,27 @@ impl Engine {
         source
     }
 
-    /// Redis could not answer: starts an outage (logged once, not once per call).
+    /// Redis could not answer: starts an outage (logged once, not once per call). A call
+    /// that never had its turn on the connection (`Busy`) is counted and logged apart, at
+    /// most once a second, and starts no outage: the next call goes to Redis.
     pub(crate) fn failed(&self, error: &CallError) {
         let mut inner = self.lock();
+        if let CallError::Busy(_) = error {
+            inner.counters.busy = inner.counters.busy.saturating_add(1);
+            let now = Instant::now();
+            if inner
+                .busy_logged
+                .is_none_or(|at| now.duration_since(at) >= std::time::Duration::from_secs(1))
+            {
+                inner.busy_logged = Some(now);
+                log::warn!(
+                    "redis-rl: busy, not down ({}); deciding this call with on_error={:?}",
+                    error.describe(),
+                    self.options.on_error
+                );
+            }
+            return;
+        }
         if inner.down_since.is_none() {
             let now = Instant::now();
             inner.down_since = Some(now);
@@ -475,6 +521,80 @@ impl Engine {
         }
     }
 
+    /// During an outage between probes, the policy's charge (a charge always applies, so the
+    /// deny cache has nothing to say before it).
+    pub(crate) fn before_charge(
+        &self,
+        key: &str,
+        limit: &Limit,
+        cost: f64,
+    ) -> Option<Result<Charged, Error>> {
+        self.skip_redis()
+            .then(|| self.policy_charge(key, limit, cost))
+    }
+
+    /// After asking Redis for a charge sent at `sent_at`. A charge into debt is remembered by
+    /// the deny cache as a denial of any cost until the debt is repaid: every acquire is
+    /// denied until then, so asking Redis would change nothing.
+    pub(crate) fn after_charge(
+        &self,
+        result: Result<Value, CallError>,
+        (key, limit, cost): (&str, &Limit, f64),
+        sent_at: Instant,
+    ) -> Result<Charged, Error> {
+        match result {
+            Ok(value) => {
+                let source = self.answered();
+                let charged = read_charged(&value, limit, source).map_err(CallError::into_error)?;
+                if charged.in_debt() {
+                    let denied = Decision {
+                        allowed: false,
+                        remaining: 0,
+                        retry_after_ms: charged.retry_after_ms,
+                        reset_after_ms: charged.reset_after_ms,
+                        limit: *limit,
+                        source,
+                    };
+                    self.remember(key, 0.0, &denied, sent_at);
+                }
+                Ok(charged)
+            }
+            Err(e) if e.unavailable() => {
+                self.failed(&e);
+                self.policy_charge(key, limit, cost)
+            }
+            Err(e) => Err(e.into_error()),
+        }
+    }
+
+    /// The policy's charge: `Local` charges the local bucket; `Open` and `Closed` charge
+    /// nothing (`Closed` reports its usual wait, as its denials do).
+    pub(crate) fn policy_charge(
+        &self,
+        key: &str,
+        limit: &Limit,
+        cost: f64,
+    ) -> Result<Charged, Error> {
+        let now_us = self.now_us();
+        let mut inner = self.lock();
+        let source = self.count_policy(&mut inner);
+        let (balance, retry_after_ms, reset_after_ms) = match source {
+            Source::Local => inner
+                .local
+                .charge(key, limit, cost, now_us)
+                .ok_or(Error::Invalid(DEBT_ERROR))?,
+            Source::Closed => (0, CLOSED_RETRY_AFTER_MS, 0),
+            _ => (0, 0, 0),
+        };
+        Ok(Charged {
+            balance,
+            retry_after_ms,
+            reset_after_ms,
+            limit: *limit,
+            source,
+        })
+    }
+
     /// Before a refund: clears the deny cache's entry; the policy's answer between probes.
     pub(crate) fn before_refund(&self, key: &str, limit: &Limit, cost: f64) -> Option<Refund> {
         self.forget(key);
@@ -577,6 +697,8 @@ impl Engine {
                 (Op::Acquire, true) => "RL.HACQUIRE",
                 (Op::Peek, true) => "RL.HPEEK",
                 (Op::Refund, true) => "RL.HREFUND",
+                (Op::Charge, false) => "RL.CHARGE",
+                (Op::Charge, true) => "RL.HCHARGE",
             };
             let mut cmd = redis::cmd(name);
             for (target, limit, cost) in items {
@@ -597,6 +719,7 @@ impl Engine {
             Op::Peek => "peek",
             Op::Refund => "refund",
             Op::Multi => "multi",
+            Op::Charge => "charge",
         };
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(sha).arg(items.len());
@@ -822,6 +945,25 @@ pub(crate) fn read_decision(
     source: Source,
 ) -> Result<Decision, CallError> {
     Ok(decision(reply_of(value)?, limit, source))
+}
+
+/// RL.CHARGE's reply: `[1, balance, retry_after_ms, reset_after_ms]`, the balance signed.
+pub(crate) fn read_charged(
+    value: &Value,
+    limit: &Limit,
+    source: Source,
+) -> Result<Charged, CallError> {
+    let v = integers(value, "RL.CHARGE reply", 4)?;
+    match v.as_slice() {
+        [1, balance, retry, reset] => Ok(Charged {
+            balance: *balance,
+            retry_after_ms: *retry,
+            reset_after_ms: *reset,
+            limit: *limit,
+            source,
+        }),
+        _ => Err(CallError::Reply(format!("RL.CHARGE reply: {value:?}"))),
+    }
 }
 
 /// RL.REFUND's reply: `[remaining, reset_after_ms]`.

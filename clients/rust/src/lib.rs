@@ -45,13 +45,15 @@
 //! with Redis as steps (no I/O); `sync` the blocking [`Limiter`] on a `redis::Client` or
 //! `ClusterClient` and `asynch` the tokio [`AsyncLimiter`], shells that send each step,
 //! blocking or awaited; `local` the bounded local buckets and deny cache; `script` the Lua
-//! script and its arguments; `table` the bucket tables ([`Limiter::table`]: a limit's fields
+//! script and its arguments; `slots` all or nothing across a cluster's hash slots
+//! ([`AsyncLimiter::acquire_across_slots`]); `table` the bucket tables ([`Limiter::table`]: a limit's fields
 //! over `shards` keys).
 
 mod asynch;
 mod engine;
 mod local;
 mod script;
+mod slots;
 mod sync;
 mod table;
 mod types;
@@ -63,10 +65,11 @@ pub mod layer;
 
 pub use asynch::AsyncLimiter;
 pub use engine::Path;
+pub use slots::{key_slot, SlotItem, SlotOutcome, SlotsDecision};
 pub use sync::{Connect, Limiter};
 pub use table::{shard_of, AsyncTable, Table, MAX_SHARDS};
 pub use types::{
-    Counters, Decision, Error, Limit, MultiDecision, OnError, Options, Refund, Source,
+    Charged, Counters, Decision, Error, Limit, MultiDecision, OnError, Options, Refund, Source,
     WithoutModule, CLOSED_RETRY_AFTER_MS, DEFAULT_DENY_CACHE_ENTRIES, DEFAULT_TIMEOUT,
 };
 pub use wait::WaitError;

@@ -1,5 +1,6 @@
-//! The Lua fallback for servers without the module: the shipped script (the same file as
-//! `clients/lua/rl.lua`, compiled in) and the ten fixed-point numbers it takes per key.
+//! The Lua fallback for servers without the module: the shipped script (`src/rl.lua`, a copy
+//! of `clients/lua/rl.lua` that a test holds equal, compiled in) and the ten fixed-point
+//! numbers it takes per key.
 //!
 //! The script only adds, compares and multiplies integers below 2^53; the exact rational
 //! arithmetic that turns a limit into its pairs `(q, r)` (q + r/D µs) happens here, on the
@@ -14,7 +15,7 @@ use num_traits::{One, Signed, Zero};
 use crate::types::{number, Limit};
 
 /// The script every library ships.
-pub(crate) const SCRIPT: &str = include_str!("../../lua/rl.lua");
+pub(crate) const SCRIPT: &str = include_str!("rl.lua");
 
 /// Denominators of the script's pairs must stay below 2^31.
 const MAX_EXACT_DENOMINATOR: u64 = 1 << 31;
@@ -82,6 +83,18 @@ pub(crate) fn args(limit: &Limit, cost: f64, refund: bool) -> [String; 10] {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The crate ships its own copy of the script (a packaged crate cannot reach outside its
+    /// directory): it must be the repository's one script, byte for byte
+    /// (`cp clients/lua/rl.lua clients/rust/src/rl.lua` after changing it).
+    #[test]
+    fn the_shipped_script_is_the_shared_one() {
+        let shared = concat!(env!("CARGO_MANIFEST_DIR"), "/../lua/rl.lua");
+        assert!(
+            SCRIPT == std::fs::read_to_string(shared).unwrap(),
+            "clients/rust/src/rl.lua differs from clients/lua/rl.lua"
+        );
+    }
 
     #[test]
     fn exact_rates_keep_their_denominator() {

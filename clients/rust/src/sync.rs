@@ -1,16 +1,20 @@
 //! The blocking limiter, on a `redis::Client` or a `redis::cluster::ClusterClient`.
 //!
-//! It keeps one connection behind a mutex, made through [`Connect`] with the call's deadline
-//! as connect, read and write timeouts, and drops it on a connection error so the next call
-//! (the next probe, during an outage) connects again. The rules live in `engine`.
+//! It keeps one connection, made through [`Connect`] with the call's deadline as connect, read
+//! and write timeouts, and drops it on a connection error so the next call (the next probe,
+//! during an outage) connects again. Calls take turns on it; a call waits for its turn at
+//! most the deadline, then the failure policy decides. The rules live in `engine`.
 
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use redis::{ConnectionLike, RedisResult, Value};
 
 use crate::engine::{CallError, Engine, Exchange, Op, Path, Step, Target};
-use crate::types::{check_cost, Counters, Decision, Error, Limit, MultiDecision, Options, Refund};
+use crate::slots::{Across, AcrossStep, SlotItem, SlotsDecision};
+use crate::types::{
+    check_cost, Charged, Counters, Decision, Error, Limit, MultiDecision, Options, Refund,
+};
 
 /// How the blocking limiter opens a connection with a deadline.
 pub trait Connect {
@@ -66,8 +70,34 @@ impl Connect for redis::cluster::ClusterClient {
 /// ```
 pub struct Limiter<K: Connect = redis::Client> {
     connector: K,
-    connection: Mutex<Option<K::Connection>>,
+    connection: Mutex<Slot<K::Connection>>,
+    /// Signalled when a call gives the connection back.
+    freed: Condvar,
     engine: Engine,
+}
+
+/// The connection, and whether a call has it now (it is taken out of the lock for the call,
+/// so waiting for it can be bounded).
+struct Slot<C> {
+    connection: Option<C>,
+    busy: bool,
+}
+
+/// One call's turn on the connection: gives it back (or drops it) and wakes the next waiter,
+/// even if the call panicked.
+struct Turn<'a, K: Connect> {
+    limiter: &'a Limiter<K>,
+    connection: Option<K::Connection>,
+}
+
+impl<K: Connect> Drop for Turn<'_, K> {
+    fn drop(&mut self) {
+        let mut slot = self.limiter.lock();
+        slot.busy = false;
+        slot.connection = self.connection.take();
+        drop(slot);
+        self.limiter.freed.notify_one();
+    }
 }
 
 impl<K: Connect> Limiter<K> {
@@ -75,7 +105,11 @@ impl<K: Connect> Limiter<K> {
     pub fn new(connector: K, options: Options) -> Self {
         Limiter {
             connector,
-            connection: Mutex::new(None),
+            connection: Mutex::new(Slot {
+                connection: None,
+                busy: false,
+            }),
+            freed: Condvar::new(),
             engine: Engine::new(options),
         }
     }
@@ -154,6 +188,52 @@ impl<K: Connect> Limiter<K> {
         self.engine.after_multi(result, items, sent_at)
     }
 
+    /// All or nothing over `items`, whatever slots their keys hash to: one
+    /// [`Limiter::acquire_all`] on one server; on a cluster (learnt from its first CROSSSLOT
+    /// reply) one per hash slot, in slot order, refunding the slots already taken when a later
+    /// one refuses or fails. A shadow item's refusal is reported but does not refuse the call.
+    /// The deny cache and the failure policy apply to each `acquire_all`, and
+    /// [`SlotsDecision::sources`] says who decided each.
+    ///
+    /// On a cluster it is not atomic: between a slot's take and its refund (one round trip)
+    /// other calls see that slot's buckets short of the tokens given back.
+    ///
+    /// ```no_run
+    /// use redis_rl_client::{Limit, Limiter, OnError, Options, SlotItem};
+    ///
+    /// let limiter = Limiter::new(redis::Client::open("redis://127.0.0.1/")?, Options::new(OnError::Closed));
+    /// let per_user = Limit::new(1.0, 10.0)?;
+    /// let per_route = Limit::new(100.0, 100.0)?;
+    /// let d = limiter.acquire_across_slots(&[
+    ///     SlotItem::new("user:42", per_user, 1.0),
+    ///     SlotItem::new("route:/search", per_route, 1.0).shadow(),
+    /// ])?;
+    /// # let _ = d.allowed;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] for no items or a bad cost, and as for [`Limiter::acquire`] (after
+    /// the slots already taken are refunded).
+    pub fn acquire_across_slots(&self, items: &[SlotItem<'_>]) -> Result<SlotsDecision, Error> {
+        let mut plan = Across::new(&self.engine, items)?;
+        let mut step = plan.start();
+        loop {
+            step = match step {
+                AcrossStep::Ask(args) => plan.answer(self.acquire_all(&args)),
+                AcrossStep::Refund(args) => {
+                    for (key, limit, cost) in args {
+                        if let Err(e) = self.refund(key, &limit, cost) {
+                            log::warn!("redis-rl: giving back {key} after a refusal failed: {e}");
+                        }
+                    }
+                    plan.refunded()
+                }
+                AcrossStep::Done(result) => return result,
+            };
+        }
+    }
+
     /// Gives `cost` tokens back (a request that failed before doing any work), capped at the
     /// capacity, and clears the deny cache's entry for `key`.
     ///
@@ -161,6 +241,50 @@ impl<K: Connect> Limiter<K> {
     /// As for [`Limiter::acquire`].
     pub fn refund(&self, key: &str, limit: &Limit, cost: f64) -> Result<Refund, Error> {
         self.give_back(Op::Refund, Target::Key(key), limit, cost)
+    }
+
+    /// Charges `cost` tokens to the bucket `key` of `limit` for work already done
+    /// (RL.CHARGE): post-paid, it always applies, and may take the bucket below zero. While
+    /// the bucket is in debt every acquire is denied, cost 0 included, until refill repays
+    /// it ([`Charged::retry_after_ms`]). Use it when the cost is known only afterwards
+    /// (tokens of a response, bytes sent); `acquire` with an estimate first if the request
+    /// must be refused up front.
+    ///
+    /// ```no_run
+    /// use redis_rl_client::{Limit, Limiter, OnError, Options};
+    ///
+    /// let limiter = Limiter::new(redis::Client::open("redis://127.0.0.1/")?, Options::new(OnError::Local));
+    /// let per_user = Limit::new(1000.0, 10_000.0)?; // 1000 tokens/s, bursts of 10,000
+    /// let used = 12_500.0; // what the request turned out to cost
+    /// let c = limiter.charge("llm:user:42", &per_user, used)?;
+    /// if c.in_debt() { /* later requests get 429 until c.retry_after_ms */ }
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] for a bad cost; [`Error::Redis`] (or, on the `Local` policy,
+    /// [`Error::Invalid`]) when the charge would leave the bucket in debt for more than 100
+    /// years, and nothing is written; and as for [`Limiter::acquire`].
+    pub fn charge(&self, key: &str, limit: &Limit, cost: f64) -> Result<Charged, Error> {
+        self.charge_target(Target::Key(key), limit, cost)
+    }
+
+    /// A charge of a key or of a table's field.
+    pub(crate) fn charge_target(
+        &self,
+        target: Target<'_>,
+        limit: &Limit,
+        cost: f64,
+    ) -> Result<Charged, Error> {
+        let cost = check_cost(cost)?;
+        let key = target.key();
+        if let Some(charged) = self.engine.before_charge(key, limit, cost) {
+            return charged;
+        }
+        let sent_at = Instant::now();
+        let result = self.call(Op::Charge, &[(target, *limit, cost)]);
+        self.engine
+            .after_charge(result, (key, limit, cost), sent_at)
     }
 
     /// A refund (`op`), of a key or of a table's field.
@@ -187,7 +311,7 @@ impl<K: Connect> Limiter<K> {
 
     // The call into Redis ------------------------------------------------------------------
 
-    fn lock(&self) -> MutexGuard<'_, Option<K::Connection>> {
+    fn lock(&self) -> MutexGuard<'_, Slot<K::Connection>> {
         self.connection
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -197,22 +321,45 @@ impl<K: Connect> Limiter<K> {
         self.with_connection(|connection| self.call_on(connection, op, items))
     }
 
+    /// Waits for the connection's turn, at most the deadline: a call queued behind others
+    /// on a slow Redis must not wait for all of them before its policy decides.
+    fn turn(&self) -> Result<Turn<'_, K>, CallError> {
+        let deadline = self.engine.options.timeout;
+        let until = Instant::now() + deadline;
+        let mut slot = self.lock();
+        while slot.busy {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(CallError::Busy(deadline));
+            }
+            slot = match self.freed.wait_timeout(slot, left) {
+                Ok((slot, _)) => slot,
+                Err(poisoned) => poisoned.into_inner().0,
+            };
+        }
+        slot.busy = true;
+        Ok(Turn {
+            limiter: self,
+            connection: slot.connection.take(),
+        })
+    }
+
     /// Runs `work` on the connection, connecting first if there is none, and drops it when
     /// Redis is unavailable so the next try connects again.
     fn with_connection<T>(
         &self,
         work: impl FnOnce(&mut K::Connection) -> Result<T, CallError>,
     ) -> Result<T, CallError> {
-        let mut slot = self.lock();
-        let result = match slot.as_mut() {
+        let mut turn = self.turn()?;
+        let result = match turn.connection.as_mut() {
             Some(connection) => work(connection),
             None => match self.connector.connect(self.engine.options.timeout) {
-                Ok(connection) => work(slot.insert(connection)),
+                Ok(connection) => work(turn.connection.insert(connection)),
                 Err(e) => Err(CallError::Redis(e)),
             },
         };
         if result.as_ref().is_err_and(CallError::unavailable) {
-            *slot = None; // connect again on the next try
+            turn.connection = None; // connect again on the next try
         }
         result
     }

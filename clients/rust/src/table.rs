@@ -17,7 +17,7 @@ use redis::Value;
 use crate::asynch::AsyncLimiter;
 use crate::engine::{CallError, Engine, Op, Path, Target};
 use crate::sync::{Connect, Limiter};
-use crate::types::{Decision, Error, Limit, Refund};
+use crate::types::{Charged, Decision, Error, Limit, Refund};
 
 /// The most shards a limit may be spread over: there are no more cluster slots than this.
 pub const MAX_SHARDS: u32 = 16384;
@@ -304,6 +304,16 @@ impl<K: Connect> Table<'_, K> {
             .give_back(Op::Refund, named.target(field), limit, cost)
     }
 
+    /// Charges `cost` tokens to the bucket `field` for work already done (RL.HCHARGE), as
+    /// [`Limiter::charge`]: it always applies and may leave the bucket in debt.
+    ///
+    /// # Errors
+    /// As for [`Limiter::charge`].
+    pub fn charge(&self, field: &str, limit: &Limit, cost: f64) -> Result<Charged, Error> {
+        let named = self.shards.named(field);
+        self.limiter.charge_target(named.target(field), limit, cost)
+    }
+
     /// Resets the buckets of `fields` (full again); returns how many were live.
     ///
     /// # Errors
@@ -437,6 +447,17 @@ impl<C: redis::aio::ConnectionLike + Clone + Send + Sync> AsyncTable<'_, C> {
         let named = self.shards.named(field);
         self.limiter
             .give_back(Op::Refund, named.target(field), limit, cost)
+            .await
+    }
+
+    /// Charges `cost` tokens to the bucket `field`, as [`Table::charge`].
+    ///
+    /// # Errors
+    /// As for [`Limiter::charge`].
+    pub async fn charge(&self, field: &str, limit: &Limit, cost: f64) -> Result<Charged, Error> {
+        let named = self.shards.named(field);
+        self.limiter
+            .charge_target(named.target(field), limit, cost)
             .await
     }
 

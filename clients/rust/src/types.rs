@@ -1,5 +1,5 @@
-//! The library's values: [`Limit`], [`Decision`], [`MultiDecision`], [`Refund`], [`Source`],
-//! the options ([`Options`], [`OnError`], [`WithoutModule`]), [`Counters`] and [`Error`].
+//! The library's values: [`Limit`], [`Decision`], [`MultiDecision`], [`Refund`], [`Charged`],
+//! [`Source`], the options ([`Options`], [`OnError`], [`WithoutModule`]), [`Counters`] and [`Error`].
 //!
 //! Nothing here does I/O; the names are the Python and Node libraries' names.
 
@@ -188,6 +188,9 @@ pub(crate) const CAPACITY_ERROR: &str =
 pub(crate) const REFILL_ERROR: &str =
     "capacity / rate must be at most 3153600000 (a full refill within 100 years)";
 pub(crate) const COST_ERROR: &str = "cost must be a finite number >= 0 (tokens)";
+/// The module's refusal of a charge past its bound, for the local bucket's (nothing written).
+pub(crate) const DEBT_ERROR: &str = "cost would leave the bucket in debt for more than 100 years \
+     (it must be full again within 3153600000 s, and before 2262)";
 
 /// Who decided.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -275,6 +278,62 @@ pub struct MultiDecision {
     pub decisions: Vec<Decision>,
     /// Who decided.
     pub source: Source,
+}
+
+/// The answer of `charge`: a post-paid cost always applies, so there is no `allowed`, only the
+/// bucket after it. Its balance is signed: a charge may take the bucket below zero (in debt),
+/// and while it is, every acquire is denied, cost 0 included, until refill repays the debt.
+///
+/// ```
+/// use redis_rl_client::{Charged, Limit, Source};
+///
+/// // 3 tokens/s, burst 3, charged 5 on a full bucket: two tokens in debt.
+/// let c = Charged { balance: -2, retry_after_ms: 667, reset_after_ms: 1667,
+///                   limit: Limit::new(3.0, 3.0)?, source: Source::Redis };
+/// assert!(c.in_debt());
+/// assert_eq!(c.remaining(), 0);
+/// # Ok::<(), redis_rl_client::Error>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Charged {
+    /// Whole tokens after the charge, rounded toward −∞: negative while in debt.
+    pub balance: i64,
+    /// Until the debt is repaid (a cost-0 acquire passes again), in ms rounded up; 0 when not
+    /// in debt. `Retry-After` for the next request.
+    pub retry_after_ms: i64,
+    /// Until the bucket is full again, in ms rounded up.
+    pub reset_after_ms: i64,
+    /// The limit charged.
+    pub limit: Limit,
+    /// Who applied it: `Redis`, `Lua`, or the failure policy (`Local` charged its local
+    /// bucket; `Open` and `Closed` charged nothing).
+    pub source: Source,
+}
+
+impl Charged {
+    /// Whether the bucket owes tokens: acquires are denied until `retry_after_ms` passes.
+    pub fn in_debt(&self) -> bool {
+        self.balance < 0
+    }
+
+    /// `X-RateLimit-Remaining`: the balance, 0 while in debt.
+    pub fn remaining(&self) -> u64 {
+        u64::try_from(self.balance).unwrap_or(0)
+    }
+
+    /// `X-RateLimit-Limit`, `-Remaining`, `-Reset`, and `Retry-After` while in debt, as
+    /// [`Decision::headers`].
+    pub fn headers(&self) -> Vec<(&'static str, String)> {
+        Decision {
+            allowed: !self.in_debt(),
+            remaining: self.remaining(),
+            retry_after_ms: self.retry_after_ms,
+            reset_after_ms: self.reset_after_ms,
+            limit: self.limit,
+            source: self.source,
+        }
+        .headers()
+    }
 }
 
 /// The answer of `refund`: the bucket after it.
@@ -378,13 +437,24 @@ impl Options {
 
     /// Each call's deadline ([`DEFAULT_TIMEOUT`], 2 s, by default); past it the failure
     /// policy decides. The async limiter bounds the whole call with it, waiting for the
-    /// connection to open and for the calls queued ahead included; the blocking one sets it
-    /// as the connect, read and write timeouts, so a call that also detects the module or
-    /// loads the script (its first, or the first after an "unknown command" or NOSCRIPT) can
-    /// take up to three of them. During a known outage calls do not wait for it: the policy
-    /// decides at once between probes (`probe_interval`). Make it shorter only if a
-    /// request cannot wait that long, knowing that calls then missing it under load are
-    /// decided by the policy as if Redis were down.
+    /// connection to open and for the calls queued ahead included. The blocking one waits at
+    /// most this long for its turn on its connection (past it, the policy decides that call,
+    /// counted in [`Counters::busy`], and no outage begins), then sets it as the connect,
+    /// read and write timeouts, so a call that also detects the module or loads the script
+    /// (its first, or the first after an "unknown command" or NOSCRIPT) can take up to three
+    /// of them. During a known outage calls do not wait for it: the policy decides at once
+    /// between probes (`probe_interval`). Make it shorter only if a request cannot wait that
+    /// long, knowing that calls then missing it under load are decided by the policy as if
+    /// Redis were down.
+    ///
+    /// A call past its deadline may still reach Redis afterwards: a command already written
+    /// (or queued on a multiplexed connection) is not withdrawn when the caller stops
+    /// waiting, so Redis may apply it after the policy decided. An acquire then takes its
+    /// tokens for a request the policy answered; nothing gives them back, since the library
+    /// cannot know whether it ran (a `refund` would give back tokens that may never have been
+    /// taken). The error is on the strict side (a bucket short of at most that call's cost),
+    /// and it is why a deadline too short for the load makes limits stricter as well as
+    /// handing decisions to the policy.
     pub fn timeout(mut self, timeout: Duration) -> Options {
         self.timeout = timeout.max(Duration::from_millis(1));
         self
@@ -421,6 +491,9 @@ pub struct Counters {
     pub closed: u64,
     /// Outages: runs of calls Redis could not answer, each logged once.
     pub outages: u64,
+    /// Calls of a blocking [`crate::Limiter`] whose turn on its connection did not come within
+    /// the deadline: busy, not down. The policy decided them, and no outage began.
+    pub busy: u64,
 }
 
 impl Counters {

@@ -82,3 +82,77 @@ async fn ten_thousand_warm_calls_are_answered_by_the_module_under_each_policy() 
         flood(on_error, true).await;
     }
 }
+
+/// Connects to a real server, but only once the test opens the gate: a call holds the
+/// blocking limiter's connection for as long as the test likes, with no timing involved.
+struct Gated {
+    client: redis::Client,
+    open: Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>,
+    entered: std::sync::mpsc::Sender<()>,
+}
+
+impl redis_rl_client::Connect for Gated {
+    type Connection = redis::Connection;
+
+    fn connect(&self, timeout: std::time::Duration) -> redis::RedisResult<redis::Connection> {
+        let _ = self.entered.send(());
+        let (lock, opened) = &*self.open;
+        let mut open = lock.lock().unwrap();
+        while !*open {
+            open = opened.wait(open).unwrap();
+        }
+        drop(open);
+        redis_rl_client::Connect::connect(&self.client, timeout)
+    }
+}
+
+/// A blocking limiter's calls take turns on its one connection; a call whose turn does not
+/// come within the deadline is decided by the policy then, not after every call ahead of it.
+/// (Before, it waited on the connection's lock for as long as the call holding it took.)
+#[test]
+fn a_blocking_call_waits_for_its_turn_at_most_the_deadline() {
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    let server = Server::start();
+    let open = Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
+    let (entered, in_connect) = mpsc::channel();
+    let limiter = Arc::new(redis_rl_client::Limiter::new(
+        Gated {
+            client: server.client(),
+            open: open.clone(),
+            entered,
+        },
+        Options::new(OnError::Closed).timeout(Duration::from_millis(200)),
+    ));
+    let limit = Limit::new(0.001, 5.0).unwrap();
+    let first = {
+        let limiter = limiter.clone();
+        std::thread::spawn(move || limiter.acquire("first", &limit, 1.0).unwrap())
+    };
+    in_connect.recv().unwrap(); // the first call holds the connection, connecting
+    let (done, second) = mpsc::channel();
+    {
+        let limiter = limiter.clone();
+        std::thread::spawn(move || {
+            let _ = done.send(limiter.acquire("second", &limit, 1.0).unwrap());
+        });
+    }
+    // The first call is still held: the second must be answered without it. (A generous
+    // bound on a liveness check, not a measured duration: before, it never came.)
+    let d = second
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the second call waited past its deadline for the connection");
+    assert_eq!((d.allowed, d.source), (false, Source::Closed));
+    // Busy, not down: counted apart, and no outage began.
+    let counters = limiter.counters();
+    assert_eq!((counters.busy, counters.outages), (1, 0));
+    let (lock, opened) = &*open;
+    *lock.lock().unwrap() = true;
+    opened.notify_all();
+    let d = first.join().unwrap();
+    assert_eq!((d.allowed, d.source), (true, Source::Redis));
+    // The connection is free again, and the next call gets it.
+    let d = limiter.acquire("third", &limit, 1.0).unwrap();
+    assert_eq!(d.source, Source::Redis);
+}

@@ -12,7 +12,10 @@ use std::thread::sleep;
 use std::time::{Duration, Instant};
 
 use redis::cluster::ClusterClient;
-use redis_rl_client::{shard_of, AsyncLimiter, Error, Limit, Limiter, OnError, Options, Source};
+use redis_rl_client::{
+    key_slot, shard_of, AsyncLimiter, Error, Limit, Limiter, OnError, Options, SlotItem,
+    SlotOutcome, Source,
+};
 use rl_testkit::cluster::{cli_binary, start_cluster_node, Cluster};
 use rl_testkit::Server;
 
@@ -34,6 +37,57 @@ fn cluster_client(ports: impl Iterator<Item = u16>) -> ClusterClient {
 /// Keys spread over the slots, so all three masters hold some.
 fn keys() -> Vec<String> {
     (0..12).map(|i| format!("user:{i}")).collect()
+}
+
+/// Keys of two slots, the lower first: taken slot by slot, and the lower slot's take refunded
+/// when the higher refuses, so a refused call costs nothing.
+fn across_slots(limiter: &Limiter<ClusterClient>, source: Source, cluster: &ClusterClient) {
+    let (low, high) = ("{b}:across", "{a}:across");
+    assert!(key_slot(low.as_bytes()) < key_slot(high.as_bytes()));
+    let five = Limit::new(0.001, 5.0).unwrap();
+    let one = Limit::new(0.001, 1.0).unwrap();
+    let items = [SlotItem::new(low, five, 1.0), SlotItem::new(high, one, 1.0)];
+    let d = limiter.acquire_across_slots(&items).unwrap();
+    assert!(d.allowed, "{d:?}");
+    // The first call learnt the cluster from CROSSSLOT, then asked each slot.
+    assert_eq!(d.sources, [source, source]);
+    let d = limiter.acquire_across_slots(&items).unwrap();
+    assert!(!d.allowed);
+    assert!(
+        matches!(
+            d.outcomes[..],
+            [
+                SlotOutcome::NotTaken(Some(_)),
+                SlotOutcome::Refused(Some(_))
+            ]
+        ),
+        "{d:?}"
+    );
+    assert_eq!(limiter.peek(low, &five, 1.0).unwrap().remaining, 4);
+    // A shadow item refusing in the higher slot keeps the lower slot's take.
+    let items = [
+        SlotItem::new(low, five, 1.0),
+        SlotItem::new(high, one, 1.0).shadow(),
+    ];
+    let d = limiter.acquire_across_slots(&items).unwrap();
+    assert!(d.allowed, "{d:?}");
+    assert_eq!(limiter.peek(low, &five, 1.0).unwrap().remaining, 3);
+    // A later slot's error (a key of another type) gives the lower slot's take back too.
+    let wrong = "{a}:wrongtype";
+    let _: () = redis::cmd("SET")
+        .arg(wrong)
+        .arg("x")
+        .query(&mut cluster.get_connection().unwrap())
+        .unwrap();
+    let items = [
+        SlotItem::new(low, five, 1.0),
+        SlotItem::new(wrong, one, 1.0),
+    ];
+    assert!(matches!(
+        limiter.acquire_across_slots(&items),
+        Err(Error::Redis(_))
+    ));
+    assert_eq!(limiter.peek(low, &five, 1.0).unwrap().remaining, 3);
 }
 
 #[test]
@@ -81,6 +135,7 @@ fn limiters_work_on_a_cluster() {
     let spread = [("a", limit, 1.0), ("b", limit, 1.0)];
     assert!(matches!(limiter.acquire_all(&spread), Err(Error::Redis(_))));
     assert_eq!(limiter.counters().outages, 0);
+    across_slots(&limiter, Source::Redis, &client(&cluster));
 
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -103,6 +158,16 @@ fn limiters_work_on_a_cluster() {
         }
         let refused = limiter.acquire_all(&items).await.unwrap();
         assert_eq!((refused.allowed, refused.refused_index), (false, Some(0)));
+        // The async limiter takes across slots too: the higher slot is empty, so the lower
+        // slot's take is refunded.
+        let five = Limit::new(0.001, 5.0).unwrap();
+        let across = [
+            SlotItem::new("{b}:across", five, 1.0),
+            SlotItem::new("{a}:across", Limit::new(0.001, 1.0).unwrap(), 1.0),
+        ];
+        assert!(!limiter.acquire_across_slots(&across).await.unwrap().allowed);
+        let low = limiter.peek("{b}:across", &five, 1.0).await.unwrap();
+        assert_eq!(low.remaining, 3);
     });
 }
 
@@ -200,6 +265,7 @@ fn the_lua_path_works_on_a_cluster_without_the_module() {
         (refused.allowed, refused.refused_index, refused.source),
         (false, Some(0), Source::Lua)
     );
+    across_slots(&limiter, Source::Lua, &cluster_client(ports()));
 
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
