@@ -44,8 +44,19 @@ deb $DEBIAN_MIRROR bookworm main
 deb $DEBIAN_MIRROR bookworm-updates main
 deb ${DEBIAN_MIRROR%/debian}/debian-security bookworm-security main
 SOURCES
-        # Downloaded .debs and package lists only make the image bigger.
-        rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/*
+        # Manuals, translations and documents (but the copyright files) are not read in a
+        # container: drop them now, and tell dpkg to skip them in packages installed later.
+        cat >"$root/etc/dpkg/dpkg.cfg.d/01-container" <<DPKG
+path-exclude=/usr/share/doc/*
+path-include=/usr/share/doc/*/copyright
+path-exclude=/usr/share/man/*
+path-exclude=/usr/share/info/*
+path-exclude=/usr/share/locale/*
+DPKG
+        find "$root/usr/share/doc" -mindepth 1 ! -name copyright ! -type d -delete
+        rm -rf "$root"/usr/share/man/* "$root"/usr/share/info/* "$root"/usr/share/locale/*
+        # Downloaded .debs, package lists and apt's caches only make the image bigger.
+        rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/cache/apt/*.bin "$root"/var/lib/apt/lists/*
         tar --numeric-owner -C "$root" -cf "$ROOTFS_TAR.tmp" .
         mv "$ROOTFS_TAR.tmp" "$ROOTFS_TAR"
         rm -rf "$root"
