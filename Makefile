@@ -84,3 +84,4 @@ include mk/release.mk
 include mk/docs.mk
 include mk/envoy.mk
 include mk/bench-memory.mk
+include mk/image.mk

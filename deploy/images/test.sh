@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# make image-test: the images together, as CI runs them. For each server image (Redis 7, then
+# Valkey 9): the server container and the redis-rl-envoy container on the host's network on
+# free ports, Envoy 1.40 on the host in front of an upstream (python3 -m http.server), the
+# config of examples/envoy mounted where the peer's image reads it. A burst of 6 requests from
+# one user under a limit of 5 per minute must give 200 five times, then 429. Everything stops
+# at the end, pass or fail. podman missing is a failure, never a skip.
+#
+# Environment (mk/image.mk sets it): ENVOY (the envoy binary).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+# shellcheck source=deploy/images/podman.sh
+. deploy/images/podman.sh
+: "${ENVOY:?ENVOY (make deps-envoy) is not set}"
+need_podman image-test
+
+RUN="$(mktemp -d)"
+PIDS=()
+CONTAINERS=()
+stop() {
+    local status=$?
+    if [ "$status" != 0 ]; then
+        for c in "${CONTAINERS[@]}"; do
+            echo "--- podman logs $c" >&2
+            "${PODMAN[@]}" logs "$c" 2>&1 | tail -n 20 >&2 || true
+        done
+        for f in "$RUN"/*.log; do [ -f "$f" ] && { echo "--- $f" >&2; tail -n 20 "$f" >&2; }; done
+    fi
+    for c in "${CONTAINERS[@]}"; do "${PODMAN[@]}" rm -f -t 5 "$c" >/dev/null 2>&1 || true; done
+    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+    for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+    rm -rf "$RUN"
+}
+trap stop EXIT
+fail() { echo "image-test: $*" >&2; exit 1; }
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+wait_for() { # url, what
+    for _ in $(seq 1 300); do curl -sf -o /dev/null "$1" && return 0; sleep 0.1; done
+    fail "$2 did not come up"
+}
+# A container's name says which run it belongs to, so two runs never collide. No --rm: a
+# container that exits at once keeps its logs for the failure report; stop() removes it.
+# Not called in $(...): CONTAINERS must grow in this shell for stop() to see it. The name is
+# left in $CONTAINER, and recorded before the start so a failed start is removed too.
+run_container() { # name, podman run arguments...
+    CONTAINER="redis-rl-test-$$-$1"
+    shift
+    CONTAINERS+=("$CONTAINER")
+    "${PODMAN[@]}" run -d --name "$CONTAINER" "${LIMITS[@]}" "$@" >/dev/null
+}
+
+for image in "$ENVOY_IMAGE" "$REDIS_IMAGE" "$VALKEY_IMAGE"; do
+    "${PODMAN[@]}" image exists "$image" || fail "no image $image (make image)"
+done
+# Neither the service nor the server runs as root: the uid each container's process has.
+check_uid() { # container, image, uid
+    local uid
+    uid=$("${PODMAN[@]}" top "$1" huser | sed -n 2p | tr -d ' ')
+    [ "$uid" = "$3" ] || fail "$2 runs as uid '$uid', not $3"
+}
+
+# Envoy and the upstream stay up across both servers; each server gets its own service.
+UPSTREAM_PORT=$(free_port) LISTEN_PORT=$(free_port) ADMIN_PORT=$(free_port) GRPC_PORT=$(free_port)
+mkdir -p "$RUN/www" && echo "hello from the upstream" >"$RUN/www/index.html"
+python3 -m http.server "$UPSTREAM_PORT" --bind 127.0.0.1 --directory "$RUN/www" >"$RUN/upstream.log" 2>&1 &
+PIDS+=($!)
+wait_for "http://127.0.0.1:$UPSTREAM_PORT/" "the upstream"
+sed -e "s/@ADMIN_PORT@/$ADMIN_PORT/" -e "s/@LISTEN_PORT@/$LISTEN_PORT/" \
+    -e "s/@UPSTREAM_PORT@/$UPSTREAM_PORT/" -e "s/@GRPC_PORT@/$GRPC_PORT/" \
+    examples/envoy/envoy.yaml >"$RUN/envoy.yaml"
+"$ENVOY" -c "$RUN/envoy.yaml" --use-dynamic-base-id --log-level warn >"$RUN/envoy.log" 2>&1 &
+PIDS+=($!)
+wait_for "http://127.0.0.1:$ADMIN_PORT/ready" "Envoy"
+
+passed=0
+for server in "$REDIS_IMAGE" "$VALKEY_IMAGE"; do
+    echo "=== $server and $ENVOY_IMAGE behind Envoy $("$ENVOY" --version | grep -o '[0-9]*\.[0-9]*\.[0-9]*' | head -n1)"
+    REDIS_PORT=$(free_port) HTTP_PORT=$(free_port)
+    run_container "server-$REDIS_PORT" "$server" --port "$REDIS_PORT" --bind 127.0.0.1
+    redis=$CONTAINER
+    for _ in $(seq 1 100); do redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
+    redis-cli -p "$REDIS_PORT" MODULE LIST | grep -qx rl || fail "$server: the module is not loaded"
+    check_uid "$redis" "$server" 999
+    echo "  $(redis-cli -p "$REDIS_PORT" INFO server | grep -E '^(redis|valkey)_version' | tail -n 1 | tr -d '\r')"
+
+    # The peer's layout: the YAML under RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/config, read-only.
+    # Redis by name, not address: the image has no libnss_* modules, and must resolve anyway.
+    run_container "service-$HTTP_PORT" \
+        -v "$PWD/examples/envoy/config:/data/ratelimit/config:ro" \
+        -e REDIS_SOCKET_TYPE=tcp -e REDIS_URL="localhost:$REDIS_PORT" \
+        -e HOST=127.0.0.1 -e PORT="$HTTP_PORT" -e GRPC_HOST=127.0.0.1 -e GRPC_PORT="$GRPC_PORT" \
+        "$ENVOY_IMAGE"
+    service=$CONTAINER
+    wait_for "http://127.0.0.1:$HTTP_PORT/healthcheck" "$ENVOY_IMAGE"
+    check_uid "$service" "$ENVOY_IMAGE" 65532
+
+    # Envoy's connection may still point at the previous round's service: wait until a
+    # request through Envoy carries the service's x-ratelimit-limit (another user's bucket).
+    for _ in $(seq 1 100); do
+        curl -s -o /dev/null -D - -H 'x-user: warmup' "http://127.0.0.1:$LISTEN_PORT/" \
+            | grep -qi '^x-ratelimit-limit' && break
+        sleep 0.1
+    done
+
+    # alice may make 5 requests a minute (examples/envoy/config): 5 pass, the 6th is refused.
+    # A fresh server each round, so the bucket starts full. failure_mode_deny is false in
+    # examples/envoy/envoy.yaml, so a 429 can only come from the service's decision.
+    codes=""
+    for _ in 1 2 3 4 5 6; do
+        codes="$codes $(curl -s -o /dev/null -w '%{http_code}' -H 'x-user: alice' "http://127.0.0.1:$LISTEN_PORT/")"
+    done
+    echo "  a burst of 6 from alice (5 per minute):$codes"
+    [ "$codes" = " 200 200 200 200 200 429" ] || fail "$server: expected 200 x5 then 429, got$codes"
+    [ "$(redis-cli -p "$REDIS_PORT" --scan | wc -l)" -gt 0 ] || fail "$server: no bucket was written"
+
+    "${PODMAN[@]}" rm -f -t 5 "$service" "$redis" >/dev/null
+    passed=$((passed + 1))
+done
+echo "image-test: $passed passed, 0 failed"
