@@ -414,3 +414,116 @@ where
         Box::pin(self.inner.call(request))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn with(pairs: &[(&str, &str)]) -> Result<HealthSettings, String> {
+        let map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Settings::from_env(|k| map.get(k).cloned()).map(|s| s.health)
+    }
+
+    #[test]
+    fn defaults_are_the_go_services() {
+        let s = with(&[]).unwrap();
+        assert!(!s.need_config);
+        assert_eq!(s.grpc_uds, None);
+        assert_eq!(s.tls, None);
+        assert_eq!(s.max_connection_age_ms, 86_400_000);
+        assert_eq!(s.max_connection_age_grace_ms, 3_600_000);
+        assert_eq!(s.drain_delay_ms, 0);
+    }
+
+    #[test]
+    fn durations_and_tls_files_are_read() {
+        let s = with(&[
+            ("GRPC_MAX_CONNECTION_AGE", "1m30s"),
+            ("GRPC_MAX_CONNECTION_AGE_GRACE", "0"),
+            ("GRPC_SERVER_USE_TLS", "true"),
+            ("GRPC_SERVER_TLS_CERT", "/c.pem"),
+            ("GRPC_SERVER_TLS_KEY", "/k.pem"),
+            ("GRPC_CLIENT_TLS_CACERT", "/ca.pem"),
+            ("GRPC_CLIENT_TLS_SAN", "envoy.client"),
+            ("GRPC_UDS", "/run/rl.sock"),
+            ("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", "true"),
+        ])
+        .unwrap();
+        assert_eq!(s.max_connection_age_ms, 90_000);
+        assert_eq!(s.max_connection_age_grace_ms, 0);
+        assert_eq!(s.grpc_uds.as_deref(), Some("/run/rl.sock"));
+        assert!(s.need_config);
+        let tls = s.tls.unwrap();
+        assert_eq!(tls.client_san.as_deref(), Some("envoy.client"));
+        // TLS off: its files are not read, nor required.
+        assert_eq!(
+            with(&[("GRPC_SERVER_TLS_CERT", "/c.pem")]).unwrap().tls,
+            None
+        );
+    }
+
+    #[test]
+    fn bad_values_name_the_variable() {
+        for (pairs, name) in [
+            (
+                &[("GRPC_MAX_CONNECTION_AGE", "a day")][..],
+                "GRPC_MAX_CONNECTION_AGE must",
+            ),
+            (
+                &[("GRPC_MAX_CONNECTION_AGE_GRACE", "-1s")][..],
+                "GRPC_MAX_CONNECTION_AGE_GRACE must",
+            ),
+            (
+                &[("GRPC_SERVER_USE_TLS", "true")][..],
+                "GRPC_SERVER_TLS_CERT must",
+            ),
+            (
+                &[
+                    ("GRPC_SERVER_USE_TLS", "true"),
+                    ("GRPC_SERVER_TLS_CERT", "/c.pem"),
+                ][..],
+                "GRPC_SERVER_TLS_KEY must",
+            ),
+            (
+                &[
+                    ("GRPC_SERVER_USE_TLS", "true"),
+                    ("GRPC_SERVER_TLS_CERT", "/c.pem"),
+                    ("GRPC_SERVER_TLS_KEY", "/k.pem"),
+                    ("GRPC_CLIENT_TLS_SAN", "x"),
+                ][..],
+                "GRPC_CLIENT_TLS_SAN needs",
+            ),
+            (
+                &[("GRPC_SERVER_USE_TLS", "maybe")][..],
+                "GRPC_SERVER_USE_TLS must",
+            ),
+            (
+                &[("RL_DRAIN_DELAY_MS", "soon")][..],
+                "RL_DRAIN_DELAY_MS must",
+            ),
+            (
+                &[("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", "2")][..],
+                "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED must",
+            ),
+        ] {
+            let e = with(pairs).unwrap_err();
+            assert!(e.starts_with(name), "{pairs:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_missing_tls_file_is_an_error_naming_its_variable() {
+        let s = with(&[
+            ("GRPC_SERVER_USE_TLS", "true"),
+            ("GRPC_SERVER_TLS_CERT", "/nonexistent/c.pem"),
+            ("GRPC_SERVER_TLS_KEY", "/nonexistent/k.pem"),
+        ])
+        .unwrap();
+        let e = grpc_builder(&s).err().unwrap();
+        assert!(e.starts_with("GRPC_SERVER_TLS_CERT"), "{e}");
+    }
+}

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use tokio::sync::watch;
 
-/// The shared health state; each change is published to [`Readiness::subscribe`]rs.
+/// The shared health state; each change of "serving" goes to [`Readiness::subscribe`].
 pub struct Readiness {
     draining: AtomicBool,
     redis_ok: AtomicBool,
