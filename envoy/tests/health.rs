@@ -5,7 +5,8 @@
 //!   NOT_SERVING, restarted: SERVING), and so does `/healthcheck` (500 / 200);
 //! - SIGTERM: health flips to NOT_SERVING while a call in flight finishes;
 //! - `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`: not serving until a config with a domain loads;
-//! - `GRPC_UDS` with Envoy's cluster on `pipe:`, and Envoy's `grpc_health_check` on it;
+//! - `GRPC_UDS` with Envoy's cluster on `pipe:`, and Envoy's `grpc_health_check` on it; a
+//!   stale socket there is replaced, another file refused;
 //! - gRPC server TLS and mTLS (with `GRPC_CLIENT_TLS_SAN`), Envoy presenting certificates
 //!   generated here with `openssl`;
 //! - `GRPC_MAX_CONNECTION_AGE` + `_GRACE`: a connection is closed after the age and grace.
@@ -578,4 +579,33 @@ fn a_connection_is_closed_after_max_connection_age_and_grace() {
             "closed before the age and grace: {lived:?}"
         );
     });
+}
+
+#[test]
+fn grpc_uds_replaces_a_stale_socket_and_refuses_another_file() {
+    let redis = common::Server::start();
+    let dir = tempfile::tempdir().unwrap();
+    // A socket file an earlier run left behind (its listener gone): replaced.
+    let stale = dir.path().join("stale.sock");
+    drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
+    assert!(stale.exists());
+    let svc = Service::start(
+        &redis_url(redis.port),
+        &[("l.yaml", LIMITS)],
+        &[("GRPC_UDS", stale.to_str().unwrap())],
+    );
+    assert!(std::os::unix::net::UnixStream::connect(&stale).is_ok());
+    drop(svc);
+    // Any other file is not ours to remove.
+    let file = dir.path().join("notes.txt");
+    std::fs::write(&file, "keep me").unwrap();
+    let refused = Service::try_start(
+        &redis_url(redis.port),
+        &[("l.yaml", LIMITS)],
+        &[("GRPC_UDS", file.to_str().unwrap())],
+    )
+    .err()
+    .expect("refused");
+    assert!(refused.contains("is not a socket"), "{refused}");
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "keep me");
 }
