@@ -1,4 +1,4 @@
-//! The HTTP side: `GET /healthcheck`, `POST /json` (a protojson `RateLimitRequest` in, the
+//! The HTTP side: `POST /json` (a protojson `RateLimitRequest` in, the
 //! protojson `RateLimitResponse` out with 200, or 429 when over the limit; 400 on bad
 //! input), and the Prometheus page. The JSON mapping is the proto3 one: lowerCamelCase
 //! names (the proto names are accepted too), 64-bit numbers as numbers or strings, enums by
@@ -217,10 +217,6 @@ pub fn response_json(r: &RateLimitResponse) -> Value {
     Value::Object(out)
 }
 
-async fn healthcheck() -> &'static str {
-    "OK"
-}
-
 async fn json_endpoint(State(service): State<Arc<Service>>, body: axum::body::Bytes) -> Response {
     let request = match parse_request(&body) {
         Ok(r) => r,
@@ -253,10 +249,9 @@ async fn json_endpoint(State(service): State<Arc<Service>>, body: axum::body::By
     }
 }
 
-/// `/healthcheck` and `/json`.
+/// `/json` (`/healthcheck` is `health::http_router`'s).
 pub fn router(service: Arc<Service>) -> Router {
     Router::new()
-        .route("/healthcheck", get(healthcheck))
         .route("/json", post(json_endpoint))
         .with_state(service)
 }

@@ -13,9 +13,11 @@
 mod config;
 mod config_watch;
 mod grpc;
+mod health;
 mod http;
 mod metrics;
 mod quota;
+mod readiness;
 mod redis_pool;
 mod service;
 mod settings;
@@ -31,6 +33,7 @@ use tokio::sync::watch;
 
 use crate::config::{Config, Source};
 use crate::metrics::Metrics;
+use crate::readiness::Readiness;
 use crate::service::{Backend, Service};
 use crate::settings::{Policy, Settings};
 
@@ -85,7 +88,7 @@ fn fingerprint(dir: &Path) -> Vec<(PathBuf, u64, Option<SystemTime>)> {
     all
 }
 
-fn reload(service: &Service, source: &Source, why: &str) {
+fn reload(service: &Service, readiness: &Readiness, source: &Source, why: &str) {
     let dir = source.config_dir();
     match Config::load(source) {
         Ok(config) => {
@@ -95,6 +98,7 @@ fn reload(service: &Service, source: &Source, why: &str) {
                 config.domain_count(),
                 dir.display()
             );
+            readiness.config_loaded(config.domain_count());
             service.replace_config(config);
         }
         Err(e) => {
@@ -253,15 +257,30 @@ async fn serve(settings: Arc<Settings>) -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    // Health (part `health`): not serving until Redis answers a probe (and, when asked, a
+    // config with a domain has loaded), nor after SIGTERM.
+    let readiness = Arc::new(Readiness::new(settings.health.need_config));
+    readiness.config_loaded(config.domain_count());
+    health::spawn_redis_probe(&settings, readiness.clone());
     let service = Arc::new(Service::new(config, backend, settings.clone(), metrics));
     let (stop_tx, stop_rx) = watch::channel(false);
 
-    let grpc_addr = format!("{}:{}", settings.grpc_host, settings.grpc_port);
+    let grpc_addr = match &settings.health.grpc_uds {
+        Some(path) => format!("unix:{path}"),
+        None => format!("{}:{}", settings.grpc_host, settings.grpc_port),
+    };
     let http_addr = format!("{}:{}", settings.host, settings.port);
-    let grpc_listener = match tokio::net::TcpListener::bind(&grpc_addr).await {
+    let grpc_listener = match health::bind_grpc(&settings).await {
         Ok(l) => l,
         Err(e) => {
             eprintln!("redis-rl-envoy: cannot listen on GRPC {grpc_addr}: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let mut grpc_builder = match health::grpc_builder(&settings.health) {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("redis-rl-envoy: {e}");
             return ExitCode::from(1);
         }
     };
@@ -272,16 +291,36 @@ async fn serve(settings: Arc<Settings>) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    let grpc = tonic::transport::Server::builder()
-        .add_service(grpc::Server(service.clone()))
-        .serve_with_incoming_shutdown(
-            tokio_stream_incoming(grpc_listener),
-            shutdown_signal(stop_rx.clone()),
-        );
-    let http = axum::serve(http_listener, http::router(service.clone()))
-        .with_graceful_shutdown(shutdown_signal(stop_rx.clone()));
+    let grpc_router = grpc_builder
+        .add_service(health::SanGuard::new(
+            grpc::Server(service.clone()),
+            &settings.health,
+        ))
+        .add_service(health::SanGuard::new(
+            health::grpc_service(readiness.clone()).await,
+            &settings.health,
+        ));
+    let http = axum::serve(
+        http_listener,
+        http::router(service.clone()).merge(health::http_router(readiness.clone())),
+    )
+    .with_graceful_shutdown(shutdown_signal(stop_rx.clone()));
     let mut tasks = tokio::task::JoinSet::new();
-    tasks.spawn(async move { grpc.await.map_err(|e| format!("gRPC server: {e}")) });
+    let grpc_stop = shutdown_signal(stop_rx.clone());
+    match grpc_listener {
+        health::GrpcListener::Tcp(listener) => {
+            let grpc = grpc_router
+                .serve_with_incoming_shutdown(tokio_stream_incoming(listener), grpc_stop);
+            tasks.spawn(async move { grpc.await.map_err(|e| format!("gRPC server: {e}")) });
+        }
+        health::GrpcListener::Unix(listener) => {
+            let grpc = grpc_router.serve_with_incoming_shutdown(
+                tokio_stream::wrappers::UnixListenerStream::new(listener),
+                grpc_stop,
+            );
+            tasks.spawn(async move { grpc.await.map_err(|e| format!("gRPC server: {e}")) });
+        }
+    }
     tasks.spawn(async move { http.await.map_err(|e| format!("HTTP server: {e}")) });
     if settings.use_prometheus {
         let addr = settings.prometheus_bind();
@@ -306,6 +345,7 @@ async fn serve(settings: Arc<Settings>) -> ExitCode {
     // fallback) and on SIGHUP; drain and stop on SIGTERM or SIGINT.
     let watcher = {
         let service = service.clone();
+        let readiness = readiness.clone();
         let dir = dir.clone();
         let source = source.clone();
         let root = PathBuf::from(&settings.runtime_root);
@@ -335,7 +375,7 @@ async fn serve(settings: Arc<Settings>) -> ExitCode {
                 };
                 let notified = tokio::select! {
                     _ = hangup => {
-                        reload(&service, &source, "SIGHUP");
+                        reload(&service, &readiness, &source, "SIGHUP");
                         continue;
                     }
                     _ = changed.notified() => {
@@ -349,7 +389,7 @@ async fn serve(settings: Arc<Settings>) -> ExitCode {
                 let now = (fingerprint(&dir), fingerprint(&watched));
                 if now != last {
                     last = now;
-                    reload(&service, &source, "a file changed");
+                    reload(&service, &readiness, &source, "a file changed");
                     // A swapped symlink or a recreated directory holds new inodes: watch
                     // those from now on.
                     notifications =
@@ -378,13 +418,29 @@ async fn serve(settings: Arc<Settings>) -> ExitCode {
             }
         }
     }
+    // Not serving from here on; the listeners stay open RL_DRAIN_DELAY_MS longer so the
+    // health checks see it before connections are refused.
+    readiness.set_draining();
+    if settings.health.drain_delay_ms > 0 && !failed {
+        tokio::time::sleep(Duration::from_millis(settings.health.drain_delay_ms)).await;
+    }
     watcher.abort();
     let _ = stop_tx.send(true);
-    while let Some(done) = tasks.join_next().await {
-        if let Ok(Err(e)) = done {
-            tracing::error!("{e}");
+    // Calls in flight end within their deadline; a stream that never ends (a health
+    // `Watch`) must not hold the exit back longer than that.
+    let drain_bound = Duration::from_millis(settings.timeout_ms.saturating_add(1_000));
+    let drained = tokio::time::timeout(drain_bound, async {
+        while let Some(done) = tasks.join_next().await {
+            if let Ok(Err(e)) = done {
+                tracing::error!("{e}");
+            }
         }
+    })
+    .await;
+    if drained.is_err() {
+        tracing::warn!("drain: streams still open after {drain_bound:?}; closing them");
     }
+    health::remove_socket(&settings.health);
     if failed {
         ExitCode::from(1)
     } else {

@@ -66,6 +66,8 @@ pub struct Settings {
     pub timeout_ms: u64,
     /// RL_WORKER_THREADS: the runtime's threads; 0 means one per CPU the process may use.
     pub worker_threads: usize,
+    /// Part `health` (issue #24): health checks and the gRPC transport (see `health.rs`).
+    pub health: crate::health::HealthSettings,
 }
 
 /// The Go service's variables this service does not support: each one set is a warning.
@@ -99,15 +101,10 @@ pub const UNSUPPORTED: &[&str] = &[
     "REDIS_TLS_CLIENT_KEY",
     "REDIS_TLS_CACERT",
     "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION",
-    "GRPC_UDS",
-    "GRPC_SERVER_USE_TLS",
-    "GRPC_MAX_CONNECTION_AGE",
-    "GRPC_MAX_CONNECTION_AGE_GRACE",
     "DEBUG_HOST",
     "DEBUG_PORT",
     "EXPIRATION_JITTER_MAX_SECONDS",
     "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
-    "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
     "TRACING_ENABLED",
 ];
 
@@ -119,8 +116,6 @@ pub const UNSUPPORTED_PREFIXES: &[&str] = &[
     "MEMCACHE_",
     "CONFIG_GRPC_XDS",
     "XDS_CLIENT_",
-    "GRPC_SERVER_TLS",
-    "GRPC_CLIENT_TLS",
     "TRACING_",
 ];
 
@@ -129,7 +124,7 @@ pub const MAX_TIMEOUT_MS: u64 = 60_000;
 
 /// A Go `time.ParseDuration` text (`250ms`, `10s`, `1m30s`, `1.5s`; `0`) in whole ms, rounded
 /// up so a sub-ms deadline is not 0; `None` for anything else, a sign included.
-fn go_duration_ms(text: &str) -> Option<u64> {
+pub(crate) fn go_duration_ms(text: &str) -> Option<u64> {
     let mut rest = text.trim();
     rest = rest.strip_prefix('+').unwrap_or(rest);
     if rest == "0" {
@@ -345,6 +340,7 @@ impl Settings {
             without_module_lua,
             timeout_ms,
             worker_threads: usize::try_from(number("RL_WORKER_THREADS", 0, 1024)?).unwrap_or(0),
+            health: crate::health::HealthSettings::from_env(&var, &flag)?,
         })
     }
 
@@ -489,7 +485,18 @@ mod tests {
         ] {
             assert!(unsupported(name), "{name}");
         }
-        for name in ["REDIS_URL", "PORT", "RL_ON_ERROR", "PATH"] {
+        for name in [
+            "REDIS_URL",
+            "PORT",
+            "RL_ON_ERROR",
+            "PATH",
+            "GRPC_UDS",
+            "GRPC_SERVER_USE_TLS",
+            "GRPC_SERVER_TLS_CERT",
+            "GRPC_CLIENT_TLS_SAN",
+            "GRPC_MAX_CONNECTION_AGE_GRACE",
+            "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
+        ] {
             assert!(!unsupported(name), "{name}");
         }
     }

@@ -180,6 +180,17 @@ impl Service {
         redis_url: &str,
         env: &[(&str, &str)],
     ) -> Result<Service, String> {
+        Service::try_start_until(root, redis_url, env, |r| r.status == 200)
+    }
+
+    /// As [`Service::try_start_in`], up once `/healthcheck` answers as `ready` says (a
+    /// service that is up but not serving answers 500).
+    pub fn try_start_until(
+        root: tempfile::TempDir,
+        redis_url: &str,
+        env: &[(&str, &str)],
+        ready: impl Fn(&Reply) -> bool,
+    ) -> Result<Service, String> {
         let (http_port, grpc_port, metrics_port) = (free_port(), free_port(), free_port());
         let log = root.path().join("service.log");
         let mut command = Command::new(env!("CARGO_BIN_EXE_redis-rl-envoy"));
@@ -224,7 +235,7 @@ impl Service {
                     return Err(format!("exited {status}: {}", service.log()));
                 }
             }
-            if http(http_port, "GET", "/healthcheck", &[], "").is_some_and(|r| r.status == 200) {
+            if http(http_port, "GET", "/healthcheck", &[], "").is_some_and(|r| ready(&r)) {
                 return Ok(service);
             }
             if started.elapsed() > READY_DEADLINE {
