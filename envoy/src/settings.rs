@@ -66,6 +66,8 @@ pub struct Settings {
     pub timeout_ms: u64,
     /// RL_WORKER_THREADS: the runtime's threads; 0 means one per CPU the process may use.
     pub worker_threads: usize,
+    // xds: CONFIG_TYPE=GRPC_XDS_SOTW and its CONFIG_GRPC_XDS_* (None for FILE).
+    pub xds: Option<crate::xds::XdsSettings>,
 }
 
 /// The Go service's variables this service does not support: each one set is a warning.
@@ -79,10 +81,6 @@ pub const UNSUPPORTED: &[&str] = &[
     "STATS_FLUSH_INTERVAL",
     "DISABLE_STATS",
     "PROMETHEUS_MAPPER_YAML",
-    "CONFIG_TYPE",
-    "CONFIG_GRPC_XDS_NODE_ID",
-    "CONFIG_GRPC_XDS_SERVER_URL",
-    "FORCE_START_WITHOUT_INITIAL_CONFIG",
     "BACKEND_TYPE",
     "MEMCACHE_HOST_PORT",
     "MEMCACHE_SRV",
@@ -117,7 +115,10 @@ pub const UNSUPPORTED_PREFIXES: &[&str] = &[
     "REDIS_PERSECOND",
     "REDIS_TLS",
     "MEMCACHE_",
-    "CONFIG_GRPC_XDS",
+    // xds: TLS to the management server (CONFIG_GRPC_XDS_SERVER_USE_TLS=true is refused in
+    // xds.rs) and the newer upstream's exponential back-off.
+    "CONFIG_GRPC_XDS_CLIENT_TLS",
+    "CONFIG_GRPC_XDS_SERVER_TLS",
     "XDS_CLIENT_",
     "GRPC_SERVER_TLS",
     "GRPC_CLIENT_TLS",
@@ -129,7 +130,7 @@ pub const MAX_TIMEOUT_MS: u64 = 60_000;
 
 /// A Go `time.ParseDuration` text (`250ms`, `10s`, `1m30s`, `1.5s`; `0`) in whole ms, rounded
 /// up so a sub-ms deadline is not 0; `None` for anything else, a sign included.
-fn go_duration_ms(text: &str) -> Option<u64> {
+pub(crate) fn go_duration_ms(text: &str) -> Option<u64> {
     let mut rest = text.trim();
     rest = rest.strip_prefix('+').unwrap_or(rest);
     if rest == "0" {
@@ -345,6 +346,7 @@ impl Settings {
             without_module_lua,
             timeout_ms,
             worker_threads: usize::try_from(number("RL_WORKER_THREADS", 0, 1024)?).unwrap_or(0),
+            xds: crate::xds::XdsSettings::from_env(&var)?,
         })
     }
 
