@@ -115,10 +115,7 @@ pub const UNSUPPORTED_PREFIXES: &[&str] = &[
     "REDIS_PERSECOND",
     "REDIS_TLS",
     "MEMCACHE_",
-    // xds: TLS to the management server (CONFIG_GRPC_XDS_SERVER_USE_TLS=true is refused in
-    // xds.rs) and the newer upstream's exponential back-off.
-    "CONFIG_GRPC_XDS_CLIENT_TLS",
-    "CONFIG_GRPC_XDS_SERVER_TLS",
+    // xds: the newer upstream's exponential back-off and message size (see docs/envoy.md).
     "XDS_CLIENT_",
     "GRPC_SERVER_TLS",
     "GRPC_CLIENT_TLS",

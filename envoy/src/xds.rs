@@ -4,7 +4,7 @@
 //! `type.googleapis.com/ratelimit.config.ratelimit.v3.RateLimitConfig`, the conversion of each
 //! pushed `RateLimitConfig` into the YAML the file loader reads (so a push is validated by the
 //! same code and refused with the same errors as a file), the ACK or NACK of each push, and
-//! the reconnect with the Go service's linear back-off with jitter.
+//! the reconnect with the Go service's linear back-off with jitter, over plaintext or (m)TLS.
 //!
 //! A push is all or nothing: every resource of a response is converted and the whole config
 //! is built before anything changes; a bad one is NACKed (`error_detail` holds the problem)
@@ -53,6 +53,58 @@ pub struct XdsSettings {
     /// FORCE_START_WITHOUT_INITIAL_CONFIG: serve with no domains until the first push, instead
     /// of waiting for it before listening.
     pub force_start: bool,
+    /// CONFIG_GRPC_XDS_SERVER_USE_TLS and its files, read at startup.
+    pub tls: Option<Tls>,
+}
+
+/// TLS to the management server, as the Go service sets it up: the server is verified
+/// against CONFIG_GRPC_XDS_SERVER_TLS_CACERT (the system roots without it) under the name
+/// CONFIG_GRPC_XDS_SERVER_TLS_SAN (the URL's host without it), and the client presents
+/// CONFIG_GRPC_XDS_CLIENT_TLS_CERT and _KEY when both are set (mTLS, as Envoy Gateway asks).
+#[derive(Clone, Debug)]
+pub struct Tls {
+    /// PEM: the certificate chain and the private key.
+    pub client_identity: Option<(Vec<u8>, Vec<u8>)>,
+    /// PEM: the CA certificate(s) the server's certificate must chain to.
+    pub server_ca: Option<Vec<u8>>,
+    /// The name the server's certificate must hold; empty for the URL's host.
+    pub server_san: String,
+}
+
+impl Tls {
+    fn from_env(var: &impl Fn(&str) -> Option<String>) -> Result<Tls, String> {
+        let file = |name: &str| -> Result<Option<Vec<u8>>, String> {
+            match var(name).filter(|p| !p.is_empty()) {
+                None => Ok(None),
+                Some(path) => std::fs::read(&path)
+                    .map(Some)
+                    .map_err(|e| format!("{name} must be a readable PEM file, not {path:?}: {e}")),
+            }
+        };
+        let cert = file("CONFIG_GRPC_XDS_CLIENT_TLS_CERT")?;
+        let key = file("CONFIG_GRPC_XDS_CLIENT_TLS_KEY")?;
+        Ok(Tls {
+            client_identity: cert.zip(key),
+            server_ca: file("CONFIG_GRPC_XDS_SERVER_TLS_CACERT")?,
+            server_san: var("CONFIG_GRPC_XDS_SERVER_TLS_SAN").unwrap_or_default(),
+        })
+    }
+
+    fn client_config(&self) -> tonic::transport::ClientTlsConfig {
+        use tonic::transport::{Certificate, ClientTlsConfig, Identity};
+        let mut config = ClientTlsConfig::new();
+        config = match &self.server_ca {
+            Some(pem) => config.ca_certificate(Certificate::from_pem(pem)),
+            None => config.with_native_roots(),
+        };
+        if let Some((cert, key)) = &self.client_identity {
+            config = config.identity(Identity::from_pem(cert, key));
+        }
+        if !self.server_san.is_empty() {
+            config = config.domain_name(self.server_san.clone());
+        }
+        config
+    }
 }
 
 /// A Go `strconv.ParseBool`.
@@ -104,17 +156,14 @@ impl XdsSettings {
                 ))
             }
         }
-        if go_bool(
+        let tls = if go_bool(
             "CONFIG_GRPC_XDS_SERVER_USE_TLS",
             &var("CONFIG_GRPC_XDS_SERVER_USE_TLS").unwrap_or_default(),
         )? {
-            return Err(
-                "CONFIG_GRPC_XDS_SERVER_USE_TLS=true is not supported: this service \
-                        speaks plaintext gRPC to the management server (put a TLS sidecar \
-                        such as Envoy in front of it, see docs/envoy.md)"
-                    .into(),
-            );
-        }
+            Some(Tls::from_env(var)?)
+        } else {
+            None
+        };
         let retry_text =
             var("CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL").unwrap_or_else(|| "3s".into());
         let retry_interval_ms = crate::settings::go_duration_ms(&retry_text)
@@ -159,6 +208,7 @@ impl XdsSettings {
                 "FORCE_START_WITHOUT_INITIAL_CONFIG",
                 &var("FORCE_START_WITHOUT_INITIAL_CONFIG").unwrap_or_default(),
             )?,
+            tls,
         }))
     }
 
@@ -186,6 +236,9 @@ impl XdsSettings {
     fn endpoint_url(&self) -> String {
         if self.server_url.contains("://") {
             self.server_url.clone()
+        } else if self.tls.is_some() {
+            // tonic applies TLS to https URLs only.
+            format!("https://{}", self.server_url)
         } else {
             format!("http://{}", self.server_url)
         }
@@ -436,9 +489,15 @@ async fn session(
     last_acked: &mut String,
 ) -> Result<(), String> {
     let url = settings.endpoint_url();
-    let channel = tonic::transport::Endpoint::from_shared(url.clone())
+    let mut endpoint = tonic::transport::Endpoint::from_shared(url.clone())
         .map_err(|e| format!("CONFIG_GRPC_XDS_SERVER_URL {url:?}: {e}"))?
-        .connect_timeout(Duration::from_secs(5))
+        .connect_timeout(Duration::from_secs(5));
+    if let Some(tls) = &settings.tls {
+        endpoint = endpoint
+            .tls_config(tls.client_config())
+            .map_err(|e| format!("TLS to the management server {url}: {e}"))?;
+    }
+    let channel = endpoint
         .connect()
         .await
         .map_err(|e| format!("cannot reach the management server {url}: {e}"))?;
@@ -615,12 +674,16 @@ mod tests {
             ("CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL", "3"),
             ("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", "novalue"),
             ("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", "bad key:v"),
-            ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"),
+            ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "yes"),
+            ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "/nonexistent/ca.crt"),
             ("FORCE_START_WITHOUT_INITIAL_CONFIG", "maybe"),
         ] {
             let mut env = vec![(name, value)];
             if name != "CONFIG_TYPE" {
                 env.push(("CONFIG_TYPE", "GRPC_XDS_SOTW"));
+            }
+            if name == "CONFIG_GRPC_XDS_SERVER_TLS_CACERT" {
+                env.push(("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"));
             }
             let e = with(&env).unwrap_err();
             assert!(e.starts_with(name), "{name}={value}: {e}");

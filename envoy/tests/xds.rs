@@ -4,8 +4,9 @@
 //! real Redis. Covered: the subscription (type URL, node id and metadata, extra headers),
 //! ACK of a good push, NACK of a bad one with the last good config kept, a restart of the
 //! control plane (reconnect with back-off, config kept meanwhile, the last applied version
-//! announced), the wait for a first config before listening, and
-//! FORCE_START_WITHOUT_INITIAL_CONFIG.
+//! announced), the wait for a first config before listening,
+//! FORCE_START_WITHOUT_INITIAL_CONFIG, and mTLS as Envoy Gateway sets it up (certificates made
+//! by the `openssl` command).
 //!
 //! Time: limits are per minute, so refill cannot change a count within a test; the waits
 //! are deadlines, and the back-off is set to 200 ms so a reconnect is quick.
@@ -130,6 +131,16 @@ struct Running {
 
 impl Running {
     fn start(rt: &tokio::runtime::Runtime, port: u16, seen: Arc<Seen>) -> Running {
+        Running::start_tls(rt, port, seen, None)
+    }
+
+    /// As [`Running::start`], serving TLS with `tls` when given.
+    fn start_tls(
+        rt: &tokio::runtime::Runtime,
+        port: u16,
+        seen: Arc<Seen>,
+        tls: Option<tonic::transport::ServerTlsConfig>,
+    ) -> Running {
         let (push, _) = watch::channel(None);
         let (stop, stopping) = watch::channel(false);
         let plane = Plane {
@@ -141,8 +152,12 @@ impl Running {
             .block_on(tokio::net::TcpListener::bind(("127.0.0.1", port)))
             .expect("bind the control plane's port");
         let mut shutdown = stopping;
+        let mut builder = tonic::transport::Server::builder();
+        if let Some(tls) = tls {
+            builder = builder.tls_config(tls).expect("server TLS config");
+        }
         let server = rt.spawn(async move {
-            let _ = tonic::transport::Server::builder()
+            let _ = builder
                 .add_service(AggregatedDiscoveryServiceServer::new(plane))
                 .serve_with_incoming_shutdown(
                     tokio_stream::wrappers::TcpListenerStream::new(listener),
@@ -371,5 +386,115 @@ fn force_start_serves_without_a_config_until_the_first_push() {
     plane.push("1", "n1", &[config("gw", "k", RateLimitUnit::Second, 3)]);
     wait_request(&seen, &svc, "ACK of v1", |_, r| r.response_nonce == "n1");
     assert_eq!(limit(&svc, "gw", "k"), Some(3));
+    plane.stop(&rt);
+}
+
+/// Runs `openssl` with `args` in `dir`; panics with its output when it fails.
+fn openssl(dir: &std::path::Path, args: &[&str]) {
+    let out = std::process::Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("run openssl");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A CA, a server certificate for the name `xds.test` only, and a client certificate.
+fn certificates(dir: &std::path::Path) {
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    let mut ca = vec![
+        "req",
+        "-x509",
+        "-days",
+        "1",
+        "-subj",
+        "/CN=test-ca",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+    ];
+    ca.extend(ec);
+    openssl(dir, &ca);
+    std::fs::write(
+        dir.join("server.ext"),
+        "subjectAltName=DNS:xds.test\nextendedKeyUsage=serverAuth\n",
+    )
+    .unwrap();
+    std::fs::write(dir.join("client.ext"), "extendedKeyUsage=clientAuth\n").unwrap();
+    for who in ["server", "client"] {
+        let (key, csr, crt, ext) = (
+            format!("{who}.key"),
+            format!("{who}.csr"),
+            format!("{who}.crt"),
+            format!("{who}.ext"),
+        );
+        let subject = format!("/CN={who}");
+        let mut req = vec!["req", "-subj", &subject, "-keyout", &key, "-out", &csr];
+        req.extend(ec);
+        openssl(dir, &req);
+        openssl(
+            dir,
+            &[
+                "x509",
+                "-req",
+                "-days",
+                "1",
+                "-in",
+                &csr,
+                "-CA",
+                "ca.crt",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-out",
+                &crt,
+                "-extfile",
+                &ext,
+            ],
+        );
+    }
+}
+
+#[test]
+fn mtls_to_the_management_server_as_envoy_gateway_sets_it_up() {
+    use tonic::transport::{Certificate, Identity, ServerTlsConfig};
+    let dir = tempfile::tempdir().unwrap();
+    certificates(dir.path());
+    let read = |name: &str| std::fs::read(dir.path().join(name)).unwrap();
+    // The server asks for a client certificate from the CA: mutual TLS.
+    let tls = ServerTlsConfig::new()
+        .identity(Identity::from_pem(read("server.crt"), read("server.key")))
+        .client_ca_root(Certificate::from_pem(read("ca.crt")));
+    let redis = common::Server::start();
+    let rt = runtime();
+    let port = support::free_port();
+    let seen = Arc::new(Seen::default());
+    let plane = Running::start_tls(&rt, port, seen.clone(), Some(tls));
+    plane.push("1", "n1", &[config("gw", "k", RateLimitUnit::Minute, 5)]);
+    let path = |name: &str| dir.path().join(name).display().to_string();
+    let mut env = xds_env(&port.to_string());
+    env.extend([
+        ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true".to_string()),
+        ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", path("client.crt")),
+        ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", path("client.key")),
+        ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", path("ca.crt")),
+        // The certificate names xds.test, not 127.0.0.1: verified under the SAN given.
+        ("CONFIG_GRPC_XDS_SERVER_TLS_SAN", "xds.test".to_string()),
+    ]);
+    let svc = start_service(redis.port, &env);
+    let (_, ack) = wait_request(&seen, &svc, "ACK of v1", |_, r| r.response_nonce == "n1");
+    assert_eq!(ack.version_info, "1");
+    assert_eq!(limit(&svc, "gw", "k"), Some(5));
     plane.stop(&rt);
 }
