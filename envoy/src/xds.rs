@@ -25,7 +25,7 @@ use envoy_types::pb::ratelimit::config::ratelimit::v3::{
 };
 use prost::Message;
 use serde_json::{json, Map};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 
 use crate::config::{Config, ConfigError};
 use crate::service::Service;
@@ -380,7 +380,12 @@ pub fn config_from_resources(
 }
 
 /// What the client hands `main`: a config to swap in, or the problem of a refused push.
-pub type Update = Result<Config, String>;
+/// The client ACKs a config only once `applied` is answered, so an ACK means that calls
+/// already see it.
+pub struct Update {
+    pub config: Result<Config, String>,
+    pub applied: oneshot::Sender<()>,
+}
 
 /// Starts the client and, unless FORCE_START_WITHOUT_INITIAL_CONFIG, waits for the first
 /// good config (as the Go service does before it listens). Returns that config (empty when
@@ -400,7 +405,10 @@ pub async fn start(
     }
     let mut refused = 0u64;
     loop {
-        match rx.recv().await? {
+        let update = rx.recv().await?;
+        let _ = update.applied.send(());
+        match update.config {
+            // The service is built on it before it listens.
             Ok(config) => return Some((config, refused, rx)),
             Err(_) => refused = refused.saturating_add(1),
         }
@@ -424,14 +432,17 @@ pub async fn apply(service: Arc<Service>, mut updates: mpsc::Receiver<Update>) {
         };
         tokio::select! {
             _ = hangup => tracing::warn!("SIGHUP: the config comes over xDS; nothing to reload"),
-            update = updates.recv() => match update {
-                Some(Ok(config)) => {
-                    service.metrics.config_load_success.inc();
-                    service.replace_config(config);
+            update = updates.recv() => {
+                let Some(update) = update else { return };
+                match update.config {
+                    Ok(config) => {
+                        service.metrics.config_load_success.inc();
+                        service.replace_config(config);
+                    }
+                    Err(_) => service.metrics.config_load_error.inc(),
                 }
-                Some(Err(_)) => service.metrics.config_load_error.inc(),
-                None => return,
-            },
+                let _ = update.applied.send(());
+            }
         }
     }
 }
@@ -558,15 +569,22 @@ async fn handle(
     };
     match built {
         Ok(config) => {
-            tracing::warn!(
-                "xDS: config version {version:?} applied: {} domain(s): {:?}",
+            let summary = format!(
+                "{} domain(s): {:?}",
                 config.domain_count(),
                 crate::config::summary(&config)
             );
+            let (applied, done) = oneshot::channel();
+            let stopped = "the service stopped taking configs";
             updates
-                .send(Ok(config))
+                .send(Update {
+                    config: Ok(config),
+                    applied,
+                })
                 .await
-                .map_err(|_| "the service stopped taking configs".to_string())?;
+                .map_err(|_| stopped.to_string())?;
+            done.await.map_err(|_| stopped.to_string())?;
+            tracing::warn!("xDS: config version {version:?} applied: {summary}");
             last_acked.clone_from(version);
             Ok(request(settings, version, &response.nonce, None))
         }
@@ -574,7 +592,13 @@ async fn handle(
             tracing::error!(
                 "xDS: config version {version:?} refused, version {last_acked:?} stays: {problem}"
             );
-            let _ = updates.send(Err(problem.clone())).await;
+            let (applied, _) = oneshot::channel();
+            let _ = updates
+                .send(Update {
+                    config: Err(problem.clone()),
+                    applied,
+                })
+                .await;
             Ok(request(
                 settings,
                 last_acked,

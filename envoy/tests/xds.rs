@@ -491,10 +491,19 @@ fn mtls_to_the_management_server_as_envoy_gateway_sets_it_up() {
         ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", path("ca.crt")),
         // The certificate names xds.test, not 127.0.0.1: verified under the SAN given.
         ("CONFIG_GRPC_XDS_SERVER_TLS_SAN", "xds.test".to_string()),
+        // The rest of what Envoy Gateway's ratelimit Deployment sets (its GRPC_SERVER_* TLS
+        // for Envoy's calls aside): the service must start on it.
+        ("CONFIG_GRPC_XDS_NODE_ID", "envoy-ratelimit".to_string()),
+        ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true".to_string()),
+        ("RUNTIME_SUBDIRECTORY", "ratelimit".to_string()),
+        ("RUNTIME_IGNOREDOTFILES", "true".to_string()),
+        ("USE_STATSD", "false".to_string()),
+        ("LOG_LEVEL", "info".to_string()),
     ]);
     let svc = start_service(redis.port, &env);
     let (_, ack) = wait_request(&seen, &svc, "ACK of v1", |_, r| r.response_nonce == "n1");
     assert_eq!(ack.version_info, "1");
+    assert_eq!(ack.node.map(|n| n.id).as_deref(), Some("envoy-ratelimit"));
     assert_eq!(limit(&svc, "gw", "k"), Some(5));
     plane.stop(&rt);
 }
