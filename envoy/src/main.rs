@@ -7,7 +7,8 @@
 //! `settings` the environment; `config` the YAML and the descriptor lookup (pure);
 //! `service` one call, on redis-rl-client's async limiter; `grpc` the gRPC face; `redis_pool` the multiplexed
 //! connections and the cluster slot; `http` /healthcheck, /json and /metrics; `metrics` the
-//! Prometheus names; `config_watch` the filesystem notifications for the config. This file wires them: startup, reload (file change, SIGHUP) and drain
+//! Prometheus names; `config_watch` the filesystem notifications for the config; `xds` the
+//! config over xDS (`CONFIG_TYPE=GRPC_XDS_SOTW`). This file wires them: startup, reload (file change, SIGHUP) and drain
 //! (SIGTERM). The service never reaches around the client library to Redis.
 
 mod config;
@@ -21,6 +22,7 @@ mod readiness;
 mod redis_pool;
 mod service;
 mod settings;
+mod xds;
 mod yaml11;
 
 use std::path::{Path, PathBuf};
@@ -227,13 +229,20 @@ async fn serve(settings: Arc<Settings>) -> ExitCode {
     }
     let source = settings.config_source();
     let dir = source.config_dir();
-    let config = match Config::load(&source) {
-        Ok(c) => c,
-        Err(e) => {
-            tracing::error!("config refused: {e}");
-            eprintln!("redis-rl-envoy: config refused: {e}");
-            return ExitCode::from(1);
-        }
+    // xds: over xDS the first config comes from the management server, not the files.
+    let (config, mut xds_updates, xds_refused) = match settings.xds.clone() {
+        Some(x) => match xds::start(x, settings.merge_domain_config).await {
+            Some((c, refused, updates)) => (c, Some(updates), refused),
+            None => return ExitCode::from(1),
+        },
+        None => match Config::load(&source) {
+            Ok(c) => (c, None, 0),
+            Err(e) => {
+                tracing::error!("config refused: {e}");
+                eprintln!("redis-rl-envoy: config refused: {e}");
+                return ExitCode::from(1);
+            }
+        },
     };
     let metrics = match Metrics::new() {
         Ok(m) => m,
@@ -243,6 +252,7 @@ async fn serve(settings: Arc<Settings>) -> ExitCode {
         }
     };
     metrics.config_load_success.inc();
+    metrics.config_load_error.inc_by(xds_refused);
     tracing::info!(
         "loaded {} domain(s) from {}: {:?}",
         config.domain_count(),
@@ -343,7 +353,9 @@ async fn serve(settings: Arc<Settings>) -> ExitCode {
 
     // Reload on a file change (a filesystem notification, or the poll each second as the
     // fallback) and on SIGHUP; drain and stop on SIGTERM or SIGINT.
-    let watcher = {
+    let watcher = if let Some(updates) = xds_updates.take() {
+        tokio::spawn(xds::apply(service.clone(), updates))
+    } else {
         let service = service.clone();
         let readiness = readiness.clone();
         let dir = dir.clone();

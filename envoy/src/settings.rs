@@ -68,6 +68,8 @@ pub struct Settings {
     pub worker_threads: usize,
     /// Part `health` (issue #24): health checks and the gRPC transport (see `health.rs`).
     pub health: crate::health::HealthSettings,
+    // xds: CONFIG_TYPE=GRPC_XDS_SOTW and its CONFIG_GRPC_XDS_* (None for FILE).
+    pub xds: Option<crate::xds::XdsSettings>,
 }
 
 /// The Go service's variables this service does not support: each one set is a warning.
@@ -81,10 +83,6 @@ pub const UNSUPPORTED: &[&str] = &[
     "STATS_FLUSH_INTERVAL",
     "DISABLE_STATS",
     "PROMETHEUS_MAPPER_YAML",
-    "CONFIG_TYPE",
-    "CONFIG_GRPC_XDS_NODE_ID",
-    "CONFIG_GRPC_XDS_SERVER_URL",
-    "FORCE_START_WITHOUT_INITIAL_CONFIG",
     "BACKEND_TYPE",
     "MEMCACHE_HOST_PORT",
     "MEMCACHE_SRV",
@@ -114,7 +112,7 @@ pub const UNSUPPORTED_PREFIXES: &[&str] = &[
     "REDIS_PERSECOND",
     "REDIS_TLS",
     "MEMCACHE_",
-    "CONFIG_GRPC_XDS",
+    // xds: the newer upstream's exponential back-off and message size (see docs/envoy.md).
     "XDS_CLIENT_",
     "TRACING_",
 ];
@@ -341,6 +339,7 @@ impl Settings {
             timeout_ms,
             worker_threads: usize::try_from(number("RL_WORKER_THREADS", 0, 1024)?).unwrap_or(0),
             health: crate::health::HealthSettings::from_env(&var, &flag)?,
+            xds: crate::xds::XdsSettings::from_env(&var)?,
         })
     }
 
