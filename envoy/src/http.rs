@@ -217,8 +217,14 @@ pub fn response_json(r: &RateLimitResponse) -> Value {
     Value::Object(out)
 }
 
-async fn healthcheck() -> &'static str {
-    "OK"
+/// 200 `OK` once Redis is reached ([`crate::readiness`]), else 503: a replica still trying
+/// Redis at start-up must not be sent traffic.
+async fn healthcheck() -> Response {
+    if crate::readiness::redis_connected() {
+        "OK".into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "Redis not connected yet").into_response()
+    }
 }
 
 async fn json_endpoint(State(service): State<Arc<Service>>, body: axum::body::Bytes) -> Response {

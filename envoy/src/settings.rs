@@ -66,6 +66,8 @@ pub struct Settings {
     pub timeout_ms: u64,
     /// RL_WORKER_THREADS: the runtime's threads; 0 means one per CPU the process may use.
     pub worker_threads: usize,
+    // Redis setups (issue #24, part `redis`): TLS, Sentinel, start-up retries.
+    pub redis_setup: crate::redis_setup::RedisSetup,
 }
 
 /// The Go service's variables this service does not support: each one set is a warning.
@@ -94,10 +96,6 @@ pub const UNSUPPORTED: &[&str] = &[
     "REDIS_PERSECOND_POOL_SIZE",
     "REDIS_PIPELINE_WINDOW",
     "REDIS_PIPELINE_LIMIT",
-    "REDIS_TLS",
-    "REDIS_TLS_CLIENT_CERT",
-    "REDIS_TLS_CLIENT_KEY",
-    "REDIS_TLS_CACERT",
     "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION",
     "GRPC_UDS",
     "GRPC_SERVER_USE_TLS",
@@ -111,11 +109,10 @@ pub const UNSUPPORTED: &[&str] = &[
     "TRACING_ENABLED",
 ];
 
-/// Families of the Go service's variables this service does not support (TLS, per-second
+/// Families of the Go service's variables this service does not support (per-second
 /// Redis, memcache, xDS, tracing): any variable starting with one is a warning too.
 pub const UNSUPPORTED_PREFIXES: &[&str] = &[
     "REDIS_PERSECOND",
-    "REDIS_TLS",
     "MEMCACHE_",
     "CONFIG_GRPC_XDS",
     "XDS_CLIENT_",
@@ -129,7 +126,7 @@ pub const MAX_TIMEOUT_MS: u64 = 60_000;
 
 /// A Go `time.ParseDuration` text (`250ms`, `10s`, `1m30s`, `1.5s`; `0`) in whole ms, rounded
 /// up so a sub-ms deadline is not 0; `None` for anything else, a sign included.
-fn go_duration_ms(text: &str) -> Option<u64> {
+pub(crate) fn go_duration_ms(text: &str) -> Option<u64> {
     let mut rest = text.trim();
     rest = rest.strip_prefix('+').unwrap_or(rest);
     if rest == "0" {
@@ -257,9 +254,9 @@ impl Settings {
             ));
         }
         let redis_type = text("REDIS_TYPE", "single").to_ascii_lowercase();
-        if !matches!(redis_type.as_str(), "single" | "cluster") {
+        if !matches!(redis_type.as_str(), "single" | "cluster" | "sentinel") {
             return Err(format!(
-                "REDIS_TYPE must be single or cluster, not {redis_type:?} (sentinel is not supported)"
+                "REDIS_TYPE must be single, cluster or sentinel, not {redis_type:?}"
             ));
         }
         let log_format = text("LOG_FORMAT", "text").to_ascii_lowercase();
@@ -345,6 +342,7 @@ impl Settings {
             without_module_lua,
             timeout_ms,
             worker_threads: usize::try_from(number("RL_WORKER_THREADS", 0, 1024)?).unwrap_or(0),
+            redis_setup: crate::redis_setup::RedisSetup::from_env(&var)?,
         })
     }
 
@@ -361,38 +359,6 @@ impl Settings {
             ignore_dotfiles: self.runtime_ignore_dotfiles,
             merge_domains: self.merge_domain_config,
         }
-    }
-
-    /// The redis crate's URL(s) for REDIS_URL: `host:port` (tcp, a comma-separated list for a
-    /// cluster) or a socket path (unix); a `redis://` or `unix://` URL is taken as is.
-    pub fn redis_urls(&self) -> Vec<String> {
-        self.redis_url
-            .split(',')
-            .map(str::trim)
-            .filter(|u| !u.is_empty())
-            .map(|u| {
-                if u.contains("://") {
-                    return u.to_string();
-                }
-                let auth = if self.redis_auth.is_empty() {
-                    String::new()
-                } else if let Some((user, pass)) = self.redis_auth.split_once(':') {
-                    format!("{user}:{pass}@")
-                } else {
-                    format!(":{}@", self.redis_auth)
-                };
-                if self.redis_socket_type == "unix" {
-                    let pass = if self.redis_auth.is_empty() {
-                        String::new()
-                    } else {
-                        format!("?pass={}", self.redis_auth)
-                    };
-                    format!("unix://{u}{pass}")
-                } else {
-                    format!("redis://{auth}{u}/")
-                }
-            })
-            .collect()
     }
 
     /// `host:port` from the Go-style `:9090` (all interfaces) or `host:port`.
@@ -469,7 +435,7 @@ mod tests {
             ("RL_ON_ERROR", "maybe"),
             ("RL_WITHOUT_MODULE", "x"),
             ("NEAR_LIMIT_RATIO", "2"),
-            ("REDIS_TYPE", "sentinel"),
+            ("REDIS_TYPE", "replicated"),
             ("USE_PROMETHEUS", "perhaps"),
             ("LOG_FORMAT", "xml"),
         ] {
@@ -483,7 +449,7 @@ mod tests {
         for name in [
             "USE_STATSD",
             "REDIS_PERSECOND_URL",
-            "REDIS_TLS_CACERT",
+            "REDIS_PERSECOND_TLS",
             "MEMCACHE_TLS",
             "TRACING_SERVICE_NAME",
         ] {
@@ -492,18 +458,5 @@ mod tests {
         for name in ["REDIS_URL", "PORT", "RL_ON_ERROR", "PATH"] {
             assert!(!unsupported(name), "{name}");
         }
-    }
-
-    #[test]
-    fn redis_url_forms() {
-        let s = with(&[
-            ("REDIS_SOCKET_TYPE", "tcp"),
-            ("REDIS_URL", "a:1,b:2"),
-            ("REDIS_AUTH", "pw"),
-        ])
-        .unwrap();
-        assert_eq!(s.redis_urls(), vec!["redis://:pw@a:1/", "redis://:pw@b:2/"]);
-        let s = with(&[("REDIS_URL", "/tmp/r.sock")]).unwrap();
-        assert_eq!(s.redis_urls(), vec!["unix:///tmp/r.sock"]);
     }
 }
