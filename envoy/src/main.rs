@@ -191,7 +191,10 @@ async fn serve(settings: Arc<Settings>) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    let service = Arc::new(Service::new(config, backend, settings.clone(), metrics));
+    let service = Arc::new(
+        Service::new(config, backend.main, settings.clone(), metrics)
+            .with_per_second(backend.per_second),
+    );
     let (stop_tx, stop_rx) = watch::channel(false);
 
     let grpc_addr = format!("{}:{}", settings.grpc_host, settings.grpc_port);

@@ -44,6 +44,20 @@ pub struct RedisSetup {
     pub startup_max_attempts: u64,
     pub startup_initial_interval_ms: u64,
     pub startup_max_interval_ms: u64,
+    /// REDIS_PERSECOND=true: the second Redis for limits whose unit is `second`.
+    pub per_second: Option<PerSecond>,
+}
+
+/// The `REDIS_PERSECOND_*` Redis, read as the `REDIS_*` one (same forms, the Go defaults).
+#[derive(Clone, Debug)]
+pub struct PerSecond {
+    pub socket_type: String,
+    pub redis_type: String,
+    pub url: String,
+    pub auth: String,
+    pub sentinel_auth: String,
+    pub pool_size: usize,
+    pub tls: bool,
 }
 
 /// The longest start-up back-off, in ms.
@@ -105,6 +119,55 @@ impl RedisSetup {
                 )
                 })?,
         };
+        let per_second = if flag("REDIS_PERSECOND", false)? {
+            let socket_type = text("REDIS_PERSECOND_SOCKET_TYPE")
+                .trim()
+                .to_ascii_lowercase();
+            let socket_type = if socket_type.is_empty() {
+                "unix".to_string()
+            } else {
+                socket_type
+            };
+            if !matches!(socket_type.as_str(), "tcp" | "unix") {
+                return Err(format!(
+                    "REDIS_PERSECOND_SOCKET_TYPE must be tcp or unix, not {socket_type:?}"
+                ));
+            }
+            let redis_type = text("REDIS_PERSECOND_TYPE").trim().to_ascii_lowercase();
+            let redis_type = if redis_type.is_empty() {
+                "single".to_string()
+            } else {
+                redis_type
+            };
+            if !matches!(redis_type.as_str(), "single" | "cluster" | "sentinel") {
+                return Err(format!(
+                    "REDIS_PERSECOND_TYPE must be single, cluster or sentinel, not {redis_type:?}"
+                ));
+            }
+            let pool_size = match var("REDIS_PERSECOND_POOL_SIZE") {
+                None => 10,
+                Some(v) => v
+                    .trim()
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|n| (1..=1024).contains(n))
+                    .ok_or_else(|| {
+                        format!("REDIS_PERSECOND_POOL_SIZE must be a whole number from 1 to 1024, not {v:?}")
+                    })?,
+            };
+            Some(PerSecond {
+                socket_type,
+                redis_type,
+                url: var("REDIS_PERSECOND_URL")
+                    .unwrap_or_else(|| "/var/run/nutcracker/ratelimitpersecond.sock".to_string()),
+                auth: text("REDIS_PERSECOND_AUTH"),
+                sentinel_auth: text("REDIS_PERSECOND_SENTINEL_AUTH"),
+                pool_size,
+                tls: flag("REDIS_PERSECOND_TLS", false)?,
+            })
+        } else {
+            None
+        };
         let setup = RedisSetup {
             tls: flag("REDIS_TLS", false)?,
             tls_cacert: text("REDIS_TLS_CACERT"),
@@ -119,6 +182,7 @@ impl RedisSetup {
             startup_initial_interval_ms: duration("REDIS_STARTUP_RETRY_INITIAL_INTERVAL", 500)?
                 .max(1),
             startup_max_interval_ms: duration("REDIS_STARTUP_RETRY_MAX_INTERVAL", 30_000)?.max(1),
+            per_second,
         };
         if setup.tls_client_cert.is_empty() != setup.tls_client_key.is_empty() {
             return Err(
@@ -554,12 +618,46 @@ pub async fn connect(settings: &Settings) -> Result<Backend, Failed> {
     Ok(Backend::Single(AsyncLimiter::new(pool, options)))
 }
 
+/// The Redis of every limit, and the one of per-second limits when `REDIS_PERSECOND` is on.
+pub struct Backends {
+    pub main: Backend,
+    pub per_second: Option<Backend>,
+}
+
+/// The settings of the per-second Redis: the same, its `REDIS_PERSECOND_*` values in place of
+/// the `REDIS_*` ones (the TLS certificates are shared, as in the Go service).
+fn per_second_settings(settings: &Settings) -> Option<Settings> {
+    let ps = settings.redis_setup.per_second.as_ref()?;
+    let mut out = settings.clone();
+    out.redis_socket_type.clone_from(&ps.socket_type);
+    out.redis_type.clone_from(&ps.redis_type);
+    out.redis_url.clone_from(&ps.url);
+    out.redis_auth.clone_from(&ps.auth);
+    out.redis_pool_size = ps.pool_size;
+    out.redis_setup.tls = ps.tls;
+    out.redis_setup.sentinel_auth.clone_from(&ps.sentinel_auth);
+    out.redis_setup.per_second = None;
+    Some(out)
+}
+
+async fn connect_all(settings: &Settings) -> Result<Backends, Failed> {
+    let main = connect(settings).await?;
+    let per_second = match per_second_settings(settings) {
+        Some(ps) => Some(connect(&ps).await.map_err(|e| match e {
+            Failed::Setup(e) => Failed::Setup(format!("REDIS_PERSECOND: {e}")),
+            Failed::Unreachable(e) => Failed::Unreachable(format!("REDIS_PERSECOND: {e}")),
+        })?),
+        None => None,
+    };
+    Ok(Backends { main, per_second })
+}
+
 /// Connects, trying again with a doubling back-off (`REDIS_STARTUP_RETRY_*`) while Redis does
 /// not answer; the service is not ready ([`crate::readiness`]) until this returns.
 ///
 /// # Errors
 /// A setup that can never work at once; Redis still unreachable after the last attempt.
-pub async fn connect_with_retries(settings: &Settings) -> Result<Backend, String> {
+pub async fn connect_with_retries(settings: &Settings) -> Result<Backends, String> {
     let setup = &settings.redis_setup;
     if setup.pool_on_empty_behavior != "CREATE" {
         // Checked and then said plainly: the Go pool can run out of connections, ours cannot
@@ -574,7 +672,7 @@ pub async fn connect_with_retries(settings: &Settings) -> Result<Backend, String
     let mut attempt: u64 = 1;
     let mut delay_ms = setup.startup_initial_interval_ms;
     loop {
-        match connect(settings).await {
+        match connect_all(settings).await {
             Ok(backend) => {
                 if attempt > 1 {
                     tracing::warn!(
@@ -677,6 +775,28 @@ mod tests {
             let e = settings(&[(name, value)]).unwrap_err();
             assert!(e.starts_with(name), "{name}: {e}");
         }
+        for (name, value) in [
+            ("REDIS_PERSECOND_SOCKET_TYPE", "udp"),
+            ("REDIS_PERSECOND_TYPE", "ring"),
+            ("REDIS_PERSECOND_POOL_SIZE", "0"),
+            ("REDIS_PERSECOND_TLS", "maybe"),
+        ] {
+            let e = settings(&[("REDIS_PERSECOND", "true"), (name, value)]).unwrap_err();
+            assert!(e.starts_with(name), "{name}: {e}");
+        }
+        // The Go defaults for the second Redis.
+        let s = settings(&[("REDIS_PERSECOND", "true")]).unwrap();
+        let ps = s.redis_setup.per_second.unwrap();
+        assert_eq!(
+            (
+                ps.socket_type.as_str(),
+                ps.redis_type.as_str(),
+                ps.pool_size
+            ),
+            ("unix", "single", 10)
+        );
+        assert_eq!(ps.url, "/var/run/nutcracker/ratelimitpersecond.sock");
+        assert!(settings(&[]).unwrap().redis_setup.per_second.is_none());
         let s = settings(&[("REDIS_POOL_ON_EMPTY_BEHAVIOR", "wait")]).unwrap();
         assert_eq!(s.redis_setup.pool_on_empty_behavior, "WAIT");
     }

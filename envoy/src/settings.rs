@@ -88,14 +88,10 @@ pub const UNSUPPORTED: &[&str] = &[
     "BACKEND_TYPE",
     "MEMCACHE_HOST_PORT",
     "MEMCACHE_SRV",
-    "REDIS_PERSECOND",
-    "REDIS_PERSECOND_URL",
-    "REDIS_PERSECOND_TYPE",
-    "REDIS_PERSECOND_SOCKET_TYPE",
-    "REDIS_PERSECOND_AUTH",
-    "REDIS_PERSECOND_POOL_SIZE",
     "REDIS_PIPELINE_WINDOW",
     "REDIS_PIPELINE_LIMIT",
+    "REDIS_PERSECOND_PIPELINE_WINDOW",
+    "REDIS_PERSECOND_PIPELINE_LIMIT",
     "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION",
     "GRPC_UDS",
     "GRPC_SERVER_USE_TLS",
@@ -109,10 +105,8 @@ pub const UNSUPPORTED: &[&str] = &[
     "TRACING_ENABLED",
 ];
 
-/// Families of the Go service's variables this service does not support (per-second
-/// Redis, memcache, xDS, tracing): any variable starting with one is a warning too.
+/// Families of the Go service's variables this service does not support (memcache, xDS, tracing): any variable starting with one is a warning too.
 pub const UNSUPPORTED_PREFIXES: &[&str] = &[
-    "REDIS_PERSECOND",
     "MEMCACHE_",
     "CONFIG_GRPC_XDS",
     "XDS_CLIENT_",
@@ -448,14 +442,20 @@ mod tests {
     fn go_only_variables_are_recognised() {
         for name in [
             "USE_STATSD",
-            "REDIS_PERSECOND_URL",
-            "REDIS_PERSECOND_TLS",
+            "REDIS_PERSECOND_PIPELINE_WINDOW",
+            "REDIS_PIPELINE_LIMIT",
             "MEMCACHE_TLS",
             "TRACING_SERVICE_NAME",
         ] {
             assert!(unsupported(name), "{name}");
         }
-        for name in ["REDIS_URL", "PORT", "RL_ON_ERROR", "PATH"] {
+        for name in [
+            "REDIS_URL",
+            "PORT",
+            "RL_ON_ERROR",
+            "PATH",
+            "REDIS_PERSECOND_URL",
+        ] {
             assert!(!unsupported(name), "{name}");
         }
     }

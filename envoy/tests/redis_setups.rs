@@ -493,3 +493,53 @@ fn sentinel_with_its_own_password_survives_a_failover() {
     assert_eq!(svc.json(&body).status, 200);
     assert_eq!(svc.json(&body).status, 429);
 }
+
+const PER_SECOND: &str = "
+domain: setups
+descriptors:
+  - key: fast
+    rate_limit:
+      unit: second
+      requests_per_unit: 1
+  - key: slow
+    rate_limit:
+      unit: minute
+      requests_per_unit: 1
+";
+
+fn dbsize(port: u16) -> i64 {
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).expect("client");
+    let mut con = client.get_connection().expect("connection");
+    redis::cmd("DBSIZE").query(&mut con).expect("DBSIZE")
+}
+
+#[test]
+fn per_second_limits_go_to_their_own_redis_all_or_nothing() {
+    let (main_port, fast_port) = (free_port(), free_port());
+    let _main = Proc::start(&args(&["--port", &main_port.to_string()]), main_port);
+    let _fast = Proc::start(&args(&["--port", &fast_port.to_string()]), fast_port);
+    let svc = Service::start(
+        &format!("127.0.0.1:{main_port}"),
+        &[("setups.yaml", PER_SECOND)],
+        &[
+            ("REDIS_PERSECOND", "true"),
+            ("REDIS_PERSECOND_SOCKET_TYPE", "tcp"),
+            ("REDIS_PERSECOND_URL", &format!("127.0.0.1:{fast_port}")),
+        ],
+    );
+    let both = serde_json::json!({"domain": "setups", "descriptors": [
+        {"entries": [{"key": "fast", "value": "a"}]},
+        {"entries": [{"key": "slow", "value": "a"}]},
+    ]})
+    .to_string();
+    // The minute limit is used up on the main Redis.
+    assert_eq!(svc.json(&one("setups", &[("slow", "a")])).status, 200);
+    // Both: the minute one refuses, so the per-second token taken first is given back…
+    assert_eq!(svc.json(&both).status, 429, "{}", svc.log());
+    // …and is there for the next request (1 per second: no refill within these calls).
+    let fast = one("setups", &[("fast", "a")]);
+    assert_eq!(svc.json(&fast).status, 200, "{}", svc.log());
+    assert_eq!(svc.json(&fast).status, 429);
+    // Before, REDIS_PERSECOND was a warning and both buckets lived on REDIS_URL.
+    assert_eq!((dbsize(main_port), dbsize(fast_port)), (1, 1));
+}
