@@ -57,6 +57,16 @@ impl Proc {
         proc
     }
 
+    /// SIGSTOP or SIGCONT: a Redis that holds its connections open and answers nothing.
+    fn signal(&self, signal: &str) {
+        if let Some(c) = &self.child {
+            let _ = Command::new("kill")
+                .arg(format!("-{signal}"))
+                .arg(c.id().to_string())
+                .status();
+        }
+    }
+
     fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
@@ -542,4 +552,46 @@ fn per_second_limits_go_to_their_own_redis_all_or_nothing() {
     assert_eq!(svc.json(&fast).status, 429);
     // Before, REDIS_PERSECOND was a warning and both buckets lived on REDIS_URL.
     assert_eq!((dbsize(main_port), dbsize(fast_port)), (1, 1));
+}
+
+#[test]
+fn redis_timeout_bounds_a_call_and_pool_on_empty_is_checked() {
+    let port = free_port();
+    let redis = Proc::start(&args(&["--port", &port.to_string()]), port);
+    let url = format!("127.0.0.1:{port}");
+    let svc = Service::start(
+        &url,
+        &[("setups.yaml", CONFIG)],
+        &[
+            ("REDIS_TIMEOUT", "300ms"),
+            ("RL_ON_ERROR", "open"),
+            ("REDIS_POOL_ON_EMPTY_BEHAVIOR", "ERROR"),
+            ("REDIS_POOL_ON_EMPTY_WAIT_DURATION", "250ms"),
+        ],
+    );
+    assert!(
+        svc.log()
+            .contains("REDIS_POOL_ON_EMPTY_BEHAVIOR=ERROR (wait 250 ms) has no effect"),
+        "{}",
+        svc.log()
+    );
+    let body = one("setups", &[("k", "timeout")]);
+    assert_eq!(svc.json(&body).status, 200);
+    // A Redis that answers nothing: the call is decided by the policy (open) at the
+    // REDIS_TIMEOUT deadline, not the 2 s default.
+    redis.signal("STOP");
+    let started = Instant::now();
+    let status = svc.json(&body).status;
+    let took = started.elapsed();
+    redis.signal("CONT");
+    assert_eq!(status, 200, "{}", svc.log());
+    assert!(
+        took >= Duration::from_millis(250) && took < Duration::from_millis(1500),
+        "{took:?}"
+    );
+    let e = refused(&url, &[("REDIS_POOL_ON_EMPTY_BEHAVIOR", "block")]);
+    assert!(
+        e.contains("REDIS_POOL_ON_EMPTY_BEHAVIOR must be CREATE, ERROR or WAIT"),
+        "{e}"
+    );
 }
