@@ -1,7 +1,8 @@
 //! Redis as teams run it (issue #24), each against real processes: TLS with a CA, client
 //! certificates and hostname checks (Debian's redis-server built with TLS, certificates made
 //! here with `openssl`), passwords of any bytes and ACL users, Sentinel through a failover
-//! (`redis-server --sentinel`), and start-up retries while Redis is not there yet.
+//! and over TLS (`redis-server --sentinel`), start-up retries while Redis is not there yet,
+//! per-second limits on a second Redis, and `REDIS_TIMEOUT` against a stopped Redis.
 //!
 //! Time: limits are 2 per minute, so refill cannot change a count within a test.
 
@@ -594,4 +595,66 @@ fn redis_timeout_bounds_a_call_and_pool_on_empty_is_checked() {
         e.contains("REDIS_POOL_ON_EMPTY_BEHAVIOR must be CREATE, ERROR or WAIT"),
         "{e}"
     );
+}
+
+#[test]
+fn sentinel_over_tls() {
+    let certs = tempfile::tempdir().expect("temp dir");
+    let dir = certs.path();
+    certificates(dir, "right", "IP:127.0.0.1");
+    let path = |f: &str| dir.join(f).display().to_string();
+    let tls = |port: u16| -> Vec<String> {
+        [
+            "--port",
+            "0",
+            "--tls-port",
+            &port.to_string(),
+            "--tls-cert-file",
+            &path("right.pem"),
+            "--tls-key-file",
+            &path("right.key"),
+            "--tls-ca-cert-file",
+            &path("ca.pem"),
+            "--tls-auth-clients",
+            "no",
+            "--tls-replication",
+            "yes",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+    };
+    let (primary_port, sentinel_port) = (free_port(), free_port());
+    let mut primary_args = args(&[]);
+    primary_args.extend(tls(primary_port));
+    let _primary = Proc::start(&primary_args, primary_port);
+    let sentinel_dir = tempfile::tempdir().expect("temp dir");
+    let conf = sentinel_dir.path().join("sentinel.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "port 0\ntls-port {sentinel_port}\nbind 127.0.0.1\n\
+             tls-cert-file {}\ntls-key-file {}\ntls-ca-cert-file {}\n\
+             tls-auth-clients no\ntls-replication yes\n\
+             sentinel monitor mymaster 127.0.0.1 {primary_port} 1\n",
+            path("right.pem"),
+            path("right.key"),
+            path("ca.pem")
+        ),
+    )
+    .expect("sentinel.conf");
+    let _sentinel = Proc::start(
+        &[conf.display().to_string(), "--sentinel".to_string()],
+        sentinel_port,
+    );
+    let svc = Service::start(
+        &format!("mymaster,127.0.0.1:{sentinel_port}"),
+        &[("setups.yaml", CONFIG)],
+        &[
+            ("REDIS_TYPE", "sentinel"),
+            ("REDIS_TLS", "true"),
+            ("REDIS_TLS_CACERT", &path("ca.pem")),
+        ],
+    );
+    decides(&svc, "sentinel-tls");
 }
