@@ -4,7 +4,8 @@
 //! and over TLS (`redis-server --sentinel`), start-up retries while Redis is not there yet,
 //! per-second limits on a second Redis, and `REDIS_TIMEOUT` against a stopped Redis.
 //!
-//! Time: limits are 2 per minute, so refill cannot change a count within a test.
+//! Time: limits are 2 or 1 per minute, so refill cannot change a count within a test; the
+//! per-second one is 1 per second, and its checks follow each other within milliseconds.
 
 #![cfg(test)]
 
