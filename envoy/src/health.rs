@@ -183,30 +183,6 @@ pub async fn grpc_service(
 }
 
 /// One PING within `deadline` on `connection`, (re)connecting first when there is none.
-async fn ping<C, F>(connection: &mut Option<C>, connect: F, deadline: Duration) -> bool
-where
-    C: redis::aio::ConnectionLike + Send,
-    F: std::future::Future<Output = redis::RedisResult<C>>,
-{
-    let attempt = async {
-        if connection.is_none() {
-            *connection = Some(connect.await?);
-        }
-        match connection.as_mut() {
-            Some(c) => redis::cmd("PING")
-                .query_async::<String>(c)
-                .await
-                .map(|_| ()),
-            None => Ok(()),
-        }
-    };
-    let ok = matches!(tokio::time::timeout(deadline, attempt).await, Ok(Ok(())));
-    if !ok {
-        *connection = None;
-    }
-    ok
-}
-
 /// Probes Redis each [`PROBE_INTERVAL`] on a connection of its own and tells `readiness`.
 ///
 /// Why a probe and not the Go service's count of open pool connections
@@ -214,39 +190,29 @@ where
 /// that reconnect on their own, so "none open" is rarely seen; a PING answered within the
 /// call deadline is what "Redis reachable" means for a call.
 pub fn spawn_redis_probe(settings: &Settings, readiness: Arc<Readiness>) {
-    let urls = settings.redis_urls();
-    let cluster = settings.redis_type == "cluster";
+    let settings = settings.clone();
     let deadline = Duration::from_millis(settings.timeout_ms.clamp(100, 5_000));
     tokio::spawn(async move {
         let mut was: Option<bool> = None;
-        let mut single: Option<redis::aio::MultiplexedConnection> = None;
-        let mut cluster_connection: Option<redis::cluster_async::ClusterConnection> = None;
+        // Its own connection, made as the limiter's are (TLS, auth, Sentinel, cluster), so a
+        // probe never queues behind calls; dropped after a failure and made again.
+        let mut link: Option<crate::redis_setup::Opened> = None;
         loop {
-            let ok = if cluster {
-                match redis::cluster::ClusterClient::new(urls.clone()) {
-                    Ok(client) => {
-                        ping(
-                            &mut cluster_connection,
-                            client.get_async_connection(),
-                            deadline,
-                        )
-                        .await
-                    }
-                    Err(_) => false,
+            let attempt = async {
+                if link.is_none() {
+                    link = crate::redis_setup::open(&settings, 1).await.ok();
                 }
-            } else {
-                match urls.first().map(|u| redis::Client::open(u.as_str())) {
-                    Some(Ok(client)) => {
-                        ping(
-                            &mut single,
-                            client.get_multiplexed_async_connection(),
-                            deadline,
-                        )
-                        .await
-                    }
-                    _ => false,
+                match link.as_mut() {
+                    Some(l) => l.ping().await,
+                    None => false,
                 }
             };
+            let ok = tokio::time::timeout(deadline, attempt)
+                .await
+                .unwrap_or(false);
+            if !ok {
+                link = None;
+            }
             if was != Some(ok) {
                 if ok {
                     tracing::warn!("health: Redis answers; serving");

@@ -6,7 +6,9 @@
 //!
 //! `settings` the environment; `config` the YAML and the descriptor lookup (pure);
 //! `service` one call, on redis-rl-client's async limiter; `grpc` the gRPC face; `redis_pool` the multiplexed
-//! connections and the cluster slot; `http` /healthcheck, /json and /metrics; `metrics` the
+//! connections and the cluster slot; `redis_setup` TLS, auth, Sentinel and start-up retries;
+//! `readiness` the health state both health faces read; `health` grpc.health.v1, /healthcheck
+//! and the gRPC transport; `http` /json and /metrics; `metrics` the
 //! Prometheus names; `config_watch` the filesystem notifications for the config; `xds` the
 //! config over xDS (`CONFIG_TYPE=GRPC_XDS_SOTW`). This file wires them: startup, reload (file change, SIGHUP) and drain
 //! (SIGTERM). The service never reaches around the client library to Redis.
@@ -20,6 +22,7 @@ mod metrics;
 mod quota;
 mod readiness;
 mod redis_pool;
+mod redis_setup;
 mod service;
 mod settings;
 mod xds;
@@ -30,14 +33,13 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use redis_rl_client::{AsyncLimiter, OnError, Options, WithoutModule};
 use tokio::sync::watch;
 
 use crate::config::{Config, Source};
 use crate::metrics::Metrics;
 use crate::readiness::Readiness;
-use crate::service::{Backend, Service};
-use crate::settings::{Policy, Settings};
+use crate::service::Service;
+use crate::settings::Settings;
 
 // Every call allocates a few dozen small blocks (HTTP/2 frames, the protobuf, the Redis
 // reply); glibc's malloc and free were a tenth of the service's CPU in `perf` at 16 streams.
@@ -108,70 +110,6 @@ fn reload(service: &Service, readiness: &Readiness, source: &Source, why: &str) 
             tracing::error!("config reload refused ({why}), the previous config stays: {e}");
         }
     }
-}
-
-async fn connect(settings: &Settings) -> Result<Backend, String> {
-    let urls = settings.redis_urls();
-    let on_error = match settings.on_error {
-        Policy::Open => OnError::Open,
-        // `error` rides on `closed`: a closed decision means Redis could not decide, and
-        // the service turns it into a failed call.
-        Policy::Closed | Policy::Error => OnError::Closed,
-        Policy::Local => OnError::Local,
-    };
-    let mut options = Options::new(on_error)
-        .instances(settings.instances)
-        .timeout(Duration::from_millis(settings.timeout_ms))
-        .without_module(if settings.without_module_lua {
-            WithoutModule::Lua
-        } else {
-            WithoutModule::Refuse
-        });
-    if settings.local_cache_size_in_bytes > 0 {
-        // About 128 bytes per remembered key.
-        options = options.deny_cache_entries((settings.local_cache_size_in_bytes / 128).max(1));
-    }
-    // The client library's deadline (RL_TIMEOUT_MS) is the one that counts: the redis
-    // crate's own response timeout (500 ms by default) would otherwise cut a slow call short
-    // with an error of its own. Connecting keeps a bound of its own.
-    let response_timeout = Duration::from_millis(settings.timeout_ms.max(1000));
-    let connect_timeout = Duration::from_secs(2);
-    // TCP_NODELAY: the redis crate leaves Nagle's algorithm on, which holds a command written
-    // while an earlier one is unanswered until that answer's ACK comes back, a whole Redis
-    // round trip added to a call that arrives mid-flight.
-    let tcp = redis::io::tcp::TcpSettings::default().set_nodelay(true);
-    if settings.redis_type == "cluster" {
-        let client = redis::cluster::ClusterClient::builder(urls)
-            .tcp_settings(tcp)
-            .response_timeout(response_timeout)
-            .connection_timeout(connect_timeout)
-            .build()
-            .map_err(|e| format!("REDIS_URL: {e}"))?;
-        let connection = client.get_async_connection().await.map_err(|e| {
-            format!(
-                "cannot reach the Redis cluster at {}: {e}",
-                settings.redis_url
-            )
-        })?;
-        return Ok(Backend::Cluster(AsyncLimiter::new(connection, options)));
-    }
-    let url = urls.first().ok_or("REDIS_URL is empty")?;
-    let client = redis::Client::open(url.as_str())
-        .and_then(|c| redis::Client::open(c.get_connection_info().clone().set_tcp_settings(tcp)))
-        .map_err(|e| format!("REDIS_URL: {e}"))?;
-    let mut connections = Vec::with_capacity(settings.redis_pool_size);
-    for _ in 0..settings.redis_pool_size {
-        let config = redis::aio::ConnectionManagerConfig::new()
-            .set_response_timeout(Some(response_timeout))
-            .set_connection_timeout(Some(connect_timeout));
-        let manager = client
-            .get_connection_manager_with_config(config)
-            .await
-            .map_err(|e| format!("cannot reach Redis at {}: {e}", settings.redis_url))?;
-        connections.push(manager);
-    }
-    let pool = redis_pool::Pool::new(connections).ok_or("REDIS_POOL_SIZE is 0")?;
-    Ok(Backend::Single(AsyncLimiter::new(pool, options)))
 }
 
 async fn shutdown_signal(mut rx: watch::Receiver<bool>) {
@@ -259,7 +197,7 @@ async fn serve(settings: Arc<Settings>) -> ExitCode {
         dir.display(),
         config::summary(&config)
     );
-    let backend = match connect(&settings).await {
+    let backend = match redis_setup::connect_with_retries(&settings).await {
         Ok(b) => b,
         Err(e) => {
             tracing::error!("{e}");
@@ -272,7 +210,10 @@ async fn serve(settings: Arc<Settings>) -> ExitCode {
     let readiness = Arc::new(Readiness::new(settings.health.need_config));
     readiness.config_loaded(config.domain_count());
     health::spawn_redis_probe(&settings, readiness.clone());
-    let service = Arc::new(Service::new(config, backend, settings.clone(), metrics));
+    let service = Arc::new(
+        Service::new(config, backend.main, settings.clone(), metrics)
+            .with_per_second(backend.per_second),
+    );
     let (stop_tx, stop_rx) = watch::channel(false);
 
     let grpc_addr = match &settings.health.grpc_uds {

@@ -12,15 +12,17 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use redis::aio::{ConnectionLike, ConnectionManager};
+use redis::aio::ConnectionLike;
 use redis::{Cmd, Pipeline, RedisFuture, Value};
+
+use crate::redis_setup::Link;
 
 /// Calls in flight on one connection before the next connection takes new calls. One
 /// RL.ACQUIRE.MULTI is about 100 bytes, so this many still fit in one of Redis's 16 KiB reads.
 pub const SPILL_AT: usize = 64;
 
 struct Slot {
-    connection: ConnectionManager,
+    connection: Link,
     in_flight: AtomicUsize,
 }
 
@@ -29,13 +31,13 @@ struct Slot {
 /// flight, or else on the least busy one.
 pub struct Pool {
     index: usize,
-    connection: ConnectionManager,
+    connection: Link,
     slots: Arc<Vec<Slot>>,
 }
 
 impl Pool {
     /// A pool of `connections` (at least one).
-    pub fn new(connections: Vec<ConnectionManager>) -> Option<Pool> {
+    pub fn new(connections: Vec<Link>) -> Option<Pool> {
         let connection = connections.first()?.clone();
         let slots = connections
             .into_iter()

@@ -108,6 +108,9 @@ pub struct Service {
     backend: Backend,
     settings: Arc<Settings>,
     pub metrics: Metrics,
+    // Redis setups (issue #24, part `redis`): per-second limits on their own Redis
+    // (`REDIS_PERSECOND`), see `take` and docs/envoy-redis.md.
+    per_second: Option<Backend>,
 }
 
 /// One descriptor after checking.
@@ -162,6 +165,22 @@ impl Service {
             backend,
             settings,
             metrics,
+            per_second: None,
+        }
+    }
+
+    /// Sends the limits whose unit is `second` to `backend` (`REDIS_PERSECOND`).
+    pub fn with_per_second(mut self, backend: Option<Backend>) -> Self {
+        self.per_second = backend;
+        self
+    }
+
+    /// The Redis an item's bucket lives on: the per-second one for a `second` limit when
+    /// `REDIS_PERSECOND` is on (the Go service's rule: the unit, whatever the multiplier).
+    fn backend_for(&self, item: &Limited) -> &Backend {
+        match &self.per_second {
+            Some(b) if item.found.rate_limit.unit == Unit::Second => b,
+            _ => &self.backend,
         }
     }
 
@@ -365,7 +384,7 @@ impl Service {
             #[allow(clippy::cast_precision_loss)]
             let cost = r.cost as f64;
             let source = self
-                .backend
+                .backend_for(r)
                 .refund(&r.key, &r.limit, cost)
                 .await
                 .map_err(|e| self.client_failure(e))?;
@@ -537,9 +556,70 @@ impl Service {
         Ok(out)
     }
 
-    /// Takes every item's cost, all or nothing, through the client's
-    /// `acquire_across_slots`; shadow-mode items that refuse are reported and left out.
+    /// Takes every item's cost, all or nothing. With `REDIS_PERSECOND`, the per-second
+    /// items are taken first on their Redis, then the others; when the others refuse, what
+    /// the first took is refunded (as across cluster slots), so a denied request costs
+    /// nothing once the call returns.
     async fn take(&self, items: &[Limited]) -> Result<Vec<Outcome>, Failure> {
+        let all: Vec<&Limited> = items.iter().collect();
+        let Some(per_second) = &self.per_second else {
+            return self.take_on(&self.backend, &all).await;
+        };
+        type Indexed<'a> = Vec<(usize, &'a Limited)>;
+        let (fast, slow): (Indexed<'_>, Indexed<'_>) = items
+            .iter()
+            .enumerate()
+            .partition(|(_, it)| it.found.rate_limit.unit == Unit::Second);
+        if fast.is_empty() || slow.is_empty() {
+            let backend = if slow.is_empty() {
+                per_second
+            } else {
+                &self.backend
+            };
+            return self.take_on(backend, &all).await;
+        }
+        let fast_items: Vec<&Limited> = fast.iter().map(|(_, it)| *it).collect();
+        let slow_items: Vec<&Limited> = slow.iter().map(|(_, it)| *it).collect();
+        let refused = |o: &Outcome| matches!(o, Outcome::Over(_));
+        let mut first = self.take_on(per_second, &fast_items).await?;
+        let second = if first.iter().any(refused) {
+            // Denied already: the others are left for the denied request's peeks.
+            vec![Outcome::Skipped; slow_items.len()]
+        } else {
+            let second = self.take_on(&self.backend, &slow_items).await?;
+            if second.iter().any(refused) {
+                for (item, outcome) in fast_items.iter().zip(first.iter_mut()) {
+                    if let Outcome::Taken(d) = *outcome {
+                        #[allow(clippy::cast_precision_loss)]
+                        let cost = item.cost as f64;
+                        let source = per_second
+                            .refund(&item.key, &item.limit, cost)
+                            .await
+                            .map_err(|e| self.client_failure(e))?;
+                        self.policy_check(source)?;
+                        *outcome = Outcome::Uncharged(d);
+                    }
+                }
+            }
+            second
+        };
+        let mut outcomes = vec![Outcome::Skipped; items.len()];
+        let placed = fast.iter().zip(first).chain(slow.iter().zip(second));
+        for ((index, _), outcome) in placed {
+            if let Some(slot) = outcomes.get_mut(*index) {
+                *slot = outcome;
+            }
+        }
+        Ok(outcomes)
+    }
+
+    /// Takes every item's cost on `backend`, all or nothing, through the client's
+    /// `acquire_across_slots`; shadow-mode items that refuse are reported and left out.
+    async fn take_on(
+        &self,
+        backend: &Backend,
+        items: &[&Limited],
+    ) -> Result<Vec<Outcome>, Failure> {
         if items.is_empty() {
             return Ok(Vec::new());
         }
@@ -555,8 +635,7 @@ impl Service {
                 }
             })
             .collect();
-        let decided = self
-            .backend
+        let decided = backend
             .acquire_across_slots(&asked)
             .await
             .map_err(|e| self.client_failure(e))?;
@@ -583,7 +662,7 @@ impl Service {
         #[allow(clippy::cast_precision_loss)]
         let cost = item.cost as f64;
         let c = self
-            .backend
+            .backend_for(item)
             .charge(&item.key, &item.limit, cost)
             .await
             .map_err(|e| self.client_failure(e))?;
@@ -609,7 +688,7 @@ impl Service {
     async fn peek(&self, item: &Limited) -> Result<Outcome, Failure> {
         #[allow(clippy::cast_precision_loss)]
         let cost = item.cost as f64;
-        let d = match &self.backend {
+        let d = match self.backend_for(item) {
             Backend::Single(l) => l.peek(&item.key, &item.limit, cost).await,
             Backend::Cluster(l) => l.peek(&item.key, &item.limit, cost).await,
         }

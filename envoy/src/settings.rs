@@ -70,6 +70,8 @@ pub struct Settings {
     pub health: crate::health::HealthSettings,
     // xds: CONFIG_TYPE=GRPC_XDS_SOTW and its CONFIG_GRPC_XDS_* (None for FILE).
     pub xds: Option<crate::xds::XdsSettings>,
+    // Redis setups (issue #24, part `redis`): TLS, Sentinel, start-up retries.
+    pub redis_setup: crate::redis_setup::RedisSetup,
 }
 
 /// The Go service's variables this service does not support: each one set is a warning.
@@ -86,18 +88,10 @@ pub const UNSUPPORTED: &[&str] = &[
     "BACKEND_TYPE",
     "MEMCACHE_HOST_PORT",
     "MEMCACHE_SRV",
-    "REDIS_PERSECOND",
-    "REDIS_PERSECOND_URL",
-    "REDIS_PERSECOND_TYPE",
-    "REDIS_PERSECOND_SOCKET_TYPE",
-    "REDIS_PERSECOND_AUTH",
-    "REDIS_PERSECOND_POOL_SIZE",
     "REDIS_PIPELINE_WINDOW",
     "REDIS_PIPELINE_LIMIT",
-    "REDIS_TLS",
-    "REDIS_TLS_CLIENT_CERT",
-    "REDIS_TLS_CLIENT_KEY",
-    "REDIS_TLS_CACERT",
+    "REDIS_PERSECOND_PIPELINE_WINDOW",
+    "REDIS_PERSECOND_PIPELINE_LIMIT",
     "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION",
     "DEBUG_HOST",
     "DEBUG_PORT",
@@ -106,11 +100,8 @@ pub const UNSUPPORTED: &[&str] = &[
     "TRACING_ENABLED",
 ];
 
-/// Families of the Go service's variables this service does not support (TLS, per-second
-/// Redis, memcache, xDS, tracing): any variable starting with one is a warning too.
+/// Families of the Go service's variables this service does not support (memcache, xDS, tracing): any variable starting with one is a warning too.
 pub const UNSUPPORTED_PREFIXES: &[&str] = &[
-    "REDIS_PERSECOND",
-    "REDIS_TLS",
     "MEMCACHE_",
     // xds: the newer upstream's exponential back-off and message size (see docs/envoy.md).
     "XDS_CLIENT_",
@@ -250,9 +241,9 @@ impl Settings {
             ));
         }
         let redis_type = text("REDIS_TYPE", "single").to_ascii_lowercase();
-        if !matches!(redis_type.as_str(), "single" | "cluster") {
+        if !matches!(redis_type.as_str(), "single" | "cluster" | "sentinel") {
             return Err(format!(
-                "REDIS_TYPE must be single or cluster, not {redis_type:?} (sentinel is not supported)"
+                "REDIS_TYPE must be single, cluster or sentinel, not {redis_type:?}"
             ));
         }
         let log_format = text("LOG_FORMAT", "text").to_ascii_lowercase();
@@ -340,6 +331,7 @@ impl Settings {
             worker_threads: usize::try_from(number("RL_WORKER_THREADS", 0, 1024)?).unwrap_or(0),
             health: crate::health::HealthSettings::from_env(&var, &flag)?,
             xds: crate::xds::XdsSettings::from_env(&var)?,
+            redis_setup: crate::redis_setup::RedisSetup::from_env(&var)?,
         })
     }
 
@@ -356,38 +348,6 @@ impl Settings {
             ignore_dotfiles: self.runtime_ignore_dotfiles,
             merge_domains: self.merge_domain_config,
         }
-    }
-
-    /// The redis crate's URL(s) for REDIS_URL: `host:port` (tcp, a comma-separated list for a
-    /// cluster) or a socket path (unix); a `redis://` or `unix://` URL is taken as is.
-    pub fn redis_urls(&self) -> Vec<String> {
-        self.redis_url
-            .split(',')
-            .map(str::trim)
-            .filter(|u| !u.is_empty())
-            .map(|u| {
-                if u.contains("://") {
-                    return u.to_string();
-                }
-                let auth = if self.redis_auth.is_empty() {
-                    String::new()
-                } else if let Some((user, pass)) = self.redis_auth.split_once(':') {
-                    format!("{user}:{pass}@")
-                } else {
-                    format!(":{}@", self.redis_auth)
-                };
-                if self.redis_socket_type == "unix" {
-                    let pass = if self.redis_auth.is_empty() {
-                        String::new()
-                    } else {
-                        format!("?pass={}", self.redis_auth)
-                    };
-                    format!("unix://{u}{pass}")
-                } else {
-                    format!("redis://{auth}{u}/")
-                }
-            })
-            .collect()
     }
 
     /// `host:port` from the Go-style `:9090` (all interfaces) or `host:port`.
@@ -464,7 +424,7 @@ mod tests {
             ("RL_ON_ERROR", "maybe"),
             ("RL_WITHOUT_MODULE", "x"),
             ("NEAR_LIMIT_RATIO", "2"),
-            ("REDIS_TYPE", "sentinel"),
+            ("REDIS_TYPE", "replicated"),
             ("USE_PROMETHEUS", "perhaps"),
             ("LOG_FORMAT", "xml"),
         ] {
@@ -477,8 +437,8 @@ mod tests {
     fn go_only_variables_are_recognised() {
         for name in [
             "USE_STATSD",
-            "REDIS_PERSECOND_URL",
-            "REDIS_TLS_CACERT",
+            "REDIS_PERSECOND_PIPELINE_WINDOW",
+            "REDIS_PIPELINE_LIMIT",
             "MEMCACHE_TLS",
             "TRACING_SERVICE_NAME",
         ] {
@@ -495,21 +455,9 @@ mod tests {
             "GRPC_CLIENT_TLS_SAN",
             "GRPC_MAX_CONNECTION_AGE_GRACE",
             "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
+            "REDIS_PERSECOND_URL",
         ] {
             assert!(!unsupported(name), "{name}");
         }
-    }
-
-    #[test]
-    fn redis_url_forms() {
-        let s = with(&[
-            ("REDIS_SOCKET_TYPE", "tcp"),
-            ("REDIS_URL", "a:1,b:2"),
-            ("REDIS_AUTH", "pw"),
-        ])
-        .unwrap();
-        assert_eq!(s.redis_urls(), vec!["redis://:pw@a:1/", "redis://:pw@b:2/"]);
-        let s = with(&[("REDIS_URL", "/tmp/r.sock")]).unwrap();
-        assert_eq!(s.redis_urls(), vec!["unix:///tmp/r.sock"]);
     }
 }
