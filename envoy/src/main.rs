@@ -7,7 +7,8 @@
 //! `settings` the environment; `config` the YAML and the descriptor lookup (pure);
 //! `service` one call, on redis-rl-client's async limiter; `grpc` the gRPC face; `redis_pool` the multiplexed
 //! connections and the cluster slot; `http` /healthcheck, /json and /metrics; `metrics` the
-//! Prometheus names; `config_watch` the filesystem notifications for the config. This file wires them: startup, reload (file change, SIGHUP) and drain
+//! Prometheus names; `stats` the statsd/dogstatsd sinks and the DEBUG_PORT pages;
+//! `config_watch` the filesystem notifications for the config. This file wires them: startup, reload (file change, SIGHUP) and drain
 //! (SIGTERM). The service never reaches around the client library to Redis.
 
 mod config;
@@ -19,6 +20,7 @@ mod quota;
 mod redis_pool;
 mod service;
 mod settings;
+mod stats;
 mod yaml11;
 
 use std::path::{Path, PathBuf};
@@ -283,7 +285,8 @@ async fn serve(settings: Arc<Settings>) -> ExitCode {
     let mut tasks = tokio::task::JoinSet::new();
     tasks.spawn(async move { grpc.await.map_err(|e| format!("gRPC server: {e}")) });
     tasks.spawn(async move { http.await.map_err(|e| format!("HTTP server: {e}")) });
-    if settings.use_prometheus {
+    // DISABLE_STATS is the peer's null sink: no Prometheus page either.
+    if settings.use_prometheus && !settings.stats.disabled {
         let addr = settings.prometheus_bind();
         match tokio::net::TcpListener::bind(&addr).await {
             Ok(listener) => {
@@ -301,6 +304,15 @@ async fn serve(settings: Arc<Settings>) -> ExitCode {
         }
     }
     tracing::warn!("listening: gRPC {grpc_addr}, HTTP {http_addr}");
+    // stats (issue #24): the statsd sink stops after the calls in flight are answered, so
+    // its last flush counts them; the debug pages fail alone, as the peer's do.
+    let (stats_stop_tx, stats_stop_rx) = watch::channel(false);
+    let stats_task = tokio::spawn(stats::run(
+        settings.stats.clone(),
+        service.metrics.clone(),
+        stats_stop_rx,
+    ));
+    stats_debug(&settings, &service, stop_rx.clone()).await;
 
     // Reload on a file change (a filesystem notification, or the poll each second as the
     // fallback) and on SIGHUP; drain and stop on SIGTERM or SIGINT.
@@ -385,10 +397,30 @@ async fn serve(settings: Arc<Settings>) -> ExitCode {
             tracing::error!("{e}");
         }
     }
+    let _ = stats_stop_tx.send(true);
+    let _ = stats_task.await;
     if failed {
         ExitCode::from(1)
     } else {
         ExitCode::SUCCESS
+    }
+}
+
+/// The DEBUG_PORT listener (`/`, `/rlconfig`, `/stats`); a port that cannot be bound is an
+/// error in the log, and the service runs on without it, as the peer's does.
+async fn stats_debug(settings: &Settings, service: &Arc<Service>, stop: watch::Receiver<bool>) {
+    let addr = stats::debug_bind(&settings.stats);
+    match tokio::net::TcpListener::bind(&addr).await {
+        Ok(listener) => {
+            let page = axum::serve(listener, stats::debug_router(service.clone()))
+                .with_graceful_shutdown(shutdown_signal(stop));
+            tokio::spawn(async move {
+                if let Err(e) = page.await {
+                    tracing::error!("debug server: {e}");
+                }
+            });
+        }
+        Err(e) => tracing::error!("cannot listen for debug on DEBUG_PORT {addr}: {e}"),
     }
 }
 

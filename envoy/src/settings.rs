@@ -66,18 +66,13 @@ pub struct Settings {
     pub timeout_ms: u64,
     /// RL_WORKER_THREADS: the runtime's threads; 0 means one per CPU the process may use.
     pub worker_threads: usize,
+    // stats (issue #24): statsd/dogstatsd sinks, EXTRA_TAGS, DEBUG_HOST/DEBUG_PORT.
+    pub stats: crate::stats::StatsSettings,
 }
 
 /// The Go service's variables this service does not support: each one set is a warning.
 pub const UNSUPPORTED: &[&str] = &[
-    "USE_STATSD",
-    "STATSD_HOST",
-    "STATSD_PORT",
-    "USE_DOG_STATSD",
     "USE_DOG_STATSD_MOGRIFIERS",
-    "EXTRA_TAGS",
-    "STATS_FLUSH_INTERVAL",
-    "DISABLE_STATS",
     "PROMETHEUS_MAPPER_YAML",
     "CONFIG_TYPE",
     "CONFIG_GRPC_XDS_NODE_ID",
@@ -103,8 +98,6 @@ pub const UNSUPPORTED: &[&str] = &[
     "GRPC_SERVER_USE_TLS",
     "GRPC_MAX_CONNECTION_AGE",
     "GRPC_MAX_CONNECTION_AGE_GRACE",
-    "DEBUG_HOST",
-    "DEBUG_PORT",
     "EXPIRATION_JITTER_MAX_SECONDS",
     "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
     "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
@@ -122,6 +115,7 @@ pub const UNSUPPORTED_PREFIXES: &[&str] = &[
     "GRPC_SERVER_TLS",
     "GRPC_CLIENT_TLS",
     "TRACING_",
+    "DOG_STATSD_MOGRIFIER",
 ];
 
 /// The longest deadline `RL_TIMEOUT_MS` and `REDIS_TIMEOUT` may set, in ms.
@@ -345,6 +339,7 @@ impl Settings {
             without_module_lua,
             timeout_ms,
             worker_threads: usize::try_from(number("RL_WORKER_THREADS", 0, 1024)?).unwrap_or(0),
+            stats: crate::stats::StatsSettings::from_env(&var, go_duration_ms)?,
         })
     }
 
@@ -481,7 +476,7 @@ mod tests {
     #[test]
     fn go_only_variables_are_recognised() {
         for name in [
-            "USE_STATSD",
+            "USE_DOG_STATSD_MOGRIFIERS",
             "REDIS_PERSECOND_URL",
             "REDIS_TLS_CACERT",
             "MEMCACHE_TLS",
