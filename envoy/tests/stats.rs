@@ -357,3 +357,95 @@ fn bad_stats_values_are_refused_by_name() {
         );
     }
 }
+
+/// The metric names an expression reads (`ratelimit_*`, `redis_rl_envoy_*`).
+fn metric_names(expr: &str) -> Vec<String> {
+    expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .filter(|w| w.starts_with("ratelimit_") || w.starts_with("redis_rl_envoy_"))
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn the_grafana_dashboard_reads_metrics_the_service_exports() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../deploy/grafana/redis-rl-envoy.json"
+    );
+    let dashboard: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let redis = common::Server::start();
+    let svc = start(&redis, &statsd_env(free_port()));
+    // Every series the dashboard draws: within, over, near (the 2nd of 2), shadow (the 8th
+    // of 7 an hour), an error (a bad body), decisions, both histograms.
+    traffic(&svc);
+    for _ in 0..8 {
+        assert_eq!(svc.json(&one("d", &[("shadow", "s")])).status, 200);
+    }
+    assert_eq!(svc.json("{").status, 400);
+    let page = svc.metrics();
+    let exported: std::collections::BTreeSet<&str> = page
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split(['{', ' ']).next())
+        .collect();
+
+    let variables: Vec<&str> = dashboard["templating"]["list"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["name"].as_str().unwrap())
+        .collect();
+    assert!(variables.contains(&"datasource") && variables.contains(&"domain"));
+    let panels = dashboard["panels"].as_array().unwrap();
+    assert!(panels.len() >= 6);
+    let mut ids = std::collections::BTreeSet::new();
+    let mut cells = std::collections::BTreeSet::new();
+    let mut read = std::collections::BTreeSet::new();
+    for panel in panels {
+        let title = panel["title"].as_str().unwrap();
+        assert!(
+            ids.insert(panel["id"].as_u64().unwrap()),
+            "{title}: id reused"
+        );
+        assert_eq!(panel["type"], "timeseries", "{title}");
+        assert_eq!(panel["datasource"]["uid"], "${datasource}", "{title}");
+        // The grid is 24 wide and no two panels overlap.
+        let g = &panel["gridPos"];
+        let (x, y, w, h) = (
+            g["x"].as_u64().unwrap(),
+            g["y"].as_u64().unwrap(),
+            g["w"].as_u64().unwrap(),
+            g["h"].as_u64().unwrap(),
+        );
+        assert!(x + w <= 24 && w > 0 && h > 0, "{title}");
+        for cx in x..x + w {
+            for cy in y..y + h {
+                assert!(cells.insert((cx, cy)), "{title} overlaps another panel");
+            }
+        }
+        let targets = panel["targets"].as_array().unwrap();
+        assert!(!targets.is_empty(), "{title}");
+        let mut refs = std::collections::BTreeSet::new();
+        for target in targets {
+            assert!(refs.insert(target["refId"].as_str().unwrap()), "{title}");
+            let expr = target["expr"].as_str().unwrap();
+            let names = metric_names(expr);
+            assert!(!names.is_empty(), "{title}: {expr}");
+            for name in names {
+                assert!(
+                    exported.contains(name.as_str()),
+                    "{title}: {name} is not on the service's page:\n{page}"
+                );
+                read.insert(name);
+            }
+        }
+    }
+    // Every peer-named counter the service exports is on the dashboard.
+    for name in exported
+        .iter()
+        .filter(|n| n.starts_with("ratelimit_service_rate_limit_"))
+    {
+        assert!(read.contains(*name), "{name} is not on the dashboard");
+    }
+}
