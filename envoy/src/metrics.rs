@@ -1,6 +1,8 @@
 //! Prometheus metrics under envoyproxy/ratelimit's names and labels (what its statsd
 //! mapper exports), so dashboards carry over, plus this service's own counters.
 
+use std::borrow::Cow;
+
 use prometheus::{
     Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts, Registry,
     TextEncoder,
@@ -150,15 +152,26 @@ impl Metrics {
     /// past the second stay in `key2`, joined by dots), after the peer's cleaning of stat
     /// names (`crate::stats::sanitize_stat_name`): a value such as `10.1.2.3` stays in one
     /// label instead of splitting at its dots.
-    pub fn labels(domain: &str, stats_key: &str) -> [String; 3] {
-        let domain = crate::stats::sanitize_stat_name(domain);
-        let stats_key = crate::stats::sanitize_stat_name(stats_key);
-        let rest = stats_key
-            .strip_prefix(domain.as_str())
-            .and_then(|r| r.strip_prefix('.'))
-            .unwrap_or("");
-        let (key1, key2) = rest.split_once('.').unwrap_or((rest, ""));
-        let (key1, key2) = (key1.to_string(), key2.to_string());
-        [domain, key1, key2]
+    pub fn labels<'a>(domain: &'a str, stats_key: &'a str) -> [Cow<'a, str>; 3] {
+        fn split<'k>(domain: &str, stats_key: &'k str) -> (&'k str, &'k str) {
+            let rest = stats_key
+                .strip_prefix(domain)
+                .and_then(|r| r.strip_prefix('.'))
+                .unwrap_or("");
+            rest.split_once('.').unwrap_or((rest, ""))
+        }
+        use crate::stats::sanitize_stat_name as clean;
+        match (clean(domain), clean(stats_key)) {
+            // The usual case: nothing to clean, nothing allocated.
+            (Cow::Borrowed(domain), Cow::Borrowed(stats_key)) => {
+                let (key1, key2) = split(domain, stats_key);
+                [domain.into(), key1.into(), key2.into()]
+            }
+            (domain, stats_key) => {
+                let (key1, key2) = split(&domain, &stats_key);
+                let (key1, key2) = (key1.to_string(), key2.to_string());
+                [Cow::Owned(domain.into_owned()), key1.into(), key2.into()]
+            }
+        }
     }
 }

@@ -8,6 +8,7 @@
 //! each counter gained since the last flush, as gostats does; the response times are the
 //! one thing kept apart ([`Timings`]), since a statsd timer is one line per call.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -159,7 +160,13 @@ pub fn tag_value(value: &str) -> String {
 /// The peer's `SanitizeStatName`: `:` and `|` become `_`, and the dots inside anything
 /// shaped like an IPv4 address (`\d{1,3}(\.\d{1,3}){3}`, leftmost first, as Go's regexp
 /// finds them) become `_` too, so `10.1.2.3` stays one level of the stats key.
-pub fn sanitize_stat_name(name: &str) -> String {
+pub fn sanitize_stat_name(name: &str) -> Cow<'_, str> {
+    let raw = name.as_bytes();
+    let clean = !raw.iter().any(|b| matches!(b, b':' | b'|'))
+        && (0..raw.len()).all(|start| ipv4_at(raw, start).is_none());
+    if clean {
+        return Cow::Borrowed(name);
+    }
     let bytes = name.replace([':', '|'], "_").into_bytes();
     let mut out = bytes.clone();
     let mut start = 0usize;
@@ -179,7 +186,10 @@ pub fn sanitize_stat_name(name: &str) -> String {
         }
     }
     // Only ASCII dots were replaced by ASCII underscores: still UTF-8.
-    String::from_utf8(out).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+    Cow::Owned(
+        String::from_utf8(out)
+            .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()),
+    )
 }
 
 /// The end of the leftmost-first match of `\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3}` at `start`:
@@ -233,13 +243,10 @@ fn line(sink: &Sink, tags: &[(String, String)], name: &str, value: &str, kind: &
     }
 }
 
-/// A time in ms as gostats writes it: a whole number plainly, else with 6 decimals.
+/// A call's time as the peer times it: whole ms, cut down (Go's `Duration.Milliseconds()`),
+/// which gostats writes as a plain integer.
 fn ms_text(ms: f64) -> String {
-    if ms.fract() == 0.0 && ms >= 0.0 {
-        format!("{ms:.0}")
-    } else {
-        format!("{ms:.6}")
-    }
+    format!("{:.0}", ms.max(0.0).trunc())
 }
 
 /// The peer's statsd name of one Prometheus series (`family` with `labels`); `None` for
@@ -310,7 +317,7 @@ pub struct Timings {
 }
 
 /// One call's method and time in ms.
-type Timing = (String, f64);
+type Timing = (&'static str, f64);
 
 impl Timings {
     fn lock(&self) -> std::sync::MutexGuard<'_, Option<Vec<Timing>>> {
@@ -329,10 +336,16 @@ impl Timings {
     }
 
     /// Keeps one call's time, if a sink is on and fewer than [`MAX_PENDING_TIMINGS`] wait.
+    /// The methods are the two the service has, so nothing is allocated per call.
     pub fn record(&self, method: &str, seconds: f64) {
+        let method = match method {
+            "ShouldRateLimit" => "ShouldRateLimit",
+            "json" => "json",
+            _ => "other",
+        };
         if let Some(pending) = self.lock().as_mut() {
             if pending.len() < MAX_PENDING_TIMINGS {
-                pending.push((method.to_string(), seconds * 1000.0));
+                pending.push((method, seconds * 1000.0));
             }
         }
     }
@@ -613,6 +626,17 @@ mod tests {
         ] {
             assert_eq!(sanitize_stat_name(raw), clean, "{raw}");
         }
+        assert!(matches!(sanitize_stat_name("d.k_1.2.3"), Cow::Borrowed(_)));
+    }
+
+    #[test]
+    fn prometheus_labels_keep_an_address_in_one_label() {
+        let labels = Metrics::labels("d", "d.remote_address_10.1.2.3");
+        assert_eq!(labels, ["d", "remote_address_10_1_2_3", ""]);
+        let labels = Metrics::labels("d", "d.a_1.b_2.c");
+        assert_eq!(labels, ["d", "a_1", "b_2.c"]);
+        assert!(labels.iter().all(|l| matches!(l, Cow::Borrowed(_))));
+        assert_eq!(Metrics::labels("a:b", "a:b.k_v"), ["a_b", "k_v", ""]);
     }
 
     #[test]
@@ -643,7 +667,8 @@ mod tests {
             "a.b:2.5|ms\n"
         );
         assert_eq!(ms_text(2.0), "2");
-        assert_eq!(ms_text(0.25), "0.250000");
+        assert_eq!(ms_text(0.25), "0");
+        assert_eq!(ms_text(12.99), "12");
     }
 
     #[test]
