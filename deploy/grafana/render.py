@@ -14,13 +14,25 @@ The queries it evaluates are the two shapes the dashboard uses (anything else is
     python3 deploy/grafana/render.py --http 127.0.0.1:8080 --metrics 127.0.0.1:9090 \
         --out docs/img/envoy-dashboard.png
 
+Without --http it starts its own: `redis-server` with the module (--module) and the service
+(--service) on free loopback ports, with render-config.yaml beside this file, and stops them
+at the end:
+
+    python3 deploy/grafana/render.py --module target/debug/libredis_rl.so \
+        --service target/debug/redis-rl-envoy
+
 (matplotlib from PyPI: `pip install matplotlib`.) See docs/envoy.md#dashboard.
 """
 
 import argparse
 import json
+import os
 import random
 import re
+import shutil
+import socket
+import subprocess
+import tempfile
 import threading
 import time
 import urllib.request
@@ -153,6 +165,44 @@ def evaluate(expr, samples):
     return series
 
 
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_own(args):
+    """redis-server with the module and the service on free ports; their processes."""
+    root = tempfile.mkdtemp(prefix="render-")
+    os.makedirs(os.path.join(root, "config"))
+    here = os.path.dirname(os.path.abspath(__file__))
+    shutil.copy(os.path.join(here, "render-config.yaml"), os.path.join(root, "config", "shop.yaml"))
+    redis_port, http_port, grpc_port, metrics_port = (free_port() for _ in range(4))
+    redis = subprocess.Popen([args.redis_server, "--port", str(redis_port), "--save", "",
+                              "--appendonly", "no", "--loadmodule", os.path.abspath(args.module)],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(0.5)
+    env = {"PATH": os.environ.get("PATH", ""), "RUNTIME_ROOT": root,
+           "RUNTIME_WATCH_ROOT": "false", "REDIS_SOCKET_TYPE": "tcp",
+           "REDIS_URL": f"127.0.0.1:{redis_port}", "HOST": "127.0.0.1", "PORT": str(http_port),
+           "GRPC_HOST": "127.0.0.1", "GRPC_PORT": str(grpc_port), "USE_PROMETHEUS": "true",
+           "PROMETHEUS_ADDR": f"127.0.0.1:{metrics_port}", "USE_STATSD": "false",
+           "DEBUG_HOST": "127.0.0.1", "DEBUG_PORT": str(free_port())}
+    service = subprocess.Popen([args.service], env=env, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{http_port}/healthcheck", timeout=1)
+            break
+        except OSError:
+            time.sleep(0.1)
+    else:
+        raise SystemExit("the service did not come up")
+    args.http, args.metrics = f"127.0.0.1:{http_port}", f"127.0.0.1:{metrics_port}"
+    return [service, redis]
+
+
 def legend(fmt, group):
     d = dict(group)
     return re.sub(r"\{\{\s*(\w+)\s*\}\}", lambda m: d.get(m.group(1), ""), fmt).strip() or "value"
@@ -160,8 +210,11 @@ def legend(fmt, group):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--http", required=True, help="the service's HOST:PORT (/json)")
-    parser.add_argument("--metrics", required=True, help="its PROMETHEUS_ADDR")
+    parser.add_argument("--http", help="the service's HOST:PORT (/json); else start one")
+    parser.add_argument("--metrics", help="its PROMETHEUS_ADDR")
+    parser.add_argument("--module", default="target/debug/libredis_rl.so")
+    parser.add_argument("--service", default="target/debug/redis-rl-envoy")
+    parser.add_argument("--redis-server", default="redis-server")
     parser.add_argument("--dashboard", default="deploy/grafana/redis-rl-envoy.json")
     parser.add_argument("--out", default="docs/img/envoy-dashboard.png")
     parser.add_argument("--seconds", type=float, default=60)
@@ -174,6 +227,9 @@ def main():
     import matplotlib.pyplot as plt
 
     dashboard = json.load(open(args.dashboard))
+    own = [] if args.http else start_own(args)
+    if not args.metrics:
+        raise SystemExit("--metrics is needed with --http")
     stop = threading.Event()
     clients = [threading.Thread(target=drive, args=(args.http, stop, n), daemon=True)
                for n in range(args.clients)]
@@ -185,6 +241,11 @@ def main():
         time.sleep(args.every)
         samples.append((time.time(), scrape(args.metrics)))
     stop.set()
+    for c in clients:
+        c.join()
+    for process in own:
+        process.terminate()
+        process.wait()
 
     panels = dashboard["panels"]
     rows = max(p["gridPos"]["y"] + p["gridPos"]["h"] for p in panels)
