@@ -419,6 +419,30 @@ impl Config {
         self.domains.len()
     }
 
+    /// Every limit with its stats key, unit, `requests_per_unit` and `shadow_mode`, for the
+    /// `/rlconfig` debug page (`crate::stats`).
+    pub fn limits(&self) -> Vec<(String, Unit, u32, bool)> {
+        fn walk(level: &Level, out: &mut Vec<(String, Unit, u32, bool)>) {
+            if let Some(l) = &level.limit {
+                let r = &l.rate_limit;
+                out.push((
+                    l.full_key.clone(),
+                    r.unit,
+                    r.requests_per_unit,
+                    l.shadow_mode,
+                ));
+            }
+            for child in level.children.values() {
+                walk(child, out);
+            }
+        }
+        let mut out = Vec::new();
+        for level in self.domains.values() {
+            walk(level, &mut out);
+        }
+        out
+    }
+
     /// Whether `domain` is configured.
     pub fn has_domain(&self, domain: &str) -> bool {
         self.domains.contains_key(domain)

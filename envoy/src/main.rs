@@ -9,7 +9,7 @@
 //! connections and the cluster slot; `redis_setup` TLS, auth, Sentinel and start-up retries;
 //! `readiness` the health state both health faces read; `health` grpc.health.v1, /healthcheck
 //! and the gRPC transport; `http` /json and /metrics; `metrics` the
-//! Prometheus names; `config_watch` the filesystem notifications for the config; `xds` the
+//! Prometheus names; `stats` the statsd/dogstatsd sinks and the DEBUG_PORT pages; `config_watch` the filesystem notifications for the config; `xds` the
 //! config over xDS (`CONFIG_TYPE=GRPC_XDS_SOTW`). This file wires them: startup, reload (file change, SIGHUP) and drain
 //! (SIGTERM). The service never reaches around the client library to Redis.
 
@@ -25,6 +25,7 @@ mod redis_pool;
 mod redis_setup;
 mod service;
 mod settings;
+mod stats;
 mod xds;
 mod yaml11;
 
@@ -273,7 +274,8 @@ async fn serve(settings: Arc<Settings>) -> ExitCode {
         }
     }
     tasks.spawn(async move { http.await.map_err(|e| format!("HTTP server: {e}")) });
-    if settings.use_prometheus {
+    // DISABLE_STATS is the peer's null sink: no Prometheus page either.
+    if settings.use_prometheus && !settings.stats.disabled {
         let addr = settings.prometheus_bind();
         match tokio::net::TcpListener::bind(&addr).await {
             Ok(listener) => {
@@ -291,6 +293,15 @@ async fn serve(settings: Arc<Settings>) -> ExitCode {
         }
     }
     tracing::warn!("listening: gRPC {grpc_addr}, HTTP {http_addr}");
+    // stats (issue #24): the statsd sink stops after the calls in flight are answered, so
+    // its last flush counts them; the debug pages fail alone, as the peer's do.
+    let (stats_stop_tx, stats_stop_rx) = watch::channel(false);
+    let stats_task = tokio::spawn(stats::run(
+        settings.stats.clone(),
+        service.metrics.clone(),
+        stats_stop_rx,
+    ));
+    stats_debug(&settings, &service, stop_rx.clone()).await;
 
     // Reload on a file change (a filesystem notification, or the poll each second as the
     // fallback) and on SIGHUP; drain and stop on SIGTERM or SIGINT.
@@ -393,11 +404,31 @@ async fn serve(settings: Arc<Settings>) -> ExitCode {
     if drained.is_err() {
         tracing::warn!("drain: streams still open after {drain_bound:?}; closing them");
     }
+    let _ = stats_stop_tx.send(true);
+    let _ = stats_task.await;
     health::remove_socket(&settings.health);
     if failed {
         ExitCode::from(1)
     } else {
         ExitCode::SUCCESS
+    }
+}
+
+/// The DEBUG_PORT listener (`/`, `/rlconfig`, `/stats`); a port that cannot be bound is an
+/// error in the log, and the service runs on without it, as the peer's does.
+async fn stats_debug(settings: &Settings, service: &Arc<Service>, stop: watch::Receiver<bool>) {
+    let addr = stats::debug_bind(&settings.stats);
+    match tokio::net::TcpListener::bind(&addr).await {
+        Ok(listener) => {
+            let page = axum::serve(listener, stats::debug_router(service.clone()))
+                .with_graceful_shutdown(shutdown_signal(stop));
+            tokio::spawn(async move {
+                if let Err(e) = page.await {
+                    tracing::error!("debug server: {e}");
+                }
+            });
+        }
+        Err(e) => tracing::error!("cannot listen for debug on DEBUG_PORT {addr}: {e}"),
     }
 }
 

@@ -1,6 +1,8 @@
 //! Prometheus metrics under envoyproxy/ratelimit's names and labels (what its statsd
 //! mapper exports), so dashboards carry over, plus this service's own counters.
 
+use std::borrow::Cow;
+
 use prometheus::{
     Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts, Registry,
     TextEncoder,
@@ -26,6 +28,8 @@ pub struct Metrics {
     pub decisions: IntCounterVec,
     /// Latency of the Redis part of a call.
     pub redis_time: Histogram,
+    /// Each call's time for the statsd timers (`crate::stats`), kept only while a sink is on.
+    pub timings: crate::stats::Timings,
 }
 
 const LIMIT_LABELS: &[&str] = &["domain", "key1", "key2"];
@@ -119,8 +123,22 @@ impl Metrics {
             )?,
             redis_time,
             response_time,
+            timings: crate::stats::Timings::default(),
             registry,
         })
+    }
+
+    /// One call's time: the histogram, and the statsd timer if a sink is on.
+    pub fn observe_response_time(&self, method: &str, seconds: f64) {
+        self.response_time
+            .with_label_values(&[method])
+            .observe(seconds);
+        self.timings.record(method, seconds);
+    }
+
+    /// Every metric's current values (what the statsd sinks and `/stats` read).
+    pub fn gather(&self) -> Vec<prometheus::proto::MetricFamily> {
+        self.registry.gather()
     }
 
     /// The text exposition of every metric.
@@ -131,13 +149,29 @@ impl Metrics {
     }
 
     /// The `domain`, `key1`, `key2` labels of a stats key `domain.level1.level2…` (levels
-    /// past the second stay in `key2`, joined by dots).
-    pub fn labels<'a>(domain: &'a str, stats_key: &'a str) -> [&'a str; 3] {
-        let rest = stats_key
-            .strip_prefix(domain)
-            .and_then(|r| r.strip_prefix('.'))
-            .unwrap_or("");
-        let (key1, key2) = rest.split_once('.').unwrap_or((rest, ""));
-        [domain, key1, key2]
+    /// past the second stay in `key2`, joined by dots), after the peer's cleaning of stat
+    /// names (`crate::stats::sanitize_stat_name`): a value such as `10.1.2.3` stays in one
+    /// label instead of splitting at its dots.
+    pub fn labels<'a>(domain: &'a str, stats_key: &'a str) -> [Cow<'a, str>; 3] {
+        fn split<'k>(domain: &str, stats_key: &'k str) -> (&'k str, &'k str) {
+            let rest = stats_key
+                .strip_prefix(domain)
+                .and_then(|r| r.strip_prefix('.'))
+                .unwrap_or("");
+            rest.split_once('.').unwrap_or((rest, ""))
+        }
+        use crate::stats::sanitize_stat_name as clean;
+        match (clean(domain), clean(stats_key)) {
+            // The usual case: nothing to clean, nothing allocated.
+            (Cow::Borrowed(domain), Cow::Borrowed(stats_key)) => {
+                let (key1, key2) = split(domain, stats_key);
+                [domain.into(), key1.into(), key2.into()]
+            }
+            (domain, stats_key) => {
+                let (key1, key2) = split(&domain, &stats_key);
+                let (key1, key2) = (key1.to_string(), key2.to_string());
+                [Cow::Owned(domain.into_owned()), key1.into(), key2.into()]
+            }
+        }
     }
 }

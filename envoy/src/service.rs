@@ -218,9 +218,7 @@ impl Service {
             tracing::debug!("ShouldRateLimit failed: {e:?}");
         }
         self.metrics
-            .response_time
-            .with_label_values(&[method])
-            .observe(started.elapsed().as_secs_f64());
+            .observe_response_time(method, started.elapsed().as_secs_f64());
         result
     }
 

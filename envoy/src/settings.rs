@@ -72,18 +72,13 @@ pub struct Settings {
     pub xds: Option<crate::xds::XdsSettings>,
     // Redis setups (issue #24, part `redis`): TLS, Sentinel, start-up retries.
     pub redis_setup: crate::redis_setup::RedisSetup,
+    // stats (issue #24): statsd/dogstatsd sinks, EXTRA_TAGS, DEBUG_HOST/DEBUG_PORT.
+    pub stats: crate::stats::StatsSettings,
 }
 
 /// The Go service's variables this service does not support: each one set is a warning.
 pub const UNSUPPORTED: &[&str] = &[
-    "USE_STATSD",
-    "STATSD_HOST",
-    "STATSD_PORT",
-    "USE_DOG_STATSD",
     "USE_DOG_STATSD_MOGRIFIERS",
-    "EXTRA_TAGS",
-    "STATS_FLUSH_INTERVAL",
-    "DISABLE_STATS",
     "PROMETHEUS_MAPPER_YAML",
     "BACKEND_TYPE",
     "MEMCACHE_HOST_PORT",
@@ -93,8 +88,6 @@ pub const UNSUPPORTED: &[&str] = &[
     "REDIS_PERSECOND_PIPELINE_WINDOW",
     "REDIS_PERSECOND_PIPELINE_LIMIT",
     "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION",
-    "DEBUG_HOST",
-    "DEBUG_PORT",
     "EXPIRATION_JITTER_MAX_SECONDS",
     "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
     "TRACING_ENABLED",
@@ -106,6 +99,7 @@ pub const UNSUPPORTED_PREFIXES: &[&str] = &[
     // xds: the newer upstream's exponential back-off and message size (see docs/envoy.md).
     "XDS_CLIENT_",
     "TRACING_",
+    "DOG_STATSD_MOGRIFIER",
 ];
 
 /// The longest deadline `RL_TIMEOUT_MS` and `REDIS_TIMEOUT` may set, in ms.
@@ -332,6 +326,7 @@ impl Settings {
             health: crate::health::HealthSettings::from_env(&var, &flag)?,
             xds: crate::xds::XdsSettings::from_env(&var)?,
             redis_setup: crate::redis_setup::RedisSetup::from_env(&var)?,
+            stats: crate::stats::StatsSettings::from_env(&var, go_duration_ms)?,
         })
     }
 
@@ -436,9 +431,9 @@ mod tests {
     #[test]
     fn go_only_variables_are_recognised() {
         for name in [
-            "USE_STATSD",
             "REDIS_PERSECOND_PIPELINE_WINDOW",
             "REDIS_PIPELINE_LIMIT",
+            "USE_DOG_STATSD_MOGRIFIERS",
             "MEMCACHE_TLS",
             "TRACING_SERVICE_NAME",
         ] {
@@ -456,6 +451,10 @@ mod tests {
             "GRPC_MAX_CONNECTION_AGE_GRACE",
             "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
             "REDIS_PERSECOND_URL",
+            "REDIS_TLS_CACERT",
+            "USE_STATSD",
+            "DEBUG_PORT",
+            "CONFIG_TYPE",
         ] {
             assert!(!unsupported(name), "{name}");
         }

@@ -1,0 +1,682 @@
+//! The peer's observability, as its users read it: the statsd and dogstatsd sinks
+//! (`USE_STATSD`, `USE_DOG_STATSD`, `STATSD_*`, `EXTRA_TAGS`, `STATS_FLUSH_INTERVAL`,
+//! `DISABLE_STATS`) under envoyproxy/ratelimit's stat names, the cleaning of those names
+//! (its `SanitizeStatName`, gostats's tag values), and the `DEBUG_PORT` pages (`/`,
+//! `/rlconfig`, `/stats`).
+//!
+//! One set of counters: the sinks read the Prometheus registry of `metrics.rs` and send what
+//! each counter gained since the last flush, as gostats does; the response times are the
+//! one thing kept apart ([`Timings`]), since a statsd timer is one line per call.
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::routing::get;
+use axum::Router;
+use tokio::io::AsyncWriteExt;
+
+use crate::config::Config;
+use crate::metrics::Metrics;
+use crate::service::Service;
+
+/// Where the stats go.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Sink {
+    /// `DISABLE_STATS`, or `USE_STATSD=false` without `USE_DOG_STATSD`.
+    None,
+    /// gostats's statsd sink: `name.__tag=value:1|c`, over TCP (gostats's default) or UDP
+    /// (`STATSD_PROTOCOL=udp`).
+    Statsd { udp: bool },
+    /// datadog-go's: `name:1|c|#tag:value`, over UDP.
+    DogStatsd,
+}
+
+/// The stats settings (the `stats` part of issue #24).
+#[derive(Clone, Debug)]
+pub struct StatsSettings {
+    pub sink: Sink,
+    pub host: String,
+    pub port: u16,
+    /// `EXTRA_TAGS`, sorted by key (gostats's order), values cleaned as gostats cleans them.
+    pub extra_tags: Vec<(String, String)>,
+    pub flush_interval_ms: u64,
+    /// `DISABLE_STATS`: no sink at all, the Prometheus page included (the peer's null sink).
+    pub disabled: bool,
+    pub debug_host: String,
+    pub debug_port: u16,
+}
+
+/// The longest `STATS_FLUSH_INTERVAL`, in ms (an hour).
+pub const MAX_FLUSH_INTERVAL_MS: u64 = 3_600_000;
+
+/// gostats's UDP datagram bound: no fragmentation on a 1500-byte MTU.
+const MAX_DATAGRAM_BYTES: usize = 1432;
+
+/// How many response times wait for a flush at most; past that they are dropped (a sink
+/// that is down must not grow the process).
+const MAX_PENDING_TIMINGS: usize = 100_000;
+
+impl StatsSettings {
+    /// Reads the stats variables through `var`; `duration_ms` reads a Go duration.
+    ///
+    /// # Errors
+    /// The variable and what it must be.
+    pub fn from_env(
+        var: &dyn Fn(&str) -> Option<String>,
+        duration_ms: fn(&str) -> Option<u64>,
+    ) -> Result<StatsSettings, String> {
+        let flag = |name: &str, default: bool| -> Result<bool, String> {
+            match var(name) {
+                None => Ok(default),
+                Some(v) => match v.to_ascii_lowercase().as_str() {
+                    "true" | "1" | "t" | "yes" => Ok(true),
+                    "false" | "0" | "f" | "no" | "" => Ok(false),
+                    _ => Err(format!("{name} must be true or false, not {v:?}")),
+                },
+            }
+        };
+        let port = |name: &str, default: u16| -> Result<u16, String> {
+            match var(name) {
+                None => Ok(default),
+                Some(v) => v
+                    .trim()
+                    .parse::<u16>()
+                    .map_err(|_| format!("{name} must be a port from 0 to 65535, not {v:?}")),
+            }
+        };
+        let disabled = flag("DISABLE_STATS", false)?;
+        let use_statsd = flag("USE_STATSD", true)?;
+        let use_dog_statsd = flag("USE_DOG_STATSD", false)?;
+        let udp = match var("STATSD_PROTOCOL")
+            .unwrap_or_else(|| "tcp".into())
+            .to_ascii_lowercase()
+            .as_str()
+        {
+            "tcp" | "tcp4" | "tcp6" => false,
+            "udp" | "udp4" | "udp6" => true,
+            other => return Err(format!("STATSD_PROTOCOL must be tcp or udp, not {other:?}")),
+        };
+        let sink = if disabled {
+            Sink::None
+        } else if use_dog_statsd {
+            Sink::DogStatsd
+        } else if use_statsd {
+            Sink::Statsd { udp }
+        } else {
+            Sink::None
+        };
+        let flush_interval_ms = match var("STATS_FLUSH_INTERVAL") {
+            None => 10_000,
+            Some(v) => duration_ms(&v)
+                .filter(|ms| (1..=MAX_FLUSH_INTERVAL_MS).contains(ms))
+                .ok_or_else(|| {
+                    format!(
+                        "STATS_FLUSH_INTERVAL must be a Go duration from 1ms to 1h, such as 10s, \
+                         not {v:?}"
+                    )
+                })?,
+        };
+        Ok(StatsSettings {
+            sink,
+            host: var("STATSD_HOST").unwrap_or_else(|| "localhost".into()),
+            port: port("STATSD_PORT", 8125)?,
+            extra_tags: parse_extra_tags(&var("EXTRA_TAGS").unwrap_or_default())?,
+            flush_interval_ms,
+            disabled,
+            debug_host: var("DEBUG_HOST").unwrap_or_else(|| "0.0.0.0".into()),
+            debug_port: port("DEBUG_PORT", 6070)?,
+        })
+    }
+}
+
+/// `EXTRA_TAGS` as envconfig reads a map: `k:v,k:v`; a pair without a `:` is an error. Pairs
+/// with an empty key or value are dropped (gostats drops them), values are cleaned
+/// ([`tag_value`]), the last of a repeated key wins, and the result is sorted by key.
+///
+/// # Errors
+/// `EXTRA_TAGS` and what it must be.
+pub fn parse_extra_tags(text: &str) -> Result<Vec<(String, String)>, String> {
+    let mut tags = BTreeMap::new();
+    for pair in text.split(',').filter(|p| !p.is_empty()) {
+        let (key, value) = pair.split_once(':').ok_or_else(|| {
+            format!("EXTRA_TAGS must be key:value pairs joined by commas, not {pair:?}")
+        })?;
+        if !key.is_empty() && !value.is_empty() {
+            tags.insert(key.to_string(), tag_value(value));
+        }
+    }
+    Ok(tags.into_iter().collect())
+}
+
+/// gostats's `ReplaceChars`: `.`, `:` and `|` in a tag value become `_` (each would end
+/// the name, the value or the line in the statsd format).
+pub fn tag_value(value: &str) -> String {
+    value.replace(['.', ':', '|'], "_")
+}
+
+/// The peer's `SanitizeStatName`: `:` and `|` become `_`, and the dots inside anything
+/// shaped like an IPv4 address (`\d{1,3}(\.\d{1,3}){3}`, leftmost first, as Go's regexp
+/// finds them) become `_` too, so `10.1.2.3` stays one level of the stats key.
+pub fn sanitize_stat_name(name: &str) -> Cow<'_, str> {
+    let raw = name.as_bytes();
+    let clean = !raw.iter().any(|b| matches!(b, b':' | b'|'))
+        && (0..raw.len()).all(|start| ipv4_at(raw, start).is_none());
+    if clean {
+        return Cow::Borrowed(name);
+    }
+    let bytes = name.replace([':', '|'], "_").into_bytes();
+    let mut out = bytes.clone();
+    let mut start = 0usize;
+    while start < bytes.len() {
+        match ipv4_at(&bytes, start) {
+            Some(end) => {
+                for i in start..end {
+                    if let Some(b) = out.get_mut(i) {
+                        if *b == b'.' {
+                            *b = b'_';
+                        }
+                    }
+                }
+                start = end.max(start.saturating_add(1));
+            }
+            None => start = start.saturating_add(1),
+        }
+    }
+    // Only ASCII dots were replaced by ASCII underscores: still UTF-8.
+    Cow::Owned(
+        String::from_utf8(out)
+            .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()),
+    )
+}
+
+/// The end of the leftmost-first match of `\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3}` at `start`:
+/// each group takes as many digits as it can, and gives some back when the next dot is
+/// not where it needs to be (the backtracking of Go's leftmost-first semantics).
+fn ipv4_at(bytes: &[u8], start: usize) -> Option<usize> {
+    fn group(bytes: &[u8], at: usize, left: u32) -> Option<usize> {
+        let digits = bytes
+            .get(at..)?
+            .iter()
+            .take(3)
+            .take_while(|b| b.is_ascii_digit())
+            .count();
+        for n in (1..=digits).rev() {
+            let end = at.checked_add(n)?;
+            if left == 0 {
+                return Some(end);
+            }
+            if bytes.get(end) == Some(&b'.') {
+                if let Some(found) = group(bytes, end.checked_add(1)?, left - 1) {
+                    return Some(found);
+                }
+            }
+        }
+        None
+    }
+    group(bytes, start, 3)
+}
+
+/// A stat name with tags in gostats's statsd form: `name.__key=value…` (sorted keys).
+fn tagged_name(name: &str, tags: &[(String, String)]) -> String {
+    let mut out = name.to_string();
+    for (k, v) in tags {
+        out.push_str(".__");
+        out.push_str(k);
+        out.push('=');
+        out.push_str(v);
+    }
+    out
+}
+
+/// One line: a counter (`|c`) or a timer in ms (`|ms`), in the sink's format.
+fn line(sink: &Sink, tags: &[(String, String)], name: &str, value: &str, kind: &str) -> String {
+    match sink {
+        Sink::DogStatsd if !tags.is_empty() => {
+            let tags: Vec<String> = tags.iter().map(|(k, v)| format!("{k}:{v}")).collect();
+            format!("{name}:{value}|{kind}|#{}\n", tags.join(","))
+        }
+        Sink::DogStatsd => format!("{name}:{value}|{kind}\n"),
+        _ => format!("{}:{value}|{kind}\n", tagged_name(name, tags)),
+    }
+}
+
+/// A call's time as the peer times it: whole ms, cut down (Go's `Duration.Milliseconds()`),
+/// which gostats writes as a plain integer.
+fn ms_text(ms: f64) -> String {
+    format!("{:.0}", ms.max(0.0).trunc())
+}
+
+/// The peer's statsd name of one Prometheus series (`family` with `labels`); `None` for
+/// the series that have no statsd counterpart (the histograms: timers are sent per call).
+fn statsd_name(family: &str, labels: &BTreeMap<&str, &str>) -> Option<String> {
+    let label = |name: &str| labels.get(name).copied().unwrap_or("");
+    if let Some(suffix) = family.strip_prefix("ratelimit_service_rate_limit_") {
+        // The labels split the stats key at its first two dots: joined back, it is the key.
+        let mut key = label("domain").to_string();
+        for part in [label("key1"), label("key2")] {
+            if !part.is_empty() {
+                key.push('.');
+                key.push_str(part);
+            }
+        }
+        return Some(format!("ratelimit.service.rate_limit.{key}.{suffix}"));
+    }
+    Some(match family {
+        "ratelimit_service_total_requests" => {
+            format!("ratelimit_server.{}.total_requests", label("grpc_method"))
+        }
+        "ratelimit_service_should_rate_limit_error" => {
+            // The peer counts two kinds: the backend's and the service's own.
+            let kind = match label("err_type") {
+                "invalid_argument" => "service_error",
+                _ => "redis_error",
+            };
+            format!("ratelimit.service.call.should_rate_limit.{kind}")
+        }
+        "ratelimit_service_config_load_success" => "ratelimit.service.config_load_success".into(),
+        "ratelimit_service_config_load_error" => "ratelimit.service.config_load_error".into(),
+        "redis_rl_envoy_decisions_total" => {
+            format!("redis_rl_envoy.decisions.{}", label("source"))
+        }
+        _ => return None,
+    })
+}
+
+/// Every counter under its statsd name, with its total since start (series that share a
+/// name, such as two error kinds the peer counts as one, are added up).
+pub fn counters(metrics: &Metrics) -> BTreeMap<String, u64> {
+    let mut out: BTreeMap<String, u64> = BTreeMap::new();
+    for family in metrics.gather() {
+        for metric in family.get_metric() {
+            let labels: BTreeMap<&str, &str> = metric
+                .get_label()
+                .iter()
+                .map(|l| (l.name(), l.value()))
+                .collect();
+            let Some(name) = statsd_name(family.name(), &labels) else {
+                continue;
+            };
+            // Counters hold whole numbers (IntCounter): the f64 is exact below 2^53.
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            let value = metric.get_counter().get_value().max(0.0) as u64;
+            let total = out.entry(name).or_insert(0);
+            *total = total.saturating_add(value);
+        }
+    }
+    out
+}
+
+/// The response times that wait for the next flush, as statsd timers (`ratelimit_server.
+/// <method>.response_time`). Off (nothing kept) unless a sink is on.
+#[derive(Clone, Default)]
+pub struct Timings {
+    pending: Arc<Mutex<Option<Vec<Timing>>>>,
+}
+
+/// One call's method and time in ms.
+type Timing = (&'static str, f64);
+
+impl Timings {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Vec<Timing>>> {
+        match self.pending.lock() {
+            Ok(g) => g,
+            Err(poisoned) => poisoned.into_inner(),
+        }
+    }
+
+    /// Starts keeping the times.
+    pub fn enable(&self) {
+        let mut pending = self.lock();
+        if pending.is_none() {
+            *pending = Some(Vec::new());
+        }
+    }
+
+    /// Keeps one call's time, if a sink is on and fewer than [`MAX_PENDING_TIMINGS`] wait.
+    /// The methods are the two the service has, so nothing is allocated per call.
+    pub fn record(&self, method: &str, seconds: f64) {
+        let method = match method {
+            "ShouldRateLimit" => "ShouldRateLimit",
+            "json" => "json",
+            _ => "other",
+        };
+        if let Some(pending) = self.lock().as_mut() {
+            if pending.len() < MAX_PENDING_TIMINGS {
+                pending.push((method, seconds * 1000.0));
+            }
+        }
+    }
+
+    fn take(&self) -> Vec<Timing> {
+        self.lock().as_mut().map(std::mem::take).unwrap_or_default()
+    }
+}
+
+/// What one flush sends: the counters that moved since `last` (their gain, gostats skips
+/// the rest) and the times recorded since. `last` becomes the current totals.
+fn flush_lines(
+    settings: &StatsSettings,
+    metrics: &Metrics,
+    last: &mut BTreeMap<String, u64>,
+) -> Vec<String> {
+    let now = counters(metrics);
+    let mut lines = Vec::new();
+    for (name, total) in &now {
+        let before = last.get(name).copied().unwrap_or(0);
+        let gained = total.saturating_sub(before);
+        if gained > 0 {
+            lines.push(line(
+                &settings.sink,
+                &settings.extra_tags,
+                name,
+                &gained.to_string(),
+                "c",
+            ));
+        }
+    }
+    *last = now;
+    for (method, ms) in metrics.timings.take() {
+        lines.push(line(
+            &settings.sink,
+            &settings.extra_tags,
+            &format!("ratelimit_server.{method}.response_time"),
+            &ms_text(ms),
+            "ms",
+        ));
+    }
+    lines
+}
+
+/// The lines packed into datagrams of at most [`MAX_DATAGRAM_BYTES`] (a longer line goes
+/// alone).
+fn datagrams(lines: &[String]) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    let mut current = String::new();
+    for l in lines {
+        if !current.is_empty() && current.len().saturating_add(l.len()) > MAX_DATAGRAM_BYTES {
+            out.push(std::mem::take(&mut current));
+        }
+        current.push_str(l);
+    }
+    if !current.is_empty() {
+        out.push(current);
+    }
+    out
+}
+
+/// The sink's connection: a UDP socket, or a TCP stream opened again after a failure.
+enum Connection {
+    Udp(tokio::net::UdpSocket),
+    Tcp(Option<tokio::net::TcpStream>),
+}
+
+impl Connection {
+    async fn send(&mut self, address: &str, lines: &[String]) -> Result<(), String> {
+        match self {
+            Connection::Udp(socket) => {
+                let target = tokio::net::lookup_host(address)
+                    .await
+                    .map_err(|e| format!("{address}: {e}"))?
+                    .next()
+                    .ok_or_else(|| format!("{address}: no address"))?;
+                for datagram in datagrams(lines) {
+                    socket
+                        .send_to(datagram.as_bytes(), target)
+                        .await
+                        .map_err(|e| format!("{address}: {e}"))?;
+                }
+                Ok(())
+            }
+            Connection::Tcp(stream) => {
+                if stream.is_none() {
+                    let connect = tokio::net::TcpStream::connect(address);
+                    let s = tokio::time::timeout(Duration::from_millis(1500), connect)
+                        .await
+                        .map_err(|_| format!("{address}: connect timed out"))?
+                        .map_err(|e| format!("{address}: {e}"))?;
+                    *stream = Some(s);
+                }
+                let Some(s) = stream.as_mut() else {
+                    return Ok(());
+                };
+                let text = lines.concat();
+                let written =
+                    tokio::time::timeout(Duration::from_secs(1), s.write_all(text.as_bytes()))
+                        .await;
+                match written {
+                    Ok(Ok(())) => Ok(()),
+                    Ok(Err(e)) => {
+                        *stream = None;
+                        Err(format!("{address}: {e}"))
+                    }
+                    Err(_) => {
+                        *stream = None;
+                        Err(format!("{address}: write timed out"))
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Flushes every `STATS_FLUSH_INTERVAL` until `stop` turns true, then once more, so the
+/// last calls are not lost. A sink that cannot be reached drops that flush's stats (as
+/// gostats drops them) and is warned about once until it works again.
+pub async fn run(
+    settings: StatsSettings,
+    metrics: Metrics,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let udp = match settings.sink {
+        Sink::None => return,
+        Sink::Statsd { udp } => udp,
+        Sink::DogStatsd => true,
+    };
+    metrics.timings.enable();
+    let address = if settings.host.contains(':') && !settings.host.starts_with('[') {
+        format!("[{}]:{}", settings.host, settings.port)
+    } else {
+        format!("{}:{}", settings.host, settings.port)
+    };
+    let mut connection = if udp {
+        let bind = if settings.host.contains(':') {
+            "[::]:0"
+        } else {
+            "0.0.0.0:0"
+        };
+        match tokio::net::UdpSocket::bind(bind).await {
+            Ok(s) => Connection::Udp(s),
+            Err(e) => {
+                tracing::error!("statsd: cannot open a UDP socket: {e}");
+                return;
+            }
+        }
+    } else {
+        Connection::Tcp(None)
+    };
+    tracing::info!(
+        "stats: {:?} to {address} every {} ms",
+        settings.sink,
+        settings.flush_interval_ms
+    );
+    let mut last = BTreeMap::new();
+    let mut warned = false;
+    let mut ticker = tokio::time::interval(Duration::from_millis(settings.flush_interval_ms));
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    ticker.tick().await;
+    loop {
+        let stopping = tokio::select! {
+            _ = ticker.tick() => false,
+            _ = stop.wait_for(|s| *s) => true,
+        };
+        let lines = flush_lines(&settings, &metrics, &mut last);
+        if !lines.is_empty() {
+            match connection.send(&address, &lines).await {
+                Ok(()) => warned = false,
+                Err(e) if !warned => {
+                    warned = true;
+                    tracing::warn!("statsd: stats dropped: {e}");
+                }
+                Err(e) => tracing::debug!("statsd: stats dropped: {e}"),
+            }
+        }
+        if stopping {
+            return;
+        }
+    }
+}
+
+/// The `/rlconfig` text: one line per limit, the peer's `Dump` format
+/// (`<stats key>: unit=<UNIT> requests_per_unit=<n>, shadow_mode: <bool>`), sorted.
+pub fn dump_config(config: &Config) -> String {
+    let mut lines: Vec<String> = config
+        .limits()
+        .into_iter()
+        .map(|(key, unit, requests_per_unit, shadow_mode)| {
+            format!(
+                "{key}: unit={} requests_per_unit={requests_per_unit}, shadow_mode: {shadow_mode}\n",
+                unit_name(unit)
+            )
+        })
+        .collect();
+    lines.sort();
+    lines.concat()
+}
+
+fn unit_name(unit: crate::config::Unit) -> &'static str {
+    use crate::config::Unit;
+    match unit {
+        Unit::Second => "SECOND",
+        Unit::Minute => "MINUTE",
+        Unit::Hour => "HOUR",
+        Unit::Day => "DAY",
+        Unit::Week => "WEEK",
+        Unit::Month => "MONTH",
+        Unit::Year => "YEAR",
+    }
+}
+
+/// The `/stats` text: every counter under its statsd name with its total, `name: value`
+/// per line (the peer's page prints Go's expvar in that shape).
+pub fn dump_stats(metrics: &Metrics) -> String {
+    counters(metrics)
+        .into_iter()
+        .map(|(name, value)| format!("{name}: {value}\n"))
+        .collect()
+}
+
+const DEBUG_ENDPOINTS: &[(&str, &str)] = &[
+    (
+        "/rlconfig",
+        "print out the currently loaded configuration for debugging",
+    ),
+    ("/stats", "print out stats"),
+];
+
+/// The debug listener's pages: `/` lists them, `/rlconfig`, `/stats`.
+pub fn debug_router(service: Arc<Service>) -> Router {
+    Router::new()
+        .route(
+            "/",
+            get(|| async {
+                DEBUG_ENDPOINTS
+                    .iter()
+                    .map(|(path, help)| format!("{path}: {help}\n"))
+                    .collect::<String>()
+            }),
+        )
+        .route(
+            "/rlconfig",
+            get(|State(s): State<Arc<Service>>| async move { dump_config(&s.config()) }),
+        )
+        .route(
+            "/stats",
+            get(|State(s): State<Arc<Service>>| async move { dump_stats(&s.metrics) }),
+        )
+        .with_state(service)
+}
+
+/// `host:port` of the debug listener (an IPv6 host in brackets).
+pub fn debug_bind(settings: &StatsSettings) -> String {
+    if settings.debug_host.contains(':') && !settings.debug_host.starts_with('[') {
+        format!("[{}]:{}", settings.debug_host, settings.debug_port)
+    } else {
+        format!("{}:{}", settings.debug_host, settings.debug_port)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_cleaned_as_the_peer_cleans_them() {
+        for (raw, clean) in [
+            ("d.remote_address_10.1.2.3", "d.remote_address_10_1_2_3"),
+            ("d.k_a:b|c", "d.k_a_b_c"),
+            ("d.k_1.2.3", "d.k_1.2.3"),
+            ("d.k_1234.5.6.7", "d.k_1234_5_6_7"),
+            ("d.k_10.1.2.3456", "d.k_10_1_2_3456"),
+            ("d.k_1.2.3.4.5.6.7.8", "d.k_1_2_3_4.5_6_7_8"),
+            ("d.ip_::ffff:10.0.0.1", "d.ip___ffff_10_0_0_1"),
+            ("d.é.1.2.3.4", "d.é.1_2_3_4"),
+        ] {
+            assert_eq!(sanitize_stat_name(raw), clean, "{raw}");
+        }
+        assert!(matches!(sanitize_stat_name("d.k_1.2.3"), Cow::Borrowed(_)));
+    }
+
+    #[test]
+    fn prometheus_labels_keep_an_address_in_one_label() {
+        let labels = Metrics::labels("d", "d.remote_address_10.1.2.3");
+        assert_eq!(labels, ["d", "remote_address_10_1_2_3", ""]);
+        let labels = Metrics::labels("d", "d.a_1.b_2.c");
+        assert_eq!(labels, ["d", "a_1", "b_2.c"]);
+        assert!(labels.iter().all(|l| matches!(l, Cow::Borrowed(_))));
+        assert_eq!(Metrics::labels("a:b", "a:b.k_v"), ["a_b", "k_v", ""]);
+    }
+
+    #[test]
+    fn extra_tags_read_as_envconfig_reads_a_map() {
+        assert_eq!(
+            parse_extra_tags("z:1,a:b.c,empty:,:x").unwrap(),
+            vec![("a".into(), "b_c".into()), ("z".into(), "1".into())]
+        );
+        assert!(parse_extra_tags("").unwrap().is_empty());
+        assert!(parse_extra_tags("novalue")
+            .unwrap_err()
+            .starts_with("EXTRA_TAGS"));
+    }
+
+    #[test]
+    fn lines_in_both_formats() {
+        let tags = vec![("env".to_string(), "prod".to_string())];
+        assert_eq!(
+            line(&Sink::Statsd { udp: true }, &tags, "a.b", "3", "c"),
+            "a.b.__env=prod:3|c\n"
+        );
+        assert_eq!(
+            line(&Sink::DogStatsd, &tags, "a.b", "3", "c"),
+            "a.b:3|c|#env:prod\n"
+        );
+        assert_eq!(
+            line(&Sink::DogStatsd, &[], "a.b", "2.5", "ms"),
+            "a.b:2.5|ms\n"
+        );
+        assert_eq!(ms_text(2.0), "2");
+        assert_eq!(ms_text(0.25), "0");
+        assert_eq!(ms_text(12.99), "12");
+    }
+
+    #[test]
+    fn datagrams_stay_under_the_mtu() {
+        let lines: Vec<String> = (0..300).map(|i| format!("name.{i}:1|c\n")).collect();
+        let grams = datagrams(&lines);
+        assert!(grams.len() > 1);
+        assert!(grams.iter().all(|g| g.len() <= MAX_DATAGRAM_BYTES));
+        assert_eq!(grams.concat(), lines.concat());
+    }
+}
