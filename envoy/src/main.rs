@@ -154,6 +154,27 @@ fn main() -> ExitCode {
     }
 }
 
+/// Waits for `work` unless SIGTERM or SIGINT comes first (`None`, logged). A service still
+/// waiting for its first config (xDS) or for Redis (`REDIS_STARTUP_*`) must stop when asked:
+/// as PID 1 in a container, a process with no handler yet never sees SIGTERM at all.
+async fn unless_stopped<F: std::future::Future>(work: F) -> Option<F::Output> {
+    let Ok(mut term) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+    else {
+        return Some(work.await);
+    };
+    tokio::select! {
+        out = work => Some(out),
+        _ = term.recv() => {
+            tracing::warn!("SIGTERM before the service was ready: exiting");
+            None
+        }
+        _ = tokio::signal::ctrl_c() => {
+            tracing::warn!("SIGINT before the service was ready: exiting");
+            None
+        }
+    }
+}
+
 async fn serve(settings: Arc<Settings>) -> ExitCode {
     init_logging(&settings);
     let mut ignored: Vec<String> = std::env::vars_os()
@@ -170,9 +191,10 @@ async fn serve(settings: Arc<Settings>) -> ExitCode {
     let dir = source.config_dir();
     // xds: over xDS the first config comes from the management server, not the files.
     let (config, mut xds_updates, xds_refused) = match settings.xds.clone() {
-        Some(x) => match xds::start(x, settings.merge_domain_config).await {
-            Some((c, refused, updates)) => (c, Some(updates), refused),
-            None => return ExitCode::from(1),
+        Some(x) => match unless_stopped(xds::start(x, settings.merge_domain_config)).await {
+            Some(Some((c, refused, updates))) => (c, Some(updates), refused),
+            Some(None) => return ExitCode::from(1),
+            None => return ExitCode::SUCCESS,
         },
         None => match Config::load(&source) {
             Ok(c) => (c, None, 0),
@@ -198,9 +220,10 @@ async fn serve(settings: Arc<Settings>) -> ExitCode {
         dir.display(),
         config::summary(&config)
     );
-    let backend = match redis_setup::connect_with_retries(&settings).await {
-        Ok(b) => b,
-        Err(e) => {
+    let backend = match unless_stopped(redis_setup::connect_with_retries(&settings)).await {
+        None => return ExitCode::SUCCESS,
+        Some(Ok(b)) => b,
+        Some(Err(e)) => {
             tracing::error!("{e}");
             eprintln!("redis-rl-envoy: {e}");
             return ExitCode::from(1);

@@ -401,6 +401,36 @@ fn start_up_waits_for_redis_and_is_unhealthy_until_then() {
     assert_eq!(e.matches("trying again").count(), 2, "{e}");
 }
 
+#[test]
+fn sigterm_while_waiting_for_redis_stops_the_service() {
+    // Before: no SIGTERM handler until Redis answered, so a pod whose Redis was unreachable
+    // could not be stopped (as PID 1 in a container the signal is ignored; here, outside one,
+    // it killed the process without a clean exit).
+    let root = tempfile::tempdir().expect("temp dir");
+    std::fs::create_dir_all(Service::config_dir(root.path())).expect("config dir");
+    std::fs::write(Service::config_dir(root.path()).join("setups.yaml"), CONFIG).expect("config");
+    let mut svc = Service::spawn(
+        root,
+        &format!("127.0.0.1:{}", free_port()),
+        &[("REDIS_STARTUP_RETRY_INITIAL_INTERVAL", "100ms")],
+    );
+    let waited = Instant::now();
+    while !svc.log().contains("trying again") {
+        assert!(waited.elapsed() < Duration::from_secs(20), "{}", svc.log());
+        sleep(Duration::from_millis(50));
+    }
+    let asked = Instant::now();
+    svc.signal("TERM");
+    let status = svc.wait_exit().expect("exit status");
+    assert!(status.success(), "{status}: {}", svc.log());
+    assert!(asked.elapsed() < Duration::from_secs(5), "{}", svc.log());
+    assert!(
+        svc.log().contains("SIGTERM before the service was ready"),
+        "{}",
+        svc.log()
+    );
+}
+
 fn replication_up(port: u16, password: &str) -> bool {
     // Not a URL: the password holds `#`.
     use redis::IntoConnectionInfo;

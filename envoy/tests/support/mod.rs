@@ -183,14 +183,9 @@ impl Service {
         Service::try_start_until(root, redis_url, env, |r| r.status == 200)
     }
 
-    /// As [`Service::try_start_in`], up once `/healthcheck` answers as `ready` says (a
-    /// service that is up but not serving answers 500).
-    pub fn try_start_until(
-        root: tempfile::TempDir,
-        redis_url: &str,
-        env: &[(&str, &str)],
-        ready: impl Fn(&Reply) -> bool,
-    ) -> Result<Service, String> {
+    /// The service started on `root`'s config, not waited for: for a test of what it does
+    /// before it is ready.
+    pub fn spawn(root: tempfile::TempDir, redis_url: &str, env: &[(&str, &str)]) -> Service {
         let (http_port, grpc_port, metrics_port) = (free_port(), free_port(), free_port());
         let log = root.path().join("service.log");
         let mut command = Command::new(env!("CARGO_BIN_EXE_redis-rl-envoy"));
@@ -219,14 +214,26 @@ impl Service {
             .stdout(log_file.try_clone().expect("log"))
             .stderr(log_file);
         let child = command.spawn().expect("spawn redis-rl-envoy");
-        let mut service = Service {
+        Service {
             child: Some(child),
             http_port,
             grpc_port,
             metrics_port,
             root,
             log,
-        };
+        }
+    }
+
+    /// As [`Service::try_start_in`], up once `/healthcheck` answers as `ready` says (a
+    /// service that is up but not serving answers 500).
+    pub fn try_start_until(
+        root: tempfile::TempDir,
+        redis_url: &str,
+        env: &[(&str, &str)],
+        ready: impl Fn(&Reply) -> bool,
+    ) -> Result<Service, String> {
+        let mut service = Service::spawn(root, redis_url, env);
+        let http_port = service.http_port;
         let started = Instant::now();
         loop {
             if let Some(child) = service.child.as_mut() {
