@@ -384,14 +384,9 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::HashMap;
 
     fn with(pairs: &[(&str, &str)]) -> Result<HealthSettings, String> {
-        let map: HashMap<String, String> = pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        Settings::from_env(|k| map.get(k).cloned()).map(|s| s.health)
+        crate::settings::from_pairs(pairs).map(|s| s.health)
     }
 
     #[test]

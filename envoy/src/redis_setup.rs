@@ -70,16 +70,7 @@ impl RedisSetup {
     /// The variable and what it must be.
     pub fn from_env(var: &impl Fn(&str) -> Option<String>) -> Result<RedisSetup, String> {
         let text = |name: &str| var(name).unwrap_or_default();
-        let flag = |name: &str, default: bool| -> Result<bool, String> {
-            match var(name) {
-                None => Ok(default),
-                Some(v) => match v.trim().to_ascii_lowercase().as_str() {
-                    "true" | "1" | "t" | "yes" => Ok(true),
-                    "false" | "0" | "f" | "no" | "" => Ok(false),
-                    _ => Err(format!("{name} must be true or false, not {v:?}")),
-                },
-            }
-        };
+        let flag = |name: &str, default: bool| crate::settings::env_flag(var, name, default);
         let duration = |name: &str, default_ms: u64| -> Result<u64, String> {
             match var(name) {
                 None => Ok(default_ms),
@@ -740,14 +731,9 @@ pub async fn connect_with_retries(settings: &Settings) -> Result<Backends, Strin
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::HashMap;
 
     fn settings(pairs: &[(&str, &str)]) -> Result<Settings, String> {
-        let map: HashMap<String, String> = pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        Settings::from_env(|k| map.get(k).cloned())
+        crate::settings::from_pairs(pairs)
     }
 
     #[test]

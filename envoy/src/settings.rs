@@ -172,16 +172,7 @@ impl Settings {
     /// The variable and what it must be.
     pub fn from_env(var: impl Fn(&str) -> Option<String>) -> Result<Settings, String> {
         let text = |name: &str, default: &str| var(name).unwrap_or_else(|| default.to_string());
-        let flag = |name: &str, default: bool| -> Result<bool, String> {
-            match var(name) {
-                None => Ok(default),
-                Some(v) => match v.to_ascii_lowercase().as_str() {
-                    "true" | "1" | "t" | "yes" => Ok(true),
-                    "false" | "0" | "f" | "no" | "" => Ok(false),
-                    _ => Err(format!("{name} must be true or false, not {v:?}")),
-                },
-            }
-        };
+        let flag = |name: &str, default: bool| env_flag(&var, name, default);
         let number = |name: &str, default: u64, max: u64| -> Result<u64, String> {
             match var(name) {
                 None => Ok(default),
@@ -355,17 +346,43 @@ impl Settings {
     }
 }
 
+/// A true/false variable as the Go service's envconfig reads it (Go's `ParseBool`, plus `yes`
+/// and `no`); unset is `default`, and anything else an error naming the variable. Every
+/// part's settings read their flags through this one.
+///
+/// # Errors
+/// The variable and what it must be.
+pub(crate) fn env_flag(
+    var: &dyn Fn(&str) -> Option<String>,
+    name: &str,
+    default: bool,
+) -> Result<bool, String> {
+    match var(name) {
+        None => Ok(default),
+        Some(v) => match v.trim().to_ascii_lowercase().as_str() {
+            "true" | "1" | "t" | "yes" => Ok(true),
+            "false" | "0" | "f" | "no" | "" => Ok(false),
+            _ => Err(format!("{name} must be true or false, not {v:?}")),
+        },
+    }
+}
+
+/// The settings read from `pairs` alone, for the unit tests of every part.
+#[cfg(test)]
+pub(crate) fn from_pairs(pairs: &[(&str, &str)]) -> Result<Settings, String> {
+    let map: std::collections::HashMap<String, String> = pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    Settings::from_env(|k| map.get(k).cloned())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::HashMap;
 
     fn with(pairs: &[(&str, &str)]) -> Result<Settings, String> {
-        let map: HashMap<String, String> = pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        Settings::from_env(|k| map.get(k).cloned())
+        from_pairs(pairs)
     }
 
     #[test]

@@ -68,16 +68,7 @@ impl StatsSettings {
         var: &dyn Fn(&str) -> Option<String>,
         duration_ms: fn(&str) -> Option<u64>,
     ) -> Result<StatsSettings, String> {
-        let flag = |name: &str, default: bool| -> Result<bool, String> {
-            match var(name) {
-                None => Ok(default),
-                Some(v) => match v.to_ascii_lowercase().as_str() {
-                    "true" | "1" | "t" | "yes" => Ok(true),
-                    "false" | "0" | "f" | "no" | "" => Ok(false),
-                    _ => Err(format!("{name} must be true or false, not {v:?}")),
-                },
-            }
-        };
+        let flag = |name: &str, default: bool| crate::settings::env_flag(var, name, default);
         let port = |name: &str, default: u16| -> Result<u16, String> {
             match var(name) {
                 None => Ok(default),

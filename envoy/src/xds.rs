@@ -615,11 +615,7 @@ mod tests {
     use envoy_types::pb::ratelimit::config::ratelimit::v3::RateLimitReplace;
 
     fn with(pairs: &[(&str, &str)]) -> Result<Option<XdsSettings>, String> {
-        let map: std::collections::HashMap<String, String> = pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        XdsSettings::from_env(&|k: &str| map.get(k).cloned())
+        crate::settings::from_pairs(pairs).map(|s| s.xds)
     }
 
     fn any(c: &RateLimitConfig) -> Any {

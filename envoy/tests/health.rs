@@ -17,7 +17,6 @@ use rl_testkit as common;
 mod support;
 
 use std::path::Path;
-use std::process::Command;
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
@@ -26,7 +25,7 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescript
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
-use support::{http, upstream, Envoy, Service};
+use support::{http, openssl, upstream, Envoy, Service};
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;
@@ -361,20 +360,6 @@ fn grpc_on_a_unix_socket_behind_envoy_with_its_grpc_health_check() {
     wait_for("Envoy sees SERVING again", Duration::from_secs(15), || {
         host_health(&envoy).ends_with("::healthy")
     });
-}
-
-/// `openssl` with `args` in `dir`.
-fn openssl(dir: &Path, args: &[&str]) {
-    let out = Command::new("openssl")
-        .current_dir(dir)
-        .args(args)
-        .output()
-        .expect("run openssl");
-    assert!(
-        out.status.success(),
-        "openssl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 /// A CA and leaf certificates it signed, `<name>.pem`/`<name>.key`, each with one DNS SAN.

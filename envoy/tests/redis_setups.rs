@@ -16,7 +16,7 @@ use std::process::{Child, Command, Stdio};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
-use support::{free_port, one, Service};
+use support::{free_port, one, openssl, Service};
 
 const CONFIG: &str = "
 domain: setups
@@ -151,20 +151,6 @@ fn passwords_of_any_bytes_and_acl_users() {
         ],
     );
     assert!(e.contains("cannot reach Redis"), "{e}");
-}
-
-/// openssl with `args`, in `dir`.
-fn openssl(dir: &Path, args: &[&str]) {
-    let out = Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .expect("openssl");
-    assert!(
-        out.status.success(),
-        "openssl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 /// A CA, a server certificate for `san`, and a client certificate, in `dir`.

@@ -33,7 +33,7 @@ use envoy_types::pb::ratelimit::config::ratelimit::v3::{
 };
 use prost::Message;
 use serde_json::Value;
-use support::{one, Service};
+use support::{one, openssl, Service};
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 
@@ -387,20 +387,6 @@ fn force_start_serves_without_a_config_until_the_first_push() {
     wait_request(&seen, &svc, "ACK of v1", |_, r| r.response_nonce == "n1");
     assert_eq!(limit(&svc, "gw", "k"), Some(3));
     plane.stop(&rt);
-}
-
-/// Runs `openssl` with `args` in `dir`; panics with its output when it fails.
-fn openssl(dir: &std::path::Path, args: &[&str]) {
-    let out = std::process::Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .expect("run openssl");
-    assert!(
-        out.status.success(),
-        "openssl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 /// A CA, a server certificate for the name `xds.test` only, and a client certificate.

@@ -555,3 +555,18 @@ impl Drop for Envoy {
         }
     }
 }
+
+/// Runs `openssl` with `args` in `dir` (the tests' certificates); panics with its output when
+/// it fails.
+pub fn openssl(dir: &Path, args: &[&str]) {
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("run openssl");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
