@@ -742,7 +742,15 @@ async fn run(load_cpu: &str, cpus: usize) -> Res<()> {
             .output()
             .ok()
             .and_then(|o| String::from_utf8(o.stdout).ok())
-            .map(|s| s.trim().to_string())
+            // "Limitador Server v2.4.0-dev (<sha>) [] release": only the version, since the
+            // sha is whatever git repository the build ran in (ours, for a copy under target/).
+            .and_then(|s| {
+                s.split_whitespace()
+                    .find(|w| {
+                        w.starts_with('v') && w.chars().nth(1).is_some_and(|c| c.is_ascii_digit())
+                    })
+                    .map(str::to_string)
+            })
             .unwrap_or_default()
     };
 
