@@ -27,9 +27,10 @@ BENCH_ENVOY_SECONDS ?= 5
 
 # The peer of bench-envoy's side-by-side rows: Kuadrant's limitador-server (Apache-2.0). Its
 # source snapshot stays outside the repository; it is copied under target/peers (its source
-# directory may be read-only) and built there with its own release profile (fat LTO: 20-25
-# minutes on 2 cores). LIMITADOR_BIN, a built limitador-server, skips the build. Without
-# either, bench-envoy skips the peer's rows and writes why into the results.
+# directory may be read-only) and built there with its own release profile (fat LTO, and
+# RocksDB's C++: 20 to 40 minutes on 2 cores). LIMITADOR_BIN, a built limitador-server,
+# skips the build. Without either, bench-envoy skips the peer's rows and writes why into the
+# results.
 LIMITADOR_SRC ?= $(abspath $(CURDIR)/../shared/peers/limitador)
 LIMITADOR_BIN ?=
 LIMITADOR_COPY := $(CURDIR)/target/peers/limitador-src
@@ -43,7 +44,7 @@ $(LIMITADOR_BUILT):
 	cd "$(LIMITADOR_COPY)" && CARGO_TARGET_DIR="$(CURDIR)/target/peers/limitador" \
 		nice $(CARGO) build --release --locked -p limitador-server
 
-peer-limitador: $(LIMITADOR_BUILT) ## Build limitador-server, bench-envoy's peer, from LIMITADOR_SRC into target/peers (20-25 minutes on 2 cores)
+peer-limitador: $(LIMITADOR_BUILT) ## Build limitador-server, bench-envoy's peer, from LIMITADOR_SRC into target/peers (20 to 40 minutes on 2 cores)
 
 # bench-envoy's peer: LIMITADOR_BIN, else the build from LIMITADOR_SRC (a prerequisite, so a
 # failed build stops the benchmark), else none, and LIMITADOR_SKIP says why.
