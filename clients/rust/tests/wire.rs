@@ -40,7 +40,11 @@ fn cases() -> Vec<Case> {
     let cases = doc["cases"].as_array().unwrap();
     assert!(!cases.is_empty());
     // A `python_only` case is built from Python types (a timedelta, a rate as "N/S" text).
-    cases.iter().filter(|c| c["python_only"] != true).map(case).collect()
+    cases
+        .iter()
+        .filter(|c| c["python_only"] != true)
+        .map(case)
+        .collect()
 }
 
 /// A JSON string as the number it writes, or a JSON number as it is.
