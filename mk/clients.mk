@@ -61,7 +61,7 @@ test-clients-python: deps-clients $(REDIS_PY5) $(MODULE_DEBUG) python-rl ## The 
 	PYTHONPATH="$(PYTHON_PATH)" RL_REDIS_PY5="$(PYTHON_DEPS_REDIS5)" python3 clients/python/tests/run.py
 	$(MAKE) --no-print-directory dist-python
 
-dist-python: deps $(PYTHON_BUILD_TOOL) $(MODULE_DEBUG) ## The Python package as users install it: wheel and sdist (python -m build in target/python-dist/), each and a copy of clients/python installed into a fresh venv outside the repository, and a smoke run there against servers with and without the module
+dist-python: deps $(PYTHON_BUILD_TOOL) $(MODULE_DEBUG) ## The Python package as users install it: wheel and sdist (python -m build in target/python-dist/), each and a copy of clients/python installed into a fresh venv outside the repository, and a smoke run there against servers with and without the module, plus examples/python's tests (wheel, sdist)
 	PYTHONPATH="$(PYTHON_BUILD)" python3 clients/python/tests/dist_check.py target/python-dist
 
 test-clients-node: deps-clients $(MODULE_DEBUG) ## The Node library: vectors, Lua script, module, plain server, outages, shield (ioredis and node-redis), and its npm pack installed outside the repository

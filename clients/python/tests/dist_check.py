@@ -1,9 +1,11 @@
 """The package installed as users install it (`make dist-python`): `python -m build` makes the
 wheel and the sdist; each, and a plain copy of clients/python, is installed into a fresh venv
-in a temp dir outside the repository, and a smoke example runs there against real servers,
-one with the module and one without (the shipped Lua script). Nothing of the repository is
-on the path: a file the package forgot to ship, or a link that dangles outside the tree,
-fails here.
+in a temp dir outside the repository, and a smoke script runs there against real servers,
+one with the module and one without (the shipped Lua script). The wheel and the sdist also
+run the library's examples (examples/python: their tests, copied next to the venv) against
+the server with the module, as examples/run.sh does from the repository. Nothing of the
+repository is on the path: a file the package forgot to ship, or a link that dangles outside
+the tree, fails here.
 
     PYTHONPATH=<dir with build> python3 clients/python/tests/dist_check.py <out dir>
 """
@@ -18,6 +20,7 @@ import tempfile
 from servers import ROOT, Server
 
 PACKAGE_DIR = os.path.join(ROOT, "clients", "python")
+EXAMPLES_DIR = os.path.join(ROOT, "examples", "python")
 
 SMOKE = r'''
 import os, sys
@@ -72,6 +75,12 @@ def main(out):
                 env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
                 run(python, "-c", SMOKE, venv, os.path.join(ROOT, "clients", "lua", "rl.lua"),
                     str(module.port), str(plain.port), "smoke:" + kind, cwd=tmp, env=env)
+                if kind != "source tree":  # what users install; the copy adds nothing here
+                    examples = os.path.join(tmp, "examples")
+                    shutil.copytree(EXAMPLES_DIR, examples,
+                                    ignore=shutil.ignore_patterns("__pycache__"))
+                    run(python, "test_example.py", cwd=examples,
+                        env={**env, "REDIS_URL": module.url})
                 print(f"dist-python: {kind} ok", flush=True)
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)

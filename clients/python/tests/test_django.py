@@ -3,12 +3,14 @@ settings, the view decorator on a function view and a class-based view, both on 
 (one set of header fields), hooks that get the HttpRequest, and the closed policy during an
 outage. Exact counts, header fields and problem+json bodies, against real servers."""
 
+import asyncio
 import json
 import types
 import unittest
 
 import django
 import redis
+import redis.asyncio
 from django.conf import settings
 
 if not settings.configured:
@@ -17,12 +19,14 @@ if not settings.configured:
     django.setup()
 
 from django.http import HttpResponse, JsonResponse  # noqa: E402  (after settings)
-from django.test import Client, override_settings  # noqa: E402
+from django.core.exceptions import ImproperlyConfigured  # noqa: E402
+from django.test import AsyncClient, Client, override_settings  # noqa: E402
 from django.urls import path  # noqa: E402
 from django.utils.decorators import method_decorator  # noqa: E402
 from django.views import View  # noqa: E402
 
 from redis_rl import Limit, Limiter  # noqa: E402
+from redis_rl import asyncio as rl_asyncio  # noqa: E402
 from redis_rl.django import limit_view  # noqa: E402
 from servers import Server, free_port  # noqa: E402
 
@@ -169,6 +173,113 @@ class Django(unittest.TestCase):
             "limiter": self.limiter(dead, on_error="open", timeout_ms=100), "limit": LIMIT})
         r = opened.get("/")
         self.assertEqual((r.status_code, rate_headers(r)), (200, {}))
+
+    def test_async_hooks_in_the_middleware_are_run_not_skipped(self):
+        # Before: an async `skip` returned a coroutine, which is true: every request passed.
+        s = self.server()
+        limiter = self.limiter(s.port)
+
+        async def skip(request):
+            await asyncio.sleep(0)
+            return request.path == "/health"
+
+        async def key(request):
+            return "user:" + request.headers.get("X-User", "anon")
+
+        async def limit(request):
+            return LIMIT
+
+        async def cost(request):
+            return 1
+
+        async def on_limited(request, decision, headers):
+            return HttpResponse("slow down", status=503, headers=dict(headers))
+
+        http = self.app(urlconf(path("", hello), path("health", hello)), {
+            "limiter": limiter, "limit": limit, "skip": skip, "key": key, "cost": cost,
+            "on_limited": on_limited})
+        got = [http.get("/", headers={"X-User": "ann"}) for _ in range(4)]
+        self.assertEqual([r.status_code for r in got], [200, 200, 200, 503])
+        self.assertEqual(rate_headers(got[1]), expected(1, 200))
+        self.assertEqual(got[3].content, b"slow down")
+        self.assertEqual([http.get("/health").status_code for _ in range(4)], [200] * 4)
+        self.assertEqual([k.decode() for k in redis.Redis(port=s.port).keys("*")], ["rl:http:0.01:3:user:ann"])
+
+    def test_async_skip_on_a_sync_view(self):
+        limiter = self.limiter(self.server().port)
+
+        async def skip(request):
+            return False
+
+        http = self.app(urlconf(path("", limit_view(limiter, Limit(0.01, 2), skip=skip)(hello))))
+        self.assertEqual([http.get("/").status_code for _ in range(3)], [200, 200, 429])
+
+    def test_a_limiter_that_does_not_fit_the_view_is_refused(self):
+        sync_limiter = self.limiter(free_port())
+        async_limiter = rl_asyncio.Limiter(redis.asyncio.Redis(port=free_port()), on_error="closed")
+
+        async def async_view(request):
+            return HttpResponse("hello")
+
+        with self.assertRaisesRegex(TypeError, "async_view is an async view, so the limiter must be "
+                                               "redis_rl.asyncio.Limiter"):
+            limit_view(sync_limiter, LIMIT)(async_view)
+        with self.assertRaisesRegex(TypeError, "hello is a sync view, so the limiter must be the sync"):
+            limit_view(async_limiter, LIMIT)(hello)
+        http = self.app(urlconf(path("", hello)), {"limiter": async_limiter, "limit": LIMIT})
+        with self.assertRaisesRegex(ImproperlyConfigured, "limiter must be the sync redis_rl.Limiter"):
+            http.get("/")
+
+
+class DjangoAsync(unittest.IsolatedAsyncioTestCase):
+    """`limit_view` on async views, with `redis_rl.asyncio.Limiter`, through Django's
+    AsyncClient (the ASGI handler on this test's event loop)."""
+
+    async def test_async_view_three_allowed_then_429_with_async_hooks(self):
+        s = Server()
+        self.addCleanup(s.close)
+        client = redis.asyncio.Redis(port=s.port)
+        self.addAsyncCleanup(client.aclose)
+        limiter = rl_asyncio.Limiter(client, on_error="closed")
+
+        async def key(request):
+            await asyncio.sleep(0)
+            return "user:" + request.GET.get("user", "anon")
+
+        async def skip(request):
+            return request.GET.get("free") == "1"
+
+        async def on_limited(request, decision, headers):
+            return HttpResponse("slow down", status=503, headers=dict(headers))
+
+        @limit_view(limiter, LIMIT, key=key, skip=skip)
+        async def search(request):
+            await asyncio.sleep(0)
+            return HttpResponse("found")
+
+        @limit_view(limiter, Limit(0.01, 1), prefix="report:", on_limited=on_limited)
+        async def report(request):
+            return HttpResponse("report")
+
+        self.assertTrue(asyncio.iscoroutinefunction(search))
+        context = override_settings(ROOT_URLCONF=urlconf(path("search", search), path("report", report)),
+                                    MIDDLEWARE=[])
+        context.enable()
+        self.addCleanup(context.disable)
+        http = AsyncClient()
+        got = [await http.get("/search?user=ann") for _ in range(4)]
+        self.assertEqual([r.status_code for r in got], [200, 200, 200, 429])
+        self.assertEqual(got[0].content, b"found")
+        self.assertEqual(rate_headers(got[0]), expected(2, 100))
+        self.assertEqual(rate_headers(got[3]), {**expected(0, 300), "Retry-After": "100"})
+        self.assertEqual(got[3]["Content-Type"], "application/problem+json")
+        self.assertEqual([(await http.get("/search?user=ann&free=1")).status_code for _ in range(2)], [200] * 2)
+        reports = [await http.get("/report") for _ in range(2)]
+        self.assertEqual([(r.status_code, r.content) for r in reports], [(200, b"report"), (503, b"slow down")])
+        raw = redis.Redis(port=s.port)
+        self.addCleanup(raw.close)
+        self.assertEqual(sorted(k.decode() for k in raw.keys("*")),
+                         ["report:ip:127.0.0.1", "rl:http:0.01:3:user:ann"])  # AsyncClient's peer
 
 
 if __name__ == "__main__":

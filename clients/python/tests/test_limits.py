@@ -113,6 +113,20 @@ class Decimals(unittest.TestCase):
         with self.assertRaises(TypeError):
             Limit(1)
 
+    def test_a_rate_written_n_over_s_is_that_period(self):
+        # Before: "100/60", the module's own text, was refused ("rate must be a finite number").
+        self.assertEqual(Limit("100/60").args(), ["100/60", "100"])
+        self.assertEqual(Limit("100/60"), Limit(100, per=60))
+        self.assertEqual(Limit("3/10", "7").args(), ["3/10", "7"])
+        self.assertEqual(Limit("3/10", 7).rate_fraction, Fraction(3, 10))
+        for bad in ("100/0", "100/x", "1/2/3", "1/", "1/-2"):
+            with self.subTest(bad), self.assertRaisesRegex(ValueError, '"N/S" text with S a decimal above 0'):
+                Limit(bad)
+        with self.assertRaisesRegex(ValueError, "rate must be a finite number"):
+            Limit("x/2")
+        with self.assertRaisesRegex(ValueError, 'rate given as "N/S" text takes no per'):
+            Limit("100/60", per=60)
+
     def test_the_local_bucket_refills_a_minute_limit_exactly(self):
         from redis_rl import bucket
 

@@ -1,16 +1,25 @@
-"""The exact `rate capacity cost` arguments each limit of clients/vectors/wire.json sends to
-the module, read off a real server with MONITOR: strings passed as str, JSON numbers as the
-int or float json gives, `per` as the per= keyword, a null capacity left out."""
+"""The exact arguments each limit of clients/vectors/wire.json sends, read off a real server
+with MONITOR: strings passed as str, JSON numbers as the int or float json gives, `per` as
+the per= keyword (`{"timedelta": {...}}` as a `datetime.timedelta`), a null capacity left
+out. On the module path, the `rate capacity cost` texts of RL.ACQUIRE; on the Lua path (a
+server without the module), the 10 numbers of EVALSHA, computed here from the case's texts
+with exact rationals (clients/lua/rl.lua's header), not by the library. Sync and asyncio."""
 
+import asyncio
+import datetime
 import json
+import math
 import os
 import re
 import socket
 import unittest
+from fractions import Fraction
 
 import redis
+import redis.asyncio
 
 from redis_rl import Limit, Limiter
+from redis_rl import asyncio as rl_asyncio
 from servers import ROOT, Server
 
 CASES = json.load(open(os.path.join(ROOT, "clients", "vectors", "wire.json")))["cases"]
@@ -18,10 +27,36 @@ QUOTED = re.compile(r'"((?:[^"\\]|\\.)*)"')
 
 
 def limit_of(case):
-    kwargs = {} if case["per"] is None else {"per": case["per"]}
+    per = case["per"]
+    if isinstance(per, dict):
+        per = datetime.timedelta(**per["timedelta"])
+    kwargs = {} if per is None else {"per": per}
     if case["capacity"] is None:
         return Limit(case["rate"], **kwargs)
     return Limit(case["rate"], case["capacity"], **kwargs)
+
+
+def exact(text):
+    """An exact decimal ("0.1", "60") or `N/S` rate, as the module reads it."""
+    count, slash, period = text.partition("/")
+    return Fraction(count) / Fraction(period) if slash else Fraction(text)
+
+
+def script_args(args):
+    """The script's 10 numbers (clients/lua/rl.lua: D, then T, C, S, K as pairs q + r/D µs,
+    then floor(C)) for an acquire with the exact `rate capacity cost` texts, when 1e6 / rate
+    µs has a denominator below 2^31 (every case here)."""
+    rate, cap, cost = (exact(a) for a in args)
+    t_us = Fraction(10**6) / rate
+    d = t_us.denominator
+    assert d < 2**31 and cost <= cap, args
+
+    def pair(x, rounding=math.floor):
+        return divmod(rounding(x * d), d)
+
+    numbers = [d, *pair(t_us), *pair(cap * t_us), *pair((cap - cost) * t_us),
+               *pair(cost * t_us, math.ceil), math.floor(cap)]
+    return [str(n) for n in numbers]
 
 
 class Monitor:
@@ -65,6 +100,50 @@ class Wire(unittest.TestCase):
                 got = monitor.next("RL.ACQUIRE")
                 self.assertEqual(got[2:], case["args"], case)
                 self.assertEqual(got[1], f"wire:{i}")
+
+    def test_each_limit_sends_the_exact_script_numbers(self):
+        s = Server(module=False)
+        self.addCleanup(s.close)
+        limiter = Limiter(redis.Redis(port=s.port), on_error="closed")
+        self.addCleanup(limiter.client.close)
+        monitor = Monitor(s.port)
+        self.addCleanup(monitor.close)
+        for i, case in enumerate(CASES):
+            with self.subTest(case["name"]):
+                decision = limiter.acquire(f"wire:{i}", limit_of(case), case["cost"])
+                self.assertEqual(decision.source, "lua")
+                got = monitor.next("EVALSHA")
+                # sha, 1 key, the key, the mode, then the numbers.
+                self.assertEqual(got[2:5], ["1", f"wire:{i}", "acquire"], case)
+                self.assertEqual(got[5:], script_args(case["args"]), case)
+
+
+class AsyncWire(unittest.IsolatedAsyncioTestCase):
+    async def check(self, module, command):
+        s = Server(module=module)
+        self.addCleanup(s.close)
+        client = redis.asyncio.Redis(port=s.port)
+        self.addAsyncCleanup(client.aclose)
+        limiter = rl_asyncio.Limiter(client, on_error="closed")
+        monitor = Monitor(s.port)
+        self.addCleanup(monitor.close)
+        for i, case in enumerate(CASES):
+            with self.subTest(case["name"]):
+                decision = await limiter.acquire(f"wire:{i}", limit_of(case), case["cost"])
+                self.assertEqual(decision.source, "redis" if module else "lua")
+                # MONITOR is read in a thread: this loop's client must go on running meanwhile.
+                got = await asyncio.to_thread(monitor.next, command)
+                if module:
+                    self.assertEqual(got[1:], [f"wire:{i}", *case["args"]], case)
+                else:
+                    self.assertEqual(got[2:5], ["1", f"wire:{i}", "acquire"], case)
+                    self.assertEqual(got[5:], script_args(case["args"]), case)
+
+    async def test_module_path(self):
+        await self.check(True, "RL.ACQUIRE")
+
+    async def test_lua_path(self):
+        await self.check(False, "EVALSHA")
 
 
 if __name__ == "__main__":

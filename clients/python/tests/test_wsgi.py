@@ -2,12 +2,17 @@
 decorator against the module, the Lua fallback (a plain server) and an outage (a dead port).
 Exact counts, header fields and problem+json bodies."""
 
+import asyncio
+import sys
 import unittest
 
 import flask
 import redis
+import redis.asyncio
 
 from redis_rl import Limit, Limiter
+from redis_rl import asyncio as rl_asyncio
+from redis_rl.http import run_awaitable
 from redis_rl.wsgi import RateLimitMiddleware, limit_route
 from servers import Server, free_port
 
@@ -24,7 +29,7 @@ def rate_headers(response):
     return {k: v for k, v in response.headers.items() if "RateLimit" in k or k == "Retry-After"}
 
 
-def flask_app(limiter, **options):
+def flask_app(limiter, limit=LIMIT, **options):
     app = flask.Flask(__name__)
 
     @app.route("/")
@@ -35,7 +40,7 @@ def flask_app(limiter, **options):
     def health():
         return "ok"
 
-    app.wsgi_app = RateLimitMiddleware(app.wsgi_app, limiter=limiter, limit=LIMIT, **options)
+    app.wsgi_app = RateLimitMiddleware(app.wsgi_app, limiter=limiter, limit=limit, **options)
     return app
 
 
@@ -184,6 +189,112 @@ class Wsgi(unittest.TestCase):
         app.wsgi_app = RateLimitMiddleware(app.wsgi_app, limiter=limiter, limit=lambda environ: 5)
         with self.assertRaisesRegex(TypeError, "limit must be \\(or give\\) a redis_rl.Limit, got int"):
             app.test_client().get("/")
+
+    def test_async_hooks_are_run_to_completion_not_skipped(self):
+        # Before: an async `skip` returned a coroutine, which is true, so every request passed
+        # unlimited; an async key, limit or cost was used as the coroutine itself.
+        s = self.server()
+        limiter = self.limiter(s.port)
+
+        async def skip(environ):
+            await asyncio.sleep(0)
+            return environ["PATH_INFO"] == "/health"
+
+        async def key(environ):
+            return "user:" + environ.get("HTTP_X_USER", "anon")
+
+        async def limit(environ):
+            return LIMIT
+
+        async def cost(environ):
+            return 1
+
+        async def on_limited(environ, decision, headers):
+            return flask.Response("slow down", 503, headers)
+
+        http = flask_app(limiter, skip=skip, key=key, limit=limit, cost=cost,
+                         on_limited=on_limited).test_client()
+        got = [http.get("/", headers={"X-User": "ann"}) for _ in range(4)]
+        self.assertEqual([r.status_code for r in got], [200, 200, 200, 503])
+        self.assertEqual(rate_headers(got[1]), expected(1, 200))
+        self.assertEqual(got[3].get_data(as_text=True), "slow down")
+        self.assertEqual([http.get("/health").status_code for _ in range(4)], [200] * 4)
+        self.assertEqual([k.decode() for k in redis.Redis(port=s.port).keys("*")],
+                         ["rl:http:0.01:3:user:ann"])
+
+    def test_async_view_and_hooks_under_limit_route(self):
+        limiter = self.limiter(self.server().port)
+        app = flask.Flask(__name__)
+
+        async def no_skip(environ):
+            return False
+
+        @app.route("/search")
+        @limit_route(limiter, Limit(rate=0.01, capacity=2), skip=no_skip)
+        async def search():
+            await asyncio.sleep(0)
+            return "found"
+
+        http = app.test_client()
+        got = [http.get("/search") for _ in range(3)]
+        self.assertEqual([r.status_code for r in got], [200, 200, 429])
+        self.assertEqual(got[0].get_data(as_text=True), "found")
+        self.assertEqual(got[1].headers["RateLimit"], '"default";r=0;t=200')
+
+    def test_an_asyncio_limiter_is_refused_at_construction(self):
+        client = redis.asyncio.Redis(port=free_port())
+        limiter = rl_asyncio.Limiter(client, on_error="closed")
+        with self.assertRaisesRegex(TypeError, "limiter must be the sync redis_rl.Limiter"):
+            RateLimitMiddleware(lambda environ, start: [], limiter=limiter, limit=LIMIT)
+        with self.assertRaisesRegex(TypeError, "limiter must be the sync redis_rl.Limiter"):
+            limit_route(limiter, LIMIT)
+
+
+class RunAwaitable(unittest.TestCase):
+    """`run_awaitable` without asgiref (its private event loop), in a plain thread and in one
+    that already runs an event loop (where asyncio.run would refuse)."""
+
+    def setUp(self):
+        saved = {name: sys.modules.get(name) for name in ("asgiref", "asgiref.sync")}
+        sys.modules["asgiref.sync"] = None  # `from asgiref.sync import ...` raises ImportError
+
+        def restore():
+            for name, module in saved.items():
+                if module is None:
+                    sys.modules.pop(name, None)
+                else:
+                    sys.modules[name] = module
+
+        self.addCleanup(restore)
+
+    def test_values_pass_through_and_awaitables_are_run(self):
+        async def answer():
+            await asyncio.sleep(0)
+            return False
+
+        self.assertEqual(run_awaitable(7), 7)
+        self.assertIs(run_awaitable(answer()), False)
+
+    def test_inside_a_running_loop(self):
+        async def answer():
+            return "ran"
+
+        async def main():
+            return run_awaitable(answer())
+
+        self.assertEqual(asyncio.run(main()), "ran")
+
+    def test_errors_reach_the_caller(self):
+        async def boom():
+            raise LookupError("hook failed")
+
+        async def main():
+            return run_awaitable(boom())
+
+        with self.assertRaisesRegex(LookupError, "hook failed"):
+            run_awaitable(boom())
+        with self.assertRaisesRegex(LookupError, "hook failed"):
+            asyncio.run(main())
 
 
 if __name__ == "__main__":

@@ -78,6 +78,7 @@ class Limit:
     `Limit(5, 10)` is 5 tokens a second with a burst of 10; `Limit(100, per=60)` is 100 tokens
     a minute, sent to the module as `100/60`, with a burst of 100 (capacity defaults to the
     count when `per` is given). `per` is a number of seconds or a `datetime.timedelta`.
+`Limit("100/60")` (the module's `N/S` text) is `Limit("100", per="60")`.
     Numbers mean their shortest decimal: `Limit(0.1, 1)` is one token per 10 s exactly.
 
     Raises ValueError (naming the argument, with the module's range) when the module would
@@ -88,6 +89,18 @@ class Limit:
                  "_capacity_text", "_script")
 
     def __init__(self, rate, capacity=None, *, per=None):
+        if isinstance(rate, str) and "/" in rate:
+            # The module's own `N/S` text ("100/60"): the same limit as Limit(N, per=S).
+            if per is not None:
+                raise ValueError('rate given as "N/S" text takes no per')
+            count, _, per = rate.partition("/")
+            try:
+                period_ok = _decimal.parse(per) > 0
+            except ValueError:
+                period_ok = False
+            if not period_ok:
+                raise ValueError('rate must be a finite number, or "N/S" text with S a decimal above 0')
+            rate = count
         rate_text, rate_fraction = _argument(rate, "rate")
         if per is not None:
             try:

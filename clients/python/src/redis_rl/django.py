@@ -12,15 +12,22 @@ Both take the options of `redis_rl.http.Policy`; a limit, key or cost function a
 get Django's `HttpRequest`, and `on_limited(request, decision, headers)` returns an
 `HttpResponse`. Over the limit the answer is the problem+json 429 (RFC 9457). For a
 class-based view, decorate `dispatch` with `django.utils.decorators.method_decorator`.
-Django's sync views are served; the limiter is the sync one.
+
+Sync and async: the middleware is sync (Django adapts it under ASGI) and takes the sync
+`redis_rl.Limiter`. `limit_view` on a sync view takes the sync limiter; on an `async def` view
+it takes `redis_rl.asyncio.Limiter` and the decorated view is async too. Any other pairing is
+refused where the decorator is applied (TypeError). Every hook may be `async def`: a sync
+path runs it to completion (`redis_rl.http.run_awaitable`, asgiref's `async_to_sync`), the
+async path awaits it.
 
 Each decision is recorded on the request, so a request limited by the middleware and a view
 decorator gets one set of header fields for both (`redis_rl.http.header_fields`).
 """
 
 import functools
+import inspect
 
-from .http import FIELD_NAMES, PROBLEM_TYPE, Policy, header_fields
+from .http import FIELD_NAMES, PROBLEM_TYPE, Policy, call_hook, header_fields
 
 __all__ = ["RateLimitMiddleware", "limit_view", "Policy"]
 
@@ -28,35 +35,75 @@ _DECIDED = "_redis_rl_decided"  # the request's list of (policy, decision)
 _KEYS = "_redis_rl_keys"  # the request's Redis keys used so far, and by which policy
 
 
-def decide(policy, request):
-    """The decision and header fields for one request, or None when `skip` lets it pass."""
-    if policy.skip is not None and policy.skip(request):
-        return None
-    limit = policy.limit_for(request)
-    key = policy.key_for(request, request.META.get("REMOTE_ADDR"), request.headers.get, limit=limit)
-    claims = getattr(request, _KEYS, None)
-    if claims is None:
-        claims = {}
-        setattr(request, _KEYS, claims)
-    policy.claim(claims, key)
-    decision = policy.limiter.acquire(key, limit, policy.cost_for(request))
-    decided = getattr(request, _DECIDED, None)
-    if decided is None:
-        decided = []
-        setattr(request, _DECIDED, decided)
+def _request_list(request, name, empty):
+    value = getattr(request, name, None)
+    if value is None:
+        value = empty
+        setattr(request, name, value)
+    return value
+
+
+def _key(policy, request, computed, limit):
+    key = policy.key_for(request, request.META.get("REMOTE_ADDR"), request.headers.get, computed, limit)
+    policy.claim(_request_list(request, _KEYS, {}), key)
+    return key
+
+
+def _record(policy, request, decision):
+    decided = _request_list(request, _DECIDED, [])
     decided.append((policy, decision))
     return decision, header_fields(decided)
 
 
-def _limited(policy, request, decision, headers):
-    if policy.on_limited is not None:
-        return policy.on_limited(request, decision, headers)
+def decide(policy, request):
+    """The decision and header fields for one request, or None when `skip` lets it pass.
+    Each hook may be `async def`: it is run to completion (a coroutine is true: as `skip`'s
+    value it would let every request through unlimited)."""
+    if policy.skip is not None and call_hook(policy.skip, request):
+        return None
+    computed = call_hook(policy.key, request) if callable(policy.key) else None
+    limit = call_hook(policy.limit_for, request)
+    key = _key(policy, request, computed, limit)
+    return _record(policy, request, policy.limiter.acquire(key, limit, call_hook(policy.cost_for, request)))
+
+
+async def _value(hook, *args):
+    value = hook(*args)
+    if inspect.isawaitable(value):
+        value = await value
+    return value
+
+
+async def decide_async(policy, request):
+    """`decide` for an async view, on `redis_rl.asyncio.Limiter`, each hook awaited."""
+    if policy.skip is not None and await _value(policy.skip, request):
+        return None
+    computed = await _value(policy.key, request) if callable(policy.key) else None
+    limit = await _value(policy.limit_for, request)
+    key = _key(policy, request, computed, limit)
+    cost = await _value(policy.cost_for, request)
+    return _record(policy, request, await policy.limiter.acquire(key, limit, cost))
+
+
+def _problem(decision, headers):
     from django.http import HttpResponse
 
     response = HttpResponse(Policy.problem(decision), status=429, content_type=PROBLEM_TYPE)
     for name, value in headers:
         response[name] = value
     return response
+
+
+def _limited(policy, request, decision, headers):
+    if policy.on_limited is not None:
+        return call_hook(policy.on_limited, request, decision, headers)
+    return _problem(decision, headers)
+
+
+async def _limited_async(policy, request, decision, headers):
+    if policy.on_limited is not None:
+        return await _value(policy.on_limited, request, decision, headers)
+    return _problem(decision, headers)
 
 
 def _write_fields(request, response):
@@ -86,6 +133,9 @@ class RateLimitMiddleware:
             limiter, limit = options.pop("limiter"), options.pop("limit")
         except KeyError as missing:
             raise ImproperlyConfigured(f"REDIS_RL_MIDDLEWARE needs {missing}") from None
+        if _is_async_limiter(limiter):
+            raise ImproperlyConfigured("REDIS_RL_MIDDLEWARE's limiter must be the sync "
+                                       "redis_rl.Limiter: this middleware is sync")
         self.get_response = get_response
         self.policy = Policy(limiter, limit, **options)
 
@@ -106,6 +156,26 @@ def limit_view(limiter, limit, **options):
     policy = Policy(limiter, limit, **options)
 
     def wrap(view):
+        if inspect.iscoroutinefunction(view):
+            if not _is_async_limiter(limiter):
+                raise TypeError(f"limit_view: {view.__qualname__} is an async view, so the limiter "
+                                "must be redis_rl.asyncio.Limiter")
+
+            @functools.wraps(view)
+            async def limited_async(request, *args, **kwargs):
+                decided = await decide_async(policy, request)
+                if decided is None:
+                    return await view(request, *args, **kwargs)
+                decision, headers = decided
+                if not decision.allowed:
+                    return await _limited_async(policy, request, decision, headers)
+                return _write_fields(request, await view(request, *args, **kwargs))
+
+            return limited_async
+        if _is_async_limiter(limiter):
+            raise TypeError(f"limit_view: {view.__qualname__} is a sync view, so the limiter "
+                            "must be the sync redis_rl.Limiter")
+
         @functools.wraps(view)
         def limited(request, *args, **kwargs):
             decided = decide(policy, request)
@@ -122,3 +192,7 @@ def limit_view(limiter, limit, **options):
 
 
 limit_route = limit_view  # the name the other middlewares use
+
+
+def _is_async_limiter(limiter):
+    return inspect.iscoroutinefunction(getattr(limiter, "acquire", None))

@@ -19,9 +19,12 @@ knows the configured limit but not what is left, so it writes `RateLimit-Policy`
 `X-RateLimit-Limit` and `Retry-After` only.
 """
 
+import asyncio
+import inspect
 import ipaddress
 import json
 import math
+import threading
 
 from ._core import Limit
 
@@ -33,6 +36,53 @@ HEADERS_DRAFT = "draft-ietf-httpapi-ratelimit-headers-10"
 
 
 _UNSET = object()
+
+
+async def _awaited(awaitable):
+    return await awaitable
+
+
+def run_awaitable(value):
+    """`value`, or, when it is awaitable (an `async def` hook's coroutine), its result, for
+    the sync middlewares (WSGI, Django): a coroutine is true, so a hook's awaitable used as its
+    value would let every request skip the limit. Django's (asgiref's) `async_to_sync` runs it
+    when installed (on the server's event loop under ASGI); otherwise a private event loop
+    does, in this thread or, when this thread already runs a loop, in a new one."""
+    if not inspect.isawaitable(value):
+        return value
+    try:
+        from asgiref.sync import async_to_sync
+    except ImportError:
+        async_to_sync = None
+    if async_to_sync is not None:
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # no loop here: the case asgiref serves
+            return async_to_sync(_awaited)(value)
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(_awaited(value))
+    # This thread runs a loop that is blocked in this call: run the awaitable in another.
+    result = {}
+
+    def run():
+        try:
+            result["value"] = asyncio.run(_awaited(value))
+        except BaseException as error:  # re-raised in the caller's thread
+            result["error"] = error
+
+    worker = threading.Thread(target=run, name="redis-rl-hook")
+    worker.start()
+    worker.join()
+    if "error" in result:
+        raise result["error"]
+    return result["value"]
+
+
+def call_hook(hook, *args):
+    """A hook's value in a sync middleware: called, and run to completion when awaitable."""
+    return run_awaitable(hook(*args))
 
 
 def _networks(trusted_proxies):
@@ -57,8 +107,10 @@ class Policy:
       scope, the WSGI environ) returning the key;
     - `cost`: tokens per request, or a function of the request;
 
-    In the ASGI middleware every function here (`limit`, `key`, `cost`, `skip`,
-    `on_limited`) may be `async def` or return an awaitable: it is awaited.
+    Every function here (`limit`, `key`, `cost`, `skip`, `on_limited`) may be `async def`
+    or return an awaitable: the ASGI middleware and Django's decorator on an async view await
+    it; the sync ones (WSGI, Django's middleware and sync views) run it to completion
+    (`run_awaitable`), never using the awaitable itself as the value.
     - `trusted_proxies`: addresses or networks ("10.0.0.0/8") whose X-Forwarded-For is
       believed; from anyone else it is ignored (default: nobody);
     - `prefix`: put before each key in Redis. By default each limit has its own key space,

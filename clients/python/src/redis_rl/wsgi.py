@@ -5,7 +5,7 @@
 `RateLimitMiddleware` limits every request; `limit_route` one Flask view. Both take the
 options of `redis_rl.http.Policy`; a key or cost function and `skip` get the WSGI environ, and
 `on_limited(environ, decision, headers)` returns a WSGI app (a Flask or Werkzeug `Response`
-is one). `limit_route` is Flask's; Django has its own middleware and view decorator in
+is one). Any of these may be `async def`: it is run to completion (`redis_rl.http.run_awaitable`). `limit_route` is Flask's; Django has its own middleware and view decorator in
 `redis_rl.django`. The limiter's
 failure policy, deny cache and Lua fallback apply to each request unchanged.
 
@@ -15,8 +15,9 @@ the middleware and a route decorator gets one set of header fields for both
 """
 
 import functools
+import inspect
 
-from .http import FIELD_NAMES, PROBLEM_TYPE, Policy, header_fields
+from .http import FIELD_NAMES, PROBLEM_TYPE, Policy, call_hook, header_fields
 
 __all__ = ["RateLimitMiddleware", "limit_route", "Policy"]
 
@@ -36,15 +37,27 @@ def _header_reader(environ):
 
 def decide(policy, environ):
     """The decision and header fields for one request, or None when `skip` lets it pass."""
-    if policy.skip is not None and policy.skip(environ):
+    # Each hook may be `async def`: run to completion (a coroutine is true: as `skip`'s
+    # value it would let every request through unlimited).
+    if policy.skip is not None and call_hook(policy.skip, environ):
         return None
-    limit = policy.limit_for(environ)
-    key = policy.key_for(environ, environ.get("REMOTE_ADDR"), _header_reader(environ), limit=limit)
+    computed = call_hook(policy.key, environ) if callable(policy.key) else None
+    limit = call_hook(policy.limit_for, environ)
+    key = policy.key_for(environ, environ.get("REMOTE_ADDR"), _header_reader(environ), computed, limit)
     policy.claim(environ.setdefault(_KEYS, {}), key)
-    decision = policy.limiter.acquire(key, limit, policy.cost_for(environ))
+    decision = policy.limiter.acquire(key, limit, call_hook(policy.cost_for, environ))
     decided = environ.setdefault(_DECIDED, [])
     decided.append((policy, decision))
     return decision, header_fields(decided)
+
+
+def _sync_policy(limiter, limit, options):
+    """The policy of a WSGI middleware or decorator: WSGI is sync, so is its limiter (an
+    asyncio limiter's decision would be a coroutine)."""
+    if inspect.iscoroutinefunction(getattr(limiter, "acquire", None)):
+        raise TypeError("limiter must be the sync redis_rl.Limiter: WSGI is sync "
+                        "(redis_rl.asgi takes redis_rl.asyncio.Limiter)")
+    return Policy(limiter, limit, **options)
 
 
 def _problem_app(decision, headers):
@@ -64,7 +77,7 @@ class RateLimitMiddleware:
 
     def __init__(self, app, limiter, limit, **options):
         self.app = app
-        self.policy = Policy(limiter, limit, **options)
+        self.policy = _sync_policy(limiter, limit, options)
 
     def __call__(self, environ, start_response):
         decided = decide(self.policy, environ)
@@ -73,7 +86,7 @@ class RateLimitMiddleware:
         decision, headers = decided
         if not decision.allowed:
             on_limited = self.policy.on_limited
-            app = on_limited(environ, decision, headers) if on_limited else _problem_app(decision, headers)
+            app = call_hook(on_limited, environ, decision, headers) if on_limited else _problem_app(decision, headers)
             return app(environ, start_response)
 
         def start_with_headers(status, response_headers, exc_info=None):
@@ -89,23 +102,26 @@ def limit_route(limiter, limit, **options):
     """A decorator for one Flask view (put it under `@app.route`). Over the limit the view
     does not run and the 429 is returned; otherwise the header fields are added to its
     response."""
-    policy = Policy(limiter, limit, **options)
+    policy = _sync_policy(limiter, limit, options)
 
     def wrap(view):
         @functools.wraps(view)
         def limited(*args, **kwargs):
             import flask
 
+            # An `async def` view runs as Flask runs it (ensure_sync) rather than returning a
+            # coroutine.
+            run_view = flask.current_app.ensure_sync(view)
             decided = decide(policy, flask.request.environ)
             if decided is None:
-                return view(*args, **kwargs)
+                return run_view(*args, **kwargs)
             decision, headers = decided
             if not decision.allowed:
                 if policy.on_limited is not None:
-                    return policy.on_limited(flask.request.environ, decision, headers)
+                    return call_hook(policy.on_limited, flask.request.environ, decision, headers)
                 return flask.Response(Policy.problem(decision), status=429, headers=headers,
                                       content_type=PROBLEM_TYPE)
-            response = flask.make_response(view(*args, **kwargs))
+            response = flask.make_response(run_view(*args, **kwargs))
             for name, value in headers:
                 response.headers[name] = value
             return response
