@@ -122,6 +122,23 @@ for server in "$REDIS_IMAGE" "$VALKEY_IMAGE"; do
         "$ENVOY_IMAGE"
     service=$CONTAINER
     wait_for "http://127.0.0.1:$HTTP_PORT/healthcheck" "$ENVOY_IMAGE"
+
+    # Once: the layout is really a ConfigMap's. Without RUNTIME_IGNOREDOTFILES the dated copy
+    # is read too, and the service refuses the second definition of the domain and exits.
+    if [ "$passed" = 0 ]; then
+        run_container "dotfiles-$HTTP_PORT" \
+            -v "$CONFIGMAP:/data/ratelimit/config:ro" \
+            -e RUNTIME_ROOT=/data -e RUNTIME_SUBDIRECTORY=ratelimit \
+            -e REDIS_SOCKET_TYPE=tcp -e REDIS_URL="localhost:$REDIS_PORT" \
+            -e HOST=127.0.0.1 -e PORT="$(free_port)" -e GRPC_HOST=127.0.0.1 -e GRPC_PORT="$(free_port)" \
+            "$ENVOY_IMAGE"
+        status=$(timeout 30 "${PODMAN[@]}" wait "$CONTAINER") || fail "without RUNTIME_IGNOREDOTFILES the service did not exit"
+        logs=$("${PODMAN[@]}" logs "$CONTAINER" 2>&1)
+        [ "$status" != 0 ] && grep -q 'duplicate domain' <<<"$logs" \
+            || fail "without RUNTIME_IGNOREDOTFILES the ConfigMap layout was not refused as a duplicate domain (exit $status)"
+        echo "  without RUNTIME_IGNOREDOTFILES: refused, a duplicate domain (exit $status)"
+        "${PODMAN[@]}" rm -f "$CONTAINER" >/dev/null
+    fi
     check_uid "$service" "$ENVOY_IMAGE" 65532
 
     # Envoy's connection may still point at the previous round's service: wait until a
