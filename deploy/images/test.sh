@@ -2,7 +2,8 @@
 # make image-test: the images together, as CI runs them. For each server image (Redis 7, then
 # Valkey 9): the server container and the redis-rl-envoy container on the host's network on
 # free ports, Envoy 1.40 on the host in front of an upstream (python3 -m http.server), the
-# config of examples/envoy mounted where the peer's image reads it. A burst of 6 requests from
+# config of examples/envoy mounted where the peer's image reads it, laid out as a ConfigMap
+# volume. The service image's CA bundle is checked first. A burst of 6 requests from
 # one user under a limit of 5 per minute must give 200 five times, then 429. Everything stops
 # at the end, pass or fail. podman missing is a failure, never a skip.
 #
@@ -60,6 +61,31 @@ check_uid() { # container, image, uid
     [ "$uid" = "$3" ] || fail "$2 runs as uid '$uid', not $3"
 }
 
+# The config as kubelet mounts a ConfigMap: each key is a symlink through `..data` to a dated
+# directory holding the real files. Every file under config/ is read, so the dated copy is
+# a second definition of each domain unless RUNTIME_IGNOREDOTFILES=true skips it, as in
+# deploy/kubernetes/ratelimit.yaml.
+CONFIGMAP="$RUN/configmap"
+dated="..2026_01_02_03_04_05.000000001"
+mkdir -p "$CONFIGMAP/$dated"
+cp examples/envoy/config/* "$CONFIGMAP/$dated/"
+ln -s "$dated" "$CONFIGMAP/..data"
+for f in examples/envoy/config/*; do ln -s "..data/$(basename "$f")" "$CONFIGMAP/$(basename "$f")"; done
+chmod -R a+rX "$CONFIGMAP"
+
+# Debian's CA bundle, for REDIS_TLS and xDS TLS against the system roots: present, a regular
+# file of certificates, readable by the service's uid (there is no shell in the image, so
+# `podman cp` lists it with its mode).
+probe="redis-rl-test-$$-cabundle"
+CONTAINERS+=("$probe")
+"${PODMAN[@]}" create --name "$probe" "$ENVOY_IMAGE" >/dev/null
+entry=$("${PODMAN[@]}" cp "$probe:/etc/ssl/certs/ca-certificates.crt" - | tar -tvf -)
+[[ "$entry" == -r??r??r--* ]] || fail "the CA bundle is not a regular file every user may read: $entry"
+count=$("${PODMAN[@]}" cp "$probe:/etc/ssl/certs/ca-certificates.crt" - | tar -xOf - | grep -c 'BEGIN CERTIFICATE' || true)
+[ "$count" -gt 50 ] || fail "the CA bundle holds $count certificates"
+echo "=== $ENVOY_IMAGE: /etc/ssl/certs/ca-certificates.crt, $count certificates, ${entry%% *}"
+"${PODMAN[@]}" rm -f "$probe" >/dev/null
+
 # Envoy and the upstream stay up across both servers; each server gets its own service.
 UPSTREAM_PORT=$(free_port) LISTEN_PORT=$(free_port) ADMIN_PORT=$(free_port) GRPC_PORT=$(free_port)
 mkdir -p "$RUN/www" && echo "hello from the upstream" >"$RUN/www/index.html"
@@ -84,15 +110,35 @@ for server in "$REDIS_IMAGE" "$VALKEY_IMAGE"; do
     check_uid "$redis" "$server" 999
     echo "  $(redis-cli -p "$REDIS_PORT" INFO server | grep -E '^(redis|valkey)_version' | tail -n 1 | tr -d '\r')"
 
-    # The peer's layout: the YAML under RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/config, read-only.
-    # Redis by name, not address: the image has no libnss_* modules, and must resolve anyway.
+    # The peer's layout: the YAML under RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/config, read-only,
+    # laid out as a ConfigMap volume, with the variables the peer's Deployments set (the
+    # image sets none). Redis by name, not address: the image has no libnss_* modules, and
+    # must resolve anyway.
     run_container "service-$HTTP_PORT" \
-        -v "$PWD/examples/envoy/config:/data/ratelimit/config:ro" \
+        -v "$CONFIGMAP:/data/ratelimit/config:ro" \
+        -e RUNTIME_ROOT=/data -e RUNTIME_SUBDIRECTORY=ratelimit -e RUNTIME_IGNOREDOTFILES=true \
         -e REDIS_SOCKET_TYPE=tcp -e REDIS_URL="localhost:$REDIS_PORT" \
         -e HOST=127.0.0.1 -e PORT="$HTTP_PORT" -e GRPC_HOST=127.0.0.1 -e GRPC_PORT="$GRPC_PORT" \
         "$ENVOY_IMAGE"
     service=$CONTAINER
     wait_for "http://127.0.0.1:$HTTP_PORT/healthcheck" "$ENVOY_IMAGE"
+
+    # Once: the layout is really a ConfigMap's. Without RUNTIME_IGNOREDOTFILES the dated copy
+    # is read too, and the service refuses the second definition of the domain and exits.
+    if [ "$passed" = 0 ]; then
+        run_container "dotfiles-$HTTP_PORT" \
+            -v "$CONFIGMAP:/data/ratelimit/config:ro" \
+            -e RUNTIME_ROOT=/data -e RUNTIME_SUBDIRECTORY=ratelimit \
+            -e REDIS_SOCKET_TYPE=tcp -e REDIS_URL="localhost:$REDIS_PORT" \
+            -e HOST=127.0.0.1 -e PORT="$(free_port)" -e GRPC_HOST=127.0.0.1 -e GRPC_PORT="$(free_port)" \
+            "$ENVOY_IMAGE"
+        status=$(timeout 30 "${PODMAN[@]}" wait "$CONTAINER") || fail "without RUNTIME_IGNOREDOTFILES the service did not exit"
+        logs=$("${PODMAN[@]}" logs "$CONTAINER" 2>&1)
+        [ "$status" != 0 ] && grep -q 'duplicate domain' <<<"$logs" \
+            || fail "without RUNTIME_IGNOREDOTFILES the ConfigMap layout was not refused as a duplicate domain (exit $status)"
+        echo "  without RUNTIME_IGNOREDOTFILES: refused, a duplicate domain (exit $status)"
+        "${PODMAN[@]}" rm -f "$CONTAINER" >/dev/null
+    fi
     check_uid "$service" "$ENVOY_IMAGE" 65532
 
     # Envoy's connection may still point at the previous round's service: wait until a

@@ -7,9 +7,11 @@
 #                                   without a schema fails
 #   deploy/kubernetes/envoy/*.yaml  envoy --mode validate (Envoy 1.40 from make deps-envoy)
 #   deploy/kubernetes/envoy-gateway the core resources (ConfigMap) as above; Envoy Gateway's
-#                                   CRDs (EnvoyPatchPolicy) have no bundled schema, so they are
-#                                   only parsed, with a notice, and the Envoy config the patch
-#                                   adds goes through envoy --mode validate
+#                                   CRDs (EnvoyPatchPolicy, BackendTrafficPolicy) have no bundled
+#                                   schema, so they are only parsed, with a notice; the Envoy
+#                                   config the patch adds goes through envoy --mode validate, and
+#                                   the EnvoyGateway config in managed-ratelimit.yaml is parsed
+#                                   and must swap in this image with a Redis backend
 #
 # Environment (mk/image.mk sets them): KUBE_VALIDATE (kubernetes-validate's pip --target
 # directory), KUBE_VERSION, ENVOY.
@@ -99,6 +101,25 @@ elif out=$("$ENVOY" --mode validate -c "$patch_bootstrap" --log-level error 2>&1
     passed=$((passed + 1))
 else
     echo "deploy/kubernetes/envoy-gateway/ratelimit-patch.yaml: its Envoy config, refused by envoy --mode validate:" >&2
+    echo "$out" | tail -n 5 >&2
+    failed=$((failed + 1))
+fi
+# The EnvoyGateway config inside managed-ratelimit.yaml's ConfigMap is a string to the
+# schema: parse it and check the fields that swap the image in and give the Redis.
+if out=$(PYTHONPATH="$KUBE_VALIDATE" python3 - deploy/kubernetes/envoy-gateway/managed-ratelimit.yaml 2>&1 <<'PY'
+import sys, yaml
+cm = next(d for d in yaml.safe_load_all(open(sys.argv[1])) if d and d.get("kind") == "ConfigMap")
+eg = yaml.safe_load(cm["data"]["envoy-gateway.yaml"])
+assert eg["kind"] == "EnvoyGateway", eg.get("kind")
+image = eg["provider"]["kubernetes"]["rateLimitDeployment"]["container"]["image"]
+assert image.split("/")[-1].startswith("redis-rl-envoy:"), image
+backend = eg["rateLimit"]["backend"]
+assert backend["type"] == "Redis" and backend["redis"]["url"], backend
+PY
+); then
+    passed=$((passed + 1))
+else
+    echo "deploy/kubernetes/envoy-gateway/managed-ratelimit.yaml: its EnvoyGateway config:" >&2
     echo "$out" | tail -n 5 >&2
     failed=$((failed + 1))
 fi

@@ -91,6 +91,8 @@ pub const UNSUPPORTED: &[&str] = &[
     "EXPIRATION_JITTER_MAX_SECONDS",
     "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
     "TRACING_ENABLED",
+    // The Go listeners' network (`tcp`); here HOST and GRPC_HOST's address picks the family.
+    "PROTO",
 ];
 
 /// Families of the Go service's variables this service does not support (memcache, xDS, tracing): any variable starting with one is a warning too.
@@ -453,6 +455,7 @@ mod tests {
             "USE_DOG_STATSD_MOGRIFIERS",
             "MEMCACHE_TLS",
             "TRACING_SERVICE_NAME",
+            "PROTO",
         ] {
             assert!(unsupported(name), "{name}");
         }

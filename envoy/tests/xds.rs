@@ -5,8 +5,9 @@
 //! ACK of a good push, NACK of a bad one with the last good config kept, a restart of the
 //! control plane (reconnect with back-off, config kept meanwhile, the last applied version
 //! announced), the wait for a first config before listening,
-//! FORCE_START_WITHOUT_INITIAL_CONFIG, and mTLS as Envoy Gateway sets it up (certificates made
-//! by the `openssl` command).
+//! FORCE_START_WITHOUT_INITIAL_CONFIG, and Envoy Gateway's whole variable set: mTLS to the
+//! control plane and TLS on the gRPC port for Envoy's calls, one certificate for both
+//! (certificates made by the `openssl` command).
 //!
 //! Time: limits are per minute, so refill cannot change a count within a test; the waits
 //! are deadlines, and the back-off is set to 200 ms so a reconnect is quick.
@@ -417,7 +418,13 @@ fn certificates(dir: &std::path::Path) {
         "subjectAltName=DNS:xds.test\nextendedKeyUsage=serverAuth\n",
     )
     .unwrap();
-    std::fs::write(dir.join("client.ext"), "extendedKeyUsage=clientAuth\n").unwrap();
+    // Envoy Gateway gives the service one certificate (/certs/tls.crt) for both ends: the
+    // client of its xDS and the server of Envoy's calls. So does this one.
+    std::fs::write(
+        dir.join("client.ext"),
+        "subjectAltName=DNS:ratelimit.test\nextendedKeyUsage=clientAuth,serverAuth\n",
+    )
+    .unwrap();
     for who in ["server", "client"] {
         let (key, csr, crt, ext) = (
             format!("{who}.key"),
@@ -477,8 +484,16 @@ fn mtls_to_the_management_server_as_envoy_gateway_sets_it_up() {
         ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", path("ca.crt")),
         // The certificate names xds.test, not 127.0.0.1: verified under the SAN given.
         ("CONFIG_GRPC_XDS_SERVER_TLS_SAN", "xds.test".to_string()),
-        // The rest of what Envoy Gateway's ratelimit Deployment sets (its GRPC_SERVER_* TLS
-        // for Envoy's calls aside): the service must start on it.
+        // TLS for Envoy's calls, with the same certificate and key as the xDS client, as
+        // Envoy Gateway sets it. GRPC_SERVER_TLS_CA_CERT is Envoy Gateway's name; the Go
+        // service reads GRPC_CLIENT_TLS_CACERT, so neither service asks for a client
+        // certificate on it.
+        ("GRPC_SERVER_USE_TLS", "true".to_string()),
+        ("GRPC_SERVER_TLS_CERT", path("client.crt")),
+        ("GRPC_SERVER_TLS_KEY", path("client.key")),
+        ("GRPC_SERVER_TLS_CA_CERT", path("ca.crt")),
+        // The rest of what Envoy Gateway's ratelimit Deployment sets: the service must start
+        // on it.
         ("CONFIG_GRPC_XDS_NODE_ID", "envoy-ratelimit".to_string()),
         ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true".to_string()),
         ("RUNTIME_SUBDIRECTORY", "ratelimit".to_string()),
@@ -491,5 +506,72 @@ fn mtls_to_the_management_server_as_envoy_gateway_sets_it_up() {
     assert_eq!(ack.version_info, "1");
     assert_eq!(ack.node.map(|n| n.id).as_deref(), Some("envoy-ratelimit"));
     assert_eq!(limit(&svc, "gw", "k"), Some(5));
+    // Envoy's calls, over TLS to the name in that certificate, verified against the CA: gRPC
+    // health serving, and a ShouldRateLimit answered from the pushed config. In cleartext,
+    // no call gets through.
+    rt.block_on(async {
+        use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+        use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor as Descriptor;
+        use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+        use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+        use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+        use tonic::transport::{ClientTlsConfig, Endpoint};
+        use tonic_health::pb::health_check_response::ServingStatus;
+        use tonic_health::pb::health_client::HealthClient;
+        use tonic_health::pb::HealthCheckRequest;
+        let tls = ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(read("ca.crt")))
+            .identity(Identity::from_pem(read("client.crt"), read("client.key")))
+            .domain_name("ratelimit.test");
+        let channel = Endpoint::from_shared(format!("https://127.0.0.1:{}", svc.grpc_port))
+            .unwrap()
+            .tls_config(tls)
+            .unwrap()
+            .connect()
+            .await
+            .unwrap_or_else(|e| panic!("TLS to the gRPC port: {e:?}\n{}", svc.log()));
+        let health = HealthClient::new(channel.clone())
+            .check(HealthCheckRequest {
+                service: String::new(),
+            })
+            .await
+            .unwrap();
+        assert_eq!(health.into_inner().status, ServingStatus::Serving as i32);
+        let request = RateLimitRequest {
+            domain: "gw".into(),
+            descriptors: vec![Descriptor {
+                entries: vec![Entry {
+                    key: "k".into(),
+                    value: "tls".into(),
+                }],
+                ..Default::default()
+            }],
+            hits_addend: 1,
+        };
+        let reply = RateLimitServiceClient::new(channel)
+            .should_rate_limit(request)
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(reply.overall_code, Code::Ok as i32);
+        assert_eq!(
+            reply.statuses[0].current_limit.as_ref().map(|l| l.requests_per_unit),
+            Some(5)
+        );
+        let plain = Endpoint::from_shared(format!("http://127.0.0.1:{}", svc.grpc_port))
+            .unwrap()
+            .connect()
+            .await;
+        let cleartext = match plain {
+            Err(_) => true,
+            Ok(ch) => HealthClient::new(ch)
+                .check(HealthCheckRequest {
+                    service: String::new(),
+                })
+                .await
+                .is_err(),
+        };
+        assert!(cleartext, "a cleartext call was answered on the TLS port");
+    });
     plane.stop(&rt);
 }
