@@ -1,7 +1,8 @@
 // clients/vectors/wire.json: for each limit a user can build, the exact `rate capacity cost`
 // that must reach the module. Each case's Limit is built as a user would (JSON strings as
 // strings, numbers as numbers, per as the { per } option, capacity null left out), acquired
-// on real servers through each client the library supports (ioredis, node-redis 5 and 4), and
+// on real servers through each client the library supports (ioredis 5 and 6, node-redis 4, 5
+// and 6), and
 // MONITOR shows what arrived: on the module path RL.ACQUIRE / RL.HACQUIRE carry the texts, on
 // the Lua path (a server without the module) EVALSHA carries the script's 10 numbers, which
 // are computed here from the same texts with exact rational arithmetic (clients/lua/rl.lua's
@@ -11,8 +12,10 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
 import Redis from "ioredis";
+import Redis6 from "ioredis6";
 import { createClient } from "redis";
 import { createClient as createClient4 } from "redis4";
+import { createClient as createClient6 } from "redis6";
 import { Limit, Limiter } from "../src/index.js";
 import { withCleanups } from "./servers.js";
 
@@ -59,12 +62,15 @@ function scriptArgs([rateText, capacityText, costText]) {
   return [d, ...t, ...c, ...s, ...k, floorDiv(cn, cd)].map(String);
 }
 
+const ioredis = (Client) => async (port, scope) => {
+  const c = new Client({ port, host: "127.0.0.1" });
+  scope.defer(() => c.disconnect());
+  return c;
+};
 const CLIENTS = {
-  ioredis: async (port, scope) => {
-    const c = new Redis({ port, host: "127.0.0.1" });
-    scope.defer(() => c.disconnect());
-    return c;
-  },
+  "ioredis 5": ioredis(Redis),
+  "ioredis 6": ioredis(Redis6),
+  "node-redis 6": (port, scope) => nodeRedis(createClient6, port, scope),
   "node-redis 5": (port, scope) => nodeRedis(createClient, port, scope),
   "node-redis 4": (port, scope) => nodeRedis(createClient4, port, scope),
 };
