@@ -208,6 +208,20 @@ export function rateLimit(options) {
   };
 }
 
+/**
+ * Stores whose express-rate-limit `limit` is a function of the request, initialised (by
+ * express-rate-limit, when its middleware is built) and not yet followed by a withRequest
+ * call. `withRequest(rateLimit({...}))` builds, then wraps, in one synchronous expression; a
+ * store still here on the next turn of the event loop was built unwrapped, and every request
+ * through it would answer 500, so the limiter's logger says so once, at startup.
+ */
+const storesAwaitingWrapper = new Set();
+
+export const UNWRAPPED_WARNING = "redis-rl: RedisRlStore: express-rate-limit's limit is a function of the request, " +
+  "but its middleware was not wrapped in withRequest(...) when it was built, so each request it serves will fail " +
+  "(500): use app.use(withRequest(rateLimit({ ... }))), or give the store the tiers by key, " +
+  "new RedisRlStore({ limiter, limit: (key) => number })";
+
 /** The request a middleware wrapped by `withRequest` is serving: {req, res}. */
 const requestContext = new AsyncLocalStorage();
 
@@ -223,6 +237,7 @@ const requestContext = new AsyncLocalStorage();
  */
 export function withRequest(middleware) {
   if (typeof middleware !== "function") throw new TypeError("withRequest needs a middleware function (req, res, next)");
+  storesAwaitingWrapper.clear(); // the middleware just built is wrapped: no warning for its store
   return function withRequestMiddleware(req, res, next) {
     return requestContext.run({ req, res }, () => middleware(req, res, next));
   };
@@ -297,6 +312,10 @@ export class RedisRlStore {
         if (this.ownPrefix === undefined) this.prefix = `rl:erl:bykey/${options.windowMs}ms:`;
       } else {
         this.limitOfRequest = options.limit; // called in increment, with the request of withRequest
+        storesAwaitingWrapper.add(this);
+        setImmediate(() => {
+          if (storesAwaitingWrapper.delete(this)) this.limiter.logger?.warn?.(UNWRAPPED_WARNING);
+        }).unref();
       }
       return;
     }
