@@ -41,7 +41,7 @@ export class Decision {
   readonly resetAfterMs: number;
   readonly limit: Limit;
   readonly source: Source;
-  /** X-RateLimit-Limit, -Remaining, -Reset (s), and Retry-After (s) when denied. */
+  /** X-RateLimit-Limit, -Remaining, -Reset, and Retry-After when denied; under "open" or "closed", X-RateLimit-Limit (and Retry-After) only. */
   headers(): Record<string, string>;
 }
 

@@ -162,13 +162,15 @@ export class Decision {
     this.source = source;
   }
 
-  /** X-RateLimit-Limit, -Remaining, -Reset (s, rounded up), Retry-After (s) when denied. */
+  /** X-RateLimit-Limit, -Remaining, -Reset (s, rounded up), Retry-After (s) when denied and
+   * a wait can help. A decision of the "open" or "closed" failure policy knows the limit but
+   * not what is left: X-RateLimit-Limit (and Retry-After) only. */
   headers() {
-    const h = {
-      "X-RateLimit-Limit": this.limit.capacityText,
-      "X-RateLimit-Remaining": String(Math.max(0, this.remaining)), // a peek's may be < 0 (debt)
-      "X-RateLimit-Reset": String(ceilS(this.resetAfterMs)),
-    };
+    const h = { "X-RateLimit-Limit": this.limit.capacityText };
+    if (this.source !== "open" && this.source !== "closed") {
+      h["X-RateLimit-Remaining"] = String(Math.max(0, this.remaining)); // a peek's may be < 0 (debt)
+      h["X-RateLimit-Reset"] = String(ceilS(this.resetAfterMs));
+    }
     if (!this.allowed && this.retryAfterMs >= 0) h["Retry-After"] = String(ceilS(this.retryAfterMs));
     return h;
   }

@@ -46,7 +46,11 @@ export function withRequest<M extends (req: any, res: any, next: any) => unknown
 export const DEFAULT_PREFIX: "rl:http:";
 
 export function clientAddress(peer: string | undefined, forwardedFor: string | undefined, trusted: BlockList): string;
+/** Logged once when a store whose express-rate-limit limit is a function of the request was built without withRequest. */
+export const UNWRAPPED_WARNING: string;
 export function headerFields(decision: Decision, options?: { policyName?: string; legacyHeaders?: boolean }): [string, string][];
+/** One set of fields for several limits' decisions on one request: the draft's lists, X-RateLimit-* of the tightest. */
+export function mergedHeaderFields(decided: [{ policyName?: string; legacyHeaders?: boolean }, Decision][]): [string, string][];
 export function problem(decision: Decision): { type: string; title: string; status: 429; detail: string };
 
 /**

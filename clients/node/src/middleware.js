@@ -9,7 +9,11 @@
 //   `RateLimit: "default";r=<remaining>;t=<seconds until full>`;
 // - X-RateLimit-Limit, -Remaining, -Reset (seconds until full), on by default;
 // - Retry-After (seconds, rounded up) on a 429 that a wait can cure.
-// A decision by the "open" failure policy knows no quota, so it writes none of these.
+// When several rateLimit middlewares decided one request, one set is written: RateLimit-Policy
+// and RateLimit as the draft's lists, one item per limit, X-RateLimit-* of the tightest.
+// A decision by the "open" failure policy knows no quota, so it writes none of these; one by
+// "closed" knows the configured limit but not what is left, so it writes RateLimit-Policy,
+// X-RateLimit-Limit and Retry-After only.
 
 import { AsyncLocalStorage } from "node:async_hooks";
 import { BlockList, isIP } from "node:net";
@@ -52,20 +56,56 @@ export function clientAddress(peer, forwardedFor, trusted) {
   return hops[0] ?? peer;
 }
 
-/** The header fields for a decision, as [name, value] pairs. */
-export function headerFields(decision, { policyName = "default", legacyHeaders = true } = {}) {
-  if (decision.source === "open") return [];
-  const { limit } = decision;
-  const windowS = Math.max(1, Math.ceil(limit.capacity / limit.rate));
-  const out = [
-    ["RateLimit-Policy", `"${policyName}";q=${Math.floor(limit.capacity)};w=${windowS}`],
-    ["RateLimit", `"${policyName}";r=${decision.remaining};t=${ceilS(decision.resetAfterMs)}`],
-  ];
-  for (const [name, value] of Object.entries(decision.headers())) {
-    if (name === "Retry-After" || legacyHeaders) out.push([name, value]);
+/** A RateLimit-Policy item: w is the seconds a refill from empty takes, rounded up. */
+const policyItem = (name, limit) =>
+  `"${name}";q=${Math.floor(limit.capacity)};w=${Math.max(1, Math.ceil(limit.capacity / limit.rate))}`;
+
+/**
+ * One set of header fields for the decisions of one request, [[{policyName, legacyHeaders},
+ * decision]], as [name, value] pairs (Python's redis_rl.http.header_fields, the same rules):
+ * each limit an item of RateLimit-Policy (unless "open" decided it: no quota is known) and of
+ * RateLimit (unless "closed" did too: the limit is known, what is left is not), X-RateLimit-*
+ * of the tightest limit whose quota is known (the fewest tokens left; X-RateLimit-Limit alone
+ * when only "closed" decided), and Retry-After, the longest wait among the denials a wait can
+ * cure.
+ */
+export function mergedHeaderFields(decided) {
+  const quota = decided.filter(([, d]) => d.source !== "open");
+  const known = quota.filter(([, d]) => d.source !== "closed");
+  const out = [];
+  if (quota.length) {
+    out.push(["RateLimit-Policy", quota.map(([o, d]) => policyItem(o.policyName ?? "default", d.limit)).join(", ")]);
   }
+  if (known.length) {
+    out.push(["RateLimit", known.map(([o, d]) =>
+      `"${o.policyName ?? "default"}";r=${d.remaining};t=${ceilS(d.resetAfterMs)}`).join(", ")]);
+  }
+  if (quota.some(([o]) => o.legacyHeaders ?? true)) {
+    if (known.length) {
+      const tight = known.map(([, d]) => d).reduce((a, b) =>
+        (b.remaining < a.remaining || (b.remaining === a.remaining && b.resetAfterMs > a.resetAfterMs) ? b : a));
+      const legacy = tight.headers();
+      for (const name of ["X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset"]) out.push([name, legacy[name]]);
+    } else {
+      out.push(["X-RateLimit-Limit", quota[0][1].limit.capacityText]);
+    }
+  }
+  const waits = quota.filter(([, d]) => !d.allowed && d.retryAfterMs >= 0).map(([, d]) => d.retryAfterMs);
+  if (waits.length) out.push(["Retry-After", String(ceilS(Math.max(...waits)))]);
   return out;
 }
+
+/** The header fields for one decision alone, as [name, value] pairs. */
+export function headerFields(decision, { policyName = "default", legacyHeaders = true } = {}) {
+  return mergedHeaderFields([[{ policyName, legacyHeaders }, decision]]);
+}
+
+/** The names the header fields use: a later middleware replaces them with the merged set. */
+const FIELD_NAMES = ["RateLimit-Policy", "RateLimit", "X-RateLimit-Limit", "X-RateLimit-Remaining",
+  "X-RateLimit-Reset", "Retry-After"];
+
+/** Per response, what each rateLimit middleware that ran for its request decided. */
+const decidedOfResponse = new WeakMap();
 
 /** The RFC 9457 problem details body of a 429. */
 export function problem(decision) {
@@ -148,7 +188,12 @@ export function rateLimit(options) {
       const bucketKey = await keyFor(req, bucket);
       claimKey(req, bucketKey, rateLimitMiddleware);
       const decision = await limiter.acquire(bucketKey, bucket, tokens);
-      const headers = headerFields(decision, { policyName, legacyHeaders });
+      // Stacked middlewares write one merged set: the draft's lists, the tightest X-RateLimit-*.
+      let decided = decidedOfResponse.get(res);
+      if (!decided) decidedOfResponse.set(res, (decided = []));
+      decided.push([{ policyName, legacyHeaders }, decision]);
+      const headers = mergedHeaderFields(decided);
+      for (const name of FIELD_NAMES) res.removeHeader(name);
       for (const [name, value] of headers) res.setHeader(name, value);
       if (decision.allowed) return next();
       if (onLimited) return await onLimited(req, res, decision, headers);
@@ -162,6 +207,20 @@ export function rateLimit(options) {
     }
   };
 }
+
+/**
+ * Stores whose express-rate-limit `limit` is a function of the request, initialised (by
+ * express-rate-limit, when its middleware is built) and not yet followed by a withRequest
+ * call. `withRequest(rateLimit({...}))` builds, then wraps, in one synchronous expression; a
+ * store still here on the next turn of the event loop was built unwrapped, and every request
+ * through it would answer 500, so the limiter's logger says so once, at startup.
+ */
+const storesAwaitingWrapper = new Set();
+
+export const UNWRAPPED_WARNING = "redis-rl: RedisRlStore: express-rate-limit's limit is a function of the request, " +
+  "but its middleware was not wrapped in withRequest(...) when it was built, so each request it serves will fail " +
+  "(500): use app.use(withRequest(rateLimit({ ... }))), or give the store the tiers by key, " +
+  "new RedisRlStore({ limiter, limit: (key) => number })";
 
 /** The request a middleware wrapped by `withRequest` is serving: {req, res}. */
 const requestContext = new AsyncLocalStorage();
@@ -178,6 +237,7 @@ const requestContext = new AsyncLocalStorage();
  */
 export function withRequest(middleware) {
   if (typeof middleware !== "function") throw new TypeError("withRequest needs a middleware function (req, res, next)");
+  storesAwaitingWrapper.clear(); // the middleware just built is wrapped: no warning for its store
   return function withRequestMiddleware(req, res, next) {
     return requestContext.run({ req, res }, () => middleware(req, res, next));
   };
@@ -252,6 +312,10 @@ export class RedisRlStore {
         if (this.ownPrefix === undefined) this.prefix = `rl:erl:bykey/${options.windowMs}ms:`;
       } else {
         this.limitOfRequest = options.limit; // called in increment, with the request of withRequest
+        storesAwaitingWrapper.add(this);
+        setImmediate(() => {
+          if (storesAwaitingWrapper.delete(this)) this.limiter.logger?.warn?.(UNWRAPPED_WARNING);
+        }).unref();
       }
       return;
     }

@@ -4,8 +4,10 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import Redis from "ioredis";
+import Redis6 from "ioredis6";
 import { createClient } from "redis";
 import { createClient as createClient4 } from "redis4";
+import { createClient as createClient6 } from "redis6";
 import { createRequire } from "node:module";
 import { Limit, Limiter, DEFAULT_TIMEOUT_MS } from "../src/index.js";
 import { Server, withCleanups } from "./servers.js";
@@ -16,11 +18,14 @@ const HALF = new Limit(0.001, N / 2); // no refill during a test: exactly N/2 of
 // Clients as the README builds them: no offline queue, and no wait for "ready" before the
 // first call (the limiter must wait for a connection still opening).
 const CLIENTS = {
-  ioredis(port, scope) {
-    const c = new Redis({ port, host: "127.0.0.1", enableOfflineQueue: false, retryStrategy: () => 50 });
-    c.on("error", () => {});
-    scope.defer(() => c.disconnect());
-    return c;
+  "ioredis 5"(port, scope) {
+    return ioredis(Redis, port, scope);
+  },
+  "ioredis 6"(port, scope) {
+    return ioredis(Redis6, port, scope);
+  },
+  "node-redis 6"(port, scope) {
+    return nodeRedis(createClient6, port, scope);
   },
   "node-redis 5"(port, scope) {
     return nodeRedis(createClient, port, scope);
@@ -29,6 +34,13 @@ const CLIENTS = {
     return nodeRedis(createClient4, port, scope);
   },
 };
+
+function ioredis(Client, port, scope) {
+  const c = new Client({ port, host: "127.0.0.1", enableOfflineQueue: false, retryStrategy: () => 50 });
+  c.on("error", () => {});
+  scope.defer(() => c.disconnect());
+  return c;
+}
 
 function nodeRedis(createClient, port, scope, options = {}) {
   {
@@ -41,14 +53,14 @@ function nodeRedis(createClient, port, scope, options = {}) {
 }
 
 // The versions these tests ran on must be the ones package.json promises (peerDependencies):
-// ioredis 5 and node-redis 4 and 5, each major tested above.
+// ioredis 5 and 6 and node-redis 4, 5 and 6, each major tested above.
 test("the tested client versions are the declared peer ranges", () => {
   const require = createRequire(import.meta.url);
   const pkg = require("../package.json");
   const majors = (range) => range.split("||").map((r) => Number(/^\s*\^(\d+)\s*$/.exec(r)[1]));
   const major = (name) => Number(require(`${name}/package.json`).version.split(".")[0]);
-  assert.deepEqual(majors(pkg.peerDependencies.ioredis), [major("ioredis")]);
-  assert.deepEqual(majors(pkg.peerDependencies.redis).sort(), [major("redis4"), major("redis")].sort());
+  assert.deepEqual(majors(pkg.peerDependencies.ioredis), [major("ioredis"), major("ioredis6")]);
+  assert.deepEqual(majors(pkg.peerDependencies.redis), [major("redis4"), major("redis"), major("redis6")]);
 });
 
 function limiterOn(client, onError) {
@@ -131,7 +143,7 @@ for (const kind of Object.keys(CLIENTS)) {
 
 // node-redis refuses a command at once when its queue holds commandsQueueMaxLength: a full
 // queue is busy, not down, and the call waits for room within its deadline.
-for (const [kind, create] of [["node-redis 5", createClient], ["node-redis 4", createClient4]]) {
+for (const [kind, create] of [["node-redis 6", createClient6], ["node-redis 5", createClient], ["node-redis 4", createClient4]]) {
   test(`${kind} with a queue of 10: ${N} concurrent calls wait for room and are all answered by the module`, () => withCleanups(async (scope) => {
     const s = await scope.server();
     const limiter = limiterOn(nodeRedis(create, s.port, scope, { commandsQueueMaxLength: 10 }), "closed");

@@ -9,7 +9,7 @@ import express4 from "express4";
 import { MemoryStore, rateLimit } from "express-rate-limit";
 import Redis from "ioredis";
 import { Limiter } from "../src/index.js";
-import { RedisRlStore, withRequest } from "../src/middleware.js";
+import { RedisRlStore, UNWRAPPED_WARNING, withRequest } from "../src/middleware.js";
 import { Server, withCleanups } from "./servers.js";
 
 const EXPRESSES = { "express 5": express5, "express 4": express4 };
@@ -153,6 +153,20 @@ for (const [name, express] of Object.entries(EXPRESSES)) {
     assert.match(text, /withRequest\(rateLimit/);
     assert.match(text, /limit: \(key\) => number/);
   }));
+
+  test(`${name}: a limit function of the request on an unwrapped middleware is reported at startup, a wrapped one is not`, async () => {
+    const logs = [];
+    const limiter = { logger: { warn: (m) => logs.push(m) } }; // init reaches no server
+    const options = { windowMs: 60_000, limit: () => 3, standardHeaders: "draft-8", legacyHeaders: false, validate: false };
+    withRequest(rateLimit({ ...options, store: new RedisRlStore({ limiter }) }));
+    rateLimit({ ...options, limit: 3, store: new RedisRlStore({ limiter }) }); // a number: nothing to wrap
+    rateLimit({ ...options, store: new RedisRlStore({ limiter, limit: () => 3 }) }); // tiers by key
+    await new Promise((r) => setImmediate(r));
+    assert.deepEqual(logs, []);
+    rateLimit({ ...options, store: new RedisRlStore({ limiter }) });
+    await new Promise((r) => setImmediate(r));
+    assert.deepEqual(logs, [UNWRAPPED_WARNING]);
+  });
 
   // express-rate-limit's limit(req, res), sync and async, on limiters wrapped by withRequest:
   // a per-user tier (gold 4, others 2) stacked before a limit of 6 over all users, both

@@ -111,7 +111,11 @@ test("express: an outage is decided by the failure policy", () => withSetup(asyn
   const port = await t.deadPort();
   const closed = await t.listen(app(await t.limiter(port, { dead: true, timeoutMs: 100 })));
   const r = await closed();
-  assert.deepEqual([r.status, r.headers.get("retry-after"), r.headers.get("ratelimit")], [429, "1", '"default";r=0;t=0']);
+  // "closed" knows the configured limit, not what is left: no RateLimit, no remaining, no
+  // reset (they would claim an empty bucket that is full again at once).
+  assert.deepEqual([r.status, rateHeaders(r)],
+    [429, { "ratelimit-policy": '"default";q=3;w=300', "x-ratelimit-limit": "3", "retry-after": "1" }]);
+  assert.equal((await r.json()).detail, "Rate limit exceeded; retry after 1 s.");
   const open = await t.listen(app(await t.limiter(port, { dead: true, onError: "open", timeoutMs: 100 })));
   const o = await open();
   assert.deepEqual([o.status, rateHeaders(o)], [200, {}]);
@@ -140,8 +144,16 @@ for (const [name, makeApp] of Object.entries({ "express 5": express, "express 4"
     for (let i = 0; i < 4; i++) got.push(await fetch(`http://127.0.0.1:${http.address().port}/login`, { method: "POST" }));
     // One shared bucket with two limits denied the second login (3 - 2 taken before it).
     assert.deepEqual(got.map((r) => r.status), [200, 200, 200, 429]);
-    assert.deepEqual(got.map((r) => r.headers.get("ratelimit")),
-      ['"login";r=2;t=100', '"login";r=1;t=200', '"login";r=0;t=300', '"login";r=0;t=300']);
+    // One set of fields for both limits: the draft's lists, X-RateLimit-* of the tighter.
+    assert.deepEqual(got.map((r) => r.headers.get("ratelimit")), [
+      '"default";r=99;t=100, "login";r=2;t=100', '"default";r=98;t=200, "login";r=1;t=200',
+      '"default";r=97;t=300, "login";r=0;t=300', '"default";r=96;t=400, "login";r=0;t=300']);
+    assert.deepEqual(rateHeaders(got[3]), {
+      "ratelimit-policy": '"default";q=100;w=10000, "login";q=3;w=300',
+      ratelimit: '"default";r=96;t=400, "login";r=0;t=300',
+      "x-ratelimit-limit": "3", "x-ratelimit-remaining": "0", "x-ratelimit-reset": "300", "retry-after": "100",
+    });
+    assert.deepEqual([got[0].headers.get("x-ratelimit-limit"), got[0].headers.get("x-ratelimit-remaining")], ["3", "2"]);
     const keys = (await limiter.redis.send(["KEYS", "rl:http:*"])).map(String).sort();
     assert.deepEqual(keys, ["rl:http:0.01:100:ip:127.0.0.1", "rl:http:0.01:3:ip:127.0.0.1"]);
     const global = await limiter.peek("rl:http:0.01:100:ip:127.0.0.1", new Limit(0.01, 100), 0);

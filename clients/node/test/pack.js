@@ -1,17 +1,23 @@
 // The package as users install it: `npm pack`, the tarball installed with its peer dependency
-// (ioredis) in a fresh directory outside the repository, and a smoke script run there against
-// real servers, one with the module and one without (the shipped Lua script). Run by
-// `make test-clients-node` (npm run test:pack); not a *.test.js, since it installs from npm.
+// (ioredis) in a fresh directory outside the repository, and run there against real servers:
+// a smoke script on one with the module and one without (the shipped Lua script), then the
+// Node examples (examples/node: the HTTP API and the worker pool, with their own tests) on
+// the installed tarball instead of the source tree. Run by `make test-clients-node` (npm run
+// test:pack); not a *.test.js, since it installs from npm.
 import { execFileSync } from "node:child_process";
-import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { copyFileSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join, relative } from "node:path";
-import { fileURLToPath } from "node:url";
+import { fileURLToPath, pathToFileURL } from "node:url";
 import { Server } from "./servers.js";
 
 const PACKAGE = fileURLToPath(new URL("..", import.meta.url));
 const ROOT = fileURLToPath(new URL("../../..", import.meta.url));
-const peer = JSON.parse(readFileSync(join(PACKAGE, "package.json"), "utf8")).peerDependencies.ioredis;
+const EXAMPLES = join(ROOT, "examples", "node");
+const EXAMPLE_FILES = ["api.js", "worker-pool.js", "example.test.js"];
+// The examples' own dependencies but redis-rl (the tarball stands in for its file: link).
+const exampleDeps = Object.entries(JSON.parse(readFileSync(join(EXAMPLES, "package.json"), "utf8")).dependencies)
+  .filter(([name]) => name !== "redis-rl").map(([name, range]) => `${name}@${range}`);
 
 const SMOKE = `
 import assert from "node:assert/strict";
@@ -50,10 +56,17 @@ try {
   const app = join(dir, "app");
   run("mkdir", [app], dir);
   writeFileSync(join(app, "package.json"), JSON.stringify({ name: "smoke", private: true, type: "module" }));
-  run("npm", ["install", "--no-audit", "--no-fund", "--loglevel=error", join(dir, tarball), `ioredis@${peer}`], app);
+  run("npm", ["install", "--no-audit", "--no-fund", "--loglevel=error", join(dir, tarball), ...exampleDeps], app);
   writeFileSync(join(app, "smoke.mjs"), SMOKE);
+  for (const file of EXAMPLE_FILES) copyFileSync(join(EXAMPLES, file), join(app, file));
   servers.push(await Server.start(true), await Server.start(false));
   process.stdout.write(run("node", ["smoke.mjs"], app, { RL_PORT: String(servers[0].port), PLAIN_PORT: String(servers[1].port) }));
+  // The examples import "redis-rl" from the app's node_modules: the tarball, nothing else.
+  const resolved = run("node", ["--input-type=module", "-e", 'console.log(import.meta.resolve("redis-rl"))'], app).trim();
+  if (!resolved.startsWith(pathToFileURL(join(app, "node_modules")).href)) throw new Error(`redis-rl resolved to ${resolved}`);
+  process.stdout.write(run("node", ["--test", "--test-reporter=dot", ...EXAMPLE_FILES.filter((f) => f.endsWith(".test.js"))], app,
+    { REDIS_URL: `redis://127.0.0.1:${servers[0].port}` }));
+  console.log("redis-rl examples: examples/node passed on the installed package");
 } finally {
   for (const s of servers) await s.close();
   rmSync(dir, { recursive: true, force: true });

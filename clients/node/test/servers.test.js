@@ -165,6 +165,10 @@ for (const kind of Object.keys(CLIENTS)) {
       const allowed = down.map((d) => d.allowed);
       if (onError === "open") assert.deepEqual(allowed, [true, true, true, true, true, true]);
       if (onError === "closed") assert.deepEqual(allowed, [false, false, false, false, false, false]);
+      // "open" and "closed" know the limit, not what is left: X-RateLimit-Limit (and
+      // Retry-After) only, as in Python, never "0 left, full again now".
+      if (onError === "open") assert.deepEqual(down[0].headers(), { "X-RateLimit-Limit": "4" });
+      if (onError === "closed") assert.deepEqual(down[0].headers(), { "X-RateLimit-Limit": "4", "Retry-After": "1" });
       if (onError === "local") assert.deepEqual(allowed, [true, true, false, false, false, false]);
       assert.equal(limiter.counters[onError], 6);
       assert.equal(limiter.counters.outages, 1);

@@ -1,58 +1,165 @@
 // clients/vectors/wire.json: for each limit a user can build, the exact `rate capacity cost`
 // that must reach the module. Each case's Limit is built as a user would (JSON strings as
 // strings, numbers as numbers, per as the { per } option, capacity null left out), acquired
-// on a real server with the module, per key and in a bucket table, and MONITOR shows what
-// arrived.
+// on real servers through each client the library supports (ioredis 5 and 6, node-redis 4, 5
+// and 6), and
+// MONITOR shows what arrived: on the module path RL.ACQUIRE / RL.HACQUIRE carry the texts, on
+// the Lua path (a server without the module) EVALSHA carries the script's 10 numbers, which
+// are computed here from the same texts with exact rational arithmetic (clients/lua/rl.lua's
+// header). Cases other clients cannot build (`python_only`) are skipped; fields a case may
+// carry that this test does not read are ignored.
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
 import Redis from "ioredis";
+import Redis6 from "ioredis6";
+import { createClient } from "redis";
+import { createClient as createClient4 } from "redis4";
+import { createClient as createClient6 } from "redis6";
 import { Limit, Limiter } from "../src/index.js";
 import { withCleanups } from "./servers.js";
 
 const WIRE = JSON.parse(readFileSync(new URL("../../vectors/wire.json", import.meta.url), "utf8"));
-// A python_only case is built from Python types (a timedelta, a rate as "N/S" text).
 const CASES = WIRE.cases.filter((c) => !c.python_only);
 
 /** The Limit a user writes for a case. */
 function limitOf({ rate, per, capacity }) {
-  const options = per === null ? undefined : { per };
-  if (capacity === null) return new Limit(rate, options);
+  const options = per === null || per === undefined ? undefined : { per };
+  if (capacity === null || capacity === undefined) return new Limit(rate, options);
   return options ? new Limit(rate, capacity, options) : new Limit(rate, capacity);
 }
 
-test("wire.json: every case's limit builds and sends exactly its args, per key and in a table", () => withCleanups(async (scope) => {
-  assert.equal(WIRE.format, 1);
-  const s = await scope.server();
-  const redis = new Redis({ port: s.port, host: "127.0.0.1" });
-  scope.defer(() => redis.disconnect());
-  const watcher = new Redis({ port: s.port, host: "127.0.0.1", lazyConnect: true });
+/** An exact fraction [numerator, denominator] (BigInt, reduced, d > 0). */
+const gcd = (a, b) => { a = a < 0n ? -a : a; while (b) [a, b] = [b, a % b]; return a; };
+const frac = (n, d) => { const g = gcd(n, d) || 1n; return [n / g, d / g]; };
+/** The exact value of a module argument's text: a decimal ("0.1", "1e-7") or N/S ("100/60"). */
+function exact(text) {
+  if (text.includes("/")) {
+    const [[a, b], [c, d]] = text.split("/").map(exact);
+    return frac(a * d, b * c);
+  }
+  const m = /^(\d*)(?:\.(\d*))?(?:e([+-]?\d+))?$/i.exec(text);
+  assert.ok(m, `not a decimal: ${text}`);
+  const digits = BigInt((m[1] || "0") + (m[2] ?? "")), exp = Number(m[3] ?? 0) - (m[2] ?? "").length;
+  return exp >= 0 ? frac(digits * 10n ** BigInt(exp), 1n) : frac(digits, 10n ** BigInt(-exp));
+}
+const floorDiv = (n, d) => (n >= 0n ? n / d : -((-n + d - 1n) / d));
+const ceilDiv = (n, d) => -floorDiv(-n, d);
+
+/** The script's 10 numbers for an acquire of the exact `rate capacity cost` texts: D, then T,
+ * C, S, K as pairs q + r/D µs, then floor(capacity), when T = 1e6 / rate has a denominator
+ * below 2^31 (every case here). */
+function scriptArgs([rateText, capacityText, costText]) {
+  const [rn, rd] = exact(rateText), [cn, cd] = exact(capacityText), [kn, kd] = exact(costText);
+  const [tn, d] = frac(1_000_000n * rd, rn); // T = 1e6 / rate µs, over its own denominator D
+  assert.ok(d < 2n ** 31n, `${rateText}: not exact in the script`);
+  // x * T in units of 1/D µs is x * tn: a pair (q, r) with q = units div D, r = units mod D.
+  const pair = (units) => [floorDiv(units, d), units - floorDiv(units, d) * d];
+  const t = pair(tn);
+  const c = pair(floorDiv(cn * tn, cd));
+  const s = pair(floorDiv((cn * kd - kn * cd) * tn, cd * kd));
+  const k = pair(ceilDiv(kn * tn, kd));
+  return [d, ...t, ...c, ...s, ...k, floorDiv(cn, cd)].map(String);
+}
+
+const ioredis = (Client) => async (port, scope) => {
+  const c = new Client({ port, host: "127.0.0.1" });
+  scope.defer(() => c.disconnect());
+  return c;
+};
+const CLIENTS = {
+  "ioredis 5": ioredis(Redis),
+  "ioredis 6": ioredis(Redis6),
+  "node-redis 6": (port, scope) => nodeRedis(createClient6, port, scope),
+  "node-redis 5": (port, scope) => nodeRedis(createClient, port, scope),
+  "node-redis 4": (port, scope) => nodeRedis(createClient4, port, scope),
+};
+
+async function nodeRedis(create, port, scope) {
+  const c = create({ socket: { port, host: "127.0.0.1" } });
+  c.on("error", () => {});
+  await c.connect();
+  scope.defer(() => c.disconnect());
+  return c;
+}
+
+/** Runs `calls(limiter)` with MONITOR on `port` and gives the commands the server saw. */
+async function monitored(scope, port, client, calls) {
+  const watcher = new Redis({ port, host: "127.0.0.1", lazyConnect: true });
   const monitor = await watcher.monitor();
   scope.defer(() => { monitor.disconnect(); watcher.disconnect(); });
   const seen = [];
   monitor.on("monitor", (time, args) => seen.push(args));
-  const limiter = new Limiter(redis, { onError: "closed", logger: { warn() {} } });
-  const table = limiter.table("wire");
-  for (const [i, c] of CASES.entries()) {
-    const limit = limitOf(c);
-    const d = await limiter.acquire(`wire:${i}`, limit, c.cost);
-    const t = await table.acquire(`f${i}`, limit, c.cost);
-    assert.deepEqual([d.source, t.source], ["redis", "redis"], c.name);
-  }
-  await redis.ping("end"); // MONITOR shows it after every call above
+  const limiter = new Limiter(client, { onError: "closed", logger: { warn() {} } });
+  await calls(limiter);
+  const marker = new Redis({ port, host: "127.0.0.1" });
+  scope.defer(() => marker.disconnect());
+  await marker.ping("end"); // MONITOR shows it after every call above
   const end = Date.now() + 10_000;
   while (!seen.some((a) => a[0] === "ping")) {
     assert.ok(Date.now() < end, "MONITOR never showed the last command");
     await new Promise((r) => setTimeout(r, 10));
   }
-  const acquires = seen.filter((a) => /^RL\.H?ACQUIRE$/i.test(a[0]));
-  assert.equal(acquires.length, 2 * CASES.length);
-  CASES.forEach((c, i) => {
-    assert.deepEqual(acquires[2 * i], ["RL.ACQUIRE", `wire:${i}`, ...c.args], c.name);
-    const [name, , field, ...args] = acquires[2 * i + 1];
-    assert.deepEqual([name, field, args], ["RL.HACQUIRE", `f${i}`, c.args], `${c.name} (table)`);
-  });
-}));
+  return seen;
+}
+
+test("scriptArgs here agrees with rl.lua's header on a case worked by hand", () => {
+  // 3/10 per s: T = 10^7/3 µs (D = 3, q = 3333333, r = 1); capacity 7: C = 7 x T = 70000000/3;
+  // cost 2: S = 5 x T = 50000000/3, K = 2 x T = 20000000/3.
+  assert.deepEqual(scriptArgs(["3/10", "7", "2"]),
+    ["3", "3333333", "1", "23333333", "1", "16666666", "2", "6666666", "2", "7"]);
+  assert.deepEqual(scriptArgs(["2.5", "5", "0.5"]), ["1", "400000", "0", "2000000", "0", "1800000", "0", "200000", "0", "5"]);
+});
+
+for (const [kind, connect] of Object.entries(CLIENTS)) {
+  test(`wire.json (${kind}): the module gets each case's exact args, per key and in a table`, () => withCleanups(async (scope) => {
+    assert.equal(WIRE.format, 1);
+    assert.ok(CASES.length >= 9, "wire.json lost its cases");
+    const s = await scope.server(true);
+    const seen = await monitored(scope, s.port, await connect(s.port, scope), async (limiter) => {
+      const table = limiter.table("wire");
+      for (const [i, c] of CASES.entries()) {
+        const limit = limitOf(c);
+        const d = await limiter.acquire(`wire:${i}`, limit, c.cost);
+        const t = await table.acquire(`f${i}`, limit, c.cost);
+        assert.deepEqual([d.source, t.source], ["redis", "redis"], c.name);
+      }
+    });
+    const acquires = seen.filter((a) => /^RL\.H?ACQUIRE$/i.test(a[0]));
+    assert.equal(acquires.length, 2 * CASES.length);
+    CASES.forEach((c, i) => {
+      assert.deepEqual(acquires[2 * i], ["RL.ACQUIRE", `wire:${i}`, ...c.args], c.name);
+      const [name, , field, ...args] = acquires[2 * i + 1];
+      assert.deepEqual([name, field, args], ["RL.HACQUIRE", `f${i}`, c.args], `${c.name} (table)`);
+    });
+  }));
+
+  test(`wire.json (${kind}): the Lua script gets each case's exact values, per key and in a table`, () => withCleanups(async (scope) => {
+    const s = await scope.server(false);
+    const seen = await monitored(scope, s.port, await connect(s.port, scope), async (limiter) => {
+      const table = limiter.table("wire");
+      for (const [i, c] of CASES.entries()) {
+        const limit = limitOf(c);
+        const d = await limiter.acquire(`wire:${i}`, limit, c.cost);
+        const t = await table.acquire(`f${i}`, limit, c.cost);
+        assert.deepEqual([d.source, t.source], ["lua", "lua"], c.name);
+      }
+    });
+    // The first call of each finds no script (NOSCRIPT), loads it and sends EVALSHA again.
+    const calls = seen.filter((a) => /^EVALSHA$/i.test(a[0]));
+    const answered = [];
+    for (const a of calls) if (!answered.length || answered.at(-1).join() !== a.join()) answered.push(a);
+    assert.equal(answered.length, 2 * CASES.length);
+    CASES.forEach((c, i) => {
+      const want = scriptArgs(c.args);
+      // sha, 1 key, the key, the mode, then the numbers.
+      assert.deepEqual(answered[2 * i].slice(2), ["1", `wire:${i}`, "acquire", ...want], c.name);
+      const [numKeys, key, mode, ...numbers] = answered[2 * i + 1].slice(2);
+      assert.ok(key.startsWith("wire:") && key.endsWith(`:f${i}`), `${c.name} (table): key ${key}`);
+      assert.deepEqual([numKeys, mode, numbers], ["1", "acquire", want], `${c.name} (table)`);
+    });
+  }));
+}
 
 test("per is a number or its text, like rate and capacity; anything else is refused", () => {
   assert.deepEqual(new Limit("5", { per: "60" }).args(), new Limit(5, { per: 60 }).args());
