@@ -440,9 +440,8 @@ impl Decisions {
 }
 
 fn policy_item(name: &str, limit: &Limit) -> String {
-    let capacity = limit.capacity();
-    let window_s = (capacity / limit.rate_per_s()).ceil().max(1.0);
-    format!("\"{name}\";q={};w={window_s}", capacity.floor())
+    let window_s = crate::script::refill_s(limit);
+    format!("\"{name}\";q={};w={window_s}", limit.capacity().floor())
 }
 
 fn ceil_s(ms: i64) -> i64 {

@@ -461,3 +461,27 @@ async fn two_layers_on_one_redis_key_for_a_request_are_refused() {
     );
     assert!(r.body.ends_with("give each its own prefix"), "{}", r.body);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_policy_window_is_exact_where_doubles_are_not() {
+    // 21 tokens at 7 per 10 s refill from empty in 30 s exactly; in doubles 21 / 0.7 is
+    // 30.000000000000004, which rounded up to w=31.
+    let server = Server::start();
+    let limiter = limiter(server.port, OnError::Closed).await;
+    for (limit, policy) in [
+        (Limit::new(0.7, 21.0).unwrap(), "\"default\";q=21;w=30"),
+        (
+            Limit::per(7, Duration::from_secs(10))
+                .unwrap()
+                .with_capacity(21.0)
+                .unwrap(),
+            "\"default\";q=21;w=30",
+        ),
+        (Limit::new(0.3, 3.0).unwrap(), "\"default\";q=3;w=10"),
+        (Limit::new(7.0, 10.0).unwrap(), "\"default\";q=10;w=2"),
+    ] {
+        let addr = serve(RateLimitLayer::new(limiter.clone(), limit)).await;
+        let r = get_once(addr, "/", &[]).await;
+        assert_eq!(r.headers["ratelimit-policy"], policy, "{limit:?}");
+    }
+}
