@@ -82,7 +82,7 @@ test-clients-rust: $(MODULE_DEBUG) ## The Rust client (clients/rust): vectors, m
 		echo "test-clients-rust: redis-rl-client pulls in HTTP crates without the tower feature"; exit 1; fi
 	$(MAKE) --no-print-directory dist-rust
 
-dist-rust: deps $(MODULE_DEBUG) ## The Rust client as users get it: cargo package of it and rl-bucket, unpacked into a clean directory outside the repository, a program built there against them, run against servers with and without the module
+dist-rust: deps $(MODULE_DEBUG) ## The Rust client as users get it: cargo package of it and rl-bucket, unpacked into a clean directory outside the repository, a program built there against them, run against servers with and without the module; the packaged example and the axum example app (its tests) built there and run too
 	CARGO="$(CARGO)" MODULE="$(MODULE_DEBUG)" REDIS_SERVER="$(REDIS_SERVER)" clients/rust/dist/check.sh
 
 test-clients-cluster: deps-clients $(MODULE_DEBUG) python-rl ## Both libraries on the `make cluster` cluster (started here on CLUSTER_PORT, and stopped, unless one runs)

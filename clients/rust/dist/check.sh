@@ -3,7 +3,10 @@
 # rl-bucket (its path dependency), both unpacked into a clean directory outside the
 # repository, a small program (dist/main.rs) built there against the unpacked crates only
 # (rl-bucket through [patch.crates-io], as a private registry would serve it), and run against
-# a real redis-server with the module and against a plain one (the Lua path).
+# a real redis-server with the module and against a plain one (the Lua path). Then the
+# crate's own example (examples/flood.rs) and the axum app users copy (examples/rust, its
+# tests) are built there against the same unpacked crates and run against the server with
+# the module: what users run is what the package gives them, not the repository's tree.
 #
 # Run from the repository root. MODULE (the built module), REDIS_SERVER, CARGO and
 # DIST_RUST_TARGET (the program's target directory, kept between runs so its dependencies
@@ -37,6 +40,9 @@ mkdir -p "$work/crates" "$work/app/src"
 tar xzf "target/package/rl-bucket-$bucket_version.crate" -C "$work/crates"
 tar xzf "target/package/redis-rl-client-$client_version.crate" -C "$work/crates"
 cp clients/rust/dist/main.rs "$work/app/src/main.rs"
+# The crate's examples, as packaged (the .crate holds them), built as this program's.
+mkdir -p "$work/app/examples"
+cp "$work/crates/redis-rl-client-$client_version/examples/"*.rs "$work/app/examples/"
 cat > "$work/app/Cargo.toml" <<TOML
 [package]
 name = "dist-check"
@@ -57,8 +63,23 @@ TOML
 # The repository's versions of the shared dependencies, so this checks the package, not a
 # newer release of a dependency; cargo drops what the program does not use.
 cp Cargo.lock "$work/app/Cargo.lock"
-(cd "$work/app" && CARGO_TARGET_DIR="$target_dir" "$cargo" build --quiet)
+(cd "$work/app" && CARGO_TARGET_DIR="$target_dir" "$cargo" build --quiet --bins --examples)
 program="$target_dir/debug/dist-check"
+
+# The axum example app (examples/rust) with its tests, on the unpacked crate instead of the
+# repository's clients/rust; its own lockfile pins its dependencies.
+cp -R examples/rust "$work/example-app"
+rm -rf "$work/example-app/target"
+sed -i "s|path = \"../../clients/rust\"|path = \"../crates/redis-rl-client-$client_version\"|" \
+    "$work/example-app/Cargo.toml"
+grep -q "crates/redis-rl-client-$client_version" "$work/example-app/Cargo.toml" || {
+    echo "dist-rust: examples/rust/Cargo.toml does not name ../../clients/rust" >&2; exit 1; }
+cat >> "$work/example-app/Cargo.toml" <<TOML
+
+[patch.crates-io]
+rl-bucket = { path = "../crates/rl-bucket-$bucket_version" }
+TOML
+(cd "$work/example-app" && CARGO_TARGET_DIR="$target_dir" "$cargo" test --quiet --no-run)
 
 free_port() {
     python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
@@ -82,5 +103,9 @@ start() {
 
 start --loadmodule "$module"
 "$program" "redis://127.0.0.1:$port/" module "$root/clients/lua/rl.lua"
+# flood: 50 calls on a denied key, none allowed (it fails otherwise).
+"$target_dir/debug/examples/flood" "$port" dist:flood 50 1 >/dev/null
+(cd "$work/example-app" && REDIS_URL="redis://127.0.0.1:$port/" CARGO_TARGET_DIR="$target_dir" \
+    "$cargo" test --quiet)
 start
 "$program" "redis://127.0.0.1:$port/" lua "$root/clients/lua/rl.lua"

@@ -18,14 +18,25 @@
 //! - `X-RateLimit-Limit`, `-Remaining`, `-Reset` (on by default);
 //! - `Retry-After` on a 429 that a wait can cure.
 //!
-//! A decision by the `Open` failure policy knows no quota, so it writes none of these. The
-//! limiter's failure policy, deny cache and Lua fallback apply unchanged. This module sits
-//! on the limiter's public API only.
+//! The key, limit, cost and skip extractors may each be a plain function or an async one
+//! (`key_fn_async`, `limit_async`, ...): a user's plan can be looked up per request.
+//!
+//! Each limit has its own key space by default, `rl:http:<rate>:<capacity>:`, as in the
+//! Python and Node middlewares, so two layers with different limits never share a bucket;
+//! two layers that still name one Redis key for a request are refused (a 500 naming the key).
+//! When several layers decide one request, one set of fields is written (by the outermost):
+//! `RateLimit-Policy` and `RateLimit` as the draft's lists, one item per limit, and
+//! `X-RateLimit-*` of the tightest (the fewest tokens left).
+//!
+//! A decision by the `Open` failure policy knows no quota, so it writes none of these; one by
+//! `Closed` knows the configured limit but not what is left, so it writes `RateLimit-Policy`,
+//! `X-RateLimit-Limit` and `Retry-After` only. The limiter's failure policy, deny cache and
+//! Lua fallback apply unchanged. This module sits on the limiter's public API only.
 
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use http::header::{HeaderName, HeaderValue, CONTENT_TYPE};
@@ -40,31 +51,82 @@ pub const HEADERS_DRAFT: &str = "draft-ietf-httpapi-ratelimit-headers-10";
 /// The content type of the 429 body (RFC 9457).
 pub const PROBLEM_TYPE: &str = "application/problem+json";
 
-type KeyFn = dyn Fn(&http::request::Parts) -> Option<String> + Send + Sync;
-type PeerFn = dyn Fn(&http::request::Parts) -> Option<IpAddr> + Send + Sync;
-type CostFn = dyn Fn(&http::request::Parts) -> f64 + Send + Sync;
-type SkipFn = dyn Fn(&http::request::Parts) -> bool + Send + Sync;
+/// The start of every default key space: `rl:http:<rate>:<capacity>:`.
+pub const DEFAULT_PREFIX: &str = "rl:http:";
+
+/// The names the fields are written under; the outermost layer replaces them in a response.
+const FIELD_NAMES: [&str; 6] = [
+    "ratelimit-policy",
+    "ratelimit",
+    "x-ratelimit-limit",
+    "x-ratelimit-remaining",
+    "x-ratelimit-reset",
+    "retry-after",
+];
+
+type Parts = http::request::Parts;
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+type SyncFn<T> = dyn Fn(&Parts) -> T + Send + Sync;
+type AsyncFn<T> = dyn Fn(&Parts) -> BoxFuture<T> + Send + Sync;
+type PeerFn = dyn Fn(&Parts) -> Option<IpAddr> + Send + Sync;
 type LimitedFn = dyn Fn(&Decision, &[(String, String)]) -> Response<String> + Send + Sync;
+
+/// An extractor of the request: a plain function, or one returning a future (awaited).
+/// Plain ones are kept apart so they cost no allocation per request.
+enum Hook<T> {
+    Sync(Arc<SyncFn<T>>),
+    Async(Arc<AsyncFn<T>>),
+}
+
+impl<T> Clone for Hook<T> {
+    fn clone(&self) -> Self {
+        match self {
+            Hook::Sync(f) => Hook::Sync(f.clone()),
+            Hook::Async(f) => Hook::Async(f.clone()),
+        }
+    }
+}
+
+impl<T: 'static> Hook<T> {
+    fn sync(f: impl Fn(&Parts) -> T + Send + Sync + 'static) -> Self {
+        Hook::Sync(Arc::new(f))
+    }
+
+    fn from_async<F>(f: impl Fn(&Parts) -> F + Send + Sync + 'static) -> Self
+    where
+        F: Future<Output = T> + Send + 'static,
+    {
+        Hook::Async(Arc::new(move |parts| Box::pin(f(parts)) as BoxFuture<T>))
+    }
+
+    async fn run(&self, parts: &Parts) -> T {
+        match self {
+            Hook::Sync(f) => f(parts),
+            Hook::Async(f) => f(parts).await,
+        }
+    }
+}
 
 /// How a request names its bucket.
 #[derive(Clone)]
 enum Key {
     Client,
     Header(HeaderName),
-    Function(Arc<KeyFn>),
+    Function(Hook<Option<String>>),
 }
 
 struct Config<C> {
     limiter: Arc<AsyncLimiter<C>>,
-    limit: Limit,
+    limit: Hook<Limit>,
     key: Key,
     peer: Arc<PeerFn>,
-    cost: Arc<CostFn>,
+    cost: Hook<f64>,
     trusted: Vec<(IpAddr, u8)>,
-    prefix: String,
+    /// `None`: the limit's own key space, `rl:http:<rate>:<capacity>:`.
+    prefix: Option<String>,
     policy_name: String,
     legacy_headers: bool,
-    skip: Option<Arc<SkipFn>>,
+    skip: Option<Hook<bool>>,
     on_limited: Option<Arc<LimitedFn>>,
 }
 
@@ -73,7 +135,7 @@ impl<C> Clone for Config<C> {
     fn clone(&self) -> Self {
         Config {
             limiter: self.limiter.clone(),
-            limit: self.limit,
+            limit: self.limit.clone(),
             key: self.key.clone(),
             peer: self.peer.clone(),
             cost: self.cost.clone(),
@@ -113,12 +175,12 @@ impl<C> RateLimitLayer<C> {
         RateLimitLayer {
             config: Arc::new(Config {
                 limiter,
-                limit,
+                limit: Hook::sync(move |_| limit),
                 key: Key::Client,
                 peer: Arc::new(|parts| parts.extensions.get::<SocketAddr>().map(|a| a.ip())),
-                cost: Arc::new(|_| 1.0),
+                cost: Hook::sync(|_| 1.0),
                 trusted: Vec::new(),
-                prefix: "rl:http:".to_string(),
+                prefix: None,
                 policy_name: "default".to_string(),
                 legacy_headers: true,
                 skip: None,
@@ -136,27 +198,56 @@ impl<C> RateLimitLayer<C> {
     /// Keys by the caller's function (`None` falls back to the address).
     pub fn key_fn(
         mut self,
-        key: impl Fn(&http::request::Parts) -> Option<String> + Send + Sync + 'static,
+        key: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static,
     ) -> Self {
-        config_mut(&mut self).key = Key::Function(Arc::new(key));
+        config_mut(&mut self).key = Key::Function(Hook::sync(key));
+        self
+    }
+
+    /// Keys by the caller's async function (`None` falls back to the address). The future
+    /// is `'static`: clone from the request what it needs before the `async move` block.
+    pub fn key_fn_async<F>(mut self, key: impl Fn(&Parts) -> F + Send + Sync + 'static) -> Self
+    where
+        F: Future<Output = Option<String>> + Send + 'static,
+    {
+        config_mut(&mut self).key = Key::Function(Hook::from_async(key));
+        self
+    }
+
+    /// The limit per request (a user's plan) instead of the one given to `new`. Each limit
+    /// has its own key space unless [`RateLimitLayer::prefix`] is set.
+    pub fn limit_fn(mut self, limit: impl Fn(&Parts) -> Limit + Send + Sync + 'static) -> Self {
+        config_mut(&mut self).limit = Hook::sync(limit);
+        self
+    }
+
+    /// The limit per request, from an async function (a plan looked up in a database).
+    pub fn limit_async<F>(mut self, limit: impl Fn(&Parts) -> F + Send + Sync + 'static) -> Self
+    where
+        F: Future<Output = Limit> + Send + 'static,
+    {
+        config_mut(&mut self).limit = Hook::from_async(limit);
         self
     }
 
     /// Where the peer's address comes from (axum: its `ConnectInfo<SocketAddr>`).
-    pub fn peer(
-        mut self,
-        peer: impl Fn(&http::request::Parts) -> Option<IpAddr> + Send + Sync + 'static,
-    ) -> Self {
+    pub fn peer(mut self, peer: impl Fn(&Parts) -> Option<IpAddr> + Send + Sync + 'static) -> Self {
         config_mut(&mut self).peer = Arc::new(peer);
         self
     }
 
     /// Tokens per request (default 1).
-    pub fn cost(
-        mut self,
-        cost: impl Fn(&http::request::Parts) -> f64 + Send + Sync + 'static,
-    ) -> Self {
-        config_mut(&mut self).cost = Arc::new(cost);
+    pub fn cost(mut self, cost: impl Fn(&Parts) -> f64 + Send + Sync + 'static) -> Self {
+        config_mut(&mut self).cost = Hook::sync(cost);
+        self
+    }
+
+    /// Tokens per request, from an async function.
+    pub fn cost_async<F>(mut self, cost: impl Fn(&Parts) -> F + Send + Sync + 'static) -> Self
+    where
+        F: Future<Output = f64> + Send + 'static,
+    {
+        config_mut(&mut self).cost = Hook::from_async(cost);
         self
     }
 
@@ -167,9 +258,12 @@ impl<C> RateLimitLayer<C> {
         self
     }
 
-    /// Put before each key in Redis (default "rl:http:").
+    /// Put before each key in Redis. By default each limit has its own key space,
+    /// `rl:http:<rate>:<capacity>:` (`rl:http:0.01:3:ip:203.0.113.7`), so two layers with
+    /// different limits never share a bucket; two that still name one key for a request (the
+    /// same limit, or the same prefix) are refused: give each its own prefix.
     pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
-        config_mut(&mut self).prefix = prefix.into();
+        config_mut(&mut self).prefix = Some(prefix.into());
         self
     }
 
@@ -186,11 +280,17 @@ impl<C> RateLimitLayer<C> {
     }
 
     /// Requests for which `skip` is true pass untouched (health checks).
-    pub fn skip(
-        mut self,
-        skip: impl Fn(&http::request::Parts) -> bool + Send + Sync + 'static,
-    ) -> Self {
-        config_mut(&mut self).skip = Some(Arc::new(skip));
+    pub fn skip(mut self, skip: impl Fn(&Parts) -> bool + Send + Sync + 'static) -> Self {
+        config_mut(&mut self).skip = Some(Hook::sync(skip));
+        self
+    }
+
+    /// Requests for which the async `skip` gives true pass untouched.
+    pub fn skip_async<F>(mut self, skip: impl Fn(&Parts) -> F + Send + Sync + 'static) -> Self
+    where
+        F: Future<Output = bool> + Send + 'static,
+    {
+        config_mut(&mut self).skip = Some(Hook::from_async(skip));
         self
     }
 
@@ -276,7 +376,19 @@ pub fn client_address(
 }
 
 impl<C> Config<C> {
-    fn key_for(&self, parts: &http::request::Parts) -> String {
+    /// What goes before the key in Redis: `prefix`, or the limit's own key space.
+    fn prefix_for(&self, limit: &Limit) -> String {
+        match &self.prefix {
+            Some(prefix) => prefix.clone(),
+            None => format!(
+                "{DEFAULT_PREFIX}{}:{}:",
+                limit.rate_text(),
+                limit.capacity_text()
+            ),
+        }
+    }
+
+    async fn key_for(&self, parts: &Parts, limit: &Limit) -> String {
         let key = match &self.key {
             Key::Client => None,
             Key::Header(name) => parts
@@ -284,7 +396,7 @@ impl<C> Config<C> {
                 .get(name)
                 .and_then(|v| v.to_str().ok())
                 .map(|v| format!("h:{v}")),
-            Key::Function(f) => f(parts),
+            Key::Function(f) => f.run(parts).await,
         };
         let key = key.unwrap_or_else(|| {
             let forwarded: Vec<&str> = parts
@@ -299,34 +411,108 @@ impl<C> Config<C> {
                 None => "ip:unknown".to_string(),
             }
         });
-        format!("{}{}", self.prefix, key)
+        format!("{}{}", self.prefix_for(limit), key)
     }
+}
 
-    fn headers(&self, d: &Decision) -> Vec<(String, String)> {
-        if d.source == Source::Open {
-            return Vec::new();
-        }
-        let capacity = d.limit.capacity();
-        let window_s = (capacity / d.limit.rate_per_s()).ceil().max(1.0);
-        let reset_s = d.reset_after_ms.max(0).saturating_add(999) / 1000;
-        let name = &self.policy_name;
-        let mut out = vec![
-            (
-                "RateLimit-Policy".to_string(),
-                format!("\"{name}\";q={};w={window_s}", capacity.floor()),
-            ),
-            (
-                "RateLimit".to_string(),
-                format!("\"{name}\";r={};t={reset_s}", d.remaining),
-            ),
-        ];
-        for (field, value) in d.headers() {
-            if field == "Retry-After" || self.legacy_headers {
-                out.push((field.to_string(), value));
-            }
-        }
-        out
+/// What one layer decided for a request.
+struct Decided {
+    /// Which layer (its config's address), to tell a second layer from a repeat.
+    layer_id: usize,
+    key: String,
+    policy_name: String,
+    legacy_headers: bool,
+    decision: Decision,
+}
+
+/// The decisions of every layer a request went through, kept in its extensions: the
+/// outermost layer put it there and writes the one set of fields from it.
+#[derive(Clone, Default)]
+struct Decisions(Arc<Mutex<Vec<Decided>>>);
+
+impl Decisions {
+    fn with<T>(&self, f: impl FnOnce(&mut Vec<Decided>) -> T) -> T {
+        // A poisoned lock only means another layer's hook panicked mid-push; the list is
+        // still whole, so read on rather than turn it into a crash.
+        let mut guard = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        f(&mut guard)
     }
+}
+
+fn policy_item(name: &str, limit: &Limit) -> String {
+    let window_s = crate::script::refill_s(limit);
+    format!("\"{name}\";q={};w={window_s}", limit.capacity().floor())
+}
+
+fn ceil_s(ms: i64) -> i64 {
+    ms.max(0).saturating_add(999) / 1000
+}
+
+/// One set of header fields for the decisions of one request: each limit an item of
+/// `RateLimit-Policy` (unless `Open` decided it) and of `RateLimit` (unless a failure
+/// policy other than `Local` did: no quota is known), `X-RateLimit-*` of the tightest limit
+/// whose quota is known (`X-RateLimit-Limit` alone when only `Closed` decided), and
+/// `Retry-After`, the longest wait among the denials a wait can cure.
+fn header_fields(all: &[Decided]) -> Vec<(String, String)> {
+    let decided: Vec<&Decided> = all
+        .iter()
+        .filter(|d| d.decision.source != Source::Open)
+        .collect();
+    let known: Vec<&Decided> = decided
+        .iter()
+        .copied()
+        .filter(|d| d.decision.source != Source::Closed)
+        .collect();
+    let mut out = Vec::new();
+    if !decided.is_empty() {
+        let items: Vec<String> = decided
+            .iter()
+            .map(|d| policy_item(&d.policy_name, &d.decision.limit))
+            .collect();
+        out.push(("RateLimit-Policy".to_string(), items.join(", ")));
+    }
+    if !known.is_empty() {
+        let items: Vec<String> = known
+            .iter()
+            .map(|d| {
+                let r = d.decision.remaining;
+                let t = ceil_s(d.decision.reset_after_ms);
+                format!("\"{}\";r={r};t={t}", d.policy_name)
+            })
+            .collect();
+        out.push(("RateLimit".to_string(), items.join(", ")));
+    }
+    if decided.iter().any(|d| d.legacy_headers) {
+        let tightest = known.iter().min_by_key(|d| {
+            (
+                d.decision.remaining,
+                std::cmp::Reverse(d.decision.reset_after_ms),
+            )
+        });
+        match (tightest, decided.first()) {
+            (Some(tight), _) => {
+                for (field, value) in tight.decision.headers() {
+                    if field != "Retry-After" {
+                        out.push((field.to_string(), value));
+                    }
+                }
+            }
+            (None, Some(first)) => out.push((
+                "X-RateLimit-Limit".to_string(),
+                first.decision.limit.capacity_text(),
+            )),
+            (None, None) => {}
+        }
+    }
+    let longest_wait_ms = decided
+        .iter()
+        .filter(|d| !d.decision.allowed && d.decision.retry_after_ms >= 0)
+        .map(|d| d.decision.retry_after_ms)
+        .max();
+    if let Some(wait_ms) = longest_wait_ms {
+        out.push(("Retry-After".to_string(), ceil_s(wait_ms).to_string()));
+    }
+    out
 }
 
 /// The RFC 9457 problem details body of a 429.
@@ -343,7 +529,12 @@ pub fn problem(decision: &Decision) -> String {
     )
 }
 
-fn add_headers<B>(response: &mut Response<B>, fields: &[(String, String)]) {
+/// Writes `fields` in place of any rate-limit fields the response already has (an inner
+/// layer's `on_limited` response, say), so one set is sent.
+fn set_headers<B>(response: &mut Response<B>, fields: &[(String, String)]) {
+    for name in FIELD_NAMES {
+        response.headers_mut().remove(name);
+    }
     for (name, value) in fields {
         if let (Ok(name), Ok(value)) = (
             HeaderName::from_bytes(name.as_bytes()),
@@ -389,13 +580,40 @@ where
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let config = self.config.clone();
         Box::pin(async move {
-            let (parts, body) = request.into_parts();
-            if config.skip.as_ref().is_some_and(|skip| skip(&parts)) {
-                return inner.call(Request::from_parts(parts, body)).await;
+            let (mut parts, body) = request.into_parts();
+            if let Some(skip) = &config.skip {
+                if skip.run(&parts).await {
+                    return inner.call(Request::from_parts(parts, body)).await;
+                }
             }
-            let key = config.key_for(&parts);
-            let cost = (config.cost)(&parts);
-            let decision = match config.limiter.acquire(&key, &config.limit, cost).await {
+            // The first layer a request meets keeps the list; the inner ones add to it.
+            let (decisions, outermost) = match parts.extensions.get::<Decisions>() {
+                Some(decisions) => (decisions.clone(), false),
+                None => {
+                    let decisions = Decisions::default();
+                    parts.extensions.insert(decisions.clone());
+                    (decisions, true)
+                }
+            };
+            let limit = config.limit.run(&parts).await;
+            let key = config.key_for(&parts, &limit).await;
+            let layer_id = Arc::as_ptr(&config) as *const () as usize;
+            let clash =
+                decisions.with(|all| all.iter().any(|d| d.key == key && d.layer_id != layer_id));
+            if clash {
+                let message = format!(
+                    "two rate limits use the Redis key {key:?} for one request, so each would \
+                     count the other's requests; give each its own prefix"
+                );
+                log::error!("redis-rl: {message}");
+                return Ok(plain(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "text/plain",
+                    message,
+                ));
+            }
+            let cost = config.cost.run(&parts).await;
+            let decision = match config.limiter.acquire(&key, &limit, cost).await {
                 Ok(decision) => decision,
                 Err(e) => {
                     log::error!("redis-rl: the rate limiter failed: {e}");
@@ -406,21 +624,32 @@ where
                     ));
                 }
             };
-            let fields = config.headers(&decision);
-            if !decision.allowed {
-                let mut response = match &config.on_limited {
+            let fields = decisions.with(|all| {
+                all.push(Decided {
+                    layer_id,
+                    key,
+                    policy_name: config.policy_name.clone(),
+                    legacy_headers: config.legacy_headers,
+                    decision,
+                });
+                header_fields(all)
+            });
+            let mut response = if decision.allowed {
+                inner.call(Request::from_parts(parts, body)).await?
+            } else {
+                match &config.on_limited {
                     Some(respond) => respond(&decision, &fields).map(ResB::from),
                     None => plain(
                         StatusCode::TOO_MANY_REQUESTS,
                         PROBLEM_TYPE,
                         problem(&decision),
                     ),
-                };
-                add_headers(&mut response, &fields);
-                return Ok(response);
+                }
+            };
+            if outermost {
+                let fields = decisions.with(|all| header_fields(all));
+                set_headers(&mut response, &fields);
             }
-            let mut response = inner.call(Request::from_parts(parts, body)).await?;
-            add_headers(&mut response, &fields);
             Ok(response)
         })
     }

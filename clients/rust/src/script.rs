@@ -38,6 +38,19 @@ fn period(limit: &Limit) -> (BigInt, BigInt) {
     }
 }
 
+/// Seconds a refill from empty takes, `capacity / rate` exactly, rounded up (at least 1):
+/// the `w` of the RateLimit-Policy field. At 3 tokens per 10 s the doubles say
+/// 3 / 0.3 = 10.000000000000002, which rounds up to 11.
+#[cfg_attr(not(feature = "tower"), allow(dead_code))]
+pub(crate) fn refill_s(limit: &Limit) -> u64 {
+    let rate = exact(&limit.rate_text());
+    if rate.is_zero() {
+        return 1;
+    }
+    let seconds = (exact(&limit.capacity_text()) / rate).ceil().to_integer();
+    u64::try_from(seconds).unwrap_or(u64::MAX).max(1)
+}
+
 /// The exact value of a text this library sends: a plain decimal ("0.1", "2500", as Rust
 /// prints a double or a period) or `N/S`. Validated before, so anything else is not expected;
 /// it reads as zero.

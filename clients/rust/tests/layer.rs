@@ -123,6 +123,10 @@ async fn serve(layer: RateLimitLayer<ConnectionManager>) -> SocketAddr {
         .route("/", get(|| async { "hello" }))
         .route("/health", get(|| async { "ok" }))
         .layer(layer.peer(axum_peer));
+    serve_app(app).await
+}
+
+async fn serve_app(app: Router) -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
@@ -246,12 +250,238 @@ async fn an_outage_is_decided_by_the_failure_policy() {
     let local = limiter(server.port, OnError::Local).await;
     server.kill();
     let r = get_once(serve(RateLimitLayer::new(closed, limit())).await, "/", &[]).await;
-    assert_eq!((r.status, r.headers["retry-after"].as_str()), (429, "1"));
-    assert_eq!(r.headers["ratelimit"], "\"default\";r=0;t=0");
+    // "Closed" knows the configured limit, not what is left: no RateLimit, no remaining, no
+    // reset (they would claim an empty bucket full again at once).
+    assert_eq!(r.status, 429);
+    assert_eq!(
+        r.rate_headers(),
+        HashMap::from([
+            ("ratelimit-policy".into(), "\"default\";q=3;w=300".into()),
+            ("x-ratelimit-limit".into(), "3".into()),
+            ("retry-after".into(), "1".into()),
+        ])
+    );
     let r = get_once(serve(RateLimitLayer::new(open, limit())).await, "/", &[]).await;
     assert_eq!((r.status, r.rate_headers()), (200, HashMap::new()));
     let got = four(serve(RateLimitLayer::new(local, limit())).await, &[]).await;
     let statuses: Vec<u16> = got.iter().map(|r| r.status).collect();
     assert_eq!(statuses, [200, 200, 200, 429]);
     assert_eq!(got[1].rate_headers(), expected(1, 200, true));
+}
+
+fn keys(server: &Server, pattern: &str) -> Vec<String> {
+    let mut keys: Vec<String> = redis::cmd("KEYS")
+        .arg(pattern)
+        .query(&mut server.conn())
+        .unwrap();
+    keys.sort();
+    keys
+}
+
+fn header<'a>(parts: &'a http::request::Parts, name: &str) -> Option<&'a str> {
+    parts.headers.get(name).and_then(|v| v.to_str().ok())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn async_key_cost_and_skip_are_awaited() {
+    let server = Server::start();
+    let limiter = limiter(server.port, OnError::Closed).await;
+    let layer = RateLimitLayer::new(limiter, limit())
+        .key_fn_async(|parts| {
+            let user = header(parts, "x-user").unwrap_or("anon").to_string();
+            async move {
+                tokio::task::yield_now().await;
+                Some(format!("user:{user}"))
+            }
+        })
+        .cost_async(|parts| {
+            let heavy = parts.uri.path() == "/heavy";
+            async move {
+                tokio::task::yield_now().await;
+                if heavy {
+                    3.0
+                } else {
+                    1.0
+                }
+            }
+        })
+        .skip_async(|parts| {
+            let health = parts.uri.path() == "/health";
+            async move {
+                tokio::task::yield_now().await;
+                health
+            }
+        });
+    let addr = serve(layer).await;
+    let got = four(addr, &[("X-User", "alice")]).await;
+    let statuses: Vec<u16> = got.iter().map(|r| r.status).collect();
+    assert_eq!(statuses, [200, 200, 200, 429]);
+    for _ in 0..5 {
+        assert_eq!(get_once(addr, "/health", &[]).await.status, 200);
+    }
+    // Cost 3 empties bob's bucket at once (a 404 route, but it was decided first).
+    let heavy = get_once(addr, "/heavy", &[("X-User", "bob")]).await;
+    assert_eq!(heavy.headers["ratelimit"], "\"default\";r=0;t=300");
+    // One bucket per user, in the limit's own key space; nothing for the skipped requests.
+    assert_eq!(
+        keys(&server, "*"),
+        ["rl:http:0.01:3:user:alice", "rl:http:0.01:3:user:bob"]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limit_per_request_sync_and_async() {
+    fn plan(parts: &http::request::Parts) -> Limit {
+        match header(parts, "x-plan") {
+            Some("pro") => Limit::new(0.01, 3.0).unwrap(),
+            _ => Limit::new(0.01, 1.0).unwrap(),
+        }
+    }
+    for asynchronous in [false, true] {
+        let server = Server::start();
+        let limiter = limiter(server.port, OnError::Closed).await;
+        let layer = RateLimitLayer::new(limiter, limit())
+            .key_header(http::HeaderName::from_static("x-user"));
+        let layer = if asynchronous {
+            layer.limit_async(|parts| {
+                let limit = plan(parts);
+                async move { limit }
+            })
+        } else {
+            layer.limit_fn(plan)
+        };
+        let addr = serve(layer).await;
+        let mut free = Vec::new();
+        for _ in 0..2 {
+            let r = get_once(addr, "/", &[("X-User", "a"), ("X-Plan", "free")]).await;
+            free.push(r.status);
+        }
+        assert_eq!(free, [200, 429], "async: {asynchronous}");
+        let pro = four(addr, &[("X-User", "b"), ("X-Plan", "pro")]).await;
+        let statuses: Vec<u16> = pro.iter().map(|r| r.status).collect();
+        assert_eq!(statuses, [200, 200, 200, 429], "async: {asynchronous}");
+        assert_eq!(pro[0].headers["ratelimit-policy"], "\"default\";q=3;w=300");
+        assert_eq!(
+            keys(&server, "*"),
+            ["rl:http:0.01:1:h:a", "rl:http:0.01:3:h:b"]
+        );
+    }
+}
+
+/// Two layers on one route: an outer limit of 3 and an inner one of 5, named "route".
+async fn two_layers(
+    limiter: Arc<AsyncLimiter<ConnectionManager>>,
+    inner: RateLimitLayer<ConnectionManager>,
+) -> SocketAddr {
+    let app = Router::new()
+        .route("/", get(|| async { "hello" }))
+        .layer(inner.peer(axum_peer))
+        .layer(RateLimitLayer::new(limiter, limit()).peer(axum_peer));
+    serve_app(app).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_layers_keep_their_own_buckets_and_send_one_set_of_fields() {
+    let server = Server::start();
+    let limiter = limiter(server.port, OnError::Closed).await;
+    let inner =
+        RateLimitLayer::new(limiter.clone(), Limit::new(0.01, 5.0).unwrap()).policy_name("route");
+    let addr = two_layers(limiter, inner).await;
+    let got = four(addr, &[]).await;
+    let statuses: Vec<u16> = got.iter().map(|r| r.status).collect();
+    assert_eq!(statuses, [200, 200, 200, 429]);
+    // Both limits as the draft's lists; X-RateLimit-* of the tighter (2 left of 3, not 4 of 5).
+    let mut first = expected(2, 100, true);
+    first.insert(
+        "ratelimit-policy".into(),
+        "\"default\";q=3;w=300, \"route\";q=5;w=500".into(),
+    );
+    first.insert(
+        "ratelimit".into(),
+        "\"default\";r=2;t=100, \"route\";r=4;t=100".into(),
+    );
+    assert_eq!(got[0].rate_headers(), first);
+    assert_eq!(
+        got[2].headers["ratelimit"],
+        "\"default\";r=0;t=300, \"route\";r=2;t=300"
+    );
+    // The outer layer denied before the inner one ran: its fields alone.
+    let mut denied = expected(0, 300, true);
+    denied.insert("retry-after".into(), "100".into());
+    assert_eq!(got[3].rate_headers(), denied);
+    // Each limit its own key space: the inner 5 were not spent by the outer layer's takes.
+    assert_eq!(
+        keys(&server, "*"),
+        ["rl:http:0.01:3:ip:127.0.0.1", "rl:http:0.01:5:ip:127.0.0.1"]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_inner_denial_sends_both_limits_fields() {
+    let server = Server::start();
+    let limiter = limiter(server.port, OnError::Closed).await;
+    let inner = RateLimitLayer::new(limiter.clone(), Limit::new(0.01, 1.0).unwrap())
+        .policy_name("route")
+        .legacy_headers(false);
+    let addr = two_layers(limiter, inner).await;
+    assert_eq!(get_once(addr, "/", &[]).await.status, 200);
+    let r = get_once(addr, "/", &[]).await;
+    assert_eq!(r.status, 429);
+    let mut want = expected(1, 200, true);
+    want.insert(
+        "ratelimit-policy".into(),
+        "\"default\";q=3;w=300, \"route\";q=1;w=100".into(),
+    );
+    // Tightest: the route's 0 left, though its layer writes no X-RateLimit-* of its own.
+    want.insert(
+        "ratelimit".into(),
+        "\"default\";r=1;t=200, \"route\";r=0;t=100".into(),
+    );
+    want.insert("x-ratelimit-limit".into(), "1".into());
+    want.insert("x-ratelimit-remaining".into(), "0".into());
+    want.insert("x-ratelimit-reset".into(), "100".into());
+    want.insert("retry-after".into(), "100".into());
+    assert_eq!(r.rate_headers(), want);
+    assert_eq!(r.headers["content-type"], "application/problem+json");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_layers_on_one_redis_key_for_a_request_are_refused() {
+    let server = Server::start();
+    let limiter = limiter(server.port, OnError::Closed).await;
+    let addr = two_layers(limiter.clone(), RateLimitLayer::new(limiter, limit())).await;
+    let r = get_once(addr, "/", &[]).await;
+    assert_eq!(r.status, 500);
+    assert!(
+        r.body.starts_with(
+            "two rate limits use the Redis key \"rl:http:0.01:3:ip:127.0.0.1\" for one request"
+        ),
+        "{}",
+        r.body
+    );
+    assert!(r.body.ends_with("give each its own prefix"), "{}", r.body);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_policy_window_is_exact_where_doubles_are_not() {
+    // 21 tokens at 7 per 10 s refill from empty in 30 s exactly; in doubles 21 / 0.7 is
+    // 30.000000000000004, which rounded up to w=31.
+    let server = Server::start();
+    let limiter = limiter(server.port, OnError::Closed).await;
+    for (limit, policy) in [
+        (Limit::new(0.7, 21.0).unwrap(), "\"default\";q=21;w=30"),
+        (
+            Limit::per(7, Duration::from_secs(10))
+                .unwrap()
+                .with_capacity(21.0)
+                .unwrap(),
+            "\"default\";q=21;w=30",
+        ),
+        (Limit::new(0.3, 3.0).unwrap(), "\"default\";q=3;w=10"),
+        (Limit::new(7.0, 10.0).unwrap(), "\"default\";q=10;w=2"),
+    ] {
+        let addr = serve(RateLimitLayer::new(limiter.clone(), limit)).await;
+        let r = get_once(addr, "/", &[]).await;
+        assert_eq!(r.headers["ratelimit-policy"], policy, "{limit:?}");
+    }
 }
