@@ -1076,14 +1076,14 @@ fn a_denied_request_reports_each_bucket_as_it_is_over_grpc() {
     // key2 was not charged: it still holds 19 of 20, and says so, with its own reset.
     assert_eq!(s[1].code, GRPC_OK, "{reply:?}");
     assert_eq!(s[1].limit_remaining, 19, "{reply:?}");
-    let reset = s[1].duration_until_reset.clone().unwrap();
+    let reset = s[1].duration_until_reset.unwrap();
     assert!(
         (reset.seconds, reset.nanos) <= (3, 0),
         "one token of 20/minute is back in 3 s: {reset:?}"
     );
     // key3's own bucket is empty: 0 left, a full token (3600 s) to wait at most.
     assert_eq!(s[0].limit_remaining, 0, "{reply:?}");
-    let reset = s[0].duration_until_reset.clone().unwrap();
+    let reset = s[0].duration_until_reset.unwrap();
     assert!((1..=3600).contains(&reset.seconds), "{reset:?}");
 }
 
@@ -1107,7 +1107,7 @@ fn a_zero_limit_bans_over_grpc_without_redis() {
         assert_eq!(limit.unit, 2, "{limit:?}");
         assert_eq!(status.limit_remaining, 0);
         // No window to end: the whole period.
-        assert_eq!(status.duration_until_reset.clone().unwrap().seconds, 60);
+        assert_eq!(status.duration_until_reset.unwrap().seconds, 60);
     }
     assert_eq!(
         svc.metric(
