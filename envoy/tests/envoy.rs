@@ -47,6 +47,14 @@ descriptors:
     rate_limit: {unit: day, requests_per_unit: 100}
   - key: long
     rate_limit: {unit: hour, requests_per_unit: 2}
+  - key: path
+    value: /wild/api*v1
+    rate_limit: {unit: hour, requests_per_unit: 2}
+  - key: ban
+    value: banned
+    rate_limit: {unit: hour, requests_per_unit: 0}
+  - key: ban
+    rate_limit: {unit: hour, requests_per_unit: 5}
 ";
 
 /// The routes of the tests, into `envoy-template.yaml` (shared with `make bench-envoy`).
@@ -104,6 +112,16 @@ const ROUTES: &str = r#"              - match: {prefix: "/user"}
                   cluster: upstream
                   rate_limits:
                   - actions: [{generic_key: {descriptor_value: burst}}]
+              - match: {prefix: "/wild"}
+                route:
+                  cluster: upstream
+                  rate_limits:
+                  - actions: [{request_headers: {header_name: ":path", descriptor_key: path}}]
+              - match: {prefix: "/ban"}
+                route:
+                  cluster: upstream
+                  rate_limits:
+                  - actions: [{request_headers: {header_name: x-ban, descriptor_key: ban}}]
               - match: {prefix: "/"}
                 route: {cluster: upstream}
 "#;
@@ -385,4 +403,41 @@ fn behind_envoy_a_long_header_value_gets_its_429() {
             s.service.log()
         );
     }
+}
+
+/// A `*` inside a config value matches the request path Envoy sends (`:path`), each path its
+/// own bucket; a path the pattern does not match is not limited.
+#[test]
+fn behind_envoy_a_wildcard_anywhere_in_a_value_limits() {
+    let s = stack(&[]);
+    let e = &s.envoy;
+    assert_eq!(
+        statuses(e, "/wild/api/users/v1", &[], 3),
+        [200, 200, 429],
+        "{}",
+        s.service.log()
+    );
+    assert_eq!(statuses(e, "/wild/api/orders/v1", &[], 1), [200]);
+    assert_eq!(statuses(e, "/wild/api/users/v2", &[], 3), [200, 200, 200]);
+}
+
+/// `requests_per_unit: 0` refuses every request, with Envoy's 429 and the headers of a limit
+/// of 0, and writes nothing to Redis; another value of the key keeps its own limit.
+#[test]
+fn behind_envoy_a_zero_limit_bans() {
+    let s = stack(&[]);
+    let e = &s.envoy;
+    for _ in 0..3 {
+        let r = e.get("/ban", &[("x-ban", "banned")]);
+        assert_eq!(r.status, 429, "{r:?}");
+        assert_eq!(r.header("x-ratelimit-remaining"), Some("0"), "{r:?}");
+    }
+    assert_eq!(statuses(e, "/ban", &[("x-ban", "other")], 2), [200, 200]);
+    let Redis::Module(redis) = &s._redis else {
+        unreachable!("stack() runs on the module")
+    };
+    let mut con = redis.conn();
+    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut con).unwrap();
+    assert!(keys.iter().all(|k| !k.contains("banned")), "{keys:?}");
+    assert!(keys.iter().any(|k| k.contains("other")), "{keys:?}");
 }

@@ -86,6 +86,35 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 10, post_paid: true}
 ";
 
+/// quota.sh's and multiservice-tokenquota.sh's limits with a 10 s period in place of the
+/// peer's minute (`unit_multiplier: 10` seconds), so that the scripts' last step, after
+/// their `sleep 60`, runs after a 10 s wait. The counts within a period are the peer's.
+const QUOTAS_PER_10_S: &str = "
+domain: edge
+descriptors:
+  - key: quota_service
+    value: service_1
+    quota_mode: true
+    rate_limit: {unit: second, unit_multiplier: 10, requests_per_unit: 1}
+  - key: quota_service
+    value: service_2
+    quota_mode: true
+    rate_limit: {unit: second, unit_multiplier: 10, requests_per_unit: 2}
+  - key: multi_service
+    value: service_1
+    quota_mode: true
+    rate_limit: {unit: second, unit_multiplier: 10, requests_per_unit: 1}
+    metadata: {backend: service_1}
+  - key: multi_service
+    value: service_2
+    quota_mode: true
+    rate_limit: {unit: second, unit_multiplier: 10, requests_per_unit: 2}
+    metadata: {backend: service_2}
+";
+
+/// The 10 s period of `QUOTAS_PER_10_S`.
+const QUOTA_PERIOD: Duration = Duration::from_secs(10);
+
 /// replaces.sh's limits, on their own: `requests_per_unit: 0` (the peer's ban).
 const REPLACES: &str = "
 domain: edge
@@ -550,14 +579,29 @@ fn peer_replaces() {
 fn peer_quota_the_third_request_is_refused() {
     // quota.sh: service_1 (1 per minute) and service_2 (2 per minute), both in quota mode,
     // each charged 1 per request: the first passes (both within), the second passes
-    // (service_2 still within), the third is refused (both over).
-    let s = stack();
+    // (service_2 still within), the third is refused (both over); after the period it
+    // passes again. Here the period is 10 s (`QUOTAS_PER_10_S`), and the three requests
+    // are made well within the 5 s service_2 takes to earn a token back.
+    let s = stack_with(QUOTAS_PER_10_S);
+    let started = Instant::now();
     assert_eq!(
         s.statuses("/quota", &[], 3),
         [200, 200, 429],
         "{}",
         s.service.log()
     );
+    assert!(
+        started.elapsed() < QUOTA_PERIOD / 2,
+        "{:?}",
+        started.elapsed()
+    );
+    // The peer sleeps its window (60 s) and expects a pass. Quota hits apply even on a
+    // refused request (as the peer's counters count them), so after the third request
+    // service_1 is 2 in debt and service_2 1: service_2 has a token for the next request
+    // after a whole period (2 tokens at 2 per period), when it passes. A request made
+    // sooner would be refused and charged too, so the test waits once instead of polling.
+    std::thread::sleep(QUOTA_PERIOD + Duration::from_millis(500));
+    assert_eq!(s.get("/quota", &[]).status, 200, "{}", s.service.log());
 }
 
 #[test]
@@ -584,8 +628,11 @@ fn peer_multiservice_token_quota_routes_to_the_service_with_quota() {
     // multiservice-tokenquota.sh: service_1 (1 per minute) and service_2 (2 per minute) in
     // quota mode; the service's dynamic metadata names the first with quota left, and the
     // backend that answered is charged 1 on stream done. Two requests reach Service 1
-    // (the second while it is exactly spent), three Service 2, the sixth is refused.
-    let s = stack();
+    // (the second while it is exactly spent), three Service 2, the sixth is refused; after
+    // the period (the peer sleeps 60 s; here 10 s, `QUOTAS_PER_10_S`) the seventh goes to
+    // Service 1 again.
+    let s = stack_with(QUOTAS_PER_10_S);
+    let started = Instant::now();
     let expected = [
         "Service 1",
         "Service 1",
@@ -613,6 +660,21 @@ fn peer_multiservice_token_quota_routes_to_the_service_with_quota() {
     // A client naming a backend itself is limited all the same.
     let r = s.get("/multiservice-tokenquota", &[("x-backend", "service_2")]);
     assert_eq!(r.status, 429, "{r:?}");
+    // Both quotas are 1 in debt. The steps above took less than the 5 s in which service_2
+    // earns a token back, or the sixth could have passed.
+    assert!(
+        started.elapsed() < QUOTA_PERIOD / 2,
+        "{:?}",
+        started.elapsed()
+    );
+    // A whole period later service_1 has repaid its debt (its balance is 0 or more: a
+    // 0-hit check is within) and service_2 too, and service_1 comes first in the request,
+    // so its metadata names the backend, as in the peer's fixed window, where both
+    // counters start again at 0.
+    std::thread::sleep(QUOTA_PERIOD);
+    let r = s.get("/multiservice-tokenquota", &[]);
+    assert_eq!(r.status, 200, "request 7: {}", s.service.log());
+    assert_eq!(r.body, "Hello World from Service 1", "request 7");
 }
 
 #[test]

@@ -1,4 +1,4 @@
-//! The service on a running process, through `/json` and the Prometheus page: config parity
+//! The service on a running process, through `/json`, gRPC and the Prometheus page: config parity
 //! with envoyproxy/ratelimit's rules, bad configs refused at startup and on reload, the
 //! exact bucket's arithmetic, every `RL_ON_ERROR` with Redis killed, the Lua path on a
 //! plain Redis, a cluster, and a drained SIGTERM. Envoy itself is in `tests/envoy.rs`.
@@ -994,4 +994,135 @@ fn a_value_that_is_not_utf8_is_limited_over_grpc() {
         // Another byte is another bucket.
         assert_eq!(call(b"caf\xe8").await, Ok(1));
     });
+}
+
+/// One gRPC `ShouldRateLimit` call in `domain`, one descriptor per entry list, as Envoy makes
+/// it: the tests below repeat `/json` tests over gRPC, the path Envoy takes.
+fn grpc_call(
+    svc: &Service,
+    domain: &str,
+    descriptors: &[&[(&str, &str)]],
+) -> envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse {
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+    use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+    use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+
+    let request = RateLimitRequest {
+        domain: domain.into(),
+        descriptors: descriptors
+            .iter()
+            .map(|entries| RateLimitDescriptor {
+                entries: entries
+                    .iter()
+                    .map(|(key, value)| Entry {
+                        key: (*key).into(),
+                        value: (*value).into(),
+                    })
+                    .collect(),
+                ..Default::default()
+            })
+            .collect(),
+        hits_addend: 0,
+    };
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let mut client =
+            RateLimitServiceClient::connect(format!("http://127.0.0.1:{}", svc.grpc_port))
+                .await
+                .unwrap();
+        client
+            .should_rate_limit(request)
+            .await
+            .unwrap()
+            .into_inner()
+    })
+}
+
+/// gRPC's `Code`: 1 OK, 2 OVER_LIMIT.
+const GRPC_OK: i32 = 1;
+const GRPC_OVER_LIMIT: i32 = 2;
+
+#[test]
+fn a_wildcard_anywhere_in_a_value_limits_over_grpc() {
+    let redis = common::Server::start();
+    let config = "domain: w\ndescriptors:\n  - key: path\n    value: /api*v1\n    rate_limit: {unit: hour, requests_per_unit: 2}\n  - key: path\n    value: foo*bar*baz\n    share_threshold: true\n    rate_limit: {unit: hour, requests_per_unit: 1}\n";
+    let svc = Service::start(&redis_url(redis.port), &[("w.yaml", config)], &[]);
+    let code = |value: &str| grpc_call(&svc, "w", &[&[("path", value)]]).overall_code;
+    let got: Vec<i32> = (0..3).map(|_| code("/api/users/v1")).collect();
+    assert_eq!(got, [GRPC_OK, GRPC_OK, GRPC_OVER_LIMIT]);
+    // Each value its own bucket without share_threshold.
+    assert_eq!(code("/api/orders/v1"), GRPC_OK);
+    // share_threshold: every match shares the pattern's bucket.
+    assert_eq!(code("foo-1-bar-baz"), GRPC_OK);
+    assert_eq!(code("foobar-2-baz"), GRPC_OVER_LIMIT);
+    // No match: no limit.
+    let reply = grpc_call(&svc, "w", &[&[("path", "/api/users/v2")]]);
+    assert_eq!(reply.overall_code, GRPC_OK);
+    assert!(reply.statuses[0].current_limit.is_none(), "{reply:?}");
+}
+
+#[test]
+fn a_denied_request_reports_each_bucket_as_it_is_over_grpc() {
+    let redis = common::Server::start();
+    let svc = Service::start(&redis_url(redis.port), &[("parity.yaml", PARITY)], &[]);
+    // key3 (1/hour) and key2 (20/minute) together; the second call is denied by key3.
+    let pair: [&[(&str, &str)]; 2] = [&[("key3", "u")], &[("key2", "t")]];
+    assert_eq!(grpc_call(&svc, "parity", &pair).overall_code, GRPC_OK);
+    let reply = grpc_call(&svc, "parity", &pair);
+    assert_eq!(reply.overall_code, GRPC_OVER_LIMIT);
+    let s = &reply.statuses;
+    assert_eq!(s[0].code, GRPC_OVER_LIMIT, "{reply:?}");
+    // key2 was not charged: it still holds 19 of 20, and says so, with its own reset.
+    assert_eq!(s[1].code, GRPC_OK, "{reply:?}");
+    assert_eq!(s[1].limit_remaining, 19, "{reply:?}");
+    let reset = s[1].duration_until_reset.unwrap();
+    assert!(
+        (reset.seconds, reset.nanos) <= (3, 0),
+        "one token of 20/minute is back in 3 s: {reset:?}"
+    );
+    // key3's own bucket is empty: 0 left, a full token (3600 s) to wait at most.
+    assert_eq!(s[0].limit_remaining, 0, "{reply:?}");
+    let reset = s[0].duration_until_reset.unwrap();
+    assert!((1..=3600).contains(&reset.seconds), "{reset:?}");
+}
+
+#[test]
+fn a_zero_limit_bans_over_grpc_without_redis() {
+    let redis = common::Server::start();
+    let svc = Service::start(
+        &redis_url(redis.port),
+        &[("example.yaml", PEER_EXAMPLE)],
+        &[],
+    );
+    let banned: &[(&str, &str)] = &[("foo", "x"), ("bar", "banned")];
+    for _ in 0..3 {
+        let reply = grpc_call(&svc, "rl", &[banned]);
+        assert_eq!(reply.overall_code, GRPC_OVER_LIMIT, "{reply:?}");
+        let status = &reply.statuses[0];
+        assert_eq!(status.code, GRPC_OVER_LIMIT);
+        let limit = status.current_limit.clone().unwrap();
+        assert_eq!(limit.requests_per_unit, 0);
+        // RateLimit.Unit: 2 is MINUTE.
+        assert_eq!(limit.unit, 2, "{limit:?}");
+        assert_eq!(status.limit_remaining, 0);
+        // No window to end: the whole period.
+        assert_eq!(status.duration_until_reset.unwrap().seconds, 60);
+    }
+    assert_eq!(
+        svc.metric(
+            r#"ratelimit_service_rate_limit_over_limit{domain="rl",key1="foo",key2="bar_banned"}"#
+        ),
+        3,
+        "{}",
+        svc.metrics()
+    );
+    // A request holding the ban takes nothing from its other descriptor.
+    let reply = grpc_call(&svc, "rl", &[banned, &[("foo", "x"), ("bar", "y")]]);
+    assert_eq!(reply.overall_code, GRPC_OVER_LIMIT);
+    assert_eq!(reply.statuses[1].limit_remaining, 3, "{reply:?}");
+    // Nothing was written for the ban.
+    let mut con = redis.conn();
+    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut con).unwrap();
+    assert!(keys.iter().all(|k| !k.contains("banned")), "{keys:?}");
 }

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # make envoy-demo: Redis with the module, redis-rl-envoy, an upstream (a few lines of
 # python3) and Envoy, all on free ports on 127.0.0.1; a burst with curl, a 429, a token
-# quota charged after each answer and its 429, then everything stops.
+# quota charged after each answer and its 429, then everything stops. It exits non-zero
+# when a step does not answer as shown (the burst's 429, the quota's charges and its 429), so
+# `make envoy-demo` fails rather than printing a wrong story.
 #
 # Environment (the Makefile sets them): MODULE (the module .so), SERVICE (redis-rl-envoy),
 # ENVOY (the envoy binary), REDIS_SERVER (default redis-server).
@@ -72,18 +74,29 @@ wait_for "http://127.0.0.1:$ADMIN_PORT/ready" "Envoy"
 echo "Envoy on 127.0.0.1:$LISTEN_PORT asks redis-rl-envoy (gRPC $GRPC_PORT) before each request."
 echo "alice may make 5 requests per minute: a burst of 5, then one every 12 s."
 echo
+fail() { echo "envoy-demo: FAILED: $*" >&2; exit 1; }
 for i in 1 2 3 4 5 6; do
     echo "\$ curl -H 'x-user: alice' http://127.0.0.1:$LISTEN_PORT/   (request $i)"
-    curl -s -o /dev/null -D - -H 'x-user: alice' "http://127.0.0.1:$LISTEN_PORT/" \
-        | grep -iE '^(HTTP/|x-ratelimit-)' | tr -d '\r' | sed 's/^/  /'
+    head=$(curl -s -o /dev/null -D - -H 'x-user: alice' "http://127.0.0.1:$LISTEN_PORT/" | tr -d '\r')
+    grep -iE '^(HTTP/|x-ratelimit-)' <<<"$head" | sed 's/^/  /'
+    code=$(awk 'NR == 1 {print $2}' <<<"$head")
+    # The burst is 5: requests 1 to 5 pass, the 6th is refused (12 s pass before a refill).
+    if [ "$i" -le 5 ]; then want=200; else want=429; fi
+    [ "$code" = "$want" ] || fail "alice's request $i answered HTTP ${code:-none}, expected $want"
 done
 echo
 echo "bob is independent:"
-curl -s -o /dev/null -w '  HTTP %{http_code}\n' -H 'x-user: bob' "http://127.0.0.1:$LISTEN_PORT/"
+code=$(curl -s -o /dev/null -w '%{http_code}' -H 'x-user: bob' "http://127.0.0.1:$LISTEN_PORT/")
+echo "  HTTP $code"
+[ "$code" = 200 ] || fail "bob's request answered HTTP $code, expected 200"
 echo
 echo "The same decision over HTTP (POST /json, protojson in and out):"
-curl -s -w '\n  HTTP %{http_code}\n' -X POST "http://127.0.0.1:$HTTP_PORT/json" \
-    -d '{"domain":"demo","descriptors":[{"entries":[{"key":"user","value":"alice"}]}]}' | sed 's/^/  /'
+json=$(curl -s -w '\n%{http_code}' -X POST "http://127.0.0.1:$HTTP_PORT/json" \
+    -d '{"domain":"demo","descriptors":[{"entries":[{"key":"user","value":"alice"}]}]}')
+code=$(tail -n 1 <<<"$json")
+sed -e '$d' -e 's/^/  /' <<<"$json"
+echo "  HTTP $code"
+[ "$code" = 429 ] || fail "alice's /json call answered HTTP $code, expected 429"
 echo
 echo "A token quota: carol may use 1000 LLM tokens per minute. Each answer reports what it"
 echo "used (x-tokens-used); Envoy charges it after the answer, even past what is left."
@@ -93,18 +106,26 @@ tokens_charged() { # wait until redis-rl-envoy has counted $1 tokens of carol's
             | awk '/^ratelimit_service_rate_limit_total_hits\{domain="demo",key1="llm_user"/ {print $2}')
         [ "${n:-0}" = "$1" ] && return 0; sleep 0.1
     done
-    echo "envoy-demo: redis-rl-envoy has not counted $1 tokens for carol" >&2
+    # RL_ON_ERROR=open lets a request through when Redis errs, so a module older than
+    # RL.CHARGE shows here, as charges that never count.
+    fail "redis-rl-envoy has not counted $1 tokens for carol (it counted ${n:-none}); is \$MODULE older than RL.CHARGE?"
 }
 total=0
+i=0
 for used in 400 400 400 1; do
+    i=$((i + 1))
     echo "\$ curl -H 'x-user: carol' -H 'x-tokens: $used' http://127.0.0.1:$LISTEN_PORT/v1/chat"
     code=$(curl -s -o /dev/null -w '%{http_code}' -H 'x-user: carol' -H "x-tokens: $used" \
         "http://127.0.0.1:$LISTEN_PORT/v1/chat")
-    if [ "$code" = 200 ]; then
+    # 1000 tokens: the first three pass (the third goes into debt, 1200 of 1000 charged
+    # after its answer), and the fourth is refused until the debt is repaid.
+    if [ "$i" -le 3 ]; then
+        [ "$code" = 200 ] || fail "carol's request $i answered HTTP $code, expected 200"
         total=$((total + used))
         tokens_charged "$total"
         echo "  HTTP $code, the answer used $used tokens ($total charged this minute)"
     else
+        [ "$code" = 429 ] || fail "carol's request $i answered HTTP $code, expected 429 (the quota is spent)"
         echo "  HTTP $code: the quota is spent (1200 of 1000 used), refused until repaid"
     fi
 done
