@@ -251,12 +251,14 @@ pub struct Decision {
 impl Decision {
     /// `X-RateLimit-Limit` (the capacity), `-Remaining`, `-Reset` (seconds until full,
     /// rounded up), and `Retry-After` (seconds, rounded up) when denied and a wait can help.
+    /// A decision of the `Open` or `Closed` failure policy knows the limit but not what is
+    /// left: `X-RateLimit-Limit` (and `Retry-After`) only, as the Python and Node clients.
     pub fn headers(&self) -> Vec<(&'static str, String)> {
-        let mut headers = vec![
-            ("X-RateLimit-Limit", self.limit.capacity_text()),
-            ("X-RateLimit-Remaining", self.remaining.to_string()),
-            ("X-RateLimit-Reset", ceil_s(self.reset_after_ms).to_string()),
-        ];
+        let mut headers = vec![("X-RateLimit-Limit", self.limit.capacity_text())];
+        if !matches!(self.source, Source::Open | Source::Closed) {
+            headers.push(("X-RateLimit-Remaining", self.remaining.to_string()));
+            headers.push(("X-RateLimit-Reset", ceil_s(self.reset_after_ms).to_string()));
+        }
         if !self.allowed && self.retry_after_ms >= 0 {
             headers.push(("Retry-After", ceil_s(self.retry_after_ms).to_string()));
         }
@@ -322,7 +324,7 @@ impl Charged {
     }
 
     /// `X-RateLimit-Limit`, `-Remaining`, `-Reset`, and `Retry-After` while in debt, as
-    /// [`Decision::headers`].
+    /// [`Decision::headers`] (`X-RateLimit-Limit` only when `Open` or `Closed` charged nothing).
     pub fn headers(&self) -> Vec<(&'static str, String)> {
         Decision {
             allowed: !self.in_debt(),

@@ -165,9 +165,13 @@ fn without_redis_each_policy_charges_as_it_says() {
         (c.balance, c.retry_after_ms, c.source),
         (0, 0, Source::Open)
     );
+    // They know nothing of the bucket: no "0 left, full now" in the headers.
+    let limit_only = vec![("X-RateLimit-Limit", slow().capacity_text())];
+    assert_eq!(c.headers(), limit_only);
     let c = closed.charge("k", &slow(), 5.0).unwrap();
     assert_eq!(
         (c.balance, c.retry_after_ms, c.source),
         (0, 1000, Source::Closed)
     );
+    assert_eq!(c.headers(), limit_only);
 }

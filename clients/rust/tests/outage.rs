@@ -63,6 +63,11 @@ fn outage(on_error: OnError, module: bool, instances: u32) -> Vec<Decision> {
 fn open_allows_while_redis_is_down() {
     let down = outage(OnError::Open, true, 1);
     assert!(down.iter().all(|d| d.allowed && d.source == Source::Open));
+    // The policy knows the limit, not what is left: no "0 left, full now".
+    assert_eq!(
+        down[0].headers(),
+        vec![("X-RateLimit-Limit", down[0].limit.capacity_text())]
+    );
 }
 
 #[test]
@@ -71,9 +76,13 @@ fn closed_denies_while_redis_is_down() {
     assert!(down
         .iter()
         .all(|d| !d.allowed && d.source == Source::Closed));
-    assert!(down[0]
-        .headers()
-        .contains(&("Retry-After", "1".to_string())));
+    assert_eq!(
+        down[0].headers(),
+        vec![
+            ("X-RateLimit-Limit", down[0].limit.capacity_text()),
+            ("Retry-After", "1".to_string()),
+        ]
+    );
 }
 
 #[test]
