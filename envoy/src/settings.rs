@@ -87,6 +87,13 @@ pub const UNSUPPORTED: &[&str] = &[
     "REDIS_PIPELINE_LIMIT",
     "REDIS_PERSECOND_PIPELINE_WINDOW",
     "REDIS_PERSECOND_PIPELINE_LIMIT",
+    // A newer upstream's settings.go: its radix v4 client's explicit pipelining, the
+    // per-second Redis's own deadline and pool-empty behaviour. Here the per-second Redis
+    // shares RL_TIMEOUT_MS/REDIS_TIMEOUT, and the multiplexed connections never run empty.
+    "REDIS_USE_EXPLICIT_PIPELINE",
+    "REDIS_PERSECOND_USE_EXPLICIT_PIPELINE",
+    "REDIS_PERSECOND_TIMEOUT",
+    "REDIS_PERSECOND_POOL_ON_EMPTY_BEHAVIOR",
     "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION",
     "EXPIRATION_JITTER_MAX_SECONDS",
     "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
@@ -456,6 +463,10 @@ mod tests {
             "MEMCACHE_TLS",
             "TRACING_SERVICE_NAME",
             "PROTO",
+            "REDIS_USE_EXPLICIT_PIPELINE",
+            "REDIS_PERSECOND_USE_EXPLICIT_PIPELINE",
+            "REDIS_PERSECOND_TIMEOUT",
+            "REDIS_PERSECOND_POOL_ON_EMPTY_BEHAVIOR",
         ] {
             assert!(unsupported(name), "{name}");
         }
@@ -471,6 +482,9 @@ mod tests {
             "GRPC_MAX_CONNECTION_AGE_GRACE",
             "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
             "REDIS_PERSECOND_URL",
+            "REDIS_PERSECOND_POOL_SIZE",
+            "REDIS_TIMEOUT",
+            "REDIS_POOL_ON_EMPTY_BEHAVIOR",
             "REDIS_TLS_CACERT",
             "USE_STATSD",
             "DEBUG_PORT",

@@ -55,6 +55,11 @@ descriptors:
     rate_limit: {unit: hour, requests_per_unit: 0}
   - key: ban
     rate_limit: {unit: hour, requests_per_unit: 5}
+  - key: generic_key
+    value: truth
+    rate_limit: {unit: hour, requests_per_unit: 10}
+  - key: truth_user
+    rate_limit: {unit: hour, requests_per_unit: 5}
 ";
 
 /// The routes of the tests, into `envoy-template.yaml` (shared with `make bench-envoy`).
@@ -83,6 +88,20 @@ const ROUTES: &str = r#"              - match: {prefix: "/user"}
                     rate_limits:
                     - actions: [{generic_key: {descriptor_value: addend}}]
                       hits_addend: {number: 3}
+              - match: {prefix: "/truth-user"}
+                route:
+                  cluster: upstream
+                  rate_limits:
+                  - actions: [{request_headers: {header_name: x-user, descriptor_key: truth_user}}]
+              - match: {prefix: "/truth"}
+                route: {cluster: upstream}
+                typed_per_filter_config:
+                  envoy.filters.http.ratelimit:
+                    "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimitPerRoute
+                    rate_limits:
+                    - actions: [{generic_key: {descriptor_value: truth}}]
+                      hits_addend: {number: 4}
+                    - actions: [{request_headers: {header_name: x-user, descriptor_key: truth_user}}]
               - match: {prefix: "/long"}
                 route:
                   cluster: upstream
@@ -440,4 +459,36 @@ fn behind_envoy_a_zero_limit_bans() {
     let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut con).unwrap();
     assert!(keys.iter().all(|k| !k.contains("banned")), "{keys:?}");
     assert!(keys.iter().any(|k| k.contains("other")), "{keys:?}");
+}
+
+#[test]
+fn behind_envoy_a_denied_request_reports_the_other_bucket_as_it_is() {
+    // The twin of service.rs's a_denied_request_reports_each_bucket_as_it_is. Envoy exposes
+    // the statuses only as DRAFT_VERSION_03 headers, built from the status with the least
+    // limit_remaining (and x-ratelimit-limit's quota policy of each). So the scenario makes the
+    // descriptor that did not deny hold the least: /truth sends `truth` (10/hour, cost 4)
+    // and `truth_user` (5/hour, cost 1).
+    let s = stack(&[]);
+    let e = &s.envoy;
+    let u = [("x-user", "u")];
+    // truth 10 -> 6 -> 2, truth_user 5 -> 4 -> 3, then truth_user alone 3 -> 2 -> 1.
+    assert_eq!(
+        statuses(e, "/truth", &u, 2),
+        [200, 200],
+        "{}",
+        s.service.log()
+    );
+    assert_eq!(statuses(e, "/truth-user", &u, 2), [200, 200]);
+    // truth has 2 of the 4 asked: denied. truth_user's status tells its real 1, uncharged;
+    // the Go service charges it and reports the over-limit one's 0, so Envoy would say 0.
+    let r = e.get("/truth", &u);
+    assert_eq!(r.status, 429, "{r:?}");
+    assert_eq!(r.header("x-ratelimit-remaining"), Some("1"), "{r:?}");
+    assert_eq!(
+        r.header("x-ratelimit-limit"),
+        Some("5, 10;w=3600, 5;w=3600"),
+        "{r:?}"
+    );
+    // It was not charged: its one token is still there, and then none.
+    assert_eq!(statuses(e, "/truth-user", &u, 2), [200, 429]);
 }
