@@ -216,7 +216,7 @@ impl Limit {
         if cost.0 > self.capacity {
             return None;
         }
-        cost.0.mul_round(self.ticks_per_token, Round::Up)
+        self.charge_ticks(cost)
     }
 
     /// The signed balance of a bucket `debt_ticks` short of full, in whole tokens rounded
@@ -238,8 +238,9 @@ impl Limit {
         }
     }
 
-    /// `cost × T` in ticks, rounded up, whatever the capacity: what a charge adds. `None`
-    /// when it does not fit in 128 bits (far past any bound a charge accepts).
+    /// `cost × T` in ticks, rounded up, whatever the capacity: what a charge adds, and what a
+    /// take adds once [`Limit::cost_ticks`] has checked the capacity. `None` when it does not
+    /// fit in 128 bits (far past any bound a charge accepts).
     pub(crate) fn charge_ticks(&self, cost: Cost) -> Option<u128> {
         if cost == Cost::ONE {
             return Some(self.ticks_per_token);
