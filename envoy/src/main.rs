@@ -329,7 +329,7 @@ async fn serve(settings: Arc<Settings>) -> ExitCode {
     // Reload on a file change (a filesystem notification, or the poll each second as the
     // fallback) and on SIGHUP; drain and stop on SIGTERM or SIGINT.
     let watcher = if let Some(updates) = xds_updates.take() {
-        tokio::spawn(xds::apply(service.clone(), updates))
+        tokio::spawn(xds::apply(service.clone(), readiness.clone(), updates))
     } else {
         let service = service.clone();
         let readiness = readiness.clone();

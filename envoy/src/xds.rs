@@ -416,8 +416,13 @@ pub async fn start(
 }
 
 /// Applies each update to `service` (the swap is one pointer store: a call sees the old
-/// config or the new one, never a mix) and counts it in the config-load metrics.
-pub async fn apply(service: Arc<Service>, mut updates: mpsc::Receiver<Update>) {
+/// config or the new one, never a mix), tells `readiness` (as a file reload does) and counts
+/// it in the config-load metrics.
+pub async fn apply(
+    service: Arc<Service>,
+    readiness: Arc<crate::readiness::Readiness>,
+    mut updates: mpsc::Receiver<Update>,
+) {
     // The file watcher owns SIGHUP otherwise; over xDS there is nothing to re-read, and the
     // signal's default action would end the process.
     let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
@@ -437,6 +442,9 @@ pub async fn apply(service: Arc<Service>, mut updates: mpsc::Receiver<Update>) {
                 match update.config {
                     Ok(config) => {
                         service.metrics.config_load_success.inc();
+                        // As a file reload does: HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED
+                        // counts a pushed config too.
+                        readiness.config_loaded(config.domain_count());
                         service.replace_config(config);
                     }
                     Err(_) => service.metrics.config_load_error.inc(),

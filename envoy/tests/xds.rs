@@ -390,6 +390,42 @@ fn force_start_serves_without_a_config_until_the_first_push() {
     plane.stop(&rt);
 }
 
+#[test]
+fn a_pushed_config_counts_for_healthy_with_at_least_one_config_loaded() {
+    // Before: a config applied over xDS swapped the service's config but never told health,
+    // so a service force-started without one stayed not serving for good.
+    let redis = common::Server::start();
+    let rt = runtime();
+    let port = support::free_port();
+    let mut env = xds_env(&port.to_string());
+    env.push(("FORCE_START_WITHOUT_INITIAL_CONFIG", "true".into()));
+    env.push(("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", "true".into()));
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let root = tempfile::tempdir().expect("temp dir");
+    let svc = Service::try_start_until(root, &format!("127.0.0.1:{}", redis.port), &env, |r| {
+        r.status == 500
+    })
+    .expect("up, not serving without a config");
+    let seen = Arc::new(Seen::default());
+    let plane = Running::start(&rt, port, seen.clone());
+    plane.push("1", "n1", &[config("gw", "k", RateLimitUnit::Minute, 3)]);
+    wait_request(&seen, &svc, "ACK of v1", |_, r| r.response_nonce == "n1");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let status = support::http(svc.http_port, "GET", "/healthcheck", &[], "").map(|r| r.status);
+        if status == Some(200) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "still {status:?} after the push: {}",
+            svc.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    plane.stop(&rt);
+}
+
 /// A CA, a server certificate for the name `xds.test` only, and a client certificate.
 fn certificates(dir: &std::path::Path) {
     let ec = [
