@@ -57,7 +57,8 @@ test: $(MODULE_DEBUG) ## Run every test: unit, property, doc and real-server int
 	$(CARGO) test --lib --tests
 	$(CARGO) test --doc --features system-alloc
 
-lint: links ## clippy with warnings as errors, rustfmt --check, and the Markdown link check (make links)
+lint: links ## clippy with warnings as errors, rustfmt --check, the Markdown link check (make links), the Functions library made from the script
+	python3 clients/lua/functions.py --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(CARGO) fmt --all --check
 

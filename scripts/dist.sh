@@ -57,6 +57,9 @@ build() {
   objcopy --strip-debug "$so" "$stage/libredis_rl.so"
   # docs/ rides along: the README's command table and topic links point into it.
   cp -r redis.conf.example README.md LICENSE CHANGELOG.md docs "$stage/"
+  # The fallbacks for servers that may not load modules: the script and the Functions library.
+  mkdir -p "$stage/lua"
+  cp clients/lua/rl.lua clients/lua/rl_functions.lua "$stage/lua/"
   (cd "$stage" && find . -type f ! -name SHA256SUMS | LC_ALL=C sort | xargs sha256sum >SHA256SUMS)
   # The same sources give the same bytes: fixed order, owner and times (the last commit's).
   local mtime
@@ -79,6 +82,9 @@ check() {
   local dir="$CHECK_DIR"
   tar -xzf "$TARBALL" -C "$dir"
   (cd "$dir/$NAME" && sha256sum --quiet -c SHA256SUMS)
+  for f in rl.lua rl_functions.lua; do
+    cmp -s "$dir/$NAME/lua/$f" "clients/lua/$f" || { say "the tarball's lua/$f differs from clients/lua/$f"; exit 1; }
+  done
   local so="$dir/$NAME/libredis_rl.so" newest
   newest=$(newest_glibc "$so")
   [ -n "$newest" ] || { say "objdump -T found no GLIBC symbol versions in $so"; exit 1; }

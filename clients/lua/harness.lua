@@ -1,5 +1,7 @@
--- Runs rl.lua outside Redis, for tests: a stand-in `redis` whose TIME is the time the test
--- gives, and whose keys live in a table. Reads calls from stdin, one a line:
+-- Runs rl.lua, or the Functions library rl_functions.lua, outside Redis, for tests: a
+-- stand-in `redis` whose TIME is the time the test gives, and whose keys live in a table. A
+-- file whose first line is `#!lua` is a library: each call goes to its function `rl_<mode>`,
+-- without the mode among the arguments, as FCALL sends it. Reads calls from stdin, one a line:
 --
 --   now_us key[,key...] mode n1 .. n10 [n1 .. n10 ...]
 --
@@ -7,11 +9,23 @@
 -- "error <text>". Used by clients/python/tests/test_lua_vectors.py to hold the script to
 -- clients/vectors/bucket.json without a server clock.
 local script_path = arg[1]
-local chunk = assert(loadfile(script_path))
+local chunk = assert(loadfile(script_path)) -- skips a first line starting with '#'
 local store, now_us = {}, 0
+local is_library
+do
+  local f = assert(io.open(script_path))
+  is_library = string.sub(f:read('*l') or '', 1, 5) == '#!lua'
+  f:close()
+end
 
 redis = {}
 function redis.error_reply(msg) return {err = msg} end
+local functions = {}
+function redis.register_function(name, callback)
+  if type(name) == 'table' then name, callback = name.function_name, name.callback end
+  functions[name] = callback
+end
+if is_library then chunk() end
 function redis.call(cmd, key, ...)
   local args = {...}
   cmd = string.upper(cmd)
@@ -50,7 +64,13 @@ for line in io.lines() do
   for k in string.gmatch(words[2], '[^,]+') do KEYS[#KEYS + 1] = k end
   ARGV = {}
   for i = 3, #words do ARGV[#ARGV + 1] = words[i] end
-  local reply = chunk()
+  local reply
+  if is_library then
+    local mode = table.remove(ARGV, 1)
+    reply = assert(functions['rl_' .. mode], 'no function rl_' .. mode)(KEYS, ARGV)
+  else
+    reply = chunk()
+  end
   if type(reply) == 'table' and reply.err then
     print('error ' .. reply.err)
   else

@@ -1,10 +1,17 @@
 -- redis-rl fallback for servers without the module: RL.ACQUIRE, RL.PEEK, RL.REFUND,
 -- RL.CHARGE and RL.ACQUIRE.MULTI as one script, on the server's clock, with the module's
 -- replies.
--- Every client library ships this same file (clients/lua/rl.lua); the Python and Node
--- packages link to it. It is run with EVALSHA (SCRIPT LOAD after NOSCRIPT).
+-- Every client library ships this same file (clients/lua/rl.lua) and the Functions library
+-- made from it (clients/lua/rl_functions.lua, written by clients/lua/functions.py from the
+-- part between the two `@core` lines below, so a fix lands in both). The script is run with
+-- EVALSHA, and with EVAL after NOSCRIPT:
 --
 --   EVALSHA sha N key1 .. keyN  mode  [10 numbers per key]
+--
+-- The library registers one function per mode (rl_acquire, rl_peek, rl_refund, rl_charge,
+-- rl_multi) taking the same keys and numbers without the mode, and rl_version:
+--
+--   FCALL rl_acquire N key1 .. keyN  [10 numbers per key]
 --
 -- mode: "acquire" or "peek" (N = 1: reply {allowed, remaining, retry_after_ms,
 -- reset_after_ms}; a peek's remaining is the signed balance, negative while in debt),
@@ -61,6 +68,7 @@ if redis.replicate_commands then
   pcall(redis.replicate_commands)
 end
 
+-- @core begin: shared with the Functions library, word for word.
 local P21 = 2097152 -- 2^21
 local P42 = P21 * P21
 
@@ -117,21 +125,17 @@ local function int(s) -- for HSET and PEXPIREAT: tostring would print 5e+15
   return string.format('%.0f', s)
 end
 
+-- The server's time in microseconds, read once per call by `run`.
 local now_q
-do
-  local t = redis.call('TIME')
-  now_q = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
 
--- The limit of key i, from ARGV.
-local function limit_of(i)
-  local base = 1 + (i - 1) * 10
+-- The limit of key i, from the call's arguments `a`, whose first `off` are not numbers.
+local function limit_of(a, off, i)
+  local base = off + (i - 1) * 10
   for j = base + 1, base + 10 do
-    if tonumber(ARGV[j]) == nil then
+    if tonumber(a[j]) == nil then
       return redis.error_reply('ERR redis-rl script: argument ' .. j .. ' is not a number')
     end
   end
-  local a = ARGV
   return {d = tonumber(a[base + 1]), tq = tonumber(a[base + 2]), tr = tonumber(a[base + 3]),
           cq = tonumber(a[base + 4]), cr = tonumber(a[base + 5]), sq = tonumber(a[base + 6]),
           sr = tonumber(a[base + 7]), kq = tonumber(a[base + 8]), kr = tonumber(a[base + 9]),
@@ -255,84 +259,93 @@ local function charged(lim, dq, dr)
   return {1, balance_of(lim, dq, dr), repaid, ceil_ms(dq, dr)}
 end
 
-local mode = ARGV[1]
-if mode == 'acquire' or mode == 'peek' or mode == 'refund' or mode == 'charge' then
-  if #KEYS ~= 1 then return redis.error_reply('ERR redis-rl script: ' .. mode .. ' takes one key') end
-  local lim = limit_of(1)
-  if lim.err then return lim end
-  local key = KEYS[1]
-  local full = load(key, lim)
-  if full and full.err then return full end
-  if mode == 'refund' then
-    -- At most the capacity comes back, as the module caps it: a bucket in debt after a charge
-    -- owes more than that.
-    if not less_eq(lim.kq, lim.kr, lim.cq, lim.cr) then lim.kq, lim.kr = lim.cq, lim.cr end
-    local dq, dr = debt_of(full)
-    if dq == 0 and dr == 0 then return {remaining_of(lim, 0, 0), 0} end
-    if less_eq(dq, dr, lim.kq, lim.kr) then
-      redis.call('DEL', key)
-      return {remaining_of(lim, 0, 0), 0}
-    end
-    if lim.kq == 0 and lim.kr == 0 then return {remaining_of(lim, dq, dr), ceil_ms(dq, dr)} end
-    local ndq, ndr = sub(dq, dr, lim.kq, lim.kr, lim.d)
-    local nq, nr = add(now_q, 0, ndq, ndr, lim.d)
-    store(key, lim, {nq, nr})
-    return {remaining_of(lim, ndq, ndr), ceil_ms(ndq, ndr)}
+-- One call: `mode` over `keys`, with the numbers in `args` after its first `off` entries.
+local function run(mode, keys, args, off)
+  do
+    local t = redis.call('TIME')
+    now_q = tonumber(t[1]) * 1000000 + tonumber(t[2])
   end
-  if mode == 'charge' then
-    local dq, dr = debt_of(full)
-    if lim.kq == 0 and lim.kr == 0 then return charged(lim, dq, dr) end
-    local bq, br = now_q, 0
-    if dq > 0 or dr > 0 then bq, br = full[1], full[2] end
-    local nq, nr = add(bq, br, lim.kq, lim.kr, lim.d)
-    local ndq, ndr = sub(nq, nr, now_q, 0, lim.d)
-    if not less_eq(ndq, ndr, MAX_DEBT_US, 0) or nq >= MAX_INSTANT_US then
-      return redis.error_reply('ERR cost would leave the bucket in debt for more than 100 years '
-        .. '(it must be full again within 3153600000 s, and before 2262)')
-    end
-    store(key, lim, {nq, nr})
-    return charged(lim, ndq, ndr)
-  end
-  local reply, new = decide(lim, full, mode == 'acquire')
-  if new then store(key, lim, new) end
-  return reply
-elseif mode == 'multi' then
-  if #KEYS < 1 then return redis.error_reply('ERR redis-rl script: multi takes at least one key') end
-  -- Each key is read once; a key named twice sees its own earlier take (as the module does).
-  local pending, order, replies = {}, {}, {}
-  local refused, retry = -1, 0
-  for i = 1, #KEYS do
-    local lim = limit_of(i)
+  if mode == 'acquire' or mode == 'peek' or mode == 'refund' or mode == 'charge' then
+    if #keys ~= 1 then return redis.error_reply('ERR redis-rl script: ' .. mode .. ' takes one key') end
+    local lim = limit_of(args, off, 1)
     if lim.err then return lim end
-    local key = KEYS[i]
-    if pending[key] == nil then
-      local full = load(key, lim)
-      if full and full.err then return full end
-      pending[key] = {full = full, lim = lim, changed = false}
-      order[#order + 1] = key
+    local key = keys[1]
+    local full = load(key, lim)
+    if full and full.err then return full end
+    if mode == 'refund' then
+      -- At most the capacity comes back, as the module caps it: a bucket in debt after a charge
+      -- owes more than that.
+      if not less_eq(lim.kq, lim.kr, lim.cq, lim.cr) then lim.kq, lim.kr = lim.cq, lim.cr end
+      local dq, dr = debt_of(full)
+      if dq == 0 and dr == 0 then return {remaining_of(lim, 0, 0), 0} end
+      if less_eq(dq, dr, lim.kq, lim.kr) then
+        redis.call('DEL', key)
+        return {remaining_of(lim, 0, 0), 0}
+      end
+      if lim.kq == 0 and lim.kr == 0 then return {remaining_of(lim, dq, dr), ceil_ms(dq, dr)} end
+      local ndq, ndr = sub(dq, dr, lim.kq, lim.kr, lim.d)
+      local nq, nr = add(now_q, 0, ndq, ndr, lim.d)
+      store(key, lim, {nq, nr})
+      return {remaining_of(lim, ndq, ndr), ceil_ms(ndq, ndr)}
     end
-    local p = pending[key]
-    local full = p.full
-    if full and p.lim.d ~= lim.d then
-      -- Named twice with different rates: carry the pending instant over to this denominator.
-      local nr, rem = muldiv(full[2], lim.d, p.lim.d)
-      if rem > 0 then nr = nr + 1 end
-      full = {full[1], nr}
-      if nr >= lim.d then full = {full[1] + 1, nr - lim.d} end
+    if mode == 'charge' then
+      local dq, dr = debt_of(full)
+      if lim.kq == 0 and lim.kr == 0 then return charged(lim, dq, dr) end
+      local bq, br = now_q, 0
+      if dq > 0 or dr > 0 then bq, br = full[1], full[2] end
+      local nq, nr = add(bq, br, lim.kq, lim.kr, lim.d)
+      local ndq, ndr = sub(nq, nr, now_q, 0, lim.d)
+      if not less_eq(ndq, ndr, MAX_DEBT_US, 0) or nq >= MAX_INSTANT_US then
+        return redis.error_reply('ERR cost would leave the bucket in debt for more than 100 years '
+          .. '(it must be full again within 3153600000 s, and before 2262)')
+      end
+      store(key, lim, {nq, nr})
+      return charged(lim, ndq, ndr)
     end
-    local reply, new = decide(lim, full, true)
-    replies[i] = reply
-    if new then p.full = new; p.lim = lim; p.changed = true end
-    if reply[1] == 0 then
-      if refused < 0 then refused = i - 1 end
-      if reply[3] < 0 or retry < 0 then retry = -1 elseif reply[3] > retry then retry = reply[3] end
+    local reply, new = decide(lim, full, mode == 'acquire')
+    if new then store(key, lim, new) end
+    return reply
+  elseif mode == 'multi' then
+    if #keys < 1 then return redis.error_reply('ERR redis-rl script: multi takes at least one key') end
+    -- Each key is read once; a key named twice sees its own earlier take (as the module does).
+    local pending, order, replies = {}, {}, {}
+    local refused, retry = -1, 0
+    for i = 1, #keys do
+      local lim = limit_of(args, off, i)
+      if lim.err then return lim end
+      local key = keys[i]
+      if pending[key] == nil then
+        local full = load(key, lim)
+        if full and full.err then return full end
+        pending[key] = {full = full, lim = lim, changed = false}
+        order[#order + 1] = key
+      end
+      local p = pending[key]
+      local full = p.full
+      if full and p.lim.d ~= lim.d then
+        -- Named twice with different rates: carry the pending instant over to this denominator.
+        local nr, rem = muldiv(full[2], lim.d, p.lim.d)
+        if rem > 0 then nr = nr + 1 end
+        full = {full[1], nr}
+        if nr >= lim.d then full = {full[1] + 1, nr - lim.d} end
+      end
+      local reply, new = decide(lim, full, true)
+      replies[i] = reply
+      if new then p.full = new; p.lim = lim; p.changed = true end
+      if reply[1] == 0 then
+        if refused < 0 then refused = i - 1 end
+        if reply[3] < 0 or retry < 0 then retry = -1 elseif reply[3] > retry then retry = reply[3] end
+      end
     end
+    if refused >= 0 then return {0, refused, retry, replies} end
+    for _, key in ipairs(order) do
+      local p = pending[key]
+      if p.changed then store(key, p.lim, p.full) end
+    end
+    return {1, -1, 0, replies}
   end
-  if refused >= 0 then return {0, refused, retry, replies} end
-  for _, key in ipairs(order) do
-    local p = pending[key]
-    if p.changed then store(key, p.lim, p.full) end
-  end
-  return {1, -1, 0, replies}
+  return redis.error_reply('ERR redis-rl script: unknown mode')
 end
-return redis.error_reply('ERR redis-rl script: unknown mode')
+-- @core end
+
+return run(ARGV[1], KEYS, ARGV, 1)

@@ -1,4 +1,5 @@
-"""The Lua fallback script (clients/lua/rl.lua) against clients/vectors/bucket.json, run by a
+"""The Lua fallback script (clients/lua/rl.lua) and the Functions library made from it
+(clients/lua/rl_functions.lua) against clients/vectors/bucket.json, each run by a
 stand-in Lua interpreter (lua5.1, the language Redis embeds) whose TIME the test controls, so
 every reply can be compared exactly. Skipped where no lua5.1 is installed (make deps-clients
 installs it)."""
@@ -29,6 +30,8 @@ def limit_of(case):
 
 @unittest.skipIf(LUA is None, "no lua5.1 interpreter (apt-get install lua5.1)")
 class LuaVectors(unittest.TestCase):
+    FILE = os.path.join(ROOT, "lua", "rl.lua")
+
     def test_script_replies_as_the_vectors_say(self):
         with open(os.path.join(ROOT, "vectors", "bucket.json")) as f:
             cases = json.load(f)["cases"]
@@ -41,7 +44,7 @@ class LuaVectors(unittest.TestCase):
                 expected.append(step["expect"])
                 names.append(f"{case['name']}, step {i}: {step}")
         out = subprocess.run([LUA, os.path.join(ROOT, "lua", "harness.lua"),
-                              os.path.join(ROOT, "lua", "rl.lua")],
+                              self.FILE],
                              input="\n".join(lines) + "\n", capture_output=True, text=True, check=True)
         replies = out.stdout.splitlines()
         self.assertEqual(len(replies), len(expected), out.stderr)
@@ -52,7 +55,7 @@ class LuaVectors(unittest.TestCase):
         limit = Limit(1, 2)
         calls = [f"1000000 k acquire {' '.join(limit.script_args(1))}"] * 3
         out = subprocess.run([LUA, os.path.join(ROOT, "lua", "harness.lua"),
-                              os.path.join(ROOT, "lua", "rl.lua")],
+                              self.FILE],
                              input="\n".join(calls) + "\n", capture_output=True, text=True, check=True)
         self.assertEqual(out.stdout.splitlines(), ["1 1 0 1000", "1 0 0 2000", "0 0 1000 2000"])
 
@@ -93,12 +96,18 @@ class LuaVectors(unittest.TestCase):
                         want = list(local.acquire(key, limits[key], cost, now_us, take=op == "acquire"))
                     lines.append(" ".join([str(now_us), key, op, *limits[key].script_args(cost, op == "refund")]))
                 expected.append(want)
-        out = subprocess.run([LUA, os.path.join(ROOT, "lua", "harness.lua"), os.path.join(ROOT, "lua", "rl.lua")],
+        out = subprocess.run([LUA, os.path.join(ROOT, "lua", "harness.lua"), self.FILE],
                              input="\n".join(lines) + "\n", capture_output=True, text=True, check=True)
         replies = out.stdout.splitlines()
         self.assertEqual(len(replies), len(expected), out.stderr)
         for line, reply, want in zip(lines, replies, expected):
             self.assertEqual([int(x) for x in reply.split()], want, line[:120])
+
+
+class FunctionsVectors(LuaVectors):
+    """The same calls through the library's functions (rl_acquire, …), as FCALL sends them."""
+
+    FILE = os.path.join(ROOT, "lua", "rl_functions.lua")
 
 
 if __name__ == "__main__":

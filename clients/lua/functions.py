@@ -1,0 +1,92 @@
+#!/usr/bin/env python3
+"""Writes clients/lua/rl_functions.lua, the Functions library, from clients/lua/rl.lua.
+
+The library is the script's core (the lines between `-- @core begin` and `-- @core end`),
+word for word, under a `#!lua name=redis_rl` line, with one registered function per mode. So
+the script and the library decide alike by construction: a fix to the core lands in both, and
+the shared vectors run against both (clients/lua/harness.lua loads either).
+
+    python3 clients/lua/functions.py           # rewrite rl_functions.lua
+    python3 clients/lua/functions.py --check   # exit 1 if it is not what rl.lua makes
+
+Bump VERSION when a function's arguments or replies change, so that clients meeting an older
+library loaded on a server can tell, and say so.
+"""
+
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCRIPT = os.path.join(HERE, "rl.lua")
+LIBRARY = os.path.join(HERE, "rl_functions.lua")
+
+#: The library's version, answered by FCALL_RO rl_version 0.
+VERSION = 1
+
+HEADER = """#!lua name=redis_rl
+-- redis-rl's Functions library: the fallback script's decisions (clients/lua/rl.lua) as Redis
+-- Functions, which the server persists and replicates, so a failover or a restart never loses
+-- them and an application user needs only FCALL and FCALL_RO. Load it once, as a user allowed
+-- FUNCTION LOAD (on every master of a cluster):
+--
+--   redis-cli -x FUNCTION LOAD REPLACE < rl_functions.lua
+--
+-- Functions, each with the script's keys and numbers after the mode (see rl.lua's header):
+--   FCALL rl_acquire 1 key <10 numbers>      {allowed, remaining, retry_after_ms, reset_after_ms}
+--   FCALL_RO rl_peek 1 key <10 numbers>      the same, taking nothing (no-writes: replicas too)
+--   FCALL rl_refund 1 key <10 numbers>       {remaining, reset_after_ms}
+--   FCALL rl_charge 1 key <10 numbers>       {1, balance, retry_after_ms, reset_after_ms}
+--   FCALL rl_multi N key1 .. keyN <10 numbers per key>   all or nothing
+--   FCALL_RO rl_version 0                    this library's version
+--
+-- Written by clients/lua/functions.py from rl.lua: edit rl.lua, then run it.
+"""
+
+FOOTER = """
+local VERSION = {version}
+
+local function mode(name)
+  return function(keys, args) return run(name, keys, args, 0) end
+end
+
+redis.register_function('rl_acquire', mode('acquire'))
+redis.register_function{{function_name = 'rl_peek', callback = mode('peek'), flags = {{'no-writes'}}}}
+redis.register_function('rl_refund', mode('refund'))
+redis.register_function('rl_charge', mode('charge'))
+redis.register_function('rl_multi', mode('multi'))
+redis.register_function{{function_name = 'rl_version', callback = function() return VERSION end,
+  flags = {{'no-writes'}}}}
+"""
+
+
+def core(script):
+    lines = script.split("\n")
+    begin = [i for i, line in enumerate(lines) if line.startswith("-- @core begin")]
+    end = [i for i, line in enumerate(lines) if line.startswith("-- @core end")]
+    if len(begin) != 1 or len(end) != 1 or begin[0] >= end[0]:
+        raise SystemExit("rl.lua must hold one '-- @core begin' line before one '-- @core end' line")
+    return "\n".join(lines[begin[0] + 1:end[0]]) + "\n"
+
+
+def library():
+    with open(SCRIPT) as f:
+        script = f.read()
+    return HEADER + "\n" + core(script) + FOOTER.format(version=VERSION)
+
+
+def main(argv):
+    text = library()
+    if "--check" in argv:
+        with open(LIBRARY) as f:
+            if f.read() != text:
+                print("clients/lua/rl_functions.lua is not what clients/lua/rl.lua makes: "
+                      "run python3 clients/lua/functions.py", file=sys.stderr)
+                return 1
+        return 0
+    with open(LIBRARY, "w") as f:
+        f.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
