@@ -50,7 +50,9 @@
 //! over `shards` keys).
 
 mod asynch;
+mod diagnose;
 mod engine;
+mod functions;
 mod local;
 mod script;
 mod slots;
@@ -65,6 +67,8 @@ pub mod layer;
 
 pub use asynch::AsyncLimiter;
 pub use engine::Path;
+pub use functions::{load_functions, load_functions_async};
+pub use script::FUNCTIONS_VERSION;
 pub use slots::{key_slot, SlotItem, SlotOutcome, SlotsDecision};
 pub use sync::{Connect, Limiter};
 pub use table::{shard_of, AsyncTable, Table, MAX_SHARDS};
@@ -77,3 +81,7 @@ pub use wait::WaitError;
 /// The Lua fallback script this library runs on servers without the module
 /// (`clients/lua/rl.lua`), for tools that load it themselves.
 pub const LUA_SCRIPT: &str = script::SCRIPT;
+
+/// The Functions library `redis_rl` (`clients/lua/rl_functions.lua`) that
+/// [`load_functions`] loads, for tools that load it themselves (`FUNCTION LOAD REPLACE`).
+pub const FUNCTIONS_LIBRARY: &str = script::FUNCTIONS;

@@ -407,7 +407,7 @@ mod tests {
 
     #[test]
     fn a_crossslot_reply_regroups_by_slot_and_is_remembered() {
-        let engine = Engine::new(Options::new(OnError::Closed));
+        let engine = Engine::new(Options::new(OnError::Closed), false);
         let limit = Limit::new(1.0, 1.0).unwrap();
         let items = [
             SlotItem::new("a", limit, 1.0),
@@ -428,7 +428,7 @@ mod tests {
 
     #[test]
     fn only_shadow_items_refusing_are_left_out_and_the_rest_asked_again() {
-        let engine = Engine::new(Options::new(OnError::Closed));
+        let engine = Engine::new(Options::new(OnError::Closed), false);
         let limit = Limit::new(1.0, 1.0).unwrap();
         let items = [
             SlotItem::new("a", limit, 1.0).shadow(),
@@ -455,7 +455,7 @@ mod tests {
             SlotItem::new("a", limit, 1.0),
         ];
         for fails in [false, true] {
-            let engine = Engine::new(Options::new(OnError::Closed));
+            let engine = Engine::new(Options::new(OnError::Closed), false);
             engine.set_cluster();
             let mut plan = Across::new(&engine, &items).unwrap();
             assert_eq!(keys(&plan.start()), ["b"]);
