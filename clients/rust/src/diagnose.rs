@@ -22,6 +22,9 @@ pub(crate) const SCRIPT_RULES: &str = "+evalsha +eval";
 /// What the Functions library and the script run inside the server, on either path.
 pub(crate) const DATA_RULES: &str = "+time +hmget +hset +pexpireat +del";
 
+/// What a cluster client says when a seed node answered but gave it no slots.
+pub(crate) const NO_SLOTS: &str = "a reachable node gave the cluster client no slots";
+
 /// Connection errors, timeouts, and the replies of a server that cannot take writes now:
 /// OOM, READONLY, LOADING, and a cluster that is down, has no master or asks to try again.
 pub(crate) fn is_unavailable(e: &RedisError) -> bool {
@@ -99,7 +102,7 @@ pub(crate) fn misconfiguration(e: &RedisError, cluster_client: bool) -> Option<S
              connects with"
         ));
     }
-    if lower.contains("cluster support disabled") {
+    if lower.contains("cluster support disabled") || text.contains(NO_SLOTS) {
         return Some(format!(
             "a cluster client on a standalone server ({text}): connect with a redis::Client, \
              not a ClusterClient"

@@ -53,10 +53,23 @@ impl Connect for redis::Client {
 impl Connect for redis::cluster::ClusterClient {
     type Connection = redis::cluster::ClusterConnection;
 
+    /// A seed node that answers but gives no slots (a standalone server answers CLUSTER SLOTS
+    /// with an error, which the redis crate reads as no slots) leaves a connection to no node:
+    /// a PING, which goes to every node, then finds none, and that is told apart from a
+    /// cluster that cannot be reached (no seed answers: the connect itself fails).
     fn connect(&self, timeout: Duration) -> RedisResult<redis::cluster::ClusterConnection> {
-        let connection = self.get_connection()?;
+        let mut connection = self.get_connection()?;
         connection.set_read_timeout(Some(timeout))?;
         connection.set_write_timeout(Some(timeout))?;
+        if let Err(e) = redis::cmd("PING").query::<Value>(&mut connection) {
+            if e.kind() == redis::ErrorKind::ClusterConnectionNotFound {
+                return Err(redis::RedisError::from((
+                    redis::ErrorKind::Client,
+                    crate::diagnose::NO_SLOTS,
+                )));
+            }
+            return Err(e);
+        }
         Ok(connection)
     }
 
