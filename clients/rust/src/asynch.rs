@@ -77,7 +77,10 @@ impl<C: ConnectionLike + Clone + Send + Sync> AsyncLimiter<C> {
     /// A `redis::cluster_async::ClusterConnection` is known as a cluster client (see
     /// [`crate::Connect::cluster`]); any other connection as a single-node one.
     pub fn new(connection: C, options: Options) -> Self {
-        let cluster = std::any::type_name::<C>().starts_with("redis::cluster_async::");
+        // The redis crate's async cluster connection, whatever module path it is defined at
+        // (a test on a cluster holds this).
+        let name = std::any::type_name::<C>();
+        let cluster = name.starts_with("redis::") && name.contains("ClusterConnection");
         AsyncLimiter {
             connection,
             engine: Engine::new(options, cluster),
