@@ -78,6 +78,15 @@ pub use types::{
 };
 pub use wait::WaitError;
 
+/// The cause, if `error` (from a connection or a command) means Redis is misconfigured for
+/// this library rather than down or busy: authentication refused, a missing ACL permission,
+/// a cluster client on a standalone server or a single-node client on a cluster (MOVED, ASK).
+/// For a service that opens its own connections and wants to stop at startup with that cause
+/// instead of retrying as if Redis were down.
+pub fn misconfiguration(error: &redis::RedisError) -> Option<String> {
+    diagnose::misconfiguration(error, true)
+}
+
 /// The Lua fallback script this library runs on servers without the module
 /// (`clients/lua/rl.lua`), for tools that load it themselves.
 pub const LUA_SCRIPT: &str = script::SCRIPT;
