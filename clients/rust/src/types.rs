@@ -449,9 +449,9 @@ impl Options {
     /// connection to open and for the calls queued ahead included. The blocking one waits at
     /// most this long for its turn on its connection (past it, the policy decides that call,
     /// counted in [`Counters::busy`], and no outage begins), then sets it as the connect,
-    /// read and write timeouts, so a call that also detects the module or loads the script
-    /// (its first, or the first after an "unknown command" or NOSCRIPT) can take up to three
-    /// of them. During a known outage calls do not wait for it: the policy decides at once
+    /// read and write timeouts, so a call that also finds the path (its first, or the first
+    /// after the path stopped answering: the module's command, FCALL_RO rl_version, then the
+    /// function or EVALSHA and EVAL) can take up to five of them. During a known outage calls do not wait for it: the policy decides at once
     /// between probes (`probe_interval`). Make it shorter only if a request cannot wait that
     /// long, knowing that calls then missing it under load are decided by the policy as if
     /// Redis were down.
