@@ -77,9 +77,12 @@ fn server(path: Path, who: Who) -> Server {
         _ => Server::plain(),
     };
     if let Who::NoCommand = who {
-        let module = server.module;
-        server.module = module;
+        // Started again as it was (module or not), with COMMAND renamed away.
         server.restart_with(&["--rename-command", "COMMAND", ""]);
+        let command = redis::cmd("COMMAND")
+            .arg("COUNT")
+            .query::<i64>(&mut server.conn());
+        assert!(command.is_err(), "COMMAND still answers: {command:?}");
     }
     if path == Path::Functions {
         let version = load_functions(&mut server.conn()).unwrap();
