@@ -8,9 +8,11 @@
 //! costs nothing. Between a take and its refund (one round trip) another call can see those
 //! buckets short of the refunded tokens: that is the one window where a cluster is not atomic.
 //!
-//! Whether Redis is a cluster is learnt, not configured: the first call sends every item at
-//! once, and a `CROSSSLOT` reply (the server's, or the cluster client's) marks the limiter's
-//! engine, so that call and every later one go group by group.
+//! Whether Redis is a cluster is not configured: a limiter on a cluster client goes group by
+//! group from its first call; on another connection the first call sends every item at
+//! once, and a `CROSSSLOT` reply marks the limiter's engine, so that call and every later one
+//! go group by group (a single-node client on a cluster is a misconfiguration, decided by
+//! the policy).
 //!
 //! A *shadow* item (Envoy's `shadow_mode`) is counted and reported but never refuses the call:
 //! when only shadow items refuse, they are left out, take nothing, and the rest is asked again.

@@ -320,14 +320,22 @@ fn a_library_flushed_falls_back_to_the_script() {
 /// `check()` fails with a cause containing `want`; then calls are decided by the `Open`
 /// policy, counted as misconfigured, with no outage.
 fn misconfigured_sync<K: redis_rl_client::Connect>(limiter: Limiter<K>, want: &str) {
-    match limiter.check() {
-        Err(Error::Misconfigured(cause)) => assert!(cause.contains(want), "{cause}"),
+    common::capture_logs();
+    let cause = match limiter.check() {
+        Err(Error::Misconfigured(cause)) => cause,
         other => panic!("expected a misconfiguration ({want}), got {other:?}"),
-    }
+    };
+    assert!(cause.contains(want), "{cause}");
+    common::take_logs();
     for _ in 0..3 {
         let d = limiter.acquire("k", &slow(), 1.0).unwrap();
         assert_eq!((d.allowed, d.source), (true, Source::Open));
     }
+    // Logged with its cause, once for the three calls (at most once every 10 s per cause).
+    let logs = common::take_logs();
+    let logged: Vec<&String> = logs.iter().filter(|l| l.contains(&cause)).collect();
+    assert_eq!(logged.len(), 1, "{logs:?}");
+    assert!(logged[0].contains("misconfigured"), "{logs:?}");
     let counters = limiter.counters();
     assert_eq!(
         (counters.misconfigured, counters.open, counters.outages),
