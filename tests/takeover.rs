@@ -332,37 +332,65 @@ fn every_command_takes_over_a_script_bucket_as_the_script_would_answer() {
             u128::try_from(reply[1]).expect("tokens left")
         };
         let left = remaining(&mut con);
-        assert!(
-            left >= 1 && left + 2 < rate.capacity,
-            "rate {r}: {left} left"
-        );
-        let (fits, too_many) = (left.to_string(), (left + 2).to_string());
-        // (module command, its arguments after the key, the script's mode, cost): every
-        // command, allowed and denied, writing and not.
-        let rows: [(&str, Vec<&str>, &str, u128); 8] = [
-            ("RL.PEEK", vec![r, &cap, "1"], "peek", 1),
-            ("RL.PEEK", vec![r, &cap, &too_many], "peek", left + 2),
-            ("RL.ACQUIRE", vec![r, &cap, "1"], "acquire", 1),
-            ("RL.ACQUIRE", vec![r, &cap, &fits], "acquire", left),
-            ("RL.ACQUIRE", vec![r, &cap, &too_many], "acquire", left + 2),
-            ("RL.REFUND", vec![r, &cap, "2"], "refund", 2),
-            ("RL.REFUND", vec![r, &cap, &cap], "refund", rate.capacity),
-            ("RL.CHARGE", vec![r, &cap, &too_many], "charge", left + 2),
+        assert!(left >= 1 && left < rate.capacity, "rate {r}: {left} left");
+        // `left` fits whenever the bucket is compared (refill only adds); the whole capacity is
+        // denied until the bucket is full, seconds after every comparison.
+        let fits = left.to_string();
+        // (module command, its arguments after the key, the script's mode, cost, the reply's
+        // first element where it says allowed or denied): every command, allowed and
+        // denied, writing and not.
+        let rows: [(&str, Vec<&str>, &str, u128, Option<i64>); 8] = [
+            ("RL.PEEK", vec![r, &cap, "1"], "peek", 1, Some(1)),
+            (
+                "RL.PEEK",
+                vec![r, &cap, &cap],
+                "peek",
+                rate.capacity,
+                Some(0),
+            ),
+            ("RL.ACQUIRE", vec![r, &cap, "1"], "acquire", 1, Some(1)),
+            ("RL.ACQUIRE", vec![r, &cap, &fits], "acquire", left, Some(1)),
+            (
+                "RL.ACQUIRE",
+                vec![r, &cap, &cap],
+                "acquire",
+                rate.capacity,
+                Some(0),
+            ),
+            ("RL.REFUND", vec![r, &cap, "2"], "refund", 2, None),
+            (
+                "RL.REFUND",
+                vec![r, &cap, &cap],
+                "refund",
+                rate.capacity,
+                None,
+            ),
+            (
+                "RL.CHARGE",
+                vec![r, &cap, &cap],
+                "charge",
+                rate.capacity,
+                Some(1),
+            ),
         ];
-        for (name, args, mode, cost) in rows {
+        for (name, args, mode, cost, allowed) in rows {
             let at = format!("{name} k0 {}", args.join(" "));
             let mut module = redis::cmd(name);
             module.arg("k0").arg(&args);
-            compare(&mut con, 1, &module, mode, &[(rate, cost)], &at);
+            let reply = compare(&mut con, 1, &module, mode, &[(rate, cost)], &at);
+            let reply: Vec<i64> = redis::from_redis_value(reply).expect("integers");
+            if let Some(allowed) = allowed {
+                assert_eq!(reply[0], allowed, "{at}: {reply:?}");
+            }
         }
         // RL.ACQUIRE.MULTI over two taken-over buckets: allowed (both convert) and refused
         // by the second (neither changes).
-        for second in [1, left + 2] {
+        for second in [1, rate.capacity] {
             let second_text = second.to_string();
             let mut module = redis::cmd("RL.ACQUIRE.MULTI");
             module.arg(&["k0", r, &cap, "1", "k1", r, &cap, &second_text]);
             let at = format!("RL.ACQUIRE.MULTI at {r}, second cost {second}");
-            compare(
+            let reply = compare(
                 &mut con,
                 2,
                 &module,
@@ -370,6 +398,10 @@ fn every_command_takes_over_a_script_bucket_as_the_script_would_answer() {
                 &[(rate, 1), (rate, second)],
                 &at,
             );
+            let Value::Array(head) = reply else {
+                panic!("{at}: {reply:?}")
+            };
+            assert_eq!(head[0], Value::Int(i64::from(second == 1)), "{at}");
         }
     }
 }
@@ -520,8 +552,7 @@ fn aof_increment(server: &Server) -> Vec<u8> {
     let manifest = std::fs::read_to_string(dir.join("appendonly.aof.manifest")).expect("manifest");
     let name = manifest
         .lines()
-        .filter(|l| l.contains("type i"))
-        .last()
+        .rfind(|l| l.contains("type i"))
         .and_then(|l| l.split_whitespace().nth(1))
         .expect("an increment in the manifest");
     std::fs::read(dir.join(name)).expect("the increment")
