@@ -234,6 +234,51 @@ fn assert_same_bucket(
     }
 }
 
+/// Runs `module` inside a `MULTI` between two `TIME`s: its reply and the instant (µs) it
+/// decided at, or `None` when that is not known (`ms`: the module reads Redis 7.0's
+/// millisecond clock, which ticked in between).
+fn at_known_instant(
+    con: &mut Connection,
+    module: &redis::Cmd,
+    ms: bool,
+    at: &str,
+) -> Option<(Value, i64)> {
+    let replies: Vec<Value> = redis::pipe()
+        .atomic()
+        .cmd("TIME")
+        .add_command(module.clone())
+        .cmd("TIME")
+        .query(con)
+        .expect("MULTI");
+    let (first, last) = (time_us(&replies[0]), time_us(&replies[2]));
+    let now_us = if ms {
+        if first / 1000 != last / 1000 {
+            return None;
+        }
+        first / 1000 * 1000
+    } else {
+        assert_eq!(
+            first, last,
+            "{at}: TIME moved inside MULTI on a cached clock"
+        );
+        first
+    };
+    Some((replies[1].clone(), now_us))
+}
+
+/// The pinned script's `mode` on `keys` at `now_us`.
+fn script_at(
+    con: &mut Connection,
+    mode: &str,
+    keys: &[&str],
+    groups: &[(Rate, u128)],
+    now_us: i64,
+) -> Value {
+    let mut cmd = script_cmd(&pinned_script(), mode, keys, groups);
+    cmd.arg(now_us / 1_000_000).arg(now_us % 1_000_000);
+    cmd.query(con).expect("the pinned script")
+}
+
 /// One comparison: `module` (on the keys `k0`, `k1`, …) and the script's `mode` (on the
 /// twins `t0`, `t1`, …) at the same instant, each pair first copied from `pristine{i}`.
 /// Returns the module's reply after asserting the script's is the same, and that every key
@@ -250,7 +295,6 @@ fn compare(
     let keys: Vec<String> = (0..n_keys).map(|i| format!("k{i}")).collect();
     let twins: Vec<String> = (0..n_keys).map(|i| format!("t{i}")).collect();
     let twin_refs: Vec<&str> = twins.iter().map(String::as_str).collect();
-    let pinned = pinned_script();
     for _attempt in 0..50 {
         let mut before = Vec::new();
         for i in 0..n_keys {
@@ -258,30 +302,10 @@ fn compare(
             copy(con, &format!("pristine{i}"), &twins[i]);
             before.push(hash(con, &keys[i]));
         }
-        let replies: Vec<Value> = redis::pipe()
-            .atomic()
-            .cmd("TIME")
-            .add_command(module.clone())
-            .cmd("TIME")
-            .query(con)
-            .expect("MULTI");
-        let (first, last) = (time_us(&replies[0]), time_us(&replies[2]));
-        let now_us = if ms {
-            if first / 1000 != last / 1000 {
-                continue; // the module's millisecond is not known: try again
-            }
-            first / 1000 * 1000
-        } else {
-            assert_eq!(
-                first, last,
-                "{at}: TIME moved inside MULTI on a cached clock"
-            );
-            first
+        let Some((reply, now_us)) = at_known_instant(con, module, ms, at) else {
+            continue; // the module's millisecond is not known: try again
         };
-        let reply = replies[1].clone();
-        let mut twin_cmd = script_cmd(&pinned, mode, &twin_refs, groups);
-        twin_cmd.arg(now_us / 1_000_000).arg(now_us % 1_000_000);
-        let twin_reply: Value = twin_cmd.query(con).expect("the pinned script");
+        let twin_reply = script_at(con, mode, &twin_refs, groups, now_us);
         assert_eq!(
             reply, twin_reply,
             "{at}: the module's reply vs the script's at {now_us} µs"
@@ -317,6 +341,10 @@ fn write_pristine(con: &mut Connection, i: usize, rate: Rate) {
     assert_eq!(key_type(con, &key), "hash");
 }
 
+/// One call of the comparison table: the module's command, its arguments after the key, the
+/// script's mode, the cost, and the reply's first element where it says allowed or denied.
+type Row<'a> = (&'a str, Vec<&'a str>, &'a str, u128, Option<i64>);
+
 #[test]
 fn every_command_takes_over_a_script_bucket_as_the_script_would_answer() {
     let server = Server::start();
@@ -339,7 +367,7 @@ fn every_command_takes_over_a_script_bucket_as_the_script_would_answer() {
         // (module command, its arguments after the key, the script's mode, cost, the reply's
         // first element where it says allowed or denied): every command, allowed and
         // denied, writing and not.
-        let rows: [(&str, Vec<&str>, &str, u128, Option<i64>); 8] = [
+        let rows: [Row; 8] = [
             ("RL.PEEK", vec![r, &cap, "1"], "peek", 1, Some(1)),
             (
                 "RL.PEEK",
@@ -515,6 +543,19 @@ fn a_takeover_replicates_and_replays_to_identical_keys() {
     take_over_a_mix(&mut master);
     wait_for_replica(&mut master);
     assert_same_keys(&mut master, &mut replica, "replica");
+    // A peek on the replica reads the hashes it still holds, as the script would there.
+    let replica_ms = ms_clock(&mut replica);
+    for (i, rate) in RATES.into_iter().enumerate() {
+        let key = format!("peek{i}");
+        let module = cmd("RL.PEEK", &[&key, rate.text, &rate.cap(), "1"]);
+        let (reply, now_us) = (0..50)
+            .find_map(|_| at_known_instant(&mut replica, &module, replica_ms, &key))
+            .expect("an attempt within one millisecond");
+        let script = script_at(&mut replica, "peek", &[&key], &[(rate, 1)], now_us);
+        assert_eq!(reply, script, "RL.PEEK {key} on the replica");
+        assert_eq!(key_type(&mut replica, &key), "hash");
+    }
+    assert_same_keys(&mut master, &mut replica, "replica after peeks");
     // The replica received the effects, never the clock-dependent commands.
     for name in ["rl.acquire", "rl.charge", "rl.refund", "rl.acquire.multi"] {
         assert_eq!(

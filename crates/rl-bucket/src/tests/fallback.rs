@@ -81,6 +81,28 @@ fn parse_takes_only_what_the_fallback_writes() {
     }
 }
 
+/// Bytes that are mostly digits, with anything else mixed in.
+fn texts() -> impl Strategy<Value = Vec<u8>> {
+    let byte = prop_oneof![8 => b'0'..=b'9', 1 => any::<u8>()];
+    prop::collection::vec(byte, 0..24)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    /// Any bytes: no panic, and what is accepted is exactly what `%.0f` writes for the
+    /// numbers read back, in range.
+    #[test]
+    fn parse_accepts_only_the_fallbacks_own_texts(a in texts(), b in texts(), d in texts()) {
+        if let Ok(st) = FallbackState::parse(&a, &b, &d) {
+            prop_assert_eq!(st.q_us().to_string().into_bytes(), a);
+            prop_assert_eq!(st.r().to_string().into_bytes(), b);
+            prop_assert_eq!(st.d().to_string().into_bytes(), d);
+            prop_assert!(st.q_us() <= US_53 && st.r() < st.d() && st.d() <= FALLBACK_MAX_DENOMINATOR);
+        }
+    }
+}
+
 /// The fallback's instant, exactly, in ns.
 fn exact_ns(q_us: u64, r: u64, d: u64) -> BigRational {
     BigRational::from_integer(BigInt::from(q_us) * 1000)
