@@ -184,9 +184,7 @@ impl OpenKey {
         // SAFETY: `self.key` is null or open.
         unsafe { read(self.key, expected_type) }
     }
-}
 
-impl OpenKey {
     /// The bucket a hash holds if the Lua fallback wrote it: exactly three fields `a`, `b`
     /// and `d`, each an integer as the fallback writes one, in its range
     /// ([`FallbackState::parse`]). Only the three values are read, and nothing is changed.
@@ -250,11 +248,11 @@ impl OpenKey {
     }
 }
 
-/// The bytes of a string.
+/// The bytes of a string (a command argument, a hash value).
 ///
 /// # Safety
 /// `s` must be a live RedisModuleString that outlives the returned slice.
-unsafe fn string_bytes<'a>(s: *mut raw::RedisModuleString) -> &'a [u8] {
+pub(crate) unsafe fn string_bytes<'a>(s: *mut raw::RedisModuleString) -> &'a [u8] {
     let mut len = 0usize;
     // SAFETY: guaranteed by the caller.
     unsafe {
