@@ -15,7 +15,10 @@ import weakref
 
 from redis import exceptions as redis_errors
 
-from ._core import refused, Busy, Engine, LimiterBase, is_busy, is_unavailable, monotonic
+from ._core import (Busy, Engine, LimiterBase, MisconfiguredError, is_busy, is_unavailable,
+                    misconfiguration, monotonic, refused)
+from ._slots import Across
+from .client import _checked, _moved_on_cluster, _route, functions_text, functions_version, log
 
 
 _OUTAGE = object()  # what `_queue` returns when an outage began while the call queued
@@ -32,11 +35,26 @@ def connect(url, timeout_ms=1000, **kwargs):
 
 
 def connect_cluster(url, timeout_ms=1000, **kwargs):
-    """`redis.asyncio.RedisCluster.from_url` with short socket timeouts, for a limiter."""
+    """`redis.asyncio.RedisCluster.from_url` with short socket timeouts, for a limiter. It
+    connects on first use: `await limiter.check()` then names a misconfiguration."""
     from redis.asyncio import RedisCluster
 
     return RedisCluster.from_url(url, socket_timeout=timeout_ms / 1000,
                                  socket_connect_timeout=timeout_ms / 1000, **kwargs)
+
+
+async def load_functions(client):
+    """The awaited `redis_rl.load_functions`: FUNCTION LOAD REPLACE of the Functions library on
+    the server of a `redis.asyncio.Redis`, or on every master of a
+    `redis.asyncio.RedisCluster`; returns the version loaded."""
+    text = functions_text()
+    if hasattr(client, "get_primaries"):
+        await client.initialize()
+        for node in client.get_primaries():
+            await node.execute_command("FUNCTION", "LOAD", "REPLACE", text)
+    else:
+        await client.execute_command("FUNCTION", "LOAD", "REPLACE", text)
+    return functions_version(text)
 
 
 class Limiter(LimiterBase):
@@ -51,11 +69,23 @@ class Limiter(LimiterBase):
         self._engine = Engine(on_error, instances, deny_cache, without_module, timeout_ms,
                               probe_interval_ms, local_max_keys, clock)
         self.client = client
+        self._cluster = hasattr(client, "get_node_from_key")
         pool = getattr(client, "connection_pool", None)
         bound = getattr(pool, "max_connections", None)
         # An unbounded pool (redis-py 5.x's default, 2**31) never runs out: no queue needed.
         self._max_in_flight = bound if isinstance(bound, int) and 0 < bound <= 10_000 else None
         self._gates = weakref.WeakKeyDictionary()  # event loop -> asyncio.Semaphore
+
+    async def check(self):
+        """The awaited `redis_rl.Limiter.check`: finds the path and returns it, raises
+        MisconfiguredError for a misconfiguration, returns None (and logs a warning) while
+        Redis is down or busy."""
+        try:
+            return await asyncio.wait_for(self._drive(self._engine.check_steps(self._cluster)),
+                                          self._engine.timeout_s)
+        except (redis_errors.RedisError, redis_errors.RedisClusterException, OSError,
+                asyncio.TimeoutError) as error:
+            return _checked(error, self._cluster)
 
     async def acquire(self, key, limit, cost=1):
         """Takes `cost` tokens from the bucket `key` of `limit`; returns a Decision."""
@@ -70,6 +100,30 @@ class Limiter(LimiterBase):
         cost if each holds it, else nothing. In a cluster every key must hash to one slot:
         give them one hash tag, as in "{user:42}:s" and "{user:42}:h"."""
         return await self._run("multi", items)
+
+    async def acquire_across_slots(self, items):
+        """The awaited `redis_rl.Limiter.acquire_across_slots`: all or nothing over keys of any
+        slots; returns a SlotsDecision."""
+        plan = Across(self._engine, items)
+        step, args = plan.start()
+        while True:
+            if step == "done":
+                decision, error = args
+                if error is not None:
+                    raise error
+                return decision
+            if step == "ask":
+                try:
+                    step, args = plan.answer(await self.acquire_all(args))
+                except (redis_errors.RedisError, redis_errors.RedisClusterException) as error:
+                    step, args = plan.answer(None, error)
+                continue
+            for key, limit, cost in args:
+                try:
+                    await self.refund(key, limit, cost)
+                except Exception as error:  # the call's answer stands; the refund is logged
+                    log.warning("redis-rl: giving back %s after a refusal failed: %s", key, error)
+            step, args = plan.refunded()
 
     async def charge(self, key, limit, cost):
         """Applies `cost` tokens to the bucket `key` whatever it holds (post-paid: usage already
@@ -116,11 +170,16 @@ class Limiter(LimiterBase):
             reply = await asyncio.wait_for(self._queue(engine.exchange(call), queued), engine.timeout_s)
             if reply is _OUTAGE:
                 return engine.policy(op, call.items)
+        except MisconfiguredError as error:
+            return engine.misconfigured(call, error)
         except (redis_errors.RedisError, redis_errors.RedisClusterException, OSError,
                 asyncio.TimeoutError) as error:
             if isinstance(error, asyncio.TimeoutError) and queued[0]:
                 error = Busy(f"no free connection within {round(engine.timeout_s * 1000)} ms")
-            if not is_unavailable(error):
+            cause = misconfiguration(error, self._cluster)
+            if cause is not None:
+                return engine.misconfigured(call, MisconfiguredError(cause))
+            if not (is_unavailable(error) or _moved_on_cluster(error, self._cluster)):
                 raise refused(error)
             return engine.fail(call, error)
         return engine.finish(call, reply)
@@ -174,18 +233,14 @@ class Limiter(LimiterBase):
             pause = min(pause * 2, 0.05)
 
     async def _execute(self, request):
-        client = self.client
-        if request.kind == "detect":
-            # A cluster client needs a node for a command without keys: any one will do.
-            options = {}
-            if hasattr(client, "get_random_node"):
-                await client.initialize()  # an asyncio cluster client learns its nodes here
-                options = {"target_nodes": client.get_random_node()}
-            return await client.execute_command("COMMAND INFO", "RL.ACQUIRE", **options)
-        if request.kind == "load":
-            return await client.script_load(*request.args)
-        if request.multi and hasattr(client, "get_node_from_key"):
+        client, args = self.client, request.args
+        if not self._cluster:
+            return await client.execute_command(*args)
+        await client.initialize()  # an asyncio cluster client learns its nodes here
+        route = _route(client, request)
+        if route == "direct":
             # redis-py's cluster client refuses a command name with two dots
-            # (RL.ACQUIRE.MULTI), so send it to the node that owns the first key's slot.
-            return await client.get_node_from_key(request.first_key).execute_command(*request.args)
-        return await client.execute_command(*request.args)
+            # (RL.ACQUIRE.MULTI), and keys of several slots: sent to the first key's node,
+            # whose server answers (CROSSSLOT for several slots).
+            return await client.get_node_from_key(request.keys[0]).execute_command(*args)
+        return await client.execute_command(*args, target_nodes=client.get_node_from_key(request.keys[0]))

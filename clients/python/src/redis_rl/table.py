@@ -16,7 +16,7 @@ decisions (delete, len).
 import asyncio
 import hashlib
 
-from ._core import Request
+from ._core import CHECK_KEYS
 
 #: The most shards a limit may be spread over: there are no more slots than this to use.
 MAX_SHARDS = 16384
@@ -93,7 +93,7 @@ class _TableBase:
         return groups
 
     def _delete_commands(self, groups, mode):
-        """RL.HDEL (module) or DEL (Lua) of each shard's fields, DELETE_BATCH at a time."""
+        """RL.HDEL (module) or DEL (Functions library, script) of each shard's fields, DELETE_BATCH at a time."""
         for table, buckets in groups.items():
             for start in range(0, len(buckets), DELETE_BATCH):
                 batch = buckets[start:start + DELETE_BATCH]
@@ -103,13 +103,10 @@ class _TableBase:
                     yield ("DEL", *batch)
 
     def _detection(self):
-        """The engine's steps that find the path (module, Lua), as `Engine.exchange` does
-        before a call: run by the limiter's `_drive`. Returns the path."""
-        engine = self._limiter._engine
-        if engine.mode is None:
-            engine.detected((yield Request("detect")))
-        engine.refuse_if_missing()
-        return engine.mode
+        """The engine's steps that find the path (module, Functions library, script) when it is
+        not known yet, as `check()` does (a peek, which writes nothing): run by the limiter's
+        `_drive`. Returns the path."""
+        return (yield from self._limiter._engine.probe_steps(CHECK_KEYS[0]))
 
     def _forget(self, buckets):
         """A reset bucket is full: drop what the shield and the local policy hold for it."""
@@ -180,7 +177,7 @@ class Table(_TableBase):
                    for args in self._delete_commands(groups, self._mode()))
 
     def len(self):
-        """Live buckets over all the shards (RL.HLEN; on the Lua path, one SCAN of the fallback
+        """Live buckets over all the shards (RL.HLEN; on the Functions and script paths, one SCAN of the fallback
         keys on each node holding a shard)."""
         if self._mode() == "module":
             return sum(self._limiter.client.execute_command("RL.HLEN", self.key(i)) for i in range(self.shards))
