@@ -5,6 +5,8 @@ the counters, the deny cache, the local buckets) behind one lock; `redis_rl.clie
 `redis_rl.asyncio` only send the commands it builds and hand it what came back.
 """
 
+from __future__ import annotations
+
 import hashlib
 import json
 import logging
@@ -15,9 +17,21 @@ import time
 from collections import OrderedDict
 from fractions import Fraction
 from importlib import resources
+from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence, Tuple, Union
 
 from . import _decimal
 from .bucket import DebtTooLongError, LocalBuckets
+
+if TYPE_CHECKING:
+    import datetime
+    import decimal
+
+#: A number as the caller writes it: an int, a float, a Decimal or a numeric str.
+Number = Union[int, float, str, "decimal.Decimal"]
+#: A period as `Limit(..., per=)` takes it: seconds, or a datetime.timedelta.
+Period = Union[int, float, str, "decimal.Decimal", "datetime.timedelta"]
+#: One bucket of an all-or-nothing call: (key, limit) or (key, limit, cost).
+Item = Union[Tuple[str, "Limit"], Tuple[str, "Limit", Number]]
 
 log = logging.getLogger("redis_rl")
 
@@ -98,7 +112,8 @@ class Limit:
     __slots__ = ("rate", "capacity", "per", "rate_fraction", "capacity_fraction", "_rate_text",
                  "_capacity_text", "_script")
 
-    def __init__(self, rate, capacity=None, *, per=None):
+    def __init__(self, rate: Number, capacity: Optional[Number] = None, *,
+                 per: Optional[Period] = None) -> None:
         if isinstance(rate, str) and "/" in rate:
             # The module's own `N/S` text ("100/60"): the same limit as Limit(N, per=S).
             if per is not None:
@@ -140,14 +155,14 @@ class Limit:
                             ("_capacity_text", capacity_text), ("_script", None)):
             object.__setattr__(self, name, value)
 
-    def __setattr__(self, name, value):
+    def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError("Limit is immutable")
 
-    def __eq__(self, other):
+    def __eq__(self, other: object) -> bool:
         return isinstance(other, Limit) and (self.rate_fraction, self.capacity_fraction) == (
             other.rate_fraction, other.capacity_fraction)
 
-    def __hash__(self):
+    def __hash__(self) -> int:
         return hash((self.rate_fraction, self.capacity_fraction))
 
     def __repr__(self):
@@ -156,11 +171,11 @@ class Limit:
             return f"Limit({count}, {self._capacity_text}, per={_decimal.seconds_text(self.per)})"
         return f"Limit(rate={self._rate_text}, capacity={self._capacity_text})"
 
-    def args(self):
+    def args(self) -> list[str]:
         """`rate capacity` as the module's arguments ("0.1", "100/60", "1e-06" ...)."""
         return [self._rate_text, self._capacity_text]
 
-    def script_args(self, cost, refund=False):
+    def script_args(self, cost: Number, refund: bool = False) -> list[str]:
         """The 10 numbers the Lua script takes for this limit and cost (clients/lua/rl.lua),
         from the exact values the module would use."""
         if self._script is None:
@@ -185,7 +200,7 @@ class Limit:
         return [str(x) for x in (d, tq, tr, cq, cr, sq, sr, kq, kr, math.floor(cap))]
 
 
-def check_cost(cost):
+def check_cost(cost: Number) -> Any:
     """A cost as the module takes it (a finite number >= 0), or ValueError."""
     _, exact = _argument(cost, "cost")
     if exact < MIN_COST:
@@ -211,8 +226,15 @@ class Decision:
     """
 
     __slots__ = ("allowed", "remaining", "retry_after_ms", "reset_after_ms", "limit", "source")
+    allowed: bool
+    remaining: int
+    retry_after_ms: int
+    reset_after_ms: int
+    limit: Limit
+    source: str
 
-    def __init__(self, allowed, remaining, retry_after_ms, reset_after_ms, limit, source):
+    def __init__(self, allowed: Any, remaining: Any, retry_after_ms: Any, reset_after_ms: Any,
+                 limit: Limit, source: str) -> None:
         self.allowed = bool(allowed)
         self.remaining = int(remaining)
         self.retry_after_ms = int(retry_after_ms)
@@ -220,15 +242,15 @@ class Decision:
         self.limit = limit
         self.source = source
 
-    def __bool__(self):
+    def __bool__(self) -> bool:
         return self.allowed
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (f"Decision(allowed={self.allowed}, remaining={self.remaining}, "
                 f"retry_after_ms={self.retry_after_ms}, reset_after_ms={self.reset_after_ms}, "
                 f"limit={self.limit!r}, source={self.source!r})")
 
-    def headers(self):
+    def headers(self) -> Dict[str, str]:
         """X-RateLimit-Limit, -Remaining, -Reset (seconds, rounded up), and Retry-After
         (seconds, rounded up) when denied and a wait can help. A decision of the "open" or
         "closed" failure policy knows the limit but not what is left: X-RateLimit-Limit (and
@@ -252,18 +274,24 @@ class MultiDecision:
     """
 
     __slots__ = ("allowed", "refused_index", "retry_after_ms", "decisions", "source")
+    allowed: bool
+    refused_index: int
+    retry_after_ms: int
+    decisions: Tuple[Decision, ...]
+    source: str
 
-    def __init__(self, allowed, refused_index, retry_after_ms, decisions, source):
+    def __init__(self, allowed: Any, refused_index: Any, retry_after_ms: Any,
+                 decisions: Sequence[Decision], source: str) -> None:
         self.allowed = bool(allowed)
         self.refused_index = int(refused_index)
         self.retry_after_ms = int(retry_after_ms)
         self.decisions = tuple(decisions)
         self.source = source
 
-    def __bool__(self):
+    def __bool__(self) -> bool:
         return self.allowed
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (f"MultiDecision(allowed={self.allowed}, refused_index={self.refused_index}, "
                 f"retry_after_ms={self.retry_after_ms}, decisions={list(self.decisions)!r}, "
                 f"source={self.source!r})")
@@ -282,8 +310,15 @@ class Charge:
     """
 
     __slots__ = ("applied", "remaining", "retry_after_ms", "reset_after_ms", "limit", "source")
+    applied: bool
+    remaining: int
+    retry_after_ms: int
+    reset_after_ms: int
+    limit: Limit
+    source: str
 
-    def __init__(self, applied, remaining, retry_after_ms, reset_after_ms, limit, source):
+    def __init__(self, applied: Any, remaining: Any, retry_after_ms: Any, reset_after_ms: Any,
+                 limit: Limit, source: str) -> None:
         self.applied = bool(applied)
         self.remaining = int(remaining)
         self.retry_after_ms = int(retry_after_ms)
@@ -292,7 +327,7 @@ class Charge:
         self.source = source
 
     @property
-    def in_debt(self):
+    def in_debt(self) -> bool:
         return self.remaining < 0
 
     def __repr__(self):
@@ -317,8 +352,11 @@ class Refund:
     """The answer of `refund`: `remaining` and `reset_after_ms` after it, and `source`."""
 
     __slots__ = ("remaining", "reset_after_ms", "source")
+    remaining: int
+    reset_after_ms: int
+    source: str
 
-    def __init__(self, remaining, reset_after_ms, source):
+    def __init__(self, remaining: Any, reset_after_ms: Any, source: str) -> None:
         self.remaining = int(remaining)
         self.reset_after_ms = int(reset_after_ms)
         self.source = source
@@ -995,7 +1033,7 @@ class LimiterBase:
     _engine: "Engine"
 
     @property
-    def counters(self):
+    def counters(self) -> Dict[str, int]:
         """Decisions by source ("redis", "functions", "lua", "cache", "local", "open",
         "closed"), and the outages, busy calls, misconfigured calls and unapplied charges seen,
         as a new dict."""
@@ -1003,11 +1041,11 @@ class LimiterBase:
             return dict(self._engine.counters)
 
     @property
-    def path(self):
+    def path(self) -> Optional[str]:
         """How Redis is reached: "module", "functions" (the Functions library), "lua" (the
         script), or None before a call found it."""
         return self._engine.mode
 
 
-def monotonic():
+def monotonic() -> float:
     return time.monotonic()

@@ -18,10 +18,14 @@ items refuse, they are left out, take nothing, and the rest is asked again.
 `acquire_all` and `refund`, so the deny cache and the failure policy apply to each group.
 """
 
-from ._core import check_cost, is_crossslot
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence, Union
+
+from ._core import Decision, Limit, Number, check_cost, is_crossslot
 
 
-def key_slot(key):
+def key_slot(key: Union[str, bytes]) -> int:
     """The cluster hash slot of `key` (str or bytes): CRC16/XMODEM mod 16384 of the key, or of
     its first non-empty `{hash tag}` (the Redis Cluster specification)."""
     data = key.encode("utf-8") if isinstance(key, str) else bytes(key)
@@ -45,7 +49,7 @@ class SlotItem:
 
     __slots__ = ("key", "limit", "cost", "shadow")
 
-    def __init__(self, key, limit, cost=1, shadow=False):
+    def __init__(self, key: str, limit: Limit, cost: Number = 1, shadow: bool = False) -> None:
         self.key, self.limit, self.cost, self.shadow = key, limit, cost, bool(shadow)
 
     def __repr__(self):
@@ -62,7 +66,7 @@ class SlotOutcome:
 
     __slots__ = ("kind", "decision")
 
-    def __init__(self, kind, decision=None):
+    def __init__(self, kind: str, decision: Optional[Decision] = None) -> None:
         self.kind, self.decision = kind, decision
 
     def __eq__(self, other):
@@ -81,13 +85,14 @@ class SlotsDecision:
 
     __slots__ = ("allowed", "retry_after_ms", "outcomes", "sources")
 
-    def __init__(self, allowed, retry_after_ms, outcomes, sources):
+    def __init__(self, allowed: Any, retry_after_ms: Any, outcomes: Sequence[SlotOutcome],
+                 sources: Sequence[str]) -> None:
         self.allowed = bool(allowed)
         self.retry_after_ms = int(retry_after_ms)
         self.outcomes = tuple(outcomes)
         self.sources = tuple(sources)
 
-    def __bool__(self):
+    def __bool__(self) -> bool:
         return self.allowed
 
     def __repr__(self):

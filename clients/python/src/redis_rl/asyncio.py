@@ -9,22 +9,31 @@ connection (a semaphore per event loop), and a pool that is full anyway (shared 
 work) is tried again until the deadline. Only then does the policy decide, logged as busy.
 """
 
+from __future__ import annotations
+
 import asyncio
 import random
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, Union
 import weakref
 
 from redis import exceptions as redis_errors
 
 from ._core import (Busy, Engine, LimiterBase, MisconfiguredError, is_busy, is_unavailable,
                     misconfiguration, monotonic, refused)
-from ._slots import Across
+from ._core import Charge, Decision, Item, Limit, MultiDecision, Number, Refund
+from ._slots import Across, SlotItem, SlotsDecision
+
+if TYPE_CHECKING:
+    import redis.asyncio
+
+    from .table import AsyncTable
 from .client import _checked, _moved_on_cluster, _route, functions_text, functions_version, log
 
 
 _OUTAGE = object()  # what `_queue` returns when an outage began while the call queued
 
 
-def connect(url, timeout_ms=1000, **kwargs):
+def connect(url: str, timeout_ms: float = 1000, **kwargs: Any) -> "redis.asyncio.Redis":
     """`redis.asyncio.Redis.from_url` with short timeouts and no retries: a client for a limiter."""
     from redis.asyncio import Redis
     from redis.asyncio.retry import Retry
@@ -34,7 +43,7 @@ def connect(url, timeout_ms=1000, **kwargs):
                           socket_connect_timeout=timeout_ms / 1000, retry=Retry(NoBackoff(), 0), **kwargs)
 
 
-def connect_cluster(url, timeout_ms=1000, **kwargs):
+def connect_cluster(url: str, timeout_ms: float = 1000, **kwargs: Any) -> "redis.asyncio.RedisCluster":
     """`redis.asyncio.RedisCluster.from_url` with short socket timeouts, for a limiter. It
     connects on first use: `await limiter.check()` then names a misconfiguration."""
     from redis.asyncio import RedisCluster
@@ -43,7 +52,7 @@ def connect_cluster(url, timeout_ms=1000, **kwargs):
                                  socket_connect_timeout=timeout_ms / 1000, **kwargs)
 
 
-async def load_functions(client):
+async def load_functions(client: Any) -> int:
     """The awaited `redis_rl.load_functions`: FUNCTION LOAD REPLACE of the Functions library on
     the server of a `redis.asyncio.Redis`, or on every master of a
     `redis.asyncio.RedisCluster`; returns the version loaded."""
@@ -64,8 +73,10 @@ class Limiter(LimiterBase):
     beyond the pool's `max_connections` queue for one) and the reply together.
     """
 
-    def __init__(self, client, *, on_error, instances=1, deny_cache=False, without_module="lua",
-                 timeout_ms=1000, probe_interval_ms=100, local_max_keys=100_000, clock=monotonic):
+    def __init__(self, client: Any, *, on_error: str, instances: int = 1,
+                 deny_cache: Union[bool, int] = False, without_module: str = "lua",
+                 timeout_ms: float = 1000, probe_interval_ms: float = 100,
+                 local_max_keys: int = 100_000, clock: Callable[[], float] = monotonic) -> None:
         self._engine = Engine(on_error, instances, deny_cache, without_module, timeout_ms,
                               probe_interval_ms, local_max_keys, clock)
         self.client = client
@@ -76,7 +87,7 @@ class Limiter(LimiterBase):
         self._max_in_flight = bound if isinstance(bound, int) and 0 < bound <= 10_000 else None
         self._gates = weakref.WeakKeyDictionary()  # event loop -> asyncio.Semaphore
 
-    async def check(self):
+    async def check(self) -> Optional[str]:
         """The awaited `redis_rl.Limiter.check`: finds the path and returns it, raises
         MisconfiguredError for a misconfiguration, returns None (and logs a warning) while
         Redis is down or busy."""
@@ -87,21 +98,21 @@ class Limiter(LimiterBase):
                 asyncio.TimeoutError) as error:
             return _checked(error, self._cluster)
 
-    async def acquire(self, key, limit, cost=1):
+    async def acquire(self, key: str, limit: Limit, cost: Number = 1) -> Decision:
         """Takes `cost` tokens from the bucket `key` of `limit`; returns a Decision."""
         return await self._run("acquire", [(key, limit, cost)])
 
-    async def peek(self, key, limit, cost=1):
+    async def peek(self, key: str, limit: Limit, cost: Number = 1) -> Decision:
         """What `acquire` would decide for `cost`, taking nothing."""
         return await self._run("peek", [(key, limit, cost)])
 
-    async def acquire_all(self, items):
+    async def acquire_all(self, items: Iterable[Item]) -> MultiDecision:
         """All or nothing over [(key, limit)] or [(key, limit, cost)]: takes every bucket's
         cost if each holds it, else nothing. In a cluster every key must hash to one slot:
         give them one hash tag, as in "{user:42}:s" and "{user:42}:h"."""
         return await self._run("multi", items)
 
-    async def acquire_across_slots(self, items):
+    async def acquire_across_slots(self, items: Iterable[Union[Item, SlotItem]]) -> SlotsDecision:
         """The awaited `redis_rl.Limiter.acquire_across_slots`: all or nothing over keys of any
         slots; returns a SlotsDecision."""
         plan = Across(self._engine, items)
@@ -125,7 +136,7 @@ class Limiter(LimiterBase):
                     log.warning("redis-rl: giving back %s after a refusal failed: %s", key, error)
             step, args = plan.refunded()
 
-    async def charge(self, key, limit, cost):
+    async def charge(self, key: str, limit: Limit, cost: Number) -> Charge:
         """Applies `cost` tokens to the bucket `key` whatever it holds (post-paid: usage already
         done, such as the tokens of an answer), taking it into debt if need be: RL.CHARGE.
         While in debt every take is denied until `retry_after_ms` has passed. Returns a Charge
@@ -137,12 +148,12 @@ class Limiter(LimiterBase):
         `counters["unapplied_charges"]`)."""
         return await self._run("charge", [(key, limit, cost)])
 
-    async def refund(self, key, limit, cost=1):
+    async def refund(self, key: str, limit: Limit, cost: Number = 1) -> Refund:
         """Gives `cost` tokens back (a request that failed before doing any work) and clears
         the deny cache's entry for `key`."""
         return await self._run("refund", [(key, limit, cost)])
 
-    def table(self, name, shards=1):
+    def table(self, name: str, shards: int = 1) -> AsyncTable:
         """A bucket table of this limiter: `shards` tables `name:{0}` … (redis_rl.table)."""
         from .table import AsyncTable
 
@@ -150,7 +161,8 @@ class Limiter(LimiterBase):
 
     # Waiting --------------------------------------------------------------------------------
 
-    async def wait(self, key, limit, cost=1, timeout=None):
+    async def wait(self, key: str, limit: Limit, cost: Number = 1,
+                   timeout: Optional[float] = None) -> Decision:
         """The awaited `redis_rl.Limiter.wait`: takes `cost` tokens once the bucket holds them.
         Cancelling the task ends the wait holding no tokens (a take that raced the cancel is
         refunded before the CancelledError goes on). See `redis_rl.wait`."""

@@ -5,15 +5,25 @@ deny cache, the failure policy, the replies) and names each request a call makes
 sends them with redis-py. The asyncio twin is `redis_rl.asyncio`, the same over awaits.
 """
 
+from __future__ import annotations
+
 import logging
 import re
+import threading
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, Sequence, Union
 
 from redis import exceptions as redis_errors
 
 from ._core import (Engine, LimiterBase, MisconfiguredError, is_cluster_redirect, is_crossslot,
                     is_unavailable,
                     misconfiguration, monotonic, refused)
-from ._slots import Across
+from ._core import Charge, Decision, Item, Limit, MultiDecision, Number, Refund
+from ._slots import Across, SlotItem, SlotsDecision
+
+if TYPE_CHECKING:
+    import redis
+
+    from .table import Table
 
 log = logging.getLogger("redis_rl")
 
@@ -22,7 +32,7 @@ log = logging.getLogger("redis_rl")
 DEFAULT_MAX_CONNECTIONS = 100
 
 
-def with_deadline(client, timeout_ms):
+def with_deadline(client: Any, timeout_ms: float) -> Any:
     """A `redis.Redis` on a pool of its own: the client's settings, with `timeout_ms` as the
     socket and connect timeouts and no retries, on a `BlockingConnectionPool` of the client's
     `max_connections` (100 when it has no bound below 10,000) that waits up to `timeout_ms`
@@ -48,7 +58,7 @@ def with_deadline(client, timeout_ms):
         timeout=timeout_ms / 1000, **kwargs))
 
 
-def connect(url, timeout_ms=1000, **kwargs):
+def connect(url: str, timeout_ms: float = 1000, **kwargs: Any) -> "redis.Redis":
     """`redis.Redis.from_url` with short timeouts and no retries: a client for a limiter."""
     import redis
     from redis.backoff import NoBackoff
@@ -59,7 +69,7 @@ def connect(url, timeout_ms=1000, **kwargs):
                                 retry=Retry(NoBackoff(), 0), **kwargs)
 
 
-def connect_cluster(url, timeout_ms=1000, **kwargs):
+def connect_cluster(url: str, timeout_ms: float = 1000, **kwargs: Any) -> "redis.RedisCluster":
     """`redis.RedisCluster.from_url` with short socket timeouts, for a limiter. redis-py's
     cluster client reads the slots (and the server's command table, with COMMAND) as it is
     built: a server that is not a cluster, a wrong password or a missing permission raise
@@ -80,21 +90,21 @@ def connect_cluster(url, timeout_ms=1000, **kwargs):
 _VERSION = re.compile(r"^local VERSION = (\d+)$", re.MULTILINE)
 
 
-def functions_text():
+def functions_text() -> str:
     """The Functions library shipped in the package (a copy of clients/lua/rl_functions.lua)."""
     from importlib import resources
 
     return resources.files(__package__).joinpath("rl_functions.lua").read_text()
 
 
-def functions_version(text):
+def functions_version(text: str) -> int:
     match = _VERSION.search(text)
     if match is None:
         raise ValueError("the Functions library declares no VERSION")
     return int(match.group(1))
 
 
-def load_functions(client):
+def load_functions(client: Any) -> int:
     """Loads the Functions library redis_rl (FUNCTION LOAD REPLACE) on the server of a
     `redis.Redis`, or on every master of a `redis.RedisCluster`; returns the version loaded.
     An admin's call, once per deployment and again after FUNCTION FLUSH: the user needs
@@ -140,14 +150,16 @@ class Limiter(LimiterBase):
     `check()` once at startup: it raises MisconfiguredError for a mistake to fix.
     """
 
-    def __init__(self, client, *, on_error, instances=1, deny_cache=False, without_module="lua",
-                 timeout_ms=1000, probe_interval_ms=100, local_max_keys=100_000, clock=monotonic):
+    def __init__(self, client: Any, *, on_error: str, instances: int = 1,
+                 deny_cache: Union[bool, int] = False, without_module: str = "lua",
+                 timeout_ms: float = 1000, probe_interval_ms: float = 100,
+                 local_max_keys: int = 100_000, clock: Callable[[], float] = monotonic) -> None:
         self._engine = Engine(on_error, instances, deny_cache, without_module, timeout_ms,
                               probe_interval_ms, local_max_keys, clock)
         self.client = with_deadline(client, timeout_ms)
         self._cluster = hasattr(self.client, "get_node_from_key")
 
-    def check(self):
+    def check(self) -> Optional[str]:
         """The startup check: contacts Redis, finds the path and returns it ("module",
         "functions" or "lua"). Raises MisconfiguredError (ModuleMissingError under
         without_module="refuse") for a wrong password, a missing permission (naming the
@@ -159,21 +171,21 @@ class Limiter(LimiterBase):
         except (redis_errors.RedisError, redis_errors.RedisClusterException) as error:
             return _checked(error, self._cluster)
 
-    def acquire(self, key, limit, cost=1):
+    def acquire(self, key: str, limit: Limit, cost: Number = 1) -> Decision:
         """Takes `cost` tokens from the bucket `key` of `limit`; returns a Decision."""
         return self._run("acquire", [(key, limit, cost)])
 
-    def peek(self, key, limit, cost=1):
+    def peek(self, key: str, limit: Limit, cost: Number = 1) -> Decision:
         """What `acquire` would decide for `cost`, taking nothing."""
         return self._run("peek", [(key, limit, cost)])
 
-    def acquire_all(self, items):
+    def acquire_all(self, items: Iterable[Item]) -> MultiDecision:
         """All or nothing over [(key, limit)] or [(key, limit, cost)]: takes every bucket's
         cost if each holds it, else nothing. In a cluster every key must hash to one slot:
         give them one hash tag, as in "{user:42}:s" and "{user:42}:h"."""
         return self._run("multi", items)
 
-    def acquire_across_slots(self, items):
+    def acquire_across_slots(self, items: Iterable[Union[Item, SlotItem]]) -> SlotsDecision:
         """All or nothing over [(key, limit)], [(key, limit, cost)] or `SlotItem`s whose keys
         may sit in different slots of a cluster: one `acquire_all` on one server; on a cluster
         one per slot, in slot order, refunding the slots already taken when a later one refuses
@@ -200,7 +212,7 @@ class Limiter(LimiterBase):
                     log.warning("redis-rl: giving back %s after a refusal failed: %s", key, error)
             step, args = plan.refunded()
 
-    def charge(self, key, limit, cost):
+    def charge(self, key: str, limit: Limit, cost: Number) -> Charge:
         """Applies `cost` tokens to the bucket `key` whatever it holds (post-paid: usage already
         done, such as the tokens of an answer), taking it into debt if need be: RL.CHARGE.
         While in debt every take is denied until `retry_after_ms` has passed. Returns a Charge
@@ -212,12 +224,12 @@ class Limiter(LimiterBase):
         `counters["unapplied_charges"]`)."""
         return self._run("charge", [(key, limit, cost)])
 
-    def refund(self, key, limit, cost=1):
+    def refund(self, key: str, limit: Limit, cost: Number = 1) -> Refund:
         """Gives `cost` tokens back (a request that failed before doing any work) and clears
         the deny cache's entry for `key`."""
         return self._run("refund", [(key, limit, cost)])
 
-    def table(self, name, shards=1):
+    def table(self, name: str, shards: int = 1) -> Table:
         """A bucket table of this limiter: `shards` tables `name:{0}` … (redis_rl.table)."""
         from .table import Table
 
@@ -225,7 +237,8 @@ class Limiter(LimiterBase):
 
     # Waiting --------------------------------------------------------------------------------
 
-    def wait(self, key, limit, cost=1, timeout=None, *, cancel=None):
+    def wait(self, key: str, limit: Limit, cost: Number = 1, timeout: Optional[float] = None, *,
+             cancel: Optional[threading.Event] = None) -> Decision:
         """Takes `cost` tokens, sleeping between tries until the bucket holds them; returns the
         allowed Decision. Raises WaitTimeoutError (with the last denial) after `timeout`
         seconds (None: no limit), WaitNeverError at once when cost exceeds the capacity, and

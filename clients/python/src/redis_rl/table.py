@@ -15,6 +15,7 @@ decisions (delete, len).
 
 import asyncio
 import hashlib
+from typing import Any
 
 from ._core import CHECK_KEYS
 
@@ -24,7 +25,7 @@ MAX_SHARDS = 16384
 DELETE_BATCH = 1000
 
 
-def shard_of(field, shards):
+def shard_of(field: str, shards: int) -> int:
     """The shard of `field` among `shards`: the first 8 bytes of SHA-1 over its UTF-8 bytes,
     big-endian, modulo `shards`. The Node and Rust libraries compute the same
     (clients/vectors/table.json)."""
@@ -76,11 +77,11 @@ class _TableBase:
     def __repr__(self):
         return f"{type(self).__name__}(name={self.name!r}, shards={self.shards})"
 
-    def key(self, shard):
+    def key(self, shard: int) -> str:
         """The table key of shard `shard`: `name:{shard}`."""
         return f"{self.name}:{{{shard}}}"
 
-    def bucket(self, field):
+    def bucket(self, field: str) -> "TableField":
         """The bucket of `field`: a `TableField` (its table key, and its fallback key)."""
         return TableField(self.key(shard_of(_check_field(field), self.shards)), field)
 
@@ -152,31 +153,31 @@ class Table(_TableBase):
     decisions: when Redis cannot answer they raise, whatever the failure policy.
     """
 
-    def acquire(self, field, limit, cost=1):
+    def acquire(self, field: str, limit: Any, cost: Any = 1) -> Any:
         """Takes `cost` tokens from the bucket `field` of `limit`; returns a Decision."""
         return self._limiter.acquire(self.bucket(field), limit, cost)
 
-    def peek(self, field, limit, cost=1):
+    def peek(self, field: str, limit: Any, cost: Any = 1) -> Any:
         """What `acquire` would decide for `cost`, taking nothing."""
         return self._limiter.peek(self.bucket(field), limit, cost)
 
-    def charge(self, field, limit, cost):
+    def charge(self, field: str, limit: Any, cost: Any) -> Any:
         """Applies the post-paid `cost` to the bucket `field`, into debt if need be (RL.HCHARGE;
         see `redis_rl.Limiter.charge`); returns a Charge."""
         return self._limiter.charge(self.bucket(field), limit, cost)
 
-    def refund(self, field, limit, cost=1):
+    def refund(self, field: str, limit: Any, cost: Any = 1) -> Any:
         """Gives `cost` tokens back to the bucket `field` and clears its deny-cache entry."""
         return self._limiter.refund(self.bucket(field), limit, cost)
 
-    def delete(self, *fields):
+    def delete(self, *fields: str) -> int:
         """Resets the buckets of `fields` (full again); returns how many were live."""
         groups = self._by_table(fields)
         self._forget(b for group in groups.values() for b in group)
         return sum(self._limiter.client.execute_command(*args)
                    for args in self._delete_commands(groups, self._mode()))
 
-    def len(self):
+    def len(self) -> int:
         """Live buckets over all the shards (RL.HLEN; on the Functions and script paths, one SCAN of the fallback
         keys on each node holding a shard)."""
         if self._mode() == "module":
