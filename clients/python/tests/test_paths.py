@@ -138,6 +138,7 @@ class Paths(unittest.TestCase):
                 with s.admin() as admin:
                     add_user(admin, rules(rule_set, part="peek"))
                 limiter = self.limiter(s.port, {"username": "app", "password": "pw"})
+                self.assertEqual(limiter.check(), path)
                 d = limiter.peek("k", SLOW)
                 self.assertEqual((d.allowed, d.remaining, d.source), (True, 3, SOURCE[path]))
 
@@ -377,6 +378,21 @@ class Paths(unittest.TestCase):
                 self.assertEqual(asyncio.run(run(s.port, ("app", "pw"))), (path, SOURCE[path], 0))
         with self.assertRaisesRegex(MisconfiguredError, "authentication failed"):
             asyncio.run(run(s.port, ("app", "wrong")))
+
+    def test_asyncio_check_names_a_wrong_password_through_redis_pys_retries(self):
+        s = self.server("lua")
+
+        async def run():
+            client = redis.asyncio.Redis(port=s.port, username="default", password="wrong")
+            try:
+                await rl_asyncio.Limiter(client, on_error="open").check()
+            finally:
+                await client.aclose()
+
+        with s.admin() as admin:
+            admin.execute_command("ACL", "SETUSER", "default", "resetpass", ">right")
+        with self.assertRaisesRegex(MisconfiguredError, "authentication failed"):
+            asyncio.run(run())
 
 
 class RedisPaths(Paths):

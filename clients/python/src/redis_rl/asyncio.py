@@ -31,6 +31,8 @@ from .client import _checked, _moved_on_cluster, _route, functions_text, functio
 
 
 _OUTAGE = object()  # what `_queue` returns when an outage began while the call queued
+#: The longest `check()` waits for its answers, in s.
+CHECK_DEADLINE_S = 10.0
 
 
 def connect(url: str, timeout_ms: float = 1000, **kwargs: Any) -> "redis.asyncio.Redis":
@@ -92,8 +94,10 @@ class Limiter(LimiterBase):
         MisconfiguredError for a misconfiguration, returns None (and logs a warning) while
         Redis is down or busy."""
         try:
+            # A longer deadline than a call's: a client that retries a refused password (as
+            # redis-py's default Retry does, for seconds) still gets to say why.
             return await asyncio.wait_for(self._drive(self._engine.check_steps(self._cluster)),
-                                          self._engine.timeout_s)
+                                          max(self._engine.timeout_s, CHECK_DEADLINE_S))
         except (redis_errors.RedisError, redis_errors.RedisClusterException, OSError,
                 asyncio.TimeoutError) as error:
             return _checked(error, self._cluster)
