@@ -412,10 +412,16 @@ del Paths
 
 
 class ClusterPaths(unittest.TestCase):
-    """A two-master cluster on free ports (Redis 7.0 with the module, or without it)."""
+    """A two-master cluster on free ports, with the module or without it."""
+
+    binary = None
+
+    def setUp(self):
+        if self.binary is False:
+            self.skipTest("no Valkey 9: make servers, or valkey-server on PATH")
 
     def cluster(self, module=True):
-        c = Cluster(2, module=module)
+        c = Cluster(2, module=module, binary=self.binary)
         self.addCleanup(c.close)
         return c
 
@@ -467,7 +473,7 @@ class ClusterPaths(unittest.TestCase):
         self.assertEqual((limiter.counters["misconfigured"], limiter.counters["outages"]), (len(keys), 0))
 
     def test_a_cluster_client_on_one_server_is_a_misconfiguration(self):
-        s = Server(module=False)
+        s = Server(module=False, binary=self.binary)
         self.addCleanup(s.close)
         with self.assertRaisesRegex(MisconfiguredError, "not a cluster"):
             redis_rl.connect_cluster(s.url)
@@ -504,6 +510,17 @@ class ClusterPaths(unittest.TestCase):
                 await client.aclose()
 
         self.assertEqual(asyncio.run(run()), (["functions"] * 3, True, ["taken", "shadow_refused"]))
+
+
+class RedisClusterPaths(ClusterPaths):
+    binary = None
+
+
+class ValkeyClusterPaths(ClusterPaths):
+    binary = VALKEY or False
+
+
+del ClusterPaths
 
 
 if __name__ == "__main__":
