@@ -424,8 +424,8 @@ class ClusterPaths(unittest.TestCase):
         if self.binary is False:
             self.skipTest("no Valkey 9: make servers, or valkey-server on PATH")
 
-    def cluster(self, module=True):
-        c = Cluster(2, module=module, binary=self.binary)
+    def cluster(self, module=True, extra=()):
+        c = Cluster(2, module=module, binary=self.binary, extra=extra)
         self.addCleanup(c.close)
         return c
 
@@ -462,6 +462,23 @@ class ClusterPaths(unittest.TestCase):
                                  (False, ["not_taken", "refused"]))
                 # The take on p2 was refunded: its bucket is full.
                 self.assertEqual(limiter.peek("p2", SLOW, 0).remaining, 3)
+
+    def test_command_renamed_away_on_a_cluster_is_named(self):
+        # redis-py's cluster client reads the command table with COMMAND as it starts (sync:
+        # when built; asyncio: on first use): without COMMAND it cannot run, and says why.
+        c = self.cluster(module=False, extra=["--rename-command", "COMMAND", ""])
+        with self.assertRaisesRegex(MisconfiguredError, "COMMAND"):
+            redis_rl.connect_cluster(f"redis://127.0.0.1:{c.port}")
+
+        async def run():
+            client = redis.asyncio.RedisCluster(host="127.0.0.1", port=c.port)
+            try:
+                await rl_asyncio.Limiter(client, on_error="open").check()
+            finally:
+                await client.aclose()
+
+        with self.assertRaisesRegex(MisconfiguredError, "COMMAND"):
+            asyncio.run(run())
 
     def test_a_plain_client_on_a_cluster_is_a_misconfiguration(self):
         c = self.cluster(module=False)

@@ -999,6 +999,9 @@ def misconfiguration(error, cluster_client):
                 "redis.Redis (redis_rl.connect)")
     if not cluster_client and is_cluster_redirect(error):
         return cluster_message(error)
+    if cluster_client and "unknown command 'COMMAND'" in text:
+        return (f"redis-py's cluster client reads the server's command table with COMMAND as it "
+                f"starts, and this server renamed it away or disabled it ({text})")
     return None
 
 
