@@ -1,8 +1,8 @@
 """Both limiters on a real Redis Cluster (redis-py RedisCluster and redis.asyncio.RedisCluster):
 module commands, the Functions library and the Lua script routed to the key's shard,
-acquire_all over one hash tag, CROSSSLOT without one, acquire_across_slots over every shard. Needs RL_CLUSTER=host:port of a cluster with the module (make
-test-clients-cluster starts one with scripts/cluster.sh, as make cluster does); skipped
-otherwise."""
+acquire_all over one hash tag, CROSSSLOT without one, acquire_across_slots over every shard.
+Needs RL_CLUSTER=host:port of a cluster with the module (make test-clients-cluster starts one
+with scripts/cluster.sh, as make cluster does); skipped otherwise."""
 
 import os
 import unittest

@@ -1,7 +1,8 @@
 """The three paths (the module, the Functions library, the script), found without privileges,
 on Redis 7.0 and Valkey 9, standalone and on a cluster: under an admin, under the
-least-privilege rules of clients/vectors/permissions.json, with COMMAND renamed away, without
-SCRIPT LOAD, and with FCALL only. Each counts the commands that reached the server (INFO
+least-privilege rules of clients/vectors/permissions.json, with COMMAND renamed away (on a
+cluster redis-py's own client needs it: that is named as the cause), without SCRIPT LOAD, and
+with FCALL only. Each counts the commands that reached the server (INFO
 commandstats): nothing privileged is sent, SCRIPT LOAD never. Then misconfigurations (a wrong
 password, a missing permission, a cluster client on one server and a plain client on a
 cluster): raised by check(), decided by the policy and counted at run time.
@@ -221,7 +222,8 @@ class Paths(unittest.TestCase):
 
         # No wait before the replica's first sync (diskless sync waits 5 s for more replicas).
         master = self.server("lua", extra=["--repl-diskless-sync-delay", "0"])
-        replica = Server(module=False, binary=self.binary, extra=["--replicaof", "127.0.0.1", str(master.port)])
+        replica = Server(module=False, binary=self.binary,
+                         extra=["--replicaof", "127.0.0.1", str(master.port)])
         self.addCleanup(replica.close)
         callers, rounds = 200, 8
         limit = Limit(0.001, callers * rounds)
@@ -347,7 +349,8 @@ class Paths(unittest.TestCase):
                 with s.admin() as admin:
                     add_user(admin, [r for r in rules(rule_set) if r != "+time"])
                 limiter = self.limiter(s.port, {"username": "app", "password": "pw"}, on_error="open")
-                with self.assertRaisesRegex(MisconfiguredError, "NOPERM.*inside the redis-rl function or script"):
+                with self.assertRaisesRegex(MisconfiguredError,
+                                            "NOPERM.*inside the redis-rl function or script"):
                     limiter.check()
                 with self.assertLogs("redis_rl", "ERROR"):
                     self.assertEqual(limiter.acquire("k", SLOW).source, "open")
@@ -526,7 +529,8 @@ class ClusterPaths(unittest.TestCase):
                 out = [(await limiter.acquire(k, SLOW)).source for k in ("a", "b", "c")]
                 with self.assertRaises(redis.exceptions.ClusterCrossSlotError):
                     await limiter.acquire_all([("x1", SLOW), ("x2", SLOW)])
-                d = await limiter.acquire_across_slots([SlotItem("p", SLOW, 3), SlotItem("q", SLOW, 4, shadow=True)])
+                d = await limiter.acquire_across_slots([SlotItem("p", SLOW, 3),
+                                                        SlotItem("q", SLOW, 4, shadow=True)])
                 return out, d.allowed, [o.kind for o in d.outcomes]
             finally:
                 await client.aclose()

@@ -153,7 +153,8 @@ class AsyncWire(unittest.IsolatedAsyncioTestCase):
         for i, case in enumerate(CASES):
             with self.subTest(case["name"]):
                 decision = await limiter.acquire(f"wire:{i}", limit_of(case), case["cost"])
-                self.assertEqual(decision.source, {"RL.ACQUIRE": "redis", "FCALL": "functions"}.get(command, "lua"))
+                source = {"RL.ACQUIRE": "redis", "FCALL": "functions"}.get(command, "lua")
+                self.assertEqual(decision.source, source)
                 # MONITOR is read in a thread: this loop's client must go on running meanwhile.
                 got = await asyncio.to_thread(monitor.next, command)
                 if module:

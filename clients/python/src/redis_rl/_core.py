@@ -944,7 +944,8 @@ def script_acl_failure(error):
     if "user executing the script can't run" not in text and "ACL failure in script" not in text:
         return None
     named = re.search(r"run the '([^']+)' command", text)
-    what = f"the command {named.group(1)!r}" if named else "a command it runs (TIME, HMGET, HSET, PEXPIREAT or DEL)"
+    what = (f"the command {named.group(1)!r}" if named
+            else "a command it runs (TIME, HMGET, HSET, PEXPIREAT or DEL)")
     return (f"NOPERM: this user may not run {what} inside the redis-rl function or script "
             f"({text.strip()}); add the ACL rules \"+time +hmget +hset +pexpireat +del\" or see "
             f"{PERMISSIONS_DOC}")

@@ -167,7 +167,8 @@ class Across:
             return self._next_group()
         # Which items refused: each decision says so; the deny cache knows only the first.
         if not multi.decisions:
-            refusing = [self.asking[multi.refused_index]] if 0 <= multi.refused_index < len(self.asking) else []
+            index = multi.refused_index
+            refusing = [self.asking[index]] if 0 <= index < len(self.asking) else []
         else:
             refusing = [i for i, d in zip(self.asking, multi.decisions) if not d.allowed]
 

@@ -94,7 +94,8 @@ class _TableBase:
         return groups
 
     def _delete_commands(self, groups, mode):
-        """RL.HDEL (module) or DEL (Functions library, script) of each shard's fields, DELETE_BATCH at a time."""
+        """RL.HDEL (module) or DEL (Functions library, script) of each shard's fields,
+        DELETE_BATCH at a time."""
         for table, buckets in groups.items():
             for start in range(0, len(buckets), DELETE_BATCH):
                 batch = buckets[start:start + DELETE_BATCH]
@@ -178,8 +179,8 @@ class Table(_TableBase):
                    for args in self._delete_commands(groups, self._mode()))
 
     def len(self) -> int:
-        """Live buckets over all the shards (RL.HLEN; on the Functions and script paths, one SCAN of the fallback
-        keys on each node holding a shard)."""
+        """Live buckets over all the shards (RL.HLEN; on the Functions and script paths, one
+        SCAN of the fallback keys on each node holding a shard)."""
         if self._mode() == "module":
             return sum(self._limiter.client.execute_command("RL.HLEN", self.key(i)) for i in range(self.shards))
         count = 0
