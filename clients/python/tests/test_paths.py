@@ -208,6 +208,26 @@ class Paths(unittest.TestCase):
             self.assertEqual(stale.check(), "lua")
         self.assertIn("version 0, this client needs version 1", logs.output[0])
 
+    def test_across_slots_on_one_server_is_one_atomic_call(self):
+        for path in ("module", "functions", "lua"):
+            with self.subTest(path):
+                s = self.server(path)
+                limiter = self.limiter(s.port)
+                taken = limiter.acquire_across_slots([("a", SLOW, 2), ("b", SLOW)])
+                self.assertEqual((taken.allowed, [o.kind for o in taken.outcomes], taken.sources),
+                                 (True, ["taken", "taken"], (SOURCE[path],)))
+                self.assertEqual([o.decision.remaining for o in taken.outcomes], [1, 2])
+                # "a" holds 1: the call refuses and takes nothing, in one all-or-nothing call.
+                refused = limiter.acquire_across_slots([SlotItem("b", SLOW), SlotItem("a", SLOW, 2)])
+                self.assertEqual([o.kind for o in refused.outcomes], ["not_taken", "refused"])
+                self.assertGreater(refused.retry_after_ms, 0)
+                # A shadow item's refusal refuses nothing: the others are asked again without it.
+                shadowed = limiter.acquire_across_slots([SlotItem("b", SLOW),
+                                                         SlotItem("a", SLOW, 2, shadow=True)])
+                self.assertEqual((shadowed.allowed, [o.kind for o in shadowed.outcomes],
+                                  len(shadowed.sources)), (True, ["taken", "shadow_refused"], 2))
+                self.assertEqual([limiter.peek(k, SLOW, 0).remaining for k in ("a", "b")], [1, 1])
+
     # Concurrent callers through SCRIPT FLUSH and a failover ---------------------------------
 
     def test_200_threads_through_script_flushes_and_a_failover(self):
