@@ -21,6 +21,8 @@
 //!   [`MAX_FULL_AT_FRAC`]), the key's expiry, and its exact encoding in a rate's ticks.
 //! - `decision.rs`: what a call reports and writes: [`Outcome`], [`Decision`] and its
 //!   millisecond views, [`Change`].
+//! - `fallback.rs`: [`FallbackState`], a bucket the Lua fallback wrote (its hash's three
+//!   decimal texts), validated and converted to a [`State`] without moving it earlier.
 //! - `acquire.rs`: the steps that take, [`acquire`](fn@acquire) and [`peek`].
 //! - `refund.rs`: the step that gives back, [`refund`](fn@refund).
 //! - `charge.rs`: the post-paid step, [`charge`](fn@charge), which always applies and may
@@ -140,6 +142,7 @@ mod charge;
 mod cost;
 mod decimal;
 mod decision;
+mod fallback;
 mod limit;
 mod refund;
 mod state;
@@ -150,6 +153,7 @@ pub use charge::{charge, ChargeError};
 pub use cost::Cost;
 pub use decimal::Decimal;
 pub use decision::{Change, Charged, Decision, Outcome};
+pub use fallback::{FallbackError, FallbackState, FALLBACK_MAX_DENOMINATOR, FALLBACK_MAX_US};
 pub use limit::{Limit, LimitError, MAX_CAPACITY, MAX_RATE_PER_S, MAX_REFILL_S, MIN_RATE_PER_S};
 pub use refund::refund;
 pub use state::{State, MAX_FULL_AT_FRAC, MAX_FULL_AT_NS};
