@@ -695,8 +695,10 @@ impl Engine {
         self.lock().path = None;
     }
 
+    /// Whether the script path is known and this user may only send EVAL on it.
     fn eval_only(&self) -> bool {
-        self.lock().eval_only
+        let inner = self.lock();
+        inner.eval_only && inner.path == Some(Path::Lua)
     }
 
     /// `path` answered (or, for `Missing`, the module did not): remembered, and logged when
@@ -1144,7 +1146,7 @@ impl<'a> Exchange<'a> {
 
     /// The script: EVALSHA, or EVAL when this user may only run that.
     fn script(&mut self) -> Step {
-        if self.engine.eval_only() && self.engine.ready() == Some(Path::Lua) {
+        if self.engine.eval_only() {
             return self.eval(false);
         }
         self.stage = Stage::Sha;
