@@ -13,6 +13,7 @@ Each test starts its own servers (servers.py). Valkey runs when make servers has
 import asyncio
 import json
 import os
+import time
 import unittest
 
 import redis
@@ -36,6 +37,14 @@ PRIVILEGED = ("command", "command|info", "command|docs", "command|getkeys", "mod
               "script|load", "function|list")
 # Between one caller's calls in the SCRIPT FLUSH and failover test: 8 rounds last over 1 s.
 PAUSE_S = 0.15
+
+
+def next_millisecond():
+    """Lets the server's clock pass the millisecond of the last fallback write. On Redis 7.0
+    the module reads the time in whole milliseconds and the fallback in microseconds (TIME):
+    within the millisecond of a fallback write, the module sees the bucket up to 1 ms emptier
+    (stricter, never laxer), which at a whole count of tokens is one less."""
+    time.sleep(0.002)
 
 
 def rules(path, cluster=False, part="decide"):
@@ -207,6 +216,146 @@ class Paths(unittest.TestCase):
         with self.assertLogs("redis_rl", "ERROR") as logs:
             self.assertEqual(stale.check(), "lua")
         self.assertIn("version 0, this client needs version 1", logs.output[0])
+
+    # The module loaded while a limiter runs the fallback ------------------------------------
+
+    def loaded_later(self, path):
+        """A server without the module that can load it at run time (MODULE LOAD), with the
+        Functions library loaded for the "functions" path."""
+        if not os.path.exists(MODULE):
+            self.skipTest("no module build")
+        return self.server(path, extra=["--enable-module-command", "yes"])
+
+    def test_a_fallback_limiter_moves_to_the_module_loaded_later(self):
+        for path in ("functions", "lua"):
+            with self.subTest(path):
+                s = self.loaded_later(path)
+                old = self.limiter(s.port)
+                # A second limiter that also chose the fallback before the module came.
+                other = self.limiter(s.port)
+                started = time.monotonic()
+                d = old.acquire("k", SLOW)
+                self.assertEqual((d.allowed, d.remaining, d.source), (True, 2, SOURCE[path]))
+                self.assertEqual(other.acquire("o", SLOW).source, SOURCE[path])
+                # A key of another type, without the module: WRONGTYPE, as before.
+                with s.admin() as admin:
+                    admin.set("plain", "x")
+                with self.assertRaisesRegex(redis.exceptions.ResponseError, "WRONGTYPE"):
+                    old.acquire("plain", SLOW)
+                self.assertEqual(old.path, path)
+                with s.admin() as admin:
+                    admin.execute_command("MODULE", "LOAD", MODULE)
+                    next_millisecond()
+                    # A process started now takes the module and converts the bucket.
+                    new = self.limiter(s.port)
+                    self.assertEqual(new.check(), "module")
+                    d = new.acquire("k", SLOW)
+                    self.assertEqual((d.allowed, d.remaining, d.source), (True, 1, "redis"))
+                    self.assertEqual(admin.type("k"), b"rl-bucket")
+                fallback_calls = s.calls("fcall") + s.calls("evalsha") + s.calls("eval")
+                module_calls = s.calls("RL.ACQUIRE")
+                # The old limiter's fallback meets the converted key, finds the module, and
+                # the module answers this call: no error.
+                with self.assertLogs("redis_rl", "INFO") as logs:
+                    d = old.acquire("k", SLOW)
+                self.assertEqual((d.allowed, d.remaining, d.source), (True, 0, "redis"))
+                self.assertEqual(old.path, "module")
+                self.assertIn("using the module path", logs.output[0])
+                d = old.acquire("k", SLOW)
+                elapsed_ms = (time.monotonic() - started) * 1000
+                self.assertEqual((d.allowed, d.remaining, d.source), (False, 0, "redis"))
+                # Three takes of 1000 s each since the first: the bucket is full 3000 s after
+                # it, and one token comes 1000 s before that, to the millisecond.
+                self.assertLessEqual(d.reset_after_ms, 3_000_000)
+                self.assertGreater(d.reset_after_ms, 3_000_000 - elapsed_ms - 1)
+                self.assertEqual(d.retry_after_ms, d.reset_after_ms - 2_000_000)
+                # One fallback call met WRONGTYPE, then one module call per take.
+                self.assertEqual(s.calls("fcall") + s.calls("evalsha") + s.calls("eval"),
+                                 fallback_calls + 1)
+                self.assertEqual(s.calls("RL.ACQUIRE"), module_calls + 2)
+                counters = old.counters
+                self.assertEqual((counters["redis"], counters["closed"], counters["outages"],
+                                  counters["misconfigured"]), (2, 0, 0, 0))
+                # A key of another type still raises WRONGTYPE, now from the module; and on a
+                # limiter still on the fallback, the one module call finds the module there.
+                for limiter in (old, other):
+                    module_calls = s.calls("RL.ACQUIRE")
+                    with self.assertRaisesRegex(redis.exceptions.ResponseError, "WRONGTYPE"):
+                        limiter.acquire("plain", SLOW)
+                    self.assertEqual(s.calls("RL.ACQUIRE"), module_calls + 1)
+                    self.assertEqual(limiter.path, "module")
+                    self.assertEqual((limiter.counters["closed"], limiter.counters["outages"],
+                                      limiter.counters["misconfigured"]), (0, 0, 0))
+                with s.admin() as admin:
+                    self.assertEqual(admin.get("plain"), b"x")
+
+    def test_a_plain_key_on_the_fallback_still_raises_wrongtype(self):
+        for path in ("functions", "lua"):
+            with self.subTest(path):
+                s = self.server(path)
+                limiter = self.limiter(s.port, on_error="open")
+                self.assertEqual(limiter.check(), path)
+                with s.admin() as admin:
+                    admin.set("plain", "x")
+                    admin.rpush("queue", "x")
+                for key in ("plain", "queue"):
+                    for _ in range(2):
+                        with self.assertRaisesRegex(redis.exceptions.ResponseError, "WRONGTYPE"):
+                            limiter.acquire(key, SLOW)
+                self.assertEqual(limiter.path, path)
+                counters = limiter.counters
+                self.assertEqual((counters["open"], counters["outages"], counters["misconfigured"]),
+                                 (0, 0, 0))
+
+    def test_a_user_without_the_module_rules_keeps_the_script_and_its_wrongtype(self):
+        s = self.server("module")
+        with s.admin() as admin:
+            add_user(admin, rules("script"))
+            # A user allowed the module converts the bucket the script wrote.
+            limiter = self.limiter(s.port, {"username": "app", "password": "pw"}, on_error="open")
+            self.assertEqual(limiter.check(), "lua")
+            self.assertEqual(limiter.acquire("k", SLOW).remaining, 2)
+            next_millisecond()
+            self.assertEqual(admin.execute_command("RL.ACQUIRE", "k", *SLOW.args())[1], 1)
+        # The module is there but this user may not run it: the script's WRONGTYPE, as it came.
+        with self.assertRaisesRegex(redis.exceptions.ResponseError, "WRONGTYPE.*script"):
+            limiter.acquire("k", SLOW)
+        self.assertEqual(limiter.path, "lua")
+        counters = limiter.counters
+        self.assertEqual((counters["open"], counters["outages"], counters["misconfigured"]), (0, 0, 0))
+
+    def test_asyncio_fallback_moves_to_the_module_loaded_later(self):
+        s = self.loaded_later("lua")
+        items = [("{t}a", SLOW), ("{t}b", SLOW, 2)]
+
+        async def run():
+            client = redis.asyncio.Redis(port=s.port)
+            try:
+                limiter = rl_asyncio.Limiter(client, on_error="closed")
+                first = await limiter.acquire_all(items)
+                with s.admin() as admin:
+                    admin.execute_command("MODULE", "LOAD", MODULE)
+                    next_millisecond()
+                    # Another process converts one of the two buckets.
+                    d = self.limiter(s.port).acquire("{t}a", SLOW)
+                    self.assertEqual((d.remaining, d.source, admin.type("{t}a")), (1, "redis", b"rl-bucket"))
+                with self.assertLogs("redis_rl", "INFO") as logs:
+                    second = await limiter.acquire_all(items)
+                self.assertIn("using the module path", logs.output[0])
+                plain = await limiter.acquire("{t}c", SLOW)
+                return first, second, plain, limiter.path, limiter.counters
+            finally:
+                await client.aclose()
+
+        first, second, plain, path, counters = asyncio.run(run())
+        self.assertEqual((first.allowed, first.source, [d.remaining for d in first.decisions]),
+                         (True, "lua", [2, 1]))
+        # All or nothing over a module bucket and a fallback one, on the module.
+        self.assertEqual((second.allowed, second.source, [d.remaining for d in second.decisions]),
+                         (False, "redis", [0, 1]))
+        self.assertEqual(second.refused_index, 1)
+        self.assertEqual((plain.source, path), ("redis", "module"))
+        self.assertEqual((counters["lua"], counters["redis"], counters["closed"]), (1, 2, 0))
 
     def test_across_slots_on_one_server_is_one_atomic_call(self):
         for path in ("module", "functions", "lua"):

@@ -417,6 +417,15 @@ def is_unknown_command(error):
     return isinstance(error, e.ResponseError) and "unknown command" in str(error).lower()
 
 
+def is_wrongtype(error):
+    """Whether a reply is WRONGTYPE: the server's own, or the one a function or a script stops
+    with, which Redis 7 suffixes ("... script: <sha1>, on @user_script:147.") and older
+    servers wrap ("ERR Error running script ...: WRONGTYPE ...")."""
+    from redis import exceptions as e
+
+    return isinstance(error, e.ResponseError) and re.search(r"\bWRONGTYPE\b", str(error)) is not None
+
+
 def is_noscript(error):
     from redis import exceptions as e
 
@@ -684,7 +693,8 @@ class Engine:
 
         The path is found by sending the call itself and reading the error (see `_walk`); the
         path that answered is kept for the next calls, and found again once it stops answering
-        (the module unloaded, the Functions library flushed)."""
+        (the module unloaded, the Functions library flushed) or, on the fallback, when a key
+        answers WRONGTYPE and the module, loaded since, answers instead (`_after_wrongtype`)."""
         try:
             return (yield from self._walk(call))
         except Exception as error:
@@ -699,15 +709,24 @@ class Engine:
     def _walk(self, call):
         """Tries the kept path, else each path in order, with the call itself: a path whose
         command the server lacks (unknown command, Function not found) or this user may not
-        run (NOPERM on that command) gives way to the next one. Raises MisconfiguredError when
+        run (NOPERM on that command) gives way to the next one; WRONGTYPE on the Functions
+        library or the script, kept while the module was missing, asks the module once.
+        Raises MisconfiguredError when
         none answers for lack of permission, ModuleMissingError under "refuse"."""
+        from redis.exceptions import ResponseError
+
         order = self._order()
         kept = self.mode
         tried, denied = set(), []
         path = kept if kept in order else order[0]
         while True:
             tried.add(path)
-            outcome, value = yield from self._try(path, call)
+            try:
+                outcome, value = yield from self._try(path, call)
+            except ResponseError as error:
+                if not (is_wrongtype(error) and "module" in order and "module" not in tried):
+                    raise
+                return (yield from self._after_wrongtype(path, call, error))
             if outcome == "reply":
                 call.path = path
                 if self.mode != path:
@@ -727,6 +746,33 @@ class Engine:
         raise ModuleMissingError(
             "the server has no RL.ACQUIRE (the redis-rl module is not loaded) and this limiter "
             'was built with without_module="refuse"; load the module or use without_module="lua"')
+
+    def _after_wrongtype(self, path, call, error):
+        """The Functions library or the script, kept since the module was missing, met a key of
+        another type. Once the module is loaded, processes on the module path convert the
+        buckets the fallback wrote to the module's type, which the fallback cannot read: so the
+        module is tried with the same call, once. If it answers (a reply, or an error of its
+        own: a key of a type neither knows still gets WRONGTYPE), the module path is kept from
+        now on; if it is missing or this user may not run it, the fallback's WRONGTYPE is
+        raised as it came."""
+        from redis.exceptions import ResponseError
+
+        try:
+            outcome, value = yield from self._try("module", call)
+        except ResponseError:
+            self._switch_to_module(path)
+            raise
+        if outcome != "reply":
+            raise error
+        self._switch_to_module(path)
+        call.path = "module"
+        return value
+
+    def _switch_to_module(self, path):
+        if self.mode != "module":
+            self.mode = "module"
+            log.info("redis-rl: the %s met a key of another type (WRONGTYPE) and the module "
+                     "answers: using the module path", PATH_NAMES[path])
 
     def _try(self, path, call):
         """One path's attempt: ("reply", reply), ("absent", None), ("old", None) or
