@@ -13,9 +13,10 @@
 //!   server's assertion that nothing is propagated while clients are paused, and aborts it);
 //! - while `min-replicas-to-write` is not met (`INFO replication`'s
 //!   `min_slaves_good_slaves` against the setting, read with `CONFIG GET` again after any
-//!   config event);
-//! - while the server is over `maxmemory` (the context's OOM flag), where it refuses
-//!   writes: the server's own expiry still removes whole tables then.
+//!   config event).
+//!
+//! Over `maxmemory` it sweeps on, as the server's own active expiry does: a removal only
+//! frees memory, and tables have no key expiry to fall back on (see `table_type`).
 //!
 //! After a refusal the next tick comes [`REST_MS`] later and asks again, so reclaim
 //! resumes on its own.
@@ -98,14 +99,13 @@ static WALK: Mutex<Option<Walk>> = Mutex::new(None);
 
 /// Why the last tick that did nothing held back, for `INFO rl`.
 static HELD_BECAUSE: AtomicU64 = AtomicU64::new(0);
-const HELD_REASONS: [&str; 7] = [
+const HELD_REASONS: [&str; 6] = [
     "none",
     "replica",
     "loading",
     "paused",
     "min-replicas",
     "unknown",
-    "oom",
 ];
 
 /// What the last tick held back for: "none" when it swept.
@@ -163,9 +163,6 @@ unsafe fn writes_refused(ctx: *mut RedisModuleCtx) -> Option<u64> {
     }
     if flags & raw::REDISMODULE_CTX_FLAGS_LOADING != 0 {
         return Some(2);
-    }
-    if flags & raw::REDISMODULE_CTX_FLAGS_OOM != 0 {
-        return Some(6);
     }
     // SAFETY: no preconditions; it reads (and expires) the server's pause state.
     if unsafe { avoid_replica_traffic() } != 0 {
