@@ -47,7 +47,7 @@
 //! Depends on `table_type`, `table_registry`, `propagation` and `server`; nothing depends on
 //! it but registration and `INFO`.
 
-use std::ffi::{c_int, c_void, CStr};
+use std::ffi::{c_int, c_void};
 use std::ptr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -56,7 +56,7 @@ use redis_module::raw::{self, RedisModuleCtx};
 
 use crate::error::Error;
 use crate::table_type::TableKey;
-use crate::{clock, propagation, server, stats, table_registry};
+use crate::{clock, eviction, propagation, server, stats, table_registry};
 
 /// The timer's period while a pass is under way: the "sweep interval" in the docs.
 pub const TICK_MS: i64 = 10;
@@ -123,7 +123,10 @@ pub unsafe fn start(ctx: *mut RedisModuleCtx) -> bool {
         *walk = Some(Walk::default());
     }
     // SAFETY: load-time context (caller).
-    unsafe { arm(ctx, REST_MS) }
+    unsafe {
+        eviction::check(ctx);
+        arm(ctx, REST_MS)
+    }
 }
 
 /// # Safety
@@ -192,7 +195,7 @@ unsafe fn min_replicas_met(ctx: *mut RedisModuleCtx) -> Option<bool> {
         Some((seen, wanted)) if seen.is_some() && seen == epoch => wanted,
         _ => {
             // SAFETY: forwarded (caller).
-            let wanted = unsafe { config_number(ctx, c"min-replicas-to-write") }?;
+            let wanted = unsafe { eviction::config_number(ctx, c"min-replicas-to-write") }?;
             *cached = Some((epoch, wanted));
             wanted
         }
@@ -213,49 +216,12 @@ unsafe fn min_replicas_met(ctx: *mut RedisModuleCtx) -> Option<bool> {
     Some(good.is_none_or(|good| good >= wanted))
 }
 
-/// A numeric server setting, by `CONFIG GET`.
-///
-/// # Safety
-/// `ctx` must be a live context.
-unsafe fn config_number(ctx: *mut RedisModuleCtx, name: &CStr) -> Option<u64> {
-    // SAFETY: read once, after load; "cc" matches the two C strings; the reply is freed.
-    unsafe {
-        let (call, element, string, free) = (
-            raw::RedisModule_Call?,
-            raw::RedisModule_CallReplyArrayElement?,
-            raw::RedisModule_CallReplyStringPtr?,
-            raw::RedisModule_FreeCallReply?,
-        );
-        let reply = call(
-            ctx,
-            c"CONFIG".as_ptr(),
-            c"cc".as_ptr(),
-            c"GET".as_ptr(),
-            name.as_ptr(),
-        );
-        if reply.is_null() {
-            return None;
-        }
-        let value = element(reply, 1);
-        let mut len = 0usize;
-        let bytes = if value.is_null() {
-            ptr::null()
-        } else {
-            string(value, &mut len)
-        };
-        let number = (!bytes.is_null())
-            .then(|| std::slice::from_raw_parts(bytes.cast::<u8>(), len))
-            .and_then(|bytes| std::str::from_utf8(bytes).ok())
-            .and_then(|text| text.parse().ok());
-        free(reply);
-        number
-    }
-}
-
 unsafe extern "C" fn tick(ctx: *mut RedisModuleCtx, _data: *mut c_void) {
     // A panic must not cross into the server; the next tick is armed whatever happens.
     let next_ms = std::panic::catch_unwind(|| {
         // SAFETY: the timer's context, live for this call.
+        unsafe { eviction::check(ctx) };
+        // SAFETY: as above.
         if let Some(reason) = unsafe { writes_refused(ctx) } {
             HELD_BECAUSE.store(reason, Ordering::Relaxed);
             stats::SWEEP_HELD.bump();
