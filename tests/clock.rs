@@ -89,8 +89,30 @@ fn assert_both(con: &mut Connection, tokens: i64, reset_s: i64, what: &str) {
     }
 }
 
+/// Whether the module under test has the seam (a debug build; `make dist-check` runs the
+/// suite with the release `.so`, which has none): with its clock 10^6 s ahead, an emptied
+/// bucket's key expires that much later than the server's own clock says.
+fn has_seam() -> bool {
+    let server = with_offset_ms(1_000_000_000, Server::start);
+    let mut con = server.conn();
+    let _: Vec<i64> = redis::cmd("RL.ACQUIRE")
+        .arg("probe")
+        .arg(&LIMIT[..])
+        .query(&mut con)
+        .unwrap();
+    let ahead_ms = common::pexpiretime(&mut con, b"probe") - common::server_time_ms(&mut con);
+    ahead_ms > 500_000_000
+}
+
 #[test]
 fn the_clock_backwards_forwards_and_across_a_failover_with_skew() {
+    if !has_seam() {
+        println!(
+            "SKIPPED: the module under test has no clock seam (a release build); run with a \
+             debug build (cargo build --lib) to check the clock"
+        );
+        return;
+    }
     let aof = common::aof::PLAIN_AOF_ALWAYS;
     // Backwards and forwards: one server, restarted from its AOF with its clock moved.
     let mut server = with_offset_ms(0, || Server::start_with(&aof));
