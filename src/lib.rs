@@ -18,7 +18,8 @@
 //! - [`propagation`]: whether anything receives what a write propagates.
 //! - [`sweeper`]: the master's background sweep of tables (a module timer), which writes
 //!   only while the server accepts writes; [`table_registry`]: where the tables are, kept
-//!   in step with the keyspace through keyspace and server events, for it to visit.
+//!   in step with the keyspace through keyspace and server events, for it to visit;
+//!   [`eviction`]: what `maxmemory-policy` does to tables, and the warning.
 //!
 //! This file holds module registration only.
 
@@ -28,6 +29,7 @@ pub mod commands;
 pub mod config;
 pub mod datatype;
 pub mod error;
+pub mod eviction;
 pub mod info;
 pub mod propagation;
 pub mod registry;
@@ -121,7 +123,7 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
     }
     // SAFETY: as above.
     if !unsafe { sweeper::start(ctx.ctx) } {
-        ctx.log_warning("rl: no module timers here; tables are swept by writes and expiry only");
+        ctx.log_warning("rl: no module timers here; tables are swept by writes only");
     }
     ctx.log_notice(&format!(
         "rl: loaded; clock source {}",

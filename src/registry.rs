@@ -304,9 +304,44 @@ const GCRA_SPEC: Spec = Spec {
 pub const ACL_CATEGORY: &CStr = c"ratelimit";
 
 /// [`ACL_CATEGORY`] plus the server's own rate-limit category, for the commands that join it
-/// where it exists. Setting a category the server does not know fails, so this is tried first
-/// and [`ACL_CATEGORY`] alone is the fallback.
+/// where it exists ([`server_has_category`] asks first: setting a category the server does
+/// not know fails, and Redis 8 logs each such try at warning level).
 const WITH_SERVER_CATEGORY: &CStr = c"ratelimit rate_limit";
+
+/// The server's own rate-limit category, which a Redis built with its `GCRA` has.
+const SERVER_CATEGORY: &CStr = c"rate_limit";
+
+/// Whether the server has the ACL category `name`: `ACL CAT name` lists its commands, and
+/// answers an error for a category it does not know (or where `ACL` is not allowed, when the
+/// category cannot be set either way), silently.
+///
+/// # Safety
+/// `ctx` must be a live context that may call commands.
+unsafe fn server_has_category(ctx: *mut RedisModuleCtx, name: &CStr) -> bool {
+    // SAFETY: read once, after load; "cc" matches the two C strings; the reply is freed.
+    unsafe {
+        let (Some(call), Some(reply_type), Some(free)) = (
+            raw::RedisModule_Call,
+            raw::RedisModule_CallReplyType,
+            raw::RedisModule_FreeCallReply,
+        ) else {
+            return false;
+        };
+        let reply = call(
+            ctx,
+            c"ACL".as_ptr(),
+            c"cc".as_ptr(),
+            c"CAT".as_ptr(),
+            name.as_ptr(),
+        );
+        if reply.is_null() {
+            return false;
+        }
+        let known = reply_type(reply) == raw::REDISMODULE_REPLY_ARRAY as c_int;
+        free(reply);
+        known
+    }
+}
 
 /// The aliases the load arguments may add, after [`SPECS`].
 const ALIASES: [&Spec; 2] = [&CL_THROTTLE, &GCRA];
@@ -393,6 +428,7 @@ pub unsafe fn register(ctx: *mut RedisModuleCtx) -> Result<Vec<String>, String> 
             }
             _ => None,
         };
+        let server_category = category.is_some() && server_has_category(ctx, SERVER_CATEGORY);
         let wanted = |spec: &Spec| match spec.name {
             n if n == CL_THROTTLE.name => config::cl_throttle_alias(),
             n if n == GCRA.name => config::gcra_alias(),
@@ -440,6 +476,7 @@ pub unsafe fn register(ctx: *mut RedisModuleCtx) -> Result<Vec<String>, String> 
                 if let (Some(set_category), true) = (category, spec.in_category) {
                     let ok = |status: c_int| status == raw::REDISMODULE_OK as c_int;
                     let joined = (spec.in_server_category
+                        && server_category
                         && ok(set_category(command, WITH_SERVER_CATEGORY.as_ptr())))
                         || ok(set_category(command, ACL_CATEGORY.as_ptr()));
                     if !joined {
