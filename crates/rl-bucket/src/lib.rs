@@ -25,6 +25,10 @@
 //! - `refund.rs`: the step that gives back, [`refund`](fn@refund).
 //! - `charge.rs`: the post-paid step, [`charge`](fn@charge), which always applies and may
 //!   leave the bucket in debt, and its bound ([`ChargeError`]).
+//! - `lease.rs`: leases, a limit on work in flight: [`LeaseSet`] (a key's leases, sorted by
+//!   expiry), the steps [`lease`](fn@lease), [`release`], [`renew`] and
+//!   [`leases_in_use`], and [`LeaseChange`], the effect a write replicates. Shares nothing
+//!   with the bucket.
 //! - `model.rs` (tests only): the exact model in rational arithmetic, sharing no code with
 //!   the above; the fuzzer includes it by path.
 //! - `tests/`: the unit and property tests, one file per concept above, plus the runs that
@@ -140,6 +144,7 @@ mod charge;
 mod cost;
 mod decimal;
 mod decision;
+mod lease;
 mod limit;
 mod refund;
 mod state;
@@ -150,6 +155,10 @@ pub use charge::{charge, ChargeError};
 pub use cost::Cost;
 pub use decimal::Decimal;
 pub use decision::{Change, Charged, Decision, Outcome};
+pub use lease::{
+    expiry_us, lease, leases_in_use, release, renew, Lease, LeaseChange, LeaseId, LeaseOutcome,
+    LeaseReply, LeaseSet, MAX_EXPIRES_AT_US, MAX_LEASE_ID_BYTES, MAX_LEASE_LIMIT, MAX_LEASE_TTL_MS,
+};
 pub use limit::{Limit, LimitError, MAX_CAPACITY, MAX_RATE_PER_S, MAX_REFILL_S, MIN_RATE_PER_S};
 pub use refund::refund;
 pub use state::{State, MAX_FULL_AT_FRAC, MAX_FULL_AT_NS};

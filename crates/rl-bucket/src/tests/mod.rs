@@ -34,6 +34,7 @@ mod cost;
 mod decimal;
 mod decision;
 mod drift;
+mod lease;
 mod limit;
 mod properties;
 mod refund;
