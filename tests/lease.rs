@@ -887,3 +887,40 @@ fn the_loader_refuses_every_malformed_value_and_reads_the_first_version() {
         assert!(!log.contains(marker), "{marker} in the log:\n{log}");
     }
 }
+
+#[test]
+fn a_held_lease_costs_at_most_32_bytes_beyond_the_key() {
+    let server = Server::start();
+    let mut con = server.conn();
+    let usage = |con: &mut Connection| -> i64 {
+        redis::cmd("MEMORY")
+            .arg("USAGE")
+            .arg("k")
+            .query(con)
+            .unwrap()
+    };
+    lease(&mut con, &["k", "10000", HOUR_MS]);
+    let one = usage(&mut con);
+    for _ in 1..1000 {
+        lease(&mut con, &["k", "10000", HOUR_MS]);
+    }
+    assert_eq!(leases(&mut con, "k", "10000")[0], 1000);
+    let per_lease = (usage(&mut con) - one) as f64 / 999.0;
+    assert!(per_lease <= 32.0, "{per_lease} bytes a lease");
+    // Dropped down to one (every lease of the hour expired by the instant given), the
+    // allocation shrinks with it.
+    let far_future_us = 100_000_000_000_000_000u64;
+    let _: () = redis::cmd("RL.LEASESETSTATE")
+        .arg("k")
+        .arg(far_future_us - 1)
+        .arg("extra")
+        .arg(far_future_us)
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(leases(&mut con, "k", "10000")[0], 1);
+    assert!(
+        usage(&mut con) <= one + 4 * 24,
+        "{} after shrinking",
+        usage(&mut con)
+    );
+}
