@@ -25,6 +25,8 @@
 //! - `refund.rs`: the step that gives back, [`refund`](fn@refund).
 //! - `charge.rs`: the post-paid step, [`charge`](fn@charge), which always applies and may
 //!   leave the bucket in debt, and its bound ([`ChargeError`]).
+//! - `settle.rs`: the step that settles a reservation, [`settle`]: what was over-estimated
+//!   goes back as a refund, what was under-estimated is charged, the difference exact.
 //! - `lease.rs`: leases, a limit on work in flight: [`LeaseSet`] (a key's leases, sorted by
 //!   expiry), the steps [`lease`](fn@lease), [`release`], [`renew`] and
 //!   [`leases_in_use`], and [`LeaseChange`], the effect a write replicates. Shares nothing
@@ -147,6 +149,7 @@ mod decision;
 mod lease;
 mod limit;
 mod refund;
+mod settle;
 mod state;
 mod ticks;
 
@@ -161,6 +164,7 @@ pub use lease::{
 };
 pub use limit::{Limit, LimitError, MAX_CAPACITY, MAX_RATE_PER_S, MAX_REFILL_S, MIN_RATE_PER_S};
 pub use refund::refund;
+pub use settle::settle;
 pub use state::{State, MAX_FULL_AT_FRAC, MAX_FULL_AT_NS};
 
 #[cfg(test)]

@@ -38,6 +38,7 @@ mod lease;
 mod limit;
 mod properties;
 mod refund;
+mod settle;
 mod state;
 
 /// A realistic instant: 2023-11-14T22:13:20Z, in µs.
