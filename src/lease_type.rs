@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicPtr, Ordering};
 
 use redis_module::native_types::RedisType;
 use redis_module::raw;
-use rl_bucket::{Lease, LeaseId, LeaseSet, MAX_LEASE_ID_BYTES, MAX_LEASE_LIMIT};
+use rl_bucket::{Lease, LeaseChange, LeaseId, LeaseSet, MAX_LEASE_ID_BYTES, MAX_LEASE_LIMIT};
 
 use crate::error::Error;
 use crate::propagation;
@@ -131,7 +131,16 @@ impl LeaseKey {
         verbatim: bool,
     ) -> Result<(), Error> {
         let check = |set: &mut LeaseSet| -> Result<(), Error> {
-            set.apply_all(drop_until_us, puts).ok_or_else(|| {
+            let applied = match *puts {
+                // Every command's write: the path that allocates nothing.
+                [(id, expires_at_us)] => set.apply(&LeaseChange {
+                    drop_until_us,
+                    id,
+                    expires_at_us,
+                }),
+                _ => set.apply_all(drop_until_us, puts),
+            };
+            applied.ok_or_else(|| {
                 let bad_expiry = puts
                     .iter()
                     .any(|&(id, at)| at != 0 && Lease::new(id, at).is_none());
@@ -145,6 +154,7 @@ impl LeaseKey {
         let ctx = self.key.ctx;
         let name = self.key.name;
         let existed = !self.value.is_null();
+        let last_before = self.set().and_then(LeaseSet::last_expires_at_us);
         // SAFETY: null or this type's value, live while the key is open.
         let left = match unsafe { self.value.as_mut() } {
             Some(set) => {
@@ -178,16 +188,20 @@ impl LeaseKey {
         };
         match left {
             Some(last_us) => {
-                let expire_at_ms =
-                    i64::try_from(last_us.div_ceil(1_000)).map_err(|_| Error::Internal)?;
-                // SAFETY: the key is open for writing and holds a value.
-                let ok = unsafe {
-                    raw::RedisModule_SetAbsExpire.ok_or(Error::Internal)?(
-                        self.key.key,
-                        expire_at_ms,
-                    )
-                } == raw::REDISMODULE_OK as c_int;
-                ok.then_some(()).ok_or(Error::Internal)?;
+                // The key's expiry is set only when its last lease changed: a take, release
+                // or renewal of an earlier lease leaves it as it was.
+                if !existed || last_before != Some(last_us) {
+                    let expire_at_ms =
+                        i64::try_from(last_us.div_ceil(1_000)).map_err(|_| Error::Internal)?;
+                    // SAFETY: the key is open for writing and holds a value.
+                    let ok = unsafe {
+                        raw::RedisModule_SetAbsExpire.ok_or(Error::Internal)?(
+                            self.key.key,
+                            expire_at_ms,
+                        )
+                    } == raw::REDISMODULE_OK as c_int;
+                    ok.then_some(()).ok_or(Error::Internal)?;
+                }
                 signal_modified(ctx, name, raw::REDISMODULE_NOTIFY_MODULE, event)?;
             }
             // Only removals on a missing key: nothing was or is stored.

@@ -194,10 +194,41 @@ impl LeaseSet {
     }
 
     /// Applies `change` (see [`LeaseChange`]); the same change on the same set always gives
-    /// the same set. `None`, with the set untouched, if the expiry is out of range or the
-    /// set would hold more than [`MAX_LEASE_LIMIT`].
+    /// the same set, as [`LeaseSet::apply_all`] with one pair does. `None`, with the set
+    /// untouched, if the expiry is out of range or the set would hold more than
+    /// [`MAX_LEASE_LIMIT`]. Allocates nothing but the set's own growth: it is every write's
+    /// path.
     pub fn apply(&mut self, change: &LeaseChange) -> Option<()> {
-        self.apply_all(change.drop_until_us, &[(change.id, change.expires_at_us)])
+        let lease = match change.expires_at_us {
+            0 => None,
+            at => Some(Lease::new(change.id, at)?),
+        };
+        let dropped = self
+            .leases
+            .partition_point(|held| held.expires_at_us() <= change.drop_until_us);
+        let live = self.leases.get(dropped..).unwrap_or(&[]);
+        let found = live.iter().position(|held| held.id() == change.id);
+        let after = live.len() - usize::from(found.is_some()) + usize::from(lease.is_some());
+        if after as u64 > MAX_LEASE_LIMIT {
+            return None;
+        }
+        if let Some(i) = found {
+            self.leases.remove(dropped + i);
+        }
+        self.leases.drain(..dropped);
+        if let Some(lease) = lease {
+            self.insert(lease);
+        }
+        self.shrink();
+        Some(())
+    }
+
+    /// Keeps the slack under an eighth once leases have gone.
+    fn shrink(&mut self) {
+        let len = self.leases.len();
+        if self.leases.capacity() > len + len / 8 + 4 {
+            self.leases.shrink_to(len + len / 8);
+        }
     }
 
     /// Drops every lease that expired by `drop_until_us`, then puts each `(id, expires_at_us)`
@@ -241,11 +272,7 @@ impl LeaseSet {
                 self.insert(lease);
             }
         }
-        // Keep the slack under an eighth once leases have gone.
-        if self.leases.capacity() > self.leases.len() + self.leases.len() / 8 + 4 {
-            self.leases
-                .shrink_to(self.leases.len() + self.leases.len() / 8);
-        }
+        self.shrink();
         Some(())
     }
 

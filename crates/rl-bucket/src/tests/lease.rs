@@ -9,10 +9,10 @@ fn id(bytes: &[u8]) -> LeaseId {
     LeaseId::new(bytes).unwrap()
 }
 
-/// Applies what a step changed, as the store does.
+/// Applies what a step changed, as the store does, checking `apply` against `apply_all`.
 fn commit(set: &mut LeaseSet, change: Option<LeaseChange>) {
     if let Some(change) = change {
-        set.apply(&change).unwrap();
+        *set = assert_apply_agrees(set, &change).unwrap();
     }
 }
 
@@ -155,6 +155,18 @@ fn apply_all_refuses_a_result_past_the_cap_and_leaves_the_set_as_it_was() {
     let before = set.clone();
     assert_eq!(set.apply_all(0, &[(id(b"one more"), NOW_US + 1)]), None);
     assert_eq!(set, before);
+    let one_more = LeaseChange {
+        drop_until_us: 0,
+        id: id(b"one more"),
+        expires_at_us: NOW_US + 1,
+    };
+    assert_eq!(assert_apply_agrees(&set, &one_more), None);
+    // Moving a held id at the cap is no growth.
+    let moved = LeaseChange {
+        id: id(&0u64.to_be_bytes()),
+        ..one_more
+    };
+    assert!(assert_apply_agrees(&set, &moved).is_some());
     assert_eq!(set.apply_all(0, &[(id(b"x"), MAX_EXPIRES_AT_US + 1)]), None);
     assert_eq!(set, before);
     // Dropping the expired first makes room: the cap counts what remains.
@@ -173,6 +185,19 @@ fn apply_all_refuses_a_result_past_the_cap_and_leaves_the_set_as_it_was() {
         "{}",
         set.capacity()
     );
+}
+
+/// `apply` (every write's path) and `apply_all` with the same one pair give the same set.
+fn assert_apply_agrees(set: &LeaseSet, change: &LeaseChange) -> Option<LeaseSet> {
+    let mut one = set.clone();
+    let mut all = set.clone();
+    let got = one.apply(change);
+    assert_eq!(
+        got,
+        all.apply_all(change.drop_until_us, &[(change.id, change.expires_at_us)])
+    );
+    assert_eq!(one, all, "{change:?} on {set:?}");
+    got.map(|()| one)
 }
 
 /// The model: every lease an id and an expiry, in no order; questions filter by `now`.
