@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use redis_module::raw::{self, RedisModuleCtx, RedisModuleString};
 
-use crate::{commands, config};
+use crate::{commands, config, lease_commands};
 
 type Handler =
     unsafe extern "C" fn(*mut RedisModuleCtx, *mut *mut RedisModuleString, c_int) -> c_int;
@@ -244,6 +244,80 @@ pub const SPECS: &[Spec] = &[
         summary: c"Sets a bucket's exact state (internal: what RL.ACQUIRE replicates and AOF rewrites emit).",
         complexity: c"O(1)",
         since: c"0.1.0",
+        tips: None,
+        in_category: false,
+        in_server_category: false,
+    },
+    Spec {
+        name: c"RL.LEASE",
+        handler: lease_commands::lease,
+        flags: c"write deny-oom fast",
+        keys: (1, 1, 1),
+        key_flags: WRITE,
+        arity: -4,
+        summary: c"Takes a lease (a slot of work in flight) if fewer than limit are held.",
+        // A sorted vector: binary searches, plus a scan and a memmove over at most 10,000
+        // leases of 24 bytes (see rl_bucket's lease docs).
+        complexity: c"O(N) where N is the number of leases held (at most 10000), O(log N) comparisons",
+        since: c"0.3.0",
+        // The reply depends on the clock, and a made id is random.
+        tips: Some(c"nondeterministic_output"),
+        in_category: true,
+        in_server_category: false,
+    },
+    Spec {
+        name: c"RL.RELEASE",
+        handler: lease_commands::release,
+        // Frees memory, so no deny-oom (like DEL).
+        flags: c"write fast",
+        keys: (1, 1, 1),
+        key_flags: WRITE,
+        arity: 3,
+        summary: c"Releases a lease; replies 1 if it was held.",
+        complexity: c"O(N) where N is the number of leases held (at most 10000)",
+        since: c"0.3.0",
+        tips: Some(c"nondeterministic_output"),
+        in_category: true,
+        in_server_category: false,
+    },
+    Spec {
+        name: c"RL.RENEW",
+        handler: lease_commands::renew,
+        flags: c"write deny-oom fast",
+        keys: (1, 1, 1),
+        key_flags: WRITE,
+        arity: 4,
+        summary: c"Makes a held lease expire ttl_ms from now; replies 1 if it was held.",
+        complexity: c"O(N) where N is the number of leases held (at most 10000)",
+        since: c"0.3.0",
+        tips: Some(c"nondeterministic_output"),
+        in_category: true,
+        in_server_category: false,
+    },
+    Spec {
+        name: c"RL.LEASES",
+        handler: lease_commands::leases,
+        flags: c"readonly fast",
+        keys: (1, 1, 1),
+        key_flags: READ,
+        arity: 3,
+        summary: c"Counts the leases held and the wait until one of limit frees, writing nothing.",
+        complexity: c"O(log N) where N is the number of leases held",
+        since: c"0.3.0",
+        tips: Some(c"nondeterministic_output"),
+        in_category: true,
+        in_server_category: false,
+    },
+    Spec {
+        name: c"RL.LEASESETSTATE",
+        handler: lease_commands::lease_set_state,
+        flags: c"write deny-oom",
+        keys: (1, 1, 1),
+        key_flags: WRITE,
+        arity: -5,
+        summary: c"Drops expired leases and sets or removes leases by id (internal: what lease writes replicate and AOF rewrites emit).",
+        complexity: c"O(N × M) where N is the number of leases held and M the number of ids given",
+        since: c"0.3.0",
         tips: None,
         in_category: false,
         in_server_category: false,

@@ -27,6 +27,12 @@
 //! - `refund.rs`: the step that gives back, [`refund`](fn@refund).
 //! - `charge.rs`: the post-paid step, [`charge`](fn@charge), which always applies and may
 //!   leave the bucket in debt, and its bound ([`ChargeError`]).
+//! - `settle.rs`: the step that settles a reservation, [`settle`]: what was over-estimated
+//!   goes back as a refund, what was under-estimated is charged, the difference exact.
+//! - `lease.rs`: leases, a limit on work in flight: [`LeaseSet`] (a key's leases, sorted by
+//!   expiry), the steps [`lease`](fn@lease), [`release`], [`renew`] and
+//!   [`leases_in_use`], and [`LeaseChange`], the effect a write replicates. Shares nothing
+//!   with the bucket.
 //! - `model.rs` (tests only): the exact model in rational arithmetic, sharing no code with
 //!   the above; the fuzzer includes it by path.
 //! - `tests/`: the unit and property tests, one file per concept above, plus the runs that
@@ -143,8 +149,10 @@ mod cost;
 mod decimal;
 mod decision;
 mod fallback;
+mod lease;
 mod limit;
 mod refund;
+mod settle;
 mod state;
 mod ticks;
 
@@ -154,8 +162,13 @@ pub use cost::Cost;
 pub use decimal::Decimal;
 pub use decision::{Change, Charged, Decision, Outcome};
 pub use fallback::{FallbackError, FallbackState, FALLBACK_MAX_DENOMINATOR, FALLBACK_MAX_US};
+pub use lease::{
+    expiry_us, lease, leases_in_use, release, renew, Lease, LeaseChange, LeaseId, LeaseOutcome,
+    LeaseReply, LeaseSet, MAX_EXPIRES_AT_US, MAX_LEASE_ID_BYTES, MAX_LEASE_LIMIT, MAX_LEASE_TTL_MS,
+};
 pub use limit::{Limit, LimitError, MAX_CAPACITY, MAX_RATE_PER_S, MAX_REFILL_S, MIN_RATE_PER_S};
 pub use refund::refund;
+pub use settle::settle;
 pub use state::{State, MAX_FULL_AT_FRAC, MAX_FULL_AT_NS};
 
 #[cfg(test)]

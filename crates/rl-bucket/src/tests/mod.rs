@@ -37,9 +37,11 @@ mod decimal;
 mod decision;
 mod drift;
 mod fallback;
+mod lease;
 mod limit;
 mod properties;
 mod refund;
+mod settle;
 mod state;
 
 /// A realistic instant: 2023-11-14T22:13:20Z, in µs.
