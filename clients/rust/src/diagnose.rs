@@ -55,6 +55,26 @@ pub(crate) fn is_unknown_command(e: &RedisError) -> bool {
     e.code() == Some("ERR") && e.to_string().to_lowercase().contains("unknown command")
 }
 
+/// `WRONGTYPE`, the server's own or the one a function or a script stops with (Redis 7.0 keeps
+/// the code, `WRONGTYPE … script: rl_acquire, on @user_function:94.`; other servers may wrap
+/// it, `ERR Error running script …: WRONGTYPE …`): the word anywhere in the text, whole.
+pub(crate) fn is_wrongtype(e: &RedisError) -> bool {
+    const WORD: &str = "WRONGTYPE";
+    if e.code() == Some(WORD) {
+        return true;
+    }
+    let text = e.to_string();
+    let word_char = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    text.match_indices(WORD).any(|(at, _)| {
+        let before = text.get(..at).and_then(|head| head.chars().next_back());
+        let after = text
+            .get(at..)
+            .and_then(|tail| tail.strip_prefix(WORD))
+            .and_then(|tail| tail.chars().next());
+        !before.is_some_and(word_char) && !after.is_some_and(word_char)
+    })
+}
+
 /// `NOSCRIPT`: the server has not cached the script (never sent, or SCRIPT FLUSH).
 pub(crate) fn is_noscript(e: &RedisError) -> bool {
     e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) || e.code() == Some("NOSCRIPT")
@@ -235,6 +255,33 @@ mod tests {
         );
         assert!(!is_denied(&old, "FCALL"));
         assert!(misconfiguration(&old, false).is_some_and(|c| c.contains(DATA_RULES)));
+    }
+
+    #[test]
+    fn wrongtype_is_found_as_a_whole_word_anywhere_in_the_text() {
+        for (resp, wrongtype) in [
+            (
+                "-WRONGTYPE Operation against a key holding the wrong kind of value\r\n",
+                true,
+            ),
+            (
+                "-WRONGTYPE Operation against a key holding the wrong kind of value script: \
+                 rl_acquire, on @user_function:94.\r\n",
+                true,
+            ),
+            (
+                "-ERR Error running script (call to f_0123): @user_script:94: WRONGTYPE \
+                 Operation against a key holding the wrong kind of value\r\n",
+                true,
+            ),
+            ("-ERR user_script:1: WRONGTYPE: no such key\r\n", true),
+            ("-ERR NOTWRONGTYPE here\r\n", false),
+            ("-ERR WRONGTYPES\r\n", false),
+            ("-ERR wrongtype in lower case\r\n", false),
+            ("-NOSCRIPT No matching script.\r\n", false),
+        ] {
+            assert_eq!(is_wrongtype(&error(resp)), wrongtype, "{resp}");
+        }
     }
 
     #[test]

@@ -6,7 +6,8 @@
 //! found by sending the call itself and reading the error (module, then Functions, then
 //! script; never COMMAND, INFO or SCRIPT LOAD), the script goes as EVALSHA of its locally
 //! computed SHA-1 and again as EVAL on NOSCRIPT, and a path that stops answering is looked
-//! for again. `sync` and `asynch` send each command it asks for and hand back the reply,
+//! for again; a fallback that meets a key of another type (WRONGTYPE) asks the module, loaded
+//! since, once. `sync` and `asynch` send each command it asks for and hand back the reply,
 //! blocking or awaited, and that loop is all they repeat. The lock is never held across a call
 //! into Redis. What each error reply means is `diagnose`'s.
 
@@ -18,6 +19,7 @@ use redis::{RedisError, Value};
 
 use crate::diagnose::{
     self, is_denied, is_function_not_found, is_noscript, is_unavailable, is_unknown_command,
+    is_wrongtype,
 };
 use crate::local::{DenyCache, LocalBuckets, Reply};
 use crate::script;
@@ -712,6 +714,25 @@ impl Engine {
         inner.eval_only = eval_only;
     }
 
+    /// The module answered a call that the Functions library or the script (`from`), kept
+    /// since the module was missing, refused with WRONGTYPE: the module path from now on,
+    /// logged once.
+    fn switch_to_module(&self, from: Path) {
+        let mut inner = self.lock();
+        if inner.path != Some(Path::Module) {
+            let fallback = match from {
+                Path::Functions => "the Functions library",
+                _ => "the script",
+            };
+            log::info!(
+                "redis-rl: {fallback} met a key of another type (WRONGTYPE) and the module \
+                 answers: using the module path"
+            );
+        }
+        inner.path = Some(Path::Module);
+        inner.eval_only = false;
+    }
+
     /// The module's command for `op` on `items`.
     fn module_command(op: Op, items: &[(Target<'_>, Limit, f64)]) -> redis::Cmd {
         let field = matches!(items.first(), Some((Target::Field { .. }, _, _)));
@@ -894,6 +915,15 @@ enum Stage {
 /// command once. When no path is allowed, the call ends as a misconfiguration naming every
 /// command refused and the ACL rules to add.
 ///
+/// The module loaded after a limiter chose the Functions library or the script: processes on
+/// the module path convert the buckets the fallback wrote to the module's type, which the
+/// fallback answers with WRONGTYPE. Then, under `WithoutModule::Lua` and unless this call
+/// asked the module already, the same call goes to the module once: when the module answers
+/// (a reply, or an error of its own such as its WRONGTYPE for a string key), the limiter keeps
+/// the module path and the call ends with the module's answer; when the module is missing
+/// (unknown command) or this user may not run it (NOPERM), the call ends with the fallback's
+/// WRONGTYPE as it came. Either way the error is the caller's, never the failure policy's.
+///
 /// ```text
 /// let mut step = exchange.start();
 /// loop { match step { Step::Send(cmd) => step = exchange.reply(cmd.query(c)), Step::Done(r) => return r } }
@@ -909,6 +939,10 @@ pub(crate) struct Exchange<'a> {
     redetected: bool,
     /// The commands this user may not run, in the order tried.
     denied: Vec<&'static str>,
+    /// Whether this call has sent the module's command (it asks the module at most once).
+    module_tried: bool,
+    /// The fallback's WRONGTYPE, and which fallback gave it, while the module is asked.
+    wrongtype: Option<(Path, RedisError)>,
 }
 
 impl<'a> Exchange<'a> {
@@ -921,6 +955,8 @@ impl<'a> Exchange<'a> {
             detecting: false,
             redetected: false,
             denied: Vec::new(),
+            module_tried: false,
+            wrongtype: None,
         }
     }
 
@@ -948,7 +984,9 @@ impl<'a> Exchange<'a> {
     fn answered(&mut self, value: Value) -> Step {
         match self.stage {
             Stage::Module => {
-                if self.detecting {
+                if let Some((from, _)) = self.wrongtype.take() {
+                    self.engine.switch_to_module(from);
+                } else if self.detecting {
                     self.engine.learn(Path::Module, false);
                 }
                 self.done(Ok(value))
@@ -995,6 +1033,20 @@ impl<'a> Exchange<'a> {
         match self.stage {
             Stage::Module => {
                 let name = module_name(self.op, self.field());
+                if let Some((from, wrongtype)) = self.wrongtype.take() {
+                    // Asked after the fallback's WRONGTYPE: missing, or not for this user,
+                    // the fallback's error stands; any other error reply is the module's own
+                    // answer, so the module is there.
+                    if is_unknown_command(&e) || is_denied(&e, name) {
+                        return self.fail(wrongtype);
+                    }
+                    if !is_unavailable(&e)
+                        && diagnose::misconfiguration(&e, self.engine.cluster_client).is_none()
+                    {
+                        self.engine.switch_to_module(from);
+                    }
+                    return self.fail(e);
+                }
                 if is_unknown_command(&e) {
                     return self.no_module(None);
                 }
@@ -1049,7 +1101,7 @@ impl<'a> Exchange<'a> {
                     self.detecting = true;
                     return self.script();
                 }
-                self.fail(e)
+                self.fallback_failed(Path::Functions, e)
             }
             Stage::Sha => {
                 if is_noscript(&e) {
@@ -1065,7 +1117,7 @@ impl<'a> Exchange<'a> {
                     self.detecting = true;
                     return self.module();
                 }
-                self.fail(e)
+                self.fallback_failed(Path::Lua, e)
             }
             Stage::Eval { after_noscript } => {
                 if is_denied(&e, "EVAL") {
@@ -1077,10 +1129,23 @@ impl<'a> Exchange<'a> {
                     };
                     return self.done(Err(CallError::Misconfigured(cause)));
                 }
-                self.fail(e)
+                self.fallback_failed(Path::Lua, e)
             }
             Stage::Done => self.done(Err(CallError::Reply("a reply after the end".into()))),
         }
+    }
+
+    /// An error reply of the Functions library or the script (`from`) to the call itself:
+    /// WRONGTYPE asks the module once (see [`Exchange`]), any other ends the call.
+    fn fallback_failed(&mut self, from: Path, e: RedisError) -> Step {
+        if is_wrongtype(&e)
+            && self.engine.options.without_module == WithoutModule::Lua
+            && !self.module_tried
+        {
+            self.wrongtype = Some((from, e));
+            return self.module();
+        }
+        self.fail(e)
     }
 
     fn field(&self) -> bool {
@@ -1089,6 +1154,7 @@ impl<'a> Exchange<'a> {
 
     fn module(&mut self) -> Step {
         self.stage = Stage::Module;
+        self.module_tried = true;
         Step::Send(Engine::module_command(self.op, self.items))
     }
 
@@ -1482,6 +1548,116 @@ mod tests {
             &[UNKNOWN, NO_FUNCTION, NO_FUNCTION, NOSCRIPT, NOPERM_EVAL],
         );
         assert!(cause.contains("has not cached the script"), "{cause}");
+    }
+
+    const WRONGTYPE_SCRIPT: &str = "-WRONGTYPE Operation against a key holding the wrong kind \
+         of value script: rl_acquire, on @user_function:94.\r\n";
+    const WRONGTYPE_MODULE: &str =
+        "-WRONGTYPE Operation against a key holding the wrong kind of value\r\n";
+    const NOPERM_MODULE: &str =
+        "-NOPERM this user has no permissions to run the 'rl.acquire' command\r\n";
+
+    /// An engine that found `path` (Functions or Lua) with its first call.
+    fn on_fallback(path: Path) -> Engine {
+        let engine = engine(WithoutModule::Lua);
+        match path {
+            Path::Functions => run(&engine, &[UNKNOWN, VERSION, DECISION]),
+            _ => run(&engine, &[UNKNOWN, NO_FUNCTION, NO_FUNCTION, DECISION]),
+        };
+        assert_eq!(engine.path(), Some(path));
+        engine
+    }
+
+    /// The error text a call ended with, after `replies`.
+    fn error_text(engine: &Engine, replies: &[&str]) -> String {
+        let limit = Limit::new(5.0, 10.0).unwrap();
+        let items = [(Target::Key("k"), limit, 1.0)];
+        let mut exchange = Exchange::new(engine, Op::Acquire, &items);
+        let mut step = exchange.start();
+        for r in replies {
+            step = exchange.reply(reply(r));
+        }
+        match step {
+            Step::Done(Err(e)) => e.describe(),
+            _ => "no error".into(),
+        }
+    }
+
+    #[test]
+    fn wrongtype_on_a_fallback_asks_the_module_once_and_keeps_it_when_it_answers() {
+        for (path, call) in [(Path::Functions, "FCALL"), (Path::Lua, "EVALSHA")] {
+            let engine = on_fallback(path);
+            assert_eq!(
+                run(&engine, &[WRONGTYPE_SCRIPT, DECISION]),
+                [call, "RL.ACQUIRE", "done: ok"]
+            );
+            assert_eq!(engine.path(), Some(Path::Module));
+            assert_eq!(run(&engine, &[DECISION]), ["RL.ACQUIRE", "done: ok"]);
+            // The module's own error (a string key) is its answer: the module is kept.
+            let engine = on_fallback(path);
+            assert_eq!(
+                run(&engine, &[WRONGTYPE_SCRIPT, WRONGTYPE_MODULE]),
+                [call, "RL.ACQUIRE", "done: err"]
+            );
+            assert_eq!(engine.path(), Some(Path::Module));
+            assert!(!error_text(&engine, &[WRONGTYPE_MODULE]).contains("script"));
+        }
+    }
+
+    #[test]
+    fn wrongtype_stands_when_the_module_is_missing_or_refused() {
+        for path in [Path::Functions, Path::Lua] {
+            for module in [UNKNOWN, NOPERM_MODULE] {
+                let engine = on_fallback(path);
+                let text = error_text(&engine, &[WRONGTYPE_SCRIPT, module]);
+                assert!(
+                    text.contains("WRONGTYPE") && text.contains("script"),
+                    "{text}"
+                );
+                assert_eq!(engine.path(), Some(path));
+            }
+        }
+        // A module already asked by this call (detection found it missing) is not asked again.
+        let functions = engine(WithoutModule::Lua);
+        assert_eq!(
+            run(&functions, &[UNKNOWN, VERSION, WRONGTYPE_SCRIPT]),
+            ["RL.ACQUIRE", "FCALL_RO", "FCALL", "done: err"]
+        );
+        assert_eq!(functions.path(), Some(Path::Functions));
+        let script = engine(WithoutModule::Lua);
+        assert_eq!(
+            run(
+                &script,
+                &[UNKNOWN, NO_FUNCTION, NO_FUNCTION, WRONGTYPE_SCRIPT]
+            ),
+            ["RL.ACQUIRE", "FCALL_RO", "FCALL_RO", "EVALSHA", "done: err"]
+        );
+        // Another error of the fallback ends the call without asking the module.
+        let engine = on_fallback(Path::Lua);
+        assert_eq!(
+            run(&engine, &["-ERR user_script:1: bad argument\r\n"]),
+            ["EVALSHA", "done: err"]
+        );
+    }
+
+    #[test]
+    fn wrongtype_after_noscript_or_on_eval_only_asks_the_module_too() {
+        let flushed = on_fallback(Path::Lua);
+        assert_eq!(
+            run(&flushed, &[NOSCRIPT, WRONGTYPE_SCRIPT, DECISION]),
+            ["EVALSHA", "EVAL", "RL.ACQUIRE", "done: ok"]
+        );
+        assert_eq!(flushed.path(), Some(Path::Module));
+        let eval_only = engine(WithoutModule::Lua);
+        run(
+            &eval_only,
+            &[UNKNOWN, NO_FUNCTION, NO_FUNCTION, NOPERM_EVALSHA, DECISION],
+        );
+        assert_eq!(
+            run(&eval_only, &[WRONGTYPE_SCRIPT, DECISION]),
+            ["EVAL", "RL.ACQUIRE", "done: ok"]
+        );
+        assert_eq!(run(&eval_only, &[DECISION]), ["RL.ACQUIRE", "done: ok"]);
     }
 
     #[test]

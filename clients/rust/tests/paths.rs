@@ -6,20 +6,22 @@
 //! the admin, the least-privilege rules of each path, `COMMAND` renamed away, no SCRIPT LOAD,
 //! FCALL only, EVALSHA only with the script preloaded. Then misconfigurations: a wrong
 //! password, a cluster client on a standalone server, a missing permission; each is raised by
-//! `check()` and, at run time, decided by the policy and counted as `misconfigured`.
+//! `check()` and, at run time, decided by the policy and counted as `misconfigured`. And the
+//! module loaded (MODULE LOAD) while limiters run the Functions library or the script: they
+//! meet the keys a module-path process converted, and move to the module.
 
 #![cfg(test)]
 
 mod common;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redis::cluster::ClusterClient;
 use serde_json::Value as Json;
 
 use common::{slow, Server};
 use redis_rl_client::{
-    load_functions, AsyncLimiter, Error, Limiter, OnError, Options, Path, Source,
+    load_functions, AsyncLimiter, Error, Limiter, OnError, Options, Path, SlotItem, Source,
     FUNCTIONS_VERSION, LUA_SCRIPT,
 };
 
@@ -401,4 +403,298 @@ fn a_missing_permission_is_a_misconfiguration_naming_the_command_and_the_rule() 
     let client = user(&server, &rules("/paths/script/decide"));
     let limiter = Limiter::new(client, options());
     assert_eq!(limiter.check().unwrap(), Some(Path::Lua));
+}
+
+// The module loaded while a limiter runs the fallback --------------------------------------
+
+/// A server without the module that can load it at run time (MODULE LOAD), with the
+/// Functions library loaded for `Path::Functions`.
+fn loaded_later(path: Path) -> Server {
+    let mut server = Server::plain();
+    server.restart_with(&["--enable-module-command", "yes"]);
+    if path == Path::Functions {
+        assert_eq!(
+            load_functions(&mut server.conn()).unwrap(),
+            FUNCTIONS_VERSION
+        );
+    }
+    server
+}
+
+/// Lets the server's clock pass the millisecond of the last fallback write. On Redis 7.0 the
+/// module reads the time in whole milliseconds and the fallback in microseconds (TIME): within
+/// the millisecond of a fallback write, the module sees the bucket up to 1 ms emptier
+/// (stricter, never laxer), which at a whole count of tokens is one less.
+fn next_millisecond() {
+    std::thread::sleep(Duration::from_millis(2));
+}
+
+/// The calls of the Functions library and of the script that reached the server.
+fn fallback_calls(server: &Server) -> u64 {
+    ["fcall", "fcall_ro", "evalsha", "eval"]
+        .iter()
+        .map(|name| server.calls(name))
+        .sum()
+}
+
+/// The error of a call that must fail with WRONGTYPE, as text.
+fn wrongtype<T: std::fmt::Debug>(result: Result<T, Error>) -> String {
+    match result {
+        Err(Error::Redis(e)) => {
+            let text = e.to_string();
+            assert!(text.contains("WRONGTYPE"), "{text}");
+            text
+        }
+        other => panic!("expected WRONGTYPE, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_fallback_limiter_moves_to_the_module_loaded_later() {
+    common::capture_logs_at(log::Level::Info);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let limit = slow();
+    for path in [Path::Functions, Path::Lua] {
+        let what = format!("{path:?}");
+        let server = loaded_later(path);
+        let started = Instant::now();
+        // Limiters that chose the fallback before the module came: two blocking, one async.
+        let old = Limiter::new(server.client(), options());
+        assert_eq!(old.check().unwrap(), Some(path), "{what}");
+        let d = old.acquire("k", &limit, 1.0).unwrap();
+        assert_eq!(
+            (d.allowed, d.remaining, d.source),
+            (true, 4, source_of(path)),
+            "{what}"
+        );
+        let other = Limiter::new(server.client(), options());
+        assert_eq!(
+            other.acquire("{s}a", &limit, 1.0).unwrap().source,
+            source_of(path)
+        );
+        let old_async = runtime.block_on(async {
+            let limiter = AsyncLimiter::connect(server.client(), options()).unwrap();
+            assert_eq!(limiter.check().await.unwrap(), Some(path), "{what}");
+            let x = limiter.acquire("{t}x", &limit, 1.0).await.unwrap();
+            let y = limiter.acquire("{t}y", &limit, 2.0).await.unwrap();
+            assert_eq!((x.remaining, y.remaining), (4, 3), "{what}");
+            limiter
+        });
+        // A key of another type, without the module: the fallback's WRONGTYPE, as before.
+        let _: () = redis::cmd("SET")
+            .arg("plain")
+            .arg("x")
+            .query(&mut server.conn())
+            .unwrap();
+        let text = wrongtype(old.acquire("plain", &limit, 1.0));
+        assert!(text.contains("script"), "{what}: {text}");
+        assert_eq!(old.path(), Some(path), "{what}");
+
+        let _: () = redis::cmd("MODULE")
+            .arg("LOAD")
+            .arg(common::module_path().display().to_string())
+            .query(&mut server.conn())
+            .unwrap();
+        next_millisecond();
+        // A process started now takes the module and converts the buckets.
+        let new = Limiter::new(server.client(), options());
+        assert_eq!(new.check().unwrap(), Some(Path::Module), "{what}");
+        for (key, remaining) in [("k", 3), ("{s}a", 3), ("{t}x", 3)] {
+            let d = new.acquire(key, &limit, 1.0).unwrap();
+            assert_eq!(
+                (d.allowed, d.remaining, d.source),
+                (true, remaining, Source::Redis),
+                "{what}: {key}"
+            );
+            let kind: String = redis::cmd("TYPE")
+                .arg(key)
+                .query(&mut server.conn())
+                .unwrap();
+            assert_eq!(kind, "rl-bucket", "{what}: {key}");
+        }
+
+        // The old limiter's fallback meets the converted key, finds the module, and the module
+        // answers this call: no error.
+        let (fallback, module) = (fallback_calls(&server), server.calls("rl.acquire"));
+        common::take_logs();
+        let d = old.acquire("k", &limit, 1.0).unwrap();
+        let elapsed_ms = i64::try_from(started.elapsed().as_millis()).unwrap();
+        assert_eq!(
+            (d.allowed, d.remaining, d.retry_after_ms, d.source),
+            (true, 2, 0, Source::Redis),
+            "{what}"
+        );
+        // Three takes of 1000 s each since the first: full 3000 s after it, to the ms.
+        assert!(d.reset_after_ms <= 3_000_000, "{what}: {d:?}");
+        assert!(
+            d.reset_after_ms >= 3_000_000 - elapsed_ms - 1,
+            "{what}: {d:?}"
+        );
+        assert_eq!(old.path(), Some(Path::Module), "{what}");
+        let logs = common::take_logs();
+        let fallback_name = match path {
+            Path::Functions => "the Functions library",
+            _ => "the script",
+        };
+        assert_eq!(
+            logs,
+            [format!(
+                "redis-rl: {fallback_name} met a key of another type (WRONGTYPE) and the \
+                 module answers: using the module path"
+            )],
+            "{what}"
+        );
+        let d = old.acquire("k", &limit, 1.0).unwrap();
+        assert_eq!(
+            (d.allowed, d.remaining, d.source),
+            (true, 1, Source::Redis),
+            "{what}"
+        );
+        // One fallback call met WRONGTYPE, then one module call per take.
+        assert_eq!(fallback_calls(&server), fallback + 1, "{what}");
+        assert_eq!(server.calls("rl.acquire"), module + 2, "{what}");
+        // A key of another type still raises WRONGTYPE, now the module's, with one call.
+        let text = wrongtype(old.acquire("plain", &limit, 1.0));
+        assert!(!text.contains("script"), "{what}: {text}");
+        assert_eq!(server.calls("rl.acquire"), module + 3, "{what}");
+        // A table on the module path: its buckets start full.
+        let d = old
+            .table("tbl", 4)
+            .unwrap()
+            .acquire("f", &limit, 1.0)
+            .unwrap();
+        assert_eq!((d.remaining, d.source), (4, Source::Redis), "{what}");
+        let counters = old.counters();
+        assert_eq!(
+            (
+                counters.redis,
+                counters.functions + counters.lua,
+                counters.without_redis(),
+                counters.outages,
+                counters.misconfigured
+            ),
+            (3, 1, 0, 0, 0),
+            "{what}: {counters:?}"
+        );
+
+        // All or nothing across slots, on a limiter still on the fallback: rl_multi meets the
+        // converted key, and RL.ACQUIRE.MULTI answers.
+        let multi = server.calls("rl.acquire.multi");
+        let across = other
+            .acquire_across_slots(&[
+                SlotItem::new("{s}a", limit, 1.0),
+                SlotItem::new("{s}b", limit, 1.0),
+            ])
+            .unwrap();
+        let remaining: Vec<u64> = across
+            .outcomes
+            .iter()
+            .filter_map(|o| o.decision().map(|d| d.remaining))
+            .collect();
+        assert_eq!(
+            (across.allowed, remaining, across.sources.clone()),
+            (true, vec![2, 4], vec![Source::Redis]),
+            "{what}"
+        );
+        assert_eq!(server.calls("rl.acquire.multi"), multi + 1, "{what}");
+        assert_eq!(other.path(), Some(Path::Module), "{what}");
+
+        // The async limiter: all or nothing over a converted bucket and one the fallback
+        // wrote, which the module takes over.
+        runtime.block_on(async {
+            let all = old_async
+                .acquire_all(&[("{t}x", limit, 1.0), ("{t}y", limit, 1.0)])
+                .await
+                .unwrap();
+            let remaining: Vec<u64> = all.decisions.iter().map(|d| d.remaining).collect();
+            assert_eq!(
+                (all.allowed, remaining, all.source),
+                (true, vec![2, 2], Source::Redis),
+                "{what}"
+            );
+            assert_eq!(old_async.path(), Some(Path::Module), "{what}");
+            let counters = old_async.counters();
+            assert_eq!(
+                (counters.without_redis(), counters.misconfigured),
+                (0, 0),
+                "{what}"
+            );
+        });
+        let text: String = redis::cmd("GET")
+            .arg("plain")
+            .query(&mut server.conn())
+            .unwrap();
+        assert_eq!(text, "x", "{what}");
+    }
+}
+
+/// Without the module a key of another type raises WRONGTYPE on every call, on either
+/// fallback, and the policy never decides it.
+#[test]
+fn a_plain_key_on_the_fallback_still_raises_wrongtype() {
+    for path in [Path::Functions, Path::Lua] {
+        let server = loaded_later(path);
+        let limiter = Limiter::new(server.client(), options());
+        assert_eq!(limiter.check().unwrap(), Some(path));
+        let mut conn = server.conn();
+        let _: () = redis::cmd("SET")
+            .arg("plain")
+            .arg("x")
+            .query(&mut conn)
+            .unwrap();
+        let _: () = redis::cmd("RPUSH")
+            .arg("queue")
+            .arg("x")
+            .query(&mut conn)
+            .unwrap();
+        for key in ["plain", "queue"] {
+            for _ in 0..2 {
+                let text = wrongtype(limiter.acquire(key, &slow(), 1.0));
+                assert!(text.contains("script"), "{path:?}: {text}");
+            }
+        }
+        assert_eq!(limiter.path(), Some(path));
+        let counters = limiter.counters();
+        assert_eq!(
+            (counters.open, counters.outages, counters.misconfigured),
+            (0, 0, 0),
+            "{path:?}: {counters:?}"
+        );
+    }
+}
+
+/// The module is there but this user may not run it: the fallback's WRONGTYPE, as it came.
+#[test]
+fn a_user_without_the_module_rules_keeps_the_fallback_and_its_wrongtype() {
+    for (path, name) in [(Path::Functions, "functions"), (Path::Lua, "script")] {
+        let server = Server::start();
+        if path == Path::Functions {
+            load_functions(&mut server.conn()).unwrap();
+        }
+        let client = user(&server, &rules(&format!("/paths/{name}/decide")));
+        let limiter = Limiter::new(client, options());
+        assert_eq!(limiter.check().unwrap(), Some(path));
+        assert_eq!(limiter.acquire("k", &slow(), 1.0).unwrap().remaining, 4);
+        next_millisecond();
+        // A user allowed the module converts the bucket.
+        let reply: Vec<i64> = redis::cmd("RL.ACQUIRE")
+            .arg("k")
+            .arg("0.001")
+            .arg("5")
+            .query(&mut server.conn())
+            .unwrap();
+        assert_eq!(reply.get(1), Some(&3));
+        let text = wrongtype(limiter.acquire("k", &slow(), 1.0));
+        assert!(text.contains("script"), "{path:?}: {text}");
+        assert_eq!(limiter.path(), Some(path));
+        let counters = limiter.counters();
+        assert_eq!(
+            (counters.open, counters.outages, counters.misconfigured),
+            (0, 0, 0),
+            "{path:?}: {counters:?}"
+        );
+    }
 }
