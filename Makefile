@@ -57,8 +57,9 @@ test: $(MODULE_DEBUG) ## Run every test: unit, property, doc and real-server int
 	$(CARGO) test --lib --tests
 	$(CARGO) test --doc --features system-alloc
 
-lint: links ## clippy with warnings as errors, rustfmt --check, the Markdown link check (make links), the Functions library made from the script
+lint: links ## clippy with warnings as errors, rustfmt --check, the Markdown link check (make links), the Functions library made from the script, the permissions table made from its JSON
 	python3 clients/lua/functions.py --check
+	python3 clients/vectors/permissions.py --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(CARGO) fmt --all --check
 

@@ -569,7 +569,7 @@ mod tests {
         }
     }
 
-    /// Issue 14, section 5: the period was `(period_s * 1e9).round() as u64`, which saturated
+    /// A regression: the period was `(period_s * 1e9).round() as u64`, which saturated
     /// above about 585 years and rounded sub-nanosecond periods before the rate was checked.
     #[test]
     fn gcra_period_is_exact_and_out_of_range_rates_are_refused() {

@@ -1,4 +1,4 @@
-//! Rates as the decimals typed, and `N/S`, against a real server (issue 14, sections 1 and 5):
+//! Rates as the decimals typed, and `N/S`, against a real server:
 //! the same exact buckets through `RL.ACQUIRE`, `RL.PEEK`, `RL.REFUND` and
 //! `RL.ACQUIRE.MULTI`; the memory of a whole-nanosecond rate like `0.01`; `RL.GCRA` periods
 //! checked exactly; and what 0.2.0 stored (RDB, AOF, `DUMP`) read under the decimal reading.
@@ -138,7 +138,7 @@ fn a_decimal_rate_whose_token_is_whole_nanoseconds_keeps_the_inline_state() {
     assert_state(&mut con, "tenth", (BASE_NS + 100_000_000_000, 0));
 }
 
-/// Issue 14, section 5: `RL.GCRA`'s period was rounded to whole ns through a double (which
+/// A regression: `RL.GCRA`'s period was rounded to whole ns through a double (which
 /// saturates above about 585 years) before the rate was checked.
 #[test]
 fn gcra_checks_the_rate_on_the_exact_period() {

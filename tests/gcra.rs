@@ -99,7 +99,7 @@ fn gcra_counts_down_then_limits() {
 }
 
 /// The same transcript at 3 tokens per 299.99 s: one token every 99.99666… s, no whole number
-/// of nanoseconds. Exact replies here need issue 8's exact bucket (a sub-nanosecond
+/// of nanoseconds. Exact replies here need the exact bucket (a sub-nanosecond
 /// remainder): the bucket this branch has rounds each take up to a whole nanosecond, which
 /// shows as one token fewer remaining.
 #[test]
@@ -144,7 +144,7 @@ fn gcra_transcript_at_a_rate_with_no_whole_nanosecond_interval() {
     assert!((289_990..=299_991).contains(&ttl_ms), "{ttl_ms}");
 }
 
-/// The zero-cost rule of issue 8: `TOKENS 0` is allowed iff the bucket holds at least zero
+/// The zero-cost rule: `TOKENS 0` is allowed iff the bucket holds at least zero
 /// tokens. A bucket drained under a larger limit owes more than a smaller limit's capacity,
 /// so a check under the smaller limit is limited, with the wait until it is not.
 #[test]

@@ -1,4 +1,4 @@
-//! Health and the gRPC transport (issue #24, part `health`): the variables
+//! Health and the gRPC transport: the variables
 //! (`HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`, `GRPC_UDS`, `GRPC_SERVER_USE_TLS` and its
 //! files, `GRPC_CLIENT_TLS_CACERT`/`_SAN`, `GRPC_MAX_CONNECTION_AGE`/`_GRACE`,
 //! `RL_DRAIN_DELAY_MS`), the two health faces on [`Readiness`] (`GET /healthcheck`: 200 `OK`

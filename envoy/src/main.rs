@@ -316,7 +316,7 @@ async fn serve(settings: Arc<Settings>) -> ExitCode {
         }
     }
     tracing::warn!("listening: gRPC {grpc_addr}, HTTP {http_addr}");
-    // stats (issue #24): the statsd sink stops after the calls in flight are answered, so
+    // stats: the statsd sink stops after the calls in flight are answered, so
     // its last flush counts them; the debug pages fail alone, as the peer's do.
     let (stats_stop_tx, stats_stop_rx) = watch::channel(false);
     let stats_task = tokio::spawn(stats::run(

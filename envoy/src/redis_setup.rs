@@ -1,4 +1,4 @@
-//! Redis as teams run it (issue #24): the `REDIS_*` variables of envoyproxy/ratelimit beyond
+//! Redis as teams run it: the `REDIS_*` variables of envoyproxy/ratelimit beyond
 //! the address, turned into the redis crate's connections. It owns TLS (`REDIS_TLS`,
 //! `REDIS_TLS_CACERT`, `REDIS_TLS_CLIENT_CERT`/`_KEY`, `REDIS_TLS_SKIP_HOSTNAME_VERIFICATION`),
 //! credentials of any bytes and ACL users (`REDIS_AUTH`), Sentinel (`REDIS_TYPE=sentinel`,

@@ -108,7 +108,7 @@ pub struct Service {
     backend: Backend,
     settings: Arc<Settings>,
     pub metrics: Metrics,
-    // Redis setups (issue #24, part `redis`): per-second limits on their own Redis
+    // Redis setups: per-second limits on their own Redis
     // (`REDIS_PERSECOND`), see `take` and docs/envoy-redis.md.
     per_second: Option<Backend>,
 }

@@ -66,13 +66,13 @@ pub struct Settings {
     pub timeout_ms: u64,
     /// RL_WORKER_THREADS: the runtime's threads; 0 means one per CPU the process may use.
     pub worker_threads: usize,
-    /// Part `health` (issue #24): health checks and the gRPC transport (see `health.rs`).
+    /// Health: health checks and the gRPC transport (see `health.rs`).
     pub health: crate::health::HealthSettings,
     // xds: CONFIG_TYPE=GRPC_XDS_SOTW and its CONFIG_GRPC_XDS_* (None for FILE).
     pub xds: Option<crate::xds::XdsSettings>,
-    // Redis setups (issue #24, part `redis`): TLS, Sentinel, start-up retries.
+    // Redis setups: TLS, Sentinel, start-up retries.
     pub redis_setup: crate::redis_setup::RedisSetup,
-    // stats (issue #24): statsd/dogstatsd sinks, EXTRA_TAGS, DEBUG_HOST/DEBUG_PORT.
+    // Stats: statsd/dogstatsd sinks, EXTRA_TAGS, DEBUG_HOST/DEBUG_PORT.
     pub stats: crate::stats::StatsSettings,
 }
 

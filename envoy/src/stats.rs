@@ -34,7 +34,7 @@ pub enum Sink {
     DogStatsd,
 }
 
-/// The stats settings (the `stats` part of issue #24).
+/// The stats settings.
 #[derive(Clone, Debug)]
 pub struct StatsSettings {
     pub sink: Sink,

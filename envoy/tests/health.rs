@@ -1,4 +1,4 @@
-//! Health and the gRPC transport (issue #24, part `health`), against real processes: the
+//! Health and the gRPC transport, against real processes: the
 //! service, a real `redis-server` (killed and restarted), Envoy 1.40 as the gRPC client.
 //!
 //! - `grpc.health.v1` Check and Watch through tonic's client follow Redis (killed:

@@ -1,4 +1,4 @@
-//! Redis as teams run it (issue #24), each against real processes: TLS with a CA, client
+//! Redis as teams run it, each against real processes: TLS with a CA, client
 //! certificates and hostname checks (Debian's redis-server built with TLS, certificates made
 //! here with `openssl`), passwords of any bytes and ACL users, Sentinel through a failover
 //! and over TLS (`redis-server --sentinel`), start-up retries while Redis is not there yet,

@@ -1076,7 +1076,7 @@ async fn run(load_cpu: &str, cpus: usize) -> Res<()> {
          gRPC: one HTTP/2 connection (as one Envoy worker holds), `streams` calls in flight. \
          Direct: redis-rl-client's AsyncLimiter on one multiplexed connection, the same \
          number of calls in flight, on CPU {load_cpu_label} alone.\n\n{table}\n\
-         Budgets (issue 15):\n\n{verdicts}\n\
+         Budgets:\n\n{verdicts}\n\
          ## Envoy end to end\n\n16 keep-alive HTTP/1.1 connections through one Envoy \
          worker to a tiny upstream, with the rate-limit filter (one descriptor per request) \
          and without.\n\n| route | requests/s |\n| --- | ---: |\n{envoy_rows}\n\

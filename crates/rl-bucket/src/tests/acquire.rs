@@ -591,7 +591,7 @@ fn extreme_limits_never_panic_and_keep_the_invariants() {
     }
 }
 
-/// Issue 14, section 5: a denial promised a retry whose take could not be stored (past 2262),
+/// A regression: a denial promised a retry whose take could not be stored (past 2262),
 /// and the retry was then answered "impossible". The issue's minimal case, with the rate now
 /// the exact decimal (the take at the retry still overshoots 2262 by about 90 s).
 #[test]
