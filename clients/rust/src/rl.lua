@@ -62,6 +62,16 @@
 -- A bucket is a hash {a = q, b = r, d = D}: the instant (q + r/D µs since the epoch) when it
 -- is full, with an absolute expiry (PEXPIREAT) at that instant rounded up to the millisecond.
 -- A missing key is a full bucket. Denials, peeks and cost 0 write nothing.
+--
+-- What makes it fast: a one-key acquire or peek, the call an application makes all the time,
+-- takes a short path (`fast`) that builds few closures (EVALSHA runs the script's body, and
+-- so makes its functions, on every call; the general path's are made only for a call that
+-- needs them), converts each number once (tonumber converts a string twice, `s + 0` once; the
+-- Functions library also keeps the numbers it has read by their text), compares the stored
+-- denominator as text, counts tokens with one float division settled by exact comparisons,
+-- writes only the fields that changed, and hands redis.call numbers instead of formatting
+-- them. Every other call, and any case that path does not take as plain (a rate changed, a
+-- peek in debt), goes to the general path, which decides as the exact bucket does.
 
 if redis.replicate_commands then
   -- Redis < 7 replicates scripts verbatim unless told otherwise; 7+ always replicates effects.
@@ -393,15 +403,29 @@ local function most(aq, ar, tq, tr, d, cap)
   return k
 end
 
--- The fast path: one acquire or peek on `key`, the numbers after the first `off` of `a`, at
--- `now`. Returns the reply, or nil with nothing written when the call needs the general path
--- (an argument or a stored field it does not read as a plain case, a rate changed since the
--- bucket was written, a peek in debt, an estimate off by more than one token). Numbers "0" and "1" are recognised without converting them, a stored
--- denominator is compared as the argument's own string, and numbers go to redis.call as
--- numbers (the server prints an integer below 2^53 in full).
+-- Numbers already read, by their text, or nil: the Functions library keeps one (an
+-- application sends the same limit on every call), emptied past 4096 entries; a script call
+-- starts afresh, so has none.
+local known, known_n = nil, 0
+
 -- The ten numbers of a call, each read once: `s + 0` converts a string as tonumber does (which
 -- converts it twice), and raises on one that is not a number, for the caller's pcall.
 local function numbers(a, off)
+  local m = known
+  if m then
+    local d, tq, tr, cq, cr = m[a[off + 1]], m[a[off + 2]], m[a[off + 3]], m[a[off + 4]],
+      m[a[off + 5]]
+    local sq, sr, kq, kr, cap = m[a[off + 6]], m[a[off + 7]], m[a[off + 8]], m[a[off + 9]],
+      m[a[off + 10]]
+    if d and tq and tr and cq and cr and sq and sr and kq and kr and cap then
+      return d, tq, tr, cq, cr, sq, sr, kq, kr, cap
+    end
+    if known_n > 4096 then m = {}; known, known_n = m, 0 end
+    for i = off + 1, off + 10 do
+      local s = a[i]
+      if m[s] == nil then m[s] = s + 0; known_n = known_n + 1 end
+    end
+  end
   local s = a[off + 3]
   local tr = s == '0' and 0 or s + 0
   s = a[off + 5]
@@ -422,10 +446,20 @@ local function instant(q, r)
   return q + 0, r == '0' and 0 or r + 0
 end
 
+-- The fast path: one acquire or peek on `key`, the numbers after the first `off` of `a`, at
+-- `now`. Returns the reply, or nil with nothing written when the call needs the general path:
+-- an argument or a stored field that is not a plain case, a rate changed since the bucket was
+-- written, a peek in debt, an estimate off by more than one token. The stored denominator is
+-- compared as the argument's own string, a remainder of "0" is not converted, and the new
+-- instant and expiry go to redis.call as numbers (the server prints an integer below 2^53 in
+-- full; "%.17g" before Redis 7.2).
 local function fast(key, a, off, take, now)
   local ok, d, tq, tr, cq, cr, sq, sr, kq, kr, cap = pcall(numbers, a, off)
-  if not ok or d < 1 or tr < 0 or tr >= d or cr < 0 or cr >= d or sr < 0 or sr >= d
-      or kr < 0 or kr >= d then
+  -- Whole numbers (x % 1 is in [0, 1) for a finite x, NaN otherwise), each in its range.
+  if not ok or d % 1 + tq % 1 + tr % 1 + cq % 1 + cr % 1 + sq % 1 + sr % 1 + kq % 1 + kr % 1
+      + cap % 1 ~= 0 or d < 1 or tq < 0 or tr < 0 or tr >= d or (tq == 0 and tr == 0)
+      or cq < 0 or cr < 0 or cr >= d or sr < 0 or sr >= d or kq < 0 or kr < 0 or kr >= d
+      or cap < 0 then
     return nil
   end
   local ds = a[off + 1]
@@ -470,6 +504,8 @@ local function fast(key, a, off, take, now)
     local b = dr
     if dr == 0 then b = '0' elseif dr < 10 then b = string.char(48 + dr) end
     if not fq then
+      -- The denominator as the general path writes it: its digits, no other form.
+      if not string.find(ds, '^[1-9]%d*$') then return nil end
       redis.call('HSET', key, 'a', q, 'b', b, 'd', ds)
     elseif dr == fr then
       redis.call('HSET', key, 'a', q)
