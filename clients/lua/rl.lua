@@ -64,9 +64,9 @@
 -- A missing key is a full bucket. Denials, peeks and cost 0 write nothing.
 --
 -- What makes it fast: a one-key acquire or peek, the call an application makes all the time,
--- takes a short path (`fast`) that builds few closures (EVALSHA runs the script's body, and
--- so makes its functions, on every call; the general path's are made only for a call that
--- needs them), converts each number once (tonumber converts a string twice, `s + 0` once; the
+-- takes a short path at the top of `run` that makes no functions of its own (EVALSHA runs the
+-- script's body, and so makes its functions, on every call; the general path's are made only
+-- for a call that needs them), converts each number once (tonumber converts a string twice, `s + 0` once; the
 -- Functions library also keeps the numbers it has read by their text), compares the stored
 -- denominator as text, counts tokens with one float division settled by exact comparisons,
 -- writes only the fields that changed, and hands redis.call numbers instead of formatting
