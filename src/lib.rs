@@ -37,6 +37,7 @@ pub mod lease_commands;
 pub mod lease_type;
 pub mod propagation;
 pub mod registry;
+pub mod reserve_commands;
 pub mod server;
 pub mod stats;
 pub mod store;
