@@ -31,12 +31,18 @@ use crate::store::{
 
 /// The type's name in RDB files (exactly 9 characters, as Redis requires).
 pub const TYPE_NAME: &str = "rl-bucket";
-/// The RDB encoding written: 3 is `full_at_ns`, `full_at_frac` and the open reservations (a
-/// count, then for each its id, estimate and expiry; see [`decode_value`]). Version 2 (0.2.0)
-/// is the two instants alone and version 1 (0.1.0) `full_at_ns` alone; both still load.
-pub const ENCODING_VERSION: i32 = 3;
-/// The encoding 0.2.0 wrote: `full_at_ns`, `full_at_frac`.
-const ENCODING_V2: i32 = 2;
+/// The RDB encoding written: 2 is two unsigned integers, `full_at_ns` and `full_at_frac`.
+/// Version 1 (0.1.0) is `full_at_ns` alone, and still loads.
+pub const ENCODING_VERSION: i32 = 2;
+const ENCODING_V2: i32 = ENCODING_VERSION;
+
+/// The type's name of a bucket holding open reservations (9 characters). A bucket with
+/// none keeps [`TYPE_NAME`] and its encoding, so 0.2.0 still reads every bucket without
+/// reservations; one with reservations is of this type until its last record goes.
+pub const RESV_TYPE_NAME: &str = "rl-bkresv";
+/// The RDB encoding of [`RESV_TYPE_NAME`]: 1 is `full_at_ns`, `full_at_frac` and the open
+/// reservations (a count, then for each its id, estimate and expiry; see [`decode_value`]).
+pub const RESV_ENCODING_VERSION: i32 = 1;
 
 // The state lives in the pointer, so pointers must hold 64 bits.
 const _: () = assert!(usize::BITS == 64);
@@ -68,16 +74,50 @@ pub static BUCKET_TYPE: RedisType = RedisType::new(
     },
 );
 
+/// The type of a bucket with open reservations, on the same callbacks (each dispatches on
+/// the value's tag).
+pub static RESV_TYPE: RedisType = RedisType::new(
+    RESV_TYPE_NAME,
+    RESV_ENCODING_VERSION,
+    raw::RedisModuleTypeMethods {
+        version: raw::REDISMODULE_TYPE_METHOD_VERSION as u64,
+        rdb_load: Some(resv_rdb_load),
+        rdb_save: Some(rdb_save),
+        aof_rewrite: Some(aof_rewrite),
+        mem_usage: Some(mem_usage),
+        digest: Some(digest),
+        free: Some(free),
+        aux_load: None,
+        aux_save: None,
+        aux_save_triggers: 0,
+        free_effort: None,
+        unlink: None,
+        copy: Some(copy),
+        defrag: None,
+        mem_usage2: None,
+        free_effort2: None,
+        unlink2: None,
+        copy2: None,
+        aux_save2: None,
+    },
+);
+
 /// The registered type, cached at load so the hot path reads one atomic instead of a RefCell.
 static TYPE_PTR: AtomicPtr<raw::RedisModuleType> = AtomicPtr::new(ptr::null_mut());
+static RESV_TYPE_PTR: AtomicPtr<raw::RedisModuleType> = AtomicPtr::new(ptr::null_mut());
 
-/// Caches the registered type pointer. Call once, after `redis_module!` created the type.
+/// Caches the registered type pointers. Call once, after `redis_module!` created the types.
 pub fn cache_type() -> Result<(), Error> {
-    cache_type_in(&BUCKET_TYPE, &TYPE_PTR)
+    cache_type_in(&BUCKET_TYPE, &TYPE_PTR)?;
+    cache_type_in(&RESV_TYPE, &RESV_TYPE_PTR)
 }
 
 fn bucket_type() -> *mut raw::RedisModuleType {
     TYPE_PTR.load(Ordering::Relaxed)
+}
+
+fn resv_type() -> *mut raw::RedisModuleType {
+    RESV_TYPE_PTR.load(Ordering::Relaxed)
 }
 
 /// A heap-held state: `[full_at_ns, full_at_frac]`.
@@ -218,7 +258,12 @@ impl BucketKey {
     }
 
     fn with(key: OpenKey) -> Result<Self, Error> {
-        let (stored, fallback) = match key.value(bucket_type()) {
+        let read = match key.value(bucket_type()) {
+            // A bucket with reservations is of the other type.
+            Err(Error::WrongType) => key.value(resv_type()),
+            read => read,
+        };
+        let (stored, fallback) = match read {
             Ok(None) => (None, false),
             // Only a State is ever stored, so this cannot fail unless memory was corrupted.
             Ok(Some(value)) => (Some(from_value(value).ok_or(Error::Internal)?), false),
@@ -295,26 +340,38 @@ impl BucketKey {
         ok.then_some(()).ok_or(Error::Internal)
     }
 
-    /// Stores `state` and exactly `records` (the open reservations), with the state's expiry.
+    /// Stores `state` and exactly `records` (the open reservations), with the state's expiry:
+    /// as the plain type when there are none, else as [`RESV_TYPE_NAME`].
     fn write_with_records(&self, state: State, records: Vec<Reservation>) -> Result<(), Error> {
         let expire_at_ms = i64::try_from(state.expire_at_ms()).map_err(|_| Error::Internal)?;
         let existed = self.staged.stored().is_some() && !self.fallback;
+        let new_type = if records.is_empty() {
+            bucket_type()
+        } else {
+            resv_type()
+        };
         let value = to_value_with(state, records);
-        // SAFETY: `self.key` is open for writing and, when `existed`, holds a value of our type
-        // (checked at open); `value` is new and owned here until the server takes it.
+        // SAFETY: `self.key` is open for writing and, when `existed`, holds a value of one of
+        // our bucket types (checked at open); `value` is new and owned here until the server
+        // takes it.
         let ok = unsafe {
-            let set = if existed {
+            let same_type = existed
+                && raw::RedisModule_ModuleTypeGetType.ok_or(Error::Internal)?(self.key.key)
+                    == new_type;
+            let set = if same_type {
                 let replace = raw::RedisModule_ModuleTypeReplaceValue.ok_or(Error::Internal)?;
                 let mut old = ptr::null_mut();
-                let set = replace(self.key.key, bucket_type(), value, &mut old);
+                let set = replace(self.key.key, new_type, value, &mut old);
                 if set == raw::REDISMODULE_OK as c_int {
                     free_value(old);
                 }
                 set
             } else {
+                // A change of type: SetValue frees the old value and drops the expiry, set
+                // again below.
                 raw::RedisModule_ModuleTypeSetValue.ok_or(Error::Internal)?(
                     self.key.key,
-                    bucket_type(),
+                    new_type,
                     value,
                 )
             };
@@ -334,7 +391,7 @@ impl BucketKey {
         if self.fallback || self.staged.stored().is_none() {
             return Vec::new();
         }
-        match self.key.value(bucket_type()) {
+        match self.key.value(resv_type()) {
             Ok(Some(value)) => records_of(value).to_vec(),
             _ => Vec::new(),
         }
@@ -608,12 +665,12 @@ pub fn decode(
 /// The most bytes a stored reservation id may hold: a longer one fails the load.
 const MAX_ID_BYTES: usize = rl_bucket::MAX_LEASE_ID_BYTES;
 
-/// Decodes one stored bucket and its open reservations, any encoding version. Version 3 is
+/// Decodes one stored bucket of [`RESV_TYPE_NAME`] and its open reservations. Version 1 is
 /// `full_at_ns`, `full_at_frac`, a count (at most [`MAX_RESERVATIONS`]), then per record its
 /// id (a string of 1 to 16 bytes), the estimate's digits (high and low 64 bits), its signed
 /// exponent, and its expiry in µs. Every field is checked: an estimate must be the canonical
 /// form of a decimal above 0 that a command could have taken, an expiry storable, each id
-/// named once. Versions 1 and 2 hold no records ([`decode`]).
+/// named once, and at least one record.
 ///
 /// # Errors
 /// A [`DecodeError`] for anything else.
@@ -623,8 +680,8 @@ pub fn decode_value(
     mut next_signed: impl FnMut() -> Option<i64>,
     mut next_bytes: impl FnMut() -> Option<Vec<u8>>,
 ) -> Result<(State, Vec<Reservation>), DecodeError> {
-    if encver != ENCODING_VERSION {
-        return decode(encver, next_unsigned).map(|state| (state, Vec::new()));
+    if encver != RESV_ENCODING_VERSION {
+        return Err(DecodeError::Version);
     }
     let full_at_ns = next_unsigned().ok_or(DecodeError::Io)?;
     let full_at_frac = next_unsigned().ok_or(DecodeError::Io)?;
@@ -632,7 +689,7 @@ pub fn decode_value(
     let count = next_unsigned().ok_or(DecodeError::Io)?;
     let count = usize::try_from(count)
         .ok()
-        .filter(|&count| count <= MAX_RESERVATIONS)
+        .filter(|&count| (1..=MAX_RESERVATIONS).contains(&count))
         .ok_or(DecodeError::Range)?;
     let mut records = Vec::with_capacity(count);
     for _ in 0..count {
@@ -659,6 +716,20 @@ pub fn decode_value(
 }
 
 unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *mut c_void {
+    // SAFETY: forwarded (Redis's call).
+    unsafe { load_with(rdb, encver, false) }
+}
+
+unsafe extern "C" fn resv_rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *mut c_void {
+    // SAFETY: forwarded (Redis's call).
+    unsafe { load_with(rdb, encver, true) }
+}
+
+/// Loads a value of either type: `resv` for [`RESV_TYPE_NAME`].
+///
+/// # Safety
+/// `rdb` must be the live IO handle Redis passed to a load callback.
+unsafe fn load_with(rdb: *mut raw::RedisModuleIO, encver: c_int, resv: bool) -> *mut c_void {
     let failed = || {
         // SAFETY: `rdb` is the live IO handle Redis passed in.
         unsafe { raw::RedisModule_IsIOError.is_none_or(|failed| failed(rdb) != 0) }
@@ -687,7 +758,12 @@ unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *m
         }
         Some(bytes)
     };
-    match decode_value(encver, next_unsigned, next_signed, next_bytes) {
+    let decoded = if resv {
+        decode_value(encver, next_unsigned, next_signed, next_bytes)
+    } else {
+        decode(encver, next_unsigned).map(|state| (state, Vec::new()))
+    };
+    match decoded {
         Ok((state, records)) => to_value_with(state, records),
         Err(DecodeError::Io) => ptr::null_mut(),
         Err(DecodeError::Version) => {
@@ -711,11 +787,14 @@ unsafe extern "C" fn rdb_save(rdb: *mut raw::RedisModuleIO, value: *mut c_void) 
     ) else {
         return;
     };
-    let records = records_of(value);
     // SAFETY: `rdb` is the live IO handle Redis passed in; each id's bytes outlive the call.
     unsafe {
         save(rdb, state.full_at_ns());
         save(rdb, state.full_at_frac());
+        if !is_with_records(value) {
+            return;
+        }
+        let records = records_of(value);
         save(rdb, records.len() as u64);
         for record in records {
             let id = record.id.as_bytes();
@@ -879,6 +958,155 @@ mod tests {
             let got = decode(encver, || next.next().flatten())
                 .map(|s| (s.full_at_ns(), s.full_at_frac()));
             assert_eq!(got, want, "encver {encver}, fields {fields:?}");
+        }
+    }
+
+    /// One field of a reservation-bearing value, as the loader reads it.
+    #[derive(Clone, Copy, Debug)]
+    enum F {
+        U(u64),
+        S(i64),
+        B(&'static [u8]),
+    }
+
+    fn decode_fields(encver: i32, fields: &[F]) -> Result<(State, Vec<Reservation>), DecodeError> {
+        let fields = std::cell::RefCell::new(fields.iter().copied());
+        decode_value(
+            encver,
+            || match fields.borrow_mut().next() {
+                Some(F::U(v)) => Some(v),
+                _ => None,
+            },
+            || match fields.borrow_mut().next() {
+                Some(F::S(v)) => Some(v),
+                _ => None,
+            },
+            || match fields.borrow_mut().next() {
+                Some(F::B(v)) => Some(v.to_vec()),
+                _ => None,
+            },
+        )
+    }
+
+    #[test]
+    fn decode_value_checks_every_field_of_a_reservation() {
+        use F::*;
+        const AT: u64 = 1_800_000_000_000_000;
+        // A valid record: id "a", estimate 25e-1 (2.5), expiry AT.
+        let good: &[F] = &[U(5), U(0), U(1), B(b"a"), U(0), U(25), S(-1), U(AT)];
+        let (state, records) = decode_fields(1, good).unwrap();
+        assert_eq!(state.full_at_ns(), 5);
+        assert_eq!(records.len(), 1);
+        assert_eq!(estimate_text(records[0].estimate), "25e-1");
+        type Row = (i32, &'static [F], DecodeError);
+        let rows: &[Row] = &[
+            // unknown version
+            (
+                2,
+                &[U(5), U(0), U(1), B(b"a"), U(0), U(25), S(-1), U(AT)],
+                DecodeError::Version,
+            ),
+            // no records: such a bucket is of the plain type
+            (1, &[U(5), U(0), U(0)], DecodeError::Range),
+            // past the cap
+            (1, &[U(5), U(0), U(1001)], DecodeError::Range),
+            // zero instant
+            (1, &[U(0), U(0), U(1)], DecodeError::Range),
+            // an empty id, a 17-byte id
+            (
+                1,
+                &[U(5), U(0), U(1), B(b""), U(0), U(1), S(0), U(AT)],
+                DecodeError::Range,
+            ),
+            (
+                1,
+                &[
+                    U(5),
+                    U(0),
+                    U(1),
+                    B(b"12345678901234567"),
+                    U(0),
+                    U(1),
+                    S(0),
+                    U(AT),
+                ],
+                DecodeError::Range,
+            ),
+            // a zero estimate; digits not canonical (trailing zero); 39 digits
+            (
+                1,
+                &[U(5), U(0), U(1), B(b"a"), U(0), U(0), S(0), U(AT)],
+                DecodeError::Range,
+            ),
+            (
+                1,
+                &[U(5), U(0), U(1), B(b"a"), U(0), U(10), S(0), U(AT)],
+                DecodeError::Range,
+            ),
+            (
+                1,
+                &[
+                    U(5),
+                    U(0),
+                    U(1),
+                    B(b"a"),
+                    U(u64::MAX),
+                    U(u64::MAX),
+                    S(0),
+                    U(AT),
+                ],
+                DecodeError::Range,
+            ),
+            // an exponent past any decimal a command takes
+            (
+                1,
+                &[U(5), U(0), U(1), B(b"a"), U(0), U(1), S(i64::MAX), U(AT)],
+                DecodeError::Range,
+            ),
+            // expiry 0 or past the storable range
+            (
+                1,
+                &[U(5), U(0), U(1), B(b"a"), U(0), U(1), S(0), U(0)],
+                DecodeError::Range,
+            ),
+            (
+                1,
+                &[U(5), U(0), U(1), B(b"a"), U(0), U(1), S(0), U(1 << 58)],
+                DecodeError::Range,
+            ),
+            // an id twice
+            (
+                1,
+                &[
+                    U(5),
+                    U(0),
+                    U(2),
+                    B(b"a"),
+                    U(0),
+                    U(1),
+                    S(0),
+                    U(AT),
+                    B(b"a"),
+                    U(0),
+                    U(2),
+                    S(0),
+                    U(AT),
+                ],
+                DecodeError::Range,
+            ),
+            // truncated
+            (
+                1,
+                &[U(5), U(0), U(1), B(b"a"), U(0), U(1), S(0)],
+                DecodeError::Io,
+            ),
+        ];
+        for (i, &(encver, fields, want)) in rows.iter().enumerate() {
+            assert_eq!(
+                decode_fields(encver, fields).map(|_| ()),
+                Err(want),
+                "row {i}"
+            );
         }
     }
 

@@ -48,7 +48,7 @@ pub mod table_type;
 
 use redis_module::{raw, redis_module, Context, RedisString, Status};
 
-use crate::datatype::BUCKET_TYPE;
+use crate::datatype::{BUCKET_TYPE, RESV_TYPE};
 use crate::lease_type::LEASE_TYPE;
 use crate::table_type::TABLE_TYPE;
 
@@ -145,6 +145,6 @@ redis_module! {
     name: "rl",
     version: MODULE_VERSION,
     allocator: (alloc::Allocator, alloc::ALLOCATOR),
-    data_types: [BUCKET_TYPE, TABLE_TYPE, LEASE_TYPE],
+    data_types: [BUCKET_TYPE, TABLE_TYPE, LEASE_TYPE, RESV_TYPE],
     init: init,
 }
