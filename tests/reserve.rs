@@ -221,12 +221,22 @@ fn other_types_get_wrongtype_and_keep_their_value() {
     }
     let value: String = redis::cmd("GET").arg("s").query(&mut con).unwrap();
     assert_eq!(value, "v");
-    // A bucket with reservations is WRONGTYPE to the lease commands.
+    // A bucket with reservations is of its own type, a plain bucket again without them,
+    // and WRONGTYPE to the lease commands.
     reserve(&mut con, &["k", RATE, CAP, "1", HOUR_MS, "ID", "a"]);
+    let kind: String = redis::cmd("TYPE").arg("k").query(&mut con).unwrap();
+    assert_eq!(kind, "rl-bkresv");
+    assert_eq!(balance(&mut con, "k"), 9);
     assert_eq!(
         error_text(&mut con, &command("RL.LEASES", &["k", "1"])),
         WRONGTYPE
     );
+    reserve(&mut con, &["k", RATE, CAP, "2", HOUR_MS, "ID", "b"]);
+    settle(&mut con, "k", "a", "1");
+    settle(&mut con, "k", "b", "3");
+    let kind: String = redis::cmd("TYPE").arg("k").query(&mut con).unwrap();
+    assert_eq!(kind, "rl-bucket");
+    assert_eq!(balance(&mut con, "k"), 6);
 }
 
 #[test]
