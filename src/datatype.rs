@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicPtr, Ordering};
 
 use redis_module::native_types::RedisType;
 use redis_module::raw;
-use rl_bucket::{Change, State};
+use rl_bucket::{Change, Cost, LeaseId, Reservation, State, MAX_RESERVATIONS};
 
 use crate::error::Error;
 use crate::propagation;
@@ -34,6 +34,15 @@ pub const TYPE_NAME: &str = "rl-bucket";
 /// The RDB encoding written: 2 is two unsigned integers, `full_at_ns` and `full_at_frac`.
 /// Version 1 (0.1.0) is `full_at_ns` alone, and still loads.
 pub const ENCODING_VERSION: i32 = 2;
+const ENCODING_V2: i32 = ENCODING_VERSION;
+
+/// The type's name of a bucket holding open reservations (9 characters). A bucket with
+/// none keeps [`TYPE_NAME`] and its encoding, so 0.2.0 still reads every bucket without
+/// reservations; one with reservations is of this type until its last record goes.
+pub const RESV_TYPE_NAME: &str = "rl-bkresv";
+/// The RDB encoding of [`RESV_TYPE_NAME`]: 1 is `full_at_ns`, `full_at_frac` and the open
+/// reservations (a count, then for each its id, estimate and expiry; see [`decode_value`]).
+pub const RESV_ENCODING_VERSION: i32 = 1;
 
 // The state lives in the pointer, so pointers must hold 64 bits.
 const _: () = assert!(usize::BITS == 64);
@@ -65,20 +74,97 @@ pub static BUCKET_TYPE: RedisType = RedisType::new(
     },
 );
 
+/// The type of a bucket with open reservations, on the same callbacks (each dispatches on
+/// the value's tag).
+pub static RESV_TYPE: RedisType = RedisType::new(
+    RESV_TYPE_NAME,
+    RESV_ENCODING_VERSION,
+    raw::RedisModuleTypeMethods {
+        version: raw::REDISMODULE_TYPE_METHOD_VERSION as u64,
+        rdb_load: Some(resv_rdb_load),
+        rdb_save: Some(rdb_save),
+        aof_rewrite: Some(aof_rewrite),
+        mem_usage: Some(mem_usage),
+        digest: Some(digest),
+        free: Some(free),
+        aux_load: None,
+        aux_save: None,
+        aux_save_triggers: 0,
+        free_effort: None,
+        unlink: None,
+        copy: Some(copy),
+        defrag: None,
+        mem_usage2: None,
+        free_effort2: None,
+        unlink2: None,
+        copy2: None,
+        aux_save2: None,
+    },
+);
+
 /// The registered type, cached at load so the hot path reads one atomic instead of a RefCell.
 static TYPE_PTR: AtomicPtr<raw::RedisModuleType> = AtomicPtr::new(ptr::null_mut());
+static RESV_TYPE_PTR: AtomicPtr<raw::RedisModuleType> = AtomicPtr::new(ptr::null_mut());
 
-/// Caches the registered type pointer. Call once, after `redis_module!` created the type.
+/// Caches the registered type pointers. Call once, after `redis_module!` created the types.
 pub fn cache_type() -> Result<(), Error> {
-    cache_type_in(&BUCKET_TYPE, &TYPE_PTR)
+    cache_type_in(&BUCKET_TYPE, &TYPE_PTR)?;
+    cache_type_in(&RESV_TYPE, &RESV_TYPE_PTR)
 }
 
 fn bucket_type() -> *mut raw::RedisModuleType {
     TYPE_PTR.load(Ordering::Relaxed)
 }
 
+fn resv_type() -> *mut raw::RedisModuleType {
+    RESV_TYPE_PTR.load(Ordering::Relaxed)
+}
+
 /// A heap-held state: `[full_at_ns, full_at_frac]`.
 type Boxed = [u64; 2];
+
+/// A bucket with open reservations: its state and their records, tagged `0b10` in the
+/// pointer's low bits (an allocation's are clear, an inline state's low bit is set).
+#[derive(Clone)]
+struct WithRecords {
+    state: State,
+    records: Vec<Reservation>,
+}
+
+const TAG_MASK: usize = 0b11;
+const TAG_RECORDS: usize = 0b10;
+
+/// The value pointer for `state` and `records`: [`to_value`] when there are none.
+fn to_value_with(state: State, records: Vec<Reservation>) -> *mut c_void {
+    if records.is_empty() {
+        return to_value(state);
+    }
+    let boxed = Box::into_raw(Box::new(WithRecords { state, records }));
+    ((boxed as usize) | TAG_RECORDS) as *mut c_void
+}
+
+fn is_with_records(value: *const c_void) -> bool {
+    (value as usize) & TAG_MASK == TAG_RECORDS
+}
+
+/// The state and records of a tagged value.
+///
+/// # Safety
+/// `value` must be a live value made by `to_value_with` with records (`is_with_records`).
+unsafe fn with_records<'a>(value: *const c_void) -> &'a mut WithRecords {
+    // SAFETY: untagged, the pointer is the Box made by `to_value_with` (caller).
+    unsafe { &mut *(((value as usize) & !TAG_MASK) as *mut WithRecords) }
+}
+
+/// The open reservations a value holds (none for a plain state).
+fn records_of<'a>(value: *const c_void) -> &'a [Reservation] {
+    if is_with_records(value) {
+        // SAFETY: a tagged value is only made by `to_value_with`, live until `free`.
+        unsafe { &with_records(value).records }
+    } else {
+        &[]
+    }
+}
 
 /// The value pointer for `state`: inline (`full_at_ns << 1 | 1`) when it has no fraction,
 /// else a new allocation that `free` releases.
@@ -91,12 +177,17 @@ fn to_value(state: State) -> *mut c_void {
     }
 }
 
-/// An allocation is aligned, so its low bit is clear; an inline state's is set.
+/// An allocation is aligned, so its low bits are clear; an inline state's low bit is set, a
+/// value with records has `0b10`.
 fn is_boxed(value: *const c_void) -> bool {
-    !value.is_null() && (value as usize) & 1 == 0
+    !value.is_null() && (value as usize) & TAG_MASK == 0
 }
 
 fn from_value(value: *const c_void) -> Option<State> {
+    if is_with_records(value) {
+        // SAFETY: a tagged value is only made by `to_value_with`, live until `free`.
+        return Some(unsafe { with_records(value) }.state);
+    }
     if is_boxed(value) {
         // SAFETY: a boxed value is only ever made by `to_value`, and is live until `free`.
         let [full_at_ns, full_at_frac] = unsafe { *value.cast::<Boxed>() };
@@ -111,7 +202,10 @@ fn from_value(value: *const c_void) -> Option<State> {
 /// # Safety
 /// `value` must be a value made by `to_value` and no longer referenced by any key.
 unsafe fn free_value(value: *mut c_void) {
-    if is_boxed(value) {
+    if is_with_records(value) {
+        // SAFETY: made by `Box::into_raw` in `to_value_with`, released once (caller).
+        drop(unsafe { Box::from_raw(((value as usize) & !TAG_MASK) as *mut WithRecords) });
+    } else if is_boxed(value) {
         // SAFETY: made by `Box::into_raw` in `to_value`, released once (caller).
         drop(unsafe { Box::from_raw(value.cast::<Boxed>()) });
     }
@@ -164,7 +258,12 @@ impl BucketKey {
     }
 
     fn with(key: OpenKey) -> Result<Self, Error> {
-        let (stored, fallback) = match key.value(bucket_type()) {
+        let read = match key.value(bucket_type()) {
+            // A bucket with reservations is of the other type.
+            Err(Error::WrongType) => key.value(resv_type()),
+            read => read,
+        };
+        let (stored, fallback) = match read {
             Ok(None) => (None, false),
             // Only a State is ever stored, so this cannot fail unless memory was corrupted.
             Ok(Some(value)) => (Some(from_value(value).ok_or(Error::Internal)?), false),
@@ -200,7 +299,11 @@ impl BucketKey {
             } else {
                 ptr::null_mut()
             };
-            let set = if is_boxed(stored) && state.full_at_frac() != 0 {
+            let set = if is_with_records(stored) {
+                // The reservations stay: a take, charge or refund changes the state alone.
+                with_records(stored).state = state;
+                raw::REDISMODULE_OK as c_int
+            } else if is_boxed(stored) && state.full_at_frac() != 0 {
                 // The common write at rates with a fraction: update the allocation in place.
                 *stored.cast::<Boxed>() = [state.full_at_ns(), state.full_at_frac()];
                 raw::REDISMODULE_OK as c_int
@@ -236,6 +339,201 @@ impl BucketKey {
         };
         ok.then_some(()).ok_or(Error::Internal)
     }
+
+    /// Stores `state` and exactly `records` (the open reservations), with the state's expiry:
+    /// as the plain type when there are none, else as [`RESV_TYPE_NAME`].
+    fn write_with_records(&self, state: State, records: Vec<Reservation>) -> Result<(), Error> {
+        let expire_at_ms = i64::try_from(state.expire_at_ms()).map_err(|_| Error::Internal)?;
+        let existed = self.staged.stored().is_some() && !self.fallback;
+        let new_type = if records.is_empty() {
+            bucket_type()
+        } else {
+            resv_type()
+        };
+        let value = to_value_with(state, records);
+        // SAFETY: `self.key` is open for writing and, when `existed`, holds a value of one of
+        // our bucket types (checked at open); `value` is new and owned here until the server
+        // takes it.
+        let ok = unsafe {
+            let same_type = existed
+                && raw::RedisModule_ModuleTypeGetType.ok_or(Error::Internal)?(self.key.key)
+                    == new_type;
+            let set = if same_type {
+                let replace = raw::RedisModule_ModuleTypeReplaceValue.ok_or(Error::Internal)?;
+                let mut old = ptr::null_mut();
+                let set = replace(self.key.key, new_type, value, &mut old);
+                if set == raw::REDISMODULE_OK as c_int {
+                    free_value(old);
+                }
+                set
+            } else {
+                // A change of type: SetValue frees the old value and drops the expiry, set
+                // again below.
+                raw::RedisModule_ModuleTypeSetValue.ok_or(Error::Internal)?(
+                    self.key.key,
+                    new_type,
+                    value,
+                )
+            };
+            if set != raw::REDISMODULE_OK as c_int {
+                free_value(value);
+            }
+            set == raw::REDISMODULE_OK as c_int
+                && raw::RedisModule_SetAbsExpire.ok_or(Error::Internal)?(self.key.key, expire_at_ms)
+                    == raw::REDISMODULE_OK as c_int
+        };
+        ok.then_some(()).ok_or(Error::Internal)
+    }
+
+    /// The open reservations stored with the bucket, as read (none for a missing key or the
+    /// fallback's hash). Records past their expiry are still listed: the steps drop them.
+    pub fn records(&self) -> Vec<Reservation> {
+        if self.fallback || self.staged.stored().is_none() {
+            return Vec::new();
+        }
+        match self.key.value(resv_type()) {
+            Ok(Some(value)) => records_of(value).to_vec(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// Stores the bucket as `change` leaves it together with exactly `records`, or deletes
+    /// the key (its records with it) for [`Change::Delete`]; signals `event` and replicates
+    /// the effect: `RL.RESVSTATE` with the exact state and every record, or `DEL`.
+    ///
+    /// # Errors
+    /// [`Error::Internal`] if the server refuses the write, or `Keep` on a missing key (no
+    /// state to hold records).
+    pub fn commit_records(
+        &mut self,
+        change: Change,
+        records: Vec<Reservation>,
+        event: &CStr,
+    ) -> Result<(), Error> {
+        let took_over = self.fallback;
+        let state = match change {
+            Change::Delete => {
+                delete_key(self.key.key)?;
+                signal_modified(
+                    self.key.ctx,
+                    self.key.name,
+                    raw::REDISMODULE_NOTIFY_GENERIC,
+                    c"del",
+                )?;
+                self.fallback = false;
+                self.staged = Staged::new(None);
+                if self.verbatim {
+                    return replicate_verbatim(self.key.ctx);
+                }
+                if propagation::needed(self.key.ctx) {
+                    replicate_del(self.key.ctx, self.key.name)?;
+                }
+                return Ok(());
+            }
+            Change::Set(state) => state,
+            Change::Keep => self.staged.state().ok_or(Error::Internal)?,
+        };
+        let replicated_records = if self.verbatim || !propagation::needed(self.key.ctx) {
+            Vec::new()
+        } else {
+            records.clone()
+        };
+        self.write_with_records(state, records)?;
+        signal_modified(
+            self.key.ctx,
+            self.key.name,
+            raw::REDISMODULE_NOTIFY_MODULE,
+            event,
+        )?;
+        self.fallback = false;
+        self.staged = Staged::new(Some(state));
+        if self.verbatim {
+            return replicate_verbatim(self.key.ctx);
+        }
+        if !propagation::needed(self.key.ctx) {
+            return Ok(());
+        }
+        if took_over {
+            replicate_del(self.key.ctx, self.key.name)?;
+        }
+        replicate_records(self.key.ctx, self.key.name, state, &replicated_records)
+    }
+}
+
+/// Replicates the running command as it came (it reads no clock).
+fn replicate_verbatim(ctx: *mut raw::RedisModuleCtx) -> Result<(), Error> {
+    // SAFETY: the running command's context.
+    let verbatim = unsafe { raw::RedisModule_ReplicateVerbatim }.ok_or(Error::Internal)?;
+    // SAFETY: as above.
+    replicated(unsafe { verbatim(ctx) })
+}
+
+/// An estimate as text that [`Cost::parse`] reads back exactly: `digits` `e` `exp10`.
+pub fn estimate_text(estimate: Cost) -> String {
+    let (digits, exp10) = estimate.exact().parts();
+    format!("{digits}e{exp10}")
+}
+
+/// The arguments of `RL.RESVSTATE` after the key: `full_at_ns full_at_frac` and each record's
+/// `id estimate expires_at_us`.
+fn resv_state_args(state: State, records: &[Reservation]) -> Vec<Vec<u8>> {
+    let mut args = Vec::with_capacity(2 + 3 * records.len());
+    let (full_at_ns, full_at_frac) = full_at_i64(state);
+    args.push(full_at_ns.to_string().into_bytes());
+    args.push(full_at_frac.to_string().into_bytes());
+    for record in records {
+        args.push(record.id.as_bytes().to_vec());
+        args.push(estimate_text(record.estimate).into_bytes());
+        args.push(record.expires_at_us.to_string().into_bytes());
+    }
+    args
+}
+
+/// Makes server strings of `args` (with no context: the caller frees them with
+/// [`free_strings`]).
+fn new_strings(args: &[Vec<u8>]) -> Result<Vec<*mut raw::RedisModuleString>, Error> {
+    // SAFETY: read once, after load.
+    let create = unsafe { raw::RedisModule_CreateString }.ok_or(Error::Internal)?;
+    Ok(args
+        .iter()
+        // SAFETY: a NULL context makes a string the caller frees; the bytes outlive the call.
+        .map(|arg| unsafe { create(ptr::null_mut(), arg.as_ptr().cast(), arg.len()) })
+        .collect())
+}
+
+fn free_strings(strings: Vec<*mut raw::RedisModuleString>) {
+    // SAFETY: each string was made by `new_strings` with no context and is freed once.
+    unsafe {
+        if let Some(free) = raw::RedisModule_FreeString {
+            for s in strings {
+                free(ptr::null_mut(), s);
+            }
+        }
+    }
+}
+
+/// The effect of a reservation write: `RL.RESVSTATE` with the exact state and every record.
+fn replicate_records(
+    ctx: *mut raw::RedisModuleCtx,
+    name: *mut raw::RedisModuleString,
+    state: State,
+    records: &[Reservation],
+) -> Result<(), Error> {
+    let mut strings = new_strings(&resv_state_args(state, records))?;
+    // SAFETY: read once, after load; "sv" matches one RedisModuleString, then an array of
+    // them and its length.
+    let status = unsafe {
+        raw::RedisModule_Replicate.ok_or(Error::Internal)?(
+            ctx,
+            c"RL.RESVSTATE".as_ptr(),
+            c"sv".as_ptr(),
+            name,
+            strings.as_mut_ptr(),
+            strings.len(),
+        )
+    };
+    free_strings(strings);
+    replicated(status)
 }
 
 impl Store for BucketKey {
@@ -352,7 +650,7 @@ pub fn decode(
 ) -> Result<State, DecodeError> {
     let fields = match encver {
         1 => 1,
-        ENCODING_VERSION => 2,
+        ENCODING_V2 => 2,
         _ => return Err(DecodeError::Version),
     };
     let full_at_ns = next_unsigned().ok_or(DecodeError::Io)?;
@@ -364,16 +662,109 @@ pub fn decode(
     State::from_parts(full_at_ns, full_at_frac).ok_or(DecodeError::Range)
 }
 
+/// The most bytes a stored reservation id may hold: a longer one fails the load.
+const MAX_ID_BYTES: usize = rl_bucket::MAX_LEASE_ID_BYTES;
+
+/// Decodes one stored bucket of [`RESV_TYPE_NAME`] and its open reservations. Version 1 is
+/// `full_at_ns`, `full_at_frac`, a count (at most [`MAX_RESERVATIONS`]), then per record its
+/// id (a string of 1 to 16 bytes), the estimate's digits (high and low 64 bits), its signed
+/// exponent, and its expiry in µs. Every field is checked: an estimate must be the canonical
+/// form of a decimal above 0 that a command could have taken, an expiry storable, each id
+/// named once, and at least one record.
+///
+/// # Errors
+/// A [`DecodeError`] for anything else.
+pub fn decode_value(
+    encver: i32,
+    mut next_unsigned: impl FnMut() -> Option<u64>,
+    mut next_signed: impl FnMut() -> Option<i64>,
+    mut next_bytes: impl FnMut() -> Option<Vec<u8>>,
+) -> Result<(State, Vec<Reservation>), DecodeError> {
+    if encver != RESV_ENCODING_VERSION {
+        return Err(DecodeError::Version);
+    }
+    let full_at_ns = next_unsigned().ok_or(DecodeError::Io)?;
+    let full_at_frac = next_unsigned().ok_or(DecodeError::Io)?;
+    let state = State::from_parts(full_at_ns, full_at_frac).ok_or(DecodeError::Range)?;
+    let count = next_unsigned().ok_or(DecodeError::Io)?;
+    let count = usize::try_from(count)
+        .ok()
+        .filter(|&count| (1..=MAX_RESERVATIONS).contains(&count))
+        .ok_or(DecodeError::Range)?;
+    let mut records = Vec::with_capacity(count);
+    for _ in 0..count {
+        let id = next_bytes().ok_or(DecodeError::Io)?;
+        let id = Some(id.as_slice())
+            .filter(|id| id.len() <= MAX_ID_BYTES)
+            .and_then(LeaseId::new)
+            .ok_or(DecodeError::Range)?;
+        let high = next_unsigned().ok_or(DecodeError::Io)?;
+        let low = next_unsigned().ok_or(DecodeError::Io)?;
+        let exp10 = next_signed().ok_or(DecodeError::Io)?;
+        let expires_at_us = next_unsigned().ok_or(DecodeError::Io)?;
+        let digits = (u128::from(high) << 64) | u128::from(low);
+        let exp10 = i32::try_from(exp10).map_err(|_| DecodeError::Range)?;
+        let estimate = Cost::parse(format!("{digits}e{exp10}").as_bytes())
+            .filter(|cost| cost.exact().parts() == (digits, exp10))
+            .ok_or(DecodeError::Range)?;
+        records.push(Reservation::new(id, estimate, expires_at_us).ok_or(DecodeError::Range)?);
+    }
+    if !rl_bucket::valid_records(&records) {
+        return Err(DecodeError::Range);
+    }
+    Ok((state, records))
+}
+
 unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *mut c_void {
+    // SAFETY: forwarded (Redis's call).
+    unsafe { load_with(rdb, encver, false) }
+}
+
+unsafe extern "C" fn resv_rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *mut c_void {
+    // SAFETY: forwarded (Redis's call).
+    unsafe { load_with(rdb, encver, true) }
+}
+
+/// Loads a value of either type: `resv` for [`RESV_TYPE_NAME`].
+///
+/// # Safety
+/// `rdb` must be the live IO handle Redis passed to a load callback.
+unsafe fn load_with(rdb: *mut raw::RedisModuleIO, encver: c_int, resv: bool) -> *mut c_void {
+    let failed = || {
+        // SAFETY: `rdb` is the live IO handle Redis passed in.
+        unsafe { raw::RedisModule_IsIOError.is_none_or(|failed| failed(rdb) != 0) }
+    };
     // SAFETY: `rdb` is the live IO handle Redis passed in. HANDLE_IO_ERRORS is set at load,
     // so a short or mistyped read sets the error flag instead of aborting the server.
     let next_unsigned = || unsafe {
         let value = raw::RedisModule_LoadUnsigned.map(|load| load(rdb))?;
-        let failed = raw::RedisModule_IsIOError.is_none_or(|failed| failed(rdb) != 0);
-        (!failed).then_some(value)
+        (!failed()).then_some(value)
     };
-    match decode(encver, next_unsigned) {
-        Ok(state) => to_value(state),
+    // SAFETY: as above.
+    let next_signed = || unsafe {
+        let value = raw::RedisModule_LoadSigned.map(|load| load(rdb))?;
+        (!failed()).then_some(value)
+    };
+    // SAFETY: as above; the buffer Redis returns is copied, then freed once.
+    let next_bytes = || unsafe {
+        let mut len = 0usize;
+        let buffer = raw::RedisModule_LoadStringBuffer.map(|load| load(rdb, &mut len))?;
+        if failed() || buffer.is_null() {
+            return None;
+        }
+        let bytes = std::slice::from_raw_parts(buffer.cast::<u8>(), len).to_vec();
+        if let Some(free) = raw::RedisModule_Free {
+            free(buffer.cast());
+        }
+        Some(bytes)
+    };
+    let decoded = if resv {
+        decode_value(encver, next_unsigned, next_signed, next_bytes)
+    } else {
+        decode(encver, next_unsigned).map(|state| (state, Vec::new()))
+    };
+    match decoded {
+        Ok((state, records)) => to_value_with(state, records),
         Err(DecodeError::Io) => ptr::null_mut(),
         Err(DecodeError::Version) => {
             log_warning(c"rl-bucket: unknown encoding version, refusing to load the value");
@@ -387,12 +778,32 @@ unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *m
 }
 
 unsafe extern "C" fn rdb_save(rdb: *mut raw::RedisModuleIO, value: *mut c_void) {
-    if let (Some(state), Some(save)) = (from_value(value), unsafe { raw::RedisModule_SaveUnsigned })
-    {
-        // SAFETY: `rdb` is the live IO handle Redis passed in.
-        unsafe {
-            save(rdb, state.full_at_ns());
-            save(rdb, state.full_at_frac());
+    // SAFETY: read once, after load.
+    let (Some(state), Some(save), Some(save_signed), Some(save_buffer)) = (
+        from_value(value),
+        unsafe { raw::RedisModule_SaveUnsigned },
+        unsafe { raw::RedisModule_SaveSigned },
+        unsafe { raw::RedisModule_SaveStringBuffer },
+    ) else {
+        return;
+    };
+    // SAFETY: `rdb` is the live IO handle Redis passed in; each id's bytes outlive the call.
+    unsafe {
+        save(rdb, state.full_at_ns());
+        save(rdb, state.full_at_frac());
+        if !is_with_records(value) {
+            return;
+        }
+        let records = records_of(value);
+        save(rdb, records.len() as u64);
+        for record in records {
+            let id = record.id.as_bytes();
+            save_buffer(rdb, id.as_ptr().cast(), id.len());
+            let (digits, exp10) = record.estimate.exact().parts();
+            save(rdb, (digits >> 64) as u64);
+            save(rdb, digits as u64);
+            save_signed(rdb, i64::from(exp10));
+            save(rdb, record.expires_at_us);
         }
     }
 }
@@ -403,6 +814,26 @@ unsafe extern "C" fn aof_rewrite(
     value: *mut c_void,
 ) {
     if let (Some(state), Some(emit)) = (from_value(value), unsafe { raw::RedisModule_EmitAOF }) {
+        let records = records_of(value);
+        if !records.is_empty() {
+            let Ok(mut strings) = new_strings(&resv_state_args(state, records)) else {
+                return;
+            };
+            // SAFETY: live handles from Redis; "sv" matches one RedisModuleString, then an
+            // array of them and its length. The expiry follows as Redis's own PEXPIREAT.
+            unsafe {
+                emit(
+                    aof,
+                    c"RL.RESVSTATE".as_ptr(),
+                    c"sv".as_ptr(),
+                    key,
+                    strings.as_mut_ptr(),
+                    strings.len(),
+                );
+            }
+            free_strings(strings);
+            return;
+        }
         let (full_at_ns, full_at_frac) = full_at_i64(state);
         // SAFETY: live handles from Redis; "sl" matches one RedisModuleString and one long long,
         // "sll" two. The key's expiry follows as a PEXPIREAT that Redis writes itself. A
@@ -439,7 +870,13 @@ const VALUE_RECORD_BYTES: usize = 2 * std::mem::size_of::<usize>();
 /// alone (the key is embedded in its object, and neither is added), so 0 made every bucket
 /// look free there.
 unsafe extern "C" fn mem_usage(value: *const c_void) -> usize {
-    if is_boxed(value) {
+    if is_with_records(value) {
+        // SAFETY: a tagged value is only made by `to_value_with`, live until `free`.
+        let capacity = unsafe { with_records(value) }.records.capacity();
+        VALUE_RECORD_BYTES
+            + std::mem::size_of::<WithRecords>()
+            + capacity.saturating_mul(std::mem::size_of::<Reservation>())
+    } else if is_boxed(value) {
         VALUE_RECORD_BYTES + std::mem::size_of::<Boxed>()
     } else {
         VALUE_RECORD_BYTES
@@ -460,6 +897,15 @@ unsafe extern "C" fn digest(md: *mut raw::RedisModuleDigest, value: *mut c_void)
                 if full_at_frac != 0 {
                     add(md, full_at_frac);
                 }
+                for record in records_of(value) {
+                    if let Some(add_buffer) = raw::RedisModule_DigestAddStringBuffer {
+                        let id = record.id.as_bytes();
+                        add_buffer(md, id.as_ptr().cast_mut().cast(), id.len());
+                        let estimate = estimate_text(record.estimate);
+                        add_buffer(md, estimate.as_ptr().cast_mut().cast(), estimate.len());
+                    }
+                    add(md, i64::try_from(record.expires_at_us).unwrap_or(i64::MAX));
+                }
                 end(md);
             }
         }
@@ -478,7 +924,7 @@ unsafe extern "C" fn copy(
     value: *const c_void,
 ) -> *mut c_void {
     match from_value(value) {
-        Some(state) => to_value(state),
+        Some(state) => to_value_with(state, records_of(value).to_vec()),
         None => ptr::null_mut(),
     }
 }
@@ -512,6 +958,155 @@ mod tests {
             let got = decode(encver, || next.next().flatten())
                 .map(|s| (s.full_at_ns(), s.full_at_frac()));
             assert_eq!(got, want, "encver {encver}, fields {fields:?}");
+        }
+    }
+
+    /// One field of a reservation-bearing value, as the loader reads it.
+    #[derive(Clone, Copy, Debug)]
+    enum F {
+        U(u64),
+        S(i64),
+        B(&'static [u8]),
+    }
+
+    fn decode_fields(encver: i32, fields: &[F]) -> Result<(State, Vec<Reservation>), DecodeError> {
+        let fields = std::cell::RefCell::new(fields.iter().copied());
+        decode_value(
+            encver,
+            || match fields.borrow_mut().next() {
+                Some(F::U(v)) => Some(v),
+                _ => None,
+            },
+            || match fields.borrow_mut().next() {
+                Some(F::S(v)) => Some(v),
+                _ => None,
+            },
+            || match fields.borrow_mut().next() {
+                Some(F::B(v)) => Some(v.to_vec()),
+                _ => None,
+            },
+        )
+    }
+
+    #[test]
+    fn decode_value_checks_every_field_of_a_reservation() {
+        use F::*;
+        const AT: u64 = 1_800_000_000_000_000;
+        // A valid record: id "a", estimate 25e-1 (2.5), expiry AT.
+        let good: &[F] = &[U(5), U(0), U(1), B(b"a"), U(0), U(25), S(-1), U(AT)];
+        let (state, records) = decode_fields(1, good).unwrap();
+        assert_eq!(state.full_at_ns(), 5);
+        assert_eq!(records.len(), 1);
+        assert_eq!(estimate_text(records[0].estimate), "25e-1");
+        type Row = (i32, &'static [F], DecodeError);
+        let rows: &[Row] = &[
+            // unknown version
+            (
+                2,
+                &[U(5), U(0), U(1), B(b"a"), U(0), U(25), S(-1), U(AT)],
+                DecodeError::Version,
+            ),
+            // no records: such a bucket is of the plain type
+            (1, &[U(5), U(0), U(0)], DecodeError::Range),
+            // past the cap
+            (1, &[U(5), U(0), U(1001)], DecodeError::Range),
+            // zero instant
+            (1, &[U(0), U(0), U(1)], DecodeError::Range),
+            // an empty id, a 17-byte id
+            (
+                1,
+                &[U(5), U(0), U(1), B(b""), U(0), U(1), S(0), U(AT)],
+                DecodeError::Range,
+            ),
+            (
+                1,
+                &[
+                    U(5),
+                    U(0),
+                    U(1),
+                    B(b"12345678901234567"),
+                    U(0),
+                    U(1),
+                    S(0),
+                    U(AT),
+                ],
+                DecodeError::Range,
+            ),
+            // a zero estimate; digits not canonical (trailing zero); 39 digits
+            (
+                1,
+                &[U(5), U(0), U(1), B(b"a"), U(0), U(0), S(0), U(AT)],
+                DecodeError::Range,
+            ),
+            (
+                1,
+                &[U(5), U(0), U(1), B(b"a"), U(0), U(10), S(0), U(AT)],
+                DecodeError::Range,
+            ),
+            (
+                1,
+                &[
+                    U(5),
+                    U(0),
+                    U(1),
+                    B(b"a"),
+                    U(u64::MAX),
+                    U(u64::MAX),
+                    S(0),
+                    U(AT),
+                ],
+                DecodeError::Range,
+            ),
+            // an exponent past any decimal a command takes
+            (
+                1,
+                &[U(5), U(0), U(1), B(b"a"), U(0), U(1), S(i64::MAX), U(AT)],
+                DecodeError::Range,
+            ),
+            // expiry 0 or past the storable range
+            (
+                1,
+                &[U(5), U(0), U(1), B(b"a"), U(0), U(1), S(0), U(0)],
+                DecodeError::Range,
+            ),
+            (
+                1,
+                &[U(5), U(0), U(1), B(b"a"), U(0), U(1), S(0), U(1 << 58)],
+                DecodeError::Range,
+            ),
+            // an id twice
+            (
+                1,
+                &[
+                    U(5),
+                    U(0),
+                    U(2),
+                    B(b"a"),
+                    U(0),
+                    U(1),
+                    S(0),
+                    U(AT),
+                    B(b"a"),
+                    U(0),
+                    U(2),
+                    S(0),
+                    U(AT),
+                ],
+                DecodeError::Range,
+            ),
+            // truncated
+            (
+                1,
+                &[U(5), U(0), U(1), B(b"a"), U(0), U(1), S(0)],
+                DecodeError::Io,
+            ),
+        ];
+        for (i, &(encver, fields, want)) in rows.iter().enumerate() {
+            assert_eq!(
+                decode_fields(encver, fields).map(|_| ()),
+                Err(want),
+                "row {i}"
+            );
         }
     }
 

@@ -105,6 +105,17 @@ pub enum Error {
     ExpiresAt,
     /// `RL.LEASESETSTATE` would leave more than [`rl_bucket::MAX_LEASE_LIMIT`] leases.
     TooManyLeases,
+    /// `estimate` (of `RL.RESERVE`) is not a number above 0.
+    Estimate,
+    /// `actual` (of `RL.SETTLE`) is not a number >= 0.
+    Actual,
+    /// `RL.RESERVE` got an option other than `ID`.
+    ReserveOption,
+    /// The bucket already holds [`rl_bucket::MAX_RESERVATIONS`] open reservations, or
+    /// `RL.RESVSTATE` names more, or an id twice.
+    TooManyReservations,
+    /// `expires_at_us` (of `RL.RESVSTATE`) is not an integer in range.
+    ReservationExpiresAt,
 }
 
 impl Error {
@@ -162,6 +173,11 @@ impl Error {
             Error::DropUntil => c"ERR drop_until_us must be an integer from 0 to 288230376151711743 (µs since the Unix epoch)",
             Error::ExpiresAt => c"ERR expires_at_us must be an integer from 0 to 288230376151711743 (µs since the Unix epoch; 0 removes the lease)",
             Error::TooManyLeases => c"ERR a key holds at most 10000 leases",
+            Error::Estimate => c"ERR estimate must be a number above 0 (tokens)",
+            Error::Actual => c"ERR actual must be a finite number >= 0 (tokens)",
+            Error::ReserveOption => c"ERR unknown option: RL.RESERVE takes only ID id after ttl_ms",
+            Error::TooManyReservations => c"ERR a key holds at most 1000 open reservations, each id once",
+            Error::ReservationExpiresAt => c"ERR expires_at_us must be an integer from 1 to 288230376151711743 (µs since the Unix epoch)",
         }
     }
 }
@@ -190,6 +206,9 @@ mod tests {
         let at = rl_bucket::MAX_EXPIRES_AT_US.to_string();
         assert!(text(Error::DropUntil).contains(&format!(" 0 to {at} ")));
         assert!(text(Error::ExpiresAt).contains(&format!(" 0 to {at} ")));
+        assert!(text(Error::ReservationExpiresAt).contains(&format!(" 1 to {at} ")));
+        let cap = rl_bucket::MAX_RESERVATIONS.to_string();
+        assert!(text(Error::TooManyReservations).contains(&format!(" at most {cap} ")));
     }
 
     #[test]

@@ -7,7 +7,8 @@
 //! - [`commands`]: the command handlers, thin glue between the others.
 //! - [`store`]: the one door to stored state ([`store::Store`]): read, stage one change,
 //!   commit it (write, signal, replicate the effect). Both module types are stores on it.
-//! - [`datatype`]: the `rl-bucket` module type and its per-key handle.
+//! - [`datatype`]: the `rl-bucket` module type (and `rl-bkresv`, a bucket holding open
+//!   reservations) and its per-key handle; [`reserve_commands`]: `RL.RESERVE`, `RL.SETTLE`.
 //! - [`table`]: the bucket table, pure (no Redis types); [`table_type`]: its module type
 //!   `rl-htable` and its handles behind the same door.
 //! - [`lease_type`]: the `rl-leases` module type (a key's leases, limits on work in
@@ -37,6 +38,7 @@ pub mod lease_commands;
 pub mod lease_type;
 pub mod propagation;
 pub mod registry;
+pub mod reserve_commands;
 pub mod server;
 pub mod stats;
 pub mod store;
@@ -47,7 +49,7 @@ pub mod table_type;
 
 use redis_module::{raw, redis_module, Context, RedisString, Status};
 
-use crate::datatype::BUCKET_TYPE;
+use crate::datatype::{BUCKET_TYPE, RESV_TYPE};
 use crate::lease_type::LEASE_TYPE;
 use crate::table_type::TABLE_TYPE;
 
@@ -92,7 +94,9 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
         || table_type::cache_type().is_err()
         || lease_type::cache_type().is_err()
     {
-        ctx.log_warning("rl: the rl-bucket, rl-htable or rl-leases type was not registered");
+        ctx.log_warning(
+            "rl: the rl-bucket, rl-bkresv, rl-htable or rl-leases type was not registered",
+        );
         return Status::Err;
     }
     // SAFETY: `ctx.ctx` is the context passed to RedisModule_OnLoad.
@@ -144,6 +148,6 @@ redis_module! {
     name: "rl",
     version: MODULE_VERSION,
     allocator: (alloc::Allocator, alloc::ALLOCATOR),
-    data_types: [BUCKET_TYPE, TABLE_TYPE, LEASE_TYPE],
+    data_types: [BUCKET_TYPE, TABLE_TYPE, LEASE_TYPE, RESV_TYPE],
     init: init,
 }

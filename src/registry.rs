@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use redis_module::raw::{self, RedisModuleCtx, RedisModuleString};
 
-use crate::{commands, config, lease_commands};
+use crate::{commands, config, lease_commands, reserve_commands};
 
 type Handler =
     unsafe extern "C" fn(*mut RedisModuleCtx, *mut *mut RedisModuleString, c_int) -> c_int;
@@ -317,6 +317,50 @@ pub const SPECS: &[Spec] = &[
         arity: -5,
         summary: c"Drops expired leases and sets or removes leases by id (internal: what lease writes replicate and AOF rewrites emit).",
         complexity: c"O(N × M) where N is the number of leases held and M the number of ids given",
+        since: c"0.3.0",
+        tips: None,
+        in_category: false,
+        in_server_category: false,
+    },
+    Spec {
+        name: c"RL.RESERVE",
+        handler: reserve_commands::reserve,
+        flags: c"write deny-oom fast",
+        keys: (1, 1, 1),
+        key_flags: WRITE,
+        arity: -6,
+        summary: c"Takes an estimate of tokens as RL.ACQUIRE would and records it as a reservation to settle later.",
+        // The open records are scanned and, on a take, rewritten (at most 1000 of 48 bytes).
+        complexity: c"O(N) where N is the number of open reservations of the key (at most 1000)",
+        since: c"0.3.0",
+        // The reply depends on the clock, and a made id is random.
+        tips: Some(c"nondeterministic_output"),
+        in_category: true,
+        in_server_category: false,
+    },
+    Spec {
+        name: c"RL.SETTLE",
+        handler: reserve_commands::settle,
+        flags: c"write deny-oom fast",
+        keys: (1, 1, 1),
+        key_flags: WRITE,
+        arity: 6,
+        summary: c"Settles a reservation once with the actual cost: gives back the over-estimate or charges the rest.",
+        complexity: c"O(N) where N is the number of open reservations of the key (at most 1000)",
+        since: c"0.3.0",
+        tips: Some(c"nondeterministic_output"),
+        in_category: true,
+        in_server_category: false,
+    },
+    Spec {
+        name: c"RL.RESVSTATE",
+        handler: reserve_commands::resv_state,
+        flags: c"write deny-oom",
+        keys: (1, 1, 1),
+        key_flags: OVERWRITE,
+        arity: -4,
+        summary: c"Sets a bucket's exact state and open reservations (internal: what reservations replicate and AOF rewrites emit).",
+        complexity: c"O(N) where N is the number of reservations given",
         since: c"0.3.0",
         tips: None,
         in_category: false,

@@ -17,6 +17,7 @@
 //!   against the exact model; the bound on the debt.
 //! - `fallback.rs`: the Lua fallback's hash texts parsed, their instant converted, and a
 //!   taken-over bucket driven by every step against the exact model of that instant.
+//! - `reserve.rs`: reservations made and settled (once) against the exact model.
 //! - `drift.rs`: a saturated caller over a million calls gets exactly the model's count.
 //! - `properties.rs`: the invariants, over generated limits, states and costs.
 //! - `against_model.rs`: every field of every reply against the exact model (`model.rs`),
@@ -41,6 +42,7 @@ mod lease;
 mod limit;
 mod properties;
 mod refund;
+mod reserve;
 mod settle;
 mod state;
 

@@ -1,0 +1,385 @@
+//! The reservation commands on per-key buckets, one handler each: parse everything, open the
+//! key, run the pure step (`rl_bucket::reserve`, `settle_reservation`), store the bucket and
+//! its open reservations through [`BucketKey::commit_records`], reply.
+//!
+//! - `RL.RESERVE key rate capacity estimate ttl_ms [ID id]` → `[allowed, id, remaining,
+//!   retry_after_ms]`: takes `estimate` exactly as `RL.ACQUIRE` takes that cost and records
+//!   the reservation; a denial (`[0, "", remaining, retry_after_ms]`) writes nothing. An `ID`
+//!   already open answers `[1, id, remaining, 0]` and takes nothing, so a retry is safe.
+//! - `RL.SETTLE key rate capacity id actual` → `[balance, retry_after_ms, reset_after_ms]`:
+//!   gives back the over-estimate (as `RL.REFUND`) or charges the under-estimate (as
+//!   `RL.CHARGE`), and consumes the record; an id not open is an error naming it.
+//! - `RL.RESVSTATE key full_at_ns full_at_frac [id estimate expires_at_us ...]`: internal,
+//!   what the others replicate and AOF rewrites emit: the exact state and every record.
+//!
+//! Ids the server makes are drawn as `RL.LEASE` draws them (16 hex characters from the
+//! server's random generator, drawn again while a record of the key has the same id).
+//!
+//! Depends on `datatype`, `args`, `clock`, `stats` and `error`.
+
+use std::ffi::{c_char, c_int, CStr, CString};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use redis_module::raw::{self, RedisModuleCtx, RedisModuleString};
+use rl_bucket::{
+    Change, Charged, Cost, Decision, LeaseId, Reservation, ReserveError, SettleError,
+    MAX_EXPIRES_AT_US, MAX_LEASE_ID_BYTES, MAX_RESERVATIONS, MAX_RESERVATION_TTL_MS,
+};
+
+use crate::datatype::BucketKey;
+use crate::error::Error;
+use crate::store::Store;
+use crate::{args, clock, stats};
+
+/// How many ids a reservation draws before giving up (see `lease_commands`).
+const ID_DRAWS: usize = 4;
+
+enum Reply {
+    /// `RL.RESERVE`: the decision and the reservation's id (sent empty on a denial).
+    Reserve(Decision, LeaseId),
+    /// `RL.SETTLE`: the bucket after the settle.
+    Settle(Charged),
+    /// `+OK`.
+    Ok,
+}
+
+enum Failure {
+    Arity,
+    Error(Error),
+    /// `RL.SETTLE` of an id with no open reservation.
+    NotOpen(LeaseId),
+}
+
+impl From<Error> for Failure {
+    fn from(error: Error) -> Self {
+        Failure::Error(error)
+    }
+}
+
+type Body = fn(*mut RedisModuleCtx, &[*mut RedisModuleString]) -> Result<Reply, Failure>;
+
+macro_rules! handler {
+    ($(#[$doc:meta])* $name:ident, $command:literal, $body:path, $counted:literal) => {
+        $(#[$doc])*
+        ///
+        /// # Safety
+        /// Called by Redis with a live context and `argc` valid arguments.
+        pub unsafe extern "C" fn $name(
+            ctx: *mut RedisModuleCtx,
+            argv: *mut *mut RedisModuleString,
+            argc: c_int,
+        ) -> c_int {
+            // SAFETY: forwarded from Redis's call.
+            unsafe { run(ctx, argv, argc, $command, $body, $counted) }
+        }
+    };
+}
+
+handler!(
+    /// `RL.RESERVE key rate capacity estimate ttl_ms [ID id]`
+    reserve, c"RL.RESERVE", reserve_body, true
+);
+handler!(
+    /// `RL.SETTLE key rate capacity id actual`
+    settle, c"RL.SETTLE", settle_body, true
+);
+handler!(
+    /// `RL.RESVSTATE key full_at_ns full_at_frac [id estimate expires_at_us ...]`: not
+    /// counted, it is internal.
+    resv_state, c"RL.RESVSTATE", resv_state_body, false
+);
+
+/// `rate capacity amount`, the amount's error renamed to the argument it is.
+fn parse_limit(
+    rate: &[u8],
+    capacity: &[u8],
+    amount: &[u8],
+    amount_error: Error,
+) -> Result<args::Acquire, Error> {
+    args::acquire(rate, capacity, Some(amount)).map_err(|error| match error {
+        Error::Cost => amount_error,
+        other => other,
+    })
+}
+
+fn parse_id(bytes: &[u8]) -> Result<LeaseId, Error> {
+    LeaseId::new(bytes).ok_or(Error::LeaseId)
+}
+
+fn reserve_body(
+    ctx: *mut RedisModuleCtx,
+    argv: &[*mut RedisModuleString],
+) -> Result<Reply, Failure> {
+    let (key, rate, capacity, estimate, ttl, option) = match *argv {
+        [_, key, r, c, e, t] => (key, r, c, e, t, None),
+        [_, key, r, c, e, t, name] => (key, r, c, e, t, Some((name, None))),
+        [_, key, r, c, e, t, name, id] => (key, r, c, e, t, Some((name, Some(id)))),
+        _ => return Err(Failure::Arity),
+    };
+    // SAFETY (all): arguments of the running command.
+    let parsed = unsafe {
+        parse_limit(
+            bytes(rate),
+            bytes(capacity),
+            bytes(estimate),
+            Error::Estimate,
+        )
+    }?;
+    if parsed.cost.exact().is_zero() {
+        return Err(Error::Estimate.into());
+    }
+    let ttl_ms = args::integer(unsafe { bytes(ttl) })
+        .filter(|ttl| (1..=MAX_RESERVATION_TTL_MS).contains(ttl))
+        .ok_or(Error::LeaseTtl)?;
+    let chosen = match option {
+        None => None,
+        Some((name, id)) => {
+            if !unsafe { bytes(name) }.eq_ignore_ascii_case(b"ID") {
+                return Err(Error::ReserveOption.into());
+            }
+            let id = id.ok_or(Error::LeaseIdMissing)?;
+            Some(parse_id(unsafe { bytes(id) })?)
+        }
+    };
+    // SAFETY: `ctx` and `key` belong to the running command.
+    let mut bucket = unsafe { BucketKey::open(ctx, key) }?;
+    let records = bucket.records();
+    let id = match chosen {
+        Some(id) => id,
+        None => draw_id(&records)?,
+    };
+    let reserved = rl_bucket::reserve(
+        &parsed.limit,
+        bucket.state(),
+        &records,
+        clock::now_us(),
+        parsed.cost,
+        ttl_ms,
+        id,
+    )
+    .map_err(|error| match error {
+        ReserveError::TooMany => Error::TooManyReservations,
+        ReserveError::ZeroEstimate => Error::Estimate,
+    })?;
+    if let Some((state, records)) = reserved.write {
+        bucket.commit_records(Change::Set(state), records, c"rl.reserve")?;
+    }
+    Ok(Reply::Reserve(reserved.decision, id))
+}
+
+/// A new id, 16 hex characters, that no record of the key has.
+fn draw_id(records: &[Reservation]) -> Result<LeaseId, Error> {
+    // SAFETY: read once, after load.
+    let random = unsafe { raw::RedisModule_GetRandomHexChars }.ok_or(Error::Internal)?;
+    for _ in 0..ID_DRAWS {
+        let mut hex = [0u8; MAX_LEASE_ID_BYTES];
+        // SAFETY: writes exactly `hex.len()` bytes into the buffer.
+        unsafe { random(hex.as_mut_ptr().cast::<c_char>(), hex.len()) };
+        let id = parse_id(&hex).map_err(|_| Error::Internal)?;
+        if records.iter().all(|record| record.id != id) {
+            return Ok(id);
+        }
+    }
+    Err(Error::Internal)
+}
+
+fn settle_body(
+    ctx: *mut RedisModuleCtx,
+    argv: &[*mut RedisModuleString],
+) -> Result<Reply, Failure> {
+    let &[_, key, rate, capacity, id, actual] = argv else {
+        return Err(Failure::Arity);
+    };
+    // SAFETY (all): arguments of the running command.
+    let parsed =
+        unsafe { parse_limit(bytes(rate), bytes(capacity), bytes(actual), Error::Actual) }?;
+    let id = parse_id(unsafe { bytes(id) })?;
+    // SAFETY: `ctx` and `key` belong to the running command.
+    let mut bucket = unsafe { BucketKey::open(ctx, key) }?;
+    let records = bucket.records();
+    let (charged, change, left) = rl_bucket::settle_reservation(
+        &parsed.limit,
+        bucket.state(),
+        &records,
+        clock::now_us(),
+        id,
+        parsed.cost,
+    )
+    .map_err(|error| match error {
+        SettleError::NotOpen => Failure::NotOpen(id),
+        SettleError::DebtTooLong => Failure::Error(Error::DebtTooLong),
+    })?;
+    bucket.commit_records(change, left, c"rl.settle")?;
+    Ok(Reply::Settle(charged))
+}
+
+fn resv_state_body(
+    ctx: *mut RedisModuleCtx,
+    argv: &[*mut RedisModuleString],
+) -> Result<Reply, Failure> {
+    let [_, key, full_at_ns, full_at_frac, triples @ ..] = argv else {
+        return Err(Failure::Arity);
+    };
+    if triples.len() % 3 != 0 {
+        return Err(Failure::Arity);
+    }
+    if triples.len() / 3 > MAX_RESERVATIONS {
+        return Err(Error::TooManyReservations.into());
+    }
+    // SAFETY (all): arguments of the running command.
+    let state = unsafe { args::state(bytes(*full_at_ns), Some(bytes(*full_at_frac))) }?;
+    let mut records = Vec::with_capacity(triples.len() / 3);
+    for triple in triples.chunks_exact(3) {
+        let &[id, estimate, expires_at] = triple else {
+            return Err(Failure::Arity);
+        };
+        let id = parse_id(unsafe { bytes(id) })?;
+        let estimate = Cost::parse(unsafe { bytes(estimate) })
+            .filter(|cost| !cost.exact().is_zero())
+            .ok_or(Error::Estimate)?;
+        let expires_at_us = args::integer(unsafe { bytes(expires_at) })
+            .filter(|at| (1..=MAX_EXPIRES_AT_US).contains(at))
+            .ok_or(Error::ReservationExpiresAt)?;
+        records.push(
+            Reservation::new(id, estimate, expires_at_us).ok_or(Error::ReservationExpiresAt)?,
+        );
+    }
+    if !rl_bucket::valid_records(&records) {
+        return Err(Error::TooManyReservations.into());
+    }
+    // SAFETY: `ctx` and `key` belong to the running command.
+    let mut bucket = unsafe { BucketKey::open(ctx, *key) }?;
+    bucket.replicate_verbatim();
+    bucket.commit_records(Change::Set(state), records, c"rl.resvstate")?;
+    Ok(Reply::Ok)
+}
+
+/// The text of `RL.SETTLE`'s error for an id with no open reservation, naming the id (bytes
+/// outside printable ASCII as `\xNN`, so the reply stays one line).
+fn not_open_text(id: LeaseId) -> CString {
+    let mut shown = String::new();
+    for &byte in id.as_bytes() {
+        if byte.is_ascii_graphic() && byte != b'\\' {
+            shown.push(char::from(byte));
+        } else {
+            shown.push_str(&format!("\\x{byte:02x}"));
+        }
+    }
+    let text = format!(
+        "ERR id {shown} is not an open reservation of this key (settled, expired or never made)"
+    );
+    // The text holds no NUL: every byte of the id outside printable ASCII was escaped.
+    CString::new(text).unwrap_or_default()
+}
+
+/// # Safety
+/// `s` must be a live RedisModuleString that outlives the returned slice.
+unsafe fn bytes<'a>(s: *mut RedisModuleString) -> &'a [u8] {
+    // SAFETY: guaranteed by the caller.
+    unsafe { crate::store::string_bytes(s) }
+}
+
+/// Runs a command body, catching any panic, counts it, and sends its reply.
+///
+/// # Safety
+/// `ctx`, `argv` and `argc` must be exactly what Redis passed to the command handler.
+unsafe fn run(
+    ctx: *mut RedisModuleCtx,
+    argv: *mut *mut RedisModuleString,
+    argc: c_int,
+    name: &CStr,
+    body: Body,
+    counted: bool,
+) -> c_int {
+    let argv: &[*mut RedisModuleString] = match usize::try_from(argc) {
+        // SAFETY: Redis passes `argc` valid pointers in `argv`.
+        Ok(len) if !argv.is_null() => unsafe { std::slice::from_raw_parts(argv, len) },
+        _ => &[],
+    };
+    let outcome = catch_unwind(AssertUnwindSafe(|| body(ctx, argv)));
+    if counted {
+        stats::CALLS.bump();
+        match &outcome {
+            Ok(Ok(Reply::Reserve(decision, _))) if decision.allowed() => stats::ALLOWED.bump(),
+            Ok(Ok(Reply::Reserve(..))) => stats::DENIED.bump(),
+            Ok(Ok(_)) => {}
+            _ => stats::ERRORS.bump(),
+        }
+    }
+    // SAFETY: `ctx` is live for the whole call; replies are sent once, here.
+    unsafe {
+        match outcome {
+            Ok(Ok(reply)) => send(ctx, &reply),
+            Ok(Err(Failure::Arity)) => match raw::RedisModule_WrongArity {
+                Some(wrong_arity) => wrong_arity(ctx),
+                None => send_error(ctx, Error::Internal.text()),
+            },
+            Ok(Err(Failure::Error(error))) => send_error(ctx, error.text()),
+            Ok(Err(Failure::NotOpen(id))) => send_error(ctx, &not_open_text(id)),
+            Err(_) => {
+                if let Some(log) = raw::RedisModule_Log {
+                    log(
+                        ctx,
+                        c"warning".as_ptr(),
+                        c"rl: caught a panic in %s; replied with an error".as_ptr(),
+                        name.as_ptr(),
+                    );
+                }
+                send_error(ctx, Error::Internal.text())
+            }
+        }
+    }
+}
+
+fn saturating_i64(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+/// # Safety
+/// `ctx` must be live.
+unsafe fn send(ctx: *mut RedisModuleCtx, reply: &Reply) -> c_int {
+    // SAFETY: `ctx` is live (caller); the buffers outlive the calls.
+    unsafe {
+        let (Some(array), Some(integer), Some(buffer), Some(simple)) = (
+            raw::RedisModule_ReplyWithArray,
+            raw::RedisModule_ReplyWithLongLong,
+            raw::RedisModule_ReplyWithStringBuffer,
+            raw::RedisModule_ReplyWithSimpleString,
+        ) else {
+            return raw::REDISMODULE_ERR as c_int;
+        };
+        match reply {
+            Reply::Reserve(decision, id) => {
+                let id: &[u8] = if decision.allowed() {
+                    id.as_bytes()
+                } else {
+                    b""
+                };
+                array(ctx, 4);
+                integer(ctx, i64::from(decision.allowed()));
+                buffer(ctx, id.as_ptr().cast::<c_char>(), id.len());
+                integer(ctx, saturating_i64(decision.remaining));
+                integer(ctx, decision.retry_after_ms())
+            }
+            Reply::Settle(charged) => {
+                array(ctx, 3);
+                integer(ctx, charged.balance);
+                integer(ctx, charged.retry_after_ms());
+                integer(ctx, charged.reset_after_ms())
+            }
+            Reply::Ok => simple(ctx, c"OK".as_ptr()),
+        }
+    }
+}
+
+/// # Safety
+/// `ctx` must be live.
+unsafe fn send_error(ctx: *mut RedisModuleCtx, text: &CStr) -> c_int {
+    // SAFETY: `ctx` is live (caller); the text is NUL-terminated and outlives the call.
+    unsafe {
+        match raw::RedisModule_ReplyWithError {
+            Some(reply) => reply(ctx, text.as_ptr()),
+            None => raw::REDISMODULE_ERR as c_int,
+        }
+    }
+}
