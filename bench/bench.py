@@ -213,8 +213,9 @@ def free_port():
 class Server:
     """redis-server with the module, pinned to one CPU. stop() kills it and waits."""
 
-    def __init__(self, binary, module, cpu, workdir):
+    def __init__(self, binary, module, cpu, workdir, extra=()):
         self.binary, self.module, self.cpu, self.workdir = binary, module, cpu, workdir
+        self.extra = list(extra)
         self.proc = None
         self.port = None
         self.log = os.path.join(workdir, "redis.log")
@@ -226,7 +227,7 @@ class Server:
                    "--port", str(self.port), "--bind", "127.0.0.1",
                    "--save", "", "--appendonly", "no",
                    "--dir", self.workdir, "--logfile", self.log,
-                   "--loadmodule", self.module]
+                   *self.extra, "--loadmodule", self.module]
             self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                          stderr=subprocess.DEVNULL, start_new_session=True,
                                          preexec_fn=die_with_parent)
@@ -270,11 +271,11 @@ class Server:
 
 
 @contextlib.contextmanager
-def running_server(binary, module, cpu):
+def running_server(binary, module, cpu, extra=()):
     """A Server (not yet started) in a temp dir of its own: stopped after, its dir removed,
     or its log kept and named if the run failed."""
     workdir = tempfile.mkdtemp(prefix="redis-rl-bench-server-")
-    server = Server(binary, os.path.abspath(module), cpu, workdir)
+    server = Server(binary, os.path.abspath(module), cpu, workdir, extra)
     keep_log = False
     try:
         yield server

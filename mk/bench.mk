@@ -2,7 +2,9 @@
 # The module against the Lua script and plain commands, its pure math, and the client libraries.
 # Figures are taken on a quiet machine; the -smoke targets only check that each one runs.
 
-.PHONY: bench bench-smoke bench-instructions bench-multi bench-math \
+BENCH_TABLE_BUCKETS ?= 1000000
+
+.PHONY: bench bench-smoke bench-instructions bench-multi bench-tables bench-math \
 	bench-clients bench-clients-smoke bench-clients-rust
 
 bench: $(MODULE) ## Benchmark RL.ACQUIRE vs the Lua script and plain commands; writes bench/results.md and chart.svg
@@ -39,6 +41,9 @@ bench-instructions: $(MODULE) ## Instructions per call inside Redis's call() (ca
 
 bench-multi: $(MODULE) ## Server time of one RL.ACQUIRE.MULTI at 1,000 (the cap) and more buckets (release build)
 	python3 bench/multi.py --sizes 10,100,1000,1001 --rounds 5
+
+bench-tables: $(MODULE) ## DUMP, RESTORE and DEBUG RELOAD per entry of one table against a hash of as many fields (BENCH_TABLE_BUCKETS=1000000); writes bench/tables.md
+	python3 bench/tables.py --buckets $(BENCH_TABLE_BUCKETS) --out bench/tables.md
 
 bench-math: ## Criterion micro-benchmark of the pure bucket math and argument parsing
 	$(CARGO) bench --features system-alloc --bench bucket

@@ -787,9 +787,143 @@ impl Table {
     }
 }
 
-/// The RDB encoding of a table written by this build: a count, then per bucket in tag order
-/// the 16-byte tag (little-endian), `full_at_ns` and `full_at_frac`.
-pub const ENCODING_VERSION: i32 = 1;
+/// The RDB encoding of a table written by this build (version 2): the bucket count as an
+/// unsigned field, then the buckets as string fields of [`BLOCK_RECORDS`] records each (the
+/// last holds the rest), in [`Table::ordered_records`] order. A record is [`RECORD_BYTES`]
+/// bytes, little-endian: the tag's low 64 bits, its high 64 bits, `full_at_ns`,
+/// `full_at_frac`. A few large strings instead of three fields per bucket, and an order found
+/// in linear time instead of a sort by tag: version 1 (a count, then per bucket in tag order
+/// the 16-byte tag and two unsigned fields) cost about 700 ns a bucket to write and 900 ns to
+/// load. Version 1 still loads.
+pub const ENCODING_VERSION: i32 = 2;
+
+/// Bytes per record of encoding version 2.
+pub const RECORD_BYTES: usize = 32;
+/// Records per string field of encoding version 2: 32,768, so a field is 1 MiB.
+pub const BLOCK_RECORDS: usize = 32_768;
+
+/// One bucket as encoding version 2 writes it.
+#[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
+struct Record {
+    lo: u64,
+    hi: u64,
+    full_at_ns: u64,
+    full_at_frac: u64,
+}
+
+impl Record {
+    fn of(tag: Tag, state: State) -> Self {
+        Record {
+            lo: tag as u64,
+            hi: (tag >> 64) as u64,
+            full_at_ns: state.full_at_ns(),
+            full_at_frac: state.full_at_frac(),
+        }
+    }
+
+    fn tag(self) -> Tag {
+        (u128::from(self.hi) << 64) | u128::from(self.lo)
+    }
+
+    /// The order written: by the tag's low half, then its high half.
+    fn key(self) -> (u64, u64) {
+        (self.lo, self.hi)
+    }
+
+    fn write(self, out: &mut Vec<u8>) {
+        for word in [self.lo, self.hi, self.full_at_ns, self.full_at_frac] {
+            out.extend_from_slice(&word.to_le_bytes());
+        }
+    }
+
+    fn read(bytes: &[u8]) -> Option<Self> {
+        let word = |i: usize| -> Option<u64> {
+            let b: [u8; 8] = bytes.get(i * 8..i * 8 + 8)?.try_into().ok()?;
+            Some(u64::from_le_bytes(b))
+        };
+        Some(Record {
+            lo: word(0)?,
+            hi: word(1)?,
+            full_at_ns: word(2)?,
+            full_at_frac: word(3)?,
+        })
+    }
+}
+
+impl Table {
+    /// Every bucket ordered by its tag's low 64 bits, then its high 64 bits: the order that
+    /// encoding version 2, the digest and the AOF rewrite use, which no history changes.
+    /// Linear time for tags spread as hashes are: a counting pass on the top bits of the low
+    /// half places each bucket in its range (about 8 buckets a range), and each range is
+    /// sorted on its own. Tags chosen to share those bits cost a sort of their range, as a
+    /// sort of the whole table did before.
+    fn ordered_records(&self) -> Vec<Record> {
+        let n = self.len();
+        let bits = (usize::BITS - n.leading_zeros())
+            .saturating_sub(3)
+            .clamp(1, 20);
+        let shift = 64 - bits;
+        let range = |record: &Record| (record.lo >> shift) as usize;
+        // starts[r + 1] counts range r, then holds where range r + 1 begins.
+        let mut starts = vec![0usize; (1usize << bits) + 1];
+        let records = || self.entries().map(|(tag, state)| Record::of(tag, state));
+        for record in records() {
+            if let Some(count) = starts.get_mut(range(&record) + 1) {
+                *count += 1;
+            }
+        }
+        let mut total = 0usize;
+        for start in starts.iter_mut() {
+            total = total.saturating_add(*start);
+            *start = total;
+        }
+        // Now starts[r + 1] is where range r ends; fill each range from its end backwards.
+        let mut out = vec![Record::default(); n];
+        for record in records() {
+            if let Some(end) = starts.get_mut(range(&record) + 1) {
+                *end = end.saturating_sub(1);
+                if let Some(place) = out.get_mut(*end) {
+                    *place = record;
+                }
+            }
+        }
+        // starts[r + 1] is now where range r begins, so range r ends where range r + 1
+        // begins, or at the end for the last.
+        for r in 0..1usize << bits {
+            let from = starts.get(r + 1).copied().unwrap_or(n);
+            let to = starts.get(r + 2).copied().unwrap_or(n);
+            if let Some(slice) = out.get_mut(from..to) {
+                if slice.len() > 1 {
+                    slice.sort_unstable_by_key(|r| r.key());
+                }
+            }
+        }
+        out
+    }
+
+    /// Every bucket in the order encoding version 2 writes them (see
+    /// [`Table::ordered_records`]).
+    pub fn ordered_entries(&self) -> impl Iterator<Item = (Tag, State)> {
+        self.ordered_records().into_iter().filter_map(|record| {
+            State::from_parts(record.full_at_ns, record.full_at_frac).map(|s| (record.tag(), s))
+        })
+    }
+
+    /// Writes the table in encoding version 2: passes the bucket count to `count`, then each
+    /// string field, in order, to `block`.
+    pub fn encode(&self, count: impl FnOnce(u64), mut block: impl FnMut(&[u8])) {
+        let records = self.ordered_records();
+        count(records.len() as u64);
+        let mut bytes = Vec::with_capacity(records.len().min(BLOCK_RECORDS) * RECORD_BYTES);
+        for chunk in records.chunks(BLOCK_RECORDS) {
+            bytes.clear();
+            for record in chunk {
+                record.write(&mut bytes);
+            }
+            block(&bytes);
+        }
+    }
+}
 
 /// Why a stored table was refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -800,9 +934,10 @@ pub enum DecodeError {
     Io,
     /// A count of 0 (never written) or past [`MAX_BUCKETS`].
     Count,
-    /// A tag not exactly 16 bytes.
+    /// A tag not exactly 16 bytes (version 1), or a block not the length its count asks
+    /// for (version 2).
     TagLength,
-    /// Tags not strictly increasing: out of order or repeated.
+    /// Tags not strictly increasing in the encoding's order: out of order or repeated.
     Order,
     /// A state out of range.
     Range,
@@ -810,16 +945,17 @@ pub enum DecodeError {
 
 /// Decodes a stored table. `next_unsigned` and `next_bytes` yield the next field, or `None`
 /// on an I/O error. Pure, so fuzzers drive it with arbitrary input. Reads at most
-/// `count` entries and allocates as it reads, so a lying count costs nothing up front.
+/// `count` entries and allocates as it reads, so a lying count costs little up front (the
+/// array's directory: one pointer per 131,072 slots).
 ///
 /// # Errors
-/// A [`DecodeError`] for anything but a table this build writes.
+/// A [`DecodeError`] for anything but a table this build or an earlier one writes.
 pub fn decode(
     encver: i32,
     mut next_unsigned: impl FnMut() -> Option<u64>,
-    mut next_bytes: impl FnMut() -> Option<Vec<u8>>,
+    next_bytes: impl FnMut() -> Option<Vec<u8>>,
 ) -> Result<Table, DecodeError> {
-    if encver != ENCODING_VERSION {
+    if encver != 1 && encver != ENCODING_VERSION {
         return Err(DecodeError::Version);
     }
     let count = next_unsigned().ok_or(DecodeError::Io)?;
@@ -827,6 +963,19 @@ pub fn decode(
         .ok()
         .filter(|&c| (1..=MAX_BUCKETS).contains(&c))
         .ok_or(DecodeError::Count)?;
+    if encver == 1 {
+        decode_v1(count, next_unsigned, next_bytes)
+    } else {
+        decode_v2(count, next_bytes)
+    }
+}
+
+/// Version 1: per bucket, in tag order, a 16-byte tag and two unsigned fields.
+fn decode_v1(
+    count: usize,
+    mut next_unsigned: impl FnMut() -> Option<u64>,
+    mut next_bytes: impl FnMut() -> Option<Vec<u8>>,
+) -> Result<Table, DecodeError> {
     let mut entries: Vec<(Tag, State)> = Vec::with_capacity(count.min(4096));
     let mut last: Option<Tag> = None;
     for _ in 0..count {
@@ -843,6 +992,40 @@ pub fn decode(
         entries.push((tag, state));
     }
     Ok(Table::from_entries(&entries))
+}
+
+/// Version 2: blocks of records, strictly increasing by (low half, high half) of the tag.
+/// The buckets go straight into an array sized for `count`, of slot order 0, where a
+/// tag's home grows with its low half: so they land in increasing slots, one pass over the
+/// memory.
+fn decode_v2(
+    count: usize,
+    mut next_bytes: impl FnMut() -> Option<Vec<u8>>,
+) -> Result<Table, DecodeError> {
+    let mut table = Table::new();
+    table.current = Array::new(slots_for(count), 0);
+    let mut remaining = count;
+    let mut last: Option<(u64, u64)> = None;
+    while remaining > 0 {
+        let records = remaining.min(BLOCK_RECORDS);
+        let bytes = next_bytes().ok_or(DecodeError::Io)?;
+        if Some(bytes.len()) != records.checked_mul(RECORD_BYTES) {
+            return Err(DecodeError::TagLength);
+        }
+        for raw in bytes.chunks_exact(RECORD_BYTES) {
+            let record = Record::read(raw).ok_or(DecodeError::TagLength)?;
+            if last.is_some_and(|last| last >= record.key()) {
+                return Err(DecodeError::Order);
+            }
+            last = Some(record.key());
+            let state = State::from_parts(record.full_at_ns, record.full_at_frac)
+                .ok_or(DecodeError::Range)?;
+            table.current.insert_absent(record.tag(), state);
+            table.note_stored(state);
+        }
+        remaining = remaining.saturating_sub(records);
+    }
+    Ok(table)
 }
 
 #[cfg(test)]

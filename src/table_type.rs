@@ -486,8 +486,10 @@ unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *m
             let message = match error {
                 table::DecodeError::Version => c"rl-htable: unknown encoding version",
                 table::DecodeError::Count => c"rl-htable: bucket count out of range",
-                table::DecodeError::TagLength => c"rl-htable: a tag is not 16 bytes",
-                table::DecodeError::Order => c"rl-htable: tags out of order or repeated",
+                table::DecodeError::TagLength => {
+                    c"rl-htable: a tag or a block of buckets of the wrong length"
+                }
+                table::DecodeError::Order => c"rl-htable: buckets out of order or repeated",
                 _ => c"rl-htable: stored state out of range",
             };
             log_warning(message);
@@ -509,14 +511,10 @@ unsafe extern "C" fn rdb_save(rdb: *mut raw::RedisModuleIO, value: *mut c_void) 
         ) else {
             return;
         };
-        let entries = table.sorted_entries();
-        unsigned(rdb, entries.len() as u64);
-        for (tag, state) in entries {
-            let tag = tag.to_le_bytes();
-            buffer(rdb, tag.as_ptr().cast::<c_char>(), tag.len());
-            unsigned(rdb, state.full_at_ns());
-            unsigned(rdb, state.full_at_frac());
-        }
+        table.encode(
+            |count| unsigned(rdb, count),
+            |block| buffer(rdb, block.as_ptr().cast::<c_char>(), block.len()),
+        );
     }
 }
 
@@ -532,9 +530,9 @@ unsafe extern "C" fn aof_rewrite(
     let Some(emit) = (unsafe { raw::RedisModule_EmitAOF }) else {
         return;
     };
-    // In tag order, like the RDB, so a rewrite does not depend on history. The key's expiry
-    // follows as a PEXPIREAT that the server writes itself.
-    for (tag, state) in table.sorted_entries() {
+    // In the RDB's order, so a rewrite does not depend on history. The key's expiry follows
+    // as a PEXPIREAT that the server writes itself.
+    for (tag, state) in table.ordered_entries() {
         let (full_at_ns, full_at_frac) = full_at_i64(state);
         let tag = tag.to_le_bytes();
         // SAFETY: live handles from Redis; "sbll" matches the arguments.
@@ -577,7 +575,8 @@ unsafe extern "C" fn digest(md: *mut raw::RedisModuleDigest, value: *mut c_void)
         ) else {
             return;
         };
-        for (tag, state) in table.sorted_entries() {
+        // In the RDB's order, which no history changes.
+        for (tag, state) in table.ordered_entries() {
             let tag = tag.to_le_bytes();
             let (full_at_ns, full_at_frac) = full_at_i64(state);
             add_buffer(md, tag.as_ptr().cast::<c_char>(), tag.len());

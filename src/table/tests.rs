@@ -352,7 +352,7 @@ fn decode_accepts_only_what_is_written() {
         ),
         // unknown versions
         (0, vec![Some(1)], vec![], Err(DecodeError::Version)),
-        (2, vec![Some(1)], vec![], Err(DecodeError::Version)),
+        (3, vec![Some(1)], vec![], Err(DecodeError::Version)),
     ];
     for (encver, unsigned, buffers, want) in rows {
         let mut u = unsigned.clone().into_iter();
@@ -364,6 +364,204 @@ fn decode_accepts_only_what_is_written() {
     let mut b = [7u128.to_le_bytes().to_vec()].into_iter();
     let table = decode(1, || u.next(), || b.next()).unwrap();
     assert_eq!(table.get(7), Some(a));
+}
+
+/// A table of `n` buckets of random tags, a third with fractions, written in encoding version
+/// 2: the count and the blocks.
+fn encoded(table: &Table) -> (u64, Vec<Vec<u8>>) {
+    let mut count = 0;
+    let mut blocks = Vec::new();
+    table.encode(|c| count = c, |block| blocks.push(block.to_vec()));
+    (count, blocks)
+}
+
+fn random_table(n: usize, seed: u64) -> Table {
+    let mut table = Table::new();
+    let mut x = seed;
+    for i in 0..n {
+        // splitmix64
+        let mut next = || {
+            x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = x;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            z ^ (z >> 31)
+        };
+        let tag = (u128::from(next()) << 64) | u128::from(next());
+        let frac = if i % 3 == 0 { i as u64 + 1 } else { 0 };
+        let state = State::from_parts(1_000 + i as u64, frac).unwrap();
+        table.set(tag, state).unwrap();
+    }
+    table
+}
+
+fn decode_v2_blocks(count: u64, blocks: &[Vec<u8>]) -> Result<Table, DecodeError> {
+    let mut u = std::iter::once(count);
+    let mut b = blocks.iter().cloned();
+    decode(2, || u.next(), || b.next())
+}
+
+#[test]
+fn encoding_two_round_trips_in_blocks_and_in_order() {
+    // 70,000 buckets: two full blocks and a partial one.
+    let table = random_table(70_000, 1);
+    let (count, blocks) = encoded(&table);
+    assert_eq!(count, 70_000);
+    let lens: Vec<usize> = blocks.iter().map(Vec::len).collect();
+    assert_eq!(
+        lens,
+        vec![
+            BLOCK_RECORDS * RECORD_BYTES,
+            BLOCK_RECORDS * RECORD_BYTES,
+            (70_000 - 2 * BLOCK_RECORDS) * RECORD_BYTES
+        ]
+    );
+    let loaded = decode_v2_blocks(count, &blocks).unwrap();
+    assert_eq!(loaded.len(), table.len());
+    assert_eq!(loaded.sorted_entries(), table.sorted_entries());
+    // The order: by low half, then high half, strictly increasing.
+    let keys: Vec<(u64, u64)> = table
+        .ordered_entries()
+        .map(|(tag, _)| (tag as u64, (tag >> 64) as u64))
+        .collect();
+    assert_eq!(keys.len(), 70_000);
+    assert!(keys.windows(2).all(|w| w[0] < w[1]));
+    // Loaded and written again: the same bytes.
+    assert_eq!(encoded(&loaded), (count, blocks));
+}
+
+#[test]
+fn encoding_two_does_not_depend_on_history() {
+    // The same buckets reached by other paths: inserted in another order, and with buckets
+    // added then removed (growths, a shrink to another slot order, a migration under way).
+    let want = random_table(20_000, 7);
+    let entries = want.sorted_entries();
+    let mut other = Table::new();
+    for &(tag, state) in entries.iter().rev() {
+        other.set(tag, state).unwrap();
+    }
+    let mut churned = random_table(150_000, 9);
+    for (tag, _) in churned.sorted_entries() {
+        churned.remove(tag);
+    }
+    for &(tag, state) in &entries {
+        churned.set(tag, state).unwrap();
+    }
+    assert_eq!(encoded(&other), encoded(&want));
+    assert_eq!(encoded(&churned), encoded(&want));
+}
+
+#[test]
+fn encoding_two_refuses_corrupt_and_truncated_blocks() {
+    let table = random_table(40_000, 3);
+    let (count, blocks) = encoded(&table);
+    let last = blocks.len() - 1;
+    let with = |f: &dyn Fn(&mut Vec<Vec<u8>>)| {
+        let mut b = blocks.clone();
+        f(&mut b);
+        decode_v2_blocks(count, &b).map(|t| t.len())
+    };
+    let word = |b: &mut Vec<Vec<u8>>, block: usize, record: usize, w: usize, v: u64| {
+        let at = record * RECORD_BYTES + w * 8;
+        b[block][at..at + 8].copy_from_slice(&v.to_le_bytes());
+    };
+    let rows: Vec<(&str, Result<usize, DecodeError>)> = vec![
+        ("as written", with(&|_| {})),
+        ("a block missing", with(&|b| drop(b.pop()))),
+        (
+            "a block cut short by one byte",
+            with(&|b| {
+                b[last].pop();
+            }),
+        ),
+        (
+            "a block cut at a record",
+            with(&|b| b[0].truncate(RECORD_BYTES * 100)),
+        ),
+        ("a block one byte long", with(&|b| b[0].push(0))),
+        ("an empty block", with(&|b| b[last].clear())),
+        (
+            "two records swapped",
+            with(&|b| {
+                let (x, y) = b[0].split_at_mut(RECORD_BYTES);
+                x.swap_with_slice(&mut y[..RECORD_BYTES]);
+            }),
+        ),
+        (
+            "a record repeated",
+            with(&|b| {
+                let first = b[0][..RECORD_BYTES].to_vec();
+                b[0][RECORD_BYTES..2 * RECORD_BYTES].copy_from_slice(&first);
+            }),
+        ),
+        (
+            "a block's first record below the last one before",
+            with(&|b| word(b, 1, 0, 0, 0)),
+        ),
+        ("a zero instant", with(&|b| word(b, 0, 5, 2, 0))),
+        ("an instant past i64", with(&|b| word(b, 0, 5, 2, u64::MAX))),
+        (
+            "a fraction past range",
+            with(&|b| word(b, last, 0, 3, u64::MAX)),
+        ),
+    ];
+    let got: Vec<_> = rows.iter().map(|(_, r)| *r).collect();
+    let want = vec![
+        Ok(40_000),
+        Err(DecodeError::Io),
+        Err(DecodeError::TagLength),
+        Err(DecodeError::TagLength),
+        Err(DecodeError::TagLength),
+        Err(DecodeError::TagLength),
+        Err(DecodeError::Order),
+        Err(DecodeError::Order),
+        Err(DecodeError::Order),
+        Err(DecodeError::Range),
+        Err(DecodeError::Range),
+        Err(DecodeError::Range),
+    ];
+    for ((name, got), want) in rows.iter().map(|(n, _)| n).zip(got).zip(want) {
+        assert_eq!(got, want, "{name}");
+    }
+    // A count the blocks do not match: the last block is then too short or too long.
+    assert_eq!(
+        decode_v2_blocks(count + 1, &blocks).map(|t| t.len()),
+        Err(DecodeError::TagLength)
+    );
+    assert_eq!(
+        decode_v2_blocks(count - 1, &blocks).map(|t| t.len()),
+        Err(DecodeError::TagLength)
+    );
+    assert_eq!(
+        decode_v2_blocks(0, &blocks).map(|t| t.len()),
+        Err(DecodeError::Count)
+    );
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// Any bytes in the blocks: refused or a table of exactly the count, never a panic; and
+    /// every byte flipped in a valid encoding either is refused or loads a table that writes
+    /// back to those very bytes.
+    #[test]
+    fn encoding_two_survives_any_bytes(
+        count in 1u64..200,
+        blocks in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..400), 0..3),
+        n in 1usize..300,
+        flip in any::<(usize, u8)>(),
+    ) {
+        if let Ok(table) = decode_v2_blocks(count, &blocks) {
+            prop_assert_eq!(table.len() as u64, count);
+        }
+        let table = random_table(n, n as u64);
+        let (count, mut blocks) = encoded(&table);
+        let at = flip.0 % blocks[0].len();
+        blocks[0][at] ^= flip.1.max(1);
+        if let Ok(loaded) = decode_v2_blocks(count, &blocks) {
+            prop_assert_eq!(encoded(&loaded), (count, blocks));
+        }
+    }
 }
 
 /// The longest run of occupied slots in the current array (a cluster).
