@@ -145,7 +145,7 @@ for (const [kind, connect] of Object.entries(CLIENTS)) {
         assert.deepEqual([d.source, t.source], ["lua", "lua"], c.name);
       }
     });
-    // The first call of each finds no script (NOSCRIPT), loads it and sends EVALSHA again.
+    // The first call finds no script (NOSCRIPT) and goes again as EVAL, which caches it.
     const calls = seen.filter((a) => /^EVALSHA$/i.test(a[0]));
     const answered = [];
     for (const a of calls) if (!answered.length || answered.at(-1).join() !== a.join()) answered.push(a);
