@@ -13,7 +13,7 @@
 import { readFileSync } from "node:fs";
 import { performance } from "node:perf_hooks";
 import { DebtTooLongError, LocalBuckets, Q, fromDecimal, numberText } from "./bucket.js";
-import { adapt, isReplyError } from "./adapter.js";
+import { adapt, isReplyError, replyText } from "./adapter.js";
 import {
   FUNCTIONS_VERSION, MisconfiguredError, ModuleMissingError, RateLimitError, deniedCommand, isAbsent,
   misconfiguration, noPathError, scriptCall,
@@ -649,8 +649,8 @@ export class Limiter {
     try {
       await this.sendOn(this.path, "multi", [[a, PROBE_LIMIT, 0], [b, PROBE_LIMIT, 0]]);
     } catch (error) {
-      if (misconfiguration(error, false) && !deniedCommand(error)) throw error;
-      // A user who may only peek cannot tell: the peek above answered, so the path works.
+      if (/^(MOVED|ASK|CROSSSLOT)\b/.test(replyText(error))) throw error;
+      // Anything else (a user who may only peek: NOPERM) cannot tell; the peek answered.
     }
   }
 
