@@ -42,15 +42,26 @@ export function isConnectionMisconfigured(error) {
   return /^(WRONGPASS|NOAUTH)\b|invalid username-password pair|^ERR AUTH\b|cluster support disabled/i.test(text);
 }
 
-/** The last "error" event of `client` since it was last ready, or null. */
+/**
+ * The last "error" event of `client`: lastError() gives it, answered() forgets it. "ready"
+ * forgets a transport error, but not a refused password: ioredis without its ready check
+ * emits "ready" right after the server refused AUTH, then reconnects; only a reply forgets it.
+ */
 function errorWatch(client) {
   let last = null;
   if (typeof client.on === "function") {
     client.on("error", (error) => { last = error; });
-    client.on("ready", () => { last = null; });
+    client.on("ready", () => { if (last && !isConnectionMisconfigured(last)) last = null; });
   }
-  return () => last;
+  return { lastError: () => last, answered: () => { last = null; } };
 }
+
+/** `send`, forgetting the last connection error once a reply arrives. */
+const forgetting = (send, watch) => async (args, key) => {
+  const reply = await send(args, key);
+  watch.answered();
+  return reply;
+};
 
 /**
  * One shared wait for `client` to emit "ready" (one pair of listeners however many calls
@@ -107,11 +118,12 @@ function makeAdapter(client) {
   if (client && typeof client.call === "function") {
     // ioredis: Cluster routes by the key it finds for known commands and follows MOVED for
     // the module's commands, which it does not know.
-    const lastError = errorWatch(client);
+    const watch = errorWatch(client);
+    const { lastError } = watch;
     return {
       cluster: client.isCluster === true,
       lastError,
-      send: (args) => client.call(args[0], ...args.slice(1)),
+      send: forgetting((args) => client.call(args[0], ...args.slice(1)), watch),
       // Redis and Cluster both have a status; "wait" is lazyConnect before its first command.
       ready: typeof client.status === "string"
         ? readiness(client, () => client.status === "ready", () => client.status === "end",
@@ -125,7 +137,8 @@ function makeAdapter(client) {
   }
   if (client && typeof client.sendCommand === "function") {
     const isCluster = "masters" in client || typeof client.getSlotMaster === "function";
-    const lastError = errorWatch(client);
+    const watch = errorWatch(client);
+    const { lastError } = watch;
     return {
       cluster: isCluster,
       lastError,
@@ -134,7 +147,7 @@ function makeAdapter(client) {
       ready: !isCluster && typeof client.isReady === "boolean"
         ? readiness(client, () => client.isReady, () => !client.isOpen, () => {}, lastError)
         : () => null,
-      send: isCluster
+      send: forgetting(isCluster
         ? async (args, key) => {
           try {
             return await client.sendCommand(key, false, args);
@@ -148,7 +161,7 @@ function makeAdapter(client) {
               last ? ` last error: ${last.message}` : ""})`);
           }
         }
-        : (args) => client.sendCommand(args),
+        : (args) => client.sendCommand(args), watch),
       masters: isCluster
         ? async () => Promise.all((client.masters ?? client.getMasters()).map(async (node) => {
           const nodeClient = await client.nodeClient(node);

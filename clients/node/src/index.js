@@ -13,7 +13,7 @@
 import { readFileSync } from "node:fs";
 import { performance } from "node:perf_hooks";
 import { DebtTooLongError, LocalBuckets, Q, fromDecimal, numberText } from "./bucket.js";
-import { adapt, isReplyError, replyText } from "./adapter.js";
+import { adapt, isConnectionMisconfigured, isReplyError, replyText } from "./adapter.js";
 import {
   FUNCTIONS_VERSION, MisconfiguredError, ModuleMissingError, RateLimitError, deniedCommand, isAbsent,
   misconfiguration, noPathError, scriptCall,
@@ -410,7 +410,7 @@ export class Limiter {
    * Redis unable to decide (an outage). False: the caller's error, thrown to the caller.
    */
   policyDecides(error) {
-    const misconfigured = misconfiguration(error, this.redis.cluster);
+    const misconfigured = this.misconfiguredBy(error);
     if (misconfigured) {
       this.counters.misconfigured++;
       this.logMisconfigured(misconfigured);
@@ -419,6 +419,14 @@ export class Limiter {
     if (!isUnavailable(error)) return false;
     this.failed(error);
     return true;
+  }
+
+  /** The MisconfiguredError `error` means, or null: a transport error on a connection the
+   * server refused (a wrong password, no cluster support) means that refusal. */
+  misconfiguredBy(error) {
+    const last = isReplyError(error) ? null : this.redis.lastError?.();
+    return misconfiguration(error, this.redis.cluster) ??
+      (last && isConnectionMisconfigured(last) ? misconfiguration(last, this.redis.cluster) : null);
   }
 
   logMisconfigured(error) {
@@ -625,7 +633,7 @@ export class Limiter {
     try {
       await this.deadline(this.checkUnbounded(state), state);
     } catch (error) {
-      const misconfigured = misconfiguration(error, this.redis.cluster);
+      const misconfigured = this.misconfiguredBy(error);
       if (misconfigured) {
         this.logMisconfigured(misconfigured);
         throw misconfigured;

@@ -124,7 +124,8 @@ export function misconfiguration(error, cluster) {
  */
 export async function scriptCall(limiter, args, key, denied = []) {
   const { redis } = limiter;
-  if (!limiter.evalshaDenied) {
+  if (limiter.evalshaDenied) denied.push("evalsha");
+  else {
     try {
       return await redis.send(["EVALSHA", SCRIPT_SHA, ...args], key);
     } catch (error) {

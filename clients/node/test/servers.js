@@ -37,7 +37,8 @@ function answers(port) {
     sock.setTimeout(500, () => done(false));
     sock.once("error", () => done(false));
     sock.once("connect", () => sock.write("PING\r\n"));
-    sock.once("data", (d) => done(d.toString().startsWith("+PONG")));
+    // NOAUTH: up, and asking for the password it was started with.
+    sock.once("data", (d) => done(/^(\+PONG|-NOAUTH)/.test(d.toString())));
   });
 }
 
