@@ -827,7 +827,10 @@ export class Limiter {
       await this.redis.send(["FCALL_RO", "rl_peek", "1", key, ...PROBE_LIMIT.scriptArgs(0)], key);
       return true;
     } catch (error) {
-      return !isAbsent(error) && !deniedCommand(error);
+      // A function that exists and failed; not an absence, a refusal, a redirect or a
+      // transport error, which say nothing about the library.
+      return isReplyError(error) && !isAbsent(error) && !deniedCommand(error) &&
+        !/^(MOVED|ASK|CROSSSLOT|TRYAGAIN|CLUSTERDOWN|LOADING|NOSCRIPT)\b/.test(error.message);
     }
   }
 

@@ -30,6 +30,9 @@ export class MisconfiguredError extends RateLimitError {
   constructor(message, options) {
     super(message, options);
     this.name = "MisconfiguredError";
+    /** The kind of cause ("auth", "noperm", "cluster-client", "single-node-client", ...):
+     * one log line a minute per kind and message text. */
+    this.kind = options?.kind ?? "other";
   }
 }
 
@@ -94,8 +97,8 @@ export function misconfiguration(error, cluster) {
       "was given", options);
   }
   if (!cluster && /^(MOVED|ASK|CROSSSLOT)\b/.test(text)) {
-    return new MisconfiguredError(`a single-node client on a Redis Cluster (${text.split(" ")[0]}): use a cluster ` +
-      "client (ioredis's Cluster, node-redis's createCluster)", options);
+    return new MisconfiguredError("a single-node client on a Redis Cluster (it answers MOVED, ASK or CROSSSLOT): use " +
+      "a cluster client (ioredis's Cluster, node-redis's createCluster)", options);
   }
   const denied = deniedCommand(error);
   if (denied) {
