@@ -25,6 +25,8 @@ import argparse
 import contextlib
 import csv
 import datetime
+import fractions
+import math
 import os
 import random
 import re
@@ -42,6 +44,10 @@ BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(BENCH_DIR)
 DEFAULT_MODULE = os.path.join(REPO, "target", "release", "libredis_rl.so")
 LUA_SCRIPT = os.path.join(BENCH_DIR, "token_bucket.lua")
+# redis-rl's own fallback, the script every client library ships, and the Functions library
+# made from it: what a client runs where the module is not loaded.
+RL_SCRIPT = os.path.join(REPO, "clients", "lua", "rl.lua")
+RL_FUNCTIONS = os.path.join(REPO, "clients", "lua", "rl_functions.lua")
 PROFILE_MARKER = "<!-- profile -->"
 PROFILE_PLACEHOLDER = "_Profiler findings go here; this driver keeps everything below the marker line._\n"
 
@@ -323,14 +329,34 @@ class Workload:
     """One benchmarked command. `args(key)` builds it; `stat` is its INFO commandstats name;
     `expect` is 'allowed' or 'denied' for the rate limiters (checked on the reply)."""
 
-    def __init__(self, name, label, stat, args, prefill=None, expect=None, preload=None):
+    def __init__(self, name, label, stat, args, prefill=None, expect=None, preload=None,
+                 hot=True):
         self.name, self.label, self.stat = name, label, stat
         self.args, self.prefill, self.expect = args, prefill, expect
+        # Whether it also runs on one hot key (else on random keys only).
+        self.hot = hot
         # Commands run once per field of a loaded table before each run (tables only).
         self.preload = preload
 
 
-def workloads(sha, now_ms):
+def script_numbers(rate, capacity, cost):
+    """The fallback's 10 numbers for an acquire (clients/lua/rl.lua's header): D, then T, the
+    capacity's refill, the slack and the cost's refill as pairs q + r/D µs, and floor(capacity).
+    Exact rationals, as the client libraries compute them (T's denominator is below 2^31 here)."""
+    rate, capacity, cost = (fractions.Fraction(x) for x in (rate, capacity, cost))
+    t_us = fractions.Fraction(10**6) / rate
+    d = t_us.denominator
+
+    def pair(x, rounding):
+        return divmod(rounding(x * d), d)
+
+    numbers = [d, *pair(t_us, math.ceil), *pair(capacity * t_us, math.floor),
+               *pair((capacity - cost) * t_us, math.floor), *pair(cost * t_us, math.ceil),
+               math.floor(capacity)]
+    return [str(n) for n in numbers]
+
+
+def workloads(sha, now_ms, rl_sha="rl_sha"):
     def rl(rate, capacity, cost):
         return lambda key: ["RL.ACQUIRE", key, rate, capacity, cost]
 
@@ -339,6 +365,14 @@ def workloads(sha, now_ms):
 
     def lua(rate, capacity, cost):
         return lambda key: ["EVALSHA", sha, "1", key, rate, capacity, str(now_ms), cost]
+
+    def script(rate, capacity, cost):
+        numbers = script_numbers(rate, capacity, cost)
+        return lambda key: ["EVALSHA", rl_sha, "1", key, "acquire"] + numbers
+
+    def function(rate, capacity, cost):
+        numbers = script_numbers(rate, capacity, cost)
+        return lambda key: ["FCALL", "rl_acquire", "1", key] + numbers
 
     def hash_prefill(key):
         return ["HSET", key, "tokens", HASH_TOKENS, "ts", str(now_ms)]
@@ -366,6 +400,19 @@ def workloads(sha, now_ms):
                  expect="allowed"),
         Workload("lua_denied", "Lua script denied", "evalsha", lua(*DENY["10"]),
                  prefill=lua(*DENY["10"]), expect="denied"),
+        Workload("lua_allowed_3", "Lua script allowed 3/s", "evalsha", lua(*ALLOW["3"]),
+                 expect="allowed", hot=False),
+    ]
+    # redis-rl's fallback on the same allowed path, random keys only: the script (EVALSHA) and
+    # the Functions library (FCALL), beside the classic script above and RL.ACQUIRE.
+    for rate in ALLOW:
+        found += [
+            Workload("script_allowed_%s" % rate, "rl.lua EVALSHA allowed %s/s" % rate, "evalsha",
+                     script(*ALLOW[rate]), expect="allowed", hot=False),
+            Workload("function_allowed_%s" % rate, "rl_acquire FCALL allowed %s/s" % rate,
+                     "fcall", function(*ALLOW[rate]), expect="allowed", hot=False),
+        ]
+    found += [
         Workload("set_px", "SET PX (floor)", "set",
                  lambda key: ["SET", key, FLOOR_VALUE, "PX", "60000"]),
         Workload("hmget", "HMGET (floor)", "hmget",
@@ -373,6 +420,16 @@ def workloads(sha, now_ms):
         Workload("incr", "INCR (floor)", "incr", lambda key: ["INCR", key]),
     ]
     return found
+
+
+def load_fallback(conn):
+    """Loads redis-rl's fallback script and its Functions library; returns the script's SHA1.
+    FLUSHALL keeps both (scripts and functions are not keys)."""
+    with open(RL_SCRIPT, encoding="utf-8") as f:
+        rl_sha = conn.call("SCRIPT", "LOAD", f.read())
+    with open(RL_FUNCTIONS, encoding="utf-8") as f:
+        conn.call("FUNCTION", "LOAD", "REPLACE", f.read())
+    return rl_sha
 
 
 def check_reply(workload, reply, command):
@@ -416,7 +473,8 @@ def prepare(conn, config, sample_size, table_buckets=0):
                      "table load for %s" % wl.label)
         if config.keyspace:
             # Every field of the keyspace was loaded already.
-            config = Config(Workload(wl.name, wl.label, wl.stat, wl.args, expect=wl.expect),
+            config = Config(Workload(wl.name, wl.label, wl.stat, wl.args, expect=wl.expect,
+                                     hot=wl.hot),
                             config.keyspace, config.pipeline)
             wl = config.workload
     if config.keyspace:
@@ -622,6 +680,13 @@ def targets_table(med, memory):
         add("2", "RL.ACQUIRE allowed %s/s ÷ SET PX: req/s, random keys, -P 16" % rate,
             get("rl_allowed_" + rate, "random", 16, "rps"), get("set_px", "random", 16, "rps"),
             0.9, "≥")
+    for rate in ALLOW:
+        classic = "lua_allowed" if rate == "10" else "lua_allowed_" + rate
+        for name, what in (("script", "rl.lua EVALSHA"), ("function", "rl_acquire FCALL")):
+            for p in PIPELINES:
+                add("8", "%s ÷ classic Lua script, allowed %s/s: server µs/call, random keys, -P %d"
+                    % (what, rate, p), get("%s_allowed_%s" % (name, rate), "random", p, "usec"),
+                    get(classic, "random", p, "usec"), 1, "≤")
     for rate in DENY:
         for p in PIPELINES:
             add("3", "RL.ACQUIRE denied %s/s ÷ HMGET: server µs/call, hot key, -P %d" % (rate, p),
@@ -669,7 +734,7 @@ def page_head(title, generator, meta):
             "", "```sh", meta["reproduce"], "```", ""]
 
 
-def write_results(path, meta, opts, wls, med, memory, n_for, sha):
+def write_results(path, meta, opts, wls, med, memory, n_for, sha, rl_sha):
     lines = page_head("redis-rl benchmark results", "bench/bench.py", meta)
     w = lines.append
     w("| | |")
@@ -711,8 +776,14 @@ def write_results(path, meta, opts, wls, med, memory, n_for, sha):
       " hand before benchmarking and did not answer an error, and every run ended with zero"
       " `failed_calls`, `rejected_calls` and `INFO errorstats` (redis-benchmark counts error"
       " replies as successes).")
-    w("- server µs/call is `usec / calls` of the command in `INFO commandstats` (for the script,"
-      " `cmdstat_evalsha`, which includes the `HMGET`, `HSET` and `PEXPIRE` it runs). req/s"
+    w("- redis-rl's fallback, for servers without the module, runs the same allowed path on"
+      " random keys: `rl.lua EVALSHA` is clients/lua/rl.lua (the script every client library"
+      " ships), `rl_acquire FCALL` the Functions library made from it (clients/lua/rl_functions.lua),"
+      " each with the 10 numbers a client computes for (rate, capacity, cost). Unlike the classic"
+      " script they read the server's clock (`TIME`), are exact, and write nothing on a denial."
+      " The classic script is also run at 3/s for them (`Lua script allowed 3/s`).")
+    w("- server µs/call is `usec / calls` of the command in `INFO commandstats` (for a script,"
+      " `cmdstat_evalsha` or `cmdstat_fcall`, which include the commands it runs). req/s"
       " and latencies are redis-benchmark's; at `-P 16` a latency covers the whole pipeline.")
     w("- The machine is shared, so absolute numbers are noisy; the ratios are the point.")
     w("")
@@ -736,13 +807,14 @@ def write_results(path, meta, opts, wls, med, memory, n_for, sha):
                     w("| %s | %s | %d | %s | %.3f | %.3f | %.2f |"
                       % (wl.label, keys, p, fmt_int(m["rps"]), m["p50"], m["p99"], m["usec"]))
     w("")
-    w("Commands as benchmarked (`%s` is replaced by redis-benchmark; `<sha>` is the script's"
-      " SHA1, %s):" % ("__rand_int__", sha))
+    w("Commands as benchmarked (`%s` is replaced by redis-benchmark; `<sha>` is the classic"
+      " script's SHA1, %s; `<rl.lua sha>` is clients/lua/rl.lua's, %s):"
+      % ("__rand_int__", sha, rl_sha))
     w("")
     w("| workload | command | prefill |")
     w("| --- | --- | --- |")
     for wl in wls:
-        command = " ".join(wl.args(RAND_KEY)).replace(sha, "<sha>")
+        command = " ".join(wl.args(RAND_KEY)).replace(sha, "<sha>").replace(rl_sha, "<rl.lua sha>")
         prefill = ("`%s`" % " ".join(wl.prefill(HOT_KEY)).replace(sha, "<sha>").replace(HOT_KEY, "key")
                    if wl.prefill else "none")
         w("| %s | `%s` | %s |" % (wl.label, command, prefill))
@@ -1086,8 +1158,9 @@ def check_environment(opts):
     if not os.path.isfile(opts.module):
         raise BenchError("module %s not found: build it with `cargo build --release --lib`"
                          % opts.module)
-    if not os.path.isfile(LUA_SCRIPT):
-        raise BenchError("the Lua baseline %s is missing" % LUA_SCRIPT)
+    for path in (LUA_SCRIPT, RL_SCRIPT, RL_FUNCTIONS):
+        if not os.path.isfile(path):
+            raise BenchError("the Lua script %s is missing" % path)
 
 
 def main(argv):
@@ -1113,7 +1186,8 @@ def main(argv):
               % (server.port, opts.server_cpu, opts.client_cpu, server.workdir))
         with open(LUA_SCRIPT, encoding="utf-8") as f:
             sha = conn.call("SCRIPT", "LOAD", f.read())
-        wls = workloads(sha, now_ms)
+        rl_sha = load_fallback(conn)
+        wls = workloads(sha, now_ms, rl_sha)
         if opts.only:
             wanted = set(opts.only.split(","))
             unknown = wanted - {w.name for w in wls} - {"memory"}
@@ -1123,6 +1197,7 @@ def main(argv):
         # A table's random fields range over the whole loaded table.
         configs = [Config(wl, ks, p) for wl in wls
                    for ks in ((opts.table_buckets if wl.preload else opts.keyspace), 0)
+                   if ks or wl.hot
                    for p in PIPELINES]
 
         # Preflight: each exact command, once by hand, on a fresh server. An error reply here
@@ -1181,7 +1256,7 @@ def main(argv):
                 tuple(argv), "python3 bench/bench.py " + " ".join(argv)),
         }
         results_md = os.path.join(out_dir, "results.md")
-        write_results(results_md, meta, opts, wls, med, memory, n_for, sha)
+        write_results(results_md, meta, opts, wls, med, memory, n_for, sha, rl_sha)
         with open(os.path.join(out_dir, "chart.svg"), "w", encoding="utf-8") as f:
             f.write(chart_svg(wls, med, meta))
         print()

@@ -3,6 +3,8 @@
 # not move with the machine's load, unlike server µs. Usage (make bench-instructions):
 #   bench/instructions.sh MODULE.so COMMAND ARGS...   (redis-benchmark syntax, __rand_int__ ok)
 #   PREFILL="COMMAND ARGS..." runs one command first, uncounted (the hot key of a denial).
+#   LOAD="FILE..." loads Lua files first: SCRIPT LOAD (EVALSHA <sha1sum of the file>), or
+#   FUNCTION LOAD for a library (a first line starting with #!lua, for FCALL).
 # Prints "<command>  <Ir per call>". Needs valgrind (callgrind_annotate) and redis-benchmark.
 set -euo pipefail
 N=${N:-20000}
@@ -16,12 +18,19 @@ valgrind --tool=callgrind --collect-atstart=no --toggle-collect=call \
     --save "" --appendonly no --dir "$dir" --loadmodule "$module" >/dev/null 2>&1 &
 server=$!
 for _ in $(seq 200); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.3; done
+for file in ${LOAD:-}; do
+    if head -n 1 "$file" | grep -q '^#!lua'; then
+        redis-cli -p "$port" -x FUNCTION LOAD REPLACE <"$file" >/dev/null
+    else
+        redis-cli -p "$port" -x SCRIPT LOAD <"$file" >/dev/null
+    fi
+done
 if [ -n "${PREFILL:-}" ]; then
     # shellcheck disable=SC2086 # PREFILL is a command line, split into its words
     redis-cli -p "$port" $PREFILL >/dev/null
 fi
 reply=$(redis-cli -p "$port" "${@//__rand_int__/1}")
-case "$reply" in ERR*|WRONGTYPE*) echo "$* answers an error: $reply" >&2; exit 1;; esac
+case "$reply" in ERR*|WRONGTYPE*|NOSCRIPT*) echo "$* answers an error: $reply" >&2; exit 1;; esac
 # A denial must be one: RL.ACQUIRE's first integer is 1 when it takes.
 if [ -n "${EXPECT_DENIED:-}" ] && [ "$(printf '%s' "$reply" | head -n 1)" != 0 ]; then
     echo "$* was not denied: $reply" >&2; exit 1

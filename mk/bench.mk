@@ -11,7 +11,13 @@ bench: $(MODULE) ## Benchmark RL.ACQUIRE vs the Lua script and plain commands; w
 bench-smoke: $(MODULE) ## Seconds-long bench run for CI: checks each benchmarked command works, no timing (temp dir)
 	python3 bench/bench.py --smoke
 
-bench-instructions: $(MODULE) ## Instructions per call inside Redis's call() (callgrind): allowed RL.ACQUIRE against SET PX, denials against HMGET
+# The fallback's 10 numbers for bench.py's allowed (rate, capacity, cost) at 10/s and 3/s, and
+# its denial at 10/s, as bench.py computes them; and the scripts' SHA1s (EVALSHA).
+fallback_numbers = $(shell python3 -c "import sys; sys.path.insert(0, 'bench'); import bench; print(' '.join(bench.script_numbers(*'$(1)'.split())))")
+CLASSIC_SHA = $(shell sha1sum < bench/token_bucket.lua | cut -c1-40)
+RL_SHA = $(shell sha1sum < clients/lua/rl.lua | cut -c1-40)
+
+bench-instructions: $(MODULE) ## Instructions per call inside Redis's call() (callgrind): allowed RL.ACQUIRE against SET PX, denials against HMGET, the Lua fallback (EVALSHA, FCALL) against the classic script
 	@command -v valgrind >/dev/null || { echo "bench-instructions: needs valgrind (apt-get install valgrind)"; exit 1; }
 	bench/instructions.sh $(MODULE) SET b:__rand_int__ 1234567890123456789 PX 60000
 	bench/instructions.sh $(MODULE) RL.ACQUIRE b:__rand_int__ 10 1e10 1000
@@ -22,6 +28,14 @@ bench-instructions: $(MODULE) ## Instructions per call inside Redis's call() (ca
 	PREFILL="RL.ACQUIRE hot 0.000001 1 1" EXPECT_DENIED=1 bench/instructions.sh $(MODULE) RL.ACQUIRE hot 0.000001 1 1
 	PREFILL="RL.HACQUIRE tbl hot 10 1e7 1e7" EXPECT_DENIED=1 bench/instructions.sh $(MODULE) RL.HACQUIRE tbl hot 10 1e7 1e7
 	PREFILL="RL.HACQUIRE tbl hot 3 3000001 3000001" EXPECT_DENIED=1 bench/instructions.sh $(MODULE) RL.HACQUIRE tbl hot 3 3000001 3000001
+	LOAD=bench/token_bucket.lua bench/instructions.sh $(MODULE) EVALSHA $(CLASSIC_SHA) 1 b:__rand_int__ 10 1e10 1796183560421 1000
+	LOAD=bench/token_bucket.lua bench/instructions.sh $(MODULE) EVALSHA $(CLASSIC_SHA) 1 b:__rand_int__ 3 3e9 1796183560421 301
+	LOAD=clients/lua/rl.lua bench/instructions.sh $(MODULE) EVALSHA $(RL_SHA) 1 b:__rand_int__ acquire $(call fallback_numbers,10 1e10 1000)
+	LOAD=clients/lua/rl.lua bench/instructions.sh $(MODULE) EVALSHA $(RL_SHA) 1 b:__rand_int__ acquire $(call fallback_numbers,3 3e9 301)
+	LOAD=clients/lua/rl_functions.lua bench/instructions.sh $(MODULE) FCALL rl_acquire 1 b:__rand_int__ $(call fallback_numbers,10 1e10 1000)
+	LOAD=clients/lua/rl_functions.lua bench/instructions.sh $(MODULE) FCALL rl_acquire 1 b:__rand_int__ $(call fallback_numbers,3 3e9 301)
+	LOAD=clients/lua/rl.lua PREFILL="EVALSHA $(RL_SHA) 1 hot acquire $(call fallback_numbers,10 1e7 1e7)" EXPECT_DENIED=1 bench/instructions.sh $(MODULE) EVALSHA $(RL_SHA) 1 hot acquire $(call fallback_numbers,10 1e7 1e7)
+	LOAD=clients/lua/rl_functions.lua PREFILL="FCALL rl_acquire 1 hot $(call fallback_numbers,10 1e7 1e7)" EXPECT_DENIED=1 bench/instructions.sh $(MODULE) FCALL rl_acquire 1 hot $(call fallback_numbers,10 1e7 1e7)
 
 bench-multi: $(MODULE) ## Server time of one RL.ACQUIRE.MULTI at 1,000 (the cap) and more buckets (release build)
 	python3 bench/multi.py --sizes 10,100,1000,1001 --rounds 5

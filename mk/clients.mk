@@ -45,6 +45,14 @@ PYTHON_BUILD_TOOL := $(PYTHON_BUILD)/build/__init__.py
 $(PYTHON_BUILD_TOOL):
 	python3 -m pip install --quiet --upgrade --target "$(PYTHON_BUILD)" build
 
+# mypy, for the type check of examples/python against the library's annotations (--strict),
+# in a --target directory of its own.
+PYTHON_MYPY := $(CURDIR)/target/python-mypy
+PYTHON_MYPY_TOOL := $(PYTHON_MYPY)/mypy/__init__.py
+
+$(PYTHON_MYPY_TOOL):
+	python3 -m pip install --quiet --upgrade --target "$(PYTHON_MYPY)" mypy
+
 # Reinstalled on every run: pip decides nothing from timestamps, and it takes a second.
 python-rl:
 	python3 -m pip install --quiet --no-deps --upgrade --target "$(PYTHON_RL)" ./clients/python
@@ -55,10 +63,11 @@ deps-clients: deps $(REDIS_PY) $(PYTHON_HTTP) $(PYTHON_DJANGO) ## Install what t
 
 test-clients: test-clients-python test-clients-node test-clients-rust test-clients-cluster ## Test the Python, Node and Rust libraries and the Lua script against real servers and a cluster
 
-test-clients-python: deps-clients $(REDIS_PY5) $(MODULE_DEBUG) python-rl ## The Python library: vectors, Lua script, module, plain server, outages, busy pools (redis-py 8.x and 5.x), shield
+test-clients-python: deps-clients $(REDIS_PY5) $(PYTHON_MYPY_TOOL) $(MODULE_DEBUG) python-rl ## The Python library: vectors, Lua script, module, Functions library, plain server, permissions, misconfigurations, outages, busy pools (redis-py 8.x and 5.x), shield, mypy --strict on examples/python
 	python3 clients/vectors/generate.py --check
 	python3 clients/vectors/table_generate.py --check
 	PYTHONPATH="$(PYTHON_PATH)" RL_REDIS_PY5="$(PYTHON_DEPS_REDIS5)" python3 clients/python/tests/run.py
+	PYTHONPATH="$(PYTHON_MYPY):$(PYTHON_PATH)" python3 -m mypy --strict --cache-dir target/mypy-cache examples/python
 	$(MAKE) --no-print-directory dist-python
 
 dist-python: deps $(PYTHON_BUILD_TOOL) $(MODULE_DEBUG) ## The Python package as users install it: wheel and sdist (python -m build in target/python-dist/), each and a copy of clients/python installed into a fresh venv outside the repository, and a smoke run there against servers with and without the module, plus examples/python's tests (wheel, sdist)

@@ -262,7 +262,7 @@ pub fn gcra(
 
 /// A plain non-negative decimal integer, saturating at `u64::MAX`: callers range-check it,
 /// and a huge `quantity` is a request that can never succeed, not a malformed one.
-fn integer(bytes: &[u8]) -> Option<u64> {
+pub(crate) fn integer(bytes: &[u8]) -> Option<u64> {
     if bytes.is_empty() || !bytes.iter().all(u8::is_ascii_digit) {
         return None;
     }

@@ -4,6 +4,12 @@
 //! started, so every call inside one MULTI, script or function sees the same instant. Older
 //! servers (Redis 7.0) only have `RedisModule_Milliseconds`. Which one exists is probed through
 //! the function pointer the server filled in at load, never through a version number.
+//!
+//! **The seam, in debug builds only:** `RL_CLOCK_OFFSET_MS` in the server's environment
+//! when the module loads shifts the module's clock by that many ms (negative: behind). The
+//! integration tests step a server's clock back and forth across a restart, and give a
+//! replica a skewed clock before promoting it (`tests/clock.rs`), without touching the
+//! machine's clock. A release build reads the server's time only.
 
 use redis_module::raw;
 
@@ -52,5 +58,23 @@ pub fn now_us() -> u64 {
             (None, None) => 0,
         }
     };
-    u64::try_from(now).unwrap_or(0)
+    u64::try_from(now.saturating_add(offset_us())).unwrap_or(0)
+}
+
+/// The seam's offset (µs): `RL_CLOCK_OFFSET_MS` as read at the first call; 0 unset or bad.
+#[cfg(debug_assertions)]
+fn offset_us() -> i64 {
+    static OFFSET_US: std::sync::OnceLock<i64> = std::sync::OnceLock::new();
+    *OFFSET_US.get_or_init(|| {
+        std::env::var("RL_CLOCK_OFFSET_MS")
+            .ok()
+            .and_then(|ms| ms.parse::<i64>().ok())
+            .map_or(0, |ms| ms.saturating_mul(1000))
+    })
+}
+
+/// A release build has no seam.
+#[cfg(not(debug_assertions))]
+fn offset_us() -> i64 {
+    0
 }

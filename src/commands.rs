@@ -645,18 +645,8 @@ fn seconds_ceil(ns: u64) -> i64 {
 /// `s` must be a live RedisModuleString that outlives the returned slice (true for `argv`
 /// entries during the call).
 unsafe fn bytes<'a>(s: *mut RedisModuleString) -> &'a [u8] {
-    let mut len = 0usize;
-    // SAFETY: guaranteed by the caller; StringPtrLen never returns NULL for a live string.
-    unsafe {
-        let Some(ptr_len) = raw::RedisModule_StringPtrLen else {
-            return &[];
-        };
-        let data = ptr_len(s, &mut len);
-        if data.is_null() {
-            return &[];
-        }
-        std::slice::from_raw_parts(data.cast::<u8>(), len)
-    }
+    // SAFETY: guaranteed by the caller.
+    unsafe { crate::store::string_bytes(s) }
 }
 
 /// Runs a command body, catching any panic, counts it, and sends its reply.

@@ -7,6 +7,12 @@
 //! of a nanosecond (rates such as 3/s) is a 16-byte allocation, `[full_at_ns, full_at_frac]`,
 //! updated in place by later writes. Loading trusts nothing: a value that is not a [`State`]
 //! fails the load instead of becoming a bucket.
+//!
+//! A key holding a hash the Lua fallback wrote (`{a, b, d}`, see `store`) opens as the bucket
+//! it holds, converted exactly ([`rl_bucket::FallbackState`]). Reading it writes nothing; the
+//! first commit that writes replaces the hash with this type, and propagates `DEL` before the
+//! usual `RL.SETSTATE`, so a replica or an AOF replay removes the hash whatever it would make
+//! of it. A call that writes nothing (a peek, a denial) leaves the hash as it was.
 
 use std::ffi::{c_int, c_void, CStr};
 use std::ptr;
@@ -120,6 +126,8 @@ pub struct BucketKey {
     /// Whether the running command is its own effect (it reads no clock), so a commit
     /// replicates it as it came.
     verbatim: bool,
+    /// Whether the key holds a hash the Lua fallback wrote, not yet replaced by a commit.
+    fallback: bool,
 }
 
 impl BucketKey {
@@ -156,15 +164,20 @@ impl BucketKey {
     }
 
     fn with(key: OpenKey) -> Result<Self, Error> {
-        let stored = match key.value(bucket_type())? {
-            None => None,
+        let (stored, fallback) = match key.value(bucket_type()) {
+            Ok(None) => (None, false),
             // Only a State is ever stored, so this cannot fail unless memory was corrupted.
-            Some(value) => Some(from_value(value).ok_or(Error::Internal)?),
+            Ok(Some(value)) => (Some(from_value(value).ok_or(Error::Internal)?), false),
+            // Another type: the Lua fallback's hash is taken over, anything else stays
+            // WRONGTYPE.
+            Err(Error::WrongType) => (Some(key.fallback_state()?), true),
+            Err(error) => return Err(error),
         };
         Ok(Self {
             key,
             staged: Staged::new(stored),
             verbatim: false,
+            fallback,
         })
     }
 
@@ -177,7 +190,8 @@ impl BucketKey {
     /// Stores `state` with its expiry, `state.expire_at_ms()`.
     fn write(&self, state: State) -> Result<(), Error> {
         let expire_at_ms = i64::try_from(state.expire_at_ms()).map_err(|_| Error::Internal)?;
-        let existed = self.staged.stored().is_some();
+        // The fallback's hash is not a value of ours: SetValue deletes it (and its expiry).
+        let existed = self.staged.stored().is_some() && !self.fallback;
         // SAFETY: `self.key` is open for writing and, when `existed`, holds a value of our type
         // (checked at open); values are only ever made by `to_value`.
         let ok = unsafe {
@@ -234,6 +248,7 @@ impl Store for BucketKey {
     }
 
     fn apply(&mut self, change: Change, event: &CStr) -> Result<(), Error> {
+        let took_over = self.fallback;
         match change {
             Change::Keep => return Ok(()),
             Change::Set(state) => {
@@ -255,6 +270,8 @@ impl Store for BucketKey {
                 )?;
             }
         }
+        // Written or deleted: the key no longer holds the fallback's hash.
+        self.fallback = false;
         if self.verbatim {
             // SAFETY: the running command's context.
             let verbatim = unsafe { raw::RedisModule_ReplicateVerbatim }.ok_or(Error::Internal)?;
@@ -265,7 +282,13 @@ impl Store for BucketKey {
             return Ok(());
         }
         match change {
-            Change::Set(state) => replicate_set_state(self.key.ctx, self.key.name, state),
+            Change::Set(state) => {
+                if took_over {
+                    // The hash goes first, so RL.SETSTATE meets an empty key wherever it runs.
+                    replicate_del(self.key.ctx, self.key.name)?;
+                }
+                replicate_set_state(self.key.ctx, self.key.name, state)
+            }
             _ => replicate_del(self.key.ctx, self.key.name),
         }
     }

@@ -88,6 +88,23 @@ pub enum Error {
     Tag,
     /// `RL.ACQUIRE.MULTI` names more buckets than [`MAX_MULTI_BUCKETS`].
     TooManyBuckets,
+    /// `limit` (of the lease commands) is not an integer from 1 to
+    /// [`rl_bucket::MAX_LEASE_LIMIT`].
+    LeaseLimit,
+    /// `ttl_ms` is not an integer from 1 to [`rl_bucket::MAX_LEASE_TTL_MS`].
+    LeaseTtl,
+    /// An `id` is not 1 to [`rl_bucket::MAX_LEASE_ID_BYTES`] bytes.
+    LeaseId,
+    /// `RL.LEASE` got an option other than `ID`.
+    LeaseOption,
+    /// `ID` came without its id.
+    LeaseIdMissing,
+    /// `drop_until_us` (of `RL.LEASESETSTATE`) is not an integer in range.
+    DropUntil,
+    /// `expires_at_us` (of `RL.LEASESETSTATE`) is not an integer in range.
+    ExpiresAt,
+    /// `RL.LEASESETSTATE` would leave more than [`rl_bucket::MAX_LEASE_LIMIT`] leases.
+    TooManyLeases,
 }
 
 impl Error {
@@ -137,6 +154,14 @@ impl Error {
             }
             Error::Tag => c"ERR tag must be 16 bytes (a field's tag, as RL.HSETSTATE replicates it)",
             Error::TooManyBuckets => TOO_MANY_BUCKETS,
+            Error::LeaseLimit => c"ERR limit must be an integer from 1 to 10000 (leases)",
+            Error::LeaseTtl => c"ERR ttl_ms must be an integer from 1 to 3153600000000 (ms)",
+            Error::LeaseId => c"ERR id must be 1 to 16 bytes",
+            Error::LeaseOption => c"ERR unknown option: RL.LEASE takes only ID id after ttl_ms",
+            Error::LeaseIdMissing => c"ERR ID must be followed by an id",
+            Error::DropUntil => c"ERR drop_until_us must be an integer from 0 to 288230376151711743 (µs since the Unix epoch)",
+            Error::ExpiresAt => c"ERR expires_at_us must be an integer from 0 to 288230376151711743 (µs since the Unix epoch; 0 removes the lease)",
+            Error::TooManyLeases => c"ERR a key holds at most 10000 leases",
         }
     }
 }
@@ -150,6 +175,21 @@ mod tests {
         let text = Error::TableFull.text().to_string_lossy().into_owned();
         let cap = crate::table::MAX_BUCKETS.to_string();
         assert!(text.contains(&format!(" holds {cap} buckets")), "{text}");
+    }
+
+    #[test]
+    fn the_lease_texts_name_their_bounds() {
+        let text = |e: Error| e.text().to_string_lossy().into_owned();
+        let limit = rl_bucket::MAX_LEASE_LIMIT.to_string();
+        assert!(text(Error::LeaseLimit).contains(&format!(" 1 to {limit} ")));
+        assert!(text(Error::TooManyLeases).contains(&format!(" at most {limit} ")));
+        let ttl = rl_bucket::MAX_LEASE_TTL_MS.to_string();
+        assert!(text(Error::LeaseTtl).contains(&format!(" 1 to {ttl} ")));
+        let bytes = rl_bucket::MAX_LEASE_ID_BYTES.to_string();
+        assert!(text(Error::LeaseId).contains(&format!(" 1 to {bytes} bytes")));
+        let at = rl_bucket::MAX_EXPIRES_AT_US.to_string();
+        assert!(text(Error::DropUntil).contains(&format!(" 0 to {at} ")));
+        assert!(text(Error::ExpiresAt).contains(&format!(" 0 to {at} ")));
     }
 
     #[test]

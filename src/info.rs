@@ -4,7 +4,7 @@ use std::ffi::{c_int, CString};
 
 use redis_module::raw::{self, RedisModuleInfoCtx};
 
-use crate::{clock, config, propagation, registry, stats, sweeper, table_registry};
+use crate::{clock, config, eviction, propagation, registry, stats, sweeper, table_registry};
 
 /// Registers the section; `INFO rl` (or `INFO modules`, `INFO everything`) shows it.
 ///
@@ -50,6 +50,7 @@ unsafe extern "C" fn info(ctx: *mut RedisModuleInfoCtx, _for_crash_report: c_int
         ("gcra_alias", yes_no(config::gcra_alias())),
         ("skipped_commands", skipped.as_str()),
         ("sweep_held_because", sweeper::held_because()),
+        ("tables_evictable", eviction::tables_evictable()),
     ];
     // SAFETY: `ctx` is the live info context Redis passed in; strings are NUL-terminated.
     unsafe {

@@ -10,6 +10,8 @@
 //! - [`datatype`]: the `rl-bucket` module type and its per-key handle.
 //! - [`table`]: the bucket table, pure (no Redis types); [`table_type`]: its module type
 //!   `rl-htable` and its handles behind the same door.
+//! - [`lease_type`]: the `rl-leases` module type (a key's leases, limits on work in
+//!   flight) and its handle; [`lease_commands`]: the lease commands' handlers.
 //! - [`clock`]: the one place that reads the server's time.
 //! - [`error`]: the error enum and its reply texts.
 //! - [`info`]: the `INFO rl` section; [`stats`]: its counters.
@@ -18,7 +20,8 @@
 //! - [`propagation`]: whether anything receives what a write propagates.
 //! - [`sweeper`]: the master's background sweep of tables (a module timer), which writes
 //!   only while the server accepts writes; [`table_registry`]: where the tables are, kept
-//!   in step with the keyspace through keyspace and server events, for it to visit.
+//!   in step with the keyspace through keyspace and server events, for it to visit;
+//!   [`eviction`]: what `maxmemory-policy` does to tables, and the warning.
 //!
 //! This file holds module registration only.
 
@@ -28,7 +31,10 @@ pub mod commands;
 pub mod config;
 pub mod datatype;
 pub mod error;
+pub mod eviction;
 pub mod info;
+pub mod lease_commands;
+pub mod lease_type;
 pub mod propagation;
 pub mod registry;
 pub mod server;
@@ -42,6 +48,7 @@ pub mod table_type;
 use redis_module::{raw, redis_module, Context, RedisString, Status};
 
 use crate::datatype::BUCKET_TYPE;
+use crate::lease_type::LEASE_TYPE;
 use crate::table_type::TABLE_TYPE;
 
 /// Inside Redis, Rust allocations go through Redis's allocator, so they show in `INFO memory`
@@ -81,8 +88,11 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
             set_options(ctx.ctx, options);
         }
     }
-    if datatype::cache_type().is_err() || table_type::cache_type().is_err() {
-        ctx.log_warning("rl: the rl-bucket or rl-htable type was not registered");
+    if datatype::cache_type().is_err()
+        || table_type::cache_type().is_err()
+        || lease_type::cache_type().is_err()
+    {
+        ctx.log_warning("rl: the rl-bucket, rl-htable or rl-leases type was not registered");
         return Status::Err;
     }
     // SAFETY: `ctx.ctx` is the context passed to RedisModule_OnLoad.
@@ -121,7 +131,7 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
     }
     // SAFETY: as above.
     if !unsafe { sweeper::start(ctx.ctx) } {
-        ctx.log_warning("rl: no module timers here; tables are swept by writes and expiry only");
+        ctx.log_warning("rl: no module timers here; tables are swept by writes only");
     }
     ctx.log_notice(&format!(
         "rl: loaded; clock source {}",
@@ -134,6 +144,6 @@ redis_module! {
     name: "rl",
     version: MODULE_VERSION,
     allocator: (alloc::Allocator, alloc::ALLOCATOR),
-    data_types: [BUCKET_TYPE, TABLE_TYPE],
+    data_types: [BUCKET_TYPE, TABLE_TYPE, LEASE_TYPE],
     init: init,
 }

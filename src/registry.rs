@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use redis_module::raw::{self, RedisModuleCtx, RedisModuleString};
 
-use crate::{commands, config};
+use crate::{commands, config, lease_commands};
 
 type Handler =
     unsafe extern "C" fn(*mut RedisModuleCtx, *mut *mut RedisModuleString, c_int) -> c_int;
@@ -248,6 +248,80 @@ pub const SPECS: &[Spec] = &[
         in_category: false,
         in_server_category: false,
     },
+    Spec {
+        name: c"RL.LEASE",
+        handler: lease_commands::lease,
+        flags: c"write deny-oom fast",
+        keys: (1, 1, 1),
+        key_flags: WRITE,
+        arity: -4,
+        summary: c"Takes a lease (a slot of work in flight) if fewer than limit are held.",
+        // A sorted vector: binary searches, plus a scan and a memmove over at most 10,000
+        // leases of 24 bytes (see rl_bucket's lease docs).
+        complexity: c"O(N) where N is the number of leases held (at most 10000), O(log N) comparisons",
+        since: c"0.3.0",
+        // The reply depends on the clock, and a made id is random.
+        tips: Some(c"nondeterministic_output"),
+        in_category: true,
+        in_server_category: false,
+    },
+    Spec {
+        name: c"RL.RELEASE",
+        handler: lease_commands::release,
+        // Frees memory, so no deny-oom (like DEL).
+        flags: c"write fast",
+        keys: (1, 1, 1),
+        key_flags: WRITE,
+        arity: 3,
+        summary: c"Releases a lease; replies 1 if it was held.",
+        complexity: c"O(N) where N is the number of leases held (at most 10000)",
+        since: c"0.3.0",
+        tips: Some(c"nondeterministic_output"),
+        in_category: true,
+        in_server_category: false,
+    },
+    Spec {
+        name: c"RL.RENEW",
+        handler: lease_commands::renew,
+        flags: c"write deny-oom fast",
+        keys: (1, 1, 1),
+        key_flags: WRITE,
+        arity: 4,
+        summary: c"Makes a held lease expire ttl_ms from now; replies 1 if it was held.",
+        complexity: c"O(N) where N is the number of leases held (at most 10000)",
+        since: c"0.3.0",
+        tips: Some(c"nondeterministic_output"),
+        in_category: true,
+        in_server_category: false,
+    },
+    Spec {
+        name: c"RL.LEASES",
+        handler: lease_commands::leases,
+        flags: c"readonly fast",
+        keys: (1, 1, 1),
+        key_flags: READ,
+        arity: 3,
+        summary: c"Counts the leases held and the wait until one of limit frees, writing nothing.",
+        complexity: c"O(log N) where N is the number of leases held",
+        since: c"0.3.0",
+        tips: Some(c"nondeterministic_output"),
+        in_category: true,
+        in_server_category: false,
+    },
+    Spec {
+        name: c"RL.LEASESETSTATE",
+        handler: lease_commands::lease_set_state,
+        flags: c"write deny-oom",
+        keys: (1, 1, 1),
+        key_flags: WRITE,
+        arity: -5,
+        summary: c"Drops expired leases and sets or removes leases by id (internal: what lease writes replicate and AOF rewrites emit).",
+        complexity: c"O(N × M) where N is the number of leases held and M the number of ids given",
+        since: c"0.3.0",
+        tips: None,
+        in_category: false,
+        in_server_category: false,
+    },
 ];
 
 /// `CL.THROTTLE`, registered only with the `cl-throttle-alias yes` load argument, so that
@@ -304,9 +378,44 @@ const GCRA_SPEC: Spec = Spec {
 pub const ACL_CATEGORY: &CStr = c"ratelimit";
 
 /// [`ACL_CATEGORY`] plus the server's own rate-limit category, for the commands that join it
-/// where it exists. Setting a category the server does not know fails, so this is tried first
-/// and [`ACL_CATEGORY`] alone is the fallback.
+/// where it exists ([`server_has_category`] asks first: setting a category the server does
+/// not know fails, and Redis 8 logs each such try at warning level).
 const WITH_SERVER_CATEGORY: &CStr = c"ratelimit rate_limit";
+
+/// The server's own rate-limit category, which a Redis built with its `GCRA` has.
+const SERVER_CATEGORY: &CStr = c"rate_limit";
+
+/// Whether the server has the ACL category `name`: `ACL CAT name` lists its commands, and
+/// answers an error for a category it does not know (or where `ACL` is not allowed, when the
+/// category cannot be set either way), silently.
+///
+/// # Safety
+/// `ctx` must be a live context that may call commands.
+unsafe fn server_has_category(ctx: *mut RedisModuleCtx, name: &CStr) -> bool {
+    // SAFETY: read once, after load; "cc" matches the two C strings; the reply is freed.
+    unsafe {
+        let (Some(call), Some(reply_type), Some(free)) = (
+            raw::RedisModule_Call,
+            raw::RedisModule_CallReplyType,
+            raw::RedisModule_FreeCallReply,
+        ) else {
+            return false;
+        };
+        let reply = call(
+            ctx,
+            c"ACL".as_ptr(),
+            c"cc".as_ptr(),
+            c"CAT".as_ptr(),
+            name.as_ptr(),
+        );
+        if reply.is_null() {
+            return false;
+        }
+        let known = reply_type(reply) == raw::REDISMODULE_REPLY_ARRAY as c_int;
+        free(reply);
+        known
+    }
+}
 
 /// The aliases the load arguments may add, after [`SPECS`].
 const ALIASES: [&Spec; 2] = [&CL_THROTTLE, &GCRA];
@@ -393,6 +502,7 @@ pub unsafe fn register(ctx: *mut RedisModuleCtx) -> Result<Vec<String>, String> 
             }
             _ => None,
         };
+        let server_category = category.is_some() && server_has_category(ctx, SERVER_CATEGORY);
         let wanted = |spec: &Spec| match spec.name {
             n if n == CL_THROTTLE.name => config::cl_throttle_alias(),
             n if n == GCRA.name => config::gcra_alias(),
@@ -440,6 +550,7 @@ pub unsafe fn register(ctx: *mut RedisModuleCtx) -> Result<Vec<String>, String> 
                 if let (Some(set_category), true) = (category, spec.in_category) {
                     let ok = |status: c_int| status == raw::REDISMODULE_OK as c_int;
                     let joined = (spec.in_server_category
+                        && server_category
                         && ok(set_category(command, WITH_SERVER_CATEGORY.as_ptr())))
                         || ok(set_category(command, ACL_CATEGORY.as_ptr()));
                     if !joined {

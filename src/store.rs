@@ -6,7 +6,9 @@
 //! handle with nothing staged commits nothing and propagates nothing.
 //!
 //! Also here: what both stores do to a key of the running command ([`OpenKey`], [`read`],
-//! [`delete_key`], [`signal_modified`], [`replicate_del`]) and to their registered types.
+//! [`delete_key`], [`signal_modified`], [`replicate_del`]) and to their registered types, and
+//! the one read of a value that is not ours: a bucket the Lua fallback wrote as a hash
+//! ([`OpenKey::fallback_state`]), which the per-key store takes over.
 //! Depends on the pure bucket (`rl_bucket`), `error` and `propagation` only.
 
 use std::ffi::{c_int, c_void, CStr};
@@ -15,7 +17,7 @@ use std::sync::atomic::{AtomicPtr, Ordering};
 
 use redis_module::native_types::RedisType;
 use redis_module::raw;
-use rl_bucket::{Change, State};
+use rl_bucket::{Change, FallbackState, State};
 
 use crate::error::Error;
 
@@ -181,6 +183,87 @@ impl OpenKey {
     ) -> Result<Option<*mut c_void>, Error> {
         // SAFETY: `self.key` is null or open.
         unsafe { read(self.key, expected_type) }
+    }
+
+    /// The bucket a hash holds if the Lua fallback wrote it: exactly three fields `a`, `b`
+    /// and `d`, each an integer as the fallback writes one, in its range
+    /// ([`FallbackState::parse`]). Only the three values are read, and nothing is changed.
+    ///
+    /// # Errors
+    /// [`Error::WrongType`] for a missing key, any other type, or any other hash (more or
+    /// fewer fields, other names, values the fallback would not write): a value that is not
+    /// the fallback's stays someone else's.
+    pub(crate) fn fallback_state(&self) -> Result<State, Error> {
+        if self.key.is_null() {
+            return Err(Error::WrongType);
+        }
+        // SAFETY: `self.key` is an open handle; these calls only inspect it.
+        let is_three_field_hash = unsafe {
+            raw::RedisModule_KeyType.ok_or(Error::Internal)?(self.key)
+                == raw::REDISMODULE_KEYTYPE_HASH as c_int
+                && raw::RedisModule_ValueLength.ok_or(Error::Internal)?(self.key) == 3
+        };
+        if !is_three_field_hash {
+            return Err(Error::WrongType);
+        }
+        let mut values: [*mut raw::RedisModuleString; 3] = [ptr::null_mut(); 3];
+        let [a, b, d] = &mut values;
+        // SAFETY: an open hash key; CFIELDS takes C-string names, each followed by where to
+        // put its value (NULL when the field is missing), the list ended by NULL. Each value
+        // returned is a new string this function frees below.
+        let status = unsafe {
+            raw::RedisModule_HashGet.ok_or(Error::Internal)?(
+                self.key,
+                raw::REDISMODULE_HASH_CFIELDS as c_int,
+                c"a".as_ptr(),
+                ptr::from_mut(a),
+                c"b".as_ptr(),
+                ptr::from_mut(b),
+                c"d".as_ptr(),
+                ptr::from_mut(d),
+                ptr::null::<c_void>(),
+            )
+        };
+        let parsed = match values.map(|value| {
+            // SAFETY: null or a live string returned by HashGet.
+            (!value.is_null()).then(|| unsafe { string_bytes(value) })
+        }) {
+            [Some(a), Some(b), Some(d)] if status == raw::REDISMODULE_OK as c_int => {
+                FallbackState::parse(a, b, d).map_err(|_| Error::WrongType)
+            }
+            _ => Err(Error::WrongType),
+        };
+        for value in values {
+            if !value.is_null() {
+                // SAFETY: returned by HashGet for this context, freed once, after its bytes
+                // were last read.
+                unsafe {
+                    if let Some(free) = raw::RedisModule_FreeString {
+                        free(self.ctx, value);
+                    }
+                }
+            }
+        }
+        parsed.map(FallbackState::state)
+    }
+}
+
+/// The bytes of a string (a command argument, a hash value).
+///
+/// # Safety
+/// `s` must be a live RedisModuleString that outlives the returned slice.
+pub(crate) unsafe fn string_bytes<'a>(s: *mut raw::RedisModuleString) -> &'a [u8] {
+    let mut len = 0usize;
+    // SAFETY: guaranteed by the caller.
+    unsafe {
+        let Some(ptr_len) = raw::RedisModule_StringPtrLen else {
+            return &[];
+        };
+        let data = ptr_len(s, &mut len);
+        if data.is_null() {
+            return &[];
+        }
+        std::slice::from_raw_parts(data.cast::<u8>(), len)
     }
 }
 

@@ -13,9 +13,10 @@
 //!   server's assertion that nothing is propagated while clients are paused, and aborts it);
 //! - while `min-replicas-to-write` is not met (`INFO replication`'s
 //!   `min_slaves_good_slaves` against the setting, read with `CONFIG GET` again after any
-//!   config event);
-//! - while the server is over `maxmemory` (the context's OOM flag), where it refuses
-//!   writes: the server's own expiry still removes whole tables then.
+//!   config event).
+//!
+//! Over `maxmemory` it sweeps on, as the server's own active expiry does: a removal only
+//! frees memory, and tables have no key expiry to fall back on (see `table_type`).
 //!
 //! After a refusal the next tick comes [`REST_MS`] later and asks again, so reclaim
 //! resumes on its own.
@@ -46,7 +47,7 @@
 //! Depends on `table_type`, `table_registry`, `propagation` and `server`; nothing depends on
 //! it but registration and `INFO`.
 
-use std::ffi::{c_int, c_void, CStr};
+use std::ffi::{c_int, c_void};
 use std::ptr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -55,7 +56,7 @@ use redis_module::raw::{self, RedisModuleCtx};
 
 use crate::error::Error;
 use crate::table_type::TableKey;
-use crate::{clock, propagation, server, stats, table_registry};
+use crate::{clock, eviction, propagation, server, stats, table_registry};
 
 /// The timer's period while a pass is under way: the "sweep interval" in the docs.
 pub const TICK_MS: i64 = 10;
@@ -98,14 +99,13 @@ static WALK: Mutex<Option<Walk>> = Mutex::new(None);
 
 /// Why the last tick that did nothing held back, for `INFO rl`.
 static HELD_BECAUSE: AtomicU64 = AtomicU64::new(0);
-const HELD_REASONS: [&str; 7] = [
+const HELD_REASONS: [&str; 6] = [
     "none",
     "replica",
     "loading",
     "paused",
     "min-replicas",
     "unknown",
-    "oom",
 ];
 
 /// What the last tick held back for: "none" when it swept.
@@ -123,7 +123,10 @@ pub unsafe fn start(ctx: *mut RedisModuleCtx) -> bool {
         *walk = Some(Walk::default());
     }
     // SAFETY: load-time context (caller).
-    unsafe { arm(ctx, REST_MS) }
+    unsafe {
+        eviction::check(ctx);
+        arm(ctx, REST_MS)
+    }
 }
 
 /// # Safety
@@ -164,9 +167,6 @@ unsafe fn writes_refused(ctx: *mut RedisModuleCtx) -> Option<u64> {
     if flags & raw::REDISMODULE_CTX_FLAGS_LOADING != 0 {
         return Some(2);
     }
-    if flags & raw::REDISMODULE_CTX_FLAGS_OOM != 0 {
-        return Some(6);
-    }
     // SAFETY: no preconditions; it reads (and expires) the server's pause state.
     if unsafe { avoid_replica_traffic() } != 0 {
         return Some(3);
@@ -195,7 +195,7 @@ unsafe fn min_replicas_met(ctx: *mut RedisModuleCtx) -> Option<bool> {
         Some((seen, wanted)) if seen.is_some() && seen == epoch => wanted,
         _ => {
             // SAFETY: forwarded (caller).
-            let wanted = unsafe { config_number(ctx, c"min-replicas-to-write") }?;
+            let wanted = unsafe { eviction::config_number(ctx, c"min-replicas-to-write") }?;
             *cached = Some((epoch, wanted));
             wanted
         }
@@ -216,49 +216,12 @@ unsafe fn min_replicas_met(ctx: *mut RedisModuleCtx) -> Option<bool> {
     Some(good.is_none_or(|good| good >= wanted))
 }
 
-/// A numeric server setting, by `CONFIG GET`.
-///
-/// # Safety
-/// `ctx` must be a live context.
-unsafe fn config_number(ctx: *mut RedisModuleCtx, name: &CStr) -> Option<u64> {
-    // SAFETY: read once, after load; "cc" matches the two C strings; the reply is freed.
-    unsafe {
-        let (call, element, string, free) = (
-            raw::RedisModule_Call?,
-            raw::RedisModule_CallReplyArrayElement?,
-            raw::RedisModule_CallReplyStringPtr?,
-            raw::RedisModule_FreeCallReply?,
-        );
-        let reply = call(
-            ctx,
-            c"CONFIG".as_ptr(),
-            c"cc".as_ptr(),
-            c"GET".as_ptr(),
-            name.as_ptr(),
-        );
-        if reply.is_null() {
-            return None;
-        }
-        let value = element(reply, 1);
-        let mut len = 0usize;
-        let bytes = if value.is_null() {
-            ptr::null()
-        } else {
-            string(value, &mut len)
-        };
-        let number = (!bytes.is_null())
-            .then(|| std::slice::from_raw_parts(bytes.cast::<u8>(), len))
-            .and_then(|bytes| std::str::from_utf8(bytes).ok())
-            .and_then(|text| text.parse().ok());
-        free(reply);
-        number
-    }
-}
-
 unsafe extern "C" fn tick(ctx: *mut RedisModuleCtx, _data: *mut c_void) {
     // A panic must not cross into the server; the next tick is armed whatever happens.
     let next_ms = std::panic::catch_unwind(|| {
         // SAFETY: the timer's context, live for this call.
+        unsafe { eviction::check(ctx) };
+        // SAFETY: as above.
         if let Some(reason) = unsafe { writes_refused(ctx) } {
             HELD_BECAUSE.store(reason, Ordering::Relaxed);
             stats::SWEEP_HELD.bump();

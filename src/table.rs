@@ -419,10 +419,6 @@ pub struct Table {
     /// Sweeps that reached the end of the current array: how a background sweeper knows it
     /// has looked at every slot of a table it picked up.
     sweep_passes: u64,
-    /// The latest key expiry any bucket stored here has asked for (Unix ms): at least the
-    /// expiry of every live bucket. Never lowered by a removal, since finding the next latest
-    /// would read every slot; a removed bucket's instant only keeps the key a little longer.
-    latest_expire_at_ms: u64,
     /// No bucket held is full before this instant (ns): a lower bound on the earliest
     /// `full_at_ns`, so a sweeper may skip the table until then. Lowered by every write, and
     /// set to the exact earliest by a pass that saw every bucket (see `pass_earliest_ns`).
@@ -483,7 +479,6 @@ impl Table {
             old: None,
             sweep_at: 0,
             sweep_passes: 0,
-            latest_expire_at_ms: 0,
             earliest_full_ns: u64::MAX,
             pass_earliest_ns: u64::MAX,
             pass_whole: true,
@@ -498,7 +493,6 @@ impl Table {
             old: None,
             sweep_at: 0,
             sweep_passes: 0,
-            latest_expire_at_ms: 0,
             earliest_full_ns: u64::MAX,
             pass_earliest_ns: u64::MAX,
             pass_whole: true,
@@ -506,7 +500,7 @@ impl Table {
         };
         for &(tag, state) in entries {
             table.current.insert_absent(tag, state);
-            table.raise_latest(state);
+            table.note_stored(state);
         }
         table
     }
@@ -540,7 +534,7 @@ impl Table {
         if let Some(i) = self.current.find(tag, 0) {
             self.current
                 .put(i, Slot::new(tag, state.full_at_ns()), state.full_at_frac());
-            self.raise_latest(state);
+            self.note_stored(state);
             return Ok(());
         }
         let in_old = self.take_from_old(tag).is_some();
@@ -549,13 +543,12 @@ impl Table {
         }
         self.reserve_one();
         self.current.insert_absent(tag, state);
-        self.raise_latest(state);
+        self.note_stored(state);
         Ok(())
     }
 
-    /// What every stored state moves: the latest expiry and the earliest full instant.
-    fn raise_latest(&mut self, state: State) {
-        self.latest_expire_at_ms = self.latest_expire_at_ms.max(state.expire_at_ms());
+    /// What every stored state moves: the earliest full instant.
+    fn note_stored(&mut self, state: State) {
         self.earliest_full_ns = self.earliest_full_ns.min(state.full_at_ns());
         self.pass_earliest_ns = self.pass_earliest_ns.min(state.full_at_ns());
     }
@@ -564,12 +557,6 @@ impl Table {
     /// a whole pass has seen. A lower bound: a removal never raises it, only a whole pass.
     pub fn earliest_full_ns(&self) -> u64 {
         self.earliest_full_ns
-    }
-
-    /// The key expiry this table needs (Unix ms): no earlier than the expiry of any bucket it
-    /// holds, so a key that expires then loses no live bucket. 0 for a table never written.
-    pub fn latest_expire_at_ms(&self) -> u64 {
-        self.latest_expire_at_ms
     }
 
     /// Removes the bucket of `tag`, returning it, and moves a step of any migration

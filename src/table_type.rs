@@ -10,12 +10,14 @@
 //!   master's clock and replicates what it removed, and the master's background sweep
 //!   ([`crate::sweeper`]) does the same through [`TableKey::sweep`]; `RL.HSETSTATE` (what
 //!   replicas and AOF replay) never sweeps, so a replica never decides by its own clock.
-//! - **Expiry.** The key expires when its latest bucket is full: each write sets the key's
-//!   expiry to the latest expiry any of its buckets asked for
-//!   ([`Table::latest_expire_at_ms`]), whatever a user did to the key in between
-//!   (`PERSIST`, `EXPIRE`, `PEXPIREAT`, `RESTORE` with TTL 0 or `ABSTTL`). Redis's own expiry
-//!   then removes (and replicates the removal of) a table with no live bucket; a table left
-//!   empty by a removal is deleted on the spot.
+//! - **No expiry.** A table's key has no expiry: each write that stores a bucket takes away
+//!   one a user set (`EXPIRE`, `PEXPIREAT`, `RESTORE` with a TTL), on the master and on every
+//!   copy that applies the write, so every copy holds the same (none). Reclaim is the
+//!   sweep's: it removes full buckets, and a table left empty by a removal is deleted on the
+//!   spot, each replicated. An expiry derived from the buckets could not be the same on
+//!   every copy without carrying a high-water mark in every format (a removal does not lower
+//!   the latest instant, a snapshot holds only live buckets), and a key with an expiry is
+//!   what the `volatile-*` eviction policies evict, denials and all.
 
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::ptr;
@@ -228,8 +230,8 @@ impl TableKey {
         self.publish(effects, event)
     }
 
-    /// Stores `state` for `tag`, creating the table if the key is missing, and sets the key's
-    /// expiry to the table's latest.
+    /// Stores `state` for `tag`, creating the table if the key is missing, and takes away
+    /// any expiry the key has.
     fn set(&mut self, tag: Tag, state: State) -> Result<(), Error> {
         if self.table.is_null() {
             let table = Box::into_raw(Box::new(Table::new()));
@@ -268,21 +270,19 @@ impl TableKey {
         table
             .set(tag, state)
             .map_err(|table::Full| Error::TableFull)?;
-        // The latest instant any bucket asked for, not this bucket's: after a user's PERSIST
-        // or RESTORE with TTL 0 the key has no expiry, and raising it to this bucket's alone
-        // would expire the key, and every later bucket with it, early.
-        let expire_at_ms =
-            i64::try_from(table.latest_expire_at_ms()).map_err(|_| Error::Internal)?;
+        // A table has no expiry: its reclaim is the sweep's, which removes full buckets and
+        // deletes the table with its last one, replicating each removal. An expiry a user set
+        // (EXPIRE, RESTORE with a TTL) goes at the next write that stores a bucket, on every
+        // copy alike, since each applies the same writes: so every copy holds the same
+        // expiry, and no eviction policy that picks keys with an expiry (`volatile-*`) can
+        // take a table, and the denials in it, away.
         // SAFETY: the key is open for writing and holds our table.
         unsafe {
             let current = raw::RedisModule_GetAbsExpire.ok_or(Error::Internal)?(self.key.key);
-            // The module owns a table's expiry: no expiry (REDISMODULE_NO_EXPIRE, -1), an
-            // earlier one or a later one a user set all become the table's latest, so the
-            // key lives exactly as long as its buckets need, whatever was done to it.
-            if current != expire_at_ms {
+            if current != raw::REDISMODULE_NO_EXPIRE as i64 {
                 let set = raw::RedisModule_SetAbsExpire.ok_or(Error::Internal)?(
                     self.key.key,
-                    expire_at_ms,
+                    raw::REDISMODULE_NO_EXPIRE as i64,
                 );
                 if set != raw::REDISMODULE_OK as c_int {
                     return Err(Error::Internal);

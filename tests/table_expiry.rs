@@ -1,17 +1,14 @@
 //! A table's expiry against what users do to the key: `PERSIST`, `EXPIRE`, `PEXPIREAT`,
-//! `RESTORE` (TTL 0 or `ABSTTL`), `COPY` and `RENAME`. A user's command stands until the next
-//! write of the table, and every write then sets the key's expiry to the latest full-at of
-//! its buckets: never earlier (the table would expire with live buckets in it, and their
-//! taken tokens come back), and never later (a key kept past its last full bucket is memory
-//! no one gives back). Replicas and the AOF hold the master's expiry at each step.
+//! `RESTORE` (TTL 0 or `ABSTTL`), `COPY` and `RENAME`. A table has no expiry of its own (the
+//! sweep reclaims it): a user's command stands until the next write that stores a bucket,
+//! which takes the expiry away, so the table never expires with live buckets in it (their
+//! taken tokens would come back). Replicas and the AOF hold the master's expiry at each step.
 //!
 //! Time: bucket `a` (and every bucket of the property test) refills 1 token per 1000 s, so
 //! it does not change during a test, and its full-at is thousands of seconds away; the
-//! written bucket `b` is full again 1 ms after its call. An expiry is compared with a
-//! full-at read from the server (`TIME` and `RL.HPEEK`'s time to full in one transaction)
-//! within a second: far closer than any two full-ats here that the checks tell apart, which
-//! are 1000 s apart or more. The waits that let a wrong expiry pass are plain sleeps past it;
-//! nothing asserts a duration.
+//! written bucket `b` is full again 1 ms after its call. A user's expiry is compared within
+//! a second. The waits that let a wrong expiry pass are plain sleeps past it; nothing
+//! asserts a duration.
 
 #![cfg(test)]
 
@@ -82,39 +79,26 @@ fn read_table(con: &mut Connection, key: &str, fields: &[String]) -> (i64, i64, 
     (now_ms, expire_at, peeks)
 }
 
-/// The latest full-at (ms since the epoch) of `fields` of `key` at limit `A`: the server's
-/// clock plus the longest time to full.
-fn latest_full_at_ms(con: &mut Connection, key: &str, fields: &[&str]) -> i64 {
-    let fields: Vec<String> = fields.iter().map(|f| f.to_string()).collect();
-    let (now_ms, _, peeks) = read_table(con, key, &fields);
-    now_ms + peeks.iter().map(|p| p[3]).max().unwrap_or(0)
-}
-
-/// Asserts that `key` expires at `want_ms`, within [`TOLERANCE_MS`].
-fn assert_expires_at(con: &mut Connection, key: &str, want_ms: i64, what: &str) {
+/// Asserts that `key` has no expiry.
+fn assert_no_expiry(con: &mut Connection, key: &str, what: &str) {
     let got = pexpiretime(con, key.as_bytes());
-    assert!(
-        (got - want_ms).abs() <= TOLERANCE_MS,
-        "{what}: {key} expires at {got}, {} ms from its latest full-at {want_ms}",
-        got - want_ms
-    );
+    assert_eq!(got, -1, "{what}: {key} expires at {got}");
 }
 
-/// Table `key` holding bucket `a` with its 5 tokens taken (full again in 5000 s); returns
-/// a's full-at.
-fn table_with_a(con: &mut Connection, key: &str) -> i64 {
+/// Table `key` holding bucket `a` with its 5 tokens taken (full again in 5000 s).
+fn table_with_a(con: &mut Connection, key: &str) {
     assert_eq!(
         hacquire(con, key, "a", &["0.001", "5", "5"]),
         [1, 0, 0, 5_000_000]
     );
-    latest_full_at_ms(con, key, &["a"])
+    assert_no_expiry(con, key, "a new table");
 }
 
-/// Writes bucket `b` of `key`, checks that the key then expires at a's full-at `a_full_at`,
-/// and that once `b` is full (`wait` later) the table, and a's empty bucket, are still there.
-fn write_b_then_a_holds(con: &mut Connection, key: &str, a_full_at: i64, wait: Duration) {
+/// Writes bucket `b` of `key`, checks that the key then has no expiry, and that once `b` is
+/// full (`wait` later) the table, and a's empty bucket, are still there.
+fn write_b_then_a_holds(con: &mut Connection, key: &str, wait: Duration) {
     assert_eq!(hacquire(con, key, "b", &B), [1, 0, 0, 1], "writing b");
-    assert_expires_at(con, key, a_full_at, "after the write of b");
+    assert_no_expiry(con, key, "after the write of b");
     sleep(wait);
     assert!(
         exists(con, key.as_bytes()),
@@ -124,40 +108,46 @@ fn write_b_then_a_holds(con: &mut Connection, key: &str, a_full_at: i64, wait: D
     assert_eq!(a[..2], [0, 0], "a's tokens came back: {a:?}");
 }
 
-/// The transcript: `PERSIST`, then a write of a short-lived bucket.
+/// A user's `EXPIRE` then `PERSIST`, then a write of a short-lived bucket.
 #[test]
-fn a_write_after_persist_keeps_the_table_until_its_latest_bucket_is_full() {
+fn a_write_after_persist_keeps_the_table_without_an_expiry() {
     let server = Server::start();
     let mut con = server.conn();
-    let a_full_at = table_with_a(&mut con, "t");
+    table_with_a(&mut con, "t");
+    assert_eq!(persist(&mut con, "t"), 0, "a table has no expiry to take");
+    let _: i64 = redis::cmd("EXPIRE")
+        .arg("t")
+        .arg(100)
+        .query(&mut con)
+        .unwrap();
     assert_eq!(persist(&mut con, "t"), 1);
     assert_eq!(
         pexpiretime(&mut con, b"t"),
         -1,
         "PERSIST stands until a write"
     );
-    write_b_then_a_holds(&mut con, "t", a_full_at, Duration::from_millis(100));
+    write_b_then_a_holds(&mut con, "t", Duration::from_millis(100));
 }
 
 #[test]
-fn a_write_after_expire_shortened_the_key_restores_the_latest_full_at() {
+fn a_write_after_expire_shortened_the_key_takes_the_expiry_away() {
     let server = Server::start();
     let mut con = server.conn();
-    let a_full_at = table_with_a(&mut con, "t");
+    table_with_a(&mut con, "t");
     let _: i64 = redis::cmd("EXPIRE")
         .arg("t")
         .arg(1)
         .query(&mut con)
         .unwrap();
     // Past the 1 s the user asked for.
-    write_b_then_a_holds(&mut con, "t", a_full_at, Duration::from_millis(1200));
+    write_b_then_a_holds(&mut con, "t", Duration::from_millis(1200));
 }
 
 #[test]
-fn a_write_after_pexpireat_far_ahead_brings_the_expiry_back_to_the_latest_full_at() {
+fn a_write_after_pexpireat_far_ahead_takes_the_expiry_away() {
     let server = Server::start();
     let mut con = server.conn();
-    let a_full_at = table_with_a(&mut con, "t");
+    table_with_a(&mut con, "t");
     let far = server_time_ms(&mut con) + FAR_MS;
     let _: i64 = redis::cmd("PEXPIREAT")
         .arg("t")
@@ -169,14 +159,14 @@ fn a_write_after_pexpireat_far_ahead_brings_the_expiry_back_to_the_latest_full_a
         far,
         "PEXPIREAT stands until a write"
     );
-    write_b_then_a_holds(&mut con, "t", a_full_at, Duration::from_millis(100));
+    write_b_then_a_holds(&mut con, "t", Duration::from_millis(100));
 }
 
 #[test]
-fn a_write_after_restore_without_a_ttl_keeps_the_table_until_its_latest_bucket_is_full() {
+fn a_write_after_restore_without_a_ttl_keeps_the_table_without_an_expiry() {
     let server = Server::start();
     let mut con = server.conn();
-    let a_full_at = table_with_a(&mut con, "t");
+    table_with_a(&mut con, "t");
     let payload = dump(&mut con, b"t").expect("DUMP t");
     let _: () = redis::cmd("RESTORE")
         .arg("t2")
@@ -189,14 +179,14 @@ fn a_write_after_restore_without_a_ttl_keeps_the_table_until_its_latest_bucket_i
         -1,
         "RESTORE 0 stands until a write"
     );
-    write_b_then_a_holds(&mut con, "t2", a_full_at, Duration::from_millis(100));
+    write_b_then_a_holds(&mut con, "t2", Duration::from_millis(100));
 }
 
 #[test]
-fn a_write_after_restore_absttl_sets_the_expiry_to_the_latest_full_at() {
+fn a_write_after_restore_absttl_takes_the_expiry_away() {
     let server = Server::start();
     let mut con = server.conn();
-    let a_full_at = table_with_a(&mut con, "t");
+    table_with_a(&mut con, "t");
     let payload = dump(&mut con, b"t").expect("DUMP t");
     let now = server_time_ms(&mut con);
     // Sooner than a's full-at (the key would take a's bucket with it), and far later.
@@ -214,7 +204,7 @@ fn a_write_after_restore_absttl_sets_the_expiry_to_the_latest_full_at() {
             "{key} as restored"
         );
         assert_eq!(hacquire(&mut con, key, "b", &B), [1, 0, 0, 1]);
-        assert_expires_at(&mut con, key, a_full_at, key);
+        assert_no_expiry(&mut con, key, key);
     }
     sleep(Duration::from_millis(1200));
     let a = hpeek(&mut con, "soon", "a", &["0.001", "5", "5"]);
@@ -222,34 +212,38 @@ fn a_write_after_restore_absttl_sets_the_expiry_to_the_latest_full_at() {
 }
 
 #[test]
-fn a_write_to_a_copy_sets_its_expiry_to_the_latest_full_at() {
+fn a_write_to_a_copy_leaves_it_without_an_expiry() {
     let server = Server::start();
     let mut con = server.conn();
-    let a_full_at = table_with_a(&mut con, "t");
+    table_with_a(&mut con, "t");
     let copy = |con: &mut Connection, to: &str| {
         let copied: i64 = redis::cmd("COPY").arg("t").arg(to).query(con).unwrap();
         assert_eq!(copied, 1);
         assert_eq!(pexpiretime(con, to.as_bytes()), pexpiretime(con, b"t"));
     };
     copy(&mut con, "t2");
-    write_b_then_a_holds(&mut con, "t2", a_full_at, Duration::from_millis(100));
-    // A copy whose expiry the user then took away.
+    write_b_then_a_holds(&mut con, "t2", Duration::from_millis(100));
+    // A copy the user then gave an expiry.
     copy(&mut con, "t3");
-    assert_eq!(persist(&mut con, "t3"), 1);
-    write_b_then_a_holds(&mut con, "t3", a_full_at, Duration::from_millis(100));
+    let _: i64 = redis::cmd("EXPIRE")
+        .arg("t3")
+        .arg(1)
+        .query(&mut con)
+        .unwrap();
+    write_b_then_a_holds(&mut con, "t3", Duration::from_millis(1200));
 }
 
 #[test]
-fn a_write_after_rename_sets_the_expiry_to_the_latest_full_at() {
+fn a_write_after_rename_leaves_it_without_an_expiry() {
     let server = Server::start();
     let mut con = server.conn();
-    let a_full_at = table_with_a(&mut con, "t");
+    table_with_a(&mut con, "t");
     let _: () = redis::cmd("RENAME")
         .arg("t")
         .arg("t2")
         .query(&mut con)
         .unwrap();
-    write_b_then_a_holds(&mut con, "t2", a_full_at, Duration::from_millis(100));
+    write_b_then_a_holds(&mut con, "t2", Duration::from_millis(100));
     // Renamed back, with its expiry shortened by the user in between.
     let _: i64 = redis::cmd("EXPIRE")
         .arg("t2")
@@ -261,7 +255,7 @@ fn a_write_after_rename_sets_the_expiry_to_the_latest_full_at() {
         .arg("t")
         .query(&mut con)
         .unwrap();
-    write_b_then_a_holds(&mut con, "t", a_full_at, Duration::from_millis(1200));
+    write_b_then_a_holds(&mut con, "t", Duration::from_millis(1200));
 }
 
 /// After each user command and each write, the replica holds the master's expiry (and
@@ -339,9 +333,7 @@ fn op() -> impl Strategy<Value = Op> {
 /// What the key's expiry may be after a step.
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Expiry {
-    /// The latest full-at of the table's buckets, within [`TOLERANCE_MS`].
-    Latest,
-    /// None (`-1`): a user's `PERSIST` or `RESTORE … 0` with no write after it.
+    /// None (`-1`): after a write, or a user's `PERSIST` or `RESTORE … 0`.
     Persisted,
     /// This instant (ms since the epoch), within [`TOLERANCE_MS`]: set by the user.
     At(i64),
@@ -349,8 +341,7 @@ enum Expiry {
 
 /// The model: tokens taken per field (at 1 per 1000 s nothing refills during a test), the
 /// table's current name, and the expiries allowed now. After a user's command its own
-/// expiry is allowed, and so is the latest full-at (a server may restore it before the
-/// next write); after a write, only the latest full-at.
+/// expiry stands; after a write that stores a bucket, none. A denial writes nothing.
 struct Model {
     taken: [u32; FIELDS],
     name: &'static str,
@@ -367,7 +358,7 @@ impl Model {
     }
 
     fn user_set(&mut self, expiry: Expiry) {
-        self.allowed = vec![expiry, Expiry::Latest];
+        self.allowed = vec![expiry];
     }
 }
 
@@ -386,13 +377,10 @@ fn apply(con: &mut Connection, model: &mut Model, op: &Op) -> Result<(), TestCas
             if cost <= left {
                 prop_assert_eq!(&reply[..2], &[1, i64::from(left - cost)], "{:?}", op);
                 model.taken[f] += cost;
-                model.allowed = vec![Expiry::Latest];
+                model.allowed = vec![Expiry::Persisted];
             } else {
                 prop_assert_eq!(&reply[..2], &[0, i64::from(left)], "{:?}", op);
-                // A denied call writes nothing; a server may still restore the expiry.
-                if !model.allowed.contains(&Expiry::Latest) {
-                    model.allowed.push(Expiry::Latest);
-                }
+                // A denied call writes nothing, the key's expiry included.
             }
         }
         Op::Persist => {
@@ -461,7 +449,6 @@ fn check(con: &mut Connection, model: &Model, after: &Op) -> Result<(), TestCase
     let latest = now_ms + peeks.iter().map(|p| p[3]).max().unwrap_or(0);
     let near = |want: i64| (expire_at - want).abs() <= TOLERANCE_MS;
     let fits = model.allowed.iter().any(|allowed| match *allowed {
-        Expiry::Latest => near(latest),
         Expiry::Persisted => expire_at == -1,
         Expiry::At(at) => near(at),
     });
@@ -479,7 +466,7 @@ fn check(con: &mut Connection, model: &Model, after: &Op) -> Result<(), TestCase
 
 /// Random sequences of writes and users' key commands against the model, on one server.
 #[test]
-fn a_tables_expiry_follows_its_latest_full_at_whatever_users_do_to_the_key() {
+fn a_table_has_no_expiry_after_a_write_whatever_users_did_to_the_key() {
     let server = Server::start();
     let con = RefCell::new(server.conn());
     let config = Config {
@@ -497,7 +484,7 @@ fn a_tables_expiry_follows_its_latest_full_at_whatever_users_do_to_the_key() {
         let mut model = Model {
             taken: [0; FIELDS],
             name: "t",
-            allowed: vec![Expiry::Latest],
+            allowed: vec![Expiry::Persisted],
         };
         let first = Op::Acquire {
             field: 0,

@@ -3,9 +3,10 @@
 //! another database, copied, restored, swapped with `SWAPDB`, loaded (`DEBUG RELOAD`, a
 //! restart), replicated to a replica that is then promoted. Each test puts a table under a
 //! new name that way, with no write to it after, and waits for the background sweep to
-//! remove its full buckets there: a name the registry missed would keep them until the
-//! key's expiry, 1,000 s later. And what the server refuses to write with is not swept:
-//! `min-replicas-to-write` not met holds the sweep back until it is.
+//! remove its full buckets there: a name the registry missed would keep them for good (a
+//! table has no key expiry). And what the server refuses to write with is not swept:
+//! `min-replicas-to-write` not met holds the sweep back until it is; over `maxmemory` the
+//! sweep goes on, since its removals only free memory.
 //!
 //! Time: each table holds one long-lived bucket (1 token per 1000 s, capacity 5, 1 taken),
 //! so its key never expires during a test, beside short-lived ones (capacity 1 at 10/s:
@@ -299,12 +300,29 @@ fn min_replicas_to_write_not_met_holds_the_sweep_back() {
     assert_held_until_lifted(&mut con, "min-replicas-to-write", 1, 0, "min-replicas");
 }
 
+/// Over `maxmemory` the sweep goes on, as the server's own active expiry does: a removal
+/// only frees memory, and a table has no key expiry to fall back on.
 #[test]
-fn a_server_over_maxmemory_holds_the_sweep_back() {
+fn a_server_over_maxmemory_sweeps_on() {
     let server = Server::start();
     let mut con = server.conn();
     fill(&mut con, "t");
     // Any server uses more than a byte: at 1 it is out of memory, and refuses writes
     // (maxmemory-policy noeviction, the default).
-    assert_held_until_lifted(&mut con, "maxmemory", 1, 0, "oom");
+    common::config_set(&mut con, "maxmemory", "1");
+    let refused: redis::RedisResult<Vec<i64>> = redis::cmd("RL.HACQUIRE")
+        .arg("t")
+        .arg("new")
+        .arg(&LONG[..])
+        .query(&mut con);
+    let refused = refused.expect_err("a write over maxmemory");
+    assert_eq!(refused.code(), Some("OOM"), "{refused}");
+    wait_swept(&mut con, "t");
+    let text = info(&mut con, "rl");
+    assert_eq!(
+        info_field(&text, "rl_sweep_held_because"),
+        Some("none"),
+        "{text}"
+    );
+    common::config_set(&mut con, "maxmemory", "0");
 }

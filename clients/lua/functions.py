@@ -45,6 +45,8 @@ HEADER = """#!lua name=redis_rl
 FOOTER = """
 local VERSION = {version}
 
+known = {{}}
+
 local function mode(name)
   return function(keys, args) return run(name, keys, args, 0) end
 end

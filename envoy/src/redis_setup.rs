@@ -19,7 +19,7 @@ use redis::{
     ClientTlsConfig, Cmd, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, Pipeline,
     RedisConnectionInfo, RedisFuture, RedisResult, TlsCertificates, TlsMode, Value,
 };
-use redis_rl_client::{AsyncLimiter, OnError, Options, WithoutModule};
+use redis_rl_client::{AsyncLimiter, Error as ClientError, OnError, Options, WithoutModule};
 
 use crate::service::Backend;
 use crate::settings::{Policy, Settings};
@@ -520,14 +520,47 @@ pub async fn connect(settings: &Settings) -> Result<Backend, Failed> {
         // About 128 bytes per remembered key.
         options = options.deny_cache_entries((settings.local_cache_size_in_bytes / 128).max(1));
     }
-    Ok(match open(settings, settings.redis_pool_size).await? {
+    let backend = match open(settings, settings.redis_pool_size).await? {
         Opened::Cluster(connection) => Backend::Cluster(AsyncLimiter::new(connection, options)),
         Opened::Single(links) => {
             let pool = crate::redis_pool::Pool::new(links)
                 .ok_or_else(|| Failed::Setup("REDIS_POOL_SIZE is 0".to_string()))?;
             Backend::Single(AsyncLimiter::new(pool, options))
         }
-    })
+    };
+    let checked = match &backend {
+        Backend::Single(limiter) => limiter.check().await,
+        Backend::Cluster(limiter) => limiter.check().await,
+    };
+    match checked {
+        Ok(Some(path)) => tracing::info!(
+            "Redis at {} is reached by the {} path",
+            settings.redis_url,
+            path.as_str()
+        ),
+        // Down or busy right after connecting: the failure policy covers it, as any outage.
+        Ok(None) => {}
+        Err(ClientError::Misconfigured(cause)) => {
+            return Err(Failed::Setup(format!(
+                "Redis at {} is misconfigured for redis-rl-envoy: {cause}",
+                settings.redis_url
+            )))
+        }
+        Err(e) => tracing::warn!("checking Redis at {}: {e}", settings.redis_url),
+    }
+    Ok(backend)
+}
+
+/// Why opening a connection to `what` failed: a misconfiguration (a wrong password, the wrong
+/// kind of Redis for `REDIS_TYPE`) is a setup that retrying cannot fix; anything else is Redis
+/// not answering yet.
+fn open_failed(e: redis::RedisError, what: String) -> Failed {
+    match redis_rl_client::misconfiguration(&e) {
+        Some(cause) => Failed::Setup(format!(
+            "{what} is misconfigured for redis-rl-envoy: {cause}"
+        )),
+        None => Failed::Unreachable(format!("cannot reach {what}: {e}")),
+    }
 }
 
 /// Connections to the Redis the settings name, made one way for the limiter and for the
@@ -564,7 +597,7 @@ pub async fn open(settings: &Settings, pool_size: usize) -> Result<Opened, Faile
     let response_timeout = Duration::from_millis(settings.timeout_ms.max(1000));
     let connect_timeout = Duration::from_secs(2);
     let unreachable = |e: redis::RedisError| {
-        Failed::Unreachable(format!("cannot reach Redis at {}: {e}", settings.redis_url))
+        open_failed(e, format!("cannot reach Redis at {}", settings.redis_url))
     };
     if settings.redis_type == "cluster" {
         let infos = settings
@@ -595,12 +628,10 @@ pub async fn open(settings: &Settings, pool_size: usize) -> Result<Opened, Faile
         let client = builder
             .build()
             .map_err(|e| Failed::Setup(format!("REDIS_URL: {e}")))?;
-        let connection = client.get_async_connection().await.map_err(|e| {
-            Failed::Unreachable(format!(
-                "cannot reach the Redis cluster at {}: {e}",
-                settings.redis_url
-            ))
-        })?;
+        let connection = client
+            .get_async_connection()
+            .await
+            .map_err(|e| open_failed(e, format!("the Redis cluster at {}", settings.redis_url)))?;
         return Ok(Opened::Cluster(connection));
     }
     // No retries inside the manager: its own back-off (about 9.5 s of attempts) hid Redis

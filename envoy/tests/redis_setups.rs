@@ -143,14 +143,13 @@ fn passwords_of_any_bytes_and_acl_users() {
     );
     decides(&svc, "alice");
     drop(svc);
-    let e = refused(
-        &url,
-        &[
-            ("REDIS_AUTH", "alice:wrong"),
-            ("REDIS_STARTUP_RETRY_ENABLED", "false"),
-        ],
+    // A wrong password is a misconfiguration: the service stops at once, naming it, with no
+    // start-up retries (they cannot fix it).
+    let e = refused(&url, &[("REDIS_AUTH", "alice:wrong")]);
+    assert!(
+        e.contains("misconfigured") && e.contains("authentication failed"),
+        "{e}"
     );
-    assert!(e.contains("cannot reach Redis"), "{e}");
 }
 
 /// A CA, a server certificate for `san`, and a client certificate, in `dir`.

@@ -10,19 +10,21 @@ never limited. If Redis cannot decide, the limiter's on_error="open" lets reques
 
 import json
 import os
+from typing import Any, Callable, Iterable
 
 from redis_rl import Limit, Limiter, connect
 from redis_rl.wsgi import RateLimitMiddleware
 
 
-def hello(environ, start_response):
+def hello(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
     """The API itself: one JSON greeting."""
     body = json.dumps({"hello": "world"}).encode()
     start_response("200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
     return [body]
 
 
-def make_app(redis_url, limit=Limit(rate=1, capacity=5), on_error="open", **options):
+def make_app(redis_url: str, limit: Limit = Limit(rate=1, capacity=5), on_error: str = "open",
+             **options: Any) -> RateLimitMiddleware:
     """The API behind its rate limit; `options` go to the middleware (key, cost, prefix …)."""
     limiter = Limiter(connect(redis_url), on_error=on_error, deny_cache=True)
     return RateLimitMiddleware(hello, limiter=limiter, limit=limit,

@@ -10,23 +10,25 @@ hands out tokens at exactly the vendor's rate, whichever worker or process asks.
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Iterable
 
 from redis_rl import Limit, Limiter, connect
 
 VENDOR = Limit(rate=10, capacity=1)  # 10 calls per second, no burst
 
 
-def call_vendor(job):
+def call_vendor(job: int) -> int:
     """A stand-in for the vendor's API."""
     return job * job
 
 
-def run(redis_url, jobs, workers=8, limit=VENDOR, key="vendor:acme", timeout=30):
+def run(redis_url: str, jobs: Iterable[int], workers: int = 8, limit: Limit = VENDOR,
+        key: str = "vendor:acme", timeout: float = 30) -> list[int]:
     """Runs `jobs` through `workers` threads, each call after its token; returns the results
     in order. A job that cannot get a token within `timeout` s raises WaitTimeoutError."""
     limiter = Limiter(connect(redis_url, timeout_ms=500), on_error="closed")
 
-    def one(job):
+    def one(job: int) -> int:
         limiter.wait(key, limit, timeout=timeout)
         return call_vendor(job)
 

@@ -1,7 +1,8 @@
 """The package installed as users install it (`make dist-python`): `python -m build` makes the
 wheel and the sdist; each, and a plain copy of clients/python, is installed into a fresh venv
-in a temp dir outside the repository, and a smoke script runs there against real servers,
-one with the module and one without (the shipped Lua script). The wheel and the sdist also
+in a temp dir outside the repository, and a smoke script runs there against real servers:
+one with the module, one without (the shipped Lua script) and one where it loads the shipped
+Functions library (load_functions); check() finds each path. The wheel and the sdist also
 run the library's examples (examples/python: their tests, copied next to the venv) against
 the server with the module, as examples/run.sh does from the repository. Nothing of the
 repository is on the path: a file the package forgot to ship, or a link that dangles outside
@@ -28,15 +29,19 @@ import redis
 import redis_rl
 from redis_rl import Limit, Limiter
 
-venv, script_source, module_port, plain_port, key = sys.argv[1:6]
+venv, script_source, module_port, plain_port, functions_port, key = sys.argv[1:7]
 here = os.path.dirname(os.path.realpath(redis_rl.__file__))
 assert here.startswith(os.path.realpath(venv)), f"imported from {here}, not the venv"
 for name in os.listdir(here):
     assert not os.path.islink(os.path.join(here, name)), f"{name} is a link in the installed package"
 with open(script_source) as f:
     assert redis_rl._core.script_text() == f.read(), "the shipped rl.lua differs from clients/lua/rl.lua"
-for port, source in ((module_port, "redis"), (plain_port, "lua")):
+with open(os.path.join(os.path.dirname(script_source), "rl_functions.lua")) as f:
+    assert redis_rl.client.functions_text() == f.read(), "the shipped rl_functions.lua differs"
+assert redis_rl.load_functions(redis.Redis(port=int(functions_port))) == redis_rl.FUNCTIONS_VERSION
+for port, source in ((module_port, "redis"), (plain_port, "lua"), (functions_port, "functions")):
     limiter = Limiter(redis.Redis(port=int(port)), on_error="closed")
+    assert limiter.check() == {"redis": "module"}.get(source, source), limiter.path
     got = [limiter.acquire(key, Limit(3, per=60)) for _ in range(4)]
     assert [(d.allowed, d.source) for d in got] == [(True, source)] * 3 + [(False, source)], got
     try:
@@ -58,7 +63,7 @@ def main(out):
     run(sys.executable, "-m", "build", "--quiet", "--outdir", out, PACKAGE_DIR)
     wheel, = glob.glob(os.path.join(out, "*.whl"))
     sdist, = glob.glob(os.path.join(out, "*.tar.gz"))
-    module, plain = Server(), Server(module=False)
+    module, plain, functions = Server(), Server(module=False), Server(module=False)
     try:
         for kind in ("wheel", "sdist", "source tree"):
             tmp = tempfile.mkdtemp(prefix="redis-rl-dist-")  # outside the repository
@@ -74,7 +79,8 @@ def main(out):
                 run(python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", target)
                 env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
                 run(python, "-c", SMOKE, venv, os.path.join(ROOT, "clients", "lua", "rl.lua"),
-                    str(module.port), str(plain.port), "smoke:" + kind, cwd=tmp, env=env)
+                    str(module.port), str(plain.port), str(functions.port), "smoke:" + kind,
+                    cwd=tmp, env=env)
                 if kind != "source tree":  # what users install; the copy adds nothing here
                     examples = os.path.join(tmp, "examples")
                     shutil.copytree(EXAMPLES_DIR, examples,
@@ -87,6 +93,7 @@ def main(out):
     finally:
         module.close()
         plain.close()
+        functions.close()
 
 
 if __name__ == "__main__":

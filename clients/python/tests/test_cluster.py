@@ -1,8 +1,8 @@
 """Both limiters on a real Redis Cluster (redis-py RedisCluster and redis.asyncio.RedisCluster):
-module commands and the Lua script routed to the key's shard, acquire_all over one hash tag,
-CROSSSLOT without one. Needs RL_CLUSTER=host:port of a cluster with the module (make
-test-clients-cluster starts one with scripts/cluster.sh, as make cluster does); skipped
-otherwise."""
+module commands, the Functions library and the Lua script routed to the key's shard,
+acquire_all over one hash tag, CROSSSLOT without one, acquire_across_slots over every shard.
+Needs RL_CLUSTER=host:port of a cluster with the module (make test-clients-cluster starts one
+with scripts/cluster.sh, as make cluster does); skipped otherwise."""
 
 import os
 import unittest
@@ -11,6 +11,7 @@ import uuid
 import redis
 import redis.asyncio
 
+import redis_rl
 from redis_rl import Limit, Limiter
 from redis_rl.asyncio import Limiter as AsyncLimiter
 
@@ -84,9 +85,32 @@ class Cluster(unittest.TestCase):
             self.assertEqual((refused.allowed, refused.refused_index, refused.source),
                              (False, 1, "redis" if path == "module" else "lua"))
             a, b = self.keys_on_every_shard()[:2]
-            # CROSSSLOT from the server, or redis-py refusing to send the script across slots.
-            with self.assertRaises((redis.RedisError, redis.exceptions.RedisClusterException), msg=path):
+            # CROSSSLOT from the server, on every path (docs/clients.md).
+            with self.assertRaises(redis.exceptions.ClusterCrossSlotError, msg=path):
                 limiter.acquire_all([(a, SLOW), (b, SLOW)])
+
+    def test_functions_library_on_every_master_and_across_slots(self):
+        self.assertEqual(redis_rl.load_functions(self.client), redis_rl.FUNCTIONS_VERSION)
+        limiter = Limiter(self.client, on_error="closed", timeout_ms=1000)
+        limiter._engine.mode = "functions"  # the cluster has the module: take the library's path
+        for key in self.keys_on_every_shard():
+            key = f"fn:{key}"
+            got = [limiter.acquire(key, SLOW) for _ in range(4)]
+            self.assertEqual([(d.allowed, d.remaining, d.source) for d in got],
+                             [(True, 2, "functions"), (True, 1, "functions"), (True, 0, "functions"),
+                              (False, 0, "functions")], key)
+            self.assertEqual(limiter.peek(key, SLOW, 0).remaining, 0)
+        for path in ("module", "functions", "lua"):
+            limiter = Limiter(self.client, on_error="closed", timeout_ms=1000)
+            limiter._engine.mode = path
+            keys = [f"across:{path}:{k}" for k in self.keys_on_every_shard()]
+            taken = limiter.acquire_across_slots([(k, SLOW, 2) for k in keys])
+            self.assertEqual((taken.allowed, {o.kind for o in taken.outcomes}), (True, {"taken"}), path)
+            # The last key holds 1 token: 2 more refuses, and the others are given back.
+            refused = limiter.acquire_across_slots([(k, SLOW, 1) for k in keys[:-1]] + [(keys[-1], SLOW, 2)])
+            self.assertEqual([o.kind for o in refused.outcomes],
+                             ["not_taken"] * (len(keys) - 1) + ["refused"], path)
+            self.assertEqual([limiter.peek(k, SLOW, 0).remaining for k in keys], [1] * len(keys), path)
 
     def test_asyncio_cluster(self):
         import asyncio

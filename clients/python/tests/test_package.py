@@ -1,8 +1,10 @@
-"""What the package ships is real files: the fallback script and the ranges are copies of
-clients/lua/rl.lua and clients/vectors/ranges.json, never links (a link dangles in a copy of
+"""What the package ships is real files: the fallback script, the Functions library and the
+ranges are copies of clients/lua/rl.lua, clients/lua/rl_functions.lua and
+clients/vectors/ranges.json, never links (a link dangles in a copy of
 the source tree outside the repository, and `import redis_rl` fails). The copies must stay
 equal to their sources: after changing a source, copy it again
-(`cp clients/lua/rl.lua clients/vectors/ranges.json clients/python/src/redis_rl/`).
+(`cp clients/lua/rl.lua clients/lua/rl_functions.lua clients/vectors/ranges.json
+clients/python/src/redis_rl/`).
 
 `make dist-python` (dist_check.py) builds the wheel and sdist and installs them as users do."""
 
@@ -13,6 +15,7 @@ from servers import ROOT
 
 PACKAGE = os.path.join(ROOT, "clients", "python", "src", "redis_rl")
 SOURCES = {"rl.lua": os.path.join(ROOT, "clients", "lua", "rl.lua"),
+           "rl_functions.lua": os.path.join(ROOT, "clients", "lua", "rl_functions.lua"),
            "ranges.json": os.path.join(ROOT, "clients", "vectors", "ranges.json")}
 
 

@@ -189,10 +189,15 @@ class WithoutModule(Servers):
         redis.Redis(port=s.port).script_flush()
         self.assertEqual(limiter.acquire("k", SLOW).remaining, 3)
 
-    def test_refuse_raises_a_clear_error(self):
-        limiter = self.limiter(self.server(module=False), without_module="refuse")
+    def test_refuse_is_a_misconfiguration_check_raises_and_calls_count(self):
+        limiter = self.limiter(self.server(module=False), without_module="refuse", on_error="open")
         with self.assertRaisesRegex(ModuleMissingError, "not loaded"):
-            limiter.acquire("k", SLOW)
+            limiter.check()
+        with self.assertLogs("redis_rl", "ERROR") as logs:
+            d = limiter.acquire("k", SLOW)
+        self.assertEqual((d.allowed, d.source), (True, "open"))
+        self.assertIn("not loaded", logs.output[0])
+        self.assertEqual((limiter.counters["misconfigured"], limiter.counters["outages"]), (1, 0))
 
 
 class Outage(Servers):

@@ -175,11 +175,13 @@ class Keys(Servers):
         with self.assertRaisesRegex(redis.ResponseError, "WRONGTYPE"):
             table.acquire("f", SLOW)
 
-    def test_refuse_raises_a_clear_error(self):
-        table = self.limiter(self.server(module=False), without_module="refuse").table("t")
+    def test_refuse_is_a_misconfiguration(self):
+        limiter = self.limiter(self.server(module=False), without_module="refuse")
+        table = limiter.table("t")
+        with self.assertLogs("redis_rl", "ERROR"):
+            self.assertEqual(table.acquire("f", SLOW).source, "closed")
+        self.assertEqual(limiter.counters["misconfigured"], 1)
         with self.assertRaisesRegex(ModuleMissingError, "not loaded"):
-            table.acquire("f", SLOW)
-        with self.assertRaises(ModuleMissingError):
             table.len()
 
 

@@ -1,8 +1,9 @@
 """The exact arguments each limit of clients/vectors/wire.json sends, read off a real server
 with MONITOR: strings passed as str, JSON numbers as the int or float json gives, `per` as
 the per= keyword (`{"timedelta": {...}}` as a `datetime.timedelta`), a null capacity left
-out. On the module path, the `rate capacity cost` texts of RL.ACQUIRE; on the Lua path (a
-server without the module), the 10 numbers of EVALSHA, computed here from the case's texts
+out. On the module path, the `rate capacity cost` texts of RL.ACQUIRE; on the Functions path
+and the Lua path (a server without the module), the 10 numbers of FCALL rl_acquire and of
+EVALSHA, computed here from the case's texts
 with exact rationals (clients/lua/rl.lua's header), not by the library. Sync and asyncio."""
 
 import asyncio
@@ -18,6 +19,7 @@ from fractions import Fraction
 import redis
 import redis.asyncio
 
+import redis_rl
 from redis_rl import Limit, Limiter
 from redis_rl import asyncio as rl_asyncio
 from servers import ROOT, Server
@@ -117,11 +119,32 @@ class Wire(unittest.TestCase):
                 self.assertEqual(got[2:5], ["1", f"wire:{i}", "acquire"], case)
                 self.assertEqual(got[5:], script_args(case["args"]), case)
 
+    def test_each_limit_sends_the_exact_numbers_to_the_functions_library(self):
+        s = Server(module=False)
+        self.addCleanup(s.close)
+        with redis.Redis(port=s.port) as admin:
+            redis_rl.load_functions(admin)
+        limiter = Limiter(redis.Redis(port=s.port), on_error="closed")
+        self.addCleanup(limiter.client.close)
+        monitor = Monitor(s.port)
+        self.addCleanup(monitor.close)
+        for i, case in enumerate(CASES):
+            with self.subTest(case["name"]):
+                decision = limiter.acquire(f"wire:{i}", limit_of(case), case["cost"])
+                self.assertEqual(decision.source, "functions")
+                got = monitor.next("FCALL")
+                # The function, 1 key, the key, then the numbers (no mode).
+                self.assertEqual(got[1:4], ["rl_acquire", "1", f"wire:{i}"], case)
+                self.assertEqual(got[4:], script_args(case["args"]), case)
+
 
 class AsyncWire(unittest.IsolatedAsyncioTestCase):
     async def check(self, module, command):
         s = Server(module=module)
         self.addCleanup(s.close)
+        if command == "FCALL":
+            with redis.Redis(port=s.port) as admin:
+                redis_rl.load_functions(admin)
         client = redis.asyncio.Redis(port=s.port)
         self.addAsyncCleanup(client.aclose)
         limiter = rl_asyncio.Limiter(client, on_error="closed")
@@ -130,11 +153,15 @@ class AsyncWire(unittest.IsolatedAsyncioTestCase):
         for i, case in enumerate(CASES):
             with self.subTest(case["name"]):
                 decision = await limiter.acquire(f"wire:{i}", limit_of(case), case["cost"])
-                self.assertEqual(decision.source, "redis" if module else "lua")
+                source = {"RL.ACQUIRE": "redis", "FCALL": "functions"}.get(command, "lua")
+                self.assertEqual(decision.source, source)
                 # MONITOR is read in a thread: this loop's client must go on running meanwhile.
                 got = await asyncio.to_thread(monitor.next, command)
                 if module:
                     self.assertEqual(got[1:], [f"wire:{i}", *case["args"]], case)
+                elif command == "FCALL":
+                    self.assertEqual(got[1:4], ["rl_acquire", "1", f"wire:{i}"], case)
+                    self.assertEqual(got[4:], script_args(case["args"]), case)
                 else:
                     self.assertEqual(got[2:5], ["1", f"wire:{i}", "acquire"], case)
                     self.assertEqual(got[5:], script_args(case["args"]), case)
@@ -144,6 +171,9 @@ class AsyncWire(unittest.IsolatedAsyncioTestCase):
 
     async def test_lua_path(self):
         await self.check(False, "EVALSHA")
+
+    async def test_functions_path(self):
+        await self.check(False, "FCALL")
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
 # rl-bucket (its path dependency), both unpacked into a clean directory outside the
 # repository, a small program (dist/main.rs) built there against the unpacked crates only
 # (rl-bucket through [patch.crates-io], as a private registry would serve it), and run against
-# a real redis-server with the module and against a plain one (the Lua path). Then the
+# a real redis-server with the module and against plain ones (the script path, and the
+# Functions library the program loads first). Then the
 # crate's own example (examples/flood.rs) and the axum app users copy (examples/rust, its
 # tests) are built there against the same unpacked crates and run against the server with
 # the module: what users run is what the package gives them, not the repository's tree.
@@ -109,3 +110,5 @@ start --loadmodule "$module"
     "$cargo" test --quiet)
 start
 "$program" "redis://127.0.0.1:$port/" lua "$root/clients/lua/rl.lua"
+start
+"$program" "redis://127.0.0.1:$port/" functions "$root/clients/lua/rl.lua"

@@ -1,16 +1,18 @@
 //! The packaged redis-rl-client as a user builds it: `dist/check.sh` unpacks the `.crate`
 //! files of `cargo package` (this crate and rl-bucket) into a clean directory outside the
 //! repository, builds this program against them, and runs it against a real server with the
-//! module (`module`) and a plain one (`lua`). Not part of the crate (`exclude` in
-//! Cargo.toml): it only ever builds against the unpacked package.
+//! module (`module`) and plain ones (`lua`; `functions`, where it loads the packaged Functions
+//! library first, as an admin would). Not part of the crate (`exclude` in Cargo.toml): it
+//! only ever builds against the unpacked package.
 //!
-//! Usage: `dist-check REDIS_URL module|lua PATH_TO_clients/lua/rl.lua`
+//! Usage: `dist-check REDIS_URL module|lua|functions PATH_TO_clients/lua/rl.lua`
 
 use std::error::Error;
 use std::time::Duration;
 
 use redis_rl_client::{
-    AsyncLimiter, Limit, Limiter, OnError, Options, SlotItem, Source, LUA_SCRIPT,
+    load_functions, AsyncLimiter, Limit, Limiter, OnError, Options, Path, SlotItem, Source,
+    FUNCTIONS_LIBRARY, FUNCTIONS_VERSION, LUA_SCRIPT,
 };
 
 /// Fails the run with `what` unless `ok`.
@@ -25,21 +27,35 @@ fn check(ok: bool, what: String) -> Result<(), Box<dyn Error>> {
 fn main() -> Result<(), Box<dyn Error>> {
     let args: Vec<String> = std::env::args().collect();
     let [_, url, path, script] = args.as_slice() else {
-        return Err("usage: dist-check REDIS_URL module|lua PATH_TO_rl.lua".into());
+        return Err("usage: dist-check REDIS_URL module|lua|functions PATH_TO_rl.lua".into());
     };
-    let up = match path.as_str() {
-        "module" => Source::Redis,
-        "lua" => Source::Lua,
-        other => return Err(format!("the path must be module or lua, not {other}").into()),
+    let (up, want_path) = match path.as_str() {
+        "module" => (Source::Redis, Path::Module),
+        "lua" => (Source::Lua, Path::Lua),
+        "functions" => (Source::Functions, Path::Functions),
+        other => {
+            return Err(format!("the path must be module, lua or functions, not {other}").into())
+        }
     };
     check(
         LUA_SCRIPT == std::fs::read_to_string(script)?,
         "the packaged rl.lua differs from clients/lua/rl.lua".into(),
     )?;
+    let library = std::path::Path::new(script).with_file_name("rl_functions.lua");
+    check(
+        FUNCTIONS_LIBRARY == std::fs::read_to_string(library)?,
+        "the packaged rl_functions.lua differs from clients/lua/rl_functions.lua".into(),
+    )?;
     // 3 an hour, burst 3: nothing refills while this runs.
     let limit = Limit::per(3, Duration::from_secs(3600))?;
     let client = redis::Client::open(url.as_str())?;
+    if want_path == Path::Functions {
+        let version = load_functions(&mut client.get_connection()?)?;
+        check(version == FUNCTIONS_VERSION, format!("loaded version {version}"))?;
+    }
     let limiter = Limiter::new(client.clone(), Options::new(OnError::Closed));
+    let found = limiter.check()?;
+    check(found == Some(want_path), format!("check: {found:?}"))?;
     let mut got = Vec::new();
     for _ in 0..4 {
         let d = limiter.acquire("dist:k", &limit, 1.0)?;

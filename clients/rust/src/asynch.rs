@@ -39,8 +39,8 @@ use crate::types::{
 pub struct AsyncLimiter<C> {
     connection: C,
     engine: Engine,
-    /// Held while one call detects the module, so a cold limiter's first calls share one
-    /// `COMMAND INFO` instead of sending one each.
+    /// Held while one call finds the path, so a cold limiter's first calls wait for its
+    /// answer instead of each trying every path.
     detecting: tokio::sync::Mutex<()>,
 }
 
@@ -73,10 +73,17 @@ impl AsyncLimiter<ConnectionManager> {
 
 impl<C: ConnectionLike + Clone + Send + Sync> AsyncLimiter<C> {
     /// A limiter on `connection` with `options` (which carry the failure policy).
+    ///
+    /// A `redis::cluster_async::ClusterConnection` is known as a cluster client (see
+    /// [`crate::Connect::cluster`]); any other connection as a single-node one.
     pub fn new(connection: C, options: Options) -> Self {
+        // The redis crate's async cluster connection, whatever module path it is defined at
+        // (a test on a cluster holds this).
+        let name = std::any::type_name::<C>();
+        let cluster = name.starts_with("redis::") && name.contains("ClusterConnection");
         AsyncLimiter {
             connection,
-            engine: Engine::new(options),
+            engine: Engine::new(options, cluster),
             detecting: tokio::sync::Mutex::new(()),
         }
     }
@@ -89,6 +96,24 @@ impl<C: ConnectionLike + Clone + Send + Sync> AsyncLimiter<C> {
     /// How Redis is reached; `None` before the first call that reached it.
     pub fn path(&self) -> Option<Path> {
         self.engine.path()
+    }
+
+    /// The startup check, as [`crate::Limiter::check`]: finds the path and returns it;
+    /// `Ok(None)` (and a warning) when Redis is down or busy. Each peek runs under the
+    /// limiter's deadline.
+    ///
+    /// # Errors
+    /// As for [`crate::Limiter::check`]: [`Error::Misconfigured`] with the cause.
+    pub async fn check(&self) -> Result<Option<Path>, Error> {
+        self.engine.forget_path();
+        let limit = crate::engine::probe_limit()?;
+        for key in crate::engine::probe_keys() {
+            let items = [(Target::Key(key.as_str()), limit, 0.0)];
+            if let Err(e) = self.call(Op::Peek, &items).await {
+                return self.engine.checked(e);
+            }
+        }
+        Ok(self.engine.checked_path())
     }
 
     /// Takes `cost` tokens from the bucket `key` of `limit`.
@@ -258,15 +283,29 @@ impl<C: ConnectionLike + Clone + Send + Sync> AsyncLimiter<C> {
         }
     }
 
-    /// One call's exchange (`engine::Exchange`), each step awaited; the module is detected
-    /// first, once for all the calls waiting on a cold limiter.
+    /// One call's exchange (`engine::Exchange`), each step awaited. On a cold limiter one
+    /// call finds the path while the others wait for it.
     async fn call_on(
         &self,
         connection: &mut C,
         op: Op,
         items: &[(Target<'_>, Limit, f64)],
     ) -> Result<Value, CallError> {
-        self.detected_path(connection).await?;
+        if self.engine.ready().is_none() {
+            let _detecting = self.detecting.lock().await;
+            if self.engine.ready().is_none() {
+                return self.exchange(connection, op, items).await;
+            }
+        }
+        self.exchange(connection, op, items).await
+    }
+
+    async fn exchange(
+        &self,
+        connection: &mut C,
+        op: Op,
+        items: &[(Target<'_>, Limit, f64)],
+    ) -> Result<Value, CallError> {
         let mut exchange = Exchange::new(&self.engine, op, items);
         let mut step = exchange.start();
         loop {
@@ -277,21 +316,19 @@ impl<C: ConnectionLike + Clone + Send + Sync> AsyncLimiter<C> {
         }
     }
 
-    /// The detected path, detecting it first if no call has: one call detects while the
-    /// others wait for its answer.
+    /// The detected path, finding it first with a peek that writes nothing.
     async fn detected_path(&self, connection: &mut C) -> Result<Path, CallError> {
-        if let Some(path) = self.engine.ready()? {
+        if let Some(path) = self.engine.ready() {
             return Ok(path);
         }
-        let _detecting = self.detecting.lock().await;
-        match self.engine.ready()? {
-            Some(path) => Ok(path),
-            None => self.detect(connection).await,
-        }
-    }
-
-    async fn detect(&self, connection: &mut C) -> Result<Path, CallError> {
-        let reply: Value = Engine::detect_command().query_async(connection).await?;
-        self.engine.detected(&reply)
+        let limit = crate::engine::probe_limit().map_err(|e| CallError::Reply(e.to_string()))?;
+        let key = crate::engine::probe_keys()
+            .first()
+            .map_or("redis-rl:check", String::as_str);
+        self.call_on(connection, Op::Peek, &[(Target::Key(key), limit, 0.0)])
+            .await?;
+        self.engine
+            .ready()
+            .ok_or_else(|| CallError::Reply("no path after a detection".into()))
     }
 }

@@ -1,18 +1,26 @@
-//! What the sync and async limiters share: which path reaches Redis (module, Lua, missing),
-//! the outage and its counters, the deny cache and the local buckets, behind one lock; the
-//! commands to send; the replies read back; the errors that mean "Redis cannot decide".
+//! What the sync and async limiters share: which path reaches Redis (module, Functions
+//! library, script, or none), the outage and its counters, misconfigurations, the deny cache
+//! and the local buckets, behind one lock; the commands to send; the replies read back.
 //!
-//! Nothing here does I/O. One call's conversation with Redis (detect the module, load the
-//! script, send, and look again after an "unknown command" or NOSCRIPT) is an [`Exchange`]:
-//! `sync` and `asynch` send each command it asks for and hand back the reply, blocking or
-//! awaited, and that loop is all they repeat. The lock is never held across a call into
-//! Redis.
+//! Nothing here does I/O. One call's conversation with Redis is an [`Exchange`]: the path is
+//! found by sending the call itself and reading the error (module, then Functions, then
+//! script; never COMMAND, INFO or SCRIPT LOAD), the script goes as EVALSHA of its locally
+//! computed SHA-1 and again as EVAL on NOSCRIPT, and a path that stops answering is looked
+//! for again; a fallback that meets a key of another type (WRONGTYPE) asks the module, loaded
+//! since, once. `sync` and `asynch` send each command it asks for and hand back the reply,
+//! blocking or awaited, and that loop is all they repeat. The lock is never held across a call
+//! into Redis. What each error reply means is `diagnose`'s.
 
+use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
+use redis::{RedisError, Value};
 
+use crate::diagnose::{
+    self, is_denied, is_function_not_found, is_noscript, is_unavailable, is_unknown_command,
+    is_wrongtype,
+};
 use crate::local::{DenyCache, LocalBuckets, Reply};
 use crate::script;
 use crate::types::{
@@ -69,10 +77,26 @@ impl<'a> Target<'a> {
 pub enum Path {
     /// RL.* commands of the module.
     Module,
-    /// The Lua script through EVALSHA.
+    /// The Functions library `redis_rl` through FCALL (FCALL_RO for peeks), loaded by an
+    /// admin with [`crate::load_functions`].
+    Functions,
+    /// The Lua script through EVALSHA of its SHA-1, or EVAL when the server has not cached
+    /// it (or EVALSHA is not allowed).
     Lua,
-    /// No module, and `WithoutModule::Refuse`.
+    /// No module, and `WithoutModule::Refuse`: a misconfiguration.
     Missing,
+}
+
+impl Path {
+    /// The lowercase name the other libraries use: "module", "functions", "lua", "missing".
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Path::Module => "module",
+            Path::Functions => "functions",
+            Path::Lua => "lua",
+            Path::Missing => "missing",
+        }
+    }
 }
 
 /// Why a call into Redis gave no reply.
@@ -80,26 +104,36 @@ pub enum Path {
 pub(crate) enum CallError {
     Redis(RedisError),
     /// The per-call deadline passed (async: the whole call; sync: the socket timeouts).
-    Timeout(std::time::Duration),
+    Timeout(Duration),
     /// The blocking limiter's connection stayed taken by other calls for the whole deadline.
-    Busy(std::time::Duration),
-    Missing,
+    Busy(Duration),
+    /// Redis is misconfigured for this client: the cause and its fix.
+    Misconfigured(String),
     Reply(String),
 }
 
+/// For the calls that are not decisions (a table's delete and len): any cluster client's.
 impl From<RedisError> for CallError {
     fn from(e: RedisError) -> Self {
-        CallError::Redis(e)
+        CallError::of(e, true)
     }
 }
 
 impl CallError {
-    /// Whether the failure policy decides this one.
+    /// `e` as the limiter sees it: a misconfiguration named by its cause, or the error.
+    pub(crate) fn of(e: RedisError, cluster_client: bool) -> CallError {
+        match diagnose::misconfiguration(&e, cluster_client) {
+            Some(cause) => CallError::Misconfigured(cause),
+            None => CallError::Redis(e),
+        }
+    }
+
+    /// Whether the failure policy decides this one as an outage (or a busy connection).
     pub(crate) fn unavailable(&self) -> bool {
         match self {
             CallError::Timeout(_) | CallError::Busy(_) => true,
             CallError::Redis(e) => is_unavailable(e),
-            CallError::Missing | CallError::Reply(_) => false,
+            CallError::Misconfigured(_) | CallError::Reply(_) => false,
         }
     }
 
@@ -107,12 +141,12 @@ impl CallError {
         match self {
             CallError::Redis(e) => Error::Redis(e),
             CallError::Timeout(_) | CallError::Busy(_) => Error::Reply("timeout".into()),
-            CallError::Missing => Error::ModuleMissing,
+            CallError::Misconfigured(cause) => Error::Misconfigured(cause),
             CallError::Reply(text) => Error::Reply(text),
         }
     }
 
-    fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         match self {
             CallError::Redis(e) => e.to_string(),
             // Which it was matters to whoever reads the log: a deadline too short for the
@@ -127,43 +161,20 @@ impl CallError {
                  Limiter has one connection; give each worker its own, or use AsyncLimiter)",
                 deadline.as_millis()
             ),
-            CallError::Missing => "module missing".into(),
+            CallError::Misconfigured(cause) => cause.clone(),
             CallError::Reply(text) => text.clone(),
         }
     }
 }
 
-/// Connection errors, timeouts, and the replies of a server that cannot take writes now:
-/// OOM, READONLY, LOADING, and a cluster that is down, has no master or asks to try again.
-pub(crate) fn is_unavailable(e: &RedisError) -> bool {
-    if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() || e.is_connection_refusal() {
-        return true;
-    }
-    if matches!(
-        e.kind(),
-        ErrorKind::ClusterConnectionNotFound
-            | ErrorKind::Server(
-                ServerErrorKind::BusyLoading
-                    | ServerErrorKind::ReadOnly
-                    | ServerErrorKind::ClusterDown
-                    | ServerErrorKind::MasterDown
-                    | ServerErrorKind::TryAgain
-            )
-    ) {
-        return true;
-    }
-    matches!(
-        e.code(),
-        Some("OOM" | "READONLY" | "LOADING" | "MASTERDOWN" | "CLUSTERDOWN" | "TRYAGAIN")
-    )
-}
+/// How often one misconfiguration's cause is logged again while it lasts.
+const MISCONFIGURED_LOG_EVERY: Duration = Duration::from_secs(10);
 
-pub(crate) fn is_unknown_command(e: &RedisError) -> bool {
-    e.code() == Some("ERR") && e.to_string().to_lowercase().contains("unknown command")
-}
-
-pub(crate) fn is_noscript(e: &RedisError) -> bool {
-    e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) || e.code() == Some("NOSCRIPT")
+/// Why the failure policy decides a call: Redis is down or busy, or misconfigured.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Why {
+    Outage,
+    Misconfigured,
 }
 
 /// One limiter's state; see [`crate::Limiter`] for the meaning of each option.
@@ -174,15 +185,23 @@ pub(crate) struct Engine {
     /// no instant is 0 (a state is a nonzero instant). Monotonic, so a wall clock stepping
     /// back cannot refill them.
     epoch: Instant,
+    /// Whether the connection is a cluster client's (it routes each key to its slot): then a
+    /// CROSSSLOT reply is the caller's keys spanning slots, not a misconfiguration, and SCAN
+    /// cannot count a table's keys.
+    pub(crate) cluster_client: bool,
     inner: Mutex<Inner>,
 }
 
 #[derive(Debug)]
 struct Inner {
     path: Option<Path>,
-    sha: Option<String>,
-    /// Redis answered CROSSSLOT once: a cluster (`crate::slots`).
+    /// EVALSHA is refused to this user but EVAL is not: the script path sends EVAL.
+    eval_only: bool,
+    /// Redis answered CROSSSLOT once, or the client is a cluster client: a cluster
+    /// (`crate::slots`).
     cluster: bool,
+    /// When each misconfiguration's cause was last logged.
+    misconfigured_logged: HashMap<String, Instant>,
     counters: Counters,
     down_since: Option<Instant>,
     next_probe: Instant,
@@ -195,14 +214,16 @@ struct Inner {
 }
 
 impl Engine {
-    pub(crate) fn new(options: Options) -> Engine {
+    pub(crate) fn new(options: Options, cluster_client: bool) -> Engine {
         let now = Instant::now();
         Engine {
             epoch: now,
+            cluster_client,
             inner: Mutex::new(Inner {
                 path: None,
-                sha: None,
-                cluster: false,
+                eval_only: false,
+                cluster: cluster_client,
+                misconfigured_logged: HashMap::new(),
                 counters: Counters::default(),
                 down_since: None,
                 next_probe: now,
@@ -313,6 +334,7 @@ impl Engine {
         let mut inner = self.lock();
         let source = match inner.path {
             Some(Path::Lua) => Source::Lua,
+            Some(Path::Functions) => Source::Functions,
             _ => Source::Redis,
         };
         inner.counters.count(source);
@@ -332,8 +354,29 @@ impl Engine {
     /// Redis could not answer: starts an outage (logged once, not once per call). A call
     /// that never had its turn on the connection (`Busy`) is counted and logged apart, at
     /// most once a second, and starts no outage: the next call goes to Redis.
+    /// A misconfiguration is logged at error level with its cause (each cause at most once
+    /// every 10 s) and starts no outage: the next call goes to Redis again.
     pub(crate) fn failed(&self, error: &CallError) {
         let mut inner = self.lock();
+        if let CallError::Misconfigured(cause) = error {
+            let now = Instant::now();
+            let due = inner
+                .misconfigured_logged
+                .get(cause)
+                .is_none_or(|at| now.duration_since(*at) >= MISCONFIGURED_LOG_EVERY);
+            if due {
+                if inner.misconfigured_logged.len() >= 64 {
+                    inner.misconfigured_logged.clear();
+                }
+                inner.misconfigured_logged.insert(cause.clone(), now);
+                log::error!(
+                    "redis-rl: Redis is misconfigured for this client: {cause}; deciding with \
+                     on_error={:?} (not an outage)",
+                    self.options.on_error
+                );
+            }
+            return;
+        }
         if let CallError::Busy(_) = error {
             inner.counters.busy = inner.counters.busy.saturating_add(1);
             let now = Instant::now();
@@ -363,15 +406,27 @@ impl Engine {
         }
     }
 
-    fn count_policy(&self, inner: &mut Inner) -> Source {
+    fn count_policy(&self, inner: &mut Inner, why: Why) -> Source {
         let source = match self.options.on_error {
             OnError::Open => Source::Open,
             OnError::Closed => Source::Closed,
             OnError::Local => Source::Local,
         };
+        if why == Why::Misconfigured {
+            inner.counters.misconfigured = inner.counters.misconfigured.saturating_add(1);
+            return source;
+        }
         inner.counters.count(source);
         inner.without_redis = inner.without_redis.saturating_add(1);
         source
+    }
+
+    /// Why the policy decides after `e`.
+    fn why(e: &CallError) -> Why {
+        match e {
+            CallError::Misconfigured(_) => Why::Misconfigured,
+            _ => Why::Outage,
+        }
     }
 
     pub(crate) fn policy_acquire(
@@ -380,10 +435,11 @@ impl Engine {
         limit: &Limit,
         cost: f64,
         take: bool,
+        why: Why,
     ) -> Decision {
         let now_us = self.now_us();
         let mut inner = self.lock();
-        let source = self.count_policy(&mut inner);
+        let source = self.count_policy(&mut inner, why);
         let reply = match source {
             Source::Open => open_reply(),
             Source::Closed => closed_reply(),
@@ -392,10 +448,14 @@ impl Engine {
         decision(reply, limit, source)
     }
 
-    pub(crate) fn policy_acquire_all(&self, items: &[(&str, Limit, f64)]) -> MultiDecision {
+    pub(crate) fn policy_acquire_all(
+        &self,
+        items: &[(&str, Limit, f64)],
+        why: Why,
+    ) -> MultiDecision {
         let now_us = self.now_us();
         let mut inner = self.lock();
-        let source = self.count_policy(&mut inner);
+        let source = self.count_policy(&mut inner, why);
         let (allowed, refused_index, retry_after_ms, replies) = match source {
             Source::Open => (true, None, 0, vec![open_reply(); items.len()]),
             Source::Closed => (
@@ -419,10 +479,10 @@ impl Engine {
         }
     }
 
-    pub(crate) fn policy_refund(&self, key: &str, limit: &Limit, cost: f64) -> Refund {
+    pub(crate) fn policy_refund(&self, key: &str, limit: &Limit, cost: f64, why: Why) -> Refund {
         let now_us = self.now_us();
         let mut inner = self.lock();
-        let source = self.count_policy(&mut inner);
+        let source = self.count_policy(&mut inner, why);
         let (remaining, reset_after_ms) = match source {
             Source::Local => inner.local.refund(key, limit, cost, now_us),
             _ => (0, 0),
@@ -451,7 +511,7 @@ impl Engine {
             }
         }
         self.skip_redis()
-            .then(|| self.policy_acquire(key, limit, cost, take))
+            .then(|| self.policy_acquire(key, limit, cost, take, Why::Outage))
     }
 
     /// After asking Redis for an acquire or peek sent at `sent_at`.
@@ -472,9 +532,9 @@ impl Engine {
                 }
                 Ok(decision)
             }
-            Err(e) if e.unavailable() => {
+            Err(e) if e.unavailable() || matches!(e, CallError::Misconfigured(_)) => {
                 self.failed(&e);
-                Ok(self.policy_acquire(key, limit, cost, take))
+                Ok(self.policy_acquire(key, limit, cost, take, Self::why(&e)))
             }
             Err(e) => Err(e.into_error()),
         }
@@ -492,7 +552,8 @@ impl Engine {
                 });
             }
         }
-        self.skip_redis().then(|| self.policy_acquire_all(items))
+        self.skip_redis()
+            .then(|| self.policy_acquire_all(items, Why::Outage))
     }
 
     pub(crate) fn after_multi(
@@ -513,9 +574,9 @@ impl Engine {
                 }
                 Ok(multi)
             }
-            Err(e) if e.unavailable() => {
+            Err(e) if e.unavailable() || matches!(e, CallError::Misconfigured(_)) => {
                 self.failed(&e);
-                Ok(self.policy_acquire_all(items))
+                Ok(self.policy_acquire_all(items, Self::why(&e)))
             }
             Err(e) => Err(e.into_error()),
         }
@@ -530,7 +591,7 @@ impl Engine {
         cost: f64,
     ) -> Option<Result<Charged, Error>> {
         self.skip_redis()
-            .then(|| self.policy_charge(key, limit, cost))
+            .then(|| self.policy_charge(key, limit, cost, Why::Outage))
     }
 
     /// After asking Redis for a charge sent at `sent_at`. A charge into debt is remembered by
@@ -559,9 +620,9 @@ impl Engine {
                 }
                 Ok(charged)
             }
-            Err(e) if e.unavailable() => {
+            Err(e) if e.unavailable() || matches!(e, CallError::Misconfigured(_)) => {
                 self.failed(&e);
-                self.policy_charge(key, limit, cost)
+                self.policy_charge(key, limit, cost, Self::why(&e))
             }
             Err(e) => Err(e.into_error()),
         }
@@ -574,10 +635,11 @@ impl Engine {
         key: &str,
         limit: &Limit,
         cost: f64,
+        why: Why,
     ) -> Result<Charged, Error> {
         let now_us = self.now_us();
         let mut inner = self.lock();
-        let source = self.count_policy(&mut inner);
+        let source = self.count_policy(&mut inner, why);
         let (balance, retry_after_ms, reset_after_ms) = match source {
             Source::Local => inner
                 .local
@@ -599,7 +661,7 @@ impl Engine {
     pub(crate) fn before_refund(&self, key: &str, limit: &Limit, cost: f64) -> Option<Refund> {
         self.forget(key);
         self.skip_redis()
-            .then(|| self.policy_refund(key, limit, cost))
+            .then(|| self.policy_refund(key, limit, cost, Why::Outage))
     }
 
     pub(crate) fn after_refund(
@@ -612,121 +674,114 @@ impl Engine {
                 let source = self.answered();
                 read_refund(&value, source).map_err(CallError::into_error)
             }
-            Err(e) if e.unavailable() => {
+            Err(e) if e.unavailable() || matches!(e, CallError::Misconfigured(_)) => {
                 self.failed(&e);
-                Ok(self.policy_refund(key, limit, cost))
+                Ok(self.policy_refund(key, limit, cost, Self::why(&e)))
             }
             Err(e) => Err(e.into_error()),
         }
     }
 
-    // Building commands and reading replies ------------------------------------------------
+    // Paths, commands and replies ---------------------------------------------------------
 
-    /// The path to use, if detected; `Missing` fails the call with `ModuleMissing`.
-    pub(crate) fn ready(&self) -> Result<Option<Path>, CallError> {
+    /// The path to use, if one has answered; `None` (or `Missing`) means detect.
+    pub(crate) fn ready(&self) -> Option<Path> {
         match self.lock().path {
-            Some(Path::Missing) => Err(CallError::Missing),
-            path => Ok(path),
+            Some(Path::Missing) => None,
+            path => path,
         }
     }
 
-    /// `COMMAND INFO RL.ACQUIRE`: the probe for the module.
-    pub(crate) fn detect_command() -> redis::Cmd {
-        let mut cmd = redis::cmd("COMMAND");
-        cmd.arg("INFO").arg("RL.ACQUIRE");
-        cmd
+    /// Forgets the path, so the next call detects it again.
+    pub(crate) fn forget_path(&self) {
+        self.lock().path = None;
     }
 
-    /// Reads COMMAND INFO's reply (a list holding nil when there is no such command).
-    pub(crate) fn detected(&self, reply: &Value) -> Result<Path, CallError> {
-        let present = match reply {
-            Value::Array(items) => items.iter().any(|v| !matches!(v, Value::Nil)),
-            Value::Map(items) => !items.is_empty(),
-            _ => false,
-        };
-        let path = match (present, self.options.without_module) {
-            (true, _) => Path::Module,
-            (false, WithoutModule::Lua) => Path::Lua,
-            (false, WithoutModule::Refuse) => Path::Missing,
-        };
+    /// Whether the script path is known and this user may only send EVAL on it.
+    fn eval_only(&self) -> bool {
+        let inner = self.lock();
+        inner.eval_only && inner.path == Some(Path::Lua)
+    }
+
+    /// `path` answered (or, for `Missing`, the module did not): remembered, and logged when
+    /// it changes.
+    fn learn(&self, path: Path, eval_only: bool) {
         let mut inner = self.lock();
         if inner.path != Some(path) {
-            log::info!(
-                "redis-rl: {path:?} path (module {})",
-                if present { "found" } else { "not loaded" }
-            );
+            log::info!("redis-rl: the {} path", path.as_str());
         }
         inner.path = Some(path);
-        match path {
-            Path::Missing => Err(CallError::Missing),
-            path => Ok(path),
+        inner.eval_only = eval_only;
+    }
+
+    /// The module answered a call that the Functions library or the script (`from`), kept
+    /// since the module was missing, refused with WRONGTYPE: the module path from now on,
+    /// logged once.
+    fn switch_to_module(&self, from: Path) {
+        let mut inner = self.lock();
+        if inner.path != Some(Path::Module) {
+            let fallback = match from {
+                Path::Functions => "the Functions library",
+                _ => "the script",
+            };
+            log::info!(
+                "redis-rl: {fallback} met a key of another type (WRONGTYPE) and the module \
+                 answers: using the module path"
+            );
         }
+        inner.path = Some(Path::Module);
+        inner.eval_only = false;
     }
 
-    pub(crate) fn sha(&self) -> Option<String> {
-        self.lock().sha.clone()
-    }
-
-    pub(crate) fn set_sha(&self, reply: Value) -> Result<String, CallError> {
-        let sha: String = redis::from_redis_value(reply)
-            .map_err(|e| CallError::Reply(format!("SCRIPT LOAD: {e}")))?;
-        self.lock().sha = Some(sha.clone());
-        Ok(sha)
-    }
-
-    pub(crate) fn script_load() -> redis::Cmd {
-        let mut cmd = redis::cmd("SCRIPT");
-        cmd.arg("LOAD").arg(script::SCRIPT);
+    /// The module's command for `op` on `items`.
+    fn module_command(op: Op, items: &[(Target<'_>, Limit, f64)]) -> redis::Cmd {
+        let field = matches!(items.first(), Some((Target::Field { .. }, _, _)));
+        let mut cmd = redis::cmd(module_name(op, field));
+        for (target, limit, cost) in items {
+            match *target {
+                Target::Key(key) => cmd.arg(key),
+                Target::Field { table, field, .. } => cmd.arg(table).arg(field),
+            }
+            // The texts the limit was validated with: `5/60` stays exact, where the double
+            // 0.08333… would leave a fraction of a token in every state.
+            .arg(limit.rate_text())
+            .arg(limit.capacity_text())
+            .arg(number(*cost));
+        }
         cmd
     }
 
-    /// The module command, or EVALSHA with `sha` and the script's arguments.
-    pub(crate) fn command(
-        path: Path,
-        sha: &str,
-        op: Op,
-        items: &[(Target<'_>, Limit, f64)],
-    ) -> redis::Cmd {
-        if path == Path::Module {
-            let field = matches!(items.first(), Some((Target::Field { .. }, _, _)));
-            let name = match (op, field) {
-                (Op::Acquire, false) => "RL.ACQUIRE",
-                (Op::Peek, false) => "RL.PEEK",
-                (Op::Refund, false) => "RL.REFUND",
-                (Op::Multi, _) => "RL.ACQUIRE.MULTI",
-                (Op::Acquire, true) => "RL.HACQUIRE",
-                (Op::Peek, true) => "RL.HPEEK",
-                (Op::Refund, true) => "RL.HREFUND",
-                (Op::Charge, false) => "RL.CHARGE",
-                (Op::Charge, true) => "RL.HCHARGE",
-            };
-            let mut cmd = redis::cmd(name);
-            for (target, limit, cost) in items {
-                match *target {
-                    Target::Key(key) => cmd.arg(key),
-                    Target::Field { table, field, .. } => cmd.arg(table).arg(field),
-                }
-                // The texts the limit was validated with: `5/60` stays exact, where the
-                // double 0.08333… would leave a fraction of a token in every state.
-                .arg(limit.rate_text())
-                .arg(limit.capacity_text())
-                .arg(number(*cost));
-            }
-            return cmd;
-        }
-        let mode = match op {
-            Op::Acquire => "acquire",
-            Op::Peek => "peek",
-            Op::Refund => "refund",
-            Op::Multi => "multi",
-            Op::Charge => "charge",
-        };
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(sha).arg(items.len());
+    /// `FCALL rl_<op>` (FCALL_RO for a peek) with the library's numbers: no mode argument.
+    fn functions_command(op: Op, items: &[(Target<'_>, Limit, f64)]) -> redis::Cmd {
+        let (call, function) = functions_name(op);
+        let mut cmd = redis::cmd(call);
+        cmd.arg(function).arg(items.len());
         for (target, _, _) in items {
             cmd.arg(target.key());
         }
-        cmd.arg(mode);
+        for (_, limit, cost) in items {
+            for arg in script::args(limit, *cost, op == Op::Refund) {
+                cmd.arg(arg);
+            }
+        }
+        cmd
+    }
+
+    /// `EVALSHA <sha1>` (or `EVAL <script>`) with the script's mode and numbers.
+    fn script_command(op: Op, items: &[(Target<'_>, Limit, f64)], eval: bool) -> redis::Cmd {
+        let mut cmd;
+        if eval {
+            cmd = redis::cmd("EVAL");
+            cmd.arg(script::SCRIPT);
+        } else {
+            cmd = redis::cmd("EVALSHA");
+            cmd.arg(script::sha());
+        }
+        cmd.arg(items.len());
+        for (target, _, _) in items {
+            cmd.arg(target.key());
+        }
+        cmd.arg(script_mode(op));
         for (_, limit, cost) in items {
             for arg in script::args(limit, *cost, op == Op::Refund) {
                 cmd.arg(arg);
@@ -736,36 +791,138 @@ impl Engine {
     }
 }
 
+/// The module's command name for `op`, on a key or (`field`) on a table's field.
+fn module_name(op: Op, field: bool) -> &'static str {
+    match (op, field) {
+        (Op::Acquire, false) => "RL.ACQUIRE",
+        (Op::Peek, false) => "RL.PEEK",
+        (Op::Refund, false) => "RL.REFUND",
+        (Op::Multi, _) => "RL.ACQUIRE.MULTI",
+        (Op::Acquire, true) => "RL.HACQUIRE",
+        (Op::Peek, true) => "RL.HPEEK",
+        (Op::Refund, true) => "RL.HREFUND",
+        (Op::Charge, false) => "RL.CHARGE",
+        (Op::Charge, true) => "RL.HCHARGE",
+    }
+}
+
+/// FCALL or FCALL_RO, and the library's function for `op`.
+fn functions_name(op: Op) -> (&'static str, &'static str) {
+    match op {
+        Op::Acquire => ("FCALL", "rl_acquire"),
+        Op::Peek => ("FCALL_RO", "rl_peek"),
+        Op::Refund => ("FCALL", "rl_refund"),
+        Op::Multi => ("FCALL", "rl_multi"),
+        Op::Charge => ("FCALL", "rl_charge"),
+    }
+}
+
+fn script_mode(op: Op) -> &'static str {
+    match op {
+        Op::Acquire => "acquire",
+        Op::Peek => "peek",
+        Op::Refund => "refund",
+        Op::Multi => "multi",
+        Op::Charge => "charge",
+    }
+}
+
+/// The keys `check` peeks at: one in each eighth of the cluster's slots, so that on a cluster
+/// a single-node client meets a MOVED whatever node it reached (unless that node serves
+/// every slot, where such a client works). A peek of cost 0 writes nothing.
+pub(crate) fn probe_keys() -> &'static [String] {
+    static KEYS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    KEYS.get_or_init(|| {
+        const PARTS: u16 = 8;
+        let span = 16384 / PARTS;
+        (0..PARTS)
+            .filter_map(|part| {
+                (0..100_000u32)
+                    .map(|n| format!("redis-rl:check:{{{n}}}"))
+                    .find(|key| crate::slots::key_slot(key.as_bytes()) / span == part)
+            })
+            .collect()
+    })
+}
+
+/// The limit of `check`'s peeks (any valid one: a peek of cost 0 on a missing key is full).
+pub(crate) fn probe_limit() -> Result<Limit, Error> {
+    Limit::new(1.0, 1.0)
+}
+
+impl Engine {
+    /// What `check` returns after `e`: a misconfiguration (logged at error level) or another
+    /// error reply as the error; Redis down or busy as `Ok(None)`, with a warning.
+    pub(crate) fn checked(&self, e: CallError) -> Result<Option<Path>, Error> {
+        if e.unavailable() {
+            log::warn!(
+                "redis-rl: check: Redis does not answer now ({}); starting anyway, deciding \
+                 with on_error={:?} until it does",
+                e.describe(),
+                self.options.on_error
+            );
+            return Ok(None);
+        }
+        if let CallError::Misconfigured(cause) = &e {
+            log::error!("redis-rl: check: Redis is misconfigured for this client: {cause}");
+        }
+        Err(e.into_error())
+    }
+
+    /// The path `check` found, logged.
+    pub(crate) fn checked_path(&self) -> Option<Path> {
+        let path = self.ready();
+        if let Some(path) = path {
+            log::info!("redis-rl: check: the {} path", path.as_str());
+        }
+        path
+    }
+}
+
 /// What an [`Exchange`] wants next: a command sent and its reply handed back, or its result.
 pub(crate) enum Step {
     Send(redis::Cmd),
     Done(Result<Value, CallError>),
 }
 
-/// Where an [`Exchange`] is: which reply it waits for, and which retries it has used (once
-/// each: a new detection after "unknown command", a new SCRIPT LOAD after NOSCRIPT).
-#[derive(Clone, Copy)]
+/// Which reply an [`Exchange`] waits for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Stage {
-    Detecting {
-        redetected: bool,
-    },
-    Loading {
-        path: Path,
-        redetected: bool,
-        reloaded: bool,
-    },
-    Sending {
-        path: Path,
-        redetected: bool,
-        reloaded: bool,
+    /// The module's command.
+    Module,
+    /// `FCALL_RO rl_version 0`: is the Functions library there, and new enough?
+    Version,
+    /// `FCALL_RO rl_peek` after "no rl_version": an older library without it?
+    OldLibrary,
+    /// The library's function.
+    Functions,
+    /// EVALSHA of the script's SHA-1.
+    Sha,
+    /// EVAL of the script: after NOSCRIPT (`after_noscript`), or because EVALSHA is refused.
+    Eval {
+        after_noscript: bool,
     },
     Done,
 }
 
-/// One call's conversation with Redis, as steps, without I/O: the module's command, or the
-/// script's EVALSHA (loading it first if no SHA is known); the module is detected first when
-/// no call has yet, and again, once, after an "unknown command" (the module went away or
-/// came); the script is loaded again, once, after NOSCRIPT.
+/// One call's conversation with Redis, as steps, without I/O. On a known path, the call goes
+/// as that path's command. Otherwise (the first call, or a path that stopped answering) the
+/// path is found by sending the call itself: the module's command; on "unknown command" or
+/// NOPERM, `FCALL_RO rl_version 0` and then the library's function; on "Function not found",
+/// an older library, NOPERM or a version too low, the script by EVALSHA. On NOSCRIPT the same
+/// call goes again as EVAL (which caches the script; once, no loop); when EVALSHA is refused,
+/// as EVAL from then on. A library that stops answering sends the call back to the module's
+/// command once. When no path is allowed, the call ends as a misconfiguration naming every
+/// command refused and the ACL rules to add.
+///
+/// The module loaded after a limiter chose the Functions library or the script: processes on
+/// the module path convert the buckets the fallback wrote to the module's type, which the
+/// fallback answers with WRONGTYPE. Then, under `WithoutModule::Lua` and unless this call
+/// asked the module already, the same call goes to the module once: when the module answers
+/// (a reply, or an error of its own such as its WRONGTYPE for a string key), the limiter keeps
+/// the module path and the call ends with the module's answer; when the module is missing
+/// (unknown command) or this user may not run it (NOPERM), the call ends with the fallback's
+/// WRONGTYPE as it came. Either way the error is the caller's, never the failure policy's.
 ///
 /// ```text
 /// let mut step = exchange.start();
@@ -776,6 +933,16 @@ pub(crate) struct Exchange<'a> {
     op: Op,
     items: &'a [(Target<'a>, Limit, f64)],
     stage: Stage,
+    /// Whether the path is being found (so the one that answers is remembered).
+    detecting: bool,
+    /// Whether a path that stopped answering has sent this call back to detection already.
+    redetected: bool,
+    /// The commands this user may not run, in the order tried.
+    denied: Vec<&'static str>,
+    /// Whether this call has sent the module's command (it asks the module at most once).
+    module_tried: bool,
+    /// The fallback's WRONGTYPE, and which fallback gave it, while the module is asked.
+    wrongtype: Option<(Path, RedisError)>,
 }
 
 impl<'a> Exchange<'a> {
@@ -785,92 +952,281 @@ impl<'a> Exchange<'a> {
             op,
             items,
             stage: Stage::Done,
+            detecting: false,
+            redetected: false,
+            denied: Vec::new(),
+            module_tried: false,
+            wrongtype: None,
         }
     }
 
     /// The first step.
     pub(crate) fn start(&mut self) -> Step {
         match self.engine.ready() {
-            Err(e) => self.done(Err(e)),
-            Ok(Some(path)) => self.send(path, false, false),
-            Ok(None) => self.detect(false),
+            Some(Path::Module) => self.module(),
+            Some(Path::Functions) => self.functions(),
+            Some(Path::Lua) => self.script(),
+            None | Some(Path::Missing) => {
+                self.detecting = true;
+                self.module()
+            }
         }
     }
 
     /// The next step, given the reply to the command of the last.
     pub(crate) fn reply(&mut self, reply: redis::RedisResult<Value>) -> Step {
-        match (self.stage, reply) {
-            (Stage::Done, _) => self.done(Err(CallError::Reply("a reply after the end".into()))),
-            (Stage::Detecting { redetected }, Ok(value)) => match self.engine.detected(&value) {
-                Ok(path) => self.send(path, redetected, false),
-                Err(e) => self.done(Err(e)),
-            },
-            (
-                Stage::Loading {
-                    path,
-                    redetected,
-                    reloaded,
-                },
-                Ok(value),
-            ) => match self.engine.set_sha(value) {
-                Ok(sha) => {
-                    self.stage = Stage::Sending {
-                        path,
-                        redetected,
-                        reloaded,
-                    };
-                    Step::Send(Engine::command(path, &sha, self.op, self.items))
-                }
-                Err(e) => self.done(Err(e)),
-            },
-            (Stage::Sending { .. }, Ok(value)) => self.done(Ok(value)),
-            (
-                Stage::Sending {
-                    path,
-                    redetected,
-                    reloaded,
-                },
-                Err(e),
-            ) if path == Path::Lua && !reloaded && is_noscript(&e) => {
-                self.load(path, redetected, true)
-            }
-            (Stage::Sending { redetected, .. } | Stage::Loading { redetected, .. }, Err(e))
-                if !redetected && is_unknown_command(&e) =>
-            {
-                self.detect(true)
-            }
-            (_, Err(e)) => self.done(Err(CallError::Redis(e))),
+        match reply {
+            Ok(value) => self.answered(value),
+            Err(e) => self.refused(e),
         }
     }
 
-    fn detect(&mut self, redetected: bool) -> Step {
-        self.stage = Stage::Detecting { redetected };
-        Step::Send(Engine::detect_command())
-    }
-
-    fn load(&mut self, path: Path, redetected: bool, reloaded: bool) -> Step {
-        self.stage = Stage::Loading {
-            path,
-            redetected,
-            reloaded,
-        };
-        Step::Send(Engine::script_load())
-    }
-
-    fn send(&mut self, path: Path, redetected: bool, reloaded: bool) -> Step {
-        let sha = match path {
-            Path::Module => String::new(),
-            _ => match self.engine.sha() {
-                Some(sha) => sha,
-                None => return self.load(path, redetected, reloaded),
+    fn answered(&mut self, value: Value) -> Step {
+        match self.stage {
+            Stage::Module => {
+                if let Some((from, _)) = self.wrongtype.take() {
+                    self.engine.switch_to_module(from);
+                } else if self.detecting {
+                    self.engine.learn(Path::Module, false);
+                }
+                self.done(Ok(value))
+            }
+            Stage::Version => match value {
+                Value::Int(version) if version >= script::FUNCTIONS_VERSION => {
+                    self.engine.learn(Path::Functions, false);
+                    self.functions()
+                }
+                other => {
+                    log::error!(
+                        "redis-rl: the Functions library redis_rl on the server is version \
+                         {other:?}, this client needs {}: using the script instead; reload the \
+                         library with redis_rl_client::load_functions (FUNCTION LOAD REPLACE)",
+                        script::FUNCTIONS_VERSION
+                    );
+                    self.script()
+                }
             },
+            Stage::OldLibrary => {
+                log::error!(
+                    "redis-rl: the Functions library on the server has rl_peek but no \
+                     rl_version (older than version {}): using the script instead; reload the \
+                     library with redis_rl_client::load_functions (FUNCTION LOAD REPLACE)",
+                    script::FUNCTIONS_VERSION
+                );
+                self.script()
+            }
+            Stage::Functions | Stage::Sha => {
+                if self.detecting && self.stage == Stage::Sha {
+                    self.engine.learn(Path::Lua, false);
+                }
+                self.done(Ok(value))
+            }
+            Stage::Eval { after_noscript } => {
+                self.engine.learn(Path::Lua, !after_noscript);
+                self.done(Ok(value))
+            }
+            Stage::Done => self.done(Err(CallError::Reply("a reply after the end".into()))),
+        }
+    }
+
+    fn refused(&mut self, e: RedisError) -> Step {
+        match self.stage {
+            Stage::Module => {
+                let name = module_name(self.op, self.field());
+                if let Some((from, wrongtype)) = self.wrongtype.take() {
+                    // Asked after the fallback's WRONGTYPE: missing, or not for this user,
+                    // the fallback's error stands; any other error reply is the module's own
+                    // answer, so the module is there.
+                    if is_unknown_command(&e) || is_denied(&e, name) {
+                        return self.fail(wrongtype);
+                    }
+                    if !is_unavailable(&e)
+                        && diagnose::misconfiguration(&e, self.engine.cluster_client).is_none()
+                    {
+                        self.engine.switch_to_module(from);
+                    }
+                    return self.fail(e);
+                }
+                if is_unknown_command(&e) {
+                    return self.no_module(None);
+                }
+                if is_denied(&e, name) {
+                    return self.no_module(Some(name));
+                }
+                // Any other error reply comes from the module's command itself (WRONGTYPE, a
+                // bad argument): the module is there.
+                if self.detecting
+                    && !is_unavailable(&e)
+                    && diagnose::misconfiguration(&e, self.engine.cluster_client).is_none()
+                {
+                    self.engine.learn(Path::Module, false);
+                }
+                self.fail(e)
+            }
+            Stage::Version => {
+                if is_function_not_found(&e) {
+                    return self.old_library();
+                }
+                if is_unknown_command(&e) {
+                    return self.script();
+                }
+                if is_denied(&e, "FCALL_RO") {
+                    self.denied.push("fcall_ro");
+                    return self.script();
+                }
+                self.fail(e)
+            }
+            Stage::OldLibrary => {
+                if is_unavailable(&e) {
+                    return self.fail(e);
+                }
+                self.script()
+            }
+            Stage::Functions => {
+                let (call, _) = functions_name(self.op);
+                if is_function_not_found(&e) || is_unknown_command(&e) {
+                    // The library went away (FUNCTION FLUSH, a failover to a node without
+                    // it): look again, once.
+                    self.engine.forget_path();
+                    if !self.redetected {
+                        self.redetected = true;
+                        self.detecting = true;
+                        return self.module();
+                    }
+                    return self.script();
+                }
+                if is_denied(&e, call) {
+                    self.denied
+                        .push(if call == "FCALL" { "fcall" } else { "fcall_ro" });
+                    self.detecting = true;
+                    return self.script();
+                }
+                self.fallback_failed(Path::Functions, e)
+            }
+            Stage::Sha => {
+                if is_noscript(&e) {
+                    return self.eval(true);
+                }
+                if is_denied(&e, "EVALSHA") {
+                    self.denied.push("evalsha");
+                    return self.eval(false);
+                }
+                if is_unknown_command(&e) && !self.redetected {
+                    self.engine.forget_path();
+                    self.redetected = true;
+                    self.detecting = true;
+                    return self.module();
+                }
+                self.fallback_failed(Path::Lua, e)
+            }
+            Stage::Eval { after_noscript } => {
+                if is_denied(&e, "EVAL") {
+                    self.denied.push("eval");
+                    let cause = if after_noscript {
+                        diagnose::not_loaded()
+                    } else {
+                        diagnose::no_permission(&self.denied)
+                    };
+                    return self.done(Err(CallError::Misconfigured(cause)));
+                }
+                self.fallback_failed(Path::Lua, e)
+            }
+            Stage::Done => self.done(Err(CallError::Reply("a reply after the end".into()))),
+        }
+    }
+
+    /// An error reply of the Functions library or the script (`from`) to the call itself:
+    /// WRONGTYPE asks the module once (see [`Exchange`]), any other ends the call.
+    fn fallback_failed(&mut self, from: Path, e: RedisError) -> Step {
+        if is_wrongtype(&e)
+            && self.engine.options.without_module == WithoutModule::Lua
+            && !self.module_tried
+        {
+            self.wrongtype = Some((from, e));
+            return self.module();
+        }
+        self.fail(e)
+    }
+
+    fn field(&self) -> bool {
+        matches!(self.items.first(), Some((Target::Field { .. }, _, _)))
+    }
+
+    fn module(&mut self) -> Step {
+        self.stage = Stage::Module;
+        self.module_tried = true;
+        Step::Send(Engine::module_command(self.op, self.items))
+    }
+
+    /// No module (or not for this user, `denied`): the Functions library next, or under
+    /// `WithoutModule::Refuse`, a misconfiguration.
+    fn no_module(&mut self, denied: Option<&'static str>) -> Step {
+        let lowercase = denied.map(|name| match name {
+            "RL.ACQUIRE" => "rl.acquire",
+            "RL.PEEK" => "rl.peek",
+            "RL.REFUND" => "rl.refund",
+            "RL.CHARGE" => "rl.charge",
+            "RL.ACQUIRE.MULTI" => "rl.acquire.multi",
+            "RL.HACQUIRE" => "rl.hacquire",
+            "RL.HPEEK" => "rl.hpeek",
+            "RL.HREFUND" => "rl.hrefund",
+            _ => "rl.hcharge",
+        });
+        if let Some(name) = lowercase {
+            self.denied.push(name);
+        }
+        if self.engine.options.without_module == WithoutModule::Refuse {
+            let cause = match lowercase {
+                Some(_) => diagnose::no_permission(&self.denied),
+                None => {
+                    self.engine.learn(Path::Missing, false);
+                    diagnose::module_missing()
+                }
+            };
+            return self.done(Err(CallError::Misconfigured(cause)));
+        }
+        self.detecting = true;
+        self.stage = Stage::Version;
+        let mut cmd = redis::cmd("FCALL_RO");
+        cmd.arg("rl_version").arg(0);
+        Step::Send(cmd)
+    }
+
+    /// A peek through the library's `rl_peek`: answered only by a library without
+    /// `rl_version`, which then is too old.
+    fn old_library(&mut self) -> Step {
+        let Some((target, limit, cost)) = self.items.first() else {
+            return self.script();
         };
-        self.stage = Stage::Sending {
-            path,
-            redetected,
-            reloaded,
-        };
-        Step::Send(Engine::command(path, &sha, self.op, self.items))
+        self.stage = Stage::OldLibrary;
+        Step::Send(Engine::functions_command(
+            Op::Peek,
+            &[(*target, *limit, *cost)],
+        ))
+    }
+
+    fn functions(&mut self) -> Step {
+        self.stage = Stage::Functions;
+        Step::Send(Engine::functions_command(self.op, self.items))
+    }
+
+    /// The script: EVALSHA, or EVAL when this user may only run that.
+    fn script(&mut self) -> Step {
+        if self.engine.eval_only() {
+            return self.eval(false);
+        }
+        self.stage = Stage::Sha;
+        Step::Send(Engine::script_command(self.op, self.items, false))
+    }
+
+    fn eval(&mut self, after_noscript: bool) -> Step {
+        self.stage = Stage::Eval { after_noscript };
+        Step::Send(Engine::script_command(self.op, self.items, true))
+    }
+
+    fn fail(&mut self, e: RedisError) -> Step {
+        let error = CallError::of(e, self.engine.cluster_client);
+        self.done(Err(error))
     }
 
     fn done(&mut self, result: Result<Value, CallError>) -> Step {
@@ -1048,61 +1404,269 @@ mod tests {
         seen
     }
 
-    const MODULE: &str = "*1\r\n*1\r\n$10\r\nrl.acquire\r\n";
-    const NO_MODULE: &str = "*1\r\n_\r\n";
     const DECISION: &str = "*4\r\n:1\r\n:9\r\n:0\r\n:200\r\n";
-    const SHA: &str = "$3\r\nabc\r\n";
     const UNKNOWN: &str = "-ERR unknown command 'RL.ACQUIRE'\r\n";
+    const NO_FUNCTION: &str = "-ERR Function not found\r\n";
+    const VERSION: &str = ":1\r\n";
     const NOSCRIPT: &str = "-NOSCRIPT No matching script.\r\n";
+    const NOPERM_FCALL_RO: &str =
+        "-NOPERM this user has no permissions to run the 'fcall_ro' command\r\n";
+    const NOPERM_EVALSHA: &str =
+        "-NOPERM this user has no permissions to run the 'evalsha' command\r\n";
+    const NOPERM_EVAL: &str = "-NOPERM this user has no permissions to run the 'eval' command\r\n";
+
+    fn engine(without_module: WithoutModule) -> Engine {
+        Engine::new(
+            Options::new(OnError::Closed).without_module(without_module),
+            false,
+        )
+    }
+
+    /// How a call that ended in an error ended: its misconfiguration's text, or "other".
+    fn ending(engine: &Engine, replies: &[&str]) -> String {
+        let limit = Limit::new(5.0, 10.0).unwrap();
+        let items = [(Target::Key("k"), limit, 1.0)];
+        let mut exchange = Exchange::new(engine, Op::Acquire, &items);
+        let mut step = exchange.start();
+        for r in replies {
+            step = exchange.reply(reply(r));
+        }
+        match step {
+            Step::Done(Err(CallError::Misconfigured(cause))) => cause,
+            Step::Done(Ok(_)) => "ok".into(),
+            _ => "other".into(),
+        }
+    }
 
     #[test]
-    fn a_cold_call_detects_the_module_then_sends() {
-        let engine = Engine::new(Options::new(OnError::Closed));
-        assert_eq!(
-            run(&engine, &[MODULE, DECISION]),
-            ["COMMAND", "RL.ACQUIRE", "done: ok"]
-        );
-        // Warm: straight to the command.
+    fn a_cold_call_is_the_module_command_itself() {
+        let engine = engine(WithoutModule::Lua);
+        assert_eq!(run(&engine, &[DECISION]), ["RL.ACQUIRE", "done: ok"]);
+        assert_eq!(engine.path(), Some(Path::Module));
         assert_eq!(run(&engine, &[DECISION]), ["RL.ACQUIRE", "done: ok"]);
     }
 
     #[test]
-    fn a_module_gone_is_detected_again_once_and_the_script_loaded() {
-        let engine = Engine::new(Options::new(OnError::Closed));
-        run(&engine, &[MODULE, DECISION]);
+    fn without_the_module_the_library_is_asked_its_version_then_called() {
+        let engine = engine(WithoutModule::Lua);
         assert_eq!(
-            run(&engine, &[UNKNOWN, NO_MODULE, SHA, DECISION]),
-            ["RL.ACQUIRE", "COMMAND", "SCRIPT", "EVALSHA", "done: ok"]
+            run(&engine, &[UNKNOWN, VERSION, DECISION]),
+            ["RL.ACQUIRE", "FCALL_RO", "FCALL", "done: ok"]
+        );
+        assert_eq!(engine.path(), Some(Path::Functions));
+        assert_eq!(run(&engine, &[DECISION]), ["FCALL", "done: ok"]);
+        // The library flushed: looked for again once, and the script found.
+        assert_eq!(
+            run(
+                &engine,
+                &[NO_FUNCTION, UNKNOWN, NO_FUNCTION, NO_FUNCTION, DECISION]
+            ),
+            [
+                "FCALL",
+                "RL.ACQUIRE",
+                "FCALL_RO",
+                "FCALL_RO",
+                "EVALSHA",
+                "done: ok"
+            ]
         );
         assert_eq!(engine.path(), Some(Path::Lua));
     }
 
     #[test]
-    fn noscript_loads_the_script_again_once() {
-        let engine = Engine::new(Options::new(OnError::Closed));
+    fn a_library_too_old_is_passed_over_for_the_script() {
+        let engine = engine(WithoutModule::Lua);
         assert_eq!(
-            run(&engine, &[NO_MODULE, SHA, NOSCRIPT, SHA, DECISION]),
-            ["COMMAND", "SCRIPT", "EVALSHA", "SCRIPT", "EVALSHA", "done: ok"]
+            run(&engine, &[UNKNOWN, ":0\r\n", DECISION]),
+            ["RL.ACQUIRE", "FCALL_RO", "EVALSHA", "done: ok"]
         );
-        // A second NOSCRIPT in the same call is returned, not looped on.
+        assert_eq!(engine.path(), Some(Path::Lua));
+        // No rl_version, but an rl_peek that answers: older than version 1.
+        let engine = Engine::new(Options::new(OnError::Closed), false);
         assert_eq!(
-            run(&engine, &[NOSCRIPT, SHA, NOSCRIPT]),
-            ["EVALSHA", "SCRIPT", "EVALSHA", "done: err"]
+            run(&engine, &[UNKNOWN, NO_FUNCTION, DECISION, DECISION]),
+            ["RL.ACQUIRE", "FCALL_RO", "FCALL_RO", "EVALSHA", "done: ok"]
+        );
+        assert_eq!(engine.path(), Some(Path::Lua));
+    }
+
+    #[test]
+    fn noscript_resends_the_same_call_as_eval_once() {
+        let engine = engine(WithoutModule::Lua);
+        run(&engine, &[UNKNOWN, NO_FUNCTION, NO_FUNCTION, DECISION]);
+        assert_eq!(engine.path(), Some(Path::Lua));
+        assert_eq!(
+            run(&engine, &[NOSCRIPT, DECISION]),
+            ["EVALSHA", "EVAL", "done: ok"]
+        );
+        // EVALSHA stays the first try after it.
+        assert_eq!(run(&engine, &[DECISION]), ["EVALSHA", "done: ok"]);
+        // A failed EVAL is returned, not looped on.
+        assert_eq!(
+            run(&engine, &[NOSCRIPT, NOSCRIPT]),
+            ["EVALSHA", "EVAL", "done: err"]
         );
     }
 
     #[test]
-    fn an_unknown_command_after_a_new_detection_is_returned() {
-        let engine = Engine::new(Options::new(OnError::Closed));
+    fn evalsha_refused_means_eval_from_then_on() {
+        let engine = engine(WithoutModule::Lua);
         assert_eq!(
-            run(&engine, &[MODULE, UNKNOWN, MODULE, UNKNOWN]),
+            run(
+                &engine,
+                &[UNKNOWN, NO_FUNCTION, NO_FUNCTION, NOPERM_EVALSHA, DECISION]
+            ),
             [
-                "COMMAND",
                 "RL.ACQUIRE",
-                "COMMAND",
-                "RL.ACQUIRE",
-                "done: err"
+                "FCALL_RO",
+                "FCALL_RO",
+                "EVALSHA",
+                "EVAL",
+                "done: ok"
             ]
         );
+        assert_eq!(run(&engine, &[DECISION]), ["EVAL", "done: ok"]);
+    }
+
+    #[test]
+    fn no_path_allowed_is_a_misconfiguration_naming_each_command() {
+        let engine = engine(WithoutModule::Lua);
+        let cause = ending(
+            &engine,
+            &[UNKNOWN, NOPERM_FCALL_RO, NOPERM_EVALSHA, NOPERM_EVAL],
+        );
+        assert!(
+            cause.starts_with(
+                "NOPERM: this user may not run 'fcall_ro' (nor 'evalsha', 'eval'); add the ACL rules"
+            ),
+            "{cause}"
+        );
+        assert!(cause.contains("docs/clients.md#permissions"), "{cause}");
+        // Not cached and EVAL refused: the admin must load it.
+        let cause = ending(
+            &engine,
+            &[UNKNOWN, NO_FUNCTION, NO_FUNCTION, NOSCRIPT, NOPERM_EVAL],
+        );
+        assert!(cause.contains("has not cached the script"), "{cause}");
+    }
+
+    const WRONGTYPE_SCRIPT: &str = "-WRONGTYPE Operation against a key holding the wrong kind \
+         of value script: rl_acquire, on @user_function:94.\r\n";
+    const WRONGTYPE_MODULE: &str =
+        "-WRONGTYPE Operation against a key holding the wrong kind of value\r\n";
+    const NOPERM_MODULE: &str =
+        "-NOPERM this user has no permissions to run the 'rl.acquire' command\r\n";
+
+    /// An engine that found `path` (Functions or Lua) with its first call.
+    fn on_fallback(path: Path) -> Engine {
+        let engine = engine(WithoutModule::Lua);
+        match path {
+            Path::Functions => run(&engine, &[UNKNOWN, VERSION, DECISION]),
+            _ => run(&engine, &[UNKNOWN, NO_FUNCTION, NO_FUNCTION, DECISION]),
+        };
+        assert_eq!(engine.path(), Some(path));
+        engine
+    }
+
+    /// The error text a call ended with, after `replies`.
+    fn error_text(engine: &Engine, replies: &[&str]) -> String {
+        let limit = Limit::new(5.0, 10.0).unwrap();
+        let items = [(Target::Key("k"), limit, 1.0)];
+        let mut exchange = Exchange::new(engine, Op::Acquire, &items);
+        let mut step = exchange.start();
+        for r in replies {
+            step = exchange.reply(reply(r));
+        }
+        match step {
+            Step::Done(Err(e)) => e.describe(),
+            _ => "no error".into(),
+        }
+    }
+
+    #[test]
+    fn wrongtype_on_a_fallback_asks_the_module_once_and_keeps_it_when_it_answers() {
+        for (path, call) in [(Path::Functions, "FCALL"), (Path::Lua, "EVALSHA")] {
+            let engine = on_fallback(path);
+            assert_eq!(
+                run(&engine, &[WRONGTYPE_SCRIPT, DECISION]),
+                [call, "RL.ACQUIRE", "done: ok"]
+            );
+            assert_eq!(engine.path(), Some(Path::Module));
+            assert_eq!(run(&engine, &[DECISION]), ["RL.ACQUIRE", "done: ok"]);
+            // The module's own error (a string key) is its answer: the module is kept.
+            let engine = on_fallback(path);
+            assert_eq!(
+                run(&engine, &[WRONGTYPE_SCRIPT, WRONGTYPE_MODULE]),
+                [call, "RL.ACQUIRE", "done: err"]
+            );
+            assert_eq!(engine.path(), Some(Path::Module));
+            assert!(!error_text(&engine, &[WRONGTYPE_MODULE]).contains("script"));
+        }
+    }
+
+    #[test]
+    fn wrongtype_stands_when_the_module_is_missing_or_refused() {
+        for path in [Path::Functions, Path::Lua] {
+            for module in [UNKNOWN, NOPERM_MODULE] {
+                let engine = on_fallback(path);
+                let text = error_text(&engine, &[WRONGTYPE_SCRIPT, module]);
+                assert!(
+                    text.contains("WRONGTYPE") && text.contains("script"),
+                    "{text}"
+                );
+                assert_eq!(engine.path(), Some(path));
+            }
+        }
+        // A module already asked by this call (detection found it missing) is not asked again.
+        let functions = engine(WithoutModule::Lua);
+        assert_eq!(
+            run(&functions, &[UNKNOWN, VERSION, WRONGTYPE_SCRIPT]),
+            ["RL.ACQUIRE", "FCALL_RO", "FCALL", "done: err"]
+        );
+        assert_eq!(functions.path(), Some(Path::Functions));
+        let script = engine(WithoutModule::Lua);
+        assert_eq!(
+            run(
+                &script,
+                &[UNKNOWN, NO_FUNCTION, NO_FUNCTION, WRONGTYPE_SCRIPT]
+            ),
+            ["RL.ACQUIRE", "FCALL_RO", "FCALL_RO", "EVALSHA", "done: err"]
+        );
+        // Another error of the fallback ends the call without asking the module.
+        let engine = on_fallback(Path::Lua);
+        assert_eq!(
+            run(&engine, &["-ERR user_script:1: bad argument\r\n"]),
+            ["EVALSHA", "done: err"]
+        );
+    }
+
+    #[test]
+    fn wrongtype_after_noscript_or_on_eval_only_asks_the_module_too() {
+        let flushed = on_fallback(Path::Lua);
+        assert_eq!(
+            run(&flushed, &[NOSCRIPT, WRONGTYPE_SCRIPT, DECISION]),
+            ["EVALSHA", "EVAL", "RL.ACQUIRE", "done: ok"]
+        );
+        assert_eq!(flushed.path(), Some(Path::Module));
+        let eval_only = engine(WithoutModule::Lua);
+        run(
+            &eval_only,
+            &[UNKNOWN, NO_FUNCTION, NO_FUNCTION, NOPERM_EVALSHA, DECISION],
+        );
+        assert_eq!(
+            run(&eval_only, &[WRONGTYPE_SCRIPT, DECISION]),
+            ["EVAL", "RL.ACQUIRE", "done: ok"]
+        );
+        assert_eq!(run(&eval_only, &[DECISION]), ["RL.ACQUIRE", "done: ok"]);
+    }
+
+    #[test]
+    fn refuse_makes_a_missing_module_a_misconfiguration_and_tries_again_next_call() {
+        let engine = engine(WithoutModule::Refuse);
+        assert!(ending(&engine, &[UNKNOWN]).contains("WithoutModule::Refuse"));
+        assert_eq!(engine.path(), Some(Path::Missing));
+        // The module loaded since: found by the next call.
+        assert_eq!(run(&engine, &[DECISION]), ["RL.ACQUIRE", "done: ok"]);
+        assert_eq!(engine.path(), Some(Path::Module));
     }
 }

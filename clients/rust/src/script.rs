@@ -1,6 +1,7 @@
-//! The Lua fallback for servers without the module: the shipped script (`src/rl.lua`, a copy
-//! of `clients/lua/rl.lua` that a test holds equal, compiled in) and the ten fixed-point
-//! numbers it takes per key.
+//! The Lua fallbacks for servers without the module: the shipped script (`src/rl.lua`, a copy
+//! of `clients/lua/rl.lua` that a test holds equal, compiled in) and its SHA-1, the Functions
+//! library made from it (`src/rl_functions.lua`, a copy of `clients/lua/rl_functions.lua`) and
+//! its version, and the ten fixed-point numbers both take per key.
 //!
 //! The script only adds, compares and multiplies integers below 2^53; the exact rational
 //! arithmetic that turns a limit into its pairs `(q, r)` (q + r/D µs) happens here, on the
@@ -16,6 +17,19 @@ use crate::types::{number, Limit};
 
 /// The script every library ships.
 pub(crate) const SCRIPT: &str = include_str!("rl.lua");
+
+/// The Functions library `redis_rl` every library ships (`FUNCTION LOAD` text).
+pub(crate) const FUNCTIONS: &str = include_str!("rl_functions.lua");
+
+/// The version of the Functions library this client needs: `FCALL_RO rl_version 0` must
+/// answer at least this. The shipped library's own `rl_version` answers it (a test checks).
+pub const FUNCTIONS_VERSION: i64 = 1;
+
+/// The script's SHA-1 in hex, as EVALSHA names it: computed here, never asked of the server.
+pub(crate) fn sha() -> &'static str {
+    static SHA: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    SHA.get_or_init(|| sha1_smol::Sha1::from(SCRIPT).digest().to_string())
+}
 
 /// Denominators of the script's pairs must stay below 2^31.
 const MAX_EXACT_DENOMINATOR: u64 = 1 << 31;
@@ -107,6 +121,17 @@ mod tests {
             SCRIPT == std::fs::read_to_string(shared).unwrap(),
             "clients/rust/src/rl.lua differs from clients/lua/rl.lua"
         );
+    }
+
+    /// The same for the Functions library (`clients/lua/rl_functions.lua`).
+    #[test]
+    fn the_shipped_library_is_the_shared_one() {
+        let shared = concat!(env!("CARGO_MANIFEST_DIR"), "/../lua/rl_functions.lua");
+        assert!(
+            FUNCTIONS == std::fs::read_to_string(shared).unwrap(),
+            "clients/rust/src/rl_functions.lua differs from clients/lua/rl_functions.lua"
+        );
+        assert!(FUNCTIONS.starts_with("#!lua name=redis_rl"));
     }
 
     #[test]

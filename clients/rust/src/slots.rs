@@ -8,9 +8,11 @@
 //! costs nothing. Between a take and its refund (one round trip) another call can see those
 //! buckets short of the refunded tokens: that is the one window where a cluster is not atomic.
 //!
-//! Whether Redis is a cluster is learnt, not configured: the first call sends every item at
-//! once, and a `CROSSSLOT` reply (the server's, or the cluster client's) marks the limiter's
-//! engine, so that call and every later one go group by group.
+//! Whether Redis is a cluster is not configured: a limiter on a cluster client goes group by
+//! group from its first call; on another connection the first call sends every item at
+//! once, and a `CROSSSLOT` reply marks the limiter's engine, so that call and every later one
+//! go group by group (a single-node client on a cluster is a misconfiguration, decided by
+//! the policy).
 //!
 //! A *shadow* item (Envoy's `shadow_mode`) is counted and reported but never refuses the call:
 //! when only shadow items refuse, they are left out, take nothing, and the rest is asked again.
@@ -407,7 +409,7 @@ mod tests {
 
     #[test]
     fn a_crossslot_reply_regroups_by_slot_and_is_remembered() {
-        let engine = Engine::new(Options::new(OnError::Closed));
+        let engine = Engine::new(Options::new(OnError::Closed), false);
         let limit = Limit::new(1.0, 1.0).unwrap();
         let items = [
             SlotItem::new("a", limit, 1.0),
@@ -428,7 +430,7 @@ mod tests {
 
     #[test]
     fn only_shadow_items_refusing_are_left_out_and_the_rest_asked_again() {
-        let engine = Engine::new(Options::new(OnError::Closed));
+        let engine = Engine::new(Options::new(OnError::Closed), false);
         let limit = Limit::new(1.0, 1.0).unwrap();
         let items = [
             SlotItem::new("a", limit, 1.0).shadow(),
@@ -455,7 +457,7 @@ mod tests {
             SlotItem::new("a", limit, 1.0),
         ];
         for fails in [false, true] {
-            let engine = Engine::new(Options::new(OnError::Closed));
+            let engine = Engine::new(Options::new(OnError::Closed), false);
             engine.set_cluster();
             let mut plan = Across::new(&engine, &items).unwrap();
             assert_eq!(keys(&plan.start()), ["b"]);

@@ -26,6 +26,14 @@ pub trait Connect {
     /// # Errors
     /// The connection error (refused, timed out …), which the failure policy then decides.
     fn connect(&self, timeout: Duration) -> RedisResult<Self::Connection>;
+
+    /// Whether the connections route each key to its cluster slot (a cluster client). Then
+    /// CROSSSLOT is the caller's keys spanning slots rather than a single-node client on a
+    /// cluster, and a table's `len` off the module path is refused (SCAN cannot reach every
+    /// node through it).
+    fn cluster(&self) -> bool {
+        false
+    }
 }
 
 impl Connect for redis::Client {
@@ -45,11 +53,28 @@ impl Connect for redis::Client {
 impl Connect for redis::cluster::ClusterClient {
     type Connection = redis::cluster::ClusterConnection;
 
+    /// A seed node that answers but gives no slots (a standalone server answers CLUSTER SLOTS
+    /// with an error, which the redis crate reads as no slots) leaves a connection to no node:
+    /// a PING, which goes to every node, then finds none, and that is told apart from a
+    /// cluster that cannot be reached (no seed answers: the connect itself fails).
     fn connect(&self, timeout: Duration) -> RedisResult<redis::cluster::ClusterConnection> {
-        let connection = self.get_connection()?;
+        let mut connection = self.get_connection()?;
         connection.set_read_timeout(Some(timeout))?;
         connection.set_write_timeout(Some(timeout))?;
+        if let Err(e) = redis::cmd("PING").query::<Value>(&mut connection) {
+            if e.kind() == redis::ErrorKind::ClusterConnectionNotFound {
+                return Err(redis::RedisError::from((
+                    redis::ErrorKind::Client,
+                    crate::diagnose::NO_SLOTS,
+                )));
+            }
+            return Err(e);
+        }
         Ok(connection)
+    }
+
+    fn cluster(&self) -> bool {
+        true
     }
 }
 
@@ -103,6 +128,7 @@ impl<K: Connect> Drop for Turn<'_, K> {
 impl<K: Connect> Limiter<K> {
     /// A limiter on `connector` with `options` (which carry the failure policy).
     pub fn new(connector: K, options: Options) -> Self {
+        let cluster = connector.cluster();
         Limiter {
             connector,
             connection: Mutex::new(Slot {
@@ -110,7 +136,7 @@ impl<K: Connect> Limiter<K> {
                 busy: false,
             }),
             freed: Condvar::new(),
-            engine: Engine::new(options),
+            engine: Engine::new(options, cluster),
         }
     }
 
@@ -124,12 +150,38 @@ impl<K: Connect> Limiter<K> {
         self.engine.path()
     }
 
+    /// The startup check: contacts Redis, finds the path (module, Functions library, script)
+    /// by sending peeks that write nothing (on keys spread over the cluster slots, so a
+    /// single-node client on a cluster meets a MOVED), and returns it. Call it once when the
+    /// service starts, so a misconfigured Redis stops it with its cause rather than leaving
+    /// every call to the failure policy.
+    ///
+    /// When Redis is down or busy it returns `Ok(None)` and logs a warning: the service can
+    /// start, and the failure policy decides until Redis answers.
+    ///
+    /// # Errors
+    /// [`Error::Misconfigured`] naming the cause and its fix: authentication refused, a
+    /// missing ACL permission (the command and the rule to add), a `ClusterClient` on a
+    /// standalone server or a `redis::Client` on a cluster, no module under
+    /// `WithoutModule::Refuse`; [`Error::Redis`] for another error reply.
+    pub fn check(&self) -> Result<Option<Path>, Error> {
+        self.engine.forget_path();
+        let limit = crate::engine::probe_limit()?;
+        for key in crate::engine::probe_keys() {
+            let items = [(Target::Key(key.as_str()), limit, 0.0)];
+            if let Err(e) = self.call(Op::Peek, &items) {
+                return self.engine.checked(e);
+            }
+        }
+        Ok(self.engine.checked_path())
+    }
+
     /// Takes `cost` tokens from the bucket `key` of `limit`.
     ///
     /// # Errors
-    /// [`Error::Invalid`] for a bad cost; [`Error::ModuleMissing`] under
-    /// `WithoutModule::Refuse`; [`Error::Redis`] for an error reply the failure policy does
-    /// not cover (WRONGTYPE). Outages are decided by the policy, not returned.
+    /// [`Error::Invalid`] for a bad cost; [`Error::Redis`] for an error reply the failure
+    /// policy does not cover (WRONGTYPE). Outages and misconfigurations (see
+    /// [`Limiter::check`]) are decided by the policy, not returned.
     pub fn acquire(&self, key: &str, limit: &Limit, cost: f64) -> Result<Decision, Error> {
         self.decide(Op::Acquire, Target::Key(key), limit, cost)
     }
@@ -355,7 +407,7 @@ impl<K: Connect> Limiter<K> {
             Some(connection) => work(connection),
             None => match self.connector.connect(self.engine.options.timeout) {
                 Ok(connection) => work(turn.connection.insert(connection)),
-                Err(e) => Err(CallError::Redis(e)),
+                Err(e) => Err(CallError::of(e, self.engine.cluster_client)),
             },
         };
         if result.as_ref().is_err_and(CallError::unavailable) {
@@ -371,7 +423,7 @@ impl<K: Connect> Limiter<K> {
         work: impl FnOnce(&mut K::Connection, Path) -> Result<T, CallError>,
     ) -> Result<T, CallError> {
         self.with_connection(|connection| {
-            let path = match self.engine.ready()? {
+            let path = match self.engine.ready() {
                 Some(path) => path,
                 None => self.detect(connection)?,
             };
@@ -396,8 +448,15 @@ impl<K: Connect> Limiter<K> {
         }
     }
 
+    /// Finds the path with a peek that writes nothing (the first call's own detection).
     fn detect(&self, connection: &mut K::Connection) -> Result<Path, CallError> {
-        let reply: Value = Engine::detect_command().query(connection)?;
-        self.engine.detected(&reply)
+        let limit = crate::engine::probe_limit().map_err(|e| CallError::Reply(e.to_string()))?;
+        let key = crate::engine::probe_keys()
+            .first()
+            .map_or("redis-rl:check", String::as_str);
+        self.call_on(connection, Op::Peek, &[(Target::Key(key), limit, 0.0)])?;
+        self.engine
+            .ready()
+            .ok_or_else(|| CallError::Reply("no path after a detection".into()))
     }
 }

@@ -195,13 +195,8 @@ fn scan_command(cursor: u64, pattern: &str) -> redis::Cmd {
     cmd
 }
 
-/// `INFO cluster`, to refuse a Lua-path `len` on a cluster: SCAN cannot be routed there.
-fn is_cluster(reply: &Value) -> bool {
-    format!("{reply:?}").contains("cluster_enabled:1")
-}
-
-const LEN_ON_LUA_CLUSTER: &str =
-    "len on the Lua path needs a standalone server (SCAN cannot reach a shard's node here)";
+const LEN_ON_LUA_CLUSTER: &str = "len off the module path needs a standalone server and a \
+     single-node client (SCAN cannot reach each shard's node through a cluster client)";
 
 fn integer(value: &Value, what: &str) -> Result<u64, CallError> {
     match value {
@@ -355,8 +350,7 @@ impl<K: Connect> Table<'_, K> {
                 }
                 return Ok(Ok(count));
             }
-            let info: Value = redis::cmd("INFO").arg("cluster").query(connection)?;
-            if is_cluster(&info) {
+            if self.limiter.engine().is_cluster() {
                 return Ok(Err(Error::Invalid(LEN_ON_LUA_CLUSTER)));
             }
             let pattern = self.shards.pattern();
@@ -503,11 +497,7 @@ impl<C: redis::aio::ConnectionLike + Clone + Send + Sync> AsyncTable<'_, C> {
                 }
                 return Ok(count);
             }
-            let info: Value = redis::cmd("INFO")
-                .arg("cluster")
-                .query_async(&mut connection)
-                .await?;
-            if is_cluster(&info) {
+            if self.limiter.engine().is_cluster() {
                 return Err(CallError::Reply(LEN_ON_LUA_CLUSTER.into()));
             }
             let pattern = self.shards.pattern();

@@ -205,13 +205,16 @@ pub enum Source {
     Open,
     /// The `Closed` failure policy: denied without Redis.
     Closed,
-    /// The Lua fallback script, on a server without the module.
+    /// The Lua fallback script (EVALSHA), on a server without the module.
     Lua,
+    /// The Functions library `redis_rl` (FCALL), on a server without the module where an
+    /// admin loaded it ([`crate::load_functions`]).
+    Functions,
 }
 
 impl Source {
     /// The lowercase name the other libraries use: "redis", "cache", "local", "open",
-    /// "closed", "lua".
+    /// "closed", "lua", "functions".
     pub fn as_str(self) -> &'static str {
         match self {
             Source::Redis => "redis",
@@ -220,6 +223,7 @@ impl Source {
             Source::Open => "open",
             Source::Closed => "closed",
             Source::Lua => "lua",
+            Source::Functions => "functions",
         }
     }
 }
@@ -368,10 +372,13 @@ pub enum OnError {
 /// What to do on a server without the module.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WithoutModule {
-    /// Run the shipped Lua script (clients/lua/rl.lua) with EVALSHA: the module's decisions,
-    /// slower, a hash per bucket.
+    /// Use the Functions library `redis_rl` if an admin loaded it (FCALL), else run the
+    /// shipped Lua script (clients/lua/rl.lua) with EVALSHA, or EVAL when the server has not
+    /// cached it: the module's decisions, slower, a hash per bucket.
     Lua,
-    /// Fail every call with [`Error::ModuleMissing`].
+    /// The module only. Without it the server is misconfigured for this limiter: `check`
+    /// returns [`Error::Misconfigured`], and calls are decided by the failure policy (logged
+    /// and counted in [`Counters::misconfigured`]).
     Refuse,
 }
 
@@ -442,9 +449,9 @@ impl Options {
     /// connection to open and for the calls queued ahead included. The blocking one waits at
     /// most this long for its turn on its connection (past it, the policy decides that call,
     /// counted in [`Counters::busy`], and no outage begins), then sets it as the connect,
-    /// read and write timeouts, so a call that also detects the module or loads the script
-    /// (its first, or the first after an "unknown command" or NOSCRIPT) can take up to three
-    /// of them. During a known outage calls do not wait for it: the policy decides at once
+    /// read and write timeouts, so a call that also finds the path (its first, or the first
+    /// after the path stopped answering: the module's command, FCALL_RO rl_version, then the
+    /// function or EVALSHA and EVAL) can take up to five of them. During a known outage calls do not wait for it: the policy decides at once
     /// between probes (`probe_interval`). Make it shorter only if a request cannot wait that
     /// long, knowing that calls then missing it under load are decided by the policy as if
     /// Redis were down.
@@ -483,6 +490,8 @@ pub struct Counters {
     pub redis: u64,
     /// Answered by the Lua script.
     pub lua: u64,
+    /// Answered by the Functions library.
+    pub functions: u64,
     /// Denied by the deny cache.
     pub cache: u64,
     /// Decided by the `Local` policy.
@@ -496,6 +505,12 @@ pub struct Counters {
     /// Calls of a blocking [`crate::Limiter`] whose turn on its connection did not come within
     /// the deadline: busy, not down. The policy decided them, and no outage began.
     pub busy: u64,
+    /// Calls the failure policy decided because Redis is misconfigured for this client
+    /// (authentication, a missing ACL permission, a cluster client on a standalone server or
+    /// the reverse, no module under [`WithoutModule::Refuse`]). Each is logged at error level
+    /// with its cause; they are counted here only, not in `open`, `closed` or `local`, and
+    /// start no outage.
+    pub misconfigured: u64,
 }
 
 impl Counters {
@@ -503,6 +518,7 @@ impl Counters {
         let slot = match source {
             Source::Redis => &mut self.redis,
             Source::Lua => &mut self.lua,
+            Source::Functions => &mut self.functions,
             Source::Cache => &mut self.cache,
             Source::Local => &mut self.local,
             Source::Open => &mut self.open,
@@ -526,8 +542,15 @@ pub enum Error {
     /// A bad argument, found before any I/O: the text names it and its range.
     Invalid(&'static str),
     /// The server has no RL.ACQUIRE and the limiter was built with
-    /// [`WithoutModule::Refuse`].
+    /// [`WithoutModule::Refuse`]. Calls no longer return it (a missing module is a
+    /// misconfiguration: the policy decides, see [`Counters::misconfigured`]); `check` returns
+    /// [`Error::Misconfigured`] for it.
     ModuleMissing,
+    /// Redis is reachable but misconfigured for this client: the text names the cause and the
+    /// fix (a wrong password, the ACL rule to add, a cluster client on a standalone server or
+    /// the reverse, no module under [`WithoutModule::Refuse`]). Returned by `check`; at run
+    /// time the failure policy decides such calls instead.
+    Misconfigured(String),
     /// An error reply the failure policy does not cover (WRONGTYPE, a script error …).
     Redis(redis::RedisError),
     /// A reply of an unexpected shape.
@@ -543,6 +566,9 @@ impl fmt::Display for Error {
                  limiter was built with WithoutModule::Refuse; load the module or use \
                  WithoutModule::Lua",
             ),
+            Error::Misconfigured(cause) => {
+                write!(f, "Redis is misconfigured for redis-rl: {cause}")
+            }
             Error::Redis(e) => write!(f, "redis: {e}"),
             Error::Reply(text) => write!(f, "unexpected reply: {text}"),
         }

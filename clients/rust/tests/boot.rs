@@ -1,5 +1,6 @@
-//! A limiter built while Redis is down: it starts (no live connection needed), each policy
-//! decides until Redis comes up, and then the module does. A service that starts before its
+//! A limiter built while Redis is down: it starts (no live connection needed), its startup
+//! check says no path yet instead of failing, each policy decides until Redis comes up, and
+//! then the module does. A service that starts before its
 //! Redis is covered by its failure policy, as in any later outage.
 
 #![cfg(test)]
@@ -50,6 +51,8 @@ fn a_blocking_limiter_built_while_redis_is_down_decides_by_policy_then_by_the_mo
     for on_error in [OnError::Open, OnError::Closed, OnError::Local] {
         let mut server = down();
         let limiter = Limiter::new(server.client(), options(on_error));
+        // The startup check does not stop a service whose Redis is down: no path yet.
+        assert_eq!(limiter.check().unwrap(), None, "{on_error:?}");
         for _ in 0..3 {
             let d = limiter.acquire("boot", &slow(), 1.0).unwrap();
             assert_eq!(d.source, policy(on_error), "{on_error:?}");
@@ -68,6 +71,7 @@ async fn an_async_limiter_built_while_redis_is_down_decides_by_policy_then_by_th
         let mut server = down();
         // Building it needs no connection: nothing listens on the port yet.
         let limiter = AsyncLimiter::connect(server.client(), options(on_error)).unwrap();
+        assert_eq!(limiter.check().await.unwrap(), None, "{on_error:?}");
         for _ in 0..3 {
             let d = limiter.acquire("boot", &slow(), 1.0).await.unwrap();
             assert_eq!(d.source, policy(on_error), "{on_error:?}");

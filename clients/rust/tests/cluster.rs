@@ -3,7 +3,9 @@
 //! `ClusterClient` and the async one on a `cluster_async::ClusterConnection` route each key
 //! to its slot's master, and `acquire_all` works across buckets that share a hash tag. On a
 //! cluster of plain servers (three masters, no module: a managed service), the Lua path does
-//! the same, with the script loaded on every master.
+//! the same, each master caching the script from the EVAL its first NOSCRIPT brought, and the
+//! Functions library loaded on every master by one `load_functions` call is used instead of
+//! it. A single-node client on a cluster is a misconfiguration, told by `check()`.
 
 #![cfg(test)]
 
@@ -13,8 +15,8 @@ use std::time::{Duration, Instant};
 
 use redis::cluster::ClusterClient;
 use redis_rl_client::{
-    key_slot, shard_of, AsyncLimiter, Error, Limit, Limiter, OnError, Options, SlotItem,
-    SlotOutcome, Source,
+    key_slot, load_functions, load_functions_async, shard_of, AsyncLimiter, Error, Limit, Limiter,
+    OnError, Options, Path, SlotItem, SlotOutcome, Source, FUNCTIONS_VERSION,
 };
 use rl_testkit::cluster::{cli_binary, start_cluster_node, Cluster};
 use rl_testkit::Server;
@@ -237,8 +239,8 @@ fn the_lua_path_works_on_a_cluster_without_the_module() {
         }
         assert!(!limiter.acquire(key, &limit, 1.0).unwrap().allowed, "{key}");
     }
-    // The keys live on every master, and the library loaded the script on each (SCRIPT
-    // LOAD goes to every master), so no EVALSHA met NOSCRIPT.
+    // The keys live on every master; each got the script by EVAL once its EVALSHA met
+    // NOSCRIPT, never by SCRIPT LOAD.
     for port in ports() {
         let stats = ask(port, &["INFO", "commandstats"]).unwrap_or_default();
         let calls = |name: &str| -> u64 {
@@ -249,7 +251,8 @@ fn the_lua_path_works_on_a_cluster_without_the_module() {
                 .and_then(|n| n.parse().ok())
                 .unwrap_or(0)
         };
-        assert_eq!(calls("script|load"), 1, "node {port}: {stats}");
+        assert_eq!(calls("script|load"), 0, "node {port}: {stats}");
+        assert!(calls("eval") >= 1, "node {port}: {stats}");
         assert!(
             calls("evalsha") > 0,
             "node {port} decided some of the buckets"
@@ -325,4 +328,96 @@ fn a_tables_fallback_keys_stay_in_their_shards_slot_on_a_plain_cluster() {
     assert!(table.acquire(&fields[0], &limit, 1.0).unwrap().allowed);
     // Counting needs SCAN on a shard's node, which a cluster connection cannot aim: refused.
     assert!(matches!(table.len(), Err(Error::Invalid(_))));
+}
+
+#[test]
+fn the_functions_library_is_loaded_on_every_master_and_used() {
+    let nodes = plain_cluster();
+    let ports = || nodes.iter().map(|n| n.port);
+    let mut admin = cluster_client(ports()).get_connection().unwrap();
+    assert_eq!(load_functions(&mut admin).unwrap(), FUNCTIONS_VERSION);
+    for port in ports() {
+        let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).unwrap();
+        let version: i64 = redis::cmd("FCALL_RO")
+            .arg("rl_version")
+            .arg(0)
+            .query(&mut client.get_connection().unwrap())
+            .unwrap();
+        assert_eq!(version, FUNCTIONS_VERSION, "node {port}");
+    }
+    let limit = Limit::new(0.001, 2.0).unwrap();
+    let limiter = Limiter::new(
+        cluster_client(ports()),
+        Options::new(OnError::Closed).timeout(Duration::from_secs(2)),
+    );
+    assert_eq!(limiter.check().unwrap(), Some(Path::Functions));
+    for key in &keys() {
+        for remaining in [1, 0] {
+            let d = limiter.acquire(key, &limit, 1.0).unwrap();
+            assert_eq!(
+                (d.allowed, d.remaining, d.source),
+                (true, remaining, Source::Functions),
+                "{key}"
+            );
+        }
+    }
+    across_slots(&limiter, Source::Functions, &cluster_client(ports()));
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let mut connection = cluster_client(ports())
+            .get_async_connection()
+            .await
+            .expect("async cluster");
+        assert_eq!(
+            load_functions_async(&mut connection).await.unwrap(),
+            FUNCTIONS_VERSION
+        );
+        let limiter = AsyncLimiter::new(
+            connection,
+            Options::new(OnError::Closed).timeout(Duration::from_secs(2)),
+        );
+        assert_eq!(limiter.check().await.unwrap(), Some(Path::Functions));
+        for key in &keys() {
+            let d = limiter.acquire(key, &limit, 1.0).await.unwrap();
+            assert_eq!((d.allowed, d.source), (false, Source::Functions), "{key}");
+        }
+        // Known as a cluster client: SCAN through it could not count every node's keys.
+        assert!(limiter.table("ip", 4).unwrap().len().await.is_err());
+    });
+}
+
+#[test]
+fn a_single_node_client_on_a_cluster_is_a_misconfiguration() {
+    let nodes = plain_cluster();
+    let limiter = Limiter::new(
+        nodes[0].client(),
+        Options::new(OnError::Open).timeout(Duration::from_secs(2)),
+    );
+    match limiter.check() {
+        Err(Error::Misconfigured(cause)) => {
+            assert!(
+                cause.contains("single-node client on a Redis Cluster"),
+                "{cause}"
+            )
+        }
+        other => panic!("expected a misconfiguration, got {other:?}"),
+    }
+    // At run time: keys served by another node are decided by the policy, counted apart.
+    let limit = Limit::new(0.001, 2.0).unwrap();
+    let mut moved = 0;
+    for key in &keys() {
+        let d = limiter.acquire(key, &limit, 1.0).unwrap();
+        if d.source == Source::Open {
+            moved += 1;
+        }
+    }
+    let counters = limiter.counters();
+    assert!(moved > 0);
+    assert_eq!(
+        (counters.misconfigured, counters.open, counters.outages),
+        (moved, 0, 0)
+    );
 }

@@ -1,6 +1,7 @@
 //! A plain server without the module: the shipped Lua script decides, with the module's
-//! decisions for the same calls, a hash per bucket with an absolute expiry, reloaded after
-//! SCRIPT FLUSH, and `WithoutModule::Refuse` fails clearly.
+//! decisions for the same calls, a hash per bucket with an absolute expiry, sent again as EVAL
+//! after SCRIPT FLUSH (never SCRIPT LOAD), and under `WithoutModule::Refuse` the missing
+//! module is a misconfiguration: `check` names it, calls go to the policy.
 
 #![cfg(test)]
 
@@ -128,34 +129,49 @@ fn lua_bucket_is_a_hash_with_an_absolute_expiry() {
 }
 
 #[test]
-fn script_is_loaded_again_after_script_flush() {
+fn the_script_goes_as_eval_after_script_flush_never_script_load() {
     let plain = Server::plain();
     let limiter = limiter(&plain, options(OnError::Closed));
+    // The first call: EVALSHA meets NOSCRIPT, and the same call goes again as EVAL.
     limiter.acquire("k", &slow(), 1.0).unwrap();
+    assert_eq!((plain.calls("evalsha"), plain.calls("eval")), (1, 1));
+    limiter.acquire("k", &slow(), 1.0).unwrap();
+    assert_eq!((plain.calls("evalsha"), plain.calls("eval")), (2, 1));
     let _: () = redis::cmd("SCRIPT")
         .arg("FLUSH")
         .query(&mut plain.conn())
         .unwrap();
     let d = limiter.acquire("k", &slow(), 1.0).unwrap();
-    assert_eq!((d.remaining, d.source), (3, Source::Lua));
-    assert_eq!(plain.calls("script|load"), 2);
+    assert_eq!((d.remaining, d.source), (2, Source::Lua));
+    assert_eq!((plain.calls("evalsha"), plain.calls("eval")), (3, 2));
+    assert_eq!(plain.calls("script|load"), 0);
+    assert_eq!(limiter.counters().lua, 3);
 }
 
 #[test]
-fn refuse_fails_with_a_clear_error() {
+fn refuse_without_the_module_is_a_misconfiguration() {
     let plain = Server::plain();
     let limiter = limiter(
         &plain,
         options(OnError::Open).without_module(WithoutModule::Refuse),
     );
-    match limiter.acquire("k", &slow(), 1.0) {
-        Err(e @ Error::ModuleMissing) => assert!(e.to_string().contains("not loaded")),
-        other => panic!("expected ModuleMissing, got {other:?}"),
+    match limiter.check() {
+        Err(e @ Error::Misconfigured(_)) => {
+            assert!(e.to_string().contains("WithoutModule::Refuse"), "{e}")
+        }
+        other => panic!("expected Misconfigured, got {other:?}"),
     }
     assert_eq!(limiter.path(), Some(Path::Missing));
+    // At run time the policy decides, counted apart: not an outage.
+    let d = limiter.acquire("k", &slow(), 1.0).unwrap();
+    assert_eq!((d.allowed, d.source), (true, Source::Open));
+    let counters = limiter.counters();
     assert_eq!(
-        limiter.counters().open,
-        0,
-        "a missing module is not an outage"
+        (counters.misconfigured, counters.open, counters.outages),
+        (1, 0, 0)
+    );
+    assert_eq!(
+        plain.calls("evalsha") + plain.calls("eval") + plain.calls("fcall_ro"),
+        0
     );
 }

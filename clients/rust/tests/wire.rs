@@ -1,7 +1,8 @@
 //! What reaches the server, read back with MONITOR: for each case of
 //! `clients/vectors/wire.json`, the exact `rate capacity cost` texts after the key (RL.ACQUIRE,
 //! RL.ACQUIRE.MULTI) or the field (RL.HACQUIRE), and on a server without the module the Lua
-//! script's fixed-point numbers for those same exact values.
+//! script's fixed-point numbers for those same exact values, through EVALSHA and through the
+//! Functions library's FCALL (no mode argument there).
 //!
 //! This library takes numbers, not text: a case's JSON strings are parsed here into the `f64`
 //! or `u64` a caller would write (`"5"` per `"60"` is `Limit::per(5, 60 s)`), which these cases
@@ -261,5 +262,28 @@ fn the_lua_script_gets_the_exact_values_of_each_limit() {
         // sha, 1 key, the key, the mode, then the numbers.
         assert_eq!(got[1..4], ["1", key.as_str(), "acquire"], "{}", c.name);
         assert_eq!(got[4..], script_args(&c.args), "{}", c.name);
+    }
+}
+
+#[test]
+fn the_functions_library_gets_the_exact_values_of_each_limit() {
+    let server = Server::plain();
+    redis_rl_client::load_functions(&mut server.conn()).unwrap();
+    let limiter = limiter(&server);
+    let mut monitor = Monitor::new(&server);
+    for (i, c) in cases().iter().enumerate() {
+        let key = format!("wire:{i}");
+        let d = limiter.acquire(&key, &c.limit, c.cost).unwrap();
+        assert_eq!(d.source, redis_rl_client::Source::Functions, "{}", c.name);
+        assert_eq!(
+            BigInt::from(d.reset_after_ms),
+            refill_ms(&c.args),
+            "{}: reset",
+            c.name
+        );
+        let got = monitor.next("FCALL");
+        // The function, 1 key, the key, then the numbers.
+        assert_eq!(got[..3], ["rl_acquire", "1", key.as_str()], "{}", c.name);
+        assert_eq!(got[3..], script_args(&c.args), "{}", c.name);
     }
 }

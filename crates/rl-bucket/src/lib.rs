@@ -21,10 +21,18 @@
 //!   [`MAX_FULL_AT_FRAC`]), the key's expiry, and its exact encoding in a rate's ticks.
 //! - `decision.rs`: what a call reports and writes: [`Outcome`], [`Decision`] and its
 //!   millisecond views, [`Change`].
+//! - `fallback.rs`: [`FallbackState`], a bucket the Lua fallback wrote (its hash's three
+//!   decimal texts), validated and converted to a [`State`] without moving it earlier.
 //! - `acquire.rs`: the steps that take, [`acquire`](fn@acquire) and [`peek`].
 //! - `refund.rs`: the step that gives back, [`refund`](fn@refund).
 //! - `charge.rs`: the post-paid step, [`charge`](fn@charge), which always applies and may
 //!   leave the bucket in debt, and its bound ([`ChargeError`]).
+//! - `settle.rs`: the step that settles a reservation, [`settle`]: what was over-estimated
+//!   goes back as a refund, what was under-estimated is charged, the difference exact.
+//! - `lease.rs`: leases, a limit on work in flight: [`LeaseSet`] (a key's leases, sorted by
+//!   expiry), the steps [`lease`](fn@lease), [`release`], [`renew`] and
+//!   [`leases_in_use`], and [`LeaseChange`], the effect a write replicates. Shares nothing
+//!   with the bucket.
 //! - `model.rs` (tests only): the exact model in rational arithmetic, sharing no code with
 //!   the above; the fuzzer includes it by path.
 //! - `tests/`: the unit and property tests, one file per concept above, plus the runs that
@@ -140,8 +148,11 @@ mod charge;
 mod cost;
 mod decimal;
 mod decision;
+mod fallback;
+mod lease;
 mod limit;
 mod refund;
+mod settle;
 mod state;
 mod ticks;
 
@@ -150,8 +161,14 @@ pub use charge::{charge, ChargeError};
 pub use cost::Cost;
 pub use decimal::Decimal;
 pub use decision::{Change, Charged, Decision, Outcome};
+pub use fallback::{FallbackError, FallbackState, FALLBACK_MAX_DENOMINATOR, FALLBACK_MAX_US};
+pub use lease::{
+    expiry_us, lease, leases_in_use, release, renew, Lease, LeaseChange, LeaseId, LeaseOutcome,
+    LeaseReply, LeaseSet, MAX_EXPIRES_AT_US, MAX_LEASE_ID_BYTES, MAX_LEASE_LIMIT, MAX_LEASE_TTL_MS,
+};
 pub use limit::{Limit, LimitError, MAX_CAPACITY, MAX_RATE_PER_S, MAX_REFILL_S, MIN_RATE_PER_S};
 pub use refund::refund;
+pub use settle::settle;
 pub use state::{State, MAX_FULL_AT_FRAC, MAX_FULL_AT_NS};
 
 #[cfg(test)]

@@ -30,6 +30,12 @@ pub struct State {
 }
 
 impl State {
+    /// The earliest state, 1 ns after the epoch: a bucket full long ago.
+    pub(crate) const EARLIEST: State = State {
+        full_at_ns: NonZeroU64::MIN,
+        full_at_frac: 0,
+    };
+
     /// A whole-nanosecond instant. `None` for 0 or anything past [`MAX_FULL_AT_NS`]: neither
     /// is a state this code writes.
     pub fn from_full_at_ns(full_at_ns: u64) -> Option<Self> {

@@ -5,17 +5,33 @@ the counters, the deny cache, the local buckets) behind one lock; `redis_rl.clie
 `redis_rl.asyncio` only send the commands it builds and hand it what came back.
 """
 
+from __future__ import annotations
+
+import hashlib
 import json
 import logging
 import math
+import re
 import threading
 import time
 from collections import OrderedDict
 from fractions import Fraction
 from importlib import resources
+from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence, Tuple, Union
 
 from . import _decimal
 from .bucket import DebtTooLongError, LocalBuckets
+
+if TYPE_CHECKING:
+    import datetime
+    import decimal
+
+#: A number as the caller writes it: an int, a float, a Decimal or a numeric str.
+Number = Union[int, float, str, "decimal.Decimal"]
+#: A period as `Limit(..., per=)` takes it: seconds, or a datetime.timedelta.
+Period = Union[int, float, str, "decimal.Decimal", "datetime.timedelta"]
+#: One bucket of an all-or-nothing call: (key, limit) or (key, limit, cost).
+Item = Union[Tuple[str, "Limit"], Tuple[str, "Limit", Number]]
 
 log = logging.getLogger("redis_rl")
 
@@ -39,7 +55,7 @@ MAX_DEBT_NS = MAX_REFILL_S * 10**9
 
 POLICIES = ("open", "closed", "local")
 WITHOUT_MODULE = ("lua", "refuse")
-SOURCES = ("redis", "cache", "local", "open", "closed", "lua")
+SOURCES = ("redis", "functions", "lua", "cache", "local", "open", "closed")
 
 #: What a `closed` decision tells the caller to wait, in ms (it cannot know better).
 CLOSED_RETRY_AFTER_MS = 1000
@@ -53,7 +69,15 @@ class Error(Exception):
     """Base of this package's own errors."""
 
 
-class ModuleMissingError(Error):
+class MisconfiguredError(Error):
+    """A mistake to fix, not an outage to ride out: a wrong password, a permission the user
+    lacks (the message names the command and the ACL rule to add), a cluster client on a
+    server that is not a cluster or a plain client on a cluster, a module missing under
+    without_module="refuse". `check()` raises it; at run time the failure policy decides, and
+    each is logged at error level and counted in `counters["misconfigured"]`."""
+
+
+class ModuleMissingError(MisconfiguredError):
     """The server has no RL.ACQUIRE and the limiter was built with without_module="refuse"."""
 
 
@@ -88,7 +112,8 @@ class Limit:
     __slots__ = ("rate", "capacity", "per", "rate_fraction", "capacity_fraction", "_rate_text",
                  "_capacity_text", "_script")
 
-    def __init__(self, rate, capacity=None, *, per=None):
+    def __init__(self, rate: Number, capacity: Optional[Number] = None, *,
+                 per: Optional[Period] = None) -> None:
         if isinstance(rate, str) and "/" in rate:
             # The module's own `N/S` text ("100/60"): the same limit as Limit(N, per=S).
             if per is not None:
@@ -130,14 +155,14 @@ class Limit:
                             ("_capacity_text", capacity_text), ("_script", None)):
             object.__setattr__(self, name, value)
 
-    def __setattr__(self, name, value):
+    def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError("Limit is immutable")
 
-    def __eq__(self, other):
+    def __eq__(self, other: object) -> bool:
         return isinstance(other, Limit) and (self.rate_fraction, self.capacity_fraction) == (
             other.rate_fraction, other.capacity_fraction)
 
-    def __hash__(self):
+    def __hash__(self) -> int:
         return hash((self.rate_fraction, self.capacity_fraction))
 
     def __repr__(self):
@@ -146,11 +171,11 @@ class Limit:
             return f"Limit({count}, {self._capacity_text}, per={_decimal.seconds_text(self.per)})"
         return f"Limit(rate={self._rate_text}, capacity={self._capacity_text})"
 
-    def args(self):
+    def args(self) -> list[str]:
         """`rate capacity` as the module's arguments ("0.1", "100/60", "1e-06" ...)."""
         return [self._rate_text, self._capacity_text]
 
-    def script_args(self, cost, refund=False):
+    def script_args(self, cost: Number, refund: bool = False) -> list[str]:
         """The 10 numbers the Lua script takes for this limit and cost (clients/lua/rl.lua),
         from the exact values the module would use."""
         if self._script is None:
@@ -175,7 +200,7 @@ class Limit:
         return [str(x) for x in (d, tq, tr, cq, cr, sq, sr, kq, kr, math.floor(cap))]
 
 
-def check_cost(cost):
+def check_cost(cost: Number) -> Any:
     """A cost as the module takes it (a finite number >= 0), or ValueError."""
     _, exact = _argument(cost, "cost")
     if exact < MIN_COST:
@@ -195,13 +220,21 @@ class Decision:
     `allowed`, `remaining` (whole tokens left: never below 0 after a take; a peek's is the
     signed balance, negative while a `charge` keeps the bucket in debt), `retry_after_ms` (0 when allowed, -1 when the
     cost exceeds the capacity and no wait helps), `reset_after_ms` (until full), the `limit`
-    asked for, and `source`: "redis" (the module), "lua" (the fallback script), "cache" (the
-    deny cache), or the failure policy that decided without Redis: "local", "open", "closed".
+    asked for, and `source`: "redis" (the module), "functions" (the Functions library), "lua"
+    (the fallback script), "cache" (the deny cache), or the failure policy that decided without
+    Redis: "local", "open", "closed".
     """
 
     __slots__ = ("allowed", "remaining", "retry_after_ms", "reset_after_ms", "limit", "source")
+    allowed: bool
+    remaining: int
+    retry_after_ms: int
+    reset_after_ms: int
+    limit: Limit
+    source: str
 
-    def __init__(self, allowed, remaining, retry_after_ms, reset_after_ms, limit, source):
+    def __init__(self, allowed: Any, remaining: Any, retry_after_ms: Any, reset_after_ms: Any,
+                 limit: Limit, source: str) -> None:
         self.allowed = bool(allowed)
         self.remaining = int(remaining)
         self.retry_after_ms = int(retry_after_ms)
@@ -209,15 +242,15 @@ class Decision:
         self.limit = limit
         self.source = source
 
-    def __bool__(self):
+    def __bool__(self) -> bool:
         return self.allowed
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (f"Decision(allowed={self.allowed}, remaining={self.remaining}, "
                 f"retry_after_ms={self.retry_after_ms}, reset_after_ms={self.reset_after_ms}, "
                 f"limit={self.limit!r}, source={self.source!r})")
 
-    def headers(self):
+    def headers(self) -> Dict[str, str]:
         """X-RateLimit-Limit, -Remaining, -Reset (seconds, rounded up), and Retry-After
         (seconds, rounded up) when denied and a wait can help. A decision of the "open" or
         "closed" failure policy knows the limit but not what is left: X-RateLimit-Limit (and
@@ -241,18 +274,24 @@ class MultiDecision:
     """
 
     __slots__ = ("allowed", "refused_index", "retry_after_ms", "decisions", "source")
+    allowed: bool
+    refused_index: int
+    retry_after_ms: int
+    decisions: Tuple[Decision, ...]
+    source: str
 
-    def __init__(self, allowed, refused_index, retry_after_ms, decisions, source):
+    def __init__(self, allowed: Any, refused_index: Any, retry_after_ms: Any,
+                 decisions: Sequence[Decision], source: str) -> None:
         self.allowed = bool(allowed)
         self.refused_index = int(refused_index)
         self.retry_after_ms = int(retry_after_ms)
         self.decisions = tuple(decisions)
         self.source = source
 
-    def __bool__(self):
+    def __bool__(self) -> bool:
         return self.allowed
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (f"MultiDecision(allowed={self.allowed}, refused_index={self.refused_index}, "
                 f"retry_after_ms={self.retry_after_ms}, decisions={list(self.decisions)!r}, "
                 f"source={self.source!r})")
@@ -271,8 +310,15 @@ class Charge:
     """
 
     __slots__ = ("applied", "remaining", "retry_after_ms", "reset_after_ms", "limit", "source")
+    applied: bool
+    remaining: int
+    retry_after_ms: int
+    reset_after_ms: int
+    limit: Limit
+    source: str
 
-    def __init__(self, applied, remaining, retry_after_ms, reset_after_ms, limit, source):
+    def __init__(self, applied: Any, remaining: Any, retry_after_ms: Any, reset_after_ms: Any,
+                 limit: Limit, source: str) -> None:
         self.applied = bool(applied)
         self.remaining = int(remaining)
         self.retry_after_ms = int(retry_after_ms)
@@ -281,7 +327,7 @@ class Charge:
         self.source = source
 
     @property
-    def in_debt(self):
+    def in_debt(self) -> bool:
         return self.remaining < 0
 
     def __repr__(self):
@@ -306,8 +352,11 @@ class Refund:
     """The answer of `refund`: `remaining` and `reset_after_ms` after it, and `source`."""
 
     __slots__ = ("remaining", "reset_after_ms", "source")
+    remaining: int
+    reset_after_ms: int
+    source: str
 
-    def __init__(self, remaining, reset_after_ms, source):
+    def __init__(self, remaining: Any, reset_after_ms: Any, source: str) -> None:
         self.remaining = int(remaining)
         self.reset_after_ms = int(reset_after_ms)
         self.source = source
@@ -368,6 +417,15 @@ def is_unknown_command(error):
     return isinstance(error, e.ResponseError) and "unknown command" in str(error).lower()
 
 
+def is_wrongtype(error):
+    """Whether a reply is WRONGTYPE: the server's own, or the one a function or a script stops
+    with, which Redis 7 suffixes ("... script: <sha1>, on @user_script:147.") and older
+    servers wrap ("ERR Error running script ...: WRONGTYPE ...")."""
+    from redis import exceptions as e
+
+    return isinstance(error, e.ResponseError) and re.search(r"\bWRONGTYPE\b", str(error)) is not None
+
+
 def is_noscript(error):
     from redis import exceptions as e
 
@@ -404,11 +462,16 @@ class Engine:
         self.local = LocalBuckets(instances, local_max_keys)
         self.cache_size = deny_cache
         self.cache = OrderedDict()  # key -> (limit, cost, until_s, remaining, reset_until_s)
-        self.mode = None  # None: not detected yet; "module", "lua" or "missing"
-        self.sha = None
+        self.mode = None  # None: not found yet; "module", "functions" or "lua"
         self.script = script_text()
+        self.sha = hashlib.sha1(self.script.encode("utf-8")).hexdigest()
+        self.evalsha_denied = False  # NOPERM on EVALSHA: send EVAL at once
+        self.cluster = False  # learnt by acquire_across_slots from a CROSSSLOT reply
+        self.functions_version = None  # the Functions library's, once checked
         self.counters = dict.fromkeys(SOURCES, 0)
         self.counters["outages"] = 0
+        self.counters["misconfigured"] = 0
+        self.misconfigured_logged = {}  # cause -> when it was last logged
         self.counters["busy"] = 0
         self.counters["unapplied_charges"] = 0
         self.down_since = None
@@ -601,7 +664,7 @@ class Engine:
 
     def finish(self, call, reply):
         """The answer to a call from Redis's reply; a denial is remembered by the deny cache."""
-        source = self.source()
+        source = SOURCE_OF[call.path]
         self.answered(source)
         if call.op == "refund":
             return Refund(*reply, source)
@@ -628,105 +691,390 @@ class Engine:
         """The requests a call makes, as a generator: it yields each `Request` for the limiter
         to run and is sent its reply (or thrown its error), and returns the command's reply.
 
-        Detects the module first (and again after "unknown command": the module went away or
-        came, so the call is retried once on the new path); loads the script on NOSCRIPT."""
+        The path is found by sending the call itself and reading the error (see `_walk`); the
+        path that answered is kept for the next calls, and found again once it stops answering
+        (the module unloaded, the Functions library flushed) or, on the fallback, when a key
+        answers WRONGTYPE and the module, loaded since, answers instead (`_after_wrongtype`)."""
+        try:
+            return (yield from self._walk(call))
+        except Exception as error:
+            cause = script_acl_failure(error)
+            if cause is not None:
+                raise MisconfiguredError(cause) from error
+            raise
+
+    def _order(self):
+        return ("module",) if self.without_module == "refuse" else PATHS
+
+    def _walk(self, call):
+        """Tries the kept path, else each path in order, with the call itself: a path whose
+        command the server lacks (unknown command, Function not found) or this user may not
+        run (NOPERM on that command) gives way to the next one; WRONGTYPE on the Functions
+        library or the script, kept while the module was missing, asks the module once.
+        Raises MisconfiguredError when
+        none answers for lack of permission, ModuleMissingError under "refuse"."""
         from redis.exceptions import ResponseError
 
-        if self.mode is None:
-            self.detected((yield Request("detect")))
-        self.refuse_if_missing()
-        try:
-            return (yield from self._send(call))
-        except ResponseError as error:
-            if not is_unknown_command(error):
-                raise
-            self.detected((yield Request("detect")))
-            self.refuse_if_missing()
-            return (yield from self._send(call))
+        order = self._order()
+        kept = self.mode
+        tried, denied = set(), []
+        path = kept if kept in order else order[0]
+        while True:
+            tried.add(path)
+            try:
+                outcome, value = yield from self._try(path, call)
+            except ResponseError as error:
+                if not (is_wrongtype(error) and "module" in order and "module" not in tried):
+                    raise
+                return (yield from self._after_wrongtype(path, call, error))
+            if outcome == "reply":
+                call.path = path
+                if self.mode != path:
+                    self.mode = path
+                    log.info("redis-rl: using the %s path", PATH_NAMES[path])
+                return value
+            if outcome == "denied":
+                denied.append((path, value))
+            if path == kept:
+                self.mode = None  # what was kept stopped answering: look again from the top
+            left = [p for p in order if p not in tried]
+            if not left:
+                break
+            path = left[0]
+        if denied:
+            raise MisconfiguredError(noperm_message(denied))
+        raise ModuleMissingError(
+            "the server has no RL.ACQUIRE (the redis-rl module is not loaded) and this limiter "
+            'was built with without_module="refuse"; load the module or use without_module="lua"')
 
-    def _send(self, call):
+    def _after_wrongtype(self, path, call, error):
+        """The Functions library or the script, kept since the module was missing, met a key of
+        another type. Once the module is loaded, processes on the module path convert the
+        buckets the fallback wrote to the module's type, which the fallback cannot read: so the
+        module is tried with the same call, once. If it answers (a reply, or an error of its
+        own: a key of a type neither knows still gets WRONGTYPE), the module path is kept from
+        now on; if it is missing or this user may not run it, the fallback's WRONGTYPE is
+        raised as it came."""
         from redis.exceptions import ResponseError
 
-        args = self.command(call.op, call.items)
-        if self.mode == "module":
-            return (yield Request("command", args, call))
-        if self.sha is None:
-            self.sha = yield Request("load", [self.script])
         try:
-            return (yield Request("command", ["EVALSHA", self.sha, *args], call))
-        except ResponseError as error:
-            if not is_noscript(error):
-                raise
-            self.sha = yield Request("load", [self.script])
-            return (yield Request("command", ["EVALSHA", self.sha, *args], call))
+            outcome, value = yield from self._try("module", call)
+        except ResponseError:
+            self._switch_to_module(path)
+            raise
+        if outcome != "reply":
+            raise error
+        self._switch_to_module(path)
+        call.path = "module"
+        return value
 
-    def command(self, op, items):
-        """The module command, or the script's EVALSHA arguments after the sha, for op in
-        acquire, peek, refund, charge, multi over [(key, limit, cost)]."""
-        if self.mode == "module":
-            if op == "multi":
-                args = ["RL.ACQUIRE.MULTI"]
-                for key, limit, cost in items:
-                    args += [key, *limit.args(), _number(cost)]
-                return args
-            (key, limit, cost), = items
-            table = getattr(key, "table", None)
-            if table is not None:  # a bucket table's field (redis_rl.table.TableField)
-                return [{"acquire": "RL.HACQUIRE", "peek": "RL.HPEEK", "refund": "RL.HREFUND",
-                         "charge": "RL.HCHARGE"}[op],
-                        table, key.field, *limit.args(), _number(cost)]
-            return [{"acquire": "RL.ACQUIRE", "peek": "RL.PEEK", "refund": "RL.REFUND",
-                     "charge": "RL.CHARGE"}[op],
-                    key, *limit.args(), _number(cost)]
-        args = [str(len(items)), *(key for key, _, _ in items), op]
+    def _switch_to_module(self, path):
+        if self.mode != "module":
+            self.mode = "module"
+            log.info("redis-rl: the %s met a key of another type (WRONGTYPE) and the module "
+                     "answers: using the module path", PATH_NAMES[path])
+
+    def _try(self, path, call):
+        """One path's attempt: ("reply", reply), ("absent", None), ("old", None) or
+        ("denied", [commands this user may not run])."""
+        from redis.exceptions import RedisError, ResponseError
+
+        keys = [key for key, _, _ in call.items]
+        if path == "module":
+            args = self.module_command(call.op, call.items)
+            try:
+                return "reply", (yield Request(args, keys, direct=(call.op == "multi")))
+            except RedisError as error:
+                # redis-py's cluster client says so itself when the server has no such command.
+                if is_unknown_command(error) or "command doesn't exist" in str(error):
+                    return "absent", None
+                if is_noperm(error):
+                    return "denied", [args[0].lower()]
+                raise
+        numbers = self.script_numbers(call.op, call.items)
+        if path == "functions":
+            if self.functions_version is None:
+                outcome = yield from self._functions_version(keys, numbers)
+                if outcome is not None:
+                    return outcome
+            name = "FCALL_RO" if call.op == "peek" else "FCALL"
+            try:
+                return "reply", (yield Request([name, "rl_" + call.op, str(len(keys)), *keys, *numbers], keys))
+            except ResponseError as error:
+                if is_function_missing(error):
+                    self.functions_version = None
+                    return "absent", None
+                if is_noperm(error):
+                    return "denied", [name.lower()]
+                raise
+        # The script: EVALSHA with the hash computed here; on NOSCRIPT the same call as EVAL,
+        # which runs it and caches it on the server again. Never SCRIPT LOAD.
+        tail = [str(len(keys)), *keys, call.op, *numbers]
+        denied = []
+        if not self.evalsha_denied:
+            try:
+                return "reply", (yield Request(["EVALSHA", self.sha, *tail], keys))
+            except ResponseError as error:
+                if is_noperm(error):
+                    self.evalsha_denied = True
+                elif not is_noscript(error):
+                    raise
+        if self.evalsha_denied:
+            denied.append("evalsha")
+        try:
+            return "reply", (yield Request(["EVAL", self.script, *tail], keys))
+        except ResponseError as error:
+            if is_noperm(error):
+                return "denied", denied + ["eval"]
+            raise
+
+    def _functions_version(self, keys, numbers):
+        """Checks the loaded library's version once (FCALL_RO rl_version 0, on the node of the
+        call's first key). None when it will do, else the outcome that moves on to the script."""
+        from redis.exceptions import ResponseError
+
+        try:
+            version = yield Request(["FCALL_RO", "rl_version", "0"], keys[:1], to_key=True)
+        except ResponseError as error:
+            if is_noperm(error):
+                return "denied", ["fcall_ro"]
+            if not is_function_missing(error):
+                raise
+            version = None
+        if version is None:
+            # No rl_version: no library, or one older than version 1. A peek (which writes
+            # nothing) tells them apart.
+            try:
+                yield Request(["FCALL_RO", "rl_peek", "1", keys[0], *numbers[:10]], keys[:1])
+            except ResponseError as error:
+                if is_function_missing(error) or is_noperm(error):
+                    return "absent", None
+                raise
+            version = 0
+        try:
+            version = int(version)
+        except (TypeError, ValueError):
+            version = 0
+        if version < FUNCTIONS_VERSION:
+            log.error("redis-rl: the Functions library redis_rl on the server is version %d, this "
+                      "client needs version %d; using the script until it is loaded again "
+                      "(redis_rl.load_functions(client), or redis-cli -x FUNCTION LOAD REPLACE < "
+                      "rl_functions.lua, on every master)", version, FUNCTIONS_VERSION)
+            return "old", None
+        self.functions_version = version
+        return None
+
+    def module_command(self, op, items):
+        """The module command for op in acquire, peek, refund, charge, multi over
+        [(key, limit, cost)]."""
+        if op == "multi":
+            args = ["RL.ACQUIRE.MULTI"]
+            for key, limit, cost in items:
+                args += [key, *limit.args(), _number(cost)]
+            return args
+        (key, limit, cost), = items
+        table = getattr(key, "table", None)
+        if table is not None:  # a bucket table's field (redis_rl.table.TableField)
+            return [{"acquire": "RL.HACQUIRE", "peek": "RL.HPEEK", "refund": "RL.HREFUND",
+                     "charge": "RL.HCHARGE"}[op],
+                    table, key.field, *limit.args(), _number(cost)]
+        return [{"acquire": "RL.ACQUIRE", "peek": "RL.PEEK", "refund": "RL.REFUND",
+                 "charge": "RL.CHARGE"}[op],
+                key, *limit.args(), _number(cost)]
+
+    def script_numbers(self, op, items):
+        """The 10 numbers per key that the script and the Functions library take."""
+        numbers = []
         for _, limit, cost in items:
-            args += limit.script_args(cost, refund=(op == "refund"))
-        return args
+            numbers += limit.script_args(cost, refund=(op == "refund"))
+        return numbers
 
-    def source(self):
-        return "redis" if self.mode == "module" else "lua"
+    # Startup --------------------------------------------------------------------------------
 
-    def detected(self, command_info_reply):
-        """Reads COMMAND INFO RL.ACQUIRE (a list holding None when there is no such command)."""
-        present = bool(command_info_reply) and any(x for x in _flatten_first(command_info_reply))
-        self.mode = "module" if present else ("lua" if self.without_module == "lua" else "missing")
-        log.info("redis-rl: %s", "module found" if present else
-                 f"no RL.ACQUIRE on the server; without_module={self.without_module!r}")
+    def check_steps(self, cluster_client):
+        """`check()` as requests: finds the path with a peek (which writes nothing) of
+        CHECK_KEYS[0] and, on a client of one server, asks the path for a call over two keys in
+        different slots that writes nothing (cost 0): a cluster node answers CROSSSLOT.
+        Returns the path."""
+        from redis.exceptions import ResponseError
 
-    def refuse_if_missing(self):
-        if self.mode == "missing":
-            raise ModuleMissingError(
-                "the server has no RL.ACQUIRE (the redis-rl module is not loaded) and this limiter "
-                'was built with without_module="refuse"; load the module or use without_module="lua"')
+        probe = Limit(1, 1)
+        yield from self.exchange(Call("peek", [(CHECK_KEYS[0], probe, 1)], self.clock()))
+        path = self.mode
+        if not cluster_client:
+            items = [(key, probe, 0) for key in CHECK_KEYS]
+            try:
+                yield from self._try(path, Call("multi", items, self.clock()))
+            except ResponseError as error:
+                if is_cluster_redirect(error):
+                    raise MisconfiguredError(cluster_message(error)) from error
+                if not is_noperm(error):
+                    raise
+        return path
+
+    def probe_steps(self, key):
+        """The path, found as `check` finds it (a peek of `key`) when not known yet."""
+        if self.mode is None:
+            yield from self.exchange(Call("peek", [(key, Limit(1, 1), 1)], self.clock()))
+        return self.mode
+
+    # Misconfiguration -----------------------------------------------------------------------
+
+    def misconfigured(self, call, error):
+        """The policy's answer to a call that met a misconfiguration: logged at error level
+        (once per cause every MISCONFIGURED_LOG_S), counted, and no outage."""
+        cause = str(error)
+        with self.lock:
+            self.counters["misconfigured"] += 1
+            now = self.clock()
+            last = self.misconfigured_logged.get(cause)
+            due = last is None or now - last >= MISCONFIGURED_LOG_S
+            if due:
+                self.misconfigured_logged[cause] = now
+        if due:
+            log.error("redis-rl: misconfigured, not down: %s; deciding with on_error=%r (%d so far)",
+                      cause, self.on_error, self.counters["misconfigured"])
+        return self.policy(call.op, call.items)
+
+
+#: The version of the Functions library (clients/lua/rl_functions.lua) this client needs.
+FUNCTIONS_VERSION = 1
+PATHS = ("module", "functions", "lua")
+PATH_NAMES = {"module": "module", "functions": "Functions library", "lua": "script"}
+SOURCE_OF = {"module": "redis", "functions": "functions", "lua": "lua"}
+#: What check() peeks: two keys whose slots differ ({a} is slot 15495, {b} 3300).
+CHECK_KEYS = ("redis-rl:check:{a}", "redis-rl:check:{b}")
+MISCONFIGURED_LOG_S = 10.0
+PERMISSIONS_DOC = "docs/clients.md#permissions"
+#: The ACL rules that let a user take each path (clients/vectors/permissions.json).
+PATH_RULES = {
+    "module": "+rl.acquire +rl.peek +rl.refund +rl.charge +rl.acquire.multi +rl.hacquire "
+              "+rl.hpeek +rl.hrefund +rl.hcharge",
+    "functions": "+fcall +fcall_ro +time +hmget +hset +pexpireat +del",
+    "lua": "+evalsha +eval +time +hmget +hset +pexpireat +del",
+}
+
+
+def noperm_message(denied):
+    """`NOPERM: this user may not run 'fcall' (nor 'evalsha', 'eval'); add ...` for the
+    [(path, [commands])] no path answered for."""
+    commands = [c for _, cs in denied for c in cs]
+    first, rest = commands[0], commands[1:]
+    nor = f" (nor {', '.join(repr(c) for c in rest)})" if rest else ""
+    rules = " or ".join(f'"{PATH_RULES[path]}"' for path, _ in denied)
+    return (f"NOPERM: this user may not run {first!r}{nor}; add the ACL rules {rules} "
+            f"or see {PERMISSIONS_DOC}")
+
+
+def is_noperm(error):
+    from redis import exceptions as e
+
+    kind = getattr(e, "NoPermissionError", None)
+    return (kind is not None and isinstance(error, kind)) or str(error).startswith("NOPERM")
+
+
+def is_function_missing(error):
+    text = str(error).lower()
+    return "function not found" in text or "unknown command" in text
+
+
+def script_acl_failure(error):
+    """The cause when a function or script met NOPERM on a command it runs (Redis: "The user
+    executing the script can't run this command", Valkey: "ACL failure in script: ... the
+    'time' command"), else None."""
+    from redis import exceptions as e
+
+    if not isinstance(error, e.ResponseError):
+        return None
+    text = str(error)
+    if "user executing the script can't run" not in text and "ACL failure in script" not in text:
+        return None
+    named = re.search(r"run the '([^']+)' command", text)
+    what = (f"the command {named.group(1)!r}" if named
+            else "a command it runs (TIME, HMGET, HSET, PEXPIREAT or DEL)")
+    return (f"NOPERM: this user may not run {what} inside the redis-rl function or script "
+            f"({text.strip()}); add the ACL rules \"+time +hmget +hset +pexpireat +del\" or see "
+            f"{PERMISSIONS_DOC}")
+
+
+def is_cluster_redirect(error):
+    """MOVED, ASK or CROSSSLOT: a cluster node's answer (redis-py parses each into its own
+    class, dropping the code from the text)."""
+    return is_crossslot(error) or _code(error) in ("MOVED", "ASK")
+
+
+def is_crossslot(error):
+    """Whether `error` says the keys of one command span several slots."""
+    return _code(error) == "CROSSSLOT" or "all keys must map to the same key slot" in str(error)
+
+
+def _code(error):
+    from redis import exceptions as e
+
+    for code, name in (("MOVED", "MovedError"), ("ASK", "AskError"), ("CROSSSLOT", "ClusterCrossSlotError")):
+        kind = getattr(e, name, None)
+        if (kind is not None and isinstance(error, kind)) or str(error).startswith(code):
+            return code
+    return None
+
+
+def cluster_message(error):
+    code = _code(error)
+    return (f"a client of one server is connected to a Redis Cluster ({code} {error}): use "
+            "redis.RedisCluster (redis_rl.connect_cluster)")
+
+
+def misconfiguration(error, cluster_client):
+    """The cause when `error` is a misconfiguration rather than an outage (see
+    docs/clients.md#a-misconfiguration-is-not-an-outage), else None."""
+    from redis import exceptions as e
+
+    if isinstance(error, MisconfiguredError):
+        return str(error)
+    text = str(error)
+    auth = getattr(e, "AuthenticationError", None)
+    if (auth is not None and isinstance(error, auth)) or text.startswith(("WRONGPASS", "NOAUTH")) \
+            or "invalid username-password pair" in text or "invalid password" in text:
+        return f"authentication failed: {text}"
+    if is_noperm(error):
+        return f"{text}; see {PERMISSIONS_DOC}"
+    cause = script_acl_failure(error)
+    if cause is not None:
+        return cause
+    if "cluster support disabled" in text or "Cluster mode is not enabled" in text:
+        return (f"a cluster client is connected to a server that is not a cluster ({text}): use "
+                "redis.Redis (redis_rl.connect)")
+    if not cluster_client and is_cluster_redirect(error):
+        return cluster_message(error)
+    if cluster_client and "unknown command 'COMMAND'" in text:
+        return (f"redis-py's cluster client reads the server's command table with COMMAND as it "
+                f"starts, and this server renamed it away or disabled it ({text})")
+    return None
 
 
 class Call:
-    """One call that needs Redis: its op, its checked items, and when it was sent (the deny
-    cache counts a denial's wait from then: the server decided after it)."""
+    """One call that needs Redis: its op, its checked items, when it was sent (the deny cache
+    counts a denial's wait from then: the server decided after it), and the path that
+    answered it."""
 
-    __slots__ = ("op", "items", "sent_at")
+    __slots__ = ("op", "items", "sent_at", "path")
 
     def __init__(self, op, items, sent_at):
-        self.op, self.items, self.sent_at = op, items, sent_at
+        self.op, self.items, self.sent_at, self.path = op, items, sent_at, None
 
 
 class Request:
-    """One request for the limiter to send: "detect" (COMMAND INFO RL.ACQUIRE on any node),
-    "load" (SCRIPT LOAD of args[0]), or "command" (args, to the node of the call's first key;
-    RL.ACQUIRE.MULTI included)."""
+    """One command for the limiter to send: `args`, and the `keys` it names. On a cluster
+    client it goes to the node of the first key's slot, addressed by the limiter (redis-py
+    would otherwise ask the server for FCALL's keys, and look module commands up in a command
+    table read with COMMAND); on that node's own connection when `direct` (RL.ACQUIRE.MULTI,
+    whose two dots redis-py refuses) or when the keys span slots (the server then answers
+    CROSSSLOT). `to_key`: a keyless command sent to the first key's node."""
 
-    __slots__ = ("kind", "args", "call")
+    __slots__ = ("args", "keys", "direct", "to_key")
 
-    def __init__(self, kind, args=(), call=None):
-        self.kind, self.args, self.call = kind, args, call
-
-    @property
-    def first_key(self):
-        return self.call.items[0][0]
-
-    @property
-    def multi(self):
-        return self.args[0] == "RL.ACQUIRE.MULTI"
+    def __init__(self, args, keys=(), direct=False, to_key=False):
+        self.args, self.keys, self.direct, self.to_key = args, list(keys), direct, to_key
 
 
 class LimiterBase:
@@ -735,24 +1083,19 @@ class LimiterBase:
     _engine: "Engine"
 
     @property
-    def counters(self):
-        """Decisions by source ("redis", "lua", "cache", "local", "open", "closed") and the
-        number of outages seen, as a new dict."""
+    def counters(self) -> Dict[str, int]:
+        """Decisions by source ("redis", "functions", "lua", "cache", "local", "open",
+        "closed"), and the outages, busy calls, misconfigured calls and unapplied charges seen,
+        as a new dict."""
         with self._engine.lock:
             return dict(self._engine.counters)
 
     @property
-    def path(self):
-        """How Redis is reached: "module", "lua", "missing", or None before the first call."""
+    def path(self) -> Optional[str]:
+        """How Redis is reached: "module", "functions" (the Functions library), "lua" (the
+        script), or None before a call found it."""
         return self._engine.mode
 
 
-def _flatten_first(reply):
-    # redis-py may parse COMMAND INFO into a dict ({name: info}) or leave a list ([None]).
-    if isinstance(reply, dict):
-        return list(reply.values())
-    return list(reply)
-
-
-def monotonic():
+def monotonic() -> float:
     return time.monotonic()

@@ -16,6 +16,7 @@ middleware and a route decorator gets one set of header fields for both
 
 import functools
 import inspect
+from typing import Any, Callable
 
 from .http import FIELD_NAMES, PROBLEM_TYPE, Policy, header_fields
 
@@ -86,11 +87,11 @@ class RateLimitMiddleware:
     """ASGI middleware: a 429 (application/problem+json, RFC 9457) for requests over the
     limit, the rate-limit header fields on every response it decided."""
 
-    def __init__(self, app, limiter, limit, **options):
+    def __init__(self, app: Any, limiter: Any, limit: Any, **options: Any) -> None:
         self.app = app
         self.policy = Policy(limiter, limit, **options)
 
-    async def __call__(self, scope, receive, send):
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         decided = await decide(self.policy, scope)
@@ -116,7 +117,7 @@ class RateLimitMiddleware:
         return await self.app(scope, receive, send_with_headers)
 
 
-def limit_route(limiter, limit, **options):
+def limit_route(limiter: Any, limit: Any, **options: Any) -> Callable[[Any], Any]:
     """A decorator for one Starlette or FastAPI endpoint, `async def` or plain `def` (run in
     the thread pool, as FastAPI runs one). It finds the request among the arguments whatever
     the parameter's name (a FastAPI endpoint that takes none is given one, hidden). Over the

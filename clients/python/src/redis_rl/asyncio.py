@@ -9,19 +9,33 @@ connection (a semaphore per event loop), and a pool that is full anyway (shared 
 work) is tried again until the deadline. Only then does the policy decide, logged as busy.
 """
 
+from __future__ import annotations
+
 import asyncio
 import random
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, Union
 import weakref
 
 from redis import exceptions as redis_errors
 
-from ._core import refused, Busy, Engine, LimiterBase, is_busy, is_unavailable, monotonic
+from ._core import (Busy, Engine, LimiterBase, MisconfiguredError, is_busy, is_unavailable,
+                    misconfiguration, monotonic, refused)
+from ._core import Charge, Decision, Item, Limit, MultiDecision, Number, Refund
+from ._slots import Across, SlotItem, SlotsDecision
+
+if TYPE_CHECKING:
+    import redis.asyncio
+
+    from .table import AsyncTable
+from .client import _checked, _moved_on_cluster, _route, functions_text, functions_version, log
 
 
 _OUTAGE = object()  # what `_queue` returns when an outage began while the call queued
+#: The longest `check()` waits for its answers, in s.
+CHECK_DEADLINE_S = 10.0
 
 
-def connect(url, timeout_ms=1000, **kwargs):
+def connect(url: str, timeout_ms: float = 1000, **kwargs: Any) -> "redis.asyncio.Redis":
     """`redis.asyncio.Redis.from_url` with short timeouts and no retries: a client for a limiter."""
     from redis.asyncio import Redis
     from redis.asyncio.retry import Retry
@@ -31,12 +45,27 @@ def connect(url, timeout_ms=1000, **kwargs):
                           socket_connect_timeout=timeout_ms / 1000, retry=Retry(NoBackoff(), 0), **kwargs)
 
 
-def connect_cluster(url, timeout_ms=1000, **kwargs):
-    """`redis.asyncio.RedisCluster.from_url` with short socket timeouts, for a limiter."""
+def connect_cluster(url: str, timeout_ms: float = 1000, **kwargs: Any) -> "redis.asyncio.RedisCluster":
+    """`redis.asyncio.RedisCluster.from_url` with short socket timeouts, for a limiter. It
+    connects on first use: `await limiter.check()` then names a misconfiguration."""
     from redis.asyncio import RedisCluster
 
     return RedisCluster.from_url(url, socket_timeout=timeout_ms / 1000,
                                  socket_connect_timeout=timeout_ms / 1000, **kwargs)
+
+
+async def load_functions(client: Any) -> int:
+    """The awaited `redis_rl.load_functions`: FUNCTION LOAD REPLACE of the Functions library on
+    the server of a `redis.asyncio.Redis`, or on every master of a
+    `redis.asyncio.RedisCluster`; returns the version loaded."""
+    text = functions_text()
+    if hasattr(client, "get_primaries"):
+        await client.initialize()
+        for node in client.get_primaries():
+            await node.execute_command("FUNCTION", "LOAD", "REPLACE", text)
+    else:
+        await client.execute_command("FUNCTION", "LOAD", "REPLACE", text)
+    return functions_version(text)
 
 
 class Limiter(LimiterBase):
@@ -46,32 +75,72 @@ class Limiter(LimiterBase):
     beyond the pool's `max_connections` queue for one) and the reply together.
     """
 
-    def __init__(self, client, *, on_error, instances=1, deny_cache=False, without_module="lua",
-                 timeout_ms=1000, probe_interval_ms=100, local_max_keys=100_000, clock=monotonic):
+    def __init__(self, client: Any, *, on_error: str, instances: int = 1,
+                 deny_cache: Union[bool, int] = False, without_module: str = "lua",
+                 timeout_ms: float = 1000, probe_interval_ms: float = 100,
+                 local_max_keys: int = 100_000, clock: Callable[[], float] = monotonic) -> None:
         self._engine = Engine(on_error, instances, deny_cache, without_module, timeout_ms,
                               probe_interval_ms, local_max_keys, clock)
         self.client = client
+        self._cluster = hasattr(client, "get_node_from_key")
         pool = getattr(client, "connection_pool", None)
         bound = getattr(pool, "max_connections", None)
         # An unbounded pool (redis-py 5.x's default, 2**31) never runs out: no queue needed.
         self._max_in_flight = bound if isinstance(bound, int) and 0 < bound <= 10_000 else None
         self._gates = weakref.WeakKeyDictionary()  # event loop -> asyncio.Semaphore
 
-    async def acquire(self, key, limit, cost=1):
+    async def check(self) -> Optional[str]:
+        """The awaited `redis_rl.Limiter.check`: finds the path and returns it, raises
+        MisconfiguredError for a misconfiguration, returns None (and logs a warning) while
+        Redis is down or busy."""
+        try:
+            # A longer deadline than a call's: a client that retries a refused password (as
+            # redis-py's default Retry does, for seconds) still gets to say why.
+            return await asyncio.wait_for(self._drive(self._engine.check_steps(self._cluster)),
+                                          max(self._engine.timeout_s, CHECK_DEADLINE_S))
+        except (redis_errors.RedisError, redis_errors.RedisClusterException, OSError,
+                asyncio.TimeoutError) as error:
+            return _checked(error, self._cluster)
+
+    async def acquire(self, key: str, limit: Limit, cost: Number = 1) -> Decision:
         """Takes `cost` tokens from the bucket `key` of `limit`; returns a Decision."""
         return await self._run("acquire", [(key, limit, cost)])
 
-    async def peek(self, key, limit, cost=1):
+    async def peek(self, key: str, limit: Limit, cost: Number = 1) -> Decision:
         """What `acquire` would decide for `cost`, taking nothing."""
         return await self._run("peek", [(key, limit, cost)])
 
-    async def acquire_all(self, items):
+    async def acquire_all(self, items: Iterable[Item]) -> MultiDecision:
         """All or nothing over [(key, limit)] or [(key, limit, cost)]: takes every bucket's
         cost if each holds it, else nothing. In a cluster every key must hash to one slot:
         give them one hash tag, as in "{user:42}:s" and "{user:42}:h"."""
         return await self._run("multi", items)
 
-    async def charge(self, key, limit, cost):
+    async def acquire_across_slots(self, items: Iterable[Union[Item, SlotItem]]) -> SlotsDecision:
+        """The awaited `redis_rl.Limiter.acquire_across_slots`: all or nothing over keys of any
+        slots; returns a SlotsDecision."""
+        plan = Across(self._engine, items)
+        step, args = plan.start()
+        while True:
+            if step == "done":
+                decision, error = args
+                if error is not None:
+                    raise error
+                return decision
+            if step == "ask":
+                try:
+                    step, args = plan.answer(await self.acquire_all(args))
+                except (redis_errors.RedisError, redis_errors.RedisClusterException) as error:
+                    step, args = plan.answer(None, error)
+                continue
+            for key, limit, cost in args:
+                try:
+                    await self.refund(key, limit, cost)
+                except Exception as error:  # the call's answer stands; the refund is logged
+                    log.warning("redis-rl: giving back %s after a refusal failed: %s", key, error)
+            step, args = plan.refunded()
+
+    async def charge(self, key: str, limit: Limit, cost: Number) -> Charge:
         """Applies `cost` tokens to the bucket `key` whatever it holds (post-paid: usage already
         done, such as the tokens of an answer), taking it into debt if need be: RL.CHARGE.
         While in debt every take is denied until `retry_after_ms` has passed. Returns a Charge
@@ -83,12 +152,12 @@ class Limiter(LimiterBase):
         `counters["unapplied_charges"]`)."""
         return await self._run("charge", [(key, limit, cost)])
 
-    async def refund(self, key, limit, cost=1):
+    async def refund(self, key: str, limit: Limit, cost: Number = 1) -> Refund:
         """Gives `cost` tokens back (a request that failed before doing any work) and clears
         the deny cache's entry for `key`."""
         return await self._run("refund", [(key, limit, cost)])
 
-    def table(self, name, shards=1):
+    def table(self, name: str, shards: int = 1) -> AsyncTable:
         """A bucket table of this limiter: `shards` tables `name:{0}` … (redis_rl.table)."""
         from .table import AsyncTable
 
@@ -96,7 +165,8 @@ class Limiter(LimiterBase):
 
     # Waiting --------------------------------------------------------------------------------
 
-    async def wait(self, key, limit, cost=1, timeout=None):
+    async def wait(self, key: str, limit: Limit, cost: Number = 1,
+                   timeout: Optional[float] = None) -> Decision:
         """The awaited `redis_rl.Limiter.wait`: takes `cost` tokens once the bucket holds them.
         Cancelling the task ends the wait holding no tokens (a take that raced the cancel is
         refunded before the CancelledError goes on). See `redis_rl.wait`."""
@@ -116,11 +186,16 @@ class Limiter(LimiterBase):
             reply = await asyncio.wait_for(self._queue(engine.exchange(call), queued), engine.timeout_s)
             if reply is _OUTAGE:
                 return engine.policy(op, call.items)
+        except MisconfiguredError as error:
+            return engine.misconfigured(call, error)
         except (redis_errors.RedisError, redis_errors.RedisClusterException, OSError,
                 asyncio.TimeoutError) as error:
             if isinstance(error, asyncio.TimeoutError) and queued[0]:
                 error = Busy(f"no free connection within {round(engine.timeout_s * 1000)} ms")
-            if not is_unavailable(error):
+            cause = misconfiguration(error, self._cluster)
+            if cause is not None:
+                return engine.misconfigured(call, MisconfiguredError(cause))
+            if not (is_unavailable(error) or _moved_on_cluster(error, self._cluster)):
                 raise refused(error)
             return engine.fail(call, error)
         return engine.finish(call, reply)
@@ -174,18 +249,14 @@ class Limiter(LimiterBase):
             pause = min(pause * 2, 0.05)
 
     async def _execute(self, request):
-        client = self.client
-        if request.kind == "detect":
-            # A cluster client needs a node for a command without keys: any one will do.
-            options = {}
-            if hasattr(client, "get_random_node"):
-                await client.initialize()  # an asyncio cluster client learns its nodes here
-                options = {"target_nodes": client.get_random_node()}
-            return await client.execute_command("COMMAND INFO", "RL.ACQUIRE", **options)
-        if request.kind == "load":
-            return await client.script_load(*request.args)
-        if request.multi and hasattr(client, "get_node_from_key"):
+        client, args = self.client, request.args
+        if not self._cluster:
+            return await client.execute_command(*args)
+        await client.initialize()  # an asyncio cluster client learns its nodes here
+        route = _route(client, request)
+        if route == "direct":
             # redis-py's cluster client refuses a command name with two dots
-            # (RL.ACQUIRE.MULTI), so send it to the node that owns the first key's slot.
-            return await client.get_node_from_key(request.first_key).execute_command(*request.args)
-        return await client.execute_command(*request.args)
+            # (RL.ACQUIRE.MULTI), and keys of several slots: sent to the first key's node,
+            # whose server answers (CROSSSLOT for several slots).
+            return await client.get_node_from_key(request.keys[0]).execute_command(*args)
+        return await client.execute_command(*args, target_nodes=client.get_node_from_key(request.keys[0]))

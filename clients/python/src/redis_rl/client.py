@@ -5,16 +5,34 @@ deny cache, the failure policy, the replies) and names each request a call makes
 sends them with redis-py. The asyncio twin is `redis_rl.asyncio`, the same over awaits.
 """
 
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, Sequence, Union
+
 from redis import exceptions as redis_errors
 
-from ._core import refused, Engine, LimiterBase, is_unavailable, monotonic
+from ._core import (Engine, LimiterBase, MisconfiguredError, is_cluster_redirect, is_crossslot,
+                    is_unavailable,
+                    misconfiguration, monotonic, refused)
+from ._core import Charge, Decision, Item, Limit, MultiDecision, Number, Refund
+from ._slots import Across, SlotItem, SlotsDecision
+
+if TYPE_CHECKING:
+    import redis
+
+    from .table import Table
+
+log = logging.getLogger("redis_rl")
 
 
 # The pool a limiter makes when the client's own has no useful bound (redis-py 5.x: 2**31).
 DEFAULT_MAX_CONNECTIONS = 100
 
 
-def with_deadline(client, timeout_ms):
+def with_deadline(client: Any, timeout_ms: float) -> Any:
     """A `redis.Redis` on a pool of its own: the client's settings, with `timeout_ms` as the
     socket and connect timeouts and no retries, on a `BlockingConnectionPool` of the client's
     `max_connections` (100 when it has no bound below 10,000) that waits up to `timeout_ms`
@@ -40,7 +58,7 @@ def with_deadline(client, timeout_ms):
         timeout=timeout_ms / 1000, **kwargs))
 
 
-def connect(url, timeout_ms=1000, **kwargs):
+def connect(url: str, timeout_ms: float = 1000, **kwargs: Any) -> "redis.Redis":
     """`redis.Redis.from_url` with short timeouts and no retries: a client for a limiter."""
     import redis
     from redis.backoff import NoBackoff
@@ -51,12 +69,53 @@ def connect(url, timeout_ms=1000, **kwargs):
                                 retry=Retry(NoBackoff(), 0), **kwargs)
 
 
-def connect_cluster(url, timeout_ms=1000, **kwargs):
-    """`redis.RedisCluster.from_url` with short socket timeouts, for a limiter."""
+def connect_cluster(url: str, timeout_ms: float = 1000, **kwargs: Any) -> "redis.RedisCluster":
+    """`redis.RedisCluster.from_url` with short socket timeouts, for a limiter. redis-py's
+    cluster client reads the slots (and the server's command table, with COMMAND) as it is
+    built: a server that is not a cluster, a wrong password or a missing permission raise
+    MisconfiguredError here, naming the cause."""
     import redis
 
-    return redis.RedisCluster.from_url(url, socket_timeout=timeout_ms / 1000,
-                                       socket_connect_timeout=timeout_ms / 1000, **kwargs)
+    try:
+        return redis.RedisCluster.from_url(url, socket_timeout=timeout_ms / 1000,
+                                           socket_connect_timeout=timeout_ms / 1000, **kwargs)
+    except (redis_errors.RedisError, redis_errors.RedisClusterException) as error:
+        cause = misconfiguration(error, True)
+        if cause is not None:
+            raise MisconfiguredError(cause) from error
+        raise
+
+
+#: The Functions library's version, as its text declares it (`local VERSION = 1`).
+_VERSION = re.compile(r"^local VERSION = (\d+)$", re.MULTILINE)
+
+
+def functions_text() -> str:
+    """The Functions library shipped in the package (a copy of clients/lua/rl_functions.lua)."""
+    from importlib import resources
+
+    return resources.files(__package__).joinpath("rl_functions.lua").read_text()
+
+
+def functions_version(text: str) -> int:
+    match = _VERSION.search(text)
+    if match is None:
+        raise ValueError("the Functions library declares no VERSION")
+    return int(match.group(1))
+
+
+def load_functions(client: Any) -> int:
+    """Loads the Functions library redis_rl (FUNCTION LOAD REPLACE) on the server of a
+    `redis.Redis`, or on every master of a `redis.RedisCluster`; returns the version loaded.
+    An admin's call, once per deployment and again after FUNCTION FLUSH: the user needs
+    `+function|load +function|list` (docs/clients.md#permissions)."""
+    text = functions_text()
+    if hasattr(client, "get_primaries"):
+        for node in client.get_primaries():
+            node.redis_connection.execute_command("FUNCTION", "LOAD", "REPLACE", text)
+    else:
+        client.execute_command("FUNCTION", "LOAD", "REPLACE", text)
+    return functions_version(text)
 
 
 class Limiter(LimiterBase):
@@ -70,8 +129,11 @@ class Limiter(LimiterBase):
     - `deny_cache`: the hot-key shield. After Redis denies (key, cost) with retry_after_ms = R,
       answer that key as denied locally for R, for any cost at least as large. True (10,000
       entries), False, or the number of entries to keep.
-    - `without_module` (default "lua"): on a server without the module, run the shipped Lua
-      script ("lua") or raise ModuleMissingError ("refuse").
+    - `without_module` (default "lua"): on a server without the module, use the Functions
+      library redis_rl when it is loaded, else the shipped Lua script ("lua"), or take the
+      module only ("refuse": without it `check()` raises ModuleMissingError and calls are
+      misconfigured). The path is found by sending the call and reading the error, with no
+      privileged command (`path` says which).
     - `timeout_ms` (default 1000): each call's deadline, the longest it waits for Redis: for a
       free connection in the pool, for a connection to open, for the reply. Busy is not down:
       a full pool or a slow reply under load is waited for, and only a call still without an
@@ -84,30 +146,73 @@ class Limiter(LimiterBase):
     - `local_max_keys` (default 100,000): the most buckets "local" keeps (least recently used
       out).
 
-    `counters` counts decisions by source, and outages.
+    `counters` counts decisions by source, and outages, busy and misconfigured calls. Call
+    `check()` once at startup: it raises MisconfiguredError for a mistake to fix.
     """
 
-    def __init__(self, client, *, on_error, instances=1, deny_cache=False, without_module="lua",
-                 timeout_ms=1000, probe_interval_ms=100, local_max_keys=100_000, clock=monotonic):
+    def __init__(self, client: Any, *, on_error: str, instances: int = 1,
+                 deny_cache: Union[bool, int] = False, without_module: str = "lua",
+                 timeout_ms: float = 1000, probe_interval_ms: float = 100,
+                 local_max_keys: int = 100_000, clock: Callable[[], float] = monotonic) -> None:
         self._engine = Engine(on_error, instances, deny_cache, without_module, timeout_ms,
                               probe_interval_ms, local_max_keys, clock)
         self.client = with_deadline(client, timeout_ms)
+        self._cluster = hasattr(self.client, "get_node_from_key")
 
-    def acquire(self, key, limit, cost=1):
+    def check(self) -> Optional[str]:
+        """The startup check: contacts Redis, finds the path and returns it ("module",
+        "functions" or "lua"). Raises MisconfiguredError (ModuleMissingError under
+        without_module="refuse") for a wrong password, a missing permission (naming the
+        command and the ACL rule to add), a cluster client on a server that is not a cluster
+        or a plain client on a cluster. While Redis is down or busy it raises nothing: it logs
+        a warning and returns None, and the failure policy decides the calls meanwhile."""
+        try:
+            return self._drive(self._engine.check_steps(self._cluster))
+        except (redis_errors.RedisError, redis_errors.RedisClusterException) as error:
+            return _checked(error, self._cluster)
+
+    def acquire(self, key: str, limit: Limit, cost: Number = 1) -> Decision:
         """Takes `cost` tokens from the bucket `key` of `limit`; returns a Decision."""
         return self._run("acquire", [(key, limit, cost)])
 
-    def peek(self, key, limit, cost=1):
+    def peek(self, key: str, limit: Limit, cost: Number = 1) -> Decision:
         """What `acquire` would decide for `cost`, taking nothing."""
         return self._run("peek", [(key, limit, cost)])
 
-    def acquire_all(self, items):
+    def acquire_all(self, items: Iterable[Item]) -> MultiDecision:
         """All or nothing over [(key, limit)] or [(key, limit, cost)]: takes every bucket's
         cost if each holds it, else nothing. In a cluster every key must hash to one slot:
         give them one hash tag, as in "{user:42}:s" and "{user:42}:h"."""
         return self._run("multi", items)
 
-    def charge(self, key, limit, cost):
+    def acquire_across_slots(self, items: Iterable[Union[Item, SlotItem]]) -> SlotsDecision:
+        """All or nothing over [(key, limit)], [(key, limit, cost)] or `SlotItem`s whose keys
+        may sit in different slots of a cluster: one `acquire_all` on one server; on a cluster
+        one per slot, in slot order, refunding the slots already taken when a later one refuses
+        or fails. Returns a SlotsDecision (one SlotOutcome per item); a shadow item's refusal
+        is reported but refuses nothing. See `redis_rl._slots`."""
+        plan = Across(self._engine, items)
+        step, args = plan.start()
+        while True:
+            if step == "done":
+                decision, error = args
+                if error is not None:
+                    raise error
+                return decision
+            if step == "ask":
+                try:
+                    step, args = plan.answer(self.acquire_all(args))
+                except (redis_errors.RedisError, redis_errors.RedisClusterException) as error:
+                    step, args = plan.answer(None, error)
+                continue
+            for key, limit, cost in args:
+                try:
+                    self.refund(key, limit, cost)
+                except Exception as error:  # the call's answer stands; the refund is logged
+                    log.warning("redis-rl: giving back %s after a refusal failed: %s", key, error)
+            step, args = plan.refunded()
+
+    def charge(self, key: str, limit: Limit, cost: Number) -> Charge:
         """Applies `cost` tokens to the bucket `key` whatever it holds (post-paid: usage already
         done, such as the tokens of an answer), taking it into debt if need be: RL.CHARGE.
         While in debt every take is denied until `retry_after_ms` has passed. Returns a Charge
@@ -119,12 +224,12 @@ class Limiter(LimiterBase):
         `counters["unapplied_charges"]`)."""
         return self._run("charge", [(key, limit, cost)])
 
-    def refund(self, key, limit, cost=1):
+    def refund(self, key: str, limit: Limit, cost: Number = 1) -> Refund:
         """Gives `cost` tokens back (a request that failed before doing any work) and clears
         the deny cache's entry for `key`."""
         return self._run("refund", [(key, limit, cost)])
 
-    def table(self, name, shards=1):
+    def table(self, name: str, shards: int = 1) -> Table:
         """A bucket table of this limiter: `shards` tables `name:{0}` … (redis_rl.table)."""
         from .table import Table
 
@@ -132,7 +237,8 @@ class Limiter(LimiterBase):
 
     # Waiting --------------------------------------------------------------------------------
 
-    def wait(self, key, limit, cost=1, timeout=None, *, cancel=None):
+    def wait(self, key: str, limit: Limit, cost: Number = 1, timeout: Optional[float] = None, *,
+             cancel: Optional[threading.Event] = None) -> Decision:
         """Takes `cost` tokens, sleeping between tries until the bucket holds them; returns the
         allowed Decision. Raises WaitTimeoutError (with the last denial) after `timeout`
         seconds (None: no limit), WaitNeverError at once when cost exceeds the capacity, and
@@ -151,8 +257,13 @@ class Limiter(LimiterBase):
             return answer
         try:
             reply = self._drive(engine.exchange(call))
+        except MisconfiguredError as error:
+            return engine.misconfigured(call, error)
         except (redis_errors.RedisError, redis_errors.RedisClusterException) as error:
-            if not is_unavailable(error):
+            cause = misconfiguration(error, self._cluster)
+            if cause is not None:
+                return engine.misconfigured(call, MisconfiguredError(cause))
+            if not (is_unavailable(error) or _moved_on_cluster(error, self._cluster)):
                 raise refused(error)
             return engine.fail(call, error)
         return engine.finish(call, reply)
@@ -171,16 +282,41 @@ class Limiter(LimiterBase):
                 advance, value = steps.throw, error
 
     def _execute(self, request):
-        client = self.client
-        if request.kind == "detect":
-            # A cluster client needs a node for a command without keys: any one will do.
-            options = {"target_nodes": client.get_random_node()} if hasattr(client, "get_random_node") else {}
-            return client.execute_command("COMMAND INFO", "RL.ACQUIRE", **options)
-        if request.kind == "load":
-            return client.script_load(*request.args)
-        if request.multi and hasattr(client, "get_node_from_key"):
-            # redis-py's cluster client refuses a command name with two dots
-            # (RL.ACQUIRE.MULTI), so send it to the node that owns the first key's slot.
-            node = client.get_node_from_key(request.first_key)
-            return node.redis_connection.execute_command(*request.args)
-        return client.execute_command(*request.args)
+        client, args = self.client, request.args
+        if not self._cluster:
+            return client.execute_command(*args)
+        route = _route(client, request)
+        if route == "direct":
+            # On the node's own connection: redis-py's cluster client refuses a command name
+            # with two dots (RL.ACQUIRE.MULTI), and keys of several slots (the server answers
+            # CROSSSLOT, as it does for a client of one server).
+            node = client.get_node_from_key(request.keys[0])
+            return node.redis_connection.execute_command(*args)
+        return client.execute_command(*args, target_nodes=client.get_node_from_key(request.keys[0]))
+
+
+def _route(client, request):
+    """How a cluster client sends `request` (see `_core.Request`): "direct" or "node"."""
+    if request.direct or len({client.keyslot(key) for key in request.keys}) > 1:
+        return "direct"
+    return "node"
+
+
+def _moved_on_cluster(error, cluster):
+    """A redirect met by a cluster client's request sent to one node (a failover or a slot
+    migration under way): Redis cannot decide this call now; the client's own routing learns
+    the new map on its next redirect."""
+    return cluster and is_cluster_redirect(error) and not is_crossslot(error)
+
+
+def _checked(error, cluster):
+    """What `check()` makes of an error: MisconfiguredError for a misconfiguration, None (and
+    a warning) when Redis is down or busy, the error itself otherwise."""
+    cause = misconfiguration(error, cluster)
+    if cause is not None:
+        raise MisconfiguredError(cause) from error
+    if is_unavailable(error):
+        log.warning("redis-rl: check: Redis cannot answer now (%s: %s); the failure policy "
+                    "decides until it does", type(error).__name__, error)
+        return None
+    raise refused(error)

@@ -26,6 +26,7 @@ decorator gets one set of header fields for both (`redis_rl.http.header_fields`)
 
 import functools
 import inspect
+from typing import Any, Callable
 
 from .http import FIELD_NAMES, PROBLEM_TYPE, Policy, call_hook, header_fields
 
@@ -124,7 +125,7 @@ class RateLimitMiddleware:
     and any option of `redis_rl.http.Policy`: a 429 for requests over the limit, the
     rate-limit header fields on every response it decided."""
 
-    def __init__(self, get_response):
+    def __init__(self, get_response: Any) -> None:
         from django.conf import settings
         from django.core.exceptions import ImproperlyConfigured
 
@@ -149,7 +150,7 @@ class RateLimitMiddleware:
         return _write_fields(request, self.get_response(request))
 
 
-def limit_view(limiter, limit, **options):
+def limit_view(limiter: Any, limit: Any, **options: Any) -> Callable[[Any], Any]:
     """A decorator for one Django view (a function of the request, or a class-based view's
     `dispatch` through `method_decorator`). Over the limit the view does not run and the 429
     is returned; otherwise the header fields are added to its response."""

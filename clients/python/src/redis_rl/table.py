@@ -15,8 +15,9 @@ decisions (delete, len).
 
 import asyncio
 import hashlib
+from typing import Any
 
-from ._core import Request
+from ._core import CHECK_KEYS
 
 #: The most shards a limit may be spread over: there are no more slots than this to use.
 MAX_SHARDS = 16384
@@ -24,7 +25,7 @@ MAX_SHARDS = 16384
 DELETE_BATCH = 1000
 
 
-def shard_of(field, shards):
+def shard_of(field: str, shards: int) -> int:
     """The shard of `field` among `shards`: the first 8 bytes of SHA-1 over its UTF-8 bytes,
     big-endian, modulo `shards`. The Node and Rust libraries compute the same
     (clients/vectors/table.json)."""
@@ -76,11 +77,11 @@ class _TableBase:
     def __repr__(self):
         return f"{type(self).__name__}(name={self.name!r}, shards={self.shards})"
 
-    def key(self, shard):
+    def key(self, shard: int) -> str:
         """The table key of shard `shard`: `name:{shard}`."""
         return f"{self.name}:{{{shard}}}"
 
-    def bucket(self, field):
+    def bucket(self, field: str) -> "TableField":
         """The bucket of `field`: a `TableField` (its table key, and its fallback key)."""
         return TableField(self.key(shard_of(_check_field(field), self.shards)), field)
 
@@ -93,7 +94,8 @@ class _TableBase:
         return groups
 
     def _delete_commands(self, groups, mode):
-        """RL.HDEL (module) or DEL (Lua) of each shard's fields, DELETE_BATCH at a time."""
+        """RL.HDEL (module) or DEL (Functions library, script) of each shard's fields,
+        DELETE_BATCH at a time."""
         for table, buckets in groups.items():
             for start in range(0, len(buckets), DELETE_BATCH):
                 batch = buckets[start:start + DELETE_BATCH]
@@ -103,13 +105,10 @@ class _TableBase:
                     yield ("DEL", *batch)
 
     def _detection(self):
-        """The engine's steps that find the path (module, Lua), as `Engine.exchange` does
-        before a call: run by the limiter's `_drive`. Returns the path."""
-        engine = self._limiter._engine
-        if engine.mode is None:
-            engine.detected((yield Request("detect")))
-        engine.refuse_if_missing()
-        return engine.mode
+        """The engine's steps that find the path (module, Functions library, script) when it is
+        not known yet, as `check()` does (a peek, which writes nothing): run by the limiter's
+        `_drive`. Returns the path."""
+        return (yield from self._limiter._engine.probe_steps(CHECK_KEYS[0]))
 
     def _forget(self, buckets):
         """A reset bucket is full: drop what the shield and the local policy hold for it."""
@@ -155,33 +154,33 @@ class Table(_TableBase):
     decisions: when Redis cannot answer they raise, whatever the failure policy.
     """
 
-    def acquire(self, field, limit, cost=1):
+    def acquire(self, field: str, limit: Any, cost: Any = 1) -> Any:
         """Takes `cost` tokens from the bucket `field` of `limit`; returns a Decision."""
         return self._limiter.acquire(self.bucket(field), limit, cost)
 
-    def peek(self, field, limit, cost=1):
+    def peek(self, field: str, limit: Any, cost: Any = 1) -> Any:
         """What `acquire` would decide for `cost`, taking nothing."""
         return self._limiter.peek(self.bucket(field), limit, cost)
 
-    def charge(self, field, limit, cost):
+    def charge(self, field: str, limit: Any, cost: Any) -> Any:
         """Applies the post-paid `cost` to the bucket `field`, into debt if need be (RL.HCHARGE;
         see `redis_rl.Limiter.charge`); returns a Charge."""
         return self._limiter.charge(self.bucket(field), limit, cost)
 
-    def refund(self, field, limit, cost=1):
+    def refund(self, field: str, limit: Any, cost: Any = 1) -> Any:
         """Gives `cost` tokens back to the bucket `field` and clears its deny-cache entry."""
         return self._limiter.refund(self.bucket(field), limit, cost)
 
-    def delete(self, *fields):
+    def delete(self, *fields: str) -> int:
         """Resets the buckets of `fields` (full again); returns how many were live."""
         groups = self._by_table(fields)
         self._forget(b for group in groups.values() for b in group)
         return sum(self._limiter.client.execute_command(*args)
                    for args in self._delete_commands(groups, self._mode()))
 
-    def len(self):
-        """Live buckets over all the shards (RL.HLEN; on the Lua path, one SCAN of the fallback
-        keys on each node holding a shard)."""
+    def len(self) -> int:
+        """Live buckets over all the shards (RL.HLEN; on the Functions and script paths, one
+        SCAN of the fallback keys on each node holding a shard)."""
         if self._mode() == "module":
             return sum(self._limiter.client.execute_command("RL.HLEN", self.key(i)) for i in range(self.shards))
         count = 0

@@ -11,6 +11,7 @@ import asyncio
 import random
 import threading
 import time
+from typing import Any, Optional
 
 from ._core import Error
 
@@ -59,7 +60,8 @@ def _check(timeout):
         raise ValueError("timeout must be None or a number of seconds >= 0")
 
 
-def wait(limiter, key, limit, cost=1, timeout=None, cancel=None):
+def wait(limiter: Any, key: str, limit: Any, cost: Any = 1, timeout: Optional[float] = None,
+         cancel: Optional[threading.Event] = None) -> Any:
     """The sync wait: see `redis_rl.Limiter.wait`."""
     _check(timeout)
     deadline = None if timeout is None else time.monotonic() + timeout
@@ -73,7 +75,8 @@ def wait(limiter, key, limit, cost=1, timeout=None, cancel=None):
         cancel.wait(_next_sleep_s(decision, deadline, time.monotonic(), timeout))
 
 
-async def wait_async(limiter, key, limit, cost=1, timeout=None):
+async def wait_async(limiter: Any, key: str, limit: Any, cost: Any = 1,
+                     timeout: Optional[float] = None) -> Any:
     """The asyncio wait: see `redis_rl.asyncio.Limiter.wait`."""
     _check(timeout)
     loop = asyncio.get_running_loop()

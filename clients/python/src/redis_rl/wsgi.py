@@ -16,6 +16,7 @@ the middleware and a route decorator gets one set of header fields for both
 
 import functools
 import inspect
+from typing import Any, Callable
 
 from .http import FIELD_NAMES, PROBLEM_TYPE, Policy, call_hook, header_fields
 
@@ -75,11 +76,11 @@ class RateLimitMiddleware:
     """WSGI middleware: a 429 (application/problem+json, RFC 9457) for requests over the
     limit, the rate-limit header fields on every response it decided."""
 
-    def __init__(self, app, limiter, limit, **options):
+    def __init__(self, app: Any, limiter: Any, limit: Any, **options: Any) -> None:
         self.app = app
         self.policy = _sync_policy(limiter, limit, options)
 
-    def __call__(self, environ, start_response):
+    def __call__(self, environ: Any, start_response: Any) -> Any:
         decided = decide(self.policy, environ)
         if decided is None:
             return self.app(environ, start_response)
@@ -98,7 +99,7 @@ class RateLimitMiddleware:
         return self.app(environ, start_with_headers)
 
 
-def limit_route(limiter, limit, **options):
+def limit_route(limiter: Any, limit: Any, **options: Any) -> Callable[[Any], Any]:
     """A decorator for one Flask view (put it under `@app.route`). Over the limit the view
     does not run and the 429 is returned; otherwise the header fields are added to its
     response."""

@@ -2,10 +2,12 @@
 //! dev-only crate `rl-testkit`, re-exported whole: `Server::start()` with the module,
 //! `Server::plain()` without it, `kill()` and `restart()` for an outage on the same port), the
 //! limiter set-ups the tests use, and a test logger that keeps each thread's records apart,
-//! so tests running in parallel can each count the warnings their own limiter logged.
+//! so tests running in parallel can each count the warnings their own limiter logged (or, on
+//! a thread that asks for them, the info records too).
 
 #![allow(dead_code)]
 
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::sync::{Mutex, Once};
 use std::thread::ThreadId;
@@ -37,9 +39,14 @@ struct ThreadLog;
 static RECORDS: Mutex<Option<HashMap<ThreadId, Vec<String>>>> = Mutex::new(None);
 static INSTALL: Once = Once::new();
 
+thread_local! {
+    /// The least severe level this thread's records are kept at.
+    static LEVEL: Cell<log::Level> = const { Cell::new(log::Level::Warn) };
+}
+
 impl log::Log for ThreadLog {
     fn enabled(&self, metadata: &log::Metadata) -> bool {
-        metadata.level() <= log::Level::Warn
+        metadata.level() <= LEVEL.with(Cell::get)
     }
 
     fn log(&self, record: &log::Record) {
@@ -60,8 +67,14 @@ impl log::Log for ThreadLog {
 pub fn capture_logs() {
     INSTALL.call_once(|| {
         log::set_logger(&ThreadLog).expect("one logger");
-        log::set_max_level(log::LevelFilter::Warn);
+        log::set_max_level(log::LevelFilter::Info);
     });
+}
+
+/// Starts capturing this thread's records at `level` and above (info too, for `Info`).
+pub fn capture_logs_at(level: log::Level) {
+    capture_logs();
+    LEVEL.with(|l| l.set(level));
 }
 
 /// The warnings this thread logged since the last call.

@@ -15,6 +15,8 @@
 //! - `refund.rs`: peeks and refunds against the exact model.
 //! - `charge.rs`: charges into debt, then takes, peeks and cost-0 checks at random times,
 //!   against the exact model; the bound on the debt.
+//! - `fallback.rs`: the Lua fallback's hash texts parsed, their instant converted, and a
+//!   taken-over bucket driven by every step against the exact model of that instant.
 //! - `drift.rs`: a saturated caller over a million calls gets exactly the model's count.
 //! - `properties.rs`: the invariants, over generated limits, states and costs.
 //! - `against_model.rs`: every field of every reply against the exact model (`model.rs`),
@@ -34,9 +36,12 @@ mod cost;
 mod decimal;
 mod decision;
 mod drift;
+mod fallback;
+mod lease;
 mod limit;
 mod properties;
 mod refund;
+mod settle;
 mod state;
 
 /// A realistic instant: 2023-11-14T22:13:20Z, in µs.

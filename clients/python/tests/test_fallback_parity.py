@@ -1,0 +1,107 @@
+"""The fallback script (clients/lua/rl.lua, by EVALSHA) and the Functions library made from it
+(clients/lua/rl_functions.lua, by FCALL) against the module, on one real server: the same
+seeded sequence of calls (acquire, peek, refund, charge into debt, multi, costs above the
+capacity) sent to each of the three back to back, on keys of their own, must get the same
+replies. The limits refill one token in 1,000 s or more, so no token comes back between the
+three calls; their waits may differ only by the milliseconds the calls took."""
+
+import os
+import random
+import time
+import unittest
+
+import redis
+
+from redis_rl import Limit
+from servers import Server
+
+LUA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "lua")
+MODULE_COMMAND = {"acquire": "RL.ACQUIRE", "peek": "RL.PEEK", "refund": "RL.REFUND",
+                  "charge": "RL.CHARGE"}
+# Whole-microsecond token intervals and fractional ones (D = 3, 7, 9), decimal and N/S rates.
+LIMITS = [Limit(0.001, 5), Limit(3, per=10_000), Limit(7, 10, per=100_000), Limit(1, 2, per=1000),
+          Limit(0.0003, 3), Limit(9, 4, per=90_000)]
+
+
+class FallbackParity(unittest.TestCase):
+    def setUp(self):
+        server = Server(module=True)
+        self.addCleanup(server.close)
+        self.client = redis.Redis(port=server.port)
+        self.addCleanup(self.client.close)
+        with open(os.path.join(LUA, "rl.lua")) as f:
+            self.sha = self.client.script_load(f.read())
+        with open(os.path.join(LUA, "rl_functions.lua")) as f:
+            self.client.function_load(f.read(), replace=True)
+
+    def three(self, op, items):
+        """The call on the module (keys m:*), the script (s:*) and the functions (f:*)."""
+        if op == "multi":
+            module = ["RL.ACQUIRE.MULTI"]
+            for n, limit, cost in items:
+                module += [f"m:{n}", *limit.args(), str(cost)]
+        else:
+            (n, limit, cost), = items
+            module = [MODULE_COMMAND[op], f"m:{n}", *limit.args(), str(cost)]
+        numbers = [x for _, limit, cost in items
+                   for x in limit.script_args(cost, refund=op == "refund")]
+        replies = []
+        for call in (lambda: self.client.execute_command(*module),
+                     lambda: self.client.evalsha(self.sha, len(items),
+                                                 *[f"s:{n}" for n, _, _ in items], op, *numbers),
+                     lambda: self.client.fcall(f"rl_{op}", len(items),
+                                               *[f"f:{n}" for n, _, _ in items], *numbers)):
+            try:
+                replies.append(call())
+            except redis.ResponseError as e:
+                replies.append(f"error: {e}")
+        return replies
+
+    def assert_alike(self, op, module, other, took_ms, what):
+        if isinstance(module, str) or isinstance(other, str):
+            self.assertEqual(module.split(" script:")[0], other.split(" script:")[0], what)
+            return
+        if op == "multi":
+            self.assertEqual(module[:2], other[:2], what)
+            self.assertEqual(module[2] < 0, other[2] < 0, what)
+            self.assertLessEqual(abs(module[2] - other[2]), took_ms + 1, what)
+            self.assertEqual(len(module[3]), len(other[3]), what)
+            for a, b in zip(module[3], other[3]):
+                self.assert_alike("acquire", a, b, took_ms, what)
+            return
+        if op == "refund":  # {remaining, reset_after_ms}
+            self.assertEqual(module[0], other[0], what)
+            self.assertLessEqual(abs(module[1] - other[1]), took_ms + 1, what)
+            return
+        self.assertEqual(module[:2], other[:2], what)  # allowed (or applied), remaining
+        self.assertEqual(module[2] < 0, other[2] < 0, what)
+        self.assertLessEqual(abs(module[2] - other[2]), took_ms + 1, what)
+        self.assertLessEqual(abs(module[3] - other[3]), took_ms + 1, what)
+
+    def test_script_and_functions_reply_as_the_module_does(self):
+        rng = random.Random(7)
+        took_ms = 0
+        ops = ["acquire"] * 5 + ["peek", "peek", "refund", "charge", "multi"]
+        for i in range(400):
+            op = rng.choice(ops)
+            size = rng.randint(1, 3) if op == "multi" else 1
+            items = []
+            for _ in range(size):
+                n = rng.randrange(len(LIMITS))
+                items.append((n, LIMITS[n], rng.choice([0, 1, 1, 1, 2, 3, 6])))
+            started = time.monotonic()
+            module, script, function = self.three(op, items)
+            # A bucket's instant was set by whichever earlier call found it full, at each
+            # path's own clock reading: waits differ by at most the longest three calls yet.
+            took_ms = max(took_ms, int((time.monotonic() - started) * 1000) + 1)
+            what = f"call {i}: {op} {items}: module {module}, script {script}, function {function}"
+            self.assert_alike(op, module, script, took_ms, what)
+            self.assert_alike(op, module, function, took_ms, what)
+        # Each bucket ended where the module's did: the same keys hold state.
+        for n in range(len(LIMITS)):
+            self.assertEqual(self.client.exists(f"s:{n}"), self.client.exists(f"m:{n}"), n)
+            self.assertEqual(self.client.exists(f"f:{n}"), self.client.exists(f"m:{n}"), n)
+
+
+if __name__ == "__main__":
+    unittest.main()

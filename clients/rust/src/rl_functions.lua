@@ -1,0 +1,478 @@
+#!lua name=redis_rl
+-- redis-rl's Functions library: the fallback script's decisions (clients/lua/rl.lua) as Redis
+-- Functions, which the server persists and replicates, so a failover or a restart never loses
+-- them and an application user needs only FCALL and FCALL_RO. Load it once, as a user allowed
+-- FUNCTION LOAD (on every master of a cluster):
+--
+--   redis-cli -x FUNCTION LOAD REPLACE < rl_functions.lua
+--
+-- Functions, each with the script's keys and numbers after the mode (see rl.lua's header):
+--   FCALL rl_acquire 1 key <10 numbers>      {allowed, remaining, retry_after_ms, reset_after_ms}
+--   FCALL_RO rl_peek 1 key <10 numbers>      the same, taking nothing (no-writes: replicas too)
+--   FCALL rl_refund 1 key <10 numbers>       {remaining, reset_after_ms}
+--   FCALL rl_charge 1 key <10 numbers>       {1, balance, retry_after_ms, reset_after_ms}
+--   FCALL rl_multi N key1 .. keyN <10 numbers per key>   all or nothing
+--   FCALL_RO rl_version 0                    this library's version
+--
+-- Written by clients/lua/functions.py from rl.lua: edit rl.lua, then run it.
+
+
+-- The general path, made on first need by `run` (a script call on the fast path builds none
+-- of its functions; the Functions library builds them once).
+local general
+
+-- Numbers already read, by their text, or nil: the Functions library keeps one (an
+-- application sends the same limit on every call), emptied past 4096 entries; a script call
+-- starts afresh, so has none.
+local known, known_n = nil, 0
+
+-- The ten numbers of a call, each read once: `s + 0` converts a string as tonumber does (which
+-- converts it twice), and raises on one that is not a number, for the caller's pcall.
+local function numbers(a, off)
+  local m = known
+  if m then
+    local d, tq, tr, cq, cr = m[a[off + 1]], m[a[off + 2]], m[a[off + 3]], m[a[off + 4]],
+      m[a[off + 5]]
+    local sq, sr, kq, kr, cap = m[a[off + 6]], m[a[off + 7]], m[a[off + 8]], m[a[off + 9]],
+      m[a[off + 10]]
+    if d and tq and tr and cq and cr and sq and sr and kq and kr and cap then
+      return d, tq, tr, cq, cr, sq, sr, kq, kr, cap
+    end
+    if known_n > 4096 then m = {}; known, known_n = m, 0 end
+    for i = off + 1, off + 10 do
+      local s = a[i]
+      if m[s] == nil then m[s] = s + 0; known_n = known_n + 1 end
+    end
+  end
+  local s = a[off + 3]
+  local tr = s == '0' and 0 or s + 0
+  s = a[off + 5]
+  local cr = s == '0' and 0 or s + 0
+  s = a[off + 6]
+  local sq = s == '0' and 0 or s + 0
+  s = a[off + 7]
+  local sr = s == '0' and 0 or s + 0
+  s = a[off + 9]
+  local kr = s == '0' and 0 or s + 0
+  s = a[off + 1]
+  return s == '1' and 1 or s + 0, a[off + 2] + 0, tr, a[off + 4] + 0, cr, sq, sr,
+    a[off + 8] + 0, kr, a[off + 10] + 0
+end
+
+-- A stored instant's two numbers, read once each (raises on one that is not a number).
+local function instant(q, r)
+  return q + 0, r == '0' and 0 or r + 0
+end
+
+-- One call: `mode` over `keys`, with the numbers in `args` after its first `off` entries.
+local function run(mode, keys, args, off)
+  local t = redis.call('TIME')
+  local now = t[1] * 1000000 + t[2] -- TIME's two integers, each converted once
+  -- The fast path: one acquire or peek. It inlines its arithmetic (a script's body makes its
+  -- functions again on every call, so it has few). A `break` leaves it, with nothing written,
+  -- for the general path: an argument or a stored field that is not a plain case, a rate
+  -- changed since the bucket was written, a peek in debt, an estimate off by more than one
+  -- token. The stored denominator is compared as the argument's own string, a remainder of
+  -- "0" is not converted, and the new instant and expiry go to redis.call as numbers (the
+  -- server prints an integer below 2^53 in full; "%.17g" before Redis 7.2).
+  if (mode == 'acquire' or mode == 'peek') and #keys == 1 then repeat
+    local key, take = keys[1], mode == 'acquire'
+    local ok, d, tq, tr, cq, cr, sq, sr, kq, kr, cap = pcall(numbers, args, off)
+    -- Whole numbers (x % 1 is in [0, 1) for a finite x, NaN otherwise), each in its range.
+    if not ok or d % 1 + tq % 1 + tr % 1 + cq % 1 + cr % 1 + sq % 1 + sr % 1 + kq % 1
+        + kr % 1 + cap % 1 ~= 0 or d < 1 or tq < 0 or tr < 0 or tr >= d
+        or (tq == 0 and tr == 0) or cq < 0 or cr < 0 or cr >= d or sr < 0 or sr >= d
+        or kq < 0 or kr < 0 or kr >= d or cap < 0 then
+      break
+    end
+    local ds = args[off + 1]
+    local h = redis.call('HMGET', key, 'a', 'b', 'd')
+    local fq, fr = h[1], 0
+    -- How far from full the bucket is: (dq, dr), 0 when missing or full.
+    local dq, dr = 0, 0
+    if fq then
+      if h[3] ~= ds then break end
+      ok, fq, fr = pcall(instant, fq, h[2])
+      if not ok or fr < 0 or fr >= d then break end
+      if fq > now or (fq == now and fr > 0) then dq, dr = fq - now, fr end
+    end
+    -- Milliseconds are ceil((q + r/D) / 1000), as (q - rest) / 1000, plus 1 if anything is
+    -- left; q % 1000 may come out below 0 (never at or above 1000) when q / 1000 rounds up.
+    local wait, rest, taken = 0, 0, false
+    if sq < 0 then
+      wait = -1 -- a cost above the capacity: never
+    elseif dq > sq or (dq == sq and dr > sr) then
+      local wq, wr = dq - sq, dr - sr -- the wait: debt - S
+      if wr < 0 then wq = wq - 1; wr = wr + d end
+      rest = wq % 1000
+      if rest < 0 then rest = rest + 1000 end
+      wait = (wq - rest) / 1000
+      if rest > 0 or wr > 0 then wait = wait + 1 end
+    elseif take and (kq > 0 or kr > 0) then
+      -- Taken: full moves to max(full, now) + K, the debt to debt + K.
+      dq, dr = dq + kq, dr + kr
+      if dr >= d then dq = dq + 1; dr = dr - d end
+      taken = true
+    end
+    -- floor(tokens) at the reply's debt: the largest k <= cap with k * T <= A = C - debt, 0
+    -- beyond the capacity (an acquire; a peek there reports the debt, which the general path
+    -- counts). One float estimate, settled by exact comparisons with k * T and (k + 1) * T;
+    -- k * tr must stay below 2^52, so that it and its quotient's product are exact.
+    local k = 0
+    if dq < cq or (dq == cq and dr <= cr) then
+      local aq, ar = cq - dq, cr - dr
+      if ar < 0 then aq = aq - 1; ar = ar + d end
+      k = (aq + ar / d) / (tq + tr / d)
+      k = k - k % 1
+      if k > cap then k = cap end
+      if k < 0 then k = 0 end
+      local p = k * tr
+      if p >= 4503599627370496 then break end
+      local r = p % d
+      if r < 0 then r = r + d end
+      local q = (p - r) / d + k * tq
+      if q >= 4503599627370496 then break end
+      if q > aq or (q == aq and r > ar) then
+        -- k * T > A: one token fewer must fit.
+        k = k - 1
+        q, r = q - tq, r - tr
+        if r < 0 then q = q - 1; r = r + d end
+        if k < 0 or q > aq or (q == aq and r > ar) then break end
+      elseif k < cap then
+        q, r = q + tq, r + tr
+        if r >= d then q = q + 1; r = r - d end
+        if q < aq or (q == aq and r <= ar) then
+          -- (k + 1) * T <= A: one token more fits, and no second.
+          k = k + 1
+          q, r = q + tq, r + tr
+          if r >= d then q = q + 1; r = r - d end
+          if k < cap and (q < aq or (q == aq and r <= ar)) then break end
+        end
+      end
+    elseif not take then
+      break
+    end
+    if taken then
+      local q = dq + now
+      -- A remainder below 10 goes as its digit, without formatting a number; an unchanged
+      -- remainder or denominator is not written again.
+      local b = dr
+      if dr == 0 then b = '0' elseif dr < 10 then b = string.char(48 + dr) end
+      if not fq then
+        -- The denominator as the general path writes it: its digits, no other form.
+        if not string.find(ds, '^[1-9]%d*$') then break end
+        redis.call('HSET', key, 'a', q, 'b', b, 'd', ds)
+      elseif dr == fr then
+        redis.call('HSET', key, 'a', q)
+      else
+        redis.call('HSET', key, 'a', q, 'b', b)
+      end
+      rest = q % 1000
+      if rest < 0 then rest = rest + 1000 end
+      local at = (q - rest) / 1000
+      if rest > 0 or dr > 0 then at = at + 1 end
+      redis.call('PEXPIREAT', key, at)
+    end
+    rest = dq % 1000
+    if rest < 0 then rest = rest + 1000 end
+    local reset = (dq - rest) / 1000
+    if rest > 0 or dr > 0 then reset = reset + 1 end
+    return {wait == 0 and 1 or 0, k, wait, reset}
+  until true end
+  if not general then
+    general = (function()
+      local P21 = 2097152 -- 2^21
+      local P42 = P21 * P21
+
+      -- floor(k * m / d) and (k * m) mod d, exactly, for integers 0 <= k < 2^53, 0 <= m, d < 2^31.
+      -- k is cut into three 21-bit limbs, so every intermediate stays below 2^53.
+      local function muldiv(k, m, d)
+        local k2 = math.floor(k / P42)
+        local rest = k - k2 * P42
+        local k1 = math.floor(rest / P21)
+        local k0 = rest - k1 * P21
+        -- One step of long division per limb, high to low (unrolled: no table per call).
+        local t = k2 * m
+        local q = math.floor(t / d)
+        local r = t - q * d
+        if r < 0 then q = q - 1; r = r + d elseif r >= d then q = q + 1; r = r - d end
+        t = r * P21 + k1 * m
+        local qd = math.floor(t / d)
+        r = t - qd * d
+        if r < 0 then qd = qd - 1; r = r + d elseif r >= d then qd = qd + 1; r = r - d end
+        q = q * P21 + qd
+        t = r * P21 + k0 * m
+        qd = math.floor(t / d)
+        r = t - qd * d
+        if r < 0 then qd = qd - 1; r = r + d elseif r >= d then qd = qd + 1; r = r - d end
+        return q * P21 + qd, r
+      end
+
+      -- ceil((q + r/D) / 1000) for q >= 0: a duration in µs to whole milliseconds, rounded up.
+      local function ceil_ms(q, r)
+        local f = math.floor(q / 1000)
+        local rest = q - f * 1000
+        if rest < 0 then f = f - 1; rest = rest + 1000 elseif rest >= 1000 then f = f + 1; rest = rest - 1000 end
+        if rest > 0 or r > 0 then return f + 1 end
+        return f
+      end
+
+      local function less_eq(aq, ar, bq, br)
+        return aq < bq or (aq == bq and ar <= br)
+      end
+
+      local function add(aq, ar, bq, br, d)
+        local q, r = aq + bq, ar + br
+        if r >= d then q = q + 1; r = r - d end
+        return q, r
+      end
+
+      local function sub(aq, ar, bq, br, d)
+        local q, r = aq - bq, ar - br
+        if r < 0 then q = q - 1; r = r + d end
+        return q, r
+      end
+
+      local function int(s) -- for HSET and PEXPIREAT: tostring would print 5e+15
+        return string.format('%.0f', s)
+      end
+
+      -- The server's time in microseconds, read once per call by `run`.
+      local now_q
+
+      -- The limit of key i, from the call's arguments `a`, whose first `off` are not numbers.
+      local function limit_of(a, off, i)
+        local base = off + (i - 1) * 10
+        for j = base + 1, base + 10 do
+          if tonumber(a[j]) == nil then
+            return redis.error_reply('ERR redis-rl script: argument ' .. j .. ' is not a number')
+          end
+        end
+        return {d = tonumber(a[base + 1]), tq = tonumber(a[base + 2]), tr = tonumber(a[base + 3]),
+                cq = tonumber(a[base + 4]), cr = tonumber(a[base + 5]), sq = tonumber(a[base + 6]),
+                sr = tonumber(a[base + 7]), kq = tonumber(a[base + 8]), kr = tonumber(a[base + 9]),
+                cfloor = tonumber(a[base + 10])}
+      end
+
+      -- The stored instant of key, as {q, r} over lim.d, or nil for a missing key.
+      local function load(key, lim)
+        local h = redis.call('HMGET', key, 'a', 'b', 'd')
+        if not h[1] then return nil end
+        local q, r, d = tonumber(h[1]), tonumber(h[2]), tonumber(h[3])
+        if q == nil or r == nil or d == nil or d < 1 or r < 0 or r >= d then
+          return redis.error_reply('ERR redis-rl script: ' .. key .. ' holds no bucket state')
+        end
+        if d ~= lim.d then
+          -- The rate changed: re-express r over the new denominator, rounding up (later = stricter).
+          local nr, rem = muldiv(r, lim.d, d)
+          if rem > 0 then nr = nr + 1 end
+          if nr >= lim.d then q = q + 1; nr = nr - lim.d end
+          r = nr
+        end
+        return {q, r}
+      end
+
+      -- How far from full the bucket is at now: {q, r}, {0, 0} when full.
+      local function debt_of(full)
+        if full == nil then return 0, 0 end
+        local q, r = full[1] - now_q, full[2]
+        if q < 0 or (q == 0 and r == 0) then return 0, 0 end
+        return q, r
+      end
+
+      -- Whether n tokens' refill time, n * T, is at most (aq, ar).
+      local function fits(lim, n, aq, ar)
+        local q, r = muldiv(n, lim.tr, lim.d)
+        return less_eq(q + n * lim.tq, r, aq, ar)
+      end
+
+      -- floor(tokens) for a bucket `debt` short of full: the largest whole k <= floor(capacity) with
+      -- k * T <= capacity * T - debt, found from a float estimate settled with exact comparisons.
+      local function remaining_of(lim, dq, dr)
+        if not less_eq(dq, dr, lim.cq, lim.cr) then return 0 end
+        local aq, ar = sub(lim.cq, lim.cr, dq, dr, lim.d)
+        local t = lim.tq + lim.tr / lim.d
+        local k = math.floor((aq + ar / lim.d) / t)
+        if k > lim.cfloor then k = lim.cfloor end
+        if k < 0 then k = 0 end
+        for _ = 1, 64 do
+          if k > 0 and not fits(lim, k, aq, ar) then k = k - 1 else break end
+        end
+        for _ = 1, 64 do
+          if k < lim.cfloor and fits(lim, k + 1, aq, ar) then k = k + 1 else break end
+        end
+        return k
+      end
+
+      -- Whether n tokens' refill time, n * T, is at least (aq, ar).
+      local function covers(lim, n, aq, ar)
+        local q, r = muldiv(n, lim.tr, lim.d)
+        return less_eq(aq, ar, q + n * lim.tq, r)
+      end
+
+      -- A bucket's signed balance: remaining_of while it holds tokens, else -k for the smallest
+      -- whole k with k * T >= debt - capacity * T (rounded toward -infinity), negative in debt.
+      local function balance_of(lim, dq, dr)
+        if less_eq(dq, dr, lim.cq, lim.cr) then return remaining_of(lim, dq, dr) end
+        local oq, orr = sub(dq, dr, lim.cq, lim.cr, lim.d)
+        local k = math.ceil((oq + orr / lim.d) / (lim.tq + lim.tr / lim.d))
+        if k < 1 then k = 1 end
+        -- muldiv is exact below 2^53 only: a debt that deep is reported as the estimate.
+        if k >= P42 * 2048 then return -k end
+        for _ = 1, 64 do
+          if k > 1 and covers(lim, k - 1, oq, orr) then k = k - 1 else break end
+        end
+        for _ = 1, 64 do
+          if not covers(lim, k, oq, orr) then k = k + 1 else break end
+        end
+        return -k
+      end
+
+      -- One acquire (or peek) decision on `full` at now. Returns the reply and the new instant, or
+      -- nil when nothing is to be written. A peek reports the signed balance, an acquire what may
+      -- be taken (0 while in debt).
+      local function decide(lim, full, take)
+        local dq, dr = debt_of(full)
+        local count = take and remaining_of or balance_of
+        if lim.sq < 0 then
+          return {0, count(lim, dq, dr), -1, ceil_ms(dq, dr)}, nil
+        end
+        if not less_eq(dq, dr, lim.sq, lim.sr) then
+          local wq, wr = sub(dq, dr, lim.sq, lim.sr, lim.d)
+          return {0, count(lim, dq, dr), ceil_ms(wq, wr), ceil_ms(dq, dr)}, nil
+        end
+        if not take or (lim.kq == 0 and lim.kr == 0) then
+          return {1, count(lim, dq, dr), 0, ceil_ms(dq, dr)}, nil
+        end
+        local bq, br = now_q, 0
+        if dq > 0 or dr > 0 then bq, br = full[1], full[2] end
+        local nq, nr = add(bq, br, lim.kq, lim.kr, lim.d)
+        local new = {nq, nr}
+        local ndq, ndr = debt_of(new)
+        return {1, remaining_of(lim, ndq, ndr), 0, ceil_ms(ndq, ndr)}, new
+      end
+
+      local function store(key, lim, full)
+        redis.call('HSET', key, 'a', int(full[1]), 'b', int(full[2]), 'd', int(lim.d))
+        redis.call('PEXPIREAT', key, int(ceil_ms(full[1], full[2])))
+      end
+
+      -- The charge's bound: full again within 100 years of now (3153600000 s, in us), and an
+      -- instant below 2^53 us, where the script's doubles stay exact.
+      local MAX_DEBT_US = 3153600000 * 1000000
+      local MAX_INSTANT_US = P42 * 2048
+
+      -- A charge's reply for a bucket `debt` short of full: {1, balance, until repaid, until full}.
+      local function charged(lim, dq, dr)
+        local repaid = 0
+        if not less_eq(dq, dr, lim.cq, lim.cr) then
+          repaid = ceil_ms(sub(dq, dr, lim.cq, lim.cr, lim.d))
+        end
+        return {1, balance_of(lim, dq, dr), repaid, ceil_ms(dq, dr)}
+      end
+
+      -- One call: `mode` over `keys`, with the numbers in `args` after its first `off` entries, at
+      -- `now` (µs).
+      return function(mode, keys, args, off, now)
+        now_q = now
+        if mode == 'acquire' or mode == 'peek' or mode == 'refund' or mode == 'charge' then
+          if #keys ~= 1 then return redis.error_reply('ERR redis-rl script: ' .. mode .. ' takes one key') end
+          local lim = limit_of(args, off, 1)
+          if lim.err then return lim end
+          local key = keys[1]
+          local full = load(key, lim)
+          if full and full.err then return full end
+          if mode == 'refund' then
+            -- At most the capacity comes back, as the module caps it: a bucket in debt after a charge
+            -- owes more than that.
+            if not less_eq(lim.kq, lim.kr, lim.cq, lim.cr) then lim.kq, lim.kr = lim.cq, lim.cr end
+            local dq, dr = debt_of(full)
+            if dq == 0 and dr == 0 then return {remaining_of(lim, 0, 0), 0} end
+            if less_eq(dq, dr, lim.kq, lim.kr) then
+              redis.call('DEL', key)
+              return {remaining_of(lim, 0, 0), 0}
+            end
+            if lim.kq == 0 and lim.kr == 0 then return {remaining_of(lim, dq, dr), ceil_ms(dq, dr)} end
+            local ndq, ndr = sub(dq, dr, lim.kq, lim.kr, lim.d)
+            local nq, nr = add(now_q, 0, ndq, ndr, lim.d)
+            store(key, lim, {nq, nr})
+            return {remaining_of(lim, ndq, ndr), ceil_ms(ndq, ndr)}
+          end
+          if mode == 'charge' then
+            local dq, dr = debt_of(full)
+            if lim.kq == 0 and lim.kr == 0 then return charged(lim, dq, dr) end
+            local bq, br = now_q, 0
+            if dq > 0 or dr > 0 then bq, br = full[1], full[2] end
+            local nq, nr = add(bq, br, lim.kq, lim.kr, lim.d)
+            local ndq, ndr = sub(nq, nr, now_q, 0, lim.d)
+            if not less_eq(ndq, ndr, MAX_DEBT_US, 0) or nq >= MAX_INSTANT_US then
+              return redis.error_reply('ERR cost would leave the bucket in debt for more than 100 years '
+                .. '(it must be full again within 3153600000 s, and before 2262)')
+            end
+            store(key, lim, {nq, nr})
+            return charged(lim, ndq, ndr)
+          end
+          local reply, new = decide(lim, full, mode == 'acquire')
+          if new then store(key, lim, new) end
+          return reply
+        elseif mode == 'multi' then
+          if #keys < 1 then return redis.error_reply('ERR redis-rl script: multi takes at least one key') end
+          -- Each key is read once; a key named twice sees its own earlier take (as the module does).
+          local pending, order, replies = {}, {}, {}
+          local refused, retry = -1, 0
+          for i = 1, #keys do
+            local lim = limit_of(args, off, i)
+            if lim.err then return lim end
+            local key = keys[i]
+            if pending[key] == nil then
+              local full = load(key, lim)
+              if full and full.err then return full end
+              pending[key] = {full = full, lim = lim, changed = false}
+              order[#order + 1] = key
+            end
+            local p = pending[key]
+            local full = p.full
+            if full and p.lim.d ~= lim.d then
+              -- Named twice with different rates: carry the pending instant over to this denominator.
+              local nr, rem = muldiv(full[2], lim.d, p.lim.d)
+              if rem > 0 then nr = nr + 1 end
+              full = {full[1], nr}
+              if nr >= lim.d then full = {full[1] + 1, nr - lim.d} end
+            end
+            local reply, new = decide(lim, full, true)
+            replies[i] = reply
+            if new then p.full = new; p.lim = lim; p.changed = true end
+            if reply[1] == 0 then
+              if refused < 0 then refused = i - 1 end
+              if reply[3] < 0 or retry < 0 then retry = -1 elseif reply[3] > retry then retry = reply[3] end
+            end
+          end
+          if refused >= 0 then return {0, refused, retry, replies} end
+          for _, key in ipairs(order) do
+            local p = pending[key]
+            if p.changed then store(key, p.lim, p.full) end
+          end
+          return {1, -1, 0, replies}
+        end
+        return redis.error_reply('ERR redis-rl script: unknown mode')
+      end
+    end)()
+  end
+  return general(mode, keys, args, off, now)
+end
+
+local VERSION = 1
+
+known = {}
+
+local function mode(name)
+  return function(keys, args) return run(name, keys, args, 0) end
+end
+
+redis.register_function('rl_acquire', mode('acquire'))
+redis.register_function{function_name = 'rl_peek', callback = mode('peek'), flags = {'no-writes'}}
+redis.register_function('rl_refund', mode('refund'))
+redis.register_function('rl_charge', mode('charge'))
+redis.register_function('rl_multi', mode('multi'))
+redis.register_function{function_name = 'rl_version', callback = function() return VERSION end,
+  flags = {'no-writes'}}

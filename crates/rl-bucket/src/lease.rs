@@ -1,0 +1,442 @@
+//! Leases: a limit on work in flight. A key holds at most `limit` leases, each an id and an
+//! absolute expiry; a lease counts until it is released or expires, whichever comes first.
+//! Pure: time comes in as `now_us`, ids come in chosen, and nothing here knows Redis.
+//!
+//! # Representation, and why a sorted vector
+//!
+//! A [`LeaseSet`] is one vector of 24-byte [`Lease`]s sorted by `(expires_at_us, id)`. Every
+//! question a call asks is answered at the front or by a binary search: the live leases are
+//! the suffix after the expired ones (`partition_point`, O(log N)), the earliest expiry is the
+//! first live one, and the wait until a slot frees under `limit` is the lease at position
+//! `in_use - limit` of the live suffix, O(1). Finding a lease by id is a scan, and an insert
+//! or removal moves the tail: O(N) work over at most [`MAX_LEASE_LIMIT`] entries of 24 bytes
+//! (240 KB at the cap, a few µs of `memmove`; a few cache lines at the limits people use, 10
+//! to 100). A second index by id (a tree or hash map) would make those O(log N) but cost
+//! more per lease than the lease itself: the vector keeps a held lease at 24 bytes plus at
+//! most an eighth of slack ([`LeaseSet::apply`]'s growth), one allocation per key.
+//!
+//! An id is 1 to [`MAX_LEASE_ID_BYTES`] bytes (a UUID fits as its 16 raw bytes), stored
+//! inline. Its length shares a word with the expiry (`expires_at_us << 5 | len`), which keeps
+//! the order by expiry first and bounds an expiry to [`MAX_EXPIRES_AT_US`] (the year 11100).
+//!
+//! # Changes are effects
+//!
+//! The steps ([`lease`], [`release`], [`renew`]) read the set and say what to answer and what
+//! to change, as a [`LeaseChange`]: drop every lease that expired by `drop_until_us`, then put
+//! one id at an absolute expiry (or remove it). Applying the same change to the same set gives
+//! the same set whatever the clock says, so a change is what a replica or an AOF replays. A
+//! call that changes nothing returns no change: denials, a take answered as already held, and
+//! a release or renewal of an id not held write nothing (expired leases, counting for
+//! nothing, wait for the next change or the key's expiry).
+
+/// The largest `limit` a call may give. Bounds the O(N) work of one call (see the module
+/// docs) and the size of one key's value: 10,000 leases are 240 KB.
+pub const MAX_LEASE_LIMIT: u64 = 10_000;
+/// The longest id, in bytes.
+pub const MAX_LEASE_ID_BYTES: usize = 16;
+/// The longest `ttl_ms`: 100 years, the bucket's longest refill.
+pub const MAX_LEASE_TTL_MS: u64 = 3_153_600_000_000;
+/// The latest expiry a lease may hold, in µs since the Unix epoch (2^58 - 1, in the year
+/// 11100): the expiry shares a word with the id's length.
+pub const MAX_EXPIRES_AT_US: u64 = (1 << 58) - 1;
+
+const LEN_BITS: u32 = 5;
+const LEN_MASK: u64 = (1 << LEN_BITS) - 1;
+const US_PER_MS: u64 = 1_000;
+
+/// A lease's id: 1 to [`MAX_LEASE_ID_BYTES`] bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct LeaseId {
+    bytes: [u8; MAX_LEASE_ID_BYTES],
+    len: u8,
+}
+
+impl LeaseId {
+    /// The id `bytes`; `None` unless they are 1 to [`MAX_LEASE_ID_BYTES`] bytes long.
+    pub fn new(bytes: &[u8]) -> Option<Self> {
+        if bytes.is_empty() || bytes.len() > MAX_LEASE_ID_BYTES {
+            return None;
+        }
+        let mut inline = [0u8; MAX_LEASE_ID_BYTES];
+        inline.get_mut(..bytes.len())?.copy_from_slice(bytes);
+        Some(Self {
+            bytes: inline,
+            len: u8::try_from(bytes.len()).ok()?,
+        })
+    }
+
+    /// The id's bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        self.bytes.get(..usize::from(self.len)).unwrap_or(&[])
+    }
+}
+
+/// One held lease: an id and the instant it stops counting. 24 bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Lease {
+    /// `expires_at_us << 5 | id length`: ordering leases orders them by expiry first.
+    packed: u64,
+    bytes: [u8; MAX_LEASE_ID_BYTES],
+}
+
+impl Lease {
+    /// `id` until `expires_at_us`; `None` unless `expires_at_us` is in
+    /// `1..=`[`MAX_EXPIRES_AT_US`].
+    pub fn new(id: LeaseId, expires_at_us: u64) -> Option<Self> {
+        if !(1..=MAX_EXPIRES_AT_US).contains(&expires_at_us) {
+            return None;
+        }
+        Some(Self {
+            packed: (expires_at_us << LEN_BITS) | u64::from(id.len),
+            bytes: id.bytes,
+        })
+    }
+
+    /// When the lease stops counting, in µs since the Unix epoch: it counts while
+    /// `now_us < expires_at_us`.
+    pub fn expires_at_us(&self) -> u64 {
+        self.packed >> LEN_BITS
+    }
+
+    /// The lease's id.
+    pub fn id(&self) -> LeaseId {
+        LeaseId {
+            bytes: self.bytes,
+            // At most 16 (checked when made), so it fits.
+            len: (self.packed & LEN_MASK) as u8,
+        }
+    }
+}
+
+/// What a change does: drop every lease that expired by `drop_until_us`, then hold `id`
+/// until `expires_at_us`, or release it when that is 0. Reads no clock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LeaseChange {
+    /// Leases with `expires_at_us <= drop_until_us` are dropped (the call's `now_us`).
+    pub drop_until_us: u64,
+    /// The lease put or removed.
+    pub id: LeaseId,
+    /// Its new expiry in µs since the Unix epoch, or 0 to remove it.
+    pub expires_at_us: u64,
+}
+
+/// The leases of one key, sorted by `(expires_at_us, id)`, each id at most once, at most
+/// [`MAX_LEASE_LIMIT`] of them. See the module docs for why a sorted vector.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LeaseSet {
+    leases: Vec<Lease>,
+}
+
+impl LeaseSet {
+    /// An empty set.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A set of exactly `leases`, as stored: `None` unless they are strictly ascending by
+    /// `(expires_at_us, id)`, name each id once, and number at most [`MAX_LEASE_LIMIT`].
+    /// What a loader calls, trusting nothing.
+    pub fn from_sorted(leases: Vec<Lease>) -> Option<Self> {
+        if leases.len() as u64 > MAX_LEASE_LIMIT {
+            return None;
+        }
+        if !leases.windows(2).all(|w| matches!(w, [a, b] if a < b)) {
+            return None;
+        }
+        let mut ids: Vec<LeaseId> = leases.iter().map(Lease::id).collect();
+        ids.sort_unstable();
+        if ids.windows(2).any(|w| matches!(w, [a, b] if a == b)) {
+            return None;
+        }
+        Some(Self { leases })
+    }
+
+    /// Every stored lease, expired ones included, in order of expiry.
+    pub fn leases(&self) -> &[Lease] {
+        &self.leases
+    }
+
+    /// Whether nothing is stored.
+    pub fn is_empty(&self) -> bool {
+        self.leases.is_empty()
+    }
+
+    /// How many leases are stored, expired ones included.
+    pub fn len(&self) -> usize {
+        self.leases.len()
+    }
+
+    /// How many entries the allocation holds room for (for memory reports).
+    pub fn capacity(&self) -> usize {
+        self.leases.capacity()
+    }
+
+    /// The latest expiry stored: when the key may expire, since every lease is gone by then.
+    pub fn last_expires_at_us(&self) -> Option<u64> {
+        self.leases.last().map(Lease::expires_at_us)
+    }
+
+    /// The leases that count at `now_us`: those expiring after it.
+    pub fn live(&self, now_us: u64) -> &[Lease] {
+        let first = self
+            .leases
+            .partition_point(|lease| lease.expires_at_us() <= now_us);
+        self.leases.get(first..).unwrap_or(&[])
+    }
+
+    /// The stored lease named `id`, expired or not.
+    pub fn find(&self, id: LeaseId) -> Option<&Lease> {
+        self.position(id).and_then(|i| self.leases.get(i))
+    }
+
+    fn position(&self, id: LeaseId) -> Option<usize> {
+        self.leases.iter().position(|lease| lease.id() == id)
+    }
+
+    /// Applies `change` (see [`LeaseChange`]); the same change on the same set always gives
+    /// the same set, as [`LeaseSet::apply_all`] with one pair does. `None`, with the set
+    /// untouched, if the expiry is out of range or the set would hold more than
+    /// [`MAX_LEASE_LIMIT`]. Allocates nothing but the set's own growth: it is every write's
+    /// path.
+    pub fn apply(&mut self, change: &LeaseChange) -> Option<()> {
+        let lease = match change.expires_at_us {
+            0 => None,
+            at => Some(Lease::new(change.id, at)?),
+        };
+        let dropped = self
+            .leases
+            .partition_point(|held| held.expires_at_us() <= change.drop_until_us);
+        let live = self.leases.get(dropped..).unwrap_or(&[]);
+        let found = live.iter().position(|held| held.id() == change.id);
+        let after = live.len() - usize::from(found.is_some()) + usize::from(lease.is_some());
+        if after as u64 > MAX_LEASE_LIMIT {
+            return None;
+        }
+        if let Some(i) = found {
+            self.leases.remove(dropped + i);
+        }
+        self.leases.drain(..dropped);
+        if let Some(lease) = lease {
+            self.insert(lease);
+        }
+        self.shrink();
+        Some(())
+    }
+
+    /// Keeps the slack under an eighth once leases have gone.
+    fn shrink(&mut self) {
+        let len = self.leases.len();
+        if self.leases.capacity() > len + len / 8 + 4 {
+            self.leases.shrink_to(len + len / 8);
+        }
+    }
+
+    /// Drops every lease that expired by `drop_until_us`, then puts each `(id, expires_at_us)`
+    /// in turn (removing the id when `expires_at_us` is 0). `None`, with the set untouched,
+    /// if an expiry is out of range or the set would hold more than [`MAX_LEASE_LIMIT`].
+    pub fn apply_all(&mut self, drop_until_us: u64, puts: &[(LeaseId, u64)]) -> Option<()> {
+        let mut puts_checked = Vec::with_capacity(puts.len());
+        for &(id, expires_at_us) in puts {
+            let lease = match expires_at_us {
+                0 => None,
+                at => Some(Lease::new(id, at)?),
+            };
+            puts_checked.push((id, lease));
+        }
+        // Count the result first, so a refused call leaves the set as it was.
+        let dropped = self
+            .leases
+            .partition_point(|lease| lease.expires_at_us() <= drop_until_us);
+        let mut ids: Vec<LeaseId> = self
+            .leases
+            .get(dropped..)
+            .unwrap_or(&[])
+            .iter()
+            .map(Lease::id)
+            .collect();
+        for &(id, lease) in &puts_checked {
+            ids.retain(|held| *held != id);
+            if lease.is_some() {
+                ids.push(id);
+            }
+            if ids.len() as u64 > MAX_LEASE_LIMIT {
+                return None;
+            }
+        }
+        self.leases.drain(..dropped);
+        for (id, lease) in puts_checked {
+            if let Some(i) = self.position(id) {
+                self.leases.remove(i);
+            }
+            if let Some(lease) = lease {
+                self.insert(lease);
+            }
+        }
+        self.shrink();
+        Some(())
+    }
+
+    fn insert(&mut self, lease: Lease) {
+        if self.leases.len() == self.leases.capacity() {
+            // Grow by an eighth (at least 4): amortized O(1) copies, at most 1/8 slack.
+            self.leases.reserve_exact((self.leases.len() / 8).max(4));
+        }
+        let at = self.leases.partition_point(|held| *held < lease);
+        self.leases.insert(at, lease);
+    }
+}
+
+/// What [`lease`] decided.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LeaseOutcome {
+    /// A new lease was taken.
+    Taken,
+    /// The id was already held: answered as held with its current expiry, changing nothing
+    /// (a retried take is idempotent; [`renew`] extends a lease).
+    Held,
+    /// `limit` leases are held; none was taken.
+    Denied,
+}
+
+/// The reply of [`lease`], in µs; the millisecond views round up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LeaseReply {
+    /// Taken, held or denied.
+    pub outcome: LeaseOutcome,
+    /// Leases counting after the call, this one included.
+    pub in_use: u64,
+    /// Taken or held: µs until this lease expires. Denied: µs until a slot frees, when the
+    /// earliest lease that must go for one to free expires.
+    pub wait_us: u64,
+}
+
+impl LeaseReply {
+    /// Whether the caller holds the lease now.
+    pub fn held(&self) -> bool {
+        self.outcome != LeaseOutcome::Denied
+    }
+
+    /// [`LeaseReply::wait_us`] in ms, rounded up, so that a denied caller waiting that long
+    /// finds a slot free.
+    pub fn wait_ms(&self) -> u64 {
+        self.wait_us.div_ceil(US_PER_MS)
+    }
+}
+
+/// The expiry of a lease taken or renewed at `now_us` for `ttl_ms`, capped at
+/// [`MAX_EXPIRES_AT_US`].
+pub fn expiry_us(now_us: u64, ttl_ms: u64) -> u64 {
+    now_us
+        .saturating_add(ttl_ms.saturating_mul(US_PER_MS))
+        .min(MAX_EXPIRES_AT_US)
+}
+
+/// The µs until `limit` leases leave a slot free at `now_us`: 0 if fewer than `limit` count,
+/// else until the lease whose expiry brings the count under `limit`.
+fn free_after_us(live: &[Lease], limit: u64, now_us: u64) -> u64 {
+    let in_use = live.len() as u64;
+    if in_use < limit {
+        return 0;
+    }
+    // in_use - limit < in_use = live.len(), so the index is in range.
+    usize::try_from(in_use - limit)
+        .ok()
+        .and_then(|i| live.get(i))
+        .map_or(0, |lease| lease.expires_at_us().saturating_sub(now_us))
+}
+
+/// Takes a lease named `id` for `ttl_ms` at `now_us` if fewer than `limit` leases count.
+/// `id` already held is answered [`LeaseOutcome::Held`] with its current expiry and changes
+/// nothing; a caller making ids draws one no stored lease has (see [`LeaseSet::find`]). A
+/// missing key is `None`, an empty set. Never reads a clock.
+///
+/// ```
+/// use rl_bucket::{lease, LeaseId, LeaseOutcome, LeaseSet};
+///
+/// let mut set = LeaseSet::new();
+/// let a = LeaseId::new(b"a").unwrap();
+/// let (reply, change) = lease(Some(&set), 1, 1_000, 50, a);
+/// assert_eq!((reply.outcome, reply.in_use, reply.wait_ms()), (LeaseOutcome::Taken, 1, 50));
+/// set.apply(&change.unwrap()).unwrap();
+/// // Full: the next waits for a's expiry, 50 ms later.
+/// let (reply, change) = lease(Some(&set), 1, 1_000, 50, LeaseId::new(b"b").unwrap());
+/// assert_eq!((reply.outcome, reply.wait_ms(), change), (LeaseOutcome::Denied, 50, None));
+/// ```
+pub fn lease(
+    set: Option<&LeaseSet>,
+    limit: u64,
+    now_us: u64,
+    ttl_ms: u64,
+    id: LeaseId,
+) -> (LeaseReply, Option<LeaseChange>) {
+    let live = set.map_or(&[][..], |set| set.live(now_us));
+    let in_use = live.len() as u64;
+    if let Some(held) = live.iter().find(|lease| lease.id() == id) {
+        let reply = LeaseReply {
+            outcome: LeaseOutcome::Held,
+            in_use,
+            wait_us: held.expires_at_us().saturating_sub(now_us),
+        };
+        return (reply, None);
+    }
+    if in_use >= limit {
+        let reply = LeaseReply {
+            outcome: LeaseOutcome::Denied,
+            in_use,
+            wait_us: free_after_us(live, limit, now_us),
+        };
+        return (reply, None);
+    }
+    let expires_at_us = expiry_us(now_us, ttl_ms);
+    let reply = LeaseReply {
+        outcome: LeaseOutcome::Taken,
+        in_use: in_use + 1,
+        wait_us: expires_at_us.saturating_sub(now_us),
+    };
+    let change = LeaseChange {
+        drop_until_us: now_us,
+        id,
+        expires_at_us,
+    };
+    (reply, Some(change))
+}
+
+/// Releases `id` if it counts at `now_us`: `true` and the change, else `false` and nothing
+/// to change (never held, released already, or expired).
+pub fn release(set: Option<&LeaseSet>, now_us: u64, id: LeaseId) -> (bool, Option<LeaseChange>) {
+    put_if_held(set, now_us, id, 0)
+}
+
+/// Extends (or shortens) `id` to expire `ttl_ms` after `now_us` if it counts at `now_us`:
+/// `true` and the change, else `false` and nothing to change. An expired lease is not
+/// revived: its slot may have been taken since.
+pub fn renew(
+    set: Option<&LeaseSet>,
+    now_us: u64,
+    id: LeaseId,
+    ttl_ms: u64,
+) -> (bool, Option<LeaseChange>) {
+    put_if_held(set, now_us, id, expiry_us(now_us, ttl_ms))
+}
+
+fn put_if_held(
+    set: Option<&LeaseSet>,
+    now_us: u64,
+    id: LeaseId,
+    expires_at_us: u64,
+) -> (bool, Option<LeaseChange>) {
+    let held = set.is_some_and(|set| set.live(now_us).iter().any(|lease| lease.id() == id));
+    let change = held.then_some(LeaseChange {
+        drop_until_us: now_us,
+        id,
+        expires_at_us,
+    });
+    (held, change)
+}
+
+/// What `limit` allows at `now_us`, writing nothing: the leases that count, and the µs until
+/// a slot frees (0 if one is free now).
+pub fn leases_in_use(set: Option<&LeaseSet>, limit: u64, now_us: u64) -> (u64, u64) {
+    let live = set.map_or(&[][..], |set| set.live(now_us));
+    (live.len() as u64, free_after_us(live, limit, now_us))
+}

@@ -1,0 +1,775 @@
+//! From the Lua fallback to the module without a gap: a bucket the shipped script
+//! (`clients/lua/rl.lua`, or the Functions library made from it) wrote as a hash `{a, b, d}`
+//! is taken over by every per-key command with the same tokens and the same expiry; a write
+//! replaces the hash with the module's type and propagates `DEL` and `RL.SETSTATE` (replica
+//! and AOF replay identical); a peek or a denial leaves the hash as it was; any other hash
+//! stays `WRONGTYPE` and untouched; the script itself answers `WRONGTYPE` on a module key.
+//!
+//! Each comparison runs the module's command on a key and the script on a twin key (a `COPY`
+//! of the same hash) at the same instant. The module's instant is read in the same
+//! `MULTI` as its command: on servers with `RedisModule_CachedMicroseconds` (Redis 7.2+,
+//! Valkey) `TIME` inside the `MULTI` is that instant; on Redis 7.0 the module reads
+//! whole milliseconds, so the instant is known when the `TIME`s around the command fall in
+//! the same millisecond (otherwise the attempt is repeated on fresh copies). The twin then
+//! runs the shipped script with its one `TIME` call replaced by that instant, so both answer
+//! for the same microsecond and every field must be equal.
+//!
+//! Time: the buckets are written several seconds into debt (3/s, 7/s, 3 per 10 s), so none
+//! is full again, or expires, during a comparison. Nothing asserts a duration.
+
+#![cfg(test)]
+
+mod common;
+
+use std::thread;
+
+use common::aof::PLAIN_AOF_ALWAYS;
+use common::info::{calls, info, info_field};
+use common::texts::WRONGTYPE;
+use common::{all_keys, dump, error_text, exists, pexpiretime, wait_for_replica, Server};
+use redis::{Connection, Value};
+
+/// The fallback script every library ships, verbatim.
+const SCRIPT: &str = include_str!("../clients/lua/rl.lua");
+/// The Functions library made from it.
+const FUNCTIONS: &str = include_str!("../clients/lua/rl_functions.lua");
+/// The script's one clock read.
+const CLOCK_LINE: &str = "local t = redis.call('TIME')";
+
+/// The script with its clock read replaced by the last two arguments (seconds, µs): the same
+/// code, deciding at a given instant.
+fn pinned_script() -> String {
+    assert_eq!(
+        SCRIPT.matches(CLOCK_LINE).count(),
+        1,
+        "the script's clock read moved"
+    );
+    SCRIPT.replacen(CLOCK_LINE, "local t = {ARGV[#ARGV - 1], ARGV[#ARGV]}", 1)
+}
+
+/// A limit of `n` tokens every `per_s` seconds with an integer capacity, as the module's
+/// rate text and the script's exact numbers.
+#[derive(Clone, Copy, Debug)]
+struct Rate {
+    text: &'static str,
+    n: u128,
+    per_s: u128,
+    capacity: u128,
+}
+
+/// The three rates whose `1e9 / rate` ns is not whole.
+const RATES: [Rate; 3] = [
+    Rate {
+        text: "3",
+        n: 3,
+        per_s: 1,
+        capacity: 30,
+    },
+    Rate {
+        text: "7",
+        n: 7,
+        per_s: 1,
+        capacity: 70,
+    },
+    Rate {
+        text: "3/10",
+        n: 3,
+        per_s: 10,
+        capacity: 24,
+    },
+];
+
+fn gcd(a: u128, b: u128) -> u128 {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
+impl Rate {
+    /// The script's 10 numbers for `cost` (clients/lua/rl.lua's header): `T = 1e6 × per_s / n`
+    /// µs over its reduced denominator `D`; with integer capacity and cost every product is a
+    /// whole number of `1/D` µs, so all are exact.
+    fn numbers(self, cost: u128) -> Vec<String> {
+        let top = 1_000_000 * self.per_s;
+        let g = gcd(top, self.n);
+        let (t_units, d) = (top / g, self.n / g);
+        let pair = |units: u128| [(units / d).to_string(), (units % d).to_string()];
+        let slack = if cost > self.capacity {
+            ["-1".to_string(), "0".to_string()]
+        } else {
+            pair((self.capacity - cost) * t_units)
+        };
+        let mut out = vec![d.to_string()];
+        out.extend(pair(t_units));
+        out.extend(pair(self.capacity * t_units));
+        out.extend(slack);
+        out.extend(pair(cost * t_units));
+        out.push(self.capacity.to_string());
+        out
+    }
+
+    fn cap(self) -> String {
+        self.capacity.to_string()
+    }
+}
+
+/// `EVAL` of the shipped script: `mode` on `keys`, one `(rate, cost)` per key.
+fn script_cmd(script: &str, mode: &str, keys: &[&str], groups: &[(Rate, u128)]) -> redis::Cmd {
+    let mut cmd = redis::cmd("EVAL");
+    cmd.arg(script).arg(keys.len()).arg(keys).arg(mode);
+    for &(rate, cost) in groups {
+        cmd.arg(rate.numbers(cost));
+    }
+    cmd
+}
+
+fn run_script(con: &mut Connection, mode: &str, keys: &[&str], groups: &[(Rate, u128)]) -> Value {
+    script_cmd(SCRIPT, mode, keys, groups)
+        .query(con)
+        .expect("the script")
+}
+
+/// Whether the module reads whole milliseconds (Redis 7.0), so its instant can differ from
+/// `TIME`'s inside one `MULTI`.
+fn ms_clock(con: &mut Connection) -> bool {
+    info_field(&info(con, "rl"), "rl_clock") == Some("RedisModule_Milliseconds")
+}
+
+fn time_us(value: &Value) -> i64 {
+    let (s, us): (i64, i64) = redis::from_redis_value(value.clone()).expect("TIME");
+    s * 1_000_000 + us
+}
+
+fn hash(con: &mut Connection, key: &str) -> Vec<(String, String)> {
+    let mut fields: Vec<(String, String)> =
+        redis::cmd("HGETALL").arg(key).query(con).expect("HGETALL");
+    fields.sort();
+    fields
+}
+
+fn key_type(con: &mut Connection, key: &str) -> String {
+    redis::cmd("TYPE").arg(key).query(con).expect("TYPE")
+}
+
+fn copy(con: &mut Connection, from: &str, to: &str) {
+    let copied: i64 = redis::cmd("COPY")
+        .arg(from)
+        .arg(to)
+        .arg("REPLACE")
+        .query(con)
+        .expect("COPY");
+    assert_eq!(copied, 1, "COPY {from} {to}");
+}
+
+/// The module state (`RL.SETSTATE` arguments) of the fallback's hash at `key`: the instant
+/// `a + b/d` µs as whole ns and the rest in units of 2^-63 ns rounded up, worked out here
+/// in integers from the hash's own fields.
+fn state_of_hash(con: &mut Connection, key: &str) -> (u128, u128) {
+    let (a, b, d): (u128, u128, u128) = redis::cmd("HMGET")
+        .arg(key)
+        .arg(&["a", "b", "d"])
+        .query(con)
+        .expect("HMGET a b d");
+    let ns = a * 1000 + b * 1000 / d;
+    let frac = ((b * 1000 % d) << 63).div_ceil(d);
+    (ns, frac)
+}
+
+/// Asserts what `key` holds after the module's call against what `twin` holds after the
+/// script's: both missing; both the untouched hash `before` (a peek, a denial); or the
+/// module's type holding exactly the twin's instant, with the same expiry.
+fn assert_same_bucket(
+    con: &mut Connection,
+    key: &str,
+    twin: &str,
+    before: &[(String, String)],
+    at: &str,
+) {
+    match key_type(con, twin).as_str() {
+        "none" => assert!(
+            !exists(con, key.as_bytes()),
+            "{at}: the script deleted {twin}, the module kept {key}"
+        ),
+        "hash" if hash(con, twin) == before => {
+            assert_eq!(
+                key_type(con, key),
+                "hash",
+                "{at}: the script wrote nothing, the module converted {key}"
+            );
+            assert_eq!(hash(con, key), before, "{at}: {key} changed");
+            assert_eq!(
+                pexpiretime(con, key.as_bytes()),
+                pexpiretime(con, twin.as_bytes()),
+                "{at}: expiry of {key}"
+            );
+        }
+        "hash" => {
+            assert_eq!(
+                key_type(con, key),
+                "rl-bucket",
+                "{at}: the script wrote, the module did not convert {key}"
+            );
+            let (ns, frac) = state_of_hash(con, twin);
+            let _: () = redis::cmd("RL.SETSTATE")
+                .arg("expected")
+                .arg(ns.to_string())
+                .arg(frac.to_string())
+                .query(con)
+                .expect("RL.SETSTATE");
+            assert_eq!(
+                dump(con, key.as_bytes()),
+                dump(con, b"expected"),
+                "{at}: state of {key} vs {twin}'s instant"
+            );
+            assert_eq!(
+                pexpiretime(con, key.as_bytes()),
+                pexpiretime(con, twin.as_bytes()),
+                "{at}: expiry of {key}"
+            );
+            let _: i64 = redis::cmd("DEL").arg("expected").query(con).expect("DEL");
+        }
+        other => panic!("{at}: the script left {twin} as {other}"),
+    }
+}
+
+/// Runs `module` inside a `MULTI` between two `TIME`s: its reply and the instant (µs) it
+/// decided at, or `None` when that is not known (`ms`: the module reads Redis 7.0's
+/// millisecond clock, which ticked in between).
+fn at_known_instant(
+    con: &mut Connection,
+    module: &redis::Cmd,
+    ms: bool,
+    at: &str,
+) -> Option<(Value, i64)> {
+    let replies: Vec<Value> = redis::pipe()
+        .atomic()
+        .cmd("TIME")
+        .add_command(module.clone())
+        .cmd("TIME")
+        .query(con)
+        .expect("MULTI");
+    let (first, last) = (time_us(&replies[0]), time_us(&replies[2]));
+    let now_us = if ms {
+        if first / 1000 != last / 1000 {
+            return None;
+        }
+        first / 1000 * 1000
+    } else {
+        assert_eq!(
+            first, last,
+            "{at}: TIME moved inside MULTI on a cached clock"
+        );
+        first
+    };
+    Some((replies[1].clone(), now_us))
+}
+
+/// The pinned script's `mode` on `keys` at `now_us`.
+fn script_at(
+    con: &mut Connection,
+    mode: &str,
+    keys: &[&str],
+    groups: &[(Rate, u128)],
+    now_us: i64,
+) -> Value {
+    let mut cmd = script_cmd(&pinned_script(), mode, keys, groups);
+    cmd.arg(now_us / 1_000_000).arg(now_us % 1_000_000);
+    cmd.query(con).expect("the pinned script")
+}
+
+/// One comparison: `module` (on the keys `k0`, `k1`, …) and the script's `mode` (on the
+/// twins `t0`, `t1`, …) at the same instant, each pair first copied from `pristine{i}`.
+/// Returns the module's reply after asserting the script's is the same, and that every key
+/// holds what its twin does.
+fn compare(
+    con: &mut Connection,
+    n_keys: usize,
+    module: &redis::Cmd,
+    mode: &str,
+    groups: &[(Rate, u128)],
+    at: &str,
+) -> Value {
+    let ms = ms_clock(con);
+    let keys: Vec<String> = (0..n_keys).map(|i| format!("k{i}")).collect();
+    let twins: Vec<String> = (0..n_keys).map(|i| format!("t{i}")).collect();
+    let twin_refs: Vec<&str> = twins.iter().map(String::as_str).collect();
+    for _attempt in 0..50 {
+        let mut before = Vec::new();
+        for i in 0..n_keys {
+            copy(con, &format!("pristine{i}"), &keys[i]);
+            copy(con, &format!("pristine{i}"), &twins[i]);
+            before.push(hash(con, &keys[i]));
+        }
+        let Some((reply, now_us)) = at_known_instant(con, module, ms, at) else {
+            continue; // the module's millisecond is not known: try again
+        };
+        let twin_reply = script_at(con, mode, &twin_refs, groups, now_us);
+        assert_eq!(
+            reply, twin_reply,
+            "{at}: the module's reply vs the script's at {now_us} µs"
+        );
+        for i in 0..n_keys {
+            assert_same_bucket(con, &keys[i], &twins[i], &before[i], at);
+        }
+        return reply;
+    }
+    panic!("{at}: every attempt straddled a millisecond");
+}
+
+fn cmd(name: &str, args: &[&str]) -> redis::Cmd {
+    let mut cmd = redis::cmd(name);
+    cmd.arg(args);
+    cmd
+}
+
+/// Writes `pristine{i}` anew with the shipped script at the server's clock, through mixed
+/// takes and a charge that leave a few tokens and the bucket seconds from full.
+fn write_pristine(con: &mut Connection, i: usize, rate: Rate) {
+    let key = format!("pristine{i}");
+    let _: i64 = redis::cmd("DEL").arg(&key).query(con).expect("DEL");
+    let c = rate.capacity;
+    for (mode, cost) in [
+        ("acquire", c / 2),
+        ("acquire", 1),
+        ("acquire", c / 3),
+        ("charge", 1),
+    ] {
+        let _: Value = run_script(con, mode, &[&key], &[(rate, cost)]);
+    }
+    assert_eq!(key_type(con, &key), "hash");
+}
+
+/// One call of the comparison table: the module's command, its arguments after the key, the
+/// script's mode, the cost, and the reply's first element where it says allowed or denied.
+type Row<'a> = (&'a str, Vec<&'a str>, &'a str, u128, Option<i64>);
+
+#[test]
+fn every_command_takes_over_a_script_bucket_as_the_script_would_answer() {
+    let server = Server::start();
+    let mut con = server.conn();
+    for rate in RATES {
+        write_pristine(&mut con, 0, rate);
+        write_pristine(&mut con, 1, rate);
+        let (r, cap) = (rate.text, rate.cap());
+        let remaining = |con: &mut Connection| -> u128 {
+            let reply: Vec<i64> =
+                redis::from_redis_value(run_script(con, "peek", &["pristine0"], &[(rate, 0)]))
+                    .expect("peek");
+            u128::try_from(reply[1]).expect("tokens left")
+        };
+        let left = remaining(&mut con);
+        assert!(left >= 1 && left < rate.capacity, "rate {r}: {left} left");
+        // `left` fits whenever the bucket is compared (refill only adds); the whole capacity is
+        // denied until the bucket is full, seconds after every comparison.
+        let fits = left.to_string();
+        // (module command, its arguments after the key, the script's mode, cost, the reply's
+        // first element where it says allowed or denied): every command, allowed and
+        // denied, writing and not.
+        let rows: [Row; 8] = [
+            ("RL.PEEK", vec![r, &cap, "1"], "peek", 1, Some(1)),
+            (
+                "RL.PEEK",
+                vec![r, &cap, &cap],
+                "peek",
+                rate.capacity,
+                Some(0),
+            ),
+            ("RL.ACQUIRE", vec![r, &cap, "1"], "acquire", 1, Some(1)),
+            ("RL.ACQUIRE", vec![r, &cap, &fits], "acquire", left, Some(1)),
+            (
+                "RL.ACQUIRE",
+                vec![r, &cap, &cap],
+                "acquire",
+                rate.capacity,
+                Some(0),
+            ),
+            ("RL.REFUND", vec![r, &cap, "2"], "refund", 2, None),
+            (
+                "RL.REFUND",
+                vec![r, &cap, &cap],
+                "refund",
+                rate.capacity,
+                None,
+            ),
+            (
+                "RL.CHARGE",
+                vec![r, &cap, &cap],
+                "charge",
+                rate.capacity,
+                Some(1),
+            ),
+        ];
+        for (name, args, mode, cost, allowed) in rows {
+            let at = format!("{name} k0 {}", args.join(" "));
+            let mut module = redis::cmd(name);
+            module.arg("k0").arg(&args);
+            let reply = compare(&mut con, 1, &module, mode, &[(rate, cost)], &at);
+            let reply: Vec<i64> = redis::from_redis_value(reply).expect("integers");
+            if let Some(allowed) = allowed {
+                assert_eq!(reply[0], allowed, "{at}: {reply:?}");
+            }
+        }
+        // RL.ACQUIRE.MULTI over two taken-over buckets: allowed (both convert) and refused
+        // by the second (neither changes).
+        for second in [1, rate.capacity] {
+            let second_text = second.to_string();
+            let mut module = redis::cmd("RL.ACQUIRE.MULTI");
+            module.arg(&["k0", r, &cap, "1", "k1", r, &cap, &second_text]);
+            let at = format!("RL.ACQUIRE.MULTI at {r}, second cost {second}");
+            let reply = compare(
+                &mut con,
+                2,
+                &module,
+                "multi",
+                &[(rate, 1), (rate, second)],
+                &at,
+            );
+            let Value::Array(head) = reply else {
+                panic!("{at}: {reply:?}")
+            };
+            assert_eq!(head[0], Value::Int(i64::from(second == 1)), "{at}");
+        }
+    }
+}
+
+#[test]
+fn a_bucket_the_functions_library_wrote_is_taken_over_too() {
+    let server = Server::start();
+    let mut con = server.conn();
+    let _: String = redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg("REPLACE")
+        .arg(FUNCTIONS)
+        .query(&mut con)
+        .expect("FUNCTION LOAD");
+    let rate = RATES[1];
+    for _ in 0..3 {
+        let _: Value = redis::cmd("FCALL")
+            .arg("rl_acquire")
+            .arg(1)
+            .arg("pristine0")
+            .arg(rate.numbers(20))
+            .query(&mut con)
+            .expect("FCALL rl_acquire");
+    }
+    assert_eq!(key_type(&mut con, "pristine0"), "hash");
+    let cap = rate.cap();
+    for (name, mode) in [
+        ("RL.PEEK", "peek"),
+        ("RL.ACQUIRE", "acquire"),
+        ("RL.CHARGE", "charge"),
+    ] {
+        let module = cmd(name, &["k0", rate.text, &cap, "3"]);
+        compare(
+            &mut con,
+            1,
+            &module,
+            mode,
+            &[(rate, 3)],
+            &format!("{name} after FCALL"),
+        );
+    }
+}
+
+/// Fills a master with script-written buckets and takes them over: converted by a take, a
+/// charge and a multi, deleted by a refund to full, left alone by a peek and a denial.
+fn take_over_a_mix(con: &mut Connection) {
+    for (i, rate) in RATES.into_iter().enumerate() {
+        for name in ["take", "charge", "multi", "refund", "peek", "deny"] {
+            write_pristine(con, 0, rate);
+            copy(con, "pristine0", &format!("{name}{i}"));
+        }
+        let _: i64 = redis::cmd("DEL").arg("pristine0").query(con).expect("DEL");
+        let (r, cap) = (rate.text, rate.cap());
+        let key = |name: &str| format!("{name}{i}");
+        let reply: Vec<i64> = cmd("RL.ACQUIRE", &[&key("take"), r, &cap, "1"])
+            .query(con)
+            .expect("take");
+        assert_eq!(reply[0], 1);
+        let _: Vec<i64> = cmd("RL.CHARGE", &[&key("charge"), r, &cap, "2"])
+            .query(con)
+            .expect("charge");
+        let _: Value = cmd("RL.ACQUIRE.MULTI", &[&key("multi"), r, &cap, "1"])
+            .query(con)
+            .expect("multi");
+        let _: Vec<i64> = cmd("RL.REFUND", &[&key("refund"), r, &cap, &cap])
+            .query(con)
+            .expect("refund");
+        let _: Vec<i64> = cmd("RL.PEEK", &[&key("peek"), r, &cap, "1"])
+            .query(con)
+            .expect("peek");
+        let reply: Vec<i64> = cmd("RL.ACQUIRE", &[&key("deny"), r, &cap, &cap])
+            .query(con)
+            .expect("deny");
+        assert_eq!(reply[0], 0, "a whole capacity is denied in debt");
+        for (name, want) in [
+            ("take", "rl-bucket"),
+            ("charge", "rl-bucket"),
+            ("multi", "rl-bucket"),
+            ("refund", "none"),
+            ("peek", "hash"),
+            ("deny", "hash"),
+        ] {
+            assert_eq!(key_type(con, &key(name)), want, "{}", key(name));
+        }
+    }
+}
+
+/// Every key of `a` is in `b` with the same `DUMP` and `PEXPIRETIME`, and no other.
+fn assert_same_keys(a: &mut Connection, b: &mut Connection, what: &str) {
+    let keys = all_keys(a);
+    assert_eq!(all_keys(b), keys, "{what}: other keys");
+    for key in &keys {
+        let name = String::from_utf8_lossy(key);
+        assert_eq!(dump(b, key), dump(a, key), "{what}: DUMP of {name}");
+        let expire_at = pexpiretime(a, key);
+        assert!(expire_at > 0, "{what}: {name} has no expiry");
+        assert_eq!(
+            pexpiretime(b, key),
+            expire_at,
+            "{what}: PEXPIRETIME of {name}"
+        );
+    }
+}
+
+#[test]
+fn a_takeover_replicates_and_replays_to_identical_keys() {
+    let mut server = Server::start_with(&PLAIN_AOF_ALWAYS);
+    let replica_server = server.start_replica();
+    let mut master = server.conn();
+    let mut replica = replica_server.conn();
+    take_over_a_mix(&mut master);
+    wait_for_replica(&mut master);
+    assert_same_keys(&mut master, &mut replica, "replica");
+    // A peek on the replica reads the hashes it still holds, as the script would there.
+    let replica_ms = ms_clock(&mut replica);
+    for (i, rate) in RATES.into_iter().enumerate() {
+        let key = format!("peek{i}");
+        let module = cmd("RL.PEEK", &[&key, rate.text, &rate.cap(), "1"]);
+        let (reply, now_us) = (0..50)
+            .find_map(|_| at_known_instant(&mut replica, &module, replica_ms, &key))
+            .expect("an attempt within one millisecond");
+        let script = script_at(&mut replica, "peek", &[&key], &[(rate, 1)], now_us);
+        assert_eq!(reply, script, "RL.PEEK {key} on the replica");
+        assert_eq!(key_type(&mut replica, &key), "hash");
+    }
+    assert_same_keys(&mut master, &mut replica, "replica after peeks");
+    // The replica received the effects, never the clock-dependent commands.
+    for name in ["rl.acquire", "rl.charge", "rl.refund", "rl.acquire.multi"] {
+        assert_eq!(
+            calls(&mut replica, name),
+            None,
+            "{name} reached the replica"
+        );
+    }
+    // Each conversion ships DEL before RL.SETSTATE.
+    let files = common::aof::parse_aof(&aof_increment(&server));
+    let names: Vec<String> = files
+        .iter()
+        .map(|c| String::from_utf8_lossy(&c[0]).to_ascii_uppercase())
+        .collect();
+    for (i, command) in files.iter().enumerate() {
+        if names[i] == "RL.SETSTATE" && command[1].starts_with(b"take") {
+            assert_eq!(names[i - 1], "DEL", "{names:?}");
+            assert_eq!(files[i - 1][1], command[1]);
+        }
+    }
+    // Replaying the AOF gives the same keys again.
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("NO")
+        .arg("ONE")
+        .query(&mut replica)
+        .expect("REPLICAOF NO ONE");
+    server.restart_with(&PLAIN_AOF_ALWAYS);
+    let mut replayed = server.conn();
+    assert_same_keys(&mut replica, &mut replayed, "AOF replay");
+}
+
+/// The AOF's last increment file.
+fn aof_increment(server: &Server) -> Vec<u8> {
+    let dir = server.dir.path().join("appendonlydir");
+    let manifest = std::fs::read_to_string(dir.join("appendonly.aof.manifest")).expect("manifest");
+    let name = manifest
+        .lines()
+        .rfind(|l| l.contains("type i"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .expect("an increment in the manifest");
+    std::fs::read(dir.join(name)).expect("the increment")
+}
+
+#[test]
+fn other_hashes_stay_wrongtype_and_untouched() {
+    let server = Server::start();
+    let mut con = server.conn();
+    let future_s = (common::server_time_us(&mut con) / 1_000_000 + 60).to_string();
+    let q = format!("{future_s}000000");
+    // Hashes the fallback never writes: other fields, extra fields, missing ones, and values
+    // that are not its integers or out of its range.
+    let hashes: Vec<(&str, Vec<(&str, &str)>)> = vec![
+        (
+            "extra field",
+            vec![("a", &q), ("b", "0"), ("d", "1"), ("e", "1")],
+        ),
+        ("missing d", vec![("a", &q), ("b", "0")]),
+        ("other names", vec![("A", &q), ("B", "0"), ("D", "1")]),
+        (
+            "a user's hash",
+            vec![("name", "ada"), ("role", "admin"), ("x", "1")],
+        ),
+        ("leading zero", vec![("a", &q), ("b", "01"), ("d", "3")]),
+        ("sign", vec![("a", &q), ("b", "+1"), ("d", "3")]),
+        ("space", vec![("a", &q), ("b", "1"), ("d", " 3")]),
+        ("decimal point", vec![("a", &q), ("b", "1.0"), ("d", "3")]),
+        ("exponent", vec![("a", "1.7e15"), ("b", "0"), ("d", "1")]),
+        ("hex", vec![("a", &q), ("b", "0x1"), ("d", "3")]),
+        ("b equal to d", vec![("a", &q), ("b", "3"), ("d", "3")]),
+        ("d zero", vec![("a", &q), ("b", "0"), ("d", "0")]),
+        (
+            "d at 2^31",
+            vec![("a", &q), ("b", "0"), ("d", "2147483648")],
+        ),
+        (
+            "a at 2^53",
+            vec![("a", "9007199254740992"), ("b", "0"), ("d", "1")],
+        ),
+        ("negative", vec![("a", "-1"), ("b", "0"), ("d", "1")]),
+        ("binary", vec![("a", &q), ("b", "1\0"), ("d", "3")]),
+    ];
+    let rate = RATES[0];
+    let cap = rate.cap();
+    for (what, fields) in &hashes {
+        let _: i64 = redis::cmd("DEL").arg("h").query(&mut con).expect("DEL");
+        let mut hset = redis::cmd("HSET");
+        hset.arg("h");
+        for (f, v) in fields {
+            hset.arg(*f).arg(*v);
+        }
+        let _: i64 = hset.query(&mut con).expect("HSET");
+        let _: i64 = redis::cmd("PEXPIREAT")
+            .arg("h")
+            .arg(format!("{future_s}000"))
+            .query(&mut con)
+            .expect("PEXPIREAT");
+        let before = (dump(&mut con, b"h"), pexpiretime(&mut con, b"h"));
+        for module in [
+            cmd("RL.ACQUIRE", &["h", rate.text, &cap, "1"]),
+            cmd("RL.PEEK", &["h", rate.text, &cap]),
+            cmd("RL.REFUND", &["h", rate.text, &cap, "1"]),
+            cmd("RL.CHARGE", &["h", rate.text, &cap, "1"]),
+            cmd("RL.ACQUIRE.MULTI", &["h", rate.text, &cap, "1"]),
+            cmd("RL.THROTTLE", &["h", "5", "3", "1"]),
+            cmd("RL.SETSTATE", &["h", "1"]),
+        ] {
+            assert_eq!(
+                error_text(&mut con, &module),
+                WRONGTYPE,
+                "{what}: {module:?}"
+            );
+            assert_eq!(
+                (dump(&mut con, b"h"), pexpiretime(&mut con, b"h")),
+                before,
+                "{what}: changed by {module:?}"
+            );
+        }
+    }
+    server.assert_alive();
+}
+
+#[test]
+fn the_script_answers_wrongtype_on_a_module_key_and_changes_nothing() {
+    let server = Server::start();
+    let mut con = server.conn();
+    let rate = RATES[0];
+    let _: Vec<i64> = cmd("RL.ACQUIRE", &["native", rate.text, &rate.cap(), "5"])
+        .query(&mut con)
+        .expect("RL.ACQUIRE");
+    let before = (dump(&mut con, b"native"), pexpiretime(&mut con, b"native"));
+    for mode in ["acquire", "peek", "refund", "charge", "multi"] {
+        let err = script_cmd(SCRIPT, mode, &["native"], &[(rate, 1)])
+            .query::<Value>(&mut con)
+            .expect_err("the script on a module key");
+        let text = common::error_reply_text(&err);
+        assert!(text.starts_with(WRONGTYPE), "{mode}: {text}");
+        assert_eq!(
+            (dump(&mut con, b"native"), pexpiretime(&mut con, b"native")),
+            before,
+            "{mode}"
+        );
+    }
+    server.assert_alive();
+}
+
+#[test]
+fn a_takeover_waits_for_client_pause_write_like_any_write() {
+    let server = Server::start();
+    let replica_server = server.start_replica();
+    let mut con = server.conn();
+    let rate = RATES[1];
+    let cap = rate.cap();
+    write_pristine(&mut con, 0, rate);
+    copy(&mut con, "pristine0", "k");
+    let before = hash(&mut con, "k");
+    let expire_at = pexpiretime(&mut con, b"k");
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(30_000)
+        .arg("WRITE")
+        .query(&mut con)
+        .expect("CLIENT PAUSE");
+    // A write on the fallback's hash and one on a module key: both wait for the pause.
+    let waiting: Vec<_> = ["k", "native"]
+        .into_iter()
+        .map(|key| {
+            let mut writer = server.conn();
+            let cap = cap.clone();
+            thread::spawn(move || -> Vec<i64> {
+                cmd("RL.ACQUIRE", &[key, rate.text, &cap, "1"])
+                    .query(&mut writer)
+                    .expect("RL.ACQUIRE")
+            })
+        })
+        .collect();
+    // Both have reached the server and wait: the paused-clients gauge shows them.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let blocked: i64 = info_field(&info(&mut con, "clients"), "blocked_clients")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        let paused: i64 = info_field(&info(&mut con, "clients"), "paused_clients")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(blocked);
+        if paused >= 2 || blocked >= 2 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the writes never reached the server"
+        );
+        thread::sleep(std::time::Duration::from_millis(10));
+    }
+    // Reads go on: the hash is as it was, a peek answers from it, and nothing else exists.
+    assert_eq!(hash(&mut con, "k"), before);
+    assert_eq!(pexpiretime(&mut con, b"k"), expire_at);
+    let peeked: Vec<i64> = cmd("RL.PEEK", &["k", rate.text, &cap])
+        .query(&mut con)
+        .expect("RL.PEEK");
+    assert_eq!(peeked[0], 1);
+    assert_eq!(key_type(&mut con, "k"), "hash");
+    assert!(!exists(&mut con, b"native"));
+    let _: () = redis::cmd("CLIENT")
+        .arg("UNPAUSE")
+        .query(&mut con)
+        .expect("CLIENT UNPAUSE");
+    for writer in waiting {
+        assert_eq!(writer.join().expect("writer")[0], 1);
+    }
+    assert_eq!(key_type(&mut con, "k"), "rl-bucket");
+    wait_for_replica(&mut con);
+    let mut replica = replica_server.conn();
+    for key in [&b"k"[..], b"native"] {
+        assert_eq!(dump(&mut replica, key), dump(&mut con, key));
+        assert_eq!(pexpiretime(&mut replica, key), pexpiretime(&mut con, key));
+    }
+}
