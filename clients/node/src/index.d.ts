@@ -1,7 +1,10 @@
 // Types for redis-rl's Node client (src/index.js).
 
-/** Who decided: the module, the Lua fallback, the deny cache, or the failure policy. */
-export type Source = "redis" | "lua" | "cache" | "local" | "open" | "closed";
+/** Who decided: the module ("redis"), the Functions library, the script ("lua"), the deny
+ * cache, or the failure policy. */
+export type Source = "redis" | "functions" | "lua" | "cache" | "local" | "open" | "closed";
+/** The path a limiter found: the module, the Functions library redis_rl, or the script. */
+export type Path = "module" | "functions" | "lua";
 export type OnError = "open" | "closed" | "local";
 
 /** A number, or its decimal text ("0.1", "60"), read exactly. */
@@ -92,7 +95,20 @@ export const RANGES: {
 };
 
 export class RateLimitError extends Error {}
-export class ModuleMissingError extends RateLimitError {}
+/** Redis refused the limiter for a reason no retry cures (a wrong password, a user without the
+ * permissions of any path, a cluster client on a standalone server or a single-node client on
+ * a cluster, no module under withoutModule "refuse"): check() rejects with it; at run time the
+ * policy decides, logged at error level and counted in counters.misconfigured. */
+export class MisconfiguredError extends RateLimitError {
+  readonly cause?: unknown;
+}
+/** No RL.ACQUIRE on the server, and withoutModule is "refuse". */
+export class ModuleMissingError extends MisconfiguredError {}
+/** The version of the Functions library redis_rl this client needs. */
+export const FUNCTIONS_VERSION: number;
+/** FUNCTION LOAD REPLACE of the shipped library on the server, or on every master of a cluster
+ * (an admin's call: ACL "+function|load +function|list"); resolves to the version loaded. */
+export function loadFunctions(client: Client): Promise<number>;
 export const CLOSED_RETRY_AFTER_MS: number;
 /** The default deadline of a call (timeoutMs), ms: 2000. */
 export const DEFAULT_TIMEOUT_MS: number;
@@ -105,7 +121,8 @@ export interface LimiterOptions {
   instances?: number;
   /** The hot-key shield: true (10,000 entries), false (default) or a size bound. */
   denyCache?: boolean | number;
-  /** On a server without the module: the Lua script ("lua", default) or an error. */
+  /** Without the module: the Functions library, else the script ("lua", default), or the
+   * module only ("refuse": its absence is a misconfiguration). */
   withoutModule?: "lua" | "refuse";
   /** Each call's deadline, ms, waiting for a connection still opening included: busy is
    * not down, so only after it (or at once on a transport error) does onError decide. Default
@@ -117,24 +134,57 @@ export interface LimiterOptions {
   localMaxKeys?: number;
   /** A monotonic clock in ms (tests). Default performance.now. */
   clock?: () => number;
-  /** Where outages are logged, once each. Default console. */
-  logger?: { warn(message: string): void };
+  /** Where outages are logged (warn, once each) and misconfigurations (error, once a minute
+   * per cause; warn when there is no error). Default console. */
+  logger?: { warn(message: string): void; error?(message: string): void };
 }
 
 /** An ioredis Redis or Cluster, or a node-redis client or cluster. */
 export type Client = object;
 export type Item = [key: string, limit: Limit] | [key: string, limit: Limit, cost: number];
+/** An item of acquireAcrossSlots: a shadow item's refusal is reported but refuses nothing. */
+export type SlotItem = Item | { key: string; limit: Limit; cost?: number; shadow?: boolean };
+
+/** What became of one item of acquireAcrossSlots. */
+export interface SlotOutcome {
+  /** "taken": taken and kept; "refused": it refused, nothing was taken (decision null when the
+   * deny cache answered); "shadowRefused": a shadow item that refused and took nothing;
+   * "notTaken": another item refused (its own decision, or null when its group was never asked). */
+  readonly status: "taken" | "refused" | "shadowRefused" | "notTaken";
+  readonly decision: Decision | null;
+}
+
+/** acquireAcrossSlots's answer. */
+export class SlotsDecision {
+  /** Every item's cost was taken (shadow items that refused aside). */
+  readonly allowed: boolean;
+  /** The refusing group's longest wait; -1 if an item can never succeed; 0 if allowed. */
+  readonly retryAfterMs: number;
+  /** One per item, in the items' order. */
+  readonly outcomes: SlotOutcome[];
+  /** Who decided each acquireAll sent, in order. */
+  readonly sources: Source[];
+}
+
+/** The cluster hash slot of a key (CRC16 of it or of its hash tag, mod 16384). */
+export function keySlot(key: string): number;
 
 export class Limiter {
   constructor(client: Client, options: LimiterOptions);
-  /** Decisions by source, and outages seen. */
-  readonly counters: Record<Source | "outages" | "unappliedCharges", number>;
-  /** "module", "lua", "missing", or null before the first call. */
-  readonly path: "module" | "lua" | "missing" | null;
+  /** Decisions by source, outages seen, and calls refused by a misconfiguration. */
+  readonly counters: Record<Source | "outages" | "misconfigured" | "unappliedCharges", number>;
+  /** The path found: null before the first call (and while none answers). */
+  readonly path: Path | null;
+  /** Contacts Redis, finds the path and resolves to it; rejects with a MisconfiguredError for
+   * a misconfiguration; resolves to null (logging a warning) when Redis is down or busy. */
+  check(): Promise<Path | null>;
   acquire(key: string, limit: Limit, cost?: number): Promise<Decision>;
   peek(key: string, limit: Limit, cost?: number): Promise<Decision>;
   /** All or nothing; in a cluster give every key one hash tag ("{user:42}:s"). */
   acquireAll(items: Item[]): Promise<MultiDecision>;
+  /** All or nothing whatever slots the keys hash to: per slot on a cluster, in slot order, the
+   * slots taken refunded when a later one refuses (not atomic for that one round trip). */
+  acquireAcrossSlots(items: SlotItem[]): Promise<SlotsDecision>;
   /** Gives tokens back and clears the deny cache's entry for `key`. */
   refund(key: string, limit: Limit, cost?: number): Promise<Refund>;
   /** Applies a post-paid cost whatever the bucket holds, into debt if need be (RL.CHARGE);

@@ -1,24 +1,32 @@
 // redis-rl client for Node: rate limits on Redis with the redis-rl module, with an explicit
-// failure policy, a hot-key shield and a Lua fallback for servers without the module.
+// failure policy, a hot-key shield and two fallbacks for servers without the module: the
+// Functions library redis_rl (FCALL) and the Lua script (EVALSHA, EVAL).
 //
 // Layout: the types (Limit, Decision, MultiDecision, Refund), the call into Redis
-// (adapter.js: ioredis or node-redis, standalone or cluster), the failure policy and the
-// shield (Limiter, below), the exact in-process bucket (bucket.js) and the fallback script
-// (rl.lua, the same file as clients/lua/rl.lua). The same names as the Python library.
+// (adapter.js: ioredis or node-redis, standalone or cluster), the paths (paths.js: the
+// misconfiguration errors, the script's EVALSHA and EVAL, loading the Functions library;
+// which path answers is found below by sending the real call and reading the error), the
+// failure policy and the shield (Limiter, below), the exact in-process bucket (bucket.js),
+// all or nothing across hash slots (slots.js), and the fallbacks (rl.lua and
+// rl_functions.lua, the same files as clients/lua/). The same names as the Python library.
 
 import { readFileSync } from "node:fs";
 import { performance } from "node:perf_hooks";
 import { DebtTooLongError, LocalBuckets, Q, fromDecimal, numberText } from "./bucket.js";
-import { adapt, isReplyError, sha1 } from "./adapter.js";
+import { adapt, isConnectionMisconfigured, isReplyError, replyText } from "./adapter.js";
+import {
+  FUNCTIONS_VERSION, MisconfiguredError, ModuleMissingError, RateLimitError, deniedCommand, isAbsent,
+  misconfiguration, noPathError, scriptCall,
+} from "./paths.js";
 import { Table } from "./table.js";
+import { acrossSlots } from "./slots.js";
 import { wait } from "./wait.js";
 
 export { DebtTooLongError, LocalBuckets } from "./bucket.js";
 export { Table, shardOf, MAX_SHARDS } from "./table.js";
 export { WaitNeverError, WaitTimeoutError } from "./wait.js";
-
-const SCRIPT = readFileSync(new URL("./rl.lua", import.meta.url), "utf8");
-const SCRIPT_SHA = sha1(SCRIPT);
+export { FUNCTIONS_VERSION, MisconfiguredError, ModuleMissingError, RateLimitError, loadFunctions } from "./paths.js";
+export { keySlot, SlotsDecision } from "./slots.js";
 
 /** The module's ranges and error texts: clients/vectors/ranges.json, shipped beside rl.lua. */
 export const RANGES = JSON.parse(readFileSync(new URL("./ranges.json", import.meta.url), "utf8"));
@@ -39,10 +47,6 @@ export const CLOSED_RETRY_AFTER_MS = 1000;
 const MAX_EXACT_DENOMINATOR = 1n << 31n;
 const ROUNDED_DENOMINATOR = 1n << 30n;
 
-/** Base class of this package's own errors. */
-export class RateLimitError extends Error {}
-/** The server has no RL.ACQUIRE and the limiter was built with withoutModule: "refuse". */
-export class ModuleMissingError extends RateLimitError {}
 class DeadlineError extends Error {
   constructor(message) {
     super(message);
@@ -148,7 +152,8 @@ export class Limit {
 const ceilS = (ms) => Math.ceil(ms / 1000);
 
 /**
- * Who decided what for one call; `source` is redis, lua, cache, local, open or closed.
+ * Who decided what for one call; `source` is redis (the module), functions (the Functions
+ * library), lua (the script), cache, local, open or closed.
  * `remaining` is never below 0 after a take; a peek's is the signed balance, negative while a
  * charge keeps the bucket in debt.
  */
@@ -266,15 +271,29 @@ function withRoomWaits(redis, limiter) {
   };
 }
 
-const isUnknownCommand = (e) => isReplyError(e) && /unknown command/i.test(e.message);
-const isNoScript = (e) => isReplyError(e) && e.message.startsWith("NOSCRIPT");
+/** The path's name as a decision's source and a counters key. */
+const SOURCES = { module: "redis", functions: "functions", lua: "lua" };
+/** What a call on the Functions path sends for each operation: FCALL_RO for what writes nothing. */
+const FUNCTIONS = {
+  acquire: ["FCALL", "rl_acquire"], peek: ["FCALL_RO", "rl_peek"], refund: ["FCALL", "rl_refund"],
+  charge: ["FCALL", "rl_charge"], multi: ["FCALL", "rl_multi"],
+};
+/** A limit for the calls that only look (check, the probe for an old library): a cost of 0
+ * writes nothing. */
+const PROBE_LIMIT = new Limit(1, 1);
+/** The keys check() looks at: two hash tags in different slots, so that a single-node client
+ * on a cluster is told by the CROSSSLOT (or MOVED) of one call on both. */
+const CHECK_KEYS = ["rl:check:{a}", "rl:check:{b}"];
+/** How often one misconfiguration is logged at most, ms. */
+const MISCONFIGURED_LOG_MS = 60_000;
 
 /**
  * Rate limits with an explicit failure policy. Options:
  * - onError (required): "open" allows, "closed" denies, "local" decides in process with an
  *   exact bucket of rate / instances and capacity / instances per key;
  * - instances (1), denyCache (false; true = 10,000 entries, or a number), withoutModule
- *   ("lua" or "refuse"), timeoutMs (DEFAULT_TIMEOUT_MS, 2000: each call's deadline, which
+ *   ("lua": the module, else the Functions library, else the script; "refuse": the module
+ *   only), timeoutMs (DEFAULT_TIMEOUT_MS, 2000: each call's deadline, which
  *   covers waiting for a connection still opening; the policy decides only after it, or at
  *   once on a transport error), probeIntervalMs (100: how often Redis is tried during an
  *   outage, without waiting for the connection), localMaxKeys (100,000).
@@ -306,11 +325,16 @@ export class Limiter {
       throw new RangeError("denyCache must be true, false or a size bound (entries)");
     }
     this.cache = new Map(); // key -> {limit, cost, until, remaining, resetUntil}
-    this.path = null; // null until detected; "module", "lua" or "missing"
-    this.detecting = null; // the one detection in flight, shared by concurrent first calls
+    this.path = null; // null until detected; then "module", "functions" or "lua"
+    this.detecting = null; // the detection in flight: concurrent first calls wait for it
+    this.evalshaDenied = false; // NOPERM on EVALSHA seen: the script goes as EVAL
     this.inFlight = 0; // calls sent and not yet answered, for the deadline's log line
     this.waitingForRoom = 0; // sends waiting for room in the client's own queue (node-redis)
-    this.counters = { redis: 0, lua: 0, cache: 0, local: 0, open: 0, closed: 0, outages: 0, unappliedCharges: 0 };
+    this.counters = {
+      redis: 0, functions: 0, lua: 0, cache: 0, local: 0, open: 0, closed: 0, outages: 0, misconfigured: 0,
+      unappliedCharges: 0,
+    };
+    this.loggedAt = new Map(); // misconfiguration message -> when it was last logged
     this.downSince = null;
     this.nextProbe = 0;
     this.withoutRedis = 0;
@@ -369,13 +393,56 @@ export class Limiter {
     this.downSince = this.clock();
     this.nextProbe = this.downSince + this.probeIntervalMs;
     this.counters.outages++;
-    this.logger.warn(`redis-rl: Redis cannot decide (${error.name}: ${error.message}); ` +
+    this.logger.warn(`redis-rl: Redis cannot decide (${error.name}: ${error.message}${this.connectionCause(error)}); ` +
       `deciding with onError=${this.onError} until it answers`);
+  }
+
+  /** "; last connection error: ..." when the client's events told why it is not connected. */
+  connectionCause(error) {
+    const last = this.redis.lastError?.();
+    if (!last || last === error || String(error.message).includes(last.message)) return "";
+    return `; last connection error: ${last.code ? `${last.code} ` : ""}${last.message}`;
+  }
+
+  /**
+   * Whether the failure policy decides after `error`: a misconfiguration (logged at error
+   * level once a minute per cause, counted in counters.misconfigured, never an outage) or
+   * Redis unable to decide (an outage). False: the caller's error, thrown to the caller.
+   */
+  policyDecides(error) {
+    const misconfigured = this.misconfiguredBy(error);
+    if (misconfigured) {
+      this.counters.misconfigured++;
+      this.logMisconfigured(misconfigured);
+      return true;
+    }
+    if (!isUnavailable(error)) return false;
+    this.failed(error);
+    return true;
+  }
+
+  /** The MisconfiguredError `error` means, or null: a transport error on a connection the
+   * server refused (a wrong password, no cluster support) means that refusal. */
+  misconfiguredBy(error) {
+    const last = isReplyError(error) ? null : this.redis.lastError?.();
+    return misconfiguration(error, this.redis.cluster) ??
+      (last && isConnectionMisconfigured(last) ? misconfiguration(last, this.redis.cluster) : null);
+  }
+
+  logMisconfigured(error) {
+    const now = this.clock();
+    const at = this.loggedAt.get(error.message);
+    if (at !== undefined && now - at < MISCONFIGURED_LOG_MS) return;
+    if (this.loggedAt.size > 100) this.loggedAt.clear();
+    this.loggedAt.set(error.message, now);
+    const log = typeof this.logger.error === "function" ? this.logger.error : this.logger.warn;
+    log.call(this.logger, `redis-rl: misconfigured, not an outage: ${error.message}; deciding with ` +
+      `onError=${this.onError} (logged once a minute per cause, counted in counters.misconfigured)`);
   }
 
   countPolicy() {
     this.counters[this.onError]++;
-    this.withoutRedis++;
+    if (this.downSince !== null) this.withoutRedis++;
   }
 
   nowUs() {
@@ -436,15 +503,13 @@ export class Limiter {
     if (hit) return hit;
     if (this.skipRedis()) return this.policyAcquire(key, limit, cost);
     const sentAt = this.clock();
-    let reply;
+    let reply, source;
     try {
-      reply = await this.call("acquire", [[key, limit, cost, route]]);
+      [reply, source] = await this.call("acquire", [[key, limit, cost, route]]);
     } catch (error) {
-      if (!isUnavailable(error)) throw error;
-      this.failed(error);
+      if (!this.policyDecides(error)) throw error;
       return this.policyAcquire(key, limit, cost);
     }
-    const source = this.source();
     this.answered(source);
     const d = new Decision(...reply, limit, source);
     this.remember(key, limit, cost, d, sentAt);
@@ -455,15 +520,13 @@ export class Limiter {
   async peek(key, limit, cost = 1, route = undefined) {
     cost = checkCost(cost);
     if (this.skipRedis()) return this.policyAcquire(key, limit, cost, false);
-    let reply;
+    let reply, source;
     try {
-      reply = await this.call("peek", [[key, limit, cost, route]]);
+      [reply, source] = await this.call("peek", [[key, limit, cost, route]]);
     } catch (error) {
-      if (!isUnavailable(error)) throw error;
-      this.failed(error);
+      if (!this.policyDecides(error)) throw error;
       return this.policyAcquire(key, limit, cost, false);
     }
-    const source = this.source();
     this.answered(source);
     return new Decision(...reply, limit, source);
   }
@@ -481,20 +544,36 @@ export class Limiter {
     }
     if (this.skipRedis()) return this.policyAcquireAll(items);
     const sentAt = this.clock();
-    let reply;
+    let reply, source;
     try {
-      reply = await this.call("multi", items);
+      [reply, source] = await this.call("multi", items);
     } catch (error) {
-      if (!isUnavailable(error)) throw error;
-      this.failed(error);
+      if (!this.policyDecides(error)) throw error;
       return this.policyAcquireAll(items);
     }
-    const source = this.source();
     this.answered(source);
     const [allowed, refused, retry, replies] = reply;
     const decisions = replies.map((r, i) => new Decision(...r, items[i][1], source));
     if (!allowed) items.forEach(([key, limit, cost], i) => this.remember(key, limit, cost, decisions[i], sentAt));
     return new MultiDecision(allowed, refused, retry, decisions, source);
+  }
+
+  /**
+   * All or nothing over [[key, limit, cost?]] (or { key, limit, cost, shadow }) whatever slots
+   * the keys hash to: one acquireAll on one server; on a cluster one per hash slot, in slot
+   * order, refunding the slots already taken when a later one refuses or fails (slots.js).
+   * A shadow item's refusal is reported but does not refuse the call. Resolves to a
+   * SlotsDecision.
+   */
+  async acquireAcrossSlots(items) {
+    if (!Array.isArray(items) || items.length === 0) throw new RangeError("acquireAcrossSlots needs at least one item");
+    return acrossSlots(this, items.map((item) => {
+      const { key, limit, cost = 1, shadow = false } = Array.isArray(item)
+        ? { key: item[0], limit: item[1], cost: item[2] }
+        : item;
+      if (!(limit instanceof Limit)) throw new TypeError("acquireAcrossSlots: each item needs a Limit");
+      return { key, limit, cost: checkCost(cost), shadow: Boolean(shadow) };
+    }));
   }
 
   /**
@@ -511,15 +590,13 @@ export class Limiter {
     cost = checkCost(cost);
     this.cache.delete(key); // a remembered denial may end before the new debt does
     if (this.skipRedis()) return this.policyCharge(key, limit, cost);
-    let reply;
+    let reply, source;
     try {
-      reply = await this.call("charge", [[key, limit, cost, route]]);
+      [reply, source] = await this.call("charge", [[key, limit, cost, route]]);
     } catch (error) {
-      if (!isUnavailable(error)) throw refused(error);
-      this.failed(error);
+      if (!this.policyDecides(error)) throw refused(error);
       return this.policyCharge(key, limit, cost);
     }
-    const source = this.source();
     this.answered(source);
     return new Charge(...reply, limit, source);
   }
@@ -529,28 +606,80 @@ export class Limiter {
     cost = checkCost(cost);
     this.cache.delete(key);
     if (this.skipRedis()) return this.policyRefund(key, limit, cost);
-    let reply;
+    let reply, source;
     try {
-      reply = await this.call("refund", [[key, limit, cost, route]]);
+      [reply, source] = await this.call("refund", [[key, limit, cost, route]]);
     } catch (error) {
-      if (!isUnavailable(error)) throw error;
-      this.failed(error);
+      if (!this.policyDecides(error)) throw error;
       return this.policyRefund(key, limit, cost);
     }
-    const source = this.source();
     this.answered(source);
     return new Refund(...reply, source);
   }
 
   // The call into Redis ---------------------------------------------------------------------
 
+  /**
+   * Contacts Redis once, at startup: finds the path (by the same calls as a decision, on keys
+   * it only looks at: nothing is written) and resolves to it, "module", "functions" or "lua".
+   * Rejects with a MisconfiguredError naming the cause for what no retry cures: a wrong
+   * password, a user without the permissions of any path, a cluster client on a standalone
+   * server or a single-node client on a cluster, no module under withoutModule "refuse".
+   * When Redis is merely down or busy it resolves to null and logs a warning: the limiter
+   * decides by its policy until Redis answers.
+   */
+  async check() {
+    const state = { connected: true, expired: false };
+    try {
+      await this.deadline(this.checkUnbounded(state), state);
+    } catch (error) {
+      const misconfigured = this.misconfiguredBy(error);
+      if (misconfigured) {
+        this.logMisconfigured(misconfigured);
+        throw misconfigured;
+      }
+      if (!isUnavailable(error)) throw error;
+      this.logger.warn(`redis-rl: check: Redis cannot answer now (${error.name}: ${error.message}` +
+        `${this.connectionCause(error)}); the limiter decides with onError=${this.onError} until it answers`);
+      return null;
+    }
+    return this.path;
+  }
+
+  async checkUnbounded(state) {
+    await this.opened(state);
+    const [a, b] = CHECK_KEYS;
+    this.path = null;
+    await this.detect("peek", [[a, PROBE_LIMIT, 0]]);
+    if (this.redis.cluster) return;
+    // A single-node client on a cluster: a call on two slots answers CROSSSLOT (or MOVED)
+    // before it runs; on one server it takes 0 tokens, which writes nothing.
+    try {
+      await this.sendOn(this.path, "multi", [[a, PROBE_LIMIT, 0], [b, PROBE_LIMIT, 0]]);
+    } catch (error) {
+      if (/^(MOVED|ASK|CROSSSLOT)\b/.test(replyText(error))) throw error;
+      // Anything else (a user who may only peek: NOPERM) cannot tell; the peek answered.
+    }
+  }
+
+  /** Finds the path without deciding anything (a table's delete and len need it). */
+  async findPath() {
+    const state = { connected: true, expired: false };
+    await this.deadline((async () => {
+      await this.opened(state);
+      await this.detect("peek", [[CHECK_KEYS[0], PROBE_LIMIT, 0]]);
+    })(), state);
+  }
+
+  /** The decision's source for the path a reply came from. */
   source() {
-    return this.path === "module" ? "redis" : "lua";
+    return SOURCES[this.path] ?? "lua";
   }
 
   /**
-   * Runs `op` under the deadline. A connection still opening is waited for, unless Redis is
-   * already known to be down (then a probe fails at once and the policy keeps deciding).
+   * Runs `op` under the deadline; resolves to [reply, source]. A connection still opening is
+   * waited for, unless Redis is already known to be down (then a probe fails at once and the
+   * policy keeps deciding).
    */
   async call(op, items) {
     const state = { connected: true, expired: false };
@@ -566,7 +695,7 @@ export class Limiter {
         reject(new DeadlineError(state.connected
           ? `no reply within ${this.timeoutMs} ms (busy or down: ${this.inFlight} calls in flight, ` +
             `${this.waitingForRoom} waiting for room in the client's queue)`
-          : `not connected within ${this.timeoutMs} ms (the connection is opening or reconnecting)`));
+          : `not connected within ${this.timeoutMs} ms (the connection is opening or reconnecting${this.lastConnectionError()})`));
       }, this.timeoutMs);
     });
     work.catch(() => {}); // a reply after the deadline is dropped
@@ -577,36 +706,24 @@ export class Limiter {
     }
   }
 
-  /** Detects the path once for all the calls waiting on it. */
-  detectOnce() {
-    if (!this.detecting) {
-      this.detecting = this.detect().finally(() => { this.detecting = null; });
-    }
-    return this.detecting;
+  lastConnectionError() {
+    const last = this.redis.lastError?.();
+    return last ? `; last connection error: ${last.code ? `${last.code} ` : ""}${last.message}` : "";
   }
 
-  async detect() {
-    const reply = await this.redis.send(["COMMAND", "INFO", "RL.ACQUIRE"], undefined);
-    const present = Array.isArray(reply) && reply.length > 0 && reply[0] !== null && reply[0] !== undefined;
-    this.path = present ? "module" : this.withoutModule === "lua" ? "lua" : "missing";
-  }
-
-  refuseIfMissing() {
-    if (this.path === "missing") {
-      throw new ModuleMissingError('the server has no RL.ACQUIRE (the redis-rl module is not loaded) and this ' +
-        'limiter was built with withoutModule: "refuse"; load the module or use withoutModule: "lua"');
-    }
+  /** Waits for a connection still opening, unless Redis is known to be down. */
+  async opened(state) {
+    const opening = this.downSince === null ? this.redis.ready() : null;
+    if (!opening) return;
+    state.connected = false;
+    await opening;
+    state.connected = true;
+    // Given up on while it waited: a call sent now would take tokens nobody gets.
+    if (state.expired) throw new DeadlineError("given up before the connection opened");
   }
 
   async callUnbounded(op, items, state) {
-    const opening = this.downSince === null ? this.redis.ready() : null;
-    if (opening) {
-      state.connected = false;
-      await opening;
-      state.connected = true;
-      // Given up on while it waited: a call sent now would take tokens nobody gets.
-      if (state.expired) throw new DeadlineError("given up before the connection opened");
-    }
+    await this.opened(state);
     this.inFlight++;
     try {
       return await this.callOnPath(op, items, state);
@@ -616,23 +733,117 @@ export class Limiter {
   }
 
   async callOnPath(op, items, state) {
-    if (this.path === null) await this.detectOnce();
+    // Concurrent first calls wait for the one detection in flight, then take its path.
+    if (this.path === null && this.detecting) await this.detecting.catch(() => {});
     if (state.expired) throw new DeadlineError("given up before the path was known");
-    this.refuseIfMissing();
+    const path = this.path;
+    if (path === null) return this.detect(op, items);
     try {
-      return await this.send(op, items);
+      return [await this.sendOn(path, op, items), SOURCES[path]];
     } catch (error) {
-      if (!isUnknownCommand(error)) throw error;
-      // The module went away (or came): look again, then retry once on the new path.
-      await this.detectOnce();
-      this.refuseIfMissing();
-      return this.send(op, items);
+      if (!this.pathGone(path, error)) throw error;
+      // The path stopped answering (the module unloaded, the library deleted, a permission
+      // taken away): look again with this same call, which nothing ran.
+      if (this.path === path) this.path = null;
+      return this.detect(op, items);
     }
   }
 
-  async send(op, items) {
+  /** Whether `error` says the path `path` no longer answers (so nothing of the call ran). */
+  pathGone(path, error) {
+    if (isAbsent(error)) return path !== "lua";
+    const denied = deniedCommand(error);
+    if (!denied) return false;
+    return path === "module" ? denied.startsWith("rl.") : path === "functions" ? denied.startsWith("fcall") : false;
+  }
+
+  /**
+   * Finds the path by sending the real call on each in turn (module, Functions library,
+   * script; the module alone under withoutModule "refuse"): an unknown command or function
+   * means the path is not there, NOPERM that this user may not take it; either ran nothing,
+   * so the next path gets the same call. Resolves to [reply, source] of the path that answered.
+   */
+  detect(op, items) {
+    const detection = this.detectPaths(op, items);
+    if (!this.detecting) {
+      const shared = detection.finally(() => { if (this.detecting === shared) this.detecting = null; });
+      shared.catch(() => {});
+      this.detecting = shared;
+    }
+    return detection;
+  }
+
+  async detectPaths(op, items) {
+    const denied = []; // the commands ACL refused, in the order tried
+    const paths = this.withoutModule === "refuse" ? ["module"] : ["module", "functions", "lua"];
+    for (const path of paths) {
+      try {
+        if (path === "functions" && !(await this.functionsAnswer(items[0][0], denied))) continue;
+        const reply = await this.sendOn(path, op, items, denied);
+        this.path = path;
+        return [reply, SOURCES[path]];
+      } catch (error) {
+        if (path !== "lua" && isAbsent(error)) continue;
+        const command = deniedCommand(error);
+        if (!command) throw error;
+        denied.push(command);
+      }
+    }
+    if (this.withoutModule === "refuse" && denied.length === 0) throw new ModuleMissingError();
+    throw noPathError(denied);
+  }
+
+  /**
+   * Whether the Functions library answers here in the version this client needs
+   * (`FCALL_RO rl_version 0`). A library older than that, or one without rl_version, is
+   * logged at error level with how to reload it, and the script is used.
+   */
+  async functionsAnswer(key, denied) {
+    let version;
+    try {
+      version = Number(await this.redis.send(["FCALL_RO", "rl_version", "0"], key));
+    } catch (error) {
+      const command = deniedCommand(error);
+      if (command) {
+        denied.push(command);
+        return false;
+      }
+      if (!isAbsent(error)) throw error;
+      if (/function not found/i.test(error.message) && (await this.oldLibrary(key))) {
+        this.logFunctions("has no rl_version (it is older than version 1)");
+      }
+      return false;
+    }
+    if (!(version >= FUNCTIONS_VERSION)) {
+      this.logFunctions(`answers version ${version}`);
+      return false;
+    }
+    return true;
+  }
+
+  /** Whether a library without rl_version is loaded: its rl_peek answers (a peek writes nothing). */
+  async oldLibrary(key) {
+    try {
+      await this.redis.send(["FCALL_RO", "rl_peek", "1", key, ...PROBE_LIMIT.scriptArgs(0)], key);
+      return true;
+    } catch (error) {
+      // A function that exists and failed; not an absence, a refusal, a redirect or a
+      // transport error, which say nothing about the library.
+      return isReplyError(error) && !isAbsent(error) && !deniedCommand(error) &&
+        !/^(MOVED|ASK|CROSSSLOT|TRYAGAIN|CLUSTERDOWN|LOADING|NOSCRIPT)\b/.test(error.message);
+    }
+  }
+
+  logFunctions(what) {
+    this.logMisconfigured(new MisconfiguredError(`the Functions library redis_rl on the server ${what}, ` +
+      `this client needs version ${FUNCTIONS_VERSION}: using the script path; reload the library with ` +
+      "loadFunctions(client) (FUNCTION LOAD REPLACE) as a user with +function|load"));
+  }
+
+  /** Sends `op` on `path`; `denied` collects what ACL refused while it looks for a path. */
+  sendOn(path, op, items, denied = []) {
     const firstKey = items[0][0];
-    if (this.path === "module") {
+    if (path === "module") {
       const route = items[0][3]; // a bucket table's field: RL.H* on its table
       const name = route
         ? { acquire: "RL.HACQUIRE", peek: "RL.HPEEK", refund: "RL.HREFUND", charge: "RL.HCHARGE" }[op]
@@ -643,18 +854,14 @@ export class Limiter {
       }
       return this.redis.send(args, firstKey);
     }
-    const args = [String(items.length), ...items.map(([key]) => key), op];
-    for (const [, limit, cost] of items) args.push(...limit.scriptArgs(cost, op === "refund"));
-    try {
-      return await this.redis.send(["EVALSHA", SCRIPT_SHA, ...args], firstKey);
-    } catch (error) {
-      if (!isNoScript(error)) throw error;
-      // SCRIPT LOAD, then EVALSHA again. A cluster client would send SCRIPT LOAD to any
-      // node, so there EVAL runs it on the key's node, which caches it the same way.
-      if (this.redis.cluster) return this.redis.send(["EVAL", SCRIPT, ...args], firstKey);
-      await this.redis.send(["SCRIPT", "LOAD", SCRIPT], firstKey);
-      return this.redis.send(["EVALSHA", SCRIPT_SHA, ...args], firstKey);
+    const keys = items.map(([key]) => key);
+    const numbers = [];
+    for (const [, limit, cost] of items) numbers.push(...limit.scriptArgs(cost, op === "refund"));
+    if (path === "functions") {
+      const [command, name] = FUNCTIONS[op];
+      return this.redis.send([command, name, String(keys.length), ...keys, ...numbers], firstKey);
     }
+    return scriptCall(this, [String(keys.length), ...keys, op, ...numbers], firstKey, denied);
   }
 
   // Waiting ---------------------------------------------------------------------------------

@@ -46,7 +46,9 @@ export function withRequest<M extends (req: any, res: any, next: any) => unknown
 export const DEFAULT_PREFIX: "rl:http:";
 
 export function clientAddress(peer: string | undefined, forwardedFor: string | undefined, trusted: BlockList): string;
-/** Logged once when a store whose express-rate-limit limit is a function of the request was built without withRequest. */
+/** Logged once when a store whose express-rate-limit limit is a function of the request was
+ * built without withRequest: it then counts hits in fixed windows of windowMs, and
+ * express-rate-limit compares them with limit(req, res). */
 export const UNWRAPPED_WARNING: string;
 export function headerFields(decision: Decision, options?: { policyName?: string; legacyHeaders?: boolean }): [string, string][];
 /** One set of fields for several limits' decisions on one request: the draft's lists, X-RateLimit-* of the tightest. */
@@ -63,7 +65,8 @@ export class RedisRlStore {
   /**
    * `limit`: the limit of a key (sync or async), the same tiers by key, for express-rate-limit's
    * `limit` given as a function of the request when the middleware is not wrapped in
-   * `withRequest` (with the wrapper, the store calls express-rate-limit's `limit(req, res)`).
+   * `withRequest` (with the wrapper, the store calls express-rate-limit's `limit(req, res)`;
+   * with neither, it counts hits per fixed window of windowMs, "rl:erl:window/...").
    */
   constructor(options: { limiter: Limiter; prefix?: string; limit?: (key: string) => number | Promise<number> });
   readonly localKeys: false;

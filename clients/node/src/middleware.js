@@ -17,7 +17,7 @@
 
 import { AsyncLocalStorage } from "node:async_hooks";
 import { BlockList, isIP } from "node:net";
-import { Limit } from "./index.js";
+import { Limit, RANGES } from "./index.js";
 
 /** The draft whose RateLimit-Policy and RateLimit syntax is written. */
 export const HEADERS_DRAFT = "draft-ietf-httpapi-ratelimit-headers-10";
@@ -212,15 +212,30 @@ export function rateLimit(options) {
  * Stores whose express-rate-limit `limit` is a function of the request, initialised (by
  * express-rate-limit, when its middleware is built) and not yet followed by a withRequest
  * call. `withRequest(rateLimit({...}))` builds, then wraps, in one synchronous expression; a
- * store still here on the next turn of the event loop was built unwrapped, and every request
- * through it would answer 500, so the limiter's logger says so once, at startup.
+ * store still here on the next turn of the event loop was built unwrapped, so it counts hits
+ * in fixed windows instead of a token bucket (see RedisRlStore), and the limiter's logger
+ * says so once, at startup.
  */
 const storesAwaitingWrapper = new Set();
 
 export const UNWRAPPED_WARNING = "redis-rl: RedisRlStore: express-rate-limit's limit is a function of the request, " +
-  "but its middleware was not wrapped in withRequest(...) when it was built, so each request it serves will fail " +
-  "(500): use app.use(withRequest(rateLimit({ ... }))), or give the store the tiers by key, " +
+  "but its middleware was not wrapped in withRequest(...) when it was built, so the store cannot see the request: " +
+  "it counts hits in fixed windows of windowMs and express-rate-limit compares them with limit(req, res); for a " +
+  "token bucket per limit use app.use(withRequest(rateLimit({ ... }))), or give the store the tiers by key, " +
   "new RedisRlStore({ limiter, limit: (key) => number })";
+
+/**
+ * The bucket that counts hits in one fixed window of `windowMs`: it refills at most half a
+ * token per window (one token per 2 x windowMs, or per 1e6 s for windows above 5.8 days, the
+ * slowest rate), so the tokens in use are exactly the hits of the window; its capacity is the
+ * most hits a window can count, as many as a full refill within 100 years allows (at most
+ * 1e9: 26,280,000 for a minute, 18,250 for a day), past which every hit reports capacity + 1.
+ */
+function windowCounter(windowMs) {
+  const perS = Math.min(2 * (windowMs / 1000), 1_000_000);
+  const capacity = Math.max(1, Math.min(1e9, Math.floor(Number(RANGES.refill.max_s) / perS)));
+  return new Limit(1, capacity, { per: perS });
+}
 
 /** The request a middleware wrapped by `withRequest` is serving: {req, res}. */
 const requestContext = new AsyncLocalStorage();
@@ -283,9 +298,15 @@ function ledgerOfThisRequest() {
  * hands it or the request to the store; so wrap the middleware in `withRequest`, and the store
  * calls the same function with the request the middleware is serving (an AsyncLocalStorage
  * context, see withRequest) and takes from a bucket of that many requests per window, under
- * the default prefix "rl:erl:<that limit>/<windowMs>ms:". Without the wrapper such a store
- * refuses to guess: increment rejects, naming the two ways that work (withRequest, or the
- * store's own `limit: (key) => number`, the same tiers by key, prefix "rl:erl:bykey/...").
+ * the default prefix "rl:erl:<that limit>/<windowMs>ms:". Without the wrapper the store cannot
+ * know the limit, so it counts hits instead, as express-rate-limit's MemoryStore does, and
+ * express-rate-limit compares the count with limit(req, res) itself: fixed windows of
+ * windowMs aligned on the clock (Date.now()), one counter per key and window under
+ * "<prefix or rl:erl:>window/<windowMs>ms:<window index>:<key>", totalHits the hits of the
+ * current window and resetTime its end (see windowCounter for the most a window counts). It
+ * is a fixed window: up to twice the limit can pass across a window's edge; wrap the
+ * middleware in withRequest (or give the store `limit: (key) => number`, the same tiers by
+ * key, prefix "rl:erl:bykey/...") for the token bucket. A warning says so once, at startup.
  */
 export class RedisRlStore {
   constructor({ limiter, prefix, limit } = {}) {
@@ -333,10 +354,13 @@ export class RedisRlStore {
     if (!this.limitOfRequest) throw new TypeError("RedisRlStore was not initialised by express-rate-limit");
     const context = requestContext.getStore();
     if (!context) {
-      throw new TypeError("RedisRlStore: express-rate-limit's limit is a function of the request, which it calls " +
-        "after the store's increment(key) without handing the request over; wrap the middleware, " +
-        "app.use(withRequest(rateLimit({ ... }))), or give the store the same tiers by key, " +
-        "new RedisRlStore({ limiter, limit: (key) => number })");
+      // The request is out of reach: count the hits of this window (see windowCounter).
+      const index = Math.floor(Date.now() / this.windowMs);
+      const prefix = this.ownPrefix ?? "rl:erl:";
+      return {
+        bucket: windowCounter(this.windowMs), redisKey: `${prefix}window/${this.windowMs}ms:${index}:${key}`,
+        windowEnd: (index + 1) * this.windowMs,
+      };
     }
     const n = await this.limitOfRequest(context.req, context.res);
     if (typeof n !== "number") throw new TypeError(`RedisRlStore: limit(req, res) must give a number, got ${typeof n}`);
@@ -350,7 +374,7 @@ export class RedisRlStore {
     const ledger = ledgerOfThisRequest();
     const take = { key, taken: false, bucket: null, redisKey: null };
     ledger.takes.set(this, take);
-    const { bucket, redisKey } = await this.target(key);
+    const { bucket, redisKey, windowEnd } = await this.target(key);
     const other = ledger.keys.get(redisKey);
     if (other && other !== this) {
       throw new RangeError(`RedisRlStore: two express-rate-limit limiters use the Redis key ${redisKey} for one ` +
@@ -363,14 +387,22 @@ export class RedisRlStore {
     take.taken = d.allowed && d.source !== "open";
     const capacity = bucket.capacity;
     const now = Date.now();
+    if (windowEnd !== undefined) {
+      // Hits counted in a window: express-rate-limit compares them with its limit.
+      if (d.source === "open") return { totalHits: 1, resetTime: new Date(windowEnd) };
+      return { totalHits: d.allowed ? capacity - d.remaining : capacity + 1, resetTime: new Date(windowEnd) };
+    }
     if (d.source === "open") return { totalHits: 1, resetTime: new Date(now + this.windowMs) };
     if (!d.allowed) return { totalHits: Math.floor(capacity) + 1, resetTime: new Date(now + Math.max(0, d.retryAfterMs)) };
     return { totalHits: Math.max(1, Math.ceil(capacity - d.remaining)), resetTime: new Date(now + d.resetAfterMs) };
   }
 
   async get(key) {
-    const { bucket, redisKey } = await this.target(key);
+    const { bucket, redisKey, windowEnd } = await this.target(key);
     const d = await this.limiter.peek(redisKey, bucket, 0);
+    if (windowEnd !== undefined) {
+      return { totalHits: Math.max(0, bucket.capacity - d.remaining), resetTime: new Date(windowEnd) };
+    }
     return { totalHits: Math.max(0, Math.ceil(bucket.capacity - d.remaining)), resetTime: new Date(Date.now() + d.resetAfterMs) };
   }
 

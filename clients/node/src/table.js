@@ -3,8 +3,9 @@
 // `limiter.table(name, shards)` gives a Table whose buckets are named by fields. A field lives
 // in the table `name:{i}` with i = shardOf(field, shards), so one limit's fields spread over
 // `shards` keys, each in the slot of its hash tag `{i}`. With the module the calls are
-// RL.HACQUIRE, RL.HPEEK, RL.HREFUND, RL.HDEL and RL.HLEN on those keys; without it, the shipped
-// Lua script keeps one key per field, `name:{i}:field`, under the same hash tag.
+// RL.HACQUIRE, RL.HPEEK, RL.HREFUND, RL.HDEL and RL.HLEN on those keys; without it, the
+// Functions library and the shipped Lua script keep one key per field, `name:{i}:field`,
+// under the same hash tag.
 //
 // Decisions go through the limiter that made the table (its failure policy, deny cache and
 // module detection); a field is known to them by its fallback key. The same names as the
@@ -121,7 +122,7 @@ export class Table {
     return deleted;
   }
 
-  /** Live buckets over all the shards (RL.HLEN; on the Lua path, SCAN of the fallback keys). */
+  /** Live buckets over all the shards (RL.HLEN; on the other paths, SCAN of the fallback keys). */
   async len() {
     const limiter = this.limiter;
     const module = (await this.path()) === "module";
@@ -168,8 +169,7 @@ export class Table {
 
   async path() {
     const limiter = this.limiter;
-    if (limiter.path === null) await limiter.deadline(limiter.detect());
-    limiter.refuseIfMissing();
+    if (limiter.path === null) await limiter.findPath();
     return limiter.path;
   }
 }

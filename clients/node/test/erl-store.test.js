@@ -145,13 +145,23 @@ for (const [name, express] of Object.entries(EXPRESSES)) {
     assert.deepEqual(t.erlLog, []);
   }));
 
-  test(`${name}: a limit function of the request without withRequest says what works, instead of a TypeError on null`, () => withSetup(async (t) => {
-    const limiter = await t.limiter((await t.server()).port);
-    const r = await (await t.listen(app(express, t, { limit: () => 3, store: new RedisRlStore({ limiter }) })))("/ok");
-    assert.equal(r.status, 500);
-    const text = await r.text();
-    assert.match(text, /withRequest\(rateLimit/);
-    assert.match(text, /limit: \(key\) => number/);
+  test(`${name}: a limit function of the request without withRequest counts hits per window, never a 500`, () => withSetup(async (t) => {
+    for (const module of [true, false]) {
+      const limiter = await t.limiter((await t.server(module)).port);
+      // Tiers by request: 3 for alice, 5 for anyone else, decided by express-rate-limit.
+      const limit = async (req) => (req.headers["x-user"] === "alice" ? 3 : 5);
+      const get = await t.listen(app(express, t, { limit, keyGenerator: (req) => req.headers["x-user"],
+        store: new RedisRlStore({ limiter }) }));
+      const windowEnd = (Math.floor(Date.now() / WINDOW_MS) + 1) * WINDOW_MS;
+      if (windowEnd - Date.now() < 3000) await new Promise((r) => setTimeout(r, windowEnd - Date.now() + 50));
+      for (const [user, allowed] of [["alice", 3], ["bob", 5]]) {
+        const got = [];
+        for (let i = 0; i < allowed + 2; i++) got.push((await get("/ok", { "x-user": user })).status);
+        assert.deepEqual(got, [...repeat(200, allowed), 429, 429], `${user} module=${module}`);
+      }
+      const [source] = Object.entries(limiter.counters).filter(([k, v]) => v > 0 && ["redis", "lua"].includes(k)).map(([k]) => k);
+      assert.equal(source, module ? "redis" : "lua");
+    }
   }));
 
   test(`${name}: a limit function of the request on an unwrapped middleware is reported at startup, a wrapped one is not`, async () => {

@@ -49,7 +49,7 @@ const servers = [];
 try {
   const tarball = run("npm", ["pack", "--silent", "--pack-destination", dir], PACKAGE).trim().split("\n").at(-1);
   const listing = run("tar", ["-tvzf", join(dir, tarball)], dir);
-  for (const file of ["package/src/rl.lua", "package/src/ranges.json", "package/src/index.js", "package/src/index.d.ts"]) {
+  for (const file of ["package/src/rl.lua", "package/src/rl_functions.lua", "package/src/ranges.json", "package/src/index.js", "package/src/index.d.ts"]) {
     const line = listing.split("\n").find((l) => l.endsWith(` ${file}`));
     if (!line || !line.startsWith("-")) throw new Error(`the tarball has no regular file ${file}:\n${listing}`);
   }

@@ -144,9 +144,15 @@ for (const kind of Object.keys(CLIENTS)) {
     });
   }));
 
-  test(`${kind}: withoutModule "refuse" raises a clear error`, () => withSetup(async (t) => {
+  test(`${kind}: withoutModule "refuse": check() rejects, a call is decided by the policy and counted misconfigured`, () => withSetup(async (t) => {
     const limiter = await t.limiter(kind, await t.server(false), { withoutModule: "refuse" });
-    await assert.rejects(limiter.acquire("k", SLOW), ModuleMissingError);
+    const errors = [];
+    limiter.logger.error = (m) => errors.push(m);
+    await assert.rejects(limiter.check(), ModuleMissingError);
+    const d = await limiter.acquire("k", SLOW);
+    assert.deepEqual([d.allowed, d.source], [false, "closed"]);
+    assert.deepEqual([limiter.counters.misconfigured, limiter.counters.outages, limiter.counters.closed], [1, 0, 1]);
+    assert.match(errors.at(-1), /no RL\.ACQUIRE/);
   }));
 
   for (const [onError, module] of [["open", true], ["closed", true], ["local", true], ["local", false]]) {
@@ -227,8 +233,8 @@ for (const kind of Object.keys(CLIENTS)) {
       for (let i = 0; i < 200; i++) decisions.push(await limiter.acquire("hot", limit));
       assert.ok(decisions.every((d) => !d.allowed));
       const admin = adapt((await t.client(s)).client);
-      // On the Lua path the first EVALSHA answered NOSCRIPT (then SCRIPT LOAD): one more call.
-      const reached = await calls(admin, module ? "rl.acquire" : "evalsha");
+      // On the Lua path the first EVALSHA answered NOSCRIPT (then EVAL): one more call.
+      const reached = module ? await calls(admin, "rl.acquire") : (await calls(admin, "evalsha")) + (await calls(admin, "eval"));
       assert.equal(reached, module ? expected : expected + 1, `module=${module} denyCache=${denyCache}`);
       if (denyCache) {
         assert.equal(limiter.counters.cache, 199);

@@ -1,11 +1,12 @@
-// src/rl.lua and src/ranges.json are committed copies, so the package works wherever it is
+// src/rl.lua, src/rl_functions.lua and src/ranges.json are committed copies, so the package works wherever it is
 // copied or installed (a symlink into ../lua or ../vectors dangles outside the repository).
 // They must stay byte for byte the shared sources every library ships.
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { lstatSync, readFileSync } from "node:fs";
 
-const pairs = [["src/rl.lua", "../lua/rl.lua"], ["src/ranges.json", "../vectors/ranges.json"]];
+const pairs = [["src/rl.lua", "../lua/rl.lua"], ["src/rl_functions.lua", "../lua/rl_functions.lua"],
+  ["src/ranges.json", "../vectors/ranges.json"]];
 
 for (const [copy, source] of pairs) {
   test(`${copy} is a file equal to clients/${source.slice(3)}`, () => {

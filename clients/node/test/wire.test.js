@@ -4,7 +4,8 @@
 // on real servers through each client the library supports (ioredis 5 and 6, node-redis 4, 5
 // and 6), and
 // MONITOR shows what arrived: on the module path RL.ACQUIRE / RL.HACQUIRE carry the texts, on
-// the Lua path (a server without the module) EVALSHA carries the script's 10 numbers, which
+// the Lua path (a server without the module) EVALSHA carries the script's 10 numbers, and on
+// the Functions path (the library loaded) FCALL rl_acquire the same 10 numbers, which
 // are computed here from the same texts with exact rational arithmetic (clients/lua/rl.lua's
 // header). Cases other clients cannot build (`python_only`) are skipped; fields a case may
 // carry that this test does not read are ignored.
@@ -16,7 +17,7 @@ import Redis6 from "ioredis6";
 import { createClient } from "redis";
 import { createClient as createClient4 } from "redis4";
 import { createClient as createClient6 } from "redis6";
-import { Limit, Limiter } from "../src/index.js";
+import { Limit, Limiter, loadFunctions } from "../src/index.js";
 import { withCleanups } from "./servers.js";
 
 const WIRE = JSON.parse(readFileSync(new URL("../../vectors/wire.json", import.meta.url), "utf8"));
@@ -145,7 +146,7 @@ for (const [kind, connect] of Object.entries(CLIENTS)) {
         assert.deepEqual([d.source, t.source], ["lua", "lua"], c.name);
       }
     });
-    // The first call of each finds no script (NOSCRIPT), loads it and sends EVALSHA again.
+    // The first call finds no script (NOSCRIPT) and goes again as EVAL, which caches it.
     const calls = seen.filter((a) => /^EVALSHA$/i.test(a[0]));
     const answered = [];
     for (const a of calls) if (!answered.length || answered.at(-1).join() !== a.join()) answered.push(a);
@@ -157,6 +158,35 @@ for (const [kind, connect] of Object.entries(CLIENTS)) {
       const [numKeys, key, mode, ...numbers] = answered[2 * i + 1].slice(2);
       assert.ok(key.startsWith("wire:") && key.endsWith(`:f${i}`), `${c.name} (table): key ${key}`);
       assert.deepEqual([numKeys, mode, numbers], ["1", "acquire", want], `${c.name} (table)`);
+    });
+  }));
+}
+
+for (const [kind, connect] of Object.entries(CLIENTS)) {
+  test(`wire.json (${kind}): the Functions library gets each case's exact values, per key and in a table`, () => withCleanups(async (scope) => {
+    const s = await scope.server(false);
+    const client = await connect(s.port, scope);
+    const loader = new Redis({ port: s.port, host: "127.0.0.1" });
+    scope.defer(() => loader.disconnect());
+    await loadFunctions(loader);
+    const seen = await monitored(scope, s.port, client, async (limiter) => {
+      const table = limiter.table("wire");
+      for (const [i, c] of CASES.entries()) {
+        const limit = limitOf(c);
+        const d = await limiter.acquire(`wire:${i}`, limit, c.cost);
+        const t = await table.acquire(`f${i}`, limit, c.cost);
+        assert.deepEqual([d.source, t.source], ["functions", "functions"], c.name);
+      }
+    });
+    const calls = seen.filter((a) => /^FCALL$/i.test(a[0]));
+    assert.equal(calls.length, 2 * CASES.length);
+    CASES.forEach((c, i) => {
+      const want = scriptArgs(c.args);
+      // The function, 1 key, the key, then the numbers (no mode).
+      assert.deepEqual(calls[2 * i].slice(1), ["rl_acquire", "1", `wire:${i}`, ...want], c.name);
+      const [name, numKeys, key, ...numbers] = calls[2 * i + 1].slice(1);
+      assert.ok(key.startsWith("wire:") && key.endsWith(`:f${i}`), `${c.name} (table): key ${key}`);
+      assert.deepEqual([name, numKeys, numbers], ["rl_acquire", "1", want], `${c.name} (table)`);
     });
   }));
 }
