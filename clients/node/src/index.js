@@ -246,26 +246,59 @@ const sleepMs = (ms) => new Promise((r) => setTimeout(r, ms));
 
 /**
  * The adapter's send, but a full client queue (busy, not down) is tried again until there
- * is room, for at most the limiter's deadline from the first try.
+ * is room, for at most the limiter's deadline from the first try. While sends of this
+ * limiter are in the queue, a waiter sleeps until one of them ends and wakes it (oldest
+ * first), so a thousand callers behind a queue of ten go through in the server's time;
+ * polling on timers instead starved the unlucky ones past their deadline. With none of ours
+ * in the queue (other traffic fills it), a waiter polls on a timer, backing off to 20 ms.
  */
 function withRoomWaits(redis, limiter) {
   const send = redis.send;
+  const waiters = new Set(); // wake-ups of the sends waiting for room, oldest first
+  let queued = 0; // this limiter's sends in the client's queue
+  const wakeOne = () => {
+    const first = waiters.values().next().value;
+    if (first) first();
+  };
+  const waitForRoom = (ms) => new Promise((resolve) => {
+    const wake = () => {
+      clearTimeout(timer);
+      waiters.delete(wake);
+      resolve();
+    };
+    const timer = queued > 0 ? undefined : setTimeout(wake, ms);
+    waiters.add(wake);
+  });
   return {
     ...redis,
     async send(args, key) {
       const giveUpAt = limiter.clock() + limiter.timeoutMs;
       for (let pauseMs = 1; ; pauseMs = Math.min(pauseMs * 2, 20)) {
+        let full = false;
         try {
-          return await send(args, key);
+          const reply = send(args, key);
+          queued++;
+          try {
+            return await reply;
+          } finally {
+            queued--;
+          }
         } catch (error) {
-          if (!isQueueFull(error) || limiter.clock() + pauseMs >= giveUpAt) throw error;
+          full = isQueueFull(error);
+          if (!full || limiter.clock() + pauseMs >= giveUpAt) throw error;
+        } finally {
+          // Only a send the queue took frees room when it ends; waking a waiter for a refused
+          // one would spin them against the full queue without yielding to I/O.
+          if (!full) wakeOne();
         }
         limiter.waitingForRoom++;
         try {
-          await sleepMs(pauseMs * (0.5 + Math.random()));
+          await waitForRoom(pauseMs * (0.5 + Math.random()));
         } finally {
           limiter.waitingForRoom--;
         }
+        // Woken after the deadline (the policy has answered this call): send nothing late.
+        if (limiter.clock() >= giveUpAt) throw new Error("The queue is full");
       }
     },
   };
