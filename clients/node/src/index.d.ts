@@ -135,8 +135,9 @@ export interface LimiterOptions {
   /** A monotonic clock in ms (tests). Default performance.now. */
   clock?: () => number;
   /** Where outages are logged (warn, once each) and misconfigurations (error, once a minute
-   * per cause; warn when there is no error). Default console. */
-  logger?: { warn(message: string): void; error?(message: string): void };
+   * per cause; warn when there is no error); a move to the module after the fallback met one
+   * of its keys (WRONGTYPE) is logged with info, when the logger has it. Default console. */
+  logger?: { warn(message: string): void; error?(message: string): void; info?(message: string): void };
 }
 
 /** An ioredis Redis or Cluster, or a node-redis client or cluster. */

@@ -15,7 +15,7 @@ import { performance } from "node:perf_hooks";
 import { DebtTooLongError, LocalBuckets, Q, fromDecimal, numberText } from "./bucket.js";
 import { adapt, isConnectionMisconfigured, isReplyError, replyText } from "./adapter.js";
 import {
-  FUNCTIONS_VERSION, MisconfiguredError, ModuleMissingError, RateLimitError, deniedCommand, isAbsent,
+  FUNCTIONS_VERSION, MisconfiguredError, ModuleMissingError, RateLimitError, deniedCommand, isAbsent, isWrongType,
   misconfiguration, noPathError, scriptCall,
 } from "./paths.js";
 import { Table } from "./table.js";
@@ -774,12 +774,50 @@ export class Limiter {
     try {
       return [await this.sendOn(path, op, items), SOURCES[path]];
     } catch (error) {
+      if (path !== "module" && this.withoutModule !== "refuse" && isWrongType(error)) {
+        return this.afterWrongType(path, op, items, error);
+      }
       if (!this.pathGone(path, error)) throw error;
       // The path stopped answering (the module unloaded, the library deleted, a permission
       // taken away): look again with this same call, which nothing ran.
       if (this.path === path) this.path = null;
       return this.detect(op, items);
     }
+  }
+
+  /**
+   * The Functions library or the script, kept since the module was missing, met a key of
+   * another type. Once the module is loaded, processes on the module path convert the buckets
+   * the fallback wrote to the module's type, which the fallback cannot read (nothing of the
+   * call ran): so the same call goes to the module, once. If the module answers (a reply, or
+   * an error of its own: a key of a type neither knows still gets WRONGTYPE), the module path
+   * is kept from now on; if it is missing (unknown command) or this user may not run it
+   * (NOPERM), the fallback's WRONGTYPE is raised as it came. A transport error or a redirect
+   * says nothing about the module: it is raised and the path stays.
+   */
+  async afterWrongType(path, op, items, error) {
+    let reply;
+    try {
+      reply = await this.sendOn("module", op, items);
+    } catch (moduleError) {
+      const text = replyText(moduleError);
+      if (isAbsent(moduleError) || /^NOPERM\b/.test(text)) throw error;
+      if (!isReplyError(moduleError) || /^(MOVED|ASK|CROSSSLOT|TRYAGAIN|CLUSTERDOWN|LOADING|BUSY)\b/.test(text)) {
+        throw moduleError;
+      }
+      this.switchToModule(path);
+      throw moduleError;
+    }
+    this.switchToModule(path);
+    return [reply, SOURCES.module];
+  }
+
+  switchToModule(path) {
+    if (this.path !== path) return; // another call moved it already
+    this.path = "module";
+    const log = typeof this.logger.info === "function" ? this.logger.info : null;
+    log?.call(this.logger, `redis-rl: the ${path === "lua" ? "script" : "Functions library"} met a key of ` +
+      "another type (WRONGTYPE) and the module answers: using the module path");
   }
 
   /** Whether `error` says the path `path` no longer answers (so nothing of the call ran). */

@@ -50,6 +50,13 @@ export function isAbsent(error) {
   return /unknown command|^ERR Function not found/i.test(replyText(error));
 }
 
+/**
+ * Whether `error` is a WRONGTYPE reply: the key holds another type. Matched as a word anywhere
+ * in the text, since Redis 7 wraps an error raised inside a script or function ("... script:
+ * rl_acquire, on @user_function:94.").
+ */
+export const isWrongType = (error) => /\bWRONGTYPE\b/.test(replyText(error));
+
 export const isNoScript = (error) => replyText(error).startsWith("NOSCRIPT");
 
 /**

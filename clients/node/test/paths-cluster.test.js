@@ -13,7 +13,7 @@ import { randomUUID } from "node:crypto";
 import Redis from "ioredis";
 import { createClient, createCluster } from "redis";
 import { FUNCTIONS_VERSION, Limit, Limiter, MisconfiguredError, keySlot, loadFunctions } from "../src/index.js";
-import { BINARIES, Cluster, admin } from "./servers.js";
+import { BINARIES, Cluster, MODULE, admin } from "./servers.js";
 import { createUser, exactCounts, quiet, rulesOf, sentNoProbe } from "./paths.js";
 
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
@@ -220,3 +220,54 @@ for (const [server, binary] of BINARIES) {
     }
   });
 }
+
+// The module loaded on every node while limiters run on the script and the Functions library:
+// once a module-path limiter converted the keys, the old limiters' next acquireAcrossSlots
+// (one call per slot) goes to the module and answers exactly, with no error.
+test("redis cluster: the module loaded later answers the keys it converted, through both cluster clients", { timeout: 60_000 }, async () => {
+  const closers = [];
+  const cluster = await Cluster.start({ masters: 3, args: ["--enable-module-command", "yes"] });
+  try {
+    const olds = [];
+    const open = async (kind, path) => {
+      const logs = [], infos = [];
+      const limiter = new Limiter(await CLIENTS[kind](cluster, null, closers),
+        { onError: "open", logger: { ...quiet(logs), info: (m) => infos.push(m) } });
+      assert.equal(await limiter.check(), path, `${kind} ${path}`);
+      olds.push({ kind, path, limiter, logs, infos });
+    };
+    for (const kind of Object.keys(CLIENTS)) await open(kind, "lua");
+    const loader = await CLIENTS.ioredis(cluster, null, closers);
+    await loadFunctions(loader);
+    for (const kind of Object.keys(CLIENTS)) await open(kind, "functions");
+    const limit = new Limit(0.001, 10);
+    const itemsOf = (old) => ["a", "b", "c"].map((p) => [`${p}:${old.kind}:${old.path}`, limit]);
+    assert.equal(new Set(itemsOf(olds[0]).map(([k]) => keySlot(k))).size, 3);
+    for (const old of olds) {
+      const d = await old.limiter.acquireAcrossSlots(itemsOf(old));
+      assert.deepEqual([d.allowed, d.outcomes.map((o) => [o.decision.remaining, o.decision.source])],
+        [true, Array(3).fill([9, old.path])]);
+    }
+    await cluster.everyNode("MODULE", "LOAD", MODULE);
+    await sleep(2); // Redis 7.0's module clock is whole ms, the script's TIME µs
+    const other = new Limiter(await CLIENTS.ioredis(cluster, null, closers), { onError: "closed", logger: quiet() });
+    assert.equal(await other.check(), "module");
+    for (const old of olds) {
+      for (const [key] of itemsOf(old)) assert.equal((await other.acquire(key, limit)).remaining, 8, key);
+    }
+    for (const old of olds) {
+      const what = `${old.kind} ${old.path}`;
+      const d = await old.limiter.acquireAcrossSlots(itemsOf(old));
+      assert.deepEqual([d.allowed, d.outcomes.map((o) => [o.status, o.decision.remaining, o.decision.source])],
+        [true, Array(3).fill(["taken", 7, "redis"])], what);
+      assert.equal(old.limiter.path, "module", what);
+      assert.deepEqual(old.logs, [], what);
+      assert.equal(old.infos.length, 1, what);
+      assert.match(old.infos[0], /WRONGTYPE.*using the module path/, what);
+      assert.deepEqual([old.limiter.counters.outages, old.limiter.counters.misconfigured], [0, 0], what);
+    }
+  } finally {
+    for (const close of closers.reverse()) await close();
+    await cluster.close();
+  }
+});

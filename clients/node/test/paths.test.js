@@ -11,7 +11,7 @@ import { randomUUID } from "node:crypto";
 import { readFileSync } from "node:fs";
 import Redis from "ioredis";
 import { FUNCTIONS_VERSION, Limit, Limiter, loadFunctions } from "../src/index.js";
-import { BINARIES, admin, calls, withCleanups } from "./servers.js";
+import { BINARIES, MODULE, admin, calls, withCleanups } from "./servers.js";
 import { CLIENTS, SCRIPT, SOURCES, createUser, exactCounts, quiet, rulesOf, sentNoProbe } from "./paths.js";
 
 /** A server of `binary` with the module (path "module") or without, the library loaded
@@ -141,3 +141,87 @@ test("the path changes when the library is loaded or deleted, with no error rais
   const after = await limiter.acquire("moving", limit);
   assert.deepEqual([after.source, after.remaining], ["lua", 6]);
 }));
+
+// The module loaded while a limiter runs on the Functions library or the script: module-path
+// processes convert the buckets to the module's type, which the fallback answers WRONGTYPE for.
+// The old limiter sends that call to the module once and, as it answers, keeps the module path
+// (logged at info); a string key still gets WRONGTYPE, and so does a user who may not run RL.*.
+for (const kind of ["ioredis 5", "node-redis 5"]) {
+  for (const path of ["functions", "lua"]) {
+    test(`${kind}, ${path}: the module loaded later answers the keys it converted, with no error`, () => withCleanups(async (scope) => {
+      const s = await scope.server(false, { args: ["--enable-module-command", "yes"] });
+      if (path === "functions") {
+        const c = new Redis({ port: s.port, host: "127.0.0.1" });
+        scope.defer(() => c.disconnect());
+        await loadFunctions(c);
+      }
+      await createUser([s.port], "app", rulesOf(PATH_RULES[path]));
+      const source = SOURCES[path];
+      const limit = new Limit(0.001, 10);
+      const tag = `{${randomUUID()}}`;
+      const keys = { acquire: `${tag}:a`, peek: `${tag}:p`, acquireAll: `${tag}:m`, refused: `${tag}:r` };
+      const olds = {};
+      for (const name of [...Object.keys(keys), "string"]) {
+        const logs = [], infos = [];
+        const user = name === "refused" ? "app" : null; // may run the fallback, not RL.*
+        const limiter = new Limiter(await CLIENTS[kind](s.port, user, scope),
+          { onError: "open", logger: { ...quiet(logs), info: (m) => infos.push(m) } });
+        assert.equal(await limiter.check(), path, name);
+        olds[name] = { limiter, logs, infos };
+      }
+      for (const [name, key] of Object.entries(keys)) {
+        const d = await olds[name].limiter.acquire(key, limit);
+        assert.deepEqual([d.allowed, d.remaining, d.source], [true, 9, source], name);
+      }
+      // A string key, module missing: the fallback's WRONGTYPE, and the path stays.
+      await admin(s.port, "SET", `${tag}:s`, "x");
+      const old = olds.string.limiter;
+      await assert.rejects(old.acquire(`${tag}:s`, limit), /WRONGTYPE/);
+      assert.equal(old.path, path);
+      assert.equal((await old.acquire(`${tag}:x`, limit)).source, source);
+
+      await admin(s.port, "MODULE", "LOAD", MODULE);
+      // Redis 7.0's module clock is whole ms, the script's TIME µs: let the module's read come
+      // after the script's write.
+      await new Promise((resolve) => setTimeout(resolve, 2));
+      const other = new Limiter(await CLIENTS[kind](s.port, null, scope), { onError: "closed", logger: quiet() });
+      assert.equal(await other.check(), "module");
+      for (const [name, key] of Object.entries(keys)) {
+        const d = await other.acquire(key, limit);
+        assert.deepEqual([d.allowed, d.remaining, d.source], [true, 8, "redis"], name);
+      }
+
+      const taken = await olds.acquire.limiter.acquire(keys.acquire, limit);
+      assert.deepEqual([taken.allowed, taken.remaining, taken.source], [true, 7, "redis"]);
+      const peeked = await olds.peek.limiter.peek(keys.peek, limit);
+      assert.deepEqual([peeked.allowed, peeked.remaining, peeked.source], [true, 8, "redis"]);
+      const all = await olds.acquireAll.limiter.acquireAll([[keys.acquireAll, limit, 2]]);
+      assert.deepEqual([all.allowed, all.source, all.decisions.map((d) => d.remaining)], [true, "redis", [6]]);
+      for (const name of ["acquire", "peek", "acquireAll"]) {
+        const { limiter, logs, infos } = olds[name];
+        assert.equal(limiter.path, "module", name);
+        assert.deepEqual(logs, [], name);
+        assert.equal(infos.length, 1, name);
+        assert.match(infos[0], new RegExp(`the ${path === "lua" ? "script" : "Functions library"} met a key of another type \\(WRONGTYPE\\).*using the module path`));
+        assert.deepEqual([limiter.counters.outages, limiter.counters.misconfigured], [0, 0], name);
+      }
+      // Once on the module, the next call goes there straight.
+      const again = await olds.acquire.limiter.acquire(keys.acquire, limit);
+      assert.deepEqual([again.remaining, again.source], [6, "redis"]);
+
+      // A user who may not run RL.*: the fallback's own WRONGTYPE, raised, not decided by the
+      // policy, and the path stays.
+      const refused = olds.refused;
+      await assert.rejects(refused.limiter.acquire(keys.refused, limit),
+        (e) => /WRONGTYPE/.test(e.message) && /@user_(script|function)/.test(e.message));
+      assert.equal(refused.limiter.path, path);
+      assert.deepEqual([refused.infos, refused.limiter.counters.outages, refused.limiter.counters.open], [[], 0, 0]);
+
+      // A string key still gets WRONGTYPE: the module's own, after which the limiter is on the module.
+      await assert.rejects(old.acquire(`${tag}:s`, limit), /WRONGTYPE/);
+      assert.equal(old.path, "module");
+      assert.equal(await admin(s.port, "GET", `${tag}:s`), "x");
+      assert.deepEqual([old.counters.outages, old.counters.misconfigured], [0, 0]);
+    }));
+  }
+}
