@@ -614,7 +614,12 @@ def memory_per_key(conn, sha, now_ms, n_keys, table_buckets):
             if held != n_buckets + len(warm):
                 raise BenchError("memory test (%s): expected %d buckets, found %d"
                                  % (label, n_buckets + len(warm), held))
-        if conn.call("PTTL", sample) <= 0:
+        pttl = conn.call("PTTL", sample)
+        if tables:
+            # A table carries no key expiry: the module's sweep reclaims its buckets.
+            if pttl != -1:
+                raise BenchError("memory test (%s): table %s has an expiry (%d ms)" % (label, sample, pttl))
+        elif pttl <= 0:
             raise BenchError("memory test (%s): %s has no expiry" % (label, sample))
         note = ""
         if name == "lua":
