@@ -272,24 +272,13 @@ fn lease_set_state_body(
     Ok(Reply::Ok)
 }
 
-/// The bytes of a command argument.
+/// The bytes of a command argument (`argv` entries outlive the call).
 ///
 /// # Safety
-/// `s` must be a live RedisModuleString that outlives the returned slice (true for `argv`
-/// entries during the call).
+/// `s` must be a live RedisModuleString that outlives the returned slice.
 unsafe fn bytes<'a>(s: *mut RedisModuleString) -> &'a [u8] {
-    let mut len = 0usize;
     // SAFETY: guaranteed by the caller.
-    unsafe {
-        let Some(ptr_len) = raw::RedisModule_StringPtrLen else {
-            return &[];
-        };
-        let data = ptr_len(s, &mut len);
-        if data.is_null() {
-            return &[];
-        }
-        std::slice::from_raw_parts(data.cast::<u8>(), len)
-    }
+    unsafe { crate::store::string_bytes(s) }
 }
 
 /// Runs a command body, catching any panic, counts it, and sends its reply.
