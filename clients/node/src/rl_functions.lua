@@ -12,7 +12,14 @@
 --   FCALL rl_refund 1 key <10 numbers>       {remaining, reset_after_ms}
 --   FCALL rl_charge 1 key <10 numbers>       {1, balance, retry_after_ms, reset_after_ms}
 --   FCALL rl_multi N key1 .. keyN <10 numbers per key>   all or nothing
---   FCALL_RO rl_version 0                    this library's version
+--   FCALL rl_lease 1 key limit ttl_ms id     RL.LEASE's reply
+--   FCALL rl_release 1 key id                RL.RELEASE's reply
+--   FCALL rl_renew 1 key id ttl_ms           RL.RENEW's reply
+--   FCALL_RO rl_leases 1 key limit           RL.LEASES's reply (no-writes: replicas too)
+--   FCALL rl_reserve 1 key <10 numbers> ttl_ms id      RL.RESERVE's reply
+--   FCALL rl_settle 1 key <10 numbers> id    RL.SETTLE's reply
+--   FCALL_RO rl_version 0                    this library's version (2: leases and
+--                                            reservations; 1 had neither)
 --
 -- Written by clients/lua/functions.py from rl.lua: edit rl.lua, then run it.
 
@@ -371,6 +378,105 @@ local function run(mode, keys, args, off)
         return {1, balance_of(lim, dq, dr), repaid, ceil_ms(dq, dr)}
       end
 
+      -- Leases (RL.LEASE, RL.RELEASE, RL.RENEW, RL.LEASES): a sorted set per key, member = id,
+      -- score = absolute expiry in µs (exact: below 2^53 until the year 2255). A lease counts
+      -- while now < its expiry. Writes drop the expired ones first and leave the key expiring
+      -- (PEXPIREAT) with its latest lease, rounded up to the ms; a set left empty is deleted by
+      -- the server. Denials, a take answered as held, and counting write nothing.
+      local MAX_LEASE_LIMIT = 10000
+      local MAX_TTL_MS = 3153600000000
+      local ERR_LIMIT = 'ERR limit must be an integer from 1 to 10000 (leases)'
+      local ERR_TTL = 'ERR ttl_ms must be an integer from 1 to 3153600000000 (ms)'
+      local ERR_ID = 'ERR id must be 1 to 16 bytes'
+
+      -- An argument that must be a plain decimal integer from 1 to max (the module's reading:
+      -- digits only, no sign), or nil.
+      local function whole(s, max)
+        if type(s) ~= 'string' or not string.find(s, '^%d+$') then return nil end
+        local n = tonumber(s)
+        if n < 1 or n > max then return nil end
+        return n
+      end
+
+      local function valid_id(id)
+        return type(id) == 'string' and #id >= 1 and #id <= 16
+      end
+
+      -- The leases of key counting now.
+      local function leases_live(key)
+        return redis.call('ZCOUNT', key, '(' .. int(now_q), '+inf')
+      end
+
+      -- µs until a slot frees under limit with in_use leases counting: 0 below the limit, else
+      -- until the lease whose expiry brings the count under it (the (in_use - limit)-th live one).
+      local function lease_wait(key, limit, in_use)
+        if in_use < limit then return 0 end
+        local r = redis.call('ZRANGEBYSCORE', key, '(' .. int(now_q), '+inf', 'WITHSCORES',
+          'LIMIT', int(in_use - limit), 1)
+        if not r[2] then return 0 end
+        return tonumber(r[2]) - now_q
+      end
+
+      -- The expiry of a held lease (a number), or nil when id is not held now.
+      local function lease_held(key, id)
+        local at = redis.call('ZSCORE', key, id)
+        if at then
+          at = tonumber(at)
+          if at > now_q then return at end
+        end
+        return nil
+      end
+
+      -- After a write: the key expires with its latest lease (a set left empty is gone).
+      local function lease_expiry(key)
+        local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+        if last[2] then redis.call('PEXPIREAT', key, int(ceil_ms(tonumber(last[2]), 0))) end
+      end
+
+      local function lease_call(mode, key, a, off)
+        if mode == 'leases' then
+          local limit = whole(a[off + 1], MAX_LEASE_LIMIT)
+          if not limit then return redis.error_reply(ERR_LIMIT) end
+          local in_use = leases_live(key)
+          return {in_use, ceil_ms(lease_wait(key, limit, in_use), 0)}
+        end
+        if mode == 'lease' then
+          local limit = whole(a[off + 1], MAX_LEASE_LIMIT)
+          if not limit then return redis.error_reply(ERR_LIMIT) end
+          local ttl = whole(a[off + 2], MAX_TTL_MS)
+          if not ttl then return redis.error_reply(ERR_TTL) end
+          local id = a[off + 3]
+          if not valid_id(id) then return redis.error_reply(ERR_ID) end
+          local in_use = leases_live(key)
+          local at = lease_held(key, id)
+          if at then return {1, id, in_use, ceil_ms(at - now_q, 0)} end
+          if in_use >= limit then
+            return {0, '', in_use, ceil_ms(lease_wait(key, limit, in_use), 0)}
+          end
+          redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now_q))
+          redis.call('ZADD', key, int(now_q + ttl * 1000), id)
+          lease_expiry(key)
+          return {1, id, in_use + 1, ttl}
+        end
+        -- release, renew
+        local id = a[off + 1]
+        if not valid_id(id) then return redis.error_reply(ERR_ID) end
+        local ttl
+        if mode == 'renew' then
+          ttl = whole(a[off + 2], MAX_TTL_MS)
+          if not ttl then return redis.error_reply(ERR_TTL) end
+        end
+        if not lease_held(key, id) then return 0 end
+        redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now_q))
+        if ttl then
+          redis.call('ZADD', key, int(now_q + ttl * 1000), id)
+        else
+          redis.call('ZREM', key, id)
+        end
+        lease_expiry(key)
+        return 1
+      end
+
       -- One call: `mode` over `keys`, with the numbers in `args` after its first `off` entries, at
       -- `now` (µs).
       return function(mode, keys, args, off, now)
@@ -453,6 +559,9 @@ local function run(mode, keys, args, off)
             if p.changed then store(key, p.lim, p.full) end
           end
           return {1, -1, 0, replies}
+        elseif mode == 'lease' or mode == 'release' or mode == 'renew' or mode == 'leases' then
+          if #keys ~= 1 then return redis.error_reply('ERR redis-rl script: ' .. mode .. ' takes one key') end
+          return lease_call(mode, keys[1], args, off)
         end
         return redis.error_reply('ERR redis-rl script: unknown mode')
       end
@@ -461,7 +570,7 @@ local function run(mode, keys, args, off)
   return general(mode, keys, args, off, now)
 end
 
-local VERSION = 1
+local VERSION = 2
 
 known = {}
 
@@ -474,5 +583,11 @@ redis.register_function{function_name = 'rl_peek', callback = mode('peek'), flag
 redis.register_function('rl_refund', mode('refund'))
 redis.register_function('rl_charge', mode('charge'))
 redis.register_function('rl_multi', mode('multi'))
+redis.register_function('rl_lease', mode('lease'))
+redis.register_function('rl_release', mode('release'))
+redis.register_function('rl_renew', mode('renew'))
+redis.register_function{function_name = 'rl_leases', callback = mode('leases'), flags = {'no-writes'}}
+redis.register_function('rl_reserve', mode('reserve'))
+redis.register_function('rl_settle', mode('settle'))
 redis.register_function{function_name = 'rl_version', callback = function() return VERSION end,
   flags = {'no-writes'}}

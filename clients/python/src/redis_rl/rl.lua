@@ -1,6 +1,7 @@
 -- redis-rl fallback for servers without the module: RL.ACQUIRE, RL.PEEK, RL.REFUND,
--- RL.CHARGE and RL.ACQUIRE.MULTI as one script, on the server's clock, with the module's
--- replies.
+-- RL.CHARGE, RL.ACQUIRE.MULTI, the leases (RL.LEASE, RL.RELEASE, RL.RENEW, RL.LEASES) and the
+-- reservations (RL.RESERVE, RL.SETTLE) as one script, on the server's clock, with the
+-- module's replies.
 -- Every client library ships this same file (clients/lua/rl.lua) and the Functions library
 -- made from it (clients/lua/rl_functions.lua, written by clients/lua/functions.py from the
 -- part between the two `@core` lines below, so a fix lands in both). The script is run with
@@ -9,7 +10,9 @@
 --   EVALSHA sha N key1 .. keyN  mode  [10 numbers per key]
 --
 -- The library registers one function per mode (rl_acquire, rl_peek, rl_refund, rl_charge,
--- rl_multi) taking the same keys and numbers without the mode, and rl_version:
+-- rl_multi, rl_lease, rl_release, rl_renew, rl_leases, rl_reserve, rl_settle) taking the same
+-- keys and arguments without the mode, and rl_version (2 since the leases and reservations;
+-- a library answering 1 has neither, and a client needing them uses the script):
 --
 --   FCALL rl_acquire N key1 .. keyN  [10 numbers per key]
 --
@@ -18,6 +21,47 @@
 -- "refund" (N = 1: reply {remaining, reset_after_ms}), "charge" (N = 1: reply {1, balance,
 -- retry_after_ms, reset_after_ms}, see below), "multi" (N >= 1: reply {allowed,
 -- refused_index, retry_after_ms, {per-key replies}}, all or nothing).
+--
+-- Leases and reservations, one key each (arguments after the key, the mode first in the
+-- script form; replies are the module's commands' replies, element for element):
+--
+--   lease    limit ttl_ms id                    RL.LEASE:   {1, id, in_use, expires_in_ms}
+--                                                           or {0, "", in_use, retry_after_ms}
+--   release  id                                 RL.RELEASE: 1 or 0
+--   renew    id ttl_ms                          RL.RENEW:   1 or 0
+--   leases   limit                              RL.LEASES:  {in_use, retry_after_ms}; writes
+--                                                           nothing (rl_leases is no-writes)
+--   reserve  <10 numbers> ttl_ms id             RL.RESERVE: {allowed, id, remaining,
+--                                                           retry_after_ms}
+--   settle   <10 numbers> id                    RL.SETTLE:  {balance, retry_after_ms,
+--                                                           reset_after_ms}
+--
+-- The id is always given: a script draws no randomness, so a client sends 16 lowercase hex
+-- characters from its own CSPRNG when its caller named none (1 to 16 bytes). limit is an
+-- integer from 1 to 10000, ttl_ms from 1 to 3153600000000, as the module takes them, with
+-- its error texts. A reserve's 10 numbers are an acquire's for (rate, capacity, estimate)
+-- (K = estimate x T rounded up; an estimate of 0 is refused), a settle's are a charge's for
+-- (rate, capacity, actual): K = actual x T rounded UP, as a charge rounds. The settle's net
+-- effect is then exactly `actual` taken, rounded up: never more lenient than the module.
+--
+-- A lease key is a sorted set: member = id, score = the absolute expiry in µs since the
+-- epoch. A lease counts while now < its expiry; writes first drop the expired ones
+-- (ZREMRANGEBYSCORE -inf now), then leave the key expiring (PEXPIREAT) with its latest
+-- lease, rounded up to the ms; the server deletes a set left empty. Denials, a take answered
+-- as held (a retried id: its current expiry, nothing changed) and counting write nothing.
+--
+-- A reservation is recorded in its bucket's hash as the field "r:<id>" whose value is
+-- "Kq Kr D Tq Tr expires_at_us": what the reserve took (K over D, at the limit's T = Tq
+-- Tr) and when the record lapses. At most 1000 are open per key. A settle gives back K_res -
+-- K_actual (capped at the capacity, as a refund; a bucket left full is deleted, records and
+-- all, as the module deletes it) or charges K_actual - K_res (as a charge, into debt, with its
+-- bound and error: the record then stays open), and removes the record in the same call, so
+-- it applies once; an unknown, settled or lapsed id is the module's error. A record whose
+-- limit differs from the settle's (T or D changed: the rate changed in between) cannot be
+-- re-priced by the script: that settle gives nothing back and charges the whole actual, the
+-- strict side. Unsettled records lapse (their tokens stay taken) and are dropped at the
+-- key's next reserve or settle; every other bucket call keeps them, and they go with the
+-- key when it expires (full again).
 --
 -- A charge (RL.CHARGE) is post-paid: it always applies, moving the instant to
 -- max(full, now) + cost * T even past the capacity, so the bucket may go below zero (debt).
@@ -435,6 +479,105 @@ local function run(mode, keys, args, off)
         return {1, balance_of(lim, dq, dr), repaid, ceil_ms(dq, dr)}
       end
 
+      -- Leases (RL.LEASE, RL.RELEASE, RL.RENEW, RL.LEASES): a sorted set per key, member = id,
+      -- score = absolute expiry in µs (exact: below 2^53 until the year 2255). A lease counts
+      -- while now < its expiry. Writes drop the expired ones first and leave the key expiring
+      -- (PEXPIREAT) with its latest lease, rounded up to the ms; a set left empty is deleted by
+      -- the server. Denials, a take answered as held, and counting write nothing.
+      local MAX_LEASE_LIMIT = 10000
+      local MAX_TTL_MS = 3153600000000
+      local ERR_LIMIT = 'ERR limit must be an integer from 1 to 10000 (leases)'
+      local ERR_TTL = 'ERR ttl_ms must be an integer from 1 to 3153600000000 (ms)'
+      local ERR_ID = 'ERR id must be 1 to 16 bytes'
+
+      -- An argument that must be a plain decimal integer from 1 to max (the module's reading:
+      -- digits only, no sign), or nil.
+      local function whole(s, max)
+        if type(s) ~= 'string' or not string.find(s, '^%d+$') then return nil end
+        local n = tonumber(s)
+        if n < 1 or n > max then return nil end
+        return n
+      end
+
+      local function valid_id(id)
+        return type(id) == 'string' and #id >= 1 and #id <= 16
+      end
+
+      -- The leases of key counting now.
+      local function leases_live(key)
+        return redis.call('ZCOUNT', key, '(' .. int(now_q), '+inf')
+      end
+
+      -- µs until a slot frees under limit with in_use leases counting: 0 below the limit, else
+      -- until the lease whose expiry brings the count under it (the (in_use - limit)-th live one).
+      local function lease_wait(key, limit, in_use)
+        if in_use < limit then return 0 end
+        local r = redis.call('ZRANGEBYSCORE', key, '(' .. int(now_q), '+inf', 'WITHSCORES',
+          'LIMIT', int(in_use - limit), 1)
+        if not r[2] then return 0 end
+        return tonumber(r[2]) - now_q
+      end
+
+      -- The expiry of a held lease (a number), or nil when id is not held now.
+      local function lease_held(key, id)
+        local at = redis.call('ZSCORE', key, id)
+        if at then
+          at = tonumber(at)
+          if at > now_q then return at end
+        end
+        return nil
+      end
+
+      -- After a write: the key expires with its latest lease (a set left empty is gone).
+      local function lease_expiry(key)
+        local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+        if last[2] then redis.call('PEXPIREAT', key, int(ceil_ms(tonumber(last[2]), 0))) end
+      end
+
+      local function lease_call(mode, key, a, off)
+        if mode == 'leases' then
+          local limit = whole(a[off + 1], MAX_LEASE_LIMIT)
+          if not limit then return redis.error_reply(ERR_LIMIT) end
+          local in_use = leases_live(key)
+          return {in_use, ceil_ms(lease_wait(key, limit, in_use), 0)}
+        end
+        if mode == 'lease' then
+          local limit = whole(a[off + 1], MAX_LEASE_LIMIT)
+          if not limit then return redis.error_reply(ERR_LIMIT) end
+          local ttl = whole(a[off + 2], MAX_TTL_MS)
+          if not ttl then return redis.error_reply(ERR_TTL) end
+          local id = a[off + 3]
+          if not valid_id(id) then return redis.error_reply(ERR_ID) end
+          local in_use = leases_live(key)
+          local at = lease_held(key, id)
+          if at then return {1, id, in_use, ceil_ms(at - now_q, 0)} end
+          if in_use >= limit then
+            return {0, '', in_use, ceil_ms(lease_wait(key, limit, in_use), 0)}
+          end
+          redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now_q))
+          redis.call('ZADD', key, int(now_q + ttl * 1000), id)
+          lease_expiry(key)
+          return {1, id, in_use + 1, ttl}
+        end
+        -- release, renew
+        local id = a[off + 1]
+        if not valid_id(id) then return redis.error_reply(ERR_ID) end
+        local ttl
+        if mode == 'renew' then
+          ttl = whole(a[off + 2], MAX_TTL_MS)
+          if not ttl then return redis.error_reply(ERR_TTL) end
+        end
+        if not lease_held(key, id) then return 0 end
+        redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now_q))
+        if ttl then
+          redis.call('ZADD', key, int(now_q + ttl * 1000), id)
+        else
+          redis.call('ZREM', key, id)
+        end
+        lease_expiry(key)
+        return 1
+      end
+
       -- One call: `mode` over `keys`, with the numbers in `args` after its first `off` entries, at
       -- `now` (µs).
       return function(mode, keys, args, off, now)
@@ -517,6 +660,9 @@ local function run(mode, keys, args, off)
             if p.changed then store(key, p.lim, p.full) end
           end
           return {1, -1, 0, replies}
+        elseif mode == 'lease' or mode == 'release' or mode == 'renew' or mode == 'leases' then
+          if #keys ~= 1 then return redis.error_reply('ERR redis-rl script: ' .. mode .. ' takes one key') end
+          return lease_call(mode, keys[1], args, off)
         end
         return redis.error_reply('ERR redis-rl script: unknown mode')
       end
