@@ -368,6 +368,8 @@ local function run(mode, keys, args, off)
       -- instant below 2^53 us, where the script's doubles stay exact.
       local MAX_DEBT_US = 3153600000 * 1000000
       local MAX_INSTANT_US = P42 * 2048
+      local ERR_DEBT = 'ERR cost would leave the bucket in debt for more than 100 years '
+        .. '(it must be full again within 3153600000 s, and before 2262)'
 
       -- A charge's reply for a bucket `debt` short of full: {1, balance, until repaid, until full}.
       local function charged(lim, dq, dr)
@@ -477,6 +479,134 @@ local function run(mode, keys, args, off)
         return 1
       end
 
+      -- Reservations (RL.RESERVE, RL.SETTLE): records in the bucket's hash, beside its state,
+      -- as fields "r:<id>" = "Kq Kr D Tq Tr expires_at_us" (see the header). These helpers are
+      -- the only code that reads or writes them.
+      local MAX_RESERVATIONS = 1000
+
+      -- A record's numbers, or nil when it is missing, unreadable or lapsed (now >= expiry).
+      local function record_of(key, id)
+        local text = redis.call('HGET', key, 'r:' .. id)
+        if not text then return nil end
+        local kq, kr, d, tq, tr, at = string.match(text, '^(%d+) (%d+) (%d+) (%d+) (%d+) (%d+)$')
+        if not at or tonumber(at) <= now_q then return nil end
+        return {kq = tonumber(kq), kr = tonumber(kr), d = tonumber(d), tq = tonumber(tq),
+                tr = tonumber(tr)}
+      end
+
+      -- The key's open records' count, and the fields of the lapsed ones.
+      local function records_scan(key)
+        local all = redis.call('HGETALL', key)
+        local open, lapsed = 0, {}
+        for i = 1, #all, 2 do
+          local f = all[i]
+          if string.sub(f, 1, 2) == 'r:' then
+            local at = string.match(all[i + 1], ' (%d+)$')
+            if at and tonumber(at) > now_q then open = open + 1 else lapsed[#lapsed + 1] = f end
+          end
+        end
+        return open, lapsed
+      end
+
+      -- Removes the fields `gone` (lapsed records, and a settled one) from key, if it still
+      -- exists.
+      local function records_drop(key, gone)
+        if #gone > 0 then redis.call('HDEL', key, unpack(gone)) end
+      end
+
+      -- The module's text for a settle of an id with no open record: the id's bytes outside
+      -- printable ASCII, and the backslash, written \xNN.
+      local function not_open(id)
+        local shown = {}
+        for i = 1, #id do
+          local b = string.byte(id, i)
+          if b > 32 and b < 127 and b ~= 92 then shown[i] = string.char(b)
+          else shown[i] = string.format('\\x%02x', b) end
+        end
+        return redis.error_reply('ERR id ' .. table.concat(shown)
+          .. ' is not an open reservation of this key (settled, expired or never made)')
+      end
+
+      local function reserve_call(mode, key, a, off)
+        local lim = limit_of(a, off, 1)
+        if lim.err then return lim end
+        if mode == 'reserve' then
+          if lim.kq == 0 and lim.kr == 0 then
+            return redis.error_reply('ERR estimate must be a number above 0 (tokens)')
+          end
+          local ttl = whole(a[off + 11], MAX_TTL_MS)
+          if not ttl then return redis.error_reply(ERR_TTL) end
+          local id = a[off + 12]
+          if not valid_id(id) then return redis.error_reply(ERR_ID) end
+          local full = load(key, lim)
+          if full and full.err then return full end
+          if record_of(key, id) then
+            -- A retry of an open reservation: the bucket as it is, nothing taken (a peek of
+            -- 0 tokens, as the module answers it, denied only while in debt).
+            local zero = {d = lim.d, tq = lim.tq, tr = lim.tr, cq = lim.cq, cr = lim.cr,
+                          sq = lim.cq, sr = lim.cr, kq = 0, kr = 0, cfloor = lim.cfloor}
+            local reply = decide(zero, full, true)
+            if reply[1] == 1 then return {1, id, reply[2], 0} end
+            return {0, '', reply[2], reply[3]}
+          end
+          local open, lapsed = records_scan(key)
+          if open >= MAX_RESERVATIONS then
+            return redis.error_reply('ERR a key holds at most 1000 open reservations, each id once')
+          end
+          local reply, new = decide(lim, full, true)
+          if reply[1] == 0 or not new then return {0, '', reply[2], reply[3]} end
+          store(key, lim, new)
+          records_drop(key, lapsed)
+          redis.call('HSET', key, 'r:' .. id, int(lim.kq) .. ' ' .. int(lim.kr) .. ' ' .. int(lim.d)
+            .. ' ' .. int(lim.tq) .. ' ' .. int(lim.tr) .. ' ' .. int(now_q + ttl * 1000))
+          return {1, id, reply[2], 0}
+        end
+        -- settle
+        local id = a[off + 11]
+        if not valid_id(id) then return redis.error_reply(ERR_ID) end
+        local full = load(key, lim)
+        if full and full.err then return full end
+        local rec = record_of(key, id)
+        if not rec then return not_open(id) end
+        local eq, er = rec.kq, rec.kr
+        if rec.d ~= lim.d or rec.tq ~= lim.tq or rec.tr ~= lim.tr then eq, er = 0, 0 end
+        local _, gone = records_scan(key)
+        gone[#gone + 1] = 'r:' .. id
+        local dq, dr = debt_of(full)
+        local reply
+        if less_eq(lim.kq, lim.kr, eq, er) then
+          -- Over-estimated (or exact): E - K goes back, at most the capacity, as a refund.
+          local bq, br = sub(eq, er, lim.kq, lim.kr, lim.d)
+          if not less_eq(bq, br, lim.cq, lim.cr) then bq, br = lim.cq, lim.cr end
+          if (bq == 0 and br == 0) or (dq == 0 and dr == 0) then
+            records_drop(key, gone)
+            reply = charged(lim, dq, dr)
+          elseif less_eq(dq, dr, bq, br) then
+            redis.call('DEL', key)
+            reply = charged(lim, 0, 0)
+          else
+            local ndq, ndr = sub(dq, dr, bq, br, lim.d)
+            store(key, lim, {add(now_q, 0, ndq, ndr, lim.d)})
+            records_drop(key, gone)
+            reply = charged(lim, ndq, ndr)
+          end
+        else
+          -- Under-estimated: K - E is charged, as a charge, into debt.
+          local cq, cr = sub(lim.kq, lim.kr, eq, er, lim.d)
+          local bq, br = now_q, 0
+          if dq > 0 or dr > 0 then bq, br = full[1], full[2] end
+          local nq, nr = add(bq, br, cq, cr, lim.d)
+          local ndq, ndr = sub(nq, nr, now_q, 0, lim.d)
+          if not less_eq(ndq, ndr, MAX_DEBT_US, 0) or nq >= MAX_INSTANT_US then
+            return redis.error_reply(ERR_DEBT)
+          end
+          store(key, lim, {nq, nr})
+          records_drop(key, gone)
+          reply = charged(lim, ndq, ndr)
+        end
+        return {reply[2], reply[3], reply[4]}
+      end
+
       -- One call: `mode` over `keys`, with the numbers in `args` after its first `off` entries, at
       -- `now` (µs).
       return function(mode, keys, args, off, now)
@@ -512,8 +642,7 @@ local function run(mode, keys, args, off)
             local nq, nr = add(bq, br, lim.kq, lim.kr, lim.d)
             local ndq, ndr = sub(nq, nr, now_q, 0, lim.d)
             if not less_eq(ndq, ndr, MAX_DEBT_US, 0) or nq >= MAX_INSTANT_US then
-              return redis.error_reply('ERR cost would leave the bucket in debt for more than 100 years '
-                .. '(it must be full again within 3153600000 s, and before 2262)')
+              return redis.error_reply(ERR_DEBT)
             end
             store(key, lim, {nq, nr})
             return charged(lim, ndq, ndr)
@@ -562,6 +691,9 @@ local function run(mode, keys, args, off)
         elseif mode == 'lease' or mode == 'release' or mode == 'renew' or mode == 'leases' then
           if #keys ~= 1 then return redis.error_reply('ERR redis-rl script: ' .. mode .. ' takes one key') end
           return lease_call(mode, keys[1], args, off)
+        elseif mode == 'reserve' or mode == 'settle' then
+          if #keys ~= 1 then return redis.error_reply('ERR redis-rl script: ' .. mode .. ' takes one key') end
+          return reserve_call(mode, keys[1], args, off)
         end
         return redis.error_reply('ERR redis-rl script: unknown mode')
       end
