@@ -716,7 +716,8 @@ redis.register_function('rl_refund', mode('refund'))
 redis.register_function('rl_charge', mode('charge'))
 redis.register_function('rl_multi', mode('multi'))
 redis.register_function('rl_lease', mode('lease'))
-redis.register_function('rl_release', mode('release'))
+-- A release frees memory, as DEL does: allowed past maxmemory, as RL.RELEASE is.
+redis.register_function{function_name = 'rl_release', callback = mode('release'), flags = {'allow-oom'}}
 redis.register_function('rl_renew', mode('renew'))
 redis.register_function{function_name = 'rl_leases', callback = mode('leases'), flags = {'no-writes'}}
 redis.register_function('rl_reserve', mode('reserve'))

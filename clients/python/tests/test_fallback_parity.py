@@ -190,6 +190,21 @@ class FallbackParity(unittest.TestCase):
             self.assertEqual(self.client.fcall("rl_leases", 1, f"s:L{n}", 10000)[0], in_use, n)
             self.assertEqual(self.client.fcall("rl_leases", 1, f"f:L{n}", 10000)[0], in_use, n)
 
+    def test_past_maxmemory_a_release_still_frees_a_slot(self):
+        # RL.RELEASE has no deny-oom; rl_release is flagged allow-oom to match, while a take
+        # (RL.LEASE, rl_lease) is refused with the server's OOM error.
+        self.client.execute_command("RL.LEASE", "m:L", 1, 100_000, "ID", "a")
+        self.client.fcall("rl_lease", 1, "f:L", 1, 100_000, "a")
+        self.client.config_set("maxmemory", 1)
+        self.addCleanup(self.client.config_set, "maxmemory", 0)
+        for take in (lambda: self.client.execute_command("RL.LEASE", "m:L", 2, 100_000, "ID", "b"),
+                     lambda: self.client.fcall("rl_lease", 1, "f:L", 2, 100_000, "b")):
+            with self.assertRaisesRegex(redis.exceptions.OutOfMemoryError, "maxmemory"):
+                take()
+        self.assertEqual(self.client.execute_command("RL.RELEASE", "m:L", "a"), 1)
+        self.assertEqual(self.client.fcall("rl_release", 1, "f:L", "a"), 1)
+        self.assertEqual(self.client.exists("m:L", "f:L"), 0)
+
 
 if __name__ == "__main__":
     unittest.main()
