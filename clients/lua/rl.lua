@@ -27,7 +27,8 @@
 --
 --   lease    limit ttl_ms id                    RL.LEASE:   {1, id, in_use, expires_in_ms}
 --                                                           or {0, "", in_use, retry_after_ms}
---   release  id                                 RL.RELEASE: 1 or 0
+--   release  id                                 RL.RELEASE: 1 or 0 (rl_release is allow-oom,
+--                                                           as RL.RELEASE runs past maxmemory)
 --   renew    id ttl_ms                          RL.RENEW:   1 or 0
 --   leases   limit                              RL.LEASES:  {in_use, retry_after_ms}; writes
 --                                                           nothing (rl_leases is no-writes)
@@ -43,6 +44,9 @@
 -- (K = estimate x T rounded up; an estimate of 0 is refused), a settle's are a charge's for
 -- (rate, capacity, actual): K = actual x T rounded UP, as a charge rounds. The settle's net
 -- effect is then exactly `actual` taken, rounded up: never more lenient than the module.
+-- Where the limit is exact (below) the rounding changes nothing. A table's bucket is a key of
+-- its own on the fallback (name:{i}:field), so a table's reserve and settle are these calls
+-- on that key.
 --
 -- A lease key is a sorted set: member = id, score = the absolute expiry in µs since the
 -- epoch. A lease counts while now < its expiry; writes first drop the expired ones
