@@ -660,7 +660,7 @@ class Engine:
     def policy_lease(self, op, items, kind=None):
         """The failure policy's answer to a lease op; `kind` ("open" or "local") for an id that
         policy made, which is answered by it whatever `on_error` says now."""
-        from .lease import LOCAL_PREFIX, OPEN_PREFIX, Lease, LeaseCount, new_id
+        from .lease import LOCAL_PREFIX, OPEN_PREFIX, Lease, LeaseCount, policy_id
 
         (key, bucket, params), = items
         how = kind or self.on_error
@@ -674,10 +674,10 @@ class Engine:
             now_us = self.now_us()
             if op == "lease":
                 if how == "open":
-                    return Lease(1, OPEN_PREFIX + new_id(), 0, ttl_ms, key, limit, ttl_ms, "open")
+                    return Lease(1, policy_id(OPEN_PREFIX), 0, ttl_ms, key, limit, ttl_ms, "open")
                 if how == "closed":
                     return Lease(0, "", 0, CLOSED_RETRY_AFTER_MS, key, limit, ttl_ms, "closed")
-                reply = self.local_leases.lease(key, limit, ttl_ms, lease_id or LOCAL_PREFIX + new_id(), now_us)
+                reply = self.local_leases.lease(key, limit, ttl_ms, lease_id or policy_id(LOCAL_PREFIX), now_us)
                 return Lease(*reply, key, limit, ttl_ms, "local")
             if op in ("release", "renew"):
                 if how == "open":
@@ -700,13 +700,13 @@ class Engine:
             if op == "reserve":
                 make = self.reservation_type
                 if how == "open":
-                    return make(1, OPEN_PREFIX + new_id(), 0, 0, key, bucket, estimate, "open")
+                    return make(1, policy_id(OPEN_PREFIX), 0, 0, key, bucket, estimate, "open")
                 if how == "closed":
                     return make(0, "", 0, CLOSED_RETRY_AFTER_MS, key, bucket, estimate, "closed")
                 allowed, remaining, retry, _ = self.local.acquire(key, bucket, estimate, now_us)
                 rid = ""
                 if allowed:
-                    rid = lease_id or LOCAL_PREFIX + new_id()
+                    rid = lease_id or policy_id(LOCAL_PREFIX)
                     self._drop_lapsed_reservations(now_us)
                     self.local_reservations[(key, rid)] = (bucket, estimate, now_us + ttl_ms * 1000)
                     while len(self.local_reservations) > self.local_max_keys:

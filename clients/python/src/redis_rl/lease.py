@@ -4,7 +4,7 @@ actual later), on top of the limiter's calls.
 The types the calls return (`Lease`, `LeaseCount`, `Reservation`), the in-process lease table
 of the "local" failure policy (`LocalLeases`, the module's RL.LEASE semantics), and the
 scopes: `Limiter.hold(...)` (`Hold`, a `with` block) and `redis_rl.asyncio.Limiter.hold(...)`
-(`AsyncHold`, `async with`), which wait for a free slot up to a timeout, renew the lease in the
+(`AsyncHold`, `async with`), which wait for a free slot up to a timeout (see `_sleep_s`), renew the lease in the
 background at half its ttl while the block runs, and release it when the block ends, by an
 exception included.
 """
@@ -69,6 +69,11 @@ def reply_id(value: Any) -> Id:
         except UnicodeDecodeError:
             return value
     return value
+
+
+def policy_id(prefix: str) -> str:
+    """An id the failure policy makes: the prefix, then random hex up to 16 characters."""
+    return prefix + secrets.token_hex(8)[:16 - len(prefix)]
 
 
 def is_policy_id(lease_id: Any) -> Optional[str]:
@@ -308,10 +313,21 @@ def _check_wait(wait: Optional[float]) -> None:
         raise ValueError("wait must be None (no limit) or a number of seconds >= 0")
 
 
-def _sleep_s(lease: Lease, deadline: Optional[float], now: float, wait: Optional[float]) -> float:
-    """After a denial: the sleep before the next try (retry_after_ms plus jitter, capped by
-    the deadline), or LeaseTimeoutError once the deadline has passed."""
-    sleep_s = max(_MIN_SLEEP_S, lease.retry_after_ms / 1000 * (1 + random.uniform(0, JITTER)))
+#: The first and the longest poll while waiting for a slot, in s (see `_sleep_s`).
+POLL_FIRST_S = 0.005
+POLL_MAX_S = 1.0
+
+
+def _sleep_s(lease: Lease, deadline: Optional[float], now: float, wait: Optional[float],
+             tries: int) -> float:
+    """After a denial: the sleep before the next try, or LeaseTimeoutError once the deadline
+    has passed. A denial's retry_after_ms is when a slot frees at the latest (the earliest
+    lease's expiry); a release frees one sooner and nothing says so, so the sleep is also
+    capped by a poll that starts at 5 ms and doubles up to 1 s, with jitter, and by the
+    deadline."""
+    poll_s = min(POLL_MAX_S, POLL_FIRST_S * 2 ** min(tries, 10))
+    sleep_s = min(poll_s, lease.retry_after_ms / 1000) * (1 + random.uniform(0, JITTER))
+    sleep_s = max(_MIN_SLEEP_S, sleep_s)
     if deadline is None:
         return sleep_s
     left_s = deadline - now
@@ -423,11 +439,13 @@ class Hold:
 
     def __enter__(self) -> Lease:
         deadline = None if self.wait is None else time.monotonic() + self.wait
+        tries = 0
         while True:
             lease = self.limiter.lease(self.key, self.limit, self.ttl_ms, id=self.id)
             if lease.allowed:
                 break
-            time.sleep(_sleep_s(lease, deadline, time.monotonic(), self.wait))
+            time.sleep(_sleep_s(lease, deadline, time.monotonic(), self.wait, tries))
+            tries += 1
         self.held = Held(self.limiter, lease, self.renew)
         return lease
 
@@ -456,11 +474,13 @@ class AsyncHold:
     async def __aenter__(self) -> Lease:
         loop = asyncio.get_running_loop()
         deadline = None if self.wait is None else loop.time() + self.wait
+        tries = 0
         while True:
             lease = await self._take()
             if lease.allowed:
                 break
-            await asyncio.sleep(_sleep_s(lease, deadline, loop.time(), self.wait))
+            await asyncio.sleep(_sleep_s(lease, deadline, loop.time(), self.wait, tries))
+            tries += 1
         self.held = AsyncHeld(self.limiter, lease, self.renew)
         return lease
 
