@@ -12,7 +12,7 @@ import redis.asyncio
 
 from redis_rl import Lease, LeaseTimeoutError, Limit, Limiter, ReservationNotOpenError
 from redis_rl import asyncio as rl_asyncio
-from servers import Server
+from servers import Cluster, Server
 
 SLOW = Limit(rate=1, capacity=10)  # 1 token a second, burst 10
 
@@ -177,6 +177,23 @@ class Sync(unittest.TestCase):
         s.start()
         self.assertTrue(local.release("k", second.id))
         self.assertEqual(local.counters["redis"], 1)
+
+
+class OnACluster(unittest.TestCase):
+    def test_leases_and_reservations_on_keys_of_each_master(self):
+        cluster = Cluster(masters=2)
+        self.addCleanup(cluster.close)
+        client = redis.RedisCluster(host="127.0.0.1", port=cluster.port)
+        self.addCleanup(client.close)
+        limiter = Limiter(client, on_error="closed")
+        for key in ("{a}jobs", "{b}jobs"):  # slots 15495 and 3300: one on each master
+            with limiter.hold(key, 1, 10_000) as lease:
+                self.assertEqual((lease.allowed, lease.source), (True, "redis"))
+                self.assertFalse(limiter.lease(key, 1, 10_000).allowed)
+            self.assertEqual(limiter.leases(key, 1).in_use, 0)
+            r = limiter.reserve(key + ":tpm", SLOW, 4, 10_000)
+            self.assertEqual(r.settle(4).remaining, 10 - 4)
+        self.assertEqual(cluster.calls("RL.LEASE"), 4)
 
 
 class Async(unittest.IsolatedAsyncioTestCase):

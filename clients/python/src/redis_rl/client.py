@@ -294,8 +294,8 @@ class Limiter(LimiterBase):
         takes a lease, trying again until `wait` seconds have passed (0: one try; None: no
         limit), then raises LeaseTimeoutError; a try waits at most the denial's
         retry_after_ms (when the earliest lease expires) and, since a release frees a slot
-        sooner, polls from 5 ms doubling up to 1 s; renews it
-        every ttl_ms / 2 while the block runs (a daemon thread; `renew=False` does not); and
+        sooner, polls from 5 ms doubling up to 1 s; renews it every ttl_ms / 2 while the
+        block runs (a daemon thread; `renew=False` does not); and
         releases it when the block ends, by an exception included."""
         return Hold(self, key, limit, ttl_ms, wait, id, renew)
 
