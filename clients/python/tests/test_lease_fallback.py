@@ -95,12 +95,10 @@ class Fallback(unittest.TestCase):
         with s.admin() as admin:
             admin.execute_command("FUNCTION", "LOAD", "REPLACE", old)
         limiter = self.limiter(s)
-        self.assertTrue(limiter.acquire("b", SLOW).allowed)
-        self.assertEqual(limiter.path, "functions")
         lease = limiter.lease("jobs", 1, 10_000)
-        self.assertEqual((lease.allowed, lease.source), (True, "lua"))
-        self.assertEqual(limiter.path, "functions")  # the rest stays on the library
+        self.assertEqual((lease.allowed, lease.source, limiter.path), (True, "lua", "lua"))
         self.assertTrue(limiter.release("jobs", lease.id))
+        self.assertEqual(s.calls("FCALL"), 0)
 
     def test_200_concurrent_requests_through_asgi_on_each_fallback(self):
         for name, functions in (("functions", True), ("script", False)):

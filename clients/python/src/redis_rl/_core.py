@@ -474,7 +474,6 @@ class Engine:
         self.local_reservations = OrderedDict()
         self.local_max_keys = local_max_keys
         self.reservation_type = Reservation  # the asyncio limiter's settles with an await
-        self.old_functions_logged = False
         self.cache_size = deny_cache
         self.cache = OrderedDict()  # key -> (limit, cost, until_s, remaining, reset_until_s)
         self.mode = None  # None: not found yet; "module", "functions" or "lua"
@@ -883,15 +882,13 @@ class Engine:
                 return (yield from self._after_wrongtype(path, call, error))
             if outcome == "reply":
                 call.path = path
-                # A lease or reservation that passed a Functions library too old for it keeps
-                # the library as the path of everything else.
-                if self.mode != path and (self.mode is None or call.op not in LEASE_OPS):
+                if self.mode != path:
                     self.mode = path
                     log.info("redis-rl: using the %s path", PATH_NAMES[path])
                 return value
             if outcome == "denied":
                 denied.append((path, value))
-            if path == kept and outcome != "old_lease":
+            if path == kept:
                 self.mode = None  # what was kept stopped answering: look again from the top
             left = [p for p in order if p not in tried]
             if not left:
@@ -954,16 +951,6 @@ class Engine:
                 outcome = yield from self._functions_version(keys, probe)
                 if outcome is not None:
                     return outcome
-            if call.op in LEASE_OPS and self.functions_version < LEASE_FUNCTIONS_VERSION:
-                # Leases and reservations came with version 2: this call takes the script,
-                # and the kept path stays the Functions library for the rest.
-                if not self.old_functions_logged:
-                    self.old_functions_logged = True
-                    log.warning("redis-rl: the Functions library redis_rl on the server is "
-                                "version %d; leases and reservations need version %d and use "
-                                "the script until it is loaded again", self.functions_version,
-                                LEASE_FUNCTIONS_VERSION)
-                return "old_lease", None
             name = "FCALL_RO" if call.op in ("peek", "leases") else "FCALL"
             try:
                 return "reply", (yield Request([name, "rl_" + call.op, str(len(keys)), *keys, *numbers], keys))
@@ -1110,10 +1097,7 @@ class Engine:
 
 
 #: The version of the Functions library (clients/lua/rl_functions.lua) this client needs.
-FUNCTIONS_VERSION = 1
-#: The version that has leases and reservations (rl_lease ... rl_settle): with an older one,
-#: those calls take the script.
-LEASE_FUNCTIONS_VERSION = 2
+FUNCTIONS_VERSION = 2
 #: The calls on leases and reservations.
 LEASE_OPS = ("lease", "release", "renew", "leases", "reserve", "settle")
 
@@ -1155,7 +1139,8 @@ def lease_script_args(op, items):
     if op == "reserve":
         return [*bucket.script_args(p["estimate"]), str(p["ttl_ms"]),
                 _id_arg(p.get("id") or p["fallback_id"])]
-    return [*bucket.script_args(p["actual"], refund=True), _id_arg(p["id"])]
+    # A settle's numbers are a charge's for the actual cost (rounded up, as a charge rounds).
+    return [*bucket.script_args(p["actual"]), _id_arg(p["id"])]
 PATHS = ("module", "functions", "lua")
 PATH_NAMES = {"module": "module", "functions": "Functions library", "lua": "script"}
 SOURCE_OF = {"module": "redis", "functions": "functions", "lua": "lua"}
