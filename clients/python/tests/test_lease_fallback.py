@@ -17,6 +17,7 @@ from redis_rl import Limit, Limiter, ReservationNotOpenError
 from redis_rl import asgi
 from redis_rl import asyncio as rl_asyncio
 from servers import Server
+from test_in_flight import backoff
 
 SHIPPED = os.path.join(os.path.dirname(redis_rl.__file__), "rl.lua")
 with open(SHIPPED) as f:
@@ -121,6 +122,7 @@ class Fallback(unittest.TestCase):
                          "client": ("203.0.113.7", 5000)}
 
                 async def one():
+                    tries = 0
                     while True:
                         statuses = []
 
@@ -134,7 +136,8 @@ class Fallback(unittest.TestCase):
                         await app(dict(scope), receive, send)
                         if statuses == [200]:
                             return
-                        await asyncio.sleep(0.005)
+                        await asyncio.sleep(backoff(tries))
+                        tries += 1
 
                 try:
                     await asyncio.gather(*(one() for _ in range(200)))
