@@ -101,6 +101,32 @@ class Fallback(unittest.TestCase):
         self.assertTrue(limiter.release("jobs", lease.id))
         self.assertEqual(s.calls("FCALL"), 0)
 
+    def test_a_user_with_the_lease_rules_alone_uses_leases_through_the_library(self):
+        from test_paths import add_user, rules
+
+        for name, module, functions, source in paths():
+            rule_set = "script" if name == "script" else name
+            s = self.server(module, functions)
+            with s.admin() as admin:
+                add_user(admin, rules(rule_set, part="leases"), name="leaser")
+                add_user(admin, rules(rule_set, part="leases"), name="other")
+            client = redis.Redis(port=s.port, username="leaser", password="pw")
+            self.addCleanup(client.close)
+            limiter = Limiter(client, on_error="closed")
+            with limiter.hold("jobs", 1, 10_000) as lease:
+                self.assertEqual((lease.allowed, lease.source), (True, source), name)
+                self.assertEqual(limiter.leases("jobs", 1).in_use, 1)
+            self.assertEqual(limiter.leases("jobs", 1).in_use, 0)
+            # A reserve needs more than the lease rules: the policy decides, and the log names
+            # the rules to add on that path.
+            with self.assertLogs("redis_rl", "ERROR") as logs:
+                denied = limiter.reserve("tpm", SLOW, 1, 10_000)
+            self.assertEqual((denied.allowed, denied.source), (False, "closed"))
+            self.assertEqual(limiter.counters["misconfigured"], 1)
+            wanted = {"module": "+rl.reserve +rl.settle", "functions": "+hget +hgetall +hdel",
+                      "script": "+hget +hgetall +hdel"}[name]
+            self.assertIn(wanted, logs.output[0])
+
     def test_200_concurrent_requests_through_asgi_on_each_fallback(self):
         for name, functions in (("functions", True), ("script", False)):
             s = self.server(False, functions)

@@ -851,7 +851,7 @@ class Engine:
         try:
             return (yield from self._walk(call))
         except Exception as error:
-            cause = script_acl_failure(error)
+            cause = script_acl_failure(error, call.op)
             if cause is not None:
                 raise MisconfiguredError(cause) from error
             raise
@@ -895,7 +895,7 @@ class Engine:
                 break
             path = left[0]
         if denied:
-            raise MisconfiguredError(noperm_message(denied))
+            raise MisconfiguredError(noperm_message(denied, call.op))
         raise ModuleMissingError(
             "the server has no RL.ACQUIRE (the redis-rl module is not loaded) and this limiter "
             'was built with without_module="refuse"; load the module or use without_module="lua"')
@@ -1157,13 +1157,34 @@ PATH_RULES = {
 }
 
 
-def noperm_message(denied):
+#: The rules a user of leases needs on each path, and what reservations add to a deciding
+#: user's (clients/vectors/permissions.json's "leases" and "reservations").
+LEASE_PATH_RULES = {
+    "module": "+rl.lease +rl.release +rl.renew +rl.leases",
+    "functions": "+fcall +fcall_ro +time +zcount +zscore +zrange +zrangebyscore "
+                 "+zremrangebyscore +zadd +zrem +pexpireat",
+    "lua": "+evalsha +eval +time +zcount +zscore +zrange +zrangebyscore +zremrangebyscore "
+           "+zadd +zrem +pexpireat",
+}
+RESERVATION_RULES = {"module": "+rl.reserve +rl.settle", "functions": "+hget +hgetall +hdel",
+                     "lua": "+hget +hgetall +hdel"}
+
+
+def _rules(path, op):
+    if op in ("lease", "release", "renew", "leases"):
+        return LEASE_PATH_RULES[path]
+    if op in ("reserve", "settle"):
+        return f"{PATH_RULES[path]} {RESERVATION_RULES[path]}"
+    return PATH_RULES[path]
+
+
+def noperm_message(denied, op=None):
     """`NOPERM: this user may not run 'fcall' (nor 'evalsha', 'eval'); add ...` for the
-    [(path, [commands])] no path answered for."""
+    [(path, [commands])] no path answered for, with the rules of the call `op` asked for."""
     commands = [c for _, cs in denied for c in cs]
     first, rest = commands[0], commands[1:]
     nor = f" (nor {', '.join(repr(c) for c in rest)})" if rest else ""
-    rules = " or ".join(f'"{PATH_RULES[path]}"' for path, _ in denied)
+    rules = " or ".join(f'"{_rules(path, op)}"' for path, _ in denied)
     return (f"NOPERM: this user may not run {first!r}{nor}; add the ACL rules {rules} "
             f"or see {PERMISSIONS_DOC}")
 
@@ -1180,10 +1201,19 @@ def is_function_missing(error):
     return "function not found" in text or "unknown command" in text
 
 
-def script_acl_failure(error):
+#: What a function or script runs inside, by the call (clients/vectors/permissions.json).
+_INSIDE = {"decide": ("TIME, HMGET, HSET, PEXPIREAT or DEL", "+time +hmget +hset +pexpireat +del"),
+           "leases": ("TIME, ZCOUNT, ZSCORE, ZRANGE, ZRANGEBYSCORE, ZREMRANGEBYSCORE, ZADD, ZREM "
+                      "or PEXPIREAT", "+time +zcount +zscore +zrange +zrangebyscore "
+                      "+zremrangebyscore +zadd +zrem +pexpireat"),
+           "reservations": ("TIME, HMGET, HGET, HGETALL, HSET, HDEL, PEXPIREAT or DEL",
+                            "+time +hmget +hset +pexpireat +del +hget +hgetall +hdel")}
+
+
+def script_acl_failure(error, op=None):
     """The cause when a function or script met NOPERM on a command it runs (Redis: "The user
     executing the script can't run this command", Valkey: "ACL failure in script: ... the
-    'time' command"), else None."""
+    'time' command"), else None; the rules named are those of the call `op`."""
     from redis import exceptions as e
 
     if not isinstance(error, e.ResponseError):
@@ -1191,12 +1221,13 @@ def script_acl_failure(error):
     text = str(error)
     if "user executing the script can't run" not in text and "ACL failure in script" not in text:
         return None
+    part = ("leases" if op in ("lease", "release", "renew", "leases")
+            else "reservations" if op in ("reserve", "settle") else "decide")
+    commands, rules = _INSIDE[part]
     named = re.search(r"run the '([^']+)' command", text)
-    what = (f"the command {named.group(1)!r}" if named
-            else "a command it runs (TIME, HMGET, HSET, PEXPIREAT or DEL)")
+    what = f"the command {named.group(1)!r}" if named else f"a command it runs ({commands})"
     return (f"NOPERM: this user may not run {what} inside the redis-rl function or script "
-            f"({text.strip()}); add the ACL rules \"+time +hmget +hset +pexpireat +del\" or see "
-            f"{PERMISSIONS_DOC}")
+            f"({text.strip()}); add the ACL rules \"{rules}\" or see {PERMISSIONS_DOC}")
 
 
 def is_cluster_redirect(error):
