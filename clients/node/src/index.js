@@ -21,12 +21,19 @@ import {
 import { Table } from "./table.js";
 import { acrossSlots } from "./slots.js";
 import { wait } from "./wait.js";
+import {
+  LocalLeases, LocalReservations, Lease, LeaseCount, OPEN_PREFIX, Reservation, Settlement, checkId, checkLeaseLimit,
+  checkTtl, newId, withLease,
+} from "./lease.js";
 
 export { DebtTooLongError, LocalBuckets } from "./bucket.js";
 export { Table, shardOf, MAX_SHARDS } from "./table.js";
 export { WaitNeverError, WaitTimeoutError } from "./wait.js";
 export { FUNCTIONS_VERSION, MisconfiguredError, ModuleMissingError, RateLimitError, loadFunctions } from "./paths.js";
 export { keySlot, SlotsDecision } from "./slots.js";
+export {
+  Lease, LeaseCount, LeaseDeniedError, LeaseTimeoutError, MAX_LEASES, MAX_TTL_MS, Reservation, Settlement,
+} from "./lease.js";
 
 /** The module's ranges and error texts: clients/vectors/ranges.json, shipped beside rl.lua. */
 export const RANGES = JSON.parse(readFileSync(new URL("./ranges.json", import.meta.url), "utf8"));
@@ -310,7 +317,48 @@ const SOURCES = { module: "redis", functions: "functions", lua: "lua" };
 const FUNCTIONS = {
   acquire: ["FCALL", "rl_acquire"], peek: ["FCALL_RO", "rl_peek"], refund: ["FCALL", "rl_refund"],
   charge: ["FCALL", "rl_charge"], multi: ["FCALL", "rl_multi"],
+  lease: ["FCALL", "rl_lease"], release: ["FCALL", "rl_release"], renew: ["FCALL", "rl_renew"],
+  leases: ["FCALL_RO", "rl_leases"], reserve: ["FCALL", "rl_reserve"], settle: ["FCALL", "rl_settle"],
 };
+/** The lease and reservation operations: one key, their own arguments (see leaseArgs). */
+const LEASE_OPS = new Set(["lease", "release", "renew", "leases", "reserve", "settle"]);
+/** The module's command for each lease and reservation operation. */
+const MODULE_LEASE_COMMANDS = {
+  lease: "RL.LEASE", release: "RL.RELEASE", renew: "RL.RENEW", leases: "RL.LEASES", reserve: "RL.RESERVE",
+  settle: "RL.SETTLE",
+};
+
+/**
+ * The arguments after the key of a lease or reservation operation on `path`. The module takes
+ * a limit's rate and capacity as text and makes an id when none is given; the fallbacks (the
+ * rl_lease ... functions, the script's modes) take the script's 10 numbers for a limit and a
+ * cost (clients/lua/rl.lua's header) and always an id, drawn here when the caller gave none.
+ */
+function leaseArgs(path, op, a) {
+  const module = path === "module";
+  const id = a.id ?? (module ? undefined : newId());
+  switch (op) {
+    case "lease":
+      return [String(a.limit), String(a.ttlMs), ...(id === undefined ? [] : module ? ["ID", id] : [id])];
+    case "release":
+      return [a.id];
+    case "renew":
+      return [a.id, String(a.ttlMs)];
+    case "leases":
+      return [String(a.limit)];
+    case "reserve":
+      return module
+        ? [...a.limit.args(), numberArg(a.estimate), String(a.ttlMs), ...(id === undefined ? [] : ["ID", id])]
+        : [...a.limit.scriptArgs(a.estimate), String(a.ttlMs), id];
+    case "settle":
+      return module
+        ? [...a.limit.args(), a.id, numberArg(a.actual)]
+        : [...a.limit.scriptArgs(a.actual, true), a.id];
+    default:
+      throw new TypeError(`not a lease operation: ${op}`);
+  }
+}
+
 /** A limit for the calls that only look (check, the probe for an old library): a cost of 0
  * writes nothing. */
 const PROBE_LIMIT = new Limit(1, 1);
@@ -353,6 +401,8 @@ export class Limiter {
     this.clock = clock; // milliseconds, monotonic
     this.logger = logger;
     this.local = new LocalBuckets(instances, localMaxKeys);
+    this.localLeases = new LocalLeases(instances, localMaxKeys);
+    this.localReservations = new LocalReservations(this.local, localMaxKeys);
     this.cacheSize = denyCache === true ? 10_000 : denyCache === false ? 0 : denyCache;
     if (!Number.isInteger(this.cacheSize) || this.cacheSize < 0) {
       throw new RangeError("denyCache must be true, false or a size bound (entries)");
@@ -365,7 +415,7 @@ export class Limiter {
     this.waitingForRoom = 0; // sends waiting for room in the client's own queue (node-redis)
     this.counters = {
       redis: 0, functions: 0, lua: 0, cache: 0, local: 0, open: 0, closed: 0, outages: 0, misconfigured: 0,
-      unappliedCharges: 0,
+      unappliedCharges: 0, unappliedSettles: 0,
     };
     this.loggedAt = new Map(); // misconfiguration message -> when it was last logged
     this.downSince = null;
@@ -650,6 +700,158 @@ export class Limiter {
     return new Refund(...reply, source);
   }
 
+  // Leases and reservations ----------------------------------------------------------------
+
+  /**
+   * Sends a lease or reservation operation; resolves to [reply, source], or to null when the
+   * failure policy decides (Redis cannot answer, or a misconfiguration: logged and counted).
+   * The caller's errors (bad arguments, WRONGTYPE, a settle of an id not open) are thrown.
+   */
+  async leaseCall(op, key, args) {
+    if (this.skipRedis()) return null;
+    let answer;
+    try {
+      answer = await this.call(op, [[key, args]]);
+    } catch (error) {
+      if (!this.policyDecides(error)) throw refused(error);
+      return null;
+    }
+    this.answered(answer[1]);
+    return answer;
+  }
+
+  /**
+   * Takes a lease at `key` if fewer than `limit` (an integer from 1 to 10000) are held there,
+   * for `ttlMs`; `id` (1 to 16 bytes) makes a retried take idempotent. Resolves to a Lease.
+   * When Redis cannot decide: "open" allows (an id "open:…", held nowhere), "closed" denies,
+   * "local" takes it in an in-process table (limit / instances per key).
+   */
+  async lease(key, limit, ttlMs, id = undefined) {
+    if (typeof id === "object" && id !== null) ({ id } = id);
+    checkLeaseLimit(limit);
+    checkTtl(ttlMs);
+    id = checkId(id);
+    const answer = await this.leaseCall("lease", key, { limit, ttlMs, id });
+    if (answer) return new Lease(this, key, limit, ...answer[0], answer[1]);
+    this.countPolicy();
+    if (this.onError === "open") return new Lease(this, key, limit, 1, OPEN_PREFIX + (id ?? newId()), 0, ttlMs, "open");
+    if (this.onError === "closed") return new Lease(this, key, limit, 0, "", 0, CLOSED_RETRY_AFTER_MS, "closed");
+    return new Lease(this, key, limit, ...this.localLeases.lease(key, limit, ttlMs, id ?? newId(), this.clock()), "local");
+  }
+
+  /**
+   * Gives back the lease `id` at `key`: resolves to true if it was held. An "open" lease is
+   * held nowhere (false, nothing sent); one the "local" policy took is released in process.
+   * When Redis cannot answer, false: the lease expires at its ttl.
+   */
+  async release(key, id) {
+    id = checkId(id);
+    if (id === undefined) throw new RangeError("id must be 1 to 16 bytes");
+    if (id.startsWith(OPEN_PREFIX)) return false;
+    if (this.localLeases.has(key, id)) return this.localLeases.release(key, id, this.clock()) === 1;
+    const answer = await this.leaseCall("release", key, { id });
+    return answer !== null && Number(answer[0]) === 1;
+  }
+
+  /** true if the lease was held and now expires `ttlMs` from now, false if it was not held,
+   * null when Redis could not answer. */
+  async renewHeld(key, id, ttlMs) {
+    id = checkId(id);
+    if (id === undefined) throw new RangeError("id must be 1 to 16 bytes");
+    checkTtl(ttlMs);
+    if (id.startsWith(OPEN_PREFIX)) return true;
+    if (this.localLeases.has(key, id)) return this.localLeases.renew(key, id, ttlMs, this.clock()) === 1;
+    const answer = await this.leaseCall("renew", key, { id, ttlMs });
+    return answer === null ? null : Number(answer[0]) === 1;
+  }
+
+  /**
+   * Makes the lease `id` at `key` expire `ttlMs` from now: resolves to true if it was held
+   * (an expired or released lease is not revived). When Redis cannot answer: true under
+   * "open", false otherwise.
+   */
+  async renew(key, id, ttlMs) {
+    const held = await this.renewHeld(key, id, ttlMs);
+    return held ?? this.onError === "open";
+  }
+
+  /** Counts the leases held at `key` and the wait for a slot under `limit`, writing nothing:
+   * a LeaseCount. When Redis cannot answer: "open" 0 held, "closed" `limit` held and its
+   * retry, "local" the in-process table's. */
+  async leases(key, limit) {
+    checkLeaseLimit(limit);
+    const answer = await this.leaseCall("leases", key, { limit });
+    if (answer) return new LeaseCount(...answer[0], answer[1]);
+    this.countPolicy();
+    if (this.onError === "open") return new LeaseCount(0, 0, "open");
+    if (this.onError === "closed") return new LeaseCount(limit, CLOSED_RETRY_AFTER_MS, "closed");
+    return new LeaseCount(...this.localLeases.count(key, limit, this.clock()), "local");
+  }
+
+  /**
+   * Runs `fn(lease)` holding a lease at `key`: waits up to `options.wait` ms (default 0) for
+   * a slot, retrying at each denial's retryAfterMs, and rejects with LeaseTimeoutError (or
+   * LeaseDeniedError without a wait) when none frees; renews the lease every ttlMs / 2 while
+   * fn runs; releases it when fn resolves or throws. `options.id`, `options.signal` (aborts
+   * the wait). Resolves to fn's result.
+   */
+  withLease(key, limit, ttlMs, fn, options = {}) {
+    return withLease(this, key, limit, ttlMs, fn, options);
+  }
+
+  /**
+   * Takes `estimate` tokens (above 0) from bucket `key` now, as acquire takes a cost, and
+   * records a reservation open for `ttlMs`, to settle with the actual cost when the work ends.
+   * Resolves to a Reservation (denied like acquire, taking nothing). When Redis cannot decide:
+   * "open" allows (an id "open:…", whose settle records nothing), "closed" denies, "local"
+   * reserves on the local bucket.
+   */
+  async reserve(key, limit, estimate, ttlMs, id = undefined) {
+    if (typeof id === "object" && id !== null) ({ id } = id);
+    if (!(limit instanceof Limit)) throw new TypeError("reserve needs a Limit");
+    const [, exact] = argument(estimate, "estimate");
+    if (exact.cmp(0n) <= 0) throw new RangeError("estimate must be a number above 0 (tokens)");
+    checkTtl(ttlMs);
+    id = checkId(id);
+    estimate = Number(estimate);
+    const make = (reply, source) => new Reservation(this, key, limit, estimate, ...reply, source);
+    const answer = await this.leaseCall("reserve", key, { limit, estimate, ttlMs, id });
+    if (answer) return make(...answer);
+    this.countPolicy();
+    if (this.onError === "open") return make([1, OPEN_PREFIX + (id ?? newId()), 0, 0], "open");
+    if (this.onError === "closed") return make([0, "", 0, CLOSED_RETRY_AFTER_MS], "closed");
+    return make(this.localReservations.reserve(key, limit, estimate, ttlMs, id ?? newId(), this.clock(), this.nowUs()), "local");
+  }
+
+  /**
+   * Settles the reservation `id` at bucket `key` with the work's `actual` cost (>= 0): the
+   * over-estimate goes back (capped at capacity), the under-estimate is charged, into debt if
+   * need be; exactly once (a second settle of an id is refused by Redis with an error naming
+   * it). Resolves to a Settlement. An "open" reservation records nothing (applied false);
+   * when Redis cannot answer the settle is applied nowhere: logged, counted in
+   * counters.unappliedSettles, applied false (send it again). Prefer reservation.settle().
+   */
+  async settle(key, limit, id, actual) {
+    if (!(limit instanceof Limit)) throw new TypeError("settle needs a Limit");
+    const [, exact] = argument(actual, "actual");
+    if (exact.cmp(0n) < 0) throw new RangeError("actual must be a finite number >= 0 (tokens)");
+    id = checkId(id);
+    if (id === undefined) throw new RangeError("id must be 1 to 16 bytes");
+    actual = Number(actual);
+    if (id.startsWith(OPEN_PREFIX)) return new Settlement(false, 0, 0, 0, "open");
+    this.cache.delete(key); // a remembered denial may end sooner (a refund) or later (a charge)
+    if (this.localReservations.has(key, id)) {
+      const reply = this.localReservations.settle(key, limit, id, actual, this.clock(), this.nowUs(), MAX_DEBT_NS);
+      return new Settlement(true, ...reply, "local");
+    }
+    const answer = await this.leaseCall("settle", key, { limit, id, actual });
+    if (answer) return new Settlement(true, ...answer[0], answer[1]);
+    this.counters.unappliedSettles++;
+    this.logger.warn(`redis-rl: the settle of reservation ${id} on ${JSON.stringify(String(key))} (actual ${actual}) was ` +
+      "not applied: Redis cannot answer (send it again; unsettled, the reservation stands as taken at its expiry)");
+    return new Settlement(false, 0, 0, 0, this.onError);
+  }
+
   // The call into Redis ---------------------------------------------------------------------
 
   /**
@@ -914,6 +1116,15 @@ export class Limiter {
   /** Sends `op` on `path`; `denied` collects what ACL refused while it looks for a path. */
   sendOn(path, op, items, denied = []) {
     const firstKey = items[0][0];
+    if (LEASE_OPS.has(op)) {
+      const args = leaseArgs(path, op, items[0][1]);
+      if (path === "module") return this.redis.send([MODULE_LEASE_COMMANDS[op], firstKey, ...args], firstKey);
+      if (path === "functions") {
+        const [command, name] = FUNCTIONS[op];
+        return this.redis.send([command, name, "1", firstKey, ...args], firstKey);
+      }
+      return scriptCall(this, ["1", firstKey, op, ...args], firstKey, denied);
+    }
     if (path === "module") {
       const route = items[0][3]; // a bucket table's field: RL.H* on its table
       const name = route
