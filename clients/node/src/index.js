@@ -322,6 +322,14 @@ const FUNCTIONS = {
 };
 /** The lease and reservation operations: one key, their own arguments (see leaseArgs). */
 const LEASE_OPS = new Set(["lease", "release", "renew", "leases", "reserve", "settle"]);
+/** Whether `id` is one the "open" policy made ("open:…"): held nowhere, never sent. */
+const isOpenId = (id) => typeof id === "string" && id.startsWith(OPEN_PREFIX);
+/** An id a release, renew or settle names: required, 1 to 16 bytes. */
+function heldId(id) {
+  if (checkId(id) === undefined) throw new RangeError("id must be 1 to 16 bytes");
+  return id;
+}
+
 /** The module's command for each lease and reservation operation. */
 const MODULE_LEASE_COMMANDS = {
   lease: "RL.LEASE", release: "RL.RELEASE", renew: "RL.RENEW", leases: "RL.LEASES", reserve: "RL.RESERVE",
@@ -745,9 +753,8 @@ export class Limiter {
    * When Redis cannot answer, false: the lease expires at its ttl.
    */
   async release(key, id) {
-    id = checkId(id);
-    if (id === undefined) throw new RangeError("id must be 1 to 16 bytes");
-    if (id.startsWith(OPEN_PREFIX)) return false;
+    if (isOpenId(id)) return false;
+    id = heldId(id);
     if (this.localLeases.has(key, id)) return this.localLeases.release(key, id, this.clock()) === 1;
     const answer = await this.leaseCall("release", key, { id });
     return answer !== null && Number(answer[0]) === 1;
@@ -756,10 +763,9 @@ export class Limiter {
   /** true if the lease was held and now expires `ttlMs` from now, false if it was not held,
    * null when Redis could not answer. */
   async renewHeld(key, id, ttlMs) {
-    id = checkId(id);
-    if (id === undefined) throw new RangeError("id must be 1 to 16 bytes");
     checkTtl(ttlMs);
-    if (id.startsWith(OPEN_PREFIX)) return true;
+    if (isOpenId(id)) return true;
+    id = heldId(id);
     if (this.localLeases.has(key, id)) return this.localLeases.renew(key, id, ttlMs, this.clock()) === 1;
     const answer = await this.leaseCall("renew", key, { id, ttlMs });
     return answer === null ? null : Number(answer[0]) === 1;
@@ -835,10 +841,9 @@ export class Limiter {
     if (!(limit instanceof Limit)) throw new TypeError("settle needs a Limit");
     const [, exact] = argument(actual, "actual");
     if (exact.cmp(0n) < 0) throw new RangeError("actual must be a finite number >= 0 (tokens)");
-    id = checkId(id);
-    if (id === undefined) throw new RangeError("id must be 1 to 16 bytes");
     actual = Number(actual);
-    if (id.startsWith(OPEN_PREFIX)) return new Settlement(false, 0, 0, 0, "open");
+    if (isOpenId(id)) return new Settlement(false, 0, 0, 0, "open");
+    id = heldId(id);
     this.cache.delete(key); // a remembered denial may end sooner (a refund) or later (a charge)
     if (this.localReservations.has(key, id)) {
       const reply = this.localReservations.settle(key, limit, id, actual, this.clock(), this.nowUs(), MAX_DEBT_NS);

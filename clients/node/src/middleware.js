@@ -148,20 +148,30 @@ function claimKey(req, redisKey, owner) {
  * (req, res, decision, headers) sends a custom response instead of the problem+json 429.
  * Every function (key, limit, cost, skip, onLimited) may be sync or async: what it returns
  * is awaited, and what it throws or rejects goes to next(error).
+ *
+ * concurrency: an in-flight limit per key, `{ limit, ttlMs = 30000, prefix }` (or the limit
+ * alone): a lease at "<prefix><key>" is taken before the handler (and before the rate limit,
+ * which then may be left out) and released exactly once when the response is done, sent
+ * ("finish") or cut short ("close": a client that went, a stream that ended early), renewed
+ * every ttlMs / 2 meanwhile; ttlMs bounds how long a crashed process holds a slot. Denied:
+ * Retry-After and a problem+json 429 (onLimited gets the denied Lease). The default prefix is
+ * "rl:http:lease:<limit>:", or the rateLimit's prefix followed by "lease:".
  */
 export function rateLimit(options) {
   const {
     limiter, limit, key = "ip", cost = 1, trustedProxies = [], prefix, policyName = "default",
-    legacyHeaders = true, skip, onLimited,
+    legacyHeaders = true, skip, onLimited, concurrency,
   } = options;
-  if (!limiter || !(limit instanceof Limit || typeof limit === "function")) {
-    throw new TypeError("rateLimit needs { limiter, limit: new Limit(...) or (req) => Limit }");
+  const inFlight = concurrency === undefined ? null : inFlightOptions(concurrency, prefix);
+  if (!limiter || !(limit instanceof Limit || typeof limit === "function" || (limit === undefined && inFlight))) {
+    throw new TypeError("rateLimit needs { limiter, limit: new Limit(...) or (req) => Limit } " +
+      "(limit may be left out when concurrency is given)");
   }
   if (!(key === "ip" || typeof key === "function" || (typeof key === "string" && key.startsWith("header:")))) {
     throw new RangeError('key must be "ip", "header:<Name>" or a function of the request');
   }
   const trusted = trustList(trustedProxies);
-  const keyFor = async (req, bucket) => {
+  const clientKey = async (req) => {
     let k = null;
     if (typeof key === "function") k = await key(req);
     else if (key.startsWith("header:")) {
@@ -173,8 +183,9 @@ export function rateLimit(options) {
     } else if (typeof k !== "string" && typeof k !== "number") {
       throw new TypeError(`rateLimit: key must give a string, got ${Object.prototype.toString.call(k)}`);
     }
-    return (prefix ?? `${DEFAULT_PREFIX}${bucket.rateText}:${bucket.capacityText}:`) + k;
+    return k;
   };
+  const keyFor = (bucket, k) => (prefix ?? `${DEFAULT_PREFIX}${bucket.rateText}:${bucket.capacityText}:`) + k;
   const limitFor = async (req) => {
     const l = typeof limit === "function" ? await limit(req) : limit;
     if (!(l instanceof Limit)) throw new TypeError("rateLimit: limit must give a Limit (new Limit(...))");
@@ -182,12 +193,29 @@ export function rateLimit(options) {
   };
 
   return async function rateLimitMiddleware(req, res, next) {
+    let held = null; // the in-flight lease, until the response is done
     try {
       if (skip && (await skip(req))) return next();
+      const k = await clientKey(req);
+      if (inFlight) {
+        held = await holdInFlight(limiter, inFlight, req, res, k);
+        if (held === null) return; // the response was over (the client went) before the lease came
+        if (!held.lease.allowed) {
+          const lease = held.lease;
+          held = null;
+          return await limitedInFlight(req, res, lease, onLimited);
+        }
+        claimKey(req, held.lease.key, rateLimitMiddleware);
+      }
+      if (limit === undefined) return next();
       const [bucket, tokens] = await Promise.all([limitFor(req), typeof cost === "function" ? cost(req) : cost]);
-      const bucketKey = await keyFor(req, bucket);
+      const bucketKey = keyFor(bucket, k);
       claimKey(req, bucketKey, rateLimitMiddleware);
       const decision = await limiter.acquire(bucketKey, bucket, tokens);
+      if (!decision.allowed && held) {
+        held.done(); // denied by the rate: the slot is free again at once
+        held = null;
+      }
       // Stacked middlewares write one merged set: the draft's lists, the tightest X-RateLimit-*.
       let decided = decidedOfResponse.get(res);
       if (!decided) decidedOfResponse.set(res, (decided = []));
@@ -203,9 +231,99 @@ export function rateLimit(options) {
       res.setHeader("Content-Length", Buffer.byteLength(body));
       res.end(body);
     } catch (error) {
+      // Failed before the handler ran: the in-flight slot is given back at once.
+      held?.done();
       next(error);
     }
   };
+}
+
+/** The default start of an in-flight limit's lease keys: "rl:http:lease:<limit>:". */
+export const DEFAULT_LEASE_PREFIX = "rl:http:lease:";
+
+/** The in-flight limit's options, checked: {limit, ttlMs, prefix}. A rateLimit's own `prefix`
+ * is followed by "lease:" for the lease keys, so a bucket and a lease never share a key. */
+function inFlightOptions(concurrency, prefix) {
+  const { limit, ttlMs = 30_000, prefix: own } = typeof concurrency === "number" ? { limit: concurrency } : concurrency ?? {};
+  if (!Number.isInteger(limit) || limit < 1 || limit > 10_000) {
+    throw new RangeError("concurrency.limit must be an integer from 1 to 10000 (requests in flight per key)");
+  }
+  if (!Number.isInteger(ttlMs) || ttlMs < 1) {
+    throw new RangeError("concurrency.ttlMs must be an integer number of ms >= 1 (how long a lease outlives a lost process)");
+  }
+  return { limit, ttlMs, prefix: own ?? (prefix !== undefined ? `${prefix}lease:` : `${DEFAULT_LEASE_PREFIX}${limit}:`) };
+}
+
+/**
+ * Takes the in-flight lease of `req` and holds it until the response is done: released once,
+ * on the response's "finish" (sent) or "close" (the connection ended first: a client that
+ * went, a streamed body cut), whichever comes first, and renewed every ttlMs / 2 until then,
+ * so a stream longer than the ttl keeps its slot. Resolves to {lease, done}, done() releasing
+ * it now; to a denied lease's {lease}; or to null when the response was over before the
+ * lease came (it is released at once).
+ */
+async function holdInFlight(limiter, options, req, res, k) {
+  let over = false, release = null;
+  const end = () => {
+    if (over) return;
+    over = true;
+    res.off("finish", end);
+    res.off("close", end);
+    release?.();
+  };
+  // Listen before the lease is asked for: a client that goes meanwhile is seen too.
+  res.on("finish", end);
+  res.on("close", end);
+  let lease;
+  try {
+    lease = await limiter.lease(options.prefix + k, options.limit, options.ttlMs);
+  } catch (error) {
+    end();
+    throw error;
+  }
+  if (!lease.allowed) {
+    end();
+    return { lease, done() {} };
+  }
+  let timer = null, stopped = false;
+  const renew = () => {
+    timer = setTimeout(() => {
+      limiter.renew(lease.key, lease.id, options.ttlMs).then((heldStill) => {
+        if (heldStill && !stopped) renew();
+      }, () => { if (!stopped) renew(); });
+    }, Math.max(1, Math.floor(options.ttlMs / 2)));
+    timer.unref?.();
+  };
+  release = () => {
+    stopped = true;
+    clearTimeout(timer);
+    lease.release().catch((error) => limiter.logger?.warn?.(`redis-rl: releasing the in-flight lease at ` +
+      `${JSON.stringify(lease.key)} failed (${error.name}: ${error.message}); it expires within ${options.ttlMs} ms`));
+  };
+  if (over || res.writableFinished || res.destroyed) {
+    over = true;
+    release();
+    return null;
+  }
+  if (lease.source !== "open") renew();
+  return { lease, done: end };
+}
+
+/** The answer to a request denied by the in-flight limit: Retry-After and a problem+json 429
+ * (or the caller's onLimited, given the denied Lease). */
+async function limitedInFlight(req, res, lease, onLimited) {
+  const retryS = String(Math.ceil(Math.max(0, lease.retryAfterMs) / 1000));
+  const headers = [["Retry-After", retryS]];
+  res.setHeader("Retry-After", retryS);
+  if (onLimited) return onLimited(req, res, lease, headers);
+  const body = JSON.stringify({
+    type: "about:blank", title: "Too Many Requests", status: 429,
+    detail: `Too many requests in flight (${lease.inUse} of ${lease.limit}); retry after ${retryS} s.`,
+  });
+  res.statusCode = 429;
+  res.setHeader("Content-Type", PROBLEM_TYPE);
+  res.setHeader("Content-Length", Buffer.byteLength(body));
+  res.end(body);
 }
 
 /**
