@@ -173,7 +173,7 @@ export function keySlot(key: string): number;
 export class Limiter {
   constructor(client: Client, options: LimiterOptions);
   /** Decisions by source, outages seen, and calls refused by a misconfiguration. */
-  readonly counters: Record<Source | "outages" | "misconfigured" | "unappliedCharges", number>;
+  readonly counters: Record<Source | "outages" | "misconfigured" | "unappliedCharges" | "unappliedSettles", number>;
   /** The path found: null before the first call (and while none answers). */
   readonly path: Path | null;
   /** Contacts Redis, finds the path and resolves to it; rejects with a MisconfiguredError for
@@ -193,11 +193,117 @@ export class Limiter {
   charge(key: string, limit: Limit, cost: number): Promise<Charge>;
   /** A bucket table of this limiter, over `shards` (default 1) tables `name:{0}` …. */
   table(name: string, shards?: number): Table;
+  /** A lease at `key` if fewer than `limit` (1 to 10000) are held there, for `ttlMs`; `id`
+   * (1 to 16 bytes) makes a retried take idempotent. When Redis cannot decide: "open" allows
+   * (an id "open:…", held nowhere), "closed" denies, "local" takes it in process. */
+  lease(key: string, limit: number, ttlMs: number, id?: string | { id?: string }): Promise<Lease>;
+  /** Gives the lease back: true if it was held (false for an "open" lease, and when Redis
+   * cannot answer: it then expires at its ttl). */
+  release(key: string, id: string): Promise<boolean>;
+  /** The lease now expires `ttlMs` from now: true if it was held. When Redis cannot answer:
+   * true under "open", false otherwise. */
+  renew(key: string, id: string, ttlMs: number): Promise<boolean>;
+  /** The leases held at `key` and the wait for a slot under `limit`; writes nothing. */
+  leases(key: string, limit: number): Promise<LeaseCount>;
+  /** Runs `fn(lease)` holding a lease: waits up to `options.wait` ms for a slot (rejecting with
+   * LeaseTimeoutError, or LeaseDeniedError without a wait), renews it every ttlMs / 2 while fn
+   * runs, releases it when fn resolves or throws. Resolves to fn's result. */
+  withLease<T>(key: string, limit: number, ttlMs: number, fn: (lease: Lease) => T | Promise<T>, options?: LeaseOptions): Promise<T>;
+  /** Takes `estimate` tokens (above 0) now and records a reservation open for `ttlMs`
+   * (RL.RESERVE); denied like acquire. */
+  reserve(key: string, limit: Limit, estimate: number, ttlMs: number, id?: string | { id?: string }): Promise<Reservation>;
+  /** Settles reservation `id` with the actual cost (RL.SETTLE): exactly once; a second settle
+   * by id is refused by Redis with an error naming it. Prefer `reservation.settle(actual)`. */
+  settle(key: string, limit: Limit, id: string, actual: number): Promise<Settlement>;
   /** Takes `cost` tokens once the bucket holds them; rejects with WaitTimeoutError after
    * `timeoutMs`, WaitNeverError at once when cost > capacity, the signal's reason on abort
    * (holding no tokens). */
   wait(key: string, limit: Limit, options?: WaitOptions): Promise<Decision>;
 }
+
+export interface LeaseOptions {
+  /** Wait this many ms for a slot, retrying at each denial's retryAfterMs. Default 0 (one try). */
+  wait?: number;
+  /** The lease's id (1 to 16 bytes); drawn when left out. */
+  id?: string;
+  /** Aborting ends the wait for a slot. */
+  signal?: AbortSignal;
+}
+
+/** The most leases a key may hold (RL.LEASE's cap on limit): 10000. */
+export const MAX_LEASES: number;
+/** The longest ttl the module takes, ms: 100 years. */
+export const MAX_TTL_MS: number;
+
+/** lease's answer. */
+export class Lease {
+  readonly allowed: boolean;
+  /** The lease's id; "" when denied; "open:…" when the "open" policy allowed it. */
+  readonly id: string;
+  /** Leases held after the call (this one included when allowed). */
+  readonly inUse: number;
+  /** Until this lease expires, ms (ttlMs when just taken); 0 when denied. */
+  readonly expiresInMs: number;
+  /** Until a slot frees, ms rounded up; 0 when allowed. */
+  readonly retryAfterMs: number;
+  readonly key: string;
+  readonly limit: number;
+  readonly source: Source;
+  /** Set by withLease's renewer when a renewal found the lease no longer held. */
+  readonly lost: boolean;
+  release(): Promise<boolean>;
+  renew(ttlMs: number): Promise<boolean>;
+  /** Retry-After (s, rounded up) when denied. */
+  headers(): Record<string, string>;
+}
+
+/** leases's answer. */
+export class LeaseCount {
+  readonly inUse: number;
+  /** 0 when fewer than the limit are held; else until a slot frees, ms rounded up. */
+  readonly retryAfterMs: number;
+  readonly source: Source;
+}
+
+/** reserve's answer. */
+export class Reservation {
+  readonly allowed: boolean;
+  /** The reservation's id; "" when denied. */
+  readonly id: string;
+  /** Whole tokens left after the take (when allowed), or now (when denied). */
+  readonly remaining: number;
+  /** 0 when allowed; as acquire's when denied (-1: the estimate exceeds the capacity). */
+  readonly retryAfterMs: number;
+  readonly key: string;
+  readonly limit: Limit;
+  readonly estimate: number;
+  readonly source: Source;
+  /** Applies the difference with `actual` once; a second call resolves to the first result
+   * without sending anything (unless the first was not applied: then it is sent again). */
+  settle(actual: number): Promise<Settlement>;
+}
+
+/** settle's answer: RL.SETTLE's reply. */
+export class Settlement {
+  /** False when the "open" or "closed" policy answered, or for an "open" reservation:
+   * recorded nowhere. */
+  readonly applied: boolean;
+  /** The signed balance in whole tokens, rounded toward -infinity: negative in debt. */
+  readonly remaining: number;
+  /** Until any debt is repaid, ms rounded up; 0 if none. */
+  readonly retryAfterMs: number;
+  /** Until the bucket is full, ms rounded up. */
+  readonly resetAfterMs: number;
+  readonly source: Source;
+  readonly inDebt: boolean;
+}
+
+/** No lease was free (withLease without a wait); `lease` is the denial. */
+export class LeaseDeniedError extends Error {
+  readonly lease: Lease;
+}
+/** withLease waited its whole `wait` and no slot freed; `lease` is the last denial. */
+export class LeaseTimeoutError extends LeaseDeniedError {}
 
 export interface WaitOptions {
   /** Tokens to take. Default 1. */
