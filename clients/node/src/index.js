@@ -322,6 +322,7 @@ const FUNCTIONS = {
 };
 /** The lease and reservation operations: one key, their own arguments (see leaseArgs). */
 const LEASE_OPS = new Set(["lease", "release", "renew", "leases", "reserve", "settle"]);
+const firstKeyOf = (items) => items[0][0];
 /** Whether `id` is one the "open" policy made ("open:…"): held nowhere, never sent. */
 const isOpenId = (id) => typeof id === "string" && id.startsWith(OPEN_PREFIX);
 /** An id a release, renew or settle names: required, 1 to 16 bytes. */
@@ -985,6 +986,10 @@ export class Limiter {
         return this.afterWrongType(path, op, items, error);
       }
       if (!this.pathGone(path, error)) throw error;
+      if (path === "module" && LEASE_OPS.has(op) && isAbsent(error) && (await this.moduleAnswers(firstKeyOf(items)))) {
+        throw new RateLimitError(`the redis-rl module on the server has no ${MODULE_LEASE_COMMANDS[op]}: it is older ` +
+          "than leases and reservations (0.3.0); upgrade the module (nothing was taken)");
+      }
       // The path stopped answering (the module unloaded, the library deleted, a permission
       // taken away): look again with this same call, which nothing ran.
       if (this.path === path) this.path = null;
@@ -1025,6 +1030,16 @@ export class Limiter {
     const log = typeof this.logger.info === "function" ? this.logger.info : null;
     log?.call(this.logger, `redis-rl: the ${path === "lua" ? "script" : "Functions library"} met a key of ` +
       "another type (WRONGTYPE) and the module answers: using the module path");
+  }
+
+  /** Whether the module answers a peek (RL.PEEK of cost 0 writes nothing) at `key`. */
+  async moduleAnswers(key) {
+    try {
+      await this.sendOn("module", "peek", [[key, PROBE_LIMIT, 0]]);
+      return true;
+    } catch (error) {
+      return isReplyError(error) && !isAbsent(error) && !deniedCommand(error);
+    }
   }
 
   /** Whether `error` says the path `path` no longer answers (so nothing of the call ran). */

@@ -288,8 +288,10 @@ async function holdInFlight(limiter, options, req, res, k) {
   let timer = null, stopped = false;
   const renew = () => {
     timer = setTimeout(() => {
-      limiter.renew(lease.key, lease.id, options.ttlMs).then((heldStill) => {
-        if (heldStill && !stopped) renew();
+      // Renewed until done; stopped only when Redis says the lease is gone (null: it could
+      // not answer, so the next tick tries again).
+      limiter.renewHeld(lease.key, lease.id, options.ttlMs).then((heldStill) => {
+        if (heldStill !== false && !stopped) renew();
       }, () => { if (!stopped) renew(); });
     }, Math.max(1, Math.floor(options.ttlMs / 2)));
     timer.unref?.();
