@@ -342,6 +342,8 @@ const MODULE_LEASE_COMMANDS = {
  * a limit's rate and capacity as text and makes an id when none is given; the fallbacks (the
  * rl_lease ... functions, the script's modes) take the script's 10 numbers for a limit and a
  * cost (clients/lua/rl.lua's header) and always an id, drawn here when the caller gave none.
+ * A settle's numbers are a charge's for the actual cost (rounded up, as a charge rounds): the
+ * script gives back or charges the difference with what the reserve took.
  */
 function leaseArgs(path, op, a) {
   const module = path === "module";
@@ -362,7 +364,7 @@ function leaseArgs(path, op, a) {
     case "settle":
       return module
         ? [...a.limit.args(), a.id, numberArg(a.actual)]
-        : [...a.limit.scriptArgs(a.actual, true), a.id];
+        : [...a.limit.scriptArgs(a.actual), a.id];
     default:
       throw new TypeError(`not a lease operation: ${op}`);
   }
