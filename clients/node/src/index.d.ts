@@ -173,7 +173,7 @@ export function keySlot(key: string): number;
 export class Limiter {
   constructor(client: Client, options: LimiterOptions);
   /** Decisions by source, outages seen, and calls refused by a misconfiguration. */
-  readonly counters: Record<Source | "outages" | "misconfigured" | "unappliedCharges" | "unappliedSettles", number>;
+  readonly counters: Record<Source | "outages" | "misconfigured" | "unappliedCharges", number>;
   /** The path found: null before the first call (and while none answers). */
   readonly path: Path | null;
   /** Contacts Redis, finds the path and resolves to it; rejects with a MisconfiguredError for
@@ -195,7 +195,8 @@ export class Limiter {
   table(name: string, shards?: number): Table;
   /** A lease at `key` if fewer than `limit` (1 to 10000) are held there, for `ttlMs`; `id`
    * (1 to 16 bytes) makes a retried take idempotent. When Redis cannot decide: "open" allows
-   * (an id "open:…", held nowhere), "closed" denies, "local" takes it in process. */
+   * (an id "open:…", held nowhere), "closed" denies, "local" takes it in process (an id
+   * "local:…", released there even once Redis is back). */
   lease(key: string, limit: number, ttlMs: number, id?: string | { id?: string }): Promise<Lease>;
   /** Gives the lease back: true if it was held (false for an "open" lease, and when Redis
    * cannot answer: it then expires at its ttl). */
@@ -205,16 +206,19 @@ export class Limiter {
   renew(key: string, id: string, ttlMs: number): Promise<boolean>;
   /** The leases held at `key` and the wait for a slot under `limit`; writes nothing. */
   leases(key: string, limit: number): Promise<LeaseCount>;
-  /** Runs `fn(lease)` holding a lease: waits up to `options.wait` ms for a slot (rejecting with
-   * LeaseTimeoutError, or LeaseDeniedError without a wait), renews it every ttlMs / 2 while fn
-   * runs, releases it when fn resolves or throws. Resolves to fn's result. */
+  /** Runs `fn(lease)` holding a lease: tries again until `options.wait` ms have passed (0, the
+   * default: one try; Infinity: no limit; polling from 5 ms up to 1 s, at most the denial's
+   * retryAfterMs), then rejects with LeaseTimeoutError; renews it every ttlMs / 2 while fn
+   * runs; releases it when fn resolves or throws. Resolves to fn's result. */
   withLease<T>(key: string, limit: number, ttlMs: number, fn: (lease: Lease) => T | Promise<T>, options?: LeaseOptions): Promise<T>;
   /** Takes `estimate` tokens (above 0) now and records a reservation open for `ttlMs`
    * (RL.RESERVE); denied like acquire. */
   reserve(key: string, limit: Limit, estimate: number, ttlMs: number, id?: string | { id?: string }): Promise<Reservation>;
   /** Settles reservation `id` with the actual cost (RL.SETTLE): exactly once; a second settle
-   * by id is refused by Redis with an error naming it. Prefer `reservation.settle(actual)`. */
-  settle(key: string, limit: Limit, id: string, actual: number): Promise<Settlement>;
+   * by id rejects with ReservationNotOpenError. Resolves to a Charge (the signed balance);
+   * applied false when Redis cannot answer (counted in counters.unappliedCharges). Prefer
+   * `reservation.settle(actual)`. */
+  settle(key: string, limit: Limit, id: string, actual: number): Promise<Charge>;
   /** Takes `cost` tokens once the bucket holds them; rejects with WaitTimeoutError after
    * `timeoutMs`, WaitNeverError at once when cost > capacity, the signal's reason on abort
    * (holding no tokens). */
@@ -222,8 +226,10 @@ export class Limiter {
 }
 
 export interface LeaseOptions {
-  /** Wait this many ms for a slot, retrying at each denial's retryAfterMs. Default 0 (one try). */
-  wait?: number;
+  /** Try again for this many ms (0, the default: one try; Infinity or null: no limit). */
+  wait?: number | null;
+  /** false: no renewal while fn runs. Default true. */
+  renew?: boolean;
   /** The lease's id (1 to 16 bytes); drawn when left out. */
   id?: string;
   /** Aborting ends the wait for a slot. */
@@ -248,12 +254,15 @@ export class Lease {
   readonly retryAfterMs: number;
   readonly key: string;
   readonly limit: number;
+  readonly ttlMs: number;
   readonly source: Source;
   /** Set by withLease's renewer when a renewal found the lease no longer held. */
   readonly lost: boolean;
   release(): Promise<boolean>;
-  renew(ttlMs: number): Promise<boolean>;
-  /** Retry-After (s, rounded up) when denied. */
+  /** Default: the lease's own ttlMs. */
+  renew(ttlMs?: number): Promise<boolean>;
+  /** X-RateLimit-Limit, X-RateLimit-Remaining (not under "open" or "closed") and, when
+   * denied, Retry-After (s, rounded up). */
   headers(): Record<string, string>;
 }
 
@@ -262,6 +271,7 @@ export class LeaseCount {
   readonly inUse: number;
   /** 0 when fewer than the limit are held; else until a slot frees, ms rounded up. */
   readonly retryAfterMs: number;
+  readonly limit: number;
   readonly source: Source;
 }
 
@@ -278,32 +288,18 @@ export class Reservation {
   readonly limit: Limit;
   readonly estimate: number;
   readonly source: Source;
-  /** Applies the difference with `actual` once; a second call resolves to the first result
+  /** Applies the difference with `actual` once; a second call resolves to the first Charge
    * without sending anything (unless the first was not applied: then it is sent again). */
-  settle(actual: number): Promise<Settlement>;
+  settle(actual: number): Promise<Charge>;
 }
 
-/** settle's answer: RL.SETTLE's reply. */
-export class Settlement {
-  /** False when the "open" or "closed" policy answered, or for an "open" reservation:
-   * recorded nowhere. */
-  readonly applied: boolean;
-  /** The signed balance in whole tokens, rounded toward -infinity: negative in debt. */
-  readonly remaining: number;
-  /** Until any debt is repaid, ms rounded up; 0 if none. */
-  readonly retryAfterMs: number;
-  /** Until the bucket is full, ms rounded up. */
-  readonly resetAfterMs: number;
-  readonly source: Source;
-  readonly inDebt: boolean;
-}
-
-/** No lease was free (withLease without a wait); `lease` is the denial. */
-export class LeaseDeniedError extends Error {
+/** withLease found no free slot within its `wait` (one try when 0); `lease` (also
+ * `decision`) is the last denial. */
+export class LeaseTimeoutError extends WaitTimeoutError {
   readonly lease: Lease;
 }
-/** withLease waited its whole `wait` and no slot freed; `lease` is the last denial. */
-export class LeaseTimeoutError extends LeaseDeniedError {}
+/** A settle of an id that is no open reservation of the key: settled already, lapsed, or never made. */
+export class ReservationNotOpenError extends RateLimitError {}
 
 export interface WaitOptions {
   /** Tokens to take. Default 1. */

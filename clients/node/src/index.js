@@ -22,8 +22,8 @@ import { Table } from "./table.js";
 import { acrossSlots } from "./slots.js";
 import { wait } from "./wait.js";
 import {
-  LocalLeases, LocalReservations, Lease, LeaseCount, OPEN_PREFIX, Reservation, Settlement, checkId, checkLeaseLimit,
-  checkTtl, newId, withLease,
+  LOCAL_PREFIX, LocalLeases, LocalReservations, Lease, LeaseCount, OPEN_PREFIX, Reservation, ReservationNotOpenError,
+  checkId, checkLeaseLimit, checkTtl, newId, policyOf, withLease,
 } from "./lease.js";
 
 export { DebtTooLongError, LocalBuckets } from "./bucket.js";
@@ -32,7 +32,7 @@ export { WaitNeverError, WaitTimeoutError } from "./wait.js";
 export { FUNCTIONS_VERSION, MisconfiguredError, ModuleMissingError, RateLimitError, loadFunctions } from "./paths.js";
 export { keySlot, SlotsDecision } from "./slots.js";
 export {
-  Lease, LeaseCount, LeaseDeniedError, LeaseTimeoutError, MAX_LEASES, MAX_TTL_MS, Reservation, Settlement,
+  Lease, LeaseCount, LeaseTimeoutError, MAX_LEASES, MAX_TTL_MS, Reservation, ReservationNotOpenError,
 } from "./lease.js";
 
 /** The module's ranges and error texts: clients/vectors/ranges.json, shipped beside rl.lua. */
@@ -223,10 +223,14 @@ export class Charge {
 }
 
 /** The error to throw for a refusal by Redis: the module's (or script's) refusal of a charge
- * past the debt bound as DebtTooLongError (as the "local" policy throws it), any other as is. */
+ * past the debt bound as DebtTooLongError (as the "local" policy throws it), of a settle of an
+ * id not open as ReservationNotOpenError, any other as is. */
 function refused(error) {
   const text = isReplyError(error) ? error.message.replace(/^ERR /, "") : "";
-  return text.startsWith("cost would leave the bucket in debt") ? new DebtTooLongError(text) : error;
+  if (text.startsWith("cost would leave the bucket in debt")) return new DebtTooLongError(text);
+  // The script's and the function's errors carry Redis 7's " script: ..." suffix: cut it.
+  if (/is not an open reservation/.test(text)) return new ReservationNotOpenError(text.replace(/ script: .*$/s, ""));
+  return error;
 }
 
 /** refund's answer. */
@@ -323,10 +327,9 @@ const FUNCTIONS = {
 /** The lease and reservation operations: one key, their own arguments (see leaseArgs). */
 const LEASE_OPS = new Set(["lease", "release", "renew", "leases", "reserve", "settle"]);
 const firstKeyOf = (items) => items[0][0];
-/** Whether `id` is one the "open" policy made ("open:…"): held nowhere, never sent. */
-const isOpenId = (id) => typeof id === "string" && id.startsWith(OPEN_PREFIX);
-/** An id a release, renew or settle names: required, 1 to 16 bytes. */
+/** An id a release, renew or settle names: required; 1 to 16 bytes unless a policy made it. */
 function heldId(id) {
+  if (policyOf(id)) return id;
   if (checkId(id) === undefined) throw new RangeError("id must be 1 to 16 bytes");
   return id;
 }
@@ -426,7 +429,7 @@ export class Limiter {
     this.waitingForRoom = 0; // sends waiting for room in the client's own queue (node-redis)
     this.counters = {
       redis: 0, functions: 0, lua: 0, cache: 0, local: 0, open: 0, closed: 0, outages: 0, misconfigured: 0,
-      unappliedCharges: 0, unappliedSettles: 0,
+      unappliedCharges: 0,
     };
     this.loggedAt = new Map(); // misconfiguration message -> when it was last logged
     this.downSince = null;
@@ -735,30 +738,43 @@ export class Limiter {
    * Takes a lease at `key` if fewer than `limit` (an integer from 1 to 10000) are held there,
    * for `ttlMs`; `id` (1 to 16 bytes) makes a retried take idempotent. Resolves to a Lease.
    * When Redis cannot decide: "open" allows (an id "open:…", held nowhere), "closed" denies,
-   * "local" takes it in an in-process table (limit / instances per key).
+   * "local" takes it in an in-process table (limit / instances per key, at least 1; an id
+   * "local:…" unless one was given).
    */
   async lease(key, limit, ttlMs, id = undefined) {
     if (typeof id === "object" && id !== null) ({ id } = id);
     checkLeaseLimit(limit);
     checkTtl(ttlMs);
     id = checkId(id);
+    const make = (reply, source) => new Lease(this, key, limit, ttlMs, ...reply, source);
     const answer = await this.leaseCall("lease", key, { limit, ttlMs, id });
-    if (answer) return new Lease(this, key, limit, ...answer[0], answer[1]);
+    if (answer) return make(...answer);
     this.countPolicy();
-    if (this.onError === "open") return new Lease(this, key, limit, 1, OPEN_PREFIX + (id ?? newId()), 0, ttlMs, "open");
-    if (this.onError === "closed") return new Lease(this, key, limit, 0, "", 0, CLOSED_RETRY_AFTER_MS, "closed");
-    return new Lease(this, key, limit, ...this.localLeases.lease(key, limit, ttlMs, id ?? newId(), this.clock()), "local");
+    if (this.onError === "open") return make([1, OPEN_PREFIX + newId(), 0, ttlMs], "open");
+    if (this.onError === "closed") return make([0, "", 0, CLOSED_RETRY_AFTER_MS], "closed");
+    return make(this.localLeases.lease(key, limit, ttlMs, id ?? LOCAL_PREFIX + newId(), this.clock()), "local");
+  }
+
+  /**
+   * The policy that answers for an id it made ("open:…", "local:…", or one the local table
+   * holds), counted as its decision; null for a lease or reservation of Redis.
+   */
+  policyFor(key, id, table) {
+    const kind = policyOf(id) ?? (table.has(key, id) ? "local" : null);
+    if (kind) this.counters[kind]++;
+    return kind;
   }
 
   /**
    * Gives back the lease `id` at `key`: resolves to true if it was held. An "open" lease is
-   * held nowhere (false, nothing sent); one the "local" policy took is released in process.
-   * When Redis cannot answer, false: the lease expires at its ttl.
+   * held nowhere (false, nothing sent); one the "local" policy took is released in process,
+   * even once Redis is back. When Redis cannot answer, false: the lease expires at its ttl.
    */
   async release(key, id) {
-    if (isOpenId(id)) return false;
     id = heldId(id);
-    if (this.localLeases.has(key, id)) return this.localLeases.release(key, id, this.clock()) === 1;
+    const kind = this.policyFor(key, id, this.localLeases);
+    if (kind === "open") return false;
+    if (kind === "local") return this.localLeases.release(key, id, this.clock()) === 1;
     const answer = await this.leaseCall("release", key, { id });
     return answer !== null && Number(answer[0]) === 1;
   }
@@ -767,9 +783,10 @@ export class Limiter {
    * null when Redis could not answer. */
   async renewHeld(key, id, ttlMs) {
     checkTtl(ttlMs);
-    if (isOpenId(id)) return true;
     id = heldId(id);
-    if (this.localLeases.has(key, id)) return this.localLeases.renew(key, id, ttlMs, this.clock()) === 1;
+    const kind = this.policyFor(key, id, this.localLeases);
+    if (kind === "open") return true;
+    if (kind === "local") return this.localLeases.renew(key, id, ttlMs, this.clock()) === 1;
     const answer = await this.leaseCall("renew", key, { id, ttlMs });
     return answer === null ? null : Number(answer[0]) === 1;
   }
@@ -777,7 +794,7 @@ export class Limiter {
   /**
    * Makes the lease `id` at `key` expire `ttlMs` from now: resolves to true if it was held
    * (an expired or released lease is not revived). When Redis cannot answer: true under
-   * "open", false otherwise.
+   * "open" (the work goes on, as "open" lets it), false otherwise.
    */
   async renew(key, id, ttlMs) {
     const held = await this.renewHeld(key, id, ttlMs);
@@ -790,19 +807,19 @@ export class Limiter {
   async leases(key, limit) {
     checkLeaseLimit(limit);
     const answer = await this.leaseCall("leases", key, { limit });
-    if (answer) return new LeaseCount(...answer[0], answer[1]);
+    if (answer) return new LeaseCount(...answer[0], limit, answer[1]);
     this.countPolicy();
-    if (this.onError === "open") return new LeaseCount(0, 0, "open");
-    if (this.onError === "closed") return new LeaseCount(limit, CLOSED_RETRY_AFTER_MS, "closed");
-    return new LeaseCount(...this.localLeases.count(key, limit, this.clock()), "local");
+    if (this.onError === "open") return new LeaseCount(0, 0, limit, "open");
+    if (this.onError === "closed") return new LeaseCount(limit, CLOSED_RETRY_AFTER_MS, limit, "closed");
+    return new LeaseCount(...this.localLeases.count(key, limit, this.clock()), limit, "local");
   }
 
   /**
-   * Runs `fn(lease)` holding a lease at `key`: waits up to `options.wait` ms (default 0) for
-   * a slot, retrying at each denial's retryAfterMs, and rejects with LeaseTimeoutError (or
-   * LeaseDeniedError without a wait) when none frees; renews the lease every ttlMs / 2 while
-   * fn runs; releases it when fn resolves or throws. `options.id`, `options.signal` (aborts
-   * the wait). Resolves to fn's result.
+   * Runs `fn(lease)` holding a lease at `key`: tries again until `options.wait` ms have passed
+   * (0, the default: one try; Infinity: no limit), then rejects with LeaseTimeoutError; renews
+   * the lease every ttlMs / 2 while fn runs (`renew: false` does not); releases it when fn
+   * resolves or throws. `options.id`, `options.signal` (aborts the wait). Resolves to fn's
+   * result.
    */
   withLease(key, limit, ttlMs, fn, options = {}) {
     return withLease(this, key, limit, ttlMs, fn, options);
@@ -813,7 +830,7 @@ export class Limiter {
    * records a reservation open for `ttlMs`, to settle with the actual cost when the work ends.
    * Resolves to a Reservation (denied like acquire, taking nothing). When Redis cannot decide:
    * "open" allows (an id "open:…", whose settle records nothing), "closed" denies, "local"
-   * reserves on the local bucket.
+   * reserves on the local bucket (an id "local:…" unless one was given).
    */
   async reserve(key, limit, estimate, ttlMs, id = undefined) {
     if (typeof id === "object" && id !== null) ({ id } = id);
@@ -827,37 +844,41 @@ export class Limiter {
     const answer = await this.leaseCall("reserve", key, { limit, estimate, ttlMs, id });
     if (answer) return make(...answer);
     this.countPolicy();
-    if (this.onError === "open") return make([1, OPEN_PREFIX + (id ?? newId()), 0, 0], "open");
+    if (this.onError === "open") return make([1, OPEN_PREFIX + newId(), 0, 0], "open");
     if (this.onError === "closed") return make([0, "", 0, CLOSED_RETRY_AFTER_MS], "closed");
-    return make(this.localReservations.reserve(key, limit, estimate, ttlMs, id ?? newId(), this.clock(), this.nowUs()), "local");
+    const reply = this.localReservations.reserve(key, limit, estimate, ttlMs, id ?? LOCAL_PREFIX + newId(), this.clock(),
+      this.nowUs());
+    return make(reply, "local");
   }
 
   /**
    * Settles the reservation `id` at bucket `key` with the work's `actual` cost (>= 0): the
    * over-estimate goes back (capped at capacity), the under-estimate is charged, into debt if
-   * need be; exactly once (a second settle of an id is refused by Redis with an error naming
-   * it). Resolves to a Settlement. An "open" reservation records nothing (applied false);
-   * when Redis cannot answer the settle is applied nowhere: logged, counted in
-   * counters.unappliedSettles, applied false (send it again). Prefer reservation.settle().
+   * need be; exactly once (a second settle of an id rejects with ReservationNotOpenError, as
+   * does an id that lapsed). Resolves to a Charge (the signed balance). An "open" reservation
+   * records nothing (applied false); one "local" made is settled in process. When Redis
+   * cannot answer the settle is applied nowhere: logged, counted in counters.unappliedCharges,
+   * applied false (send it again). Prefer reservation.settle(actual).
    */
   async settle(key, limit, id, actual) {
     if (!(limit instanceof Limit)) throw new TypeError("settle needs a Limit");
     const [, exact] = argument(actual, "actual");
     if (exact.cmp(0n) < 0) throw new RangeError("actual must be a finite number >= 0 (tokens)");
-    actual = Number(actual);
-    if (isOpenId(id)) return new Settlement(false, 0, 0, 0, "open");
     id = heldId(id);
+    actual = Number(actual);
+    const kind = this.policyFor(key, id, this.localReservations);
+    if (kind === "open") return new Charge(false, 0, 0, 0, limit, "open");
     this.cache.delete(key); // a remembered denial may end sooner (a refund) or later (a charge)
-    if (this.localReservations.has(key, id)) {
+    if (kind === "local") {
       const reply = this.localReservations.settle(key, limit, id, actual, this.clock(), this.nowUs(), MAX_DEBT_NS);
-      return new Settlement(true, ...reply, "local");
+      return new Charge(true, ...reply, limit, "local");
     }
     const answer = await this.leaseCall("settle", key, { limit, id, actual });
-    if (answer) return new Settlement(true, ...answer[0], answer[1]);
-    this.counters.unappliedSettles++;
+    if (answer) return new Charge(true, ...answer[0], limit, answer[1]);
+    this.counters.unappliedCharges++;
     this.logger.warn(`redis-rl: the settle of reservation ${id} on ${JSON.stringify(String(key))} (actual ${actual}) was ` +
-      "not applied: Redis cannot answer (send it again; unsettled, the reservation stands as taken at its expiry)");
-    return new Settlement(false, 0, 0, 0, this.onError);
+      "not applied: Redis cannot answer (send it again; unsettled, the reservation stands as taken until its ttl)");
+    return new Charge(false, 0, 0, 0, limit, this.onError);
   }
 
   // The call into Redis ---------------------------------------------------------------------

@@ -10,13 +10,23 @@
 import { randomBytes } from "node:crypto";
 import { performance } from "node:perf_hooks";
 import { Q } from "./bucket.js";
+import { JITTER, WaitTimeoutError } from "./wait.js";
+import { RateLimitError } from "./paths.js";
 
 /** The most leases a key may hold: RL.LEASE's cap on `limit`. */
 export const MAX_LEASES = 10_000;
 /** The longest ttl_ms the module takes: 100 years. */
 export const MAX_TTL_MS = 3_153_600_000_000;
-/** The prefix of a lease or reservation id the "open" policy made: never sent to Redis. */
+/** The prefixes of the lease and reservation ids the "open" and "local" policies make: such an
+ * id is answered by that policy, never sent to Redis (a "local" one even once Redis is back). */
 export const OPEN_PREFIX = "open:";
+export const LOCAL_PREFIX = "local:";
+
+/** "open" or "local" for an id one of those policies made, else null. */
+export function policyOf(id) {
+  if (typeof id !== "string") return null;
+  return id.startsWith(OPEN_PREFIX) ? "open" : id.startsWith(LOCAL_PREFIX) ? "local" : null;
+}
 
 /** 16 lowercase hex characters from the CSPRNG: the id a fallback call sends (scripts cannot
  * draw randomness) and the id of a lease taken in process. */
@@ -50,11 +60,13 @@ export function checkId(id) {
 /**
  * lease's answer. Allowed: `id` names the lease, `inUse` counts the leases held with it,
  * `expiresInMs` is until it expires (ttlMs when just taken). Denied: `id` is "", `inUse` the
- * leases held, `retryAfterMs` until a slot frees (rounded up). `source` is who decided, as a
- * Decision's. `release()` and `renew(ttlMs)` act on this lease through the limiter that took it.
+ * leases held, `retryAfterMs` until a slot frees at the latest (rounded up). `key`, `limit`,
+ * `ttlMs` as asked; `source` is who decided, as a Decision's ("open" and "local" leases have
+ * ids "open:…" and "local:…", never sent to Redis). `release()` and `renew(ttlMs)` act on this
+ * lease through the limiter that took it.
  */
 export class Lease {
-  constructor(limiter, key, limit, allowed, id, inUse, ms, source) {
+  constructor(limiter, key, limit, ttlMs, allowed, id, inUse, ms, source) {
     this.allowed = Boolean(allowed);
     this.id = String(id);
     this.inUse = Number(inUse);
@@ -62,6 +74,7 @@ export class Lease {
     this.retryAfterMs = this.allowed ? 0 : Number(ms);
     this.key = key;
     this.limit = limit;
+    this.ttlMs = ttlMs;
     this.source = source;
     /** Set when a renewal found the lease no longer held (it expired or was released). */
     this.lost = false;
@@ -73,43 +86,28 @@ export class Lease {
     return this.limiter.release(this.key, this.id);
   }
 
-  /** Makes the lease expire `ttlMs` from now: true if it was held. */
-  renew(ttlMs) {
+  /** Makes the lease expire `ttlMs` (default its own ttl) from now: true if it was held. */
+  renew(ttlMs = this.ttlMs) {
     return this.limiter.renew(this.key, this.id, ttlMs);
   }
 
-  /** Retry-After (seconds, rounded up) when denied; nothing when allowed. */
+  /** X-RateLimit-Limit, X-RateLimit-Remaining (limit - inUse, at least 0; not under "open" or
+   * "closed", which know no count) and, when denied, Retry-After (s, rounded up). */
   headers() {
-    return this.allowed ? {} : { "Retry-After": String(Math.ceil(this.retryAfterMs / 1000)) };
+    const h = { "X-RateLimit-Limit": String(this.limit) };
+    if (this.source !== "open" && this.source !== "closed") h["X-RateLimit-Remaining"] = String(Math.max(0, this.limit - this.inUse));
+    if (!this.allowed) h["Retry-After"] = String(Math.ceil(this.retryAfterMs / 1000));
+    return h;
   }
 }
 
 /** leases's answer: the leases held at a key, and the wait until a slot frees under `limit`. */
 export class LeaseCount {
-  constructor(inUse, retryAfterMs, source) {
+  constructor(inUse, retryAfterMs, limit, source) {
     this.inUse = Number(inUse);
     this.retryAfterMs = Number(retryAfterMs);
+    this.limit = limit;
     this.source = source;
-  }
-}
-
-/**
- * settle's answer, RL.SETTLE's reply: `remaining` the signed balance in whole tokens (rounded
- * toward -infinity: negative in debt), `retryAfterMs` until any debt is repaid (0 if none),
- * `resetAfterMs` until full. `applied` is false only when the "open" or "closed" policy
- * answered (Redis unreachable, or a reservation "open" made), which records it nowhere.
- */
-export class Settlement {
-  constructor(applied, remaining, retryAfterMs, resetAfterMs, source) {
-    this.applied = Boolean(applied);
-    this.remaining = Number(remaining);
-    this.retryAfterMs = Number(retryAfterMs);
-    this.resetAfterMs = Number(resetAfterMs);
-    this.source = source;
-  }
-
-  get inDebt() {
-    return this.remaining < 0;
   }
 }
 
@@ -117,7 +115,8 @@ export class Settlement {
  * reserve's answer. Allowed: `estimate` tokens were taken, `id` names the reservation,
  * `remaining` is what the bucket holds after. Denied: as acquire's denial (`retryAfterMs`, -1
  * when the estimate exceeds the capacity), `id` "". `settle(actual)` applies the difference
- * once: a second call resolves to the first call's Settlement without sending anything.
+ * once and resolves to a Charge (charge's answer: the signed balance); a second call resolves
+ * to that same Charge without sending anything.
  */
 export class Reservation {
   constructor(limiter, key, limit, estimate, allowed, id, remaining, retryAfterMs, source) {
@@ -146,22 +145,24 @@ export class Reservation {
   }
 }
 
-/** A lease could not be had: `lease` is the last denial (inUse, retryAfterMs). */
-export class LeaseDeniedError extends Error {
-  constructor(lease, waitedMs) {
-    super(waitedMs === undefined
-      ? `no lease free at ${JSON.stringify(lease.key)}: ${lease.inUse} of ${lease.limit} held; retry after ${lease.retryAfterMs} ms`
-      : `timed out after ${waitedMs} ms waiting for a lease at ${JSON.stringify(lease.key)} ` +
-        `(${lease.inUse} of ${lease.limit} held; last retryAfterMs=${lease.retryAfterMs})`);
-    this.name = waitedMs === undefined ? "LeaseDeniedError" : "LeaseTimeoutError";
+/** withLease found no free slot within its `wait` (one try when 0); `lease` (also `decision`)
+ * is the last denial. A WaitTimeoutError, as `wait`'s. */
+export class LeaseTimeoutError extends WaitTimeoutError {
+  constructor(lease, waitMs) {
+    super(lease, waitMs, `no lease on ${JSON.stringify(lease.key)} (limit ${lease.limit}) within ${waitMs} ms: ` +
+      `${lease.inUse} held, last retryAfterMs=${lease.retryAfterMs}`);
+    this.name = "LeaseTimeoutError";
     this.lease = lease;
+    this.decision = lease;
   }
 }
 
-/** withLease waited its whole `wait` and no slot freed. */
-export class LeaseTimeoutError extends LeaseDeniedError {
-  constructor(lease, waitedMs) {
-    super(lease, waitedMs);
+/** A settle of an id that is no open reservation of the key: settled already (a settle applies
+ * once), lapsed at its ttl (it stands as taken), or never made. */
+export class ReservationNotOpenError extends RateLimitError {
+  constructor(message) {
+    super(message.replace(/^ERR /, ""));
+    this.name = "ReservationNotOpenError";
   }
 }
 
@@ -274,7 +275,7 @@ export class LocalReservations {
     const r = open?.get(id);
     if (!r || r.expiresAt <= now) {
       open?.delete(id);
-      throw new Error(`ERR id ${id} is not an open reservation of this key (settled, expired or never made)`);
+      throw new ReservationNotOpenError(`id ${id} is not an open reservation of this key (settled, expired or never made)`);
     }
     const diff = r.estimate.sub(Q.of(actual));
     // The charge first: it may refuse (too long in debt), which leaves the reservation open.
@@ -294,24 +295,31 @@ const sleep = (ms, signal) => new Promise((resolve, reject) => {
   signal?.addEventListener("abort", onAbort, { once: true });
 });
 
+/** The first and the longest poll while waiting for a slot, ms (see acquireLease). */
+export const POLL_FIRST_MS = 5;
+export const POLL_MAX_MS = 1000;
+
 /**
- * Takes a lease at `key`, waiting up to `wait` ms for a slot (retrying at each denial's
- * retryAfterMs, the last try at the deadline); resolves to the allowed Lease, or rejects with
- * LeaseDeniedError (no wait) or LeaseTimeoutError (waited `wait` ms).
+ * Takes a lease at `key`, trying again until `wait` ms have passed (0, the default: one try;
+ * Infinity or null: no limit); resolves to the allowed Lease or rejects with
+ * LeaseTimeoutError. A denial's retryAfterMs is when a slot frees at the latest (the earliest
+ * lease's expiry); a release frees one sooner and nothing says so, so each sleep is also capped
+ * by a poll that starts at 5 ms and doubles up to 1 s, with up to 10% jitter, and by the
+ * deadline, where one last try is made.
  */
 export async function acquireLease(limiter, key, limit, ttlMs, { wait = 0, id, signal } = {}) {
-  if (!(wait >= 0)) throw new RangeError("wait must be a number of ms >= 0");
-  const start = performance.now();
-  const deadline = start + wait;
-  for (;;) {
+  if (wait === null) wait = Infinity;
+  if (!(wait >= 0)) throw new RangeError("wait must be a number of ms >= 0 (Infinity or null: no limit)");
+  const deadline = performance.now() + wait;
+  for (let tries = 0; ; tries++) {
     signal?.throwIfAborted();
     const lease = await limiter.lease(key, limit, ttlMs, id);
     if (lease.allowed) return lease;
     const left = deadline - performance.now();
-    if (left <= 0) {
-      throw wait === 0 ? new LeaseDeniedError(lease) : new LeaseTimeoutError(lease, Math.round(performance.now() - start));
-    }
-    await sleep(Math.min(Math.max(1, lease.retryAfterMs), left), signal);
+    if (left <= 0) throw new LeaseTimeoutError(lease, wait);
+    const poll = Math.min(POLL_MAX_MS, POLL_FIRST_MS * 2 ** Math.min(tries, 10));
+    const ms = Math.max(1, Math.min(poll, lease.retryAfterMs) * (1 + Math.random() * JITTER));
+    await sleep(Math.min(ms, left), signal);
   }
 }
 
@@ -337,7 +345,7 @@ export function renewer(limiter, lease, ttlMs) {
     timer = setTimeout(tick, every);
     timer.unref?.();
   };
-  if (lease.source !== "open") schedule(); // an "open" lease is held nowhere
+  if (policyOf(lease.id) !== "open") schedule(); // an "open" lease is held nowhere
   return async () => {
     stopped = true;
     clearTimeout(timer);
@@ -346,14 +354,15 @@ export function renewer(limiter, lease, ttlMs) {
 }
 
 /**
- * Runs `fn(lease)` holding a lease at `key` (see acquireLease for `wait`, `id`, `signal`):
+ * Runs `fn(lease)` holding a lease at `key` (see acquireLease for `wait`, `id`, `signal`;
+ * `renew: false` does not renew):
  * renewed every ttlMs / 2 while fn runs, released when it ends, whether it resolved or threw
  * (a release that fails is logged; fn's own error is what is thrown). Resolves to fn's result.
  */
 export async function withLease(limiter, key, limit, ttlMs, fn, options = {}) {
   if (typeof fn !== "function") throw new TypeError("withLease needs a function to run holding the lease");
   const lease = await acquireLease(limiter, key, limit, ttlMs, options);
-  const stop = renewer(limiter, lease, ttlMs);
+  const stop = options.renew === false ? async () => {} : renewer(limiter, lease, ttlMs);
   try {
     return await fn(lease);
   } finally {

@@ -10,13 +10,14 @@ export const PROBLEM_TYPE: "application/problem+json";
 export interface RateLimitOptions<Req extends IncomingMessage = IncomingMessage, Res extends ServerResponse = ServerResponse> {
   limiter: Limiter;
   /** A Limit, or one per request (per-user tiers), sync or async. */
-  /** May be left out when `concurrency` is given (an in-flight limit alone). */
+  /** May be left out when `inFlight` is given (an in-flight limit alone). */
   limit?: Limit | ((req: Req) => Limit | Promise<Limit>);
-  /** An in-flight limit per key: a lease taken before the handler (and before the rate
-   * limit), released once when the response is sent or its connection closes (a client that
-   * went, a stream cut short), renewed every ttlMs / 2 meanwhile. A number is the limit.
-   * Default prefix "rl:http:lease:<limit>:", or `prefix` followed by "lease:". */
-  concurrency?: number | { limit: number; ttlMs?: number; prefix?: string };
+  /** An in-flight limit per key: after the rate limit allowed the request, a lease taken
+   * before the handler, released once when the response is sent or its connection closes (a
+   * client that went, a stream cut short), renewed every ttlMs / 2 meanwhile (default ttlMs
+   * 60000). A number is the limit, a pair [limit, ttlMs]. Default prefix
+   * "rl:http:inflight:<limit>:", or `prefix` followed by "inflight:". */
+  inFlight?: number | [limit: number, ttlMs: number] | { limit: number; ttlMs?: number; renew?: boolean; prefix?: string };
   /** "ip" (default), "header:<Name>", or a function of the request, sync or async. */
   key?: "ip" | `header:${string}` | ((req: Req) => string | null | undefined | Promise<string | null | undefined>);
   /** Tokens per request (default 1). */
@@ -49,8 +50,8 @@ export function rateLimit<Req extends IncomingMessage = IncomingMessage, Res ext
  */
 export function withRequest<M extends (req: any, res: any, next: any) => unknown>(middleware: M): M;
 
-/** The start of the in-flight limit's default lease keys: "rl:http:lease:<limit>:". */
-export const DEFAULT_LEASE_PREFIX: "rl:http:lease:";
+/** The start of the in-flight limit's default lease keys: "rl:http:inflight:<limit>:". */
+export const DEFAULT_IN_FLIGHT_PREFIX: "rl:http:inflight:";
 /** The start of rateLimit's default key spaces: "rl:http:<rate>:<capacity>:". */
 export const DEFAULT_PREFIX: "rl:http:";
 

@@ -15,7 +15,7 @@ import { createClient } from "redis";
 import { createClient as createClient4 } from "redis4";
 import { createClient as createClient6 } from "redis6";
 import {
-  LeaseDeniedError, LeaseTimeoutError, Limit, Limiter, loadFunctions,
+  LeaseTimeoutError, Limit, Limiter, ReservationNotOpenError, WaitTimeoutError, loadFunctions,
 } from "../src/index.js";
 import { rateLimit } from "../src/middleware.js";
 import { Server, admin, withCleanups } from "./servers.js";
@@ -89,18 +89,29 @@ for (const [kind, connect] of Object.entries(CLIENTS)) {
     }), (error) => error === boom);
     assert.equal(await held(server.port, "jobs"), 0, "the lease was released after the throw");
 
-    // A full key: no wait is a LeaseDeniedError; a short wait times out; a long one gets the
-    // slot when the other lease expires.
+    // A full key: no wait is one try; a short wait times out; a long one gets the slot when
+    // the other lease expires (or, polling, as soon as it is released).
     const other = await limiter.lease("one", 1, 300);
     assert.ok(other.allowed);
-    await assert.rejects(limiter.withLease("one", 1, 1000, () => "ran"), (e) => e instanceof LeaseDeniedError &&
-      !(e instanceof LeaseTimeoutError) && e.lease.inUse === 1 && e.lease.retryAfterMs > 0);
+    await assert.rejects(limiter.withLease("one", 1, 1000, () => "ran"), (e) => e instanceof LeaseTimeoutError &&
+      e instanceof WaitTimeoutError && e.lease.inUse === 1 && e.lease.retryAfterMs > 0 && e.decision === e.lease);
     await assert.rejects(limiter.withLease("one", 1, 1000, () => "ran", { wait: 50 }), (e) => e instanceof LeaseTimeoutError &&
-      /timed out after \d+ ms/.test(e.message));
+      /^no lease on "one" \(limit 1\) within 50 ms: 1 held/.test(e.message));
     const start = Date.now();
     assert.equal(await limiter.withLease("one", 1, 1000, async () => "ran", { wait: 3000 }), "ran");
     assert.ok(Date.now() - start >= 150, "the slot came when the other lease expired, not before");
     assert.equal(await held(server.port, "one"), 0);
+    // A release frees a slot before the denial's retryAfterMs: a waiter polling sees it soon.
+    const blocker = await limiter.lease("one", 1, 60_000);
+    setTimeout(() => blocker.release(), 100);
+    const polled = Date.now();
+    assert.equal(await limiter.withLease("one", 1, 1000, () => "next", { wait: 5000 }), "next");
+    assert.ok(Date.now() - polled < 2000, "taken soon after the release, not at the 60 s expiry");
+    const aborted = new AbortController();
+    const blocked = await limiter.lease("one", 1, 60_000);
+    setTimeout(() => aborted.abort(new Error("gave up")), 50);
+    await assert.rejects(limiter.withLease("one", 1, 1000, () => "ran", { wait: Infinity, signal: aborted.signal }), /gave up/);
+    await blocked.release();
 
     // A function that outlives the ttl keeps its lease: renewed every ttl / 2.
     let lost;
@@ -127,9 +138,10 @@ test("lease, renew, release and leases reply as the module's commands", () => wi
   const denied = await limiter.lease("k", 2, 60_000);
   assert.deepEqual([denied.allowed, denied.id, denied.inUse, denied.expiresInMs], [false, "", 2, 0]);
   assert.ok(denied.retryAfterMs > 59_000 && denied.retryAfterMs <= 60_000, String(denied.retryAfterMs));
-  assert.equal(denied.headers()["Retry-After"], "60");
+  assert.deepEqual(denied.headers(), { "X-RateLimit-Limit": "2", "X-RateLimit-Remaining": "0", "Retry-After": "60" });
   const count = await limiter.leases("k", 3);
-  assert.deepEqual([count.inUse, count.retryAfterMs], [2, 0]);
+  assert.deepEqual([count.inUse, count.retryAfterMs, count.limit], [2, 0, 3]);
+  assert.deepEqual(a.headers(), { "X-RateLimit-Limit": "2", "X-RateLimit-Remaining": "1" });
   assert.equal(await limiter.renew("k", "worker-7", 120_000), true);
   assert.ok((await limiter.leases("k", 1)).retryAfterMs > 119_000);
   assert.equal(await b.release(), true);
@@ -156,11 +168,12 @@ test("reserve and settle: exact against RL.RESERVE and RL.SETTLE on a twin key; 
     assert.deepEqual([r.allowed, r.remaining, r.retryAfterMs, r.source], [true, twin[2], twin[3], "redis"]);
     const s = await r.settle(actual);
     const [balance, retry, reset] = await raw("RL.SETTLE", "twin", "0.001", "100", twin[1], String(actual));
-    assert.deepEqual([s.applied, s.remaining, s.retryAfterMs, s.source], [true, balance, retry, "redis"]);
+    assert.deepEqual([s.applied, s.remaining, s.retryAfterMs, s.source, s.limit], [true, balance, retry, "redis", limit]);
     assert.ok(Math.abs(s.resetAfterMs - reset) <= 50, `${s.resetAfterMs} vs ${reset}`);
     // Settled once: the same answer again without a call; the id is no longer open at Redis.
     assert.equal(await r.settle(actual), s);
-    await assert.rejects(limiter.settle("mine", limit, r.id, actual), /is not an open reservation of this key/);
+    await assert.rejects(limiter.settle("mine", limit, r.id, actual), (e) => e instanceof ReservationNotOpenError &&
+      e.message === `id ${r.id} is not an open reservation of this key (settled, expired or never made)`);
   }
   // Into debt: every take denied until the debt is repaid.
   const big = await limiter.reserve("debt", new Limit(1, 10), 2, 60_000, "big");
@@ -196,7 +209,7 @@ test("the failure policy decides leases and reservations with the server stopped
 
   const c = await closed.lease("k", 1, 1000);
   assert.deepEqual([c.allowed, c.source, c.retryAfterMs], [false, "closed", 1000]);
-  await assert.rejects(closed.withLease("k", 1, 1000, () => "ran"), LeaseDeniedError);
+  await assert.rejects(closed.withLease("k", 1, 1000, () => "ran"), LeaseTimeoutError);
   assert.equal((await closed.reserve("b", new Limit(1, 10), 4, 1000)).allowed, false);
   assert.ok(closed.counters.closed >= 3);
 
@@ -205,6 +218,7 @@ test("the failure policy decides leases and reservations with the server stopped
   const l2 = await local.lease("k", 2, 150);
   const l3 = await local.lease("k", 2, 60_000);
   assert.deepEqual([l1.allowed, l2.allowed, l3.allowed, l3.inUse, l1.source], [true, true, false, 2, "local"]);
+  assert.match(l1.id, /^local:[0-9a-f]{16}$/);
   assert.ok(l3.retryAfterMs > 0 && l3.retryAfterMs <= 150);
   await sleep(160);
   assert.equal((await local.leases("k", 2)).inUse, 1, "the 150 ms lease expired");
@@ -219,12 +233,20 @@ test("the failure policy decides leases and reservations with the server stopped
   const s = await r.settle(1);
   assert.deepEqual([s.applied, s.remaining, s.retryAfterMs, s.source], [true, 9, 0, "local"]);
   assert.equal(await r.settle(1), s, "settled once");
-  // Settled in process: a settle sent again by id is not known here, and Redis cannot say.
-  assert.equal((await local.settle("b", new Limit(0.001, 10), r.id, 1)).applied, false);
-  assert.equal(local.counters.unappliedSettles, 1);
+  await assert.rejects(local.settle("b", new Limit(0.001, 10), r.id, 1), ReservationNotOpenError);
   const under = await local.reserve("b", new Limit(0.001, 10), 2, 60_000);
   assert.equal((await under.settle(12)).remaining, -3); // 9 - 2 reserved - 10 more used
   assert.ok(local.counters.local >= 6 && local.counters.outages === 1);
+  // A Redis reservation cannot be settled while Redis is down: said, counted, not applied.
+  const unapplied = await local.settle("b", new Limit(0.001, 10), "from-redis", 1);
+  assert.deepEqual([unapplied.applied, local.counters.unappliedCharges], [false, 1]);
+  // Once Redis is back, a local lease is still released in process.
+  const l4 = await local.lease("k", 2, 60_000);
+  assert.match(l4.id, /^local:/);
+  await server.start();
+  local.downSince = null; // as after a probe that found Redis again
+  assert.equal(await l4.release(), true);
+  assert.doesNotMatch(String(await admin(server.port, "INFO", "commandstats")), /cmdstat_rl\.release/i, "never sent to Redis");
 }));
 
 // The middleware's in-flight limit --------------------------------------------------------
@@ -273,7 +295,7 @@ for (const [kind, connect] of Object.entries(CLIENTS)) {
       () => withCleanups(async (scope) => {
         const server = await scope.server();
         const limiter = new Limiter(await connect(server.port, scope), { onError: "closed", logger: quiet });
-        const { app, seen } = countingApp(makeApp, limiter, { concurrency: { limit: 10, ttlMs: 30_000 } });
+        const { app, seen } = countingApp(makeApp, limiter, { inFlight: { limit: 10, ttlMs: 30_000 } });
         const port = await listen(app, scope);
         const replies = await Promise.all(Array.from({ length: 200 }, () => get(port)));
         const ok = replies.filter((r) => r.status === 200);
@@ -285,16 +307,16 @@ for (const [kind, connect] of Object.entries(CLIENTS)) {
         for (const r of limited) {
           assert.match(r.headers["retry-after"], /^\d+$/);
           assert.equal(r.headers["content-type"], "application/problem+json");
-          assert.match(JSON.parse(r.body).detail, /Too many requests in flight \(\d+ of 10\)/);
+          assert.match(JSON.parse(r.body).detail, /^Too many requests in flight \(at most 10\); retry after \d+ s\.$/);
         }
-        assert.equal(await heldBecomes(server.port, "rl:http:lease:10:tenant", 0), 0, "every lease released");
+        assert.equal(await heldBecomes(server.port, "rl:http:inflight:10:tenant", 0), 0, "every lease released");
         // With the rate limit too: a request the rate denies gives its slot back at once.
-        const both = countingApp(makeApp, limiter, { concurrency: 5, limit: new Limit(0.001, 3), prefix: "both:" });
+        const both = countingApp(makeApp, limiter, { inFlight: 5, limit: new Limit(0.001, 3), prefix: "both:" });
         const port2 = await listen(both.app, scope);
         const statuses = (await Promise.all(Array.from({ length: 20 }, () => get(port2)))).map((r) => r.status);
         assert.equal(statuses.filter((s) => s === 200).length, 3);
         assert.ok(both.seen.max <= 3);
-        assert.equal(await heldBecomes(server.port, "both:lease:tenant", 0), 0);
+        assert.equal(await heldBecomes(server.port, "both:inflight:tenant", 0), 0);
       }));
   }
 }
@@ -304,7 +326,7 @@ test("in-flight limit: a streamed body holds its lease until it ends, renewed pa
   const limiter = new Limiter(await CLIENTS["node-redis 5"](server.port, scope), { onError: "closed", logger: quiet });
   const app = express();
   let cut = null;
-  app.use(rateLimit({ limiter, key: () => "t", concurrency: { limit: 1, ttlMs: 200 } }));
+  app.use(rateLimit({ limiter, key: () => "t", inFlight: { limit: 1, ttlMs: 200 } }));
   app.get("/stream", async (req, res) => {
     res.write("first ");
     await sleep(700); // 3.5 ttls
@@ -313,16 +335,16 @@ test("in-flight limit: a streamed body holds its lease until it ends, renewed pa
   const port = await listen(app, scope);
   const streamed = get(port, "/stream");
   await sleep(450);
-  assert.equal(await held(server.port, "rl:http:lease:1:t"), 1, "held mid-stream, after the ttl");
+  assert.equal(await held(server.port, "rl:http:inflight:1:t"), 1, "held mid-stream, after the ttl");
   const second = await get(port, "/stream");
   assert.equal(second.status, 429);
   assert.equal((await streamed).body, "first last");
-  assert.equal(await heldBecomes(server.port, "rl:http:lease:1:t", 0), 0);
+  assert.equal(await heldBecomes(server.port, "rl:http:inflight:1:t", 0), 0);
 
   // A client that goes before the end: released at once, not after the ttl.
   const slow = new Limiter(await CLIENTS["ioredis 5"](server.port, scope), { onError: "closed", logger: quiet });
   const app2 = express();
-  app2.use(rateLimit({ limiter: slow, key: () => "t", concurrency: { limit: 1, ttlMs: 60_000 } }));
+  app2.use(rateLimit({ limiter: slow, key: () => "t", inFlight: [1, 60_000] }));
   app2.get("/hang", (req, res) => {
     res.write("started"); // never ends: the client goes
     res.on("close", () => { cut = Date.now(); });
@@ -337,7 +359,7 @@ test("in-flight limit: a streamed body holds its lease until it ends, renewed pa
     req.end();
     setTimeout(() => reject(new Error("no first chunk")), 5000);
   });
-  assert.equal(await heldBecomes(server.port, "rl:http:lease:1:t", 0), 0, "the client went: released");
+  assert.equal(await heldBecomes(server.port, "rl:http:inflight:1:t", 0), 0, "the client went: released");
   assert.ok(cut !== null, "the handler saw the connection close");
 }));
 
@@ -367,12 +389,12 @@ for (const [path, module, prepare] of PATHS.slice(1)) {
       const s = await r.settle(1);
       assert.deepEqual([s.remaining, s.retryAfterMs, s.source], [99, 0, path]);
       await assert.rejects(limiter.settle("b", new Limit(0.001, 100), r.id, 1), /not an open reservation/);
-      const { app, seen } = countingApp(express, limiter, { concurrency: 10 });
+      const { app, seen } = countingApp(express, limiter, { inFlight: 10 });
       const port = await listen(app, scope);
       const replies = await Promise.all(Array.from({ length: 200 }, () => get(port)));
       assert.ok(seen.max <= 10, `${seen.max} in the handler at once`);
       assert.equal(replies.filter((x) => x.status === 200).length, seen.ran);
-      assert.equal(await heldBecomes(server.port, "rl:http:lease:10:tenant", 0, false), 0);
+      assert.equal(await heldBecomes(server.port, "rl:http:inflight:10:tenant", 0, false), 0);
     });
   });
 }
