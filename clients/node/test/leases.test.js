@@ -66,17 +66,6 @@ const PATHS = [
   ["lua", false, async () => {}],
   ["functions", false, async (client) => { await loadFunctions(client); }],
 ];
-/** Whether the server's fallback knows leases yet: the script answers its "leases" mode. */
-async function fallbackHasLeases(port) {
-  try {
-    await admin(port, "EVAL", (await import("node:fs")).readFileSync(new URL("../src/rl.lua", import.meta.url), "utf8"),
-      "1", "probe", "leases", "1");
-    return true;
-  } catch {
-    return false;
-  }
-}
-
 for (const [kind, connect] of Object.entries(CLIENTS)) {
   test(`withLease on ${kind}: released when the function throws; waits for a slot; renewed while it runs`, () => withCleanups(async (scope) => {
     const server = await scope.server();
@@ -366,35 +355,50 @@ test("in-flight limit: a streamed body holds its lease until it ends, renewed pa
 // The fallbacks ---------------------------------------------------------------------------
 
 for (const [path, module, prepare] of PATHS.slice(1)) {
-  test(`on the ${path} path: withLease released on a throw, reserve/settle, and 200 requests under an in-flight limit of 10`, async (t) => {
-    await withCleanups(async (scope) => {
+  for (const kind of ["ioredis 5", "node-redis 5"]) {
+    test(`on the ${path} path, ${kind}: leases, withLease released on a throw, reserve/settle, 200 requests under an in-flight limit of 10`, () => withCleanups(async (scope) => {
       const server = await scope.server(module);
-      if (!(await fallbackHasLeases(server.port))) {
-        t.skip("the shipped rl.lua has no lease modes yet");
-        return;
-      }
-      const client = await CLIENTS["ioredis 5"](server.port, scope);
+      const client = await CLIENTS[kind](server.port, scope);
       await prepare(client);
       const limiter = new Limiter(client, { onError: "closed", logger: quiet });
+      const a = await limiter.lease("k", 2, 60_000);
+      assert.deepEqual([a.allowed, a.inUse, a.expiresInMs, a.source], [true, 1, 60_000, path]);
+      assert.match(a.id, /^[0-9a-f]{16}$/, "the client drew the id");
+      const b = await limiter.lease("k", 2, 60_000, "worker-7");
+      assert.equal((await limiter.lease("k", 2, 60_000, "worker-7")).inUse, 2, "a retried id is answered as held");
+      const denied = await limiter.lease("k", 2, 60_000);
+      assert.deepEqual([denied.allowed, denied.id, denied.inUse], [false, "", 2]);
+      assert.ok(denied.retryAfterMs > 59_000 && denied.retryAfterMs <= 60_000);
+      assert.deepEqual([(await limiter.leases("k", 3)).inUse, await limiter.renew("k", "worker-7", 120_000)], [2, true]);
+      assert.deepEqual([await b.release(), await b.release(), await a.release()], [true, false, true]);
+      assert.equal(await admin(server.port, "EXISTS", "k"), 0, "the last release deleted the key");
+
       const boom = new Error("failed");
       await assert.rejects(limiter.withLease("jobs", 2, 30_000, async (lease) => {
         assert.equal(lease.source, path);
-        assert.match(lease.id, /^[0-9a-f]{16}$/);
         assert.equal(await held(server.port, "jobs", false), 1);
         throw boom;
       }), (e) => e === boom);
       assert.equal(await held(server.port, "jobs", false), 0);
-      const r = await limiter.reserve("b", new Limit(0.001, 100), 4, 60_000);
+
+      const slow = new Limit(0.001, 100);
+      const r = await limiter.reserve("b", slow, 4, 60_000);
       assert.deepEqual([r.allowed, r.remaining, r.source], [true, 96, path]);
       const s = await r.settle(1);
-      assert.deepEqual([s.remaining, s.retryAfterMs, s.source], [99, 0, path]);
-      await assert.rejects(limiter.settle("b", new Limit(0.001, 100), r.id, 1), /not an open reservation/);
+      assert.deepEqual([s.applied, s.remaining, s.retryAfterMs, s.source], [true, 99, 0, path]);
+      await assert.rejects(limiter.settle("b", slow, r.id, 1), (e) => e instanceof ReservationNotOpenError &&
+        e.message === `id ${r.id} is not an open reservation of this key (settled, expired or never made)`);
+      const big = await limiter.reserve("debt", new Limit(1, 10), 2, 60_000);
+      assert.equal((await big.settle(12)).remaining, -2);
+
       const { app, seen } = countingApp(express, limiter, { inFlight: 10 });
       const port = await listen(app, scope);
       const replies = await Promise.all(Array.from({ length: 200 }, () => get(port)));
       assert.ok(seen.max <= 10, `${seen.max} in the handler at once`);
       assert.equal(replies.filter((x) => x.status === 200).length, seen.ran);
+      assert.ok(seen.ran >= 10);
       assert.equal(await heldBecomes(server.port, "rl:http:inflight:10:tenant", 0, false), 0);
-    });
-  });
+      assert.equal(limiter.path, path);
+    }));
+  }
 }
