@@ -5,7 +5,8 @@
 //
 // The calls into Redis are the limiter's (index.js: RL.LEASE, RL.RELEASE, RL.RENEW, RL.LEASES,
 // RL.RESERVE, RL.SETTLE, or the fallback's rl_lease ... functions and script modes). This
-// file imports nothing of index.js but the exact bucket (bucket.js), so there is no cycle.
+// file imports nothing of index.js (only the exact bucket, the wait's jitter and error, and the
+// package's base error), so there is no cycle.
 
 import { randomBytes } from "node:crypto";
 import { performance } from "node:perf_hooks";
@@ -135,7 +136,7 @@ export class Reservation {
   /** Settles with the work's `actual` cost (tokens, >= 0); see the class. A settle Redis could
    * not apply (applied false) is not remembered: calling again sends it again. */
   settle(actual) {
-    if (!this.allowed) return Promise.reject(new RangeError("a denied reservation has nothing to settle"));
+    if (!this.allowed) return Promise.reject(new RangeError("a denied reservation holds nothing to settle"));
     if (this.settled) return this.settled;
     const settling = this.limiter.settle(this.key, this.limit, this.id, actual);
     this.settled = settling;

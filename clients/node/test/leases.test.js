@@ -172,7 +172,7 @@ test("reserve and settle: exact against RL.RESERVE and RL.SETTLE on a twin key; 
   assert.ok(s.inDebt && s.retryAfterMs > 1900 && s.retryAfterMs <= 2000, String(s.retryAfterMs));
   const denied = await limiter.reserve("debt", new Limit(1, 10), 1, 60_000);
   assert.deepEqual([denied.allowed, denied.id], [false, ""]);
-  await assert.rejects(denied.settle(1), /nothing to settle/);
+  await assert.rejects(denied.settle(1), /holds nothing to settle/);
   await assert.rejects(limiter.reserve("debt", new Limit(1, 10), 0, 1000), /estimate must be a number above 0/);
   await assert.rejects(limiter.settle("debt", new Limit(1, 10), "big", -1), /actual must be a finite number >= 0/);
 }));
