@@ -6,6 +6,7 @@
 // Functions library) where the server has no module.
 import { test } from "node:test";
 import assert from "node:assert/strict";
+import { readFileSync } from "node:fs";
 import { request } from "node:http";
 import express from "express";
 import express4 from "express4";
@@ -401,4 +402,41 @@ for (const [path, module, prepare] of PATHS.slice(1)) {
       assert.equal(limiter.path, path);
     }));
   }
+}
+
+// Least privilege ---------------------------------------------------------------------------
+
+const PERMISSIONS = JSON.parse(readFileSync(new URL("../../vectors/permissions.json", import.meta.url), "utf8"));
+/** A user of `rules` on `port`, as docs/clients.md writes it, and an ioredis client as them. */
+async function userClient(port, name, rules, scope) {
+  await admin(port, "ACL", "SETUSER", name, "reset", "on", ">pw", "~*", "resetchannels", "-@all", ...rules);
+  const c = new Redis({ port, host: "127.0.0.1", username: name, password: "pw", enableReadyCheck: false });
+  c.on("error", () => {});
+  scope.defer(() => c.disconnect());
+  return c;
+}
+
+for (const [path, module, rulesName] of [["module", true, "module"], ["functions", false, "functions"], ["lua", false, "script"]]) {
+  test(`the ${path} path as a least-privilege user: the leases rules take, renew, count and release; the reservations rules reserve and settle`,
+    () => withCleanups(async (scope) => {
+      const server = await scope.server(module);
+      if (path === "functions") await loadFunctions(await CLIENTS["ioredis 5"](server.port, scope));
+      const rules = PERMISSIONS.paths[rulesName];
+      const leaser = new Limiter(await userClient(server.port, "leaser", [...PERMISSIONS.connection, ...rules.leases], scope),
+        { onError: "closed", logger: quiet });
+      const source = { module: "redis", functions: "functions", lua: "lua" }[path];
+      const answered = await leaser.withLease("L", 1, 60_000, async (lease) => {
+        assert.deepEqual([lease.allowed, lease.source], [true, source]);
+        assert.equal((await leaser.leases("L", 1)).inUse, 1);
+        assert.equal(await lease.renew(), true);
+        return "ran";
+      });
+      assert.deepEqual([answered, (await leaser.leases("L", 1)).inUse, leaser.path, leaser.counters.misconfigured],
+        ["ran", 0, path, 0]);
+      const reserver = new Limiter(await userClient(server.port, "reserver",
+        [...PERMISSIONS.connection, ...rules.decide, ...rules.tables, ...rules.reservations], scope), { onError: "closed", logger: quiet });
+      const r = await reserver.reserve("B", new Limit(0.001, 3), 2, 60_000);
+      assert.deepEqual([r.allowed, r.remaining, r.source], [true, 1, source]);
+      assert.deepEqual([(await r.settle(1)).remaining, reserver.counters.misconfigured], [2, 0]);
+    }));
 }
