@@ -334,6 +334,14 @@ function heldId(id) {
   return id;
 }
 
+/** A caller's id for a new lease or reservation (1 to 16 bytes), or undefined. The prefixes
+ * the failure policy's ids start with are refused: a release or settle of such an id would be
+ * answered in process, never reaching the Redis lease it names. */
+function callerId(id) {
+  if (policyOf(id)) throw new RangeError(`id must not start with "${OPEN_PREFIX}" or "${LOCAL_PREFIX}" (the failure policy's ids)`);
+  return checkId(id);
+}
+
 /** The module's command for each lease and reservation operation. */
 const MODULE_LEASE_COMMANDS = {
   lease: "RL.LEASE", release: "RL.RELEASE", renew: "RL.RENEW", leases: "RL.LEASES", reserve: "RL.RESERVE",
@@ -745,7 +753,7 @@ export class Limiter {
     if (typeof id === "object" && id !== null) ({ id } = id);
     checkLeaseLimit(limit);
     checkTtl(ttlMs);
-    id = checkId(id);
+    id = callerId(id);
     const make = (reply, source) => new Lease(this, key, limit, ttlMs, ...reply, source);
     const answer = await this.leaseCall("lease", key, { limit, ttlMs, id });
     if (answer) return make(...answer);
@@ -838,7 +846,7 @@ export class Limiter {
     const [, exact] = argument(estimate, "estimate");
     if (exact.cmp(0n) <= 0) throw new RangeError("estimate must be a number above 0 (tokens)");
     checkTtl(ttlMs);
-    id = checkId(id);
+    id = callerId(id);
     estimate = Number(estimate);
     const make = (reply, source) => new Reservation(this, key, limit, estimate, ...reply, source);
     const answer = await this.leaseCall("reserve", key, { limit, estimate, ttlMs, id });

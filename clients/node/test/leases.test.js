@@ -142,6 +142,8 @@ test("lease, renew, release and leases reply as the module's commands", () => wi
   await assert.rejects(limiter.lease("k", 0, 1000), /limit must be an integer from 1 to 10000/);
   await assert.rejects(limiter.lease("k", 1, 0), /ttl_ms must be an integer/);
   await assert.rejects(limiter.lease("k", 1, 10, "x".repeat(17)), /id must be 1 to 16 bytes/);
+  await assert.rejects(limiter.lease("k", 1, 10, "local:7"), /id must not start with "open:" or "local:"/);
+  await assert.rejects(limiter.reserve("b", new Limit(1, 1), 1, 10, "open:7"), /id must not start with/);
   await admin(server.port, "SET", "plain", "x");
   await assert.rejects(limiter.lease("plain", 1, 10), /WRONGTYPE/);
 }));
