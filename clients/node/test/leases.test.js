@@ -442,3 +442,32 @@ for (const [path, module, rulesName] of [["module", true, "module"], ["functions
       assert.deepEqual([(await r.settle(1)).remaining, reserver.counters.misconfigured], [2, 0]);
     }));
 }
+
+test("in-flight limit: onLimited gets the denied Lease and the fields; a handler's error releases the slot", () => withCleanups(async (scope) => {
+  const server = await scope.server();
+  const limiter = new Limiter(await CLIENTS["ioredis 5"](server.port, scope), { onError: "closed", logger: quiet });
+  const app = express();
+  let release;
+  const gate = new Promise((r) => { release = r; });
+  app.use(rateLimit({
+    limiter, key: () => "t", limit: new Limit(0.001, 100), inFlight: 1,
+    onLimited: (req, res, lease, headers) => res.status(503).json({ inUse: lease.inUse, allowed: lease.allowed, headers }),
+  }));
+  app.get("/slow", async (req, res) => { await gate; res.send("done"); });
+  app.get("/fail", () => { throw new Error("handler failed"); });
+  app.use((error, req, res, next) => res.status(500).send(error.message)); // four arguments: an error handler
+  const port = await listen(app, scope);
+  const slow = get(port, "/slow");
+  await sleep(100);
+  const limited = await get(port, "/slow");
+  const body = JSON.parse(limited.body);
+  assert.deepEqual([limited.status, body.inUse, body.allowed], [503, 1, false]);
+  assert.ok(body.headers.some(([n, v]) => n === "Retry-After" && /^\d+$/.test(v)));
+  assert.ok(body.headers.some(([n]) => n === "RateLimit"), "the rate limit's own fields come too");
+  release();
+  assert.equal((await slow).body, "done");
+  assert.equal(await heldBecomes(server.port, "rl:http:inflight:1:t", 0), 0);
+  const failed = await get(port, "/fail");
+  assert.deepEqual([failed.status, failed.body], [500, "handler failed"]);
+  assert.equal(await heldBecomes(server.port, "rl:http:inflight:1:t", 0), 0, "released when the error response was sent");
+}));
