@@ -194,7 +194,7 @@ export class Limiter {
   /** A bucket table of this limiter, over `shards` (default 1) tables `name:{0}` …. */
   table(name: string, shards?: number): Table;
   /** A lease at `key` if fewer than `limit` (1 to 10000) are held there, for `ttlMs`; `id`
-   * (1 to 16 bytes) makes a retried take idempotent. When Redis cannot decide: "open" allows
+   * (1 to 16 bytes, not starting with "open:" or "local:") makes a retried take idempotent. When Redis cannot decide: "open" allows
    * (an id "open:…", held nowhere), "closed" denies, "local" takes it in process (an id
    * "local:…", released there even once Redis is back). */
   lease(key: string, limit: number, ttlMs: number, id?: string | { id?: string }): Promise<Lease>;
