@@ -932,17 +932,14 @@ impl Engine {
                 id,
                 actual,
             } => {
-                if local && inner.leases.is_open(key, id, now_us) {
+                if local {
+                    // Open here, or not at all: a reservation Redis holds cannot be settled
+                    // without it (it stands as taken there), and one settled here is gone.
                     return Self::settle_local(&mut inner, (key, &limit, id, actual), now_us);
                 }
-                // A reservation Redis holds cannot be settled without it: it stands as taken
-                // there. The policy settles nothing and says so by its source.
+                // `Open` and `Closed` settle nothing; `Closed` reports its usual wait.
                 let (balance, retry_after_ms, reset_after_ms) = match source {
                     Source::Closed => (0, CLOSED_RETRY_AFTER_MS, 0),
-                    Source::Local => inner
-                        .local
-                        .charge(key, &limit, 0.0, now_us)
-                        .unwrap_or((0, 0, 0)),
                     _ => (0, 0, 0),
                 };
                 Answer::Settled(Charged {
