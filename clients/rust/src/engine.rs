@@ -899,6 +899,20 @@ impl Engine {
                 let reply = match source {
                     Source::Open => open_reply(),
                     Source::Closed => closed_reply(),
+                    // A retried reserve of an id open here takes nothing, as the module's.
+                    _ if inner.leases.is_open(key, id, now_us) => {
+                        let now = inner.local.acquire(key, &limit, 0.0, now_us, false);
+                        return Ok(Answer::Reserved(Reserved {
+                            allowed: true,
+                            id: id.to_string(),
+                            remaining: now.remaining,
+                            retry_after_ms: 0,
+                            key: key.to_string(),
+                            limit,
+                            estimate,
+                            source,
+                        }));
+                    }
                     _ => inner.local.acquire(key, &limit, estimate, now_us, true),
                 };
                 if local

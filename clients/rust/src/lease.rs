@@ -248,9 +248,9 @@ impl Call<'_> {
             Call::Settle {
                 limit, id, actual, ..
             } => {
-                // The refund's rounding (down) for what goes back; the charge's (up) for what
-                // is charged comes from the same exact `actual`, in the script's own numbers.
-                for arg in script::args(&limit, actual, true) {
+                // A charge's numbers for `actual` (K rounded up): the script nets the settle
+                // to `actual` taken, never more lenient than the module.
+                for arg in script::args(&limit, actual, false) {
                     cmd.arg(arg);
                 }
                 cmd.arg(id);
