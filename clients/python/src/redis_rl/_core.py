@@ -938,7 +938,7 @@ class Engine:
 
 
 #: The version of the Functions library (clients/lua/rl_functions.lua) this client needs.
-FUNCTIONS_VERSION = 1
+FUNCTIONS_VERSION = 2
 PATHS = ("module", "functions", "lua")
 PATH_NAMES = {"module": "module", "functions": "Functions library", "lua": "script"}
 SOURCE_OF = {"module": "redis", "functions": "functions", "lua": "lua"}
