@@ -390,7 +390,10 @@ fn each_policy_decides_leases_without_redis() {
     // A retried reserve of an id open here takes nothing more.
     let first = local.reserve("t", &limit, 2.0, 60_000, Some("x")).unwrap();
     let again = local.reserve("t", &limit, 2.0, 60_000, Some("x")).unwrap();
-    assert_eq!((first.remaining, again.remaining, again.allowed), (7, 7, true));
+    assert_eq!(
+        (first.remaining, again.remaining, again.allowed),
+        (7, 7, true)
+    );
     assert!(local.counters().local >= 10);
     assert_eq!(local.counters().redis, 0);
 }

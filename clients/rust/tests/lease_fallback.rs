@@ -35,7 +35,10 @@ fn source_of(path: Path) -> Source {
 fn lease_sequence(limiter: &Limiter) -> Vec<String> {
     let mut seen = Vec::new();
     let a = limiter.lease("jobs", 2, 30_000, Some("a")).unwrap();
-    seen.push(format!("{} {} {} {}", a.allowed, a.id, a.in_use, a.expires_in_ms));
+    seen.push(format!(
+        "{} {} {} {}",
+        a.allowed, a.id, a.in_use, a.expires_in_ms
+    ));
     let again = limiter.lease("jobs", 2, 30_000, Some("a")).unwrap();
     seen.push(format!("{} {} {}", again.allowed, again.id, again.in_use));
     let b = limiter.lease("jobs", 2, 30_000, None).unwrap();
@@ -49,7 +52,11 @@ fn lease_sequence(limiter: &Limiter) -> Vec<String> {
         c.retry_after_ms > 29_000
     ));
     let count = limiter.leases("jobs", 2).unwrap();
-    seen.push(format!("{} {}", count.in_use, count.retry_after_ms > 29_000));
+    seen.push(format!(
+        "{} {}",
+        count.in_use,
+        count.retry_after_ms > 29_000
+    ));
     seen.push(format!("{}", limiter.renew("jobs", "a", 60_000).unwrap()));
     seen.push(format!("{}", limiter.release("jobs", "a").unwrap()));
     seen.push(format!("{}", limiter.release("jobs", "a").unwrap()));
@@ -65,7 +72,9 @@ fn reserve_sequence(limiter: &Limiter) -> Vec<String> {
     let limit = slow().with_capacity(10.0).unwrap();
     let mut seen = Vec::new();
     for (estimate, actual) in [(4.0, 1.5), (2.0, 12.0), (0.5, 0.5)] {
-        let r = limiter.reserve("tokens", &limit, estimate, 60_000, None).unwrap();
+        let r = limiter
+            .reserve("tokens", &limit, estimate, 60_000, None)
+            .unwrap();
         seen.push(format!("{} {}", r.allowed, r.remaining));
         if !r.allowed {
             continue;
@@ -74,11 +83,21 @@ fn reserve_sequence(limiter: &Limiter) -> Vec<String> {
         let c = r.settle(actual).unwrap();
         seen.push(format!("{} {}", c.balance, c.in_debt()));
         let again = limiter.settle("tokens", &limit, &id, actual).unwrap_err();
-        seen.push(format!("{}", again.to_string().contains("not an open reservation")));
+        seen.push(format!(
+            "{}",
+            again.to_string().contains("not an open reservation")
+        ));
     }
-    let first = limiter.reserve("retry", &limit, 3.0, 60_000, Some("r1")).unwrap();
-    let again = limiter.reserve("retry", &limit, 3.0, 60_000, Some("r1")).unwrap();
-    seen.push(format!("{} {} {}", first.remaining, again.remaining, again.id));
+    let first = limiter
+        .reserve("retry", &limit, 3.0, 60_000, Some("r1"))
+        .unwrap();
+    let again = limiter
+        .reserve("retry", &limit, 3.0, 60_000, Some("r1"))
+        .unwrap();
+    seen.push(format!(
+        "{} {} {}",
+        first.remaining, again.remaining, again.id
+    ));
     seen
 }
 
