@@ -931,7 +931,8 @@ fn bounded_field(map: &Node, key: &str, min: u64, max: u64) -> Result<Option<u64
 /// A `ttl`: whole seconds (`30`) or a Go duration (`30s`, `5m`, `1500ms`), from 1 ms to 100
 /// years.
 fn ttl_field(map: &Node) -> Result<Option<u64>, String> {
-    let bad = || "ttl must be whole seconds or a duration (30s, 5m) from 1ms to 100 years".to_string();
+    let bad =
+        || "ttl must be whole seconds or a duration (30s, 5m) from 1ms to 100 years".to_string();
     match get(map, "ttl") {
         None => Ok(None),
         Some(Node::Scalar(s)) => {
@@ -959,7 +960,10 @@ fn only_keys(map: &Node, what: &str, keys: &[&str]) -> Result<(), String> {
             _ => "",
         };
         if !keys.contains(&name) {
-            return Err(format!("{what} takes only {}, not '{name}'", keys.join(", ")));
+            return Err(format!(
+                "{what} takes only {}, not '{name}'",
+                keys.join(", ")
+            ));
         }
     }
     Ok(())

@@ -146,7 +146,11 @@ pub async fn decide(
         tracing::debug!(
             "tied descriptor {}: {} of {} (cost sent {:?})",
             t.index,
-            if t.phase == Phase::Start { "start" } else { "end" },
+            if t.phase == Phase::Start {
+                "start"
+            } else {
+                "end"
+            },
             t.key,
             t.sent
         );
@@ -267,7 +271,12 @@ async fn start(
         count(service, t, 1, true);
     }
     if let Some(r) = t.reserve() {
-        let limit = t.found.rate_limit.bucket.clone().map_err(Failure::Invalid)?;
+        let limit = t
+            .found
+            .rate_limit
+            .bucket
+            .clone()
+            .map_err(Failure::Invalid)?;
         let estimate = t.sent.unwrap_or(r.estimate);
         let mut cmd = redis::cmd("RL.RESERVE");
         cmd.arg(&t.key)
@@ -315,7 +324,12 @@ async fn end(service: &Service, t: &Tied) -> Result<(), Failure> {
 }
 
 async fn settle(service: &Service, t: &Tied, actual: u64) -> Result<(), Failure> {
-    let limit = t.found.rate_limit.bucket.clone().map_err(Failure::Invalid)?;
+    let limit = t
+        .found
+        .rate_limit
+        .bucket
+        .clone()
+        .map_err(Failure::Invalid)?;
     let mut cmd = redis::cmd("RL.SETTLE");
     cmd.arg(&t.key)
         .arg(limit.rate_text())
@@ -414,7 +428,11 @@ async fn query(service: &Service, cmd: &redis::Cmd) -> Result<Option<Value>, Fai
         },
     };
     if service.settings.on_error == Policy::Error {
-        service.metrics.decisions.with_label_values(&["error"]).inc();
+        service
+            .metrics
+            .decisions
+            .with_label_values(&["error"])
+            .inc();
         return Err(Failure::Unavailable(format!(
             "Redis cannot decide (RL_ON_ERROR=error): {cannot}"
         )));
@@ -462,7 +480,10 @@ mod tests {
     fn a_request_id_of_any_length_is_16_bytes_and_stable() {
         let uuid = "6f1e3c52-1b4e-4a43-9f8e-2a6c1f0b9d11";
         assert_eq!(request_id(uuid), request_id(uuid));
-        assert_ne!(request_id(uuid), request_id("6f1e3c52-1b4e-4a43-9f8e-2a6c1f0b9d12"));
+        assert_ne!(
+            request_id(uuid),
+            request_id("6f1e3c52-1b4e-4a43-9f8e-2a6c1f0b9d12")
+        );
         assert_eq!(request_id(&"x".repeat(10_000)).len(), 16);
     }
 

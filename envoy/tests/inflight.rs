@@ -62,15 +62,37 @@ fn per_route(path: &str, limits: &str) -> String {
 fn routes() -> String {
     let paid = "{request_headers: {header_name: x-tenant, descriptor_key: paid_tenant}}";
     let post_paid = format!(
-        "                    - actions: [{paid}]\n                      hits_addend: {{number: 0}}\n                    - actions: [{paid}]\n                      hits_addend: {{format: \"%TRAILER(x-tokens-used)%\"}}\n                      apply_on_stream_done: true\n"
+        "                    - actions: [{paid}]\n                      hits_addend: {{number: 0}}\n                    - actions: [{paid}]\n                      hits_addend: {{format: \"{USAGE}\"}}\n                      apply_on_stream_done: true\n"
     );
     [
-        per_route("/llm", &tied("tenant", Some("%TRAILER(x-tokens-used)%"))),
+        per_route("/llm", &tied("tenant", Some(USAGE))),
         per_route("/paid", &post_paid),
         per_route("/slot", &tied("slot_tenant", None)),
     ]
     .concat()
 }
+
+/// The usage as the end call's cost: Envoy formats `hits_addend` with the request's headers
+/// and the stream's info only (not the response's headers or trailers), so the Lua filter
+/// below copies the trailer into the stream's dynamic metadata.
+const USAGE: &str = "%DYNAMIC_METADATA(usage:tokens)%";
+
+/// Reads the answer's chunks as they pass (the stream is not buffered), then its trailer
+/// `x-tokens-used`, into the dynamic metadata `usage.tokens`.
+const LUA_USAGE: &str = r#"          - name: envoy.filters.http.lua
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua
+              default_source_code:
+                inline_string: |
+                  function envoy_on_response(handle)
+                    for _ in handle:bodyChunks() do end
+                    local trailers = handle:trailers()
+                    local used = trailers and trailers:get("x-tokens-used")
+                    if used ~= nil then
+                      handle:streamInfo():dynamicMetadata():set("usage", "tokens", tonumber(used))
+                    end
+                  end
+"#;
 
 /// Streams in flight at the upstream, and the most seen at once.
 #[derive(Default)]
@@ -125,7 +147,9 @@ fn serve(stream: TcpStream, state: &Upstream) {
         let now = state.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
         state.most.fetch_max(now, Ordering::SeqCst);
         let mut ok = writer
-            .write_all(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTrailer: x-tokens-used\r\n\r\n")
+            .write_all(
+                b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTrailer: x-tokens-used\r\n\r\n",
+            )
             .is_ok();
         for _ in 0..chunks {
             if !ok {
@@ -163,6 +187,10 @@ fn stack() -> Stack {
         .replace(
             "  - name: upstream\n    type: STATIC\n    connect_timeout: 2s\n",
             "  - name: upstream\n    type: STATIC\n    connect_timeout: 2s\n    typed_extension_protocol_options:\n      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:\n        \"@type\": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions\n        explicit_http_config: {http_protocol_options: {enable_trailers: true}}\n    circuit_breakers:\n      thresholds: [{max_connections: 10000, max_pending_requests: 10000, max_requests: 10000}]\n",
+        )
+        .replace(
+            "          - name: envoy.filters.http.router\n",
+            &format!("{LUA_USAGE}          - name: envoy.filters.http.router\n"),
         )
         .replace("{upstream}", &upstream(state.clone()).to_string())
         .replace("{grpc}", &service.grpc_port.to_string());
@@ -233,7 +261,11 @@ fn burst(s: &Stack, path: &str, tenant: &str, usage: fn(u64) -> u64) -> (Vec<u64
                 let status = stream_get(
                     port,
                     &path,
-                    &[("x-tenant", &tenant), ("x-usage", &used), ("x-chunks", "10")],
+                    &[
+                        ("x-tenant", &tenant),
+                        ("x-usage", &used),
+                        ("x-chunks", "10"),
+                    ],
                     false,
                 );
                 assert!(status == 200 || status == 429, "status {status}");
@@ -273,30 +305,34 @@ fn reservations_hold_a_token_quota_that_post_paid_charges_overrun() {
         passed.len()
     );
     assert!(passed.len() < 15, "{} of 50 passed", passed.len());
-    // Every reservation was settled with its usage: the bucket holds the quota less what
-    // the passed streams used, plus what refilled since (under a second's worth more).
+    // Every reservation was settled by its end call: the bucket holds no open one, so it
+    // is a plain bucket again (a bucket with open reservations is another type).
     let mut redis = s.redis.conn();
     let settled = eventually(Duration::from_secs(10), || {
-        let peek: Vec<redis::Value> = redis::cmd("RL.PEEK")
+        let kind: String = redis::cmd("TYPE")
             .arg("edge_tenant_acme")
-            .arg("10000/60")
-            .arg(10000)
-            .arg(0)
             .query(&mut redis)
-            .expect("RL.PEEK");
-        let remaining = match peek.get(1) {
-            Some(redis::Value::Int(n)) => *n,
-            other => panic!("RL.PEEK reply {other:?}"),
-        };
-        #[allow(clippy::cast_possible_wrap)]
-        let floor = 10_000 - used as i64;
-        remaining >= floor && (remaining as f64) <= floor as f64 + refilled + 500.0
+            .expect("TYPE");
+        kind == "rl-bucket"
     });
-    assert!(settled, "the settles did not land");
+    assert!(settled, "reservations left open: {}", s.service.log());
+    let log = s.service.log();
+    assert!(log.contains("end of edge_tenant_acme"), "{log}");
 
     // The same quota charged only after each answer lets every concurrent stream through.
     let (paid, _) = burst(&s, "/paid", "acme", about_a_thousand);
     assert_eq!(paid.len(), 50, "post-paid passed {} of 50", paid.len());
+    // And leaves the quota some 40,000 tokens in debt once the charges land.
+    let in_debt = eventually(Duration::from_secs(10), || {
+        let peek: Vec<i64> = redis::cmd("RL.PEEK")
+            .arg("edge_paid%5Ftenant_acme")
+            .arg("10000/60")
+            .arg(10000)
+            .query(&mut redis)
+            .expect("RL.PEEK");
+        peek.get(1).is_some_and(|balance| *balance < -35_000)
+    });
+    assert!(in_debt, "the post-paid charges did not land");
 }
 
 #[test]
@@ -350,7 +386,12 @@ fn at_most_three_streams_in_flight_and_an_aborted_stream_gives_its_slot_back() {
     let holders: Vec<_> = (0..3)
         .map(|_| {
             std::thread::spawn(move || {
-                stream_get(port, "/slot", &[("x-tenant", "acme"), ("x-chunks", "30")], false)
+                stream_get(
+                    port,
+                    "/slot",
+                    &[("x-tenant", "acme"), ("x-chunks", "30")],
+                    false,
+                )
             })
         })
         .collect();
@@ -376,7 +417,12 @@ fn at_most_three_streams_in_flight_and_an_aborted_stream_gives_its_slot_back() {
     // long before the lease's 30 s ttl.
     for _ in 0..3 {
         assert_eq!(
-            stream_get(port, "/slot", &[("x-tenant", "quitter"), ("x-chunks", "600")], true),
+            stream_get(
+                port,
+                "/slot",
+                &[("x-tenant", "quitter"), ("x-chunks", "600")],
+                true
+            ),
             200
         );
     }
