@@ -1235,6 +1235,72 @@ descriptors:
     }
 
     #[test]
+    fn concurrency_and_reserve_load_with_their_defaults_and_bounds() {
+        let c = load(
+            "domain: d\ndescriptors:\n  - key: slots\n    concurrency: {limit: 3, ttl: 30s}\n  - key: tokens\n    concurrency: {limit: 2}\n    rate_limit:\n      unit: minute\n      requests_per_unit: 100\n      reserve: {estimate: 40, ttl: 90}\n",
+        )
+        .unwrap();
+        let slots = c.lookup("d", &entries(&[("slots", "a")])).unwrap();
+        assert_eq!(
+            slots.concurrency,
+            Some(Concurrency {
+                limit: 3,
+                ttl_ms: 30_000
+            })
+        );
+        // A concurrency limit alone limits no rate.
+        assert!(slots.rate_limit.unlimited);
+        assert_eq!(slots.rate_limit.reserve, None);
+        let tokens = c.lookup("d", &entries(&[("tokens", "a")])).unwrap();
+        assert_eq!(
+            tokens.concurrency,
+            Some(Concurrency {
+                limit: 2,
+                ttl_ms: DEFAULT_TTL_MS
+            })
+        );
+        assert_eq!(
+            tokens.rate_limit.reserve,
+            Some(Reserve {
+                estimate: 40,
+                ttl_ms: 90_000
+            })
+        );
+        for (text, problem) in [
+            (
+                "concurrency: {limit: 0}",
+                "limit must be a whole number from 1 to 10000",
+            ),
+            (
+                "concurrency: {limit: 10001}",
+                "limit must be a whole number from 1 to 10000",
+            ),
+            ("concurrency: {ttl: 5s}", "concurrency needs a limit"),
+            ("concurrency: {limit: 1, ttl: 0}", "ttl must be"),
+            ("concurrency: {limit: 1, ttl: soon}", "ttl must be"),
+            (
+                "concurrency: {limit: 1, estimate: 3}",
+                "concurrency takes only limit, ttl",
+            ),
+            (
+                "rate_limit: {unit: minute, requests_per_unit: 5, reserve: {ttl: 5s}}",
+                "reserve needs an estimate",
+            ),
+            (
+                "rate_limit: {unit: minute, requests_per_unit: 0, reserve: {estimate: 1}}",
+                "reserve needs a limit with requests_per_unit above 0",
+            ),
+            ("concurrency: {limit: 1, lmit: 2}", "unknown key 'lmit'"),
+        ] {
+            let e = load(&format!(
+                "domain: d\ndescriptors:\n  - key: k\n    {text}\n"
+            ))
+            .unwrap_err();
+            assert!(e.problem.contains(problem), "{text}: {e}");
+        }
+    }
+
+    #[test]
     fn post_paid_is_kept_with_the_limit() {
         let c = load(
             "domain: d\ndescriptors:\n  - key: tokens\n    rate_limit: {unit: minute, requests_per_unit: 9, post_paid: yes}\n  - key: plain\n    rate_limit: {unit: minute, requests_per_unit: 9}\n",
