@@ -436,3 +436,137 @@ fn at_most_three_streams_in_flight_and_an_aborted_stream_gives_its_slot_back() {
         s.envoy.log()
     );
 }
+
+/// One request of `descriptors`, each `(entries, hits_addend)`, as the `/json` body.
+fn request(descriptors: &[(&[(&str, &str)], Option<u64>)]) -> String {
+    let descriptors: Vec<serde_json::Value> = descriptors
+        .iter()
+        .map(|(entries, hits)| {
+            let entries: Vec<serde_json::Value> = entries
+                .iter()
+                .map(|(k, v)| serde_json::json!({"key": k, "value": v}))
+                .collect();
+            match hits {
+                Some(h) => serde_json::json!({"entries": entries, "hitsAddend": h.to_string()}),
+                None => serde_json::json!({"entries": entries}),
+            }
+        })
+        .collect();
+    serde_json::json!({"domain": "edge", "descriptors": descriptors}).to_string()
+}
+
+const SERVICE_LIMITS: &str = "
+domain: edge
+descriptors:
+  - key: tenant
+    rate_limit:
+      unit: hour
+      requests_per_unit: 1000
+      reserve: {estimate: 300}
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 1}
+  - key: slot_tenant
+    concurrency: {limit: 2, ttl: 1m}
+";
+
+#[test]
+fn a_start_is_all_or_nothing_and_a_retry_or_a_second_end_applies_nothing_twice() {
+    let redis = common::Server::start();
+    let svc = Service::start(
+        &format!("127.0.0.1:{}", redis.port),
+        &[("edge.yaml", SERVICE_LIMITS)],
+        &[],
+    );
+    let remaining = |body: &str| -> u64 {
+        let reply = svc.json(body);
+        reply.json()["statuses"][0]["limitRemaining"]
+            .as_u64()
+            .unwrap_or(0)
+    };
+    let start = |id: &str, user: &str| {
+        request(&[
+            (&[("tenant", "t"), ("request_id", id)], None),
+            (&[("slot_tenant", "t"), ("request_id", id)], None),
+            (&[("user", user)], None),
+        ])
+    };
+    // r1 reserves the default estimate and takes a slot; its retry takes nothing more.
+    assert_eq!(svc.json(&start("r1", "u1")).status, 200, "{}", svc.log());
+    assert_eq!(remaining(&start("r1", "u2")), 700);
+    // r2 is refused by `user` (u1's one token is gone): its reservation and its lease are
+    // given back, so the quota still holds 700 and one slot is free.
+    assert_eq!(svc.json(&start("r2", "u1")).status, 429);
+    let r3 = request(&[(&[("tenant", "t"), ("request_id", "r3")], Some(200))]);
+    assert_eq!(remaining(&r3), 500, "r3 reserves the 200 Envoy sent");
+    let slot = |id: &str| request(&[(&[("slot_tenant", "t"), ("request_id", id)], None)]);
+    assert_eq!(svc.json(&slot("r4")).status, 200, "the slot r2 gave back");
+    assert_eq!(svc.json(&slot("r5")).status, 429, "r1 and r4 hold both");
+    // r1 ends having used 100: 200 of its estimate come back, once however often the end
+    // call comes; its slot frees.
+    let end = request(&[
+        (&[("tenant", "t"), ("request_done", "r1")], Some(100)),
+        (&[("slot_tenant", "t"), ("request_done", "r1")], None),
+    ]);
+    for _ in 0..3 {
+        assert_eq!(svc.json(&end).status, 200, "{}", svc.log());
+    }
+    assert_eq!(svc.json(&slot("r5")).status, 200);
+    // r3 used 450, more than its 200: charged the rest. 1000 - 100 - 450 = 450 left, less
+    // the 300 a new start reserves.
+    let end3 = request(&[(&[("tenant", "t"), ("request_done", "r3")], Some(450))]);
+    assert_eq!(svc.json(&end3).status, 200);
+    let r6 = request(&[(&[("tenant", "t"), ("request_id", "r6")], None)]);
+    assert_eq!(remaining(&r6), 150);
+    // Without a request id entry the descriptor is a plain rate limit on the same bucket.
+    assert_eq!(
+        svc.json(&request(&[(&[("tenant", "t")], Some(150))]))
+            .status,
+        200
+    );
+    assert_eq!(
+        svc.json(&request(&[(&[("tenant", "t")], Some(1))])).status,
+        429
+    );
+}
+
+#[test]
+fn leases_and_reservations_work_on_a_cluster() {
+    let cluster = common::cluster::Cluster::start();
+    let nodes: Vec<String> = cluster
+        .nodes
+        .iter()
+        .map(|n| format!("127.0.0.1:{}", n.port))
+        .collect();
+    let svc = Service::start(
+        &nodes.join(","),
+        &[("edge.yaml", SERVICE_LIMITS)],
+        &[("REDIS_TYPE", "cluster")],
+    );
+    // Tenants whose keys sit on different slots: each has its own two slots.
+    for tenant in ["a", "b", "c"] {
+        let slot =
+            |phase: &str, id: &str| request(&[(&[("slot_tenant", tenant), (phase, id)], None)]);
+        assert_eq!(
+            svc.json(&slot("request_id", "1")).status,
+            200,
+            "{}",
+            svc.log()
+        );
+        assert_eq!(svc.json(&slot("request_id", "2")).status, 200);
+        assert_eq!(svc.json(&slot("request_id", "3")).status, 429);
+        assert_eq!(svc.json(&slot("request_done", "1")).status, 200);
+        assert_eq!(svc.json(&slot("request_id", "3")).status, 200);
+        let reserve = request(&[(&[("tenant", tenant), ("request_id", "9")], Some(900))]);
+        assert_eq!(svc.json(&reserve).status, 200);
+        let more = request(&[(&[("tenant", tenant), ("request_id", "10")], Some(200))]);
+        assert_eq!(svc.json(&more).status, 429);
+        let settle = request(&[(&[("tenant", tenant), ("request_done", "9")], Some(100))]);
+        assert_eq!(svc.json(&settle).status, 200);
+        assert_eq!(svc.json(&more).status, 200, "the over-estimate came back");
+    }
+    let slots: std::collections::HashSet<u16> = ["a", "b", "c"]
+        .iter()
+        .map(|t| cluster.keyslot(format!("edge_slot%5Ftenant_{t}%L").as_bytes()))
+        .collect();
+    assert!(slots.len() > 1, "the tenants' leases share a slot");
+}
