@@ -437,8 +437,11 @@ fn at_most_three_streams_in_flight_and_an_aborted_stream_gives_its_slot_back() {
     );
 }
 
-/// One request of `descriptors`, each `(entries, hits_addend)`, as the `/json` body.
-fn request(descriptors: &[(&[(&str, &str)], Option<u64>)]) -> String {
+/// A descriptor's entries and its own `hits_addend`.
+type Described<'a> = (&'a [(&'a str, &'a str)], Option<u64>);
+
+/// One request of `descriptors` as the `/json` body.
+fn request(descriptors: &[Described<'_>]) -> String {
     let descriptors: Vec<serde_json::Value> = descriptors
         .iter()
         .map(|(entries, hits)| {
