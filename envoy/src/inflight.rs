@@ -258,17 +258,19 @@ async fn start(
         });
         status.limit_remaining =
             u32::try_from(u64::from(c.limit).saturating_sub(in_use)).unwrap_or(0);
+        count(service, t, 1, allowed);
         if !allowed {
-            status.code = Code::OverLimit as i32;
             status.duration_until_reset = Some(duration(ms));
-            count(service, t, 1, false);
-            return Ok(false);
+            if !shadow(service, t, 1) {
+                status.code = Code::OverLimit as i32;
+                return Ok(false);
+            }
+        } else {
+            taken.push(Taken::Lease {
+                key: t.lease_key(),
+                id: t.id,
+            });
         }
-        taken.push(Taken::Lease {
-            key: t.lease_key(),
-            id: t.id,
-        });
-        count(service, t, 1, true);
     }
     if let Some(r) = t.reserve() {
         let limit = t
@@ -299,13 +301,31 @@ async fn start(
         status.limit_remaining = u32::try_from(remaining).unwrap_or(u32::MAX);
         count(service, t, estimate, allowed);
         if !allowed {
-            status.code = Code::OverLimit as i32;
             status.duration_until_reset = Some(duration(retry_ms.max(0)));
-            return Ok(false);
+            if !shadow(service, t, estimate) {
+                status.code = Code::OverLimit as i32;
+                return Ok(false);
+            }
+        } else {
+            taken.push(Taken::Reservation(t.index));
         }
-        taken.push(Taken::Reservation(t.index));
     }
     Ok(true)
+}
+
+/// Whether a refusal is only counted: the descriptor's `shadow_mode` or `SHADOW_MODE`, as
+/// the plain path treats them (nothing is taken, the request goes on).
+fn shadow(service: &Service, t: &Tied, hits: u64) -> bool {
+    let shadow = t.found.shadow_mode || service.settings.shadow_mode;
+    if shadow {
+        let labels = crate::metrics::Metrics::labels(&t.domain, &t.found.stats_key);
+        service
+            .metrics
+            .shadow_mode
+            .with_label_values(&labels)
+            .inc_by(hits);
+    }
+    shadow
 }
 
 /// The end: the lease released, the reservation settled with the usage Envoy sent (0 when

@@ -470,6 +470,9 @@ descriptors:
     rate_limit: {unit: hour, requests_per_unit: 1}
   - key: slot_tenant
     concurrency: {limit: 2, ttl: 1m}
+  - key: watched_tenant
+    shadow_mode: true
+    concurrency: {limit: 1}
 ";
 
 #[test]
@@ -520,6 +523,16 @@ fn a_start_is_all_or_nothing_and_a_retry_or_a_second_end_applies_nothing_twice()
     assert_eq!(svc.json(&end3).status, 200);
     let r6 = request(&[(&[("tenant", "t"), ("request_id", "r6")], None)]);
     assert_eq!(remaining(&r6), 150);
+    // A shadow-mode limit counts a refusal and lets the request through.
+    let watched = |id: &str| request(&[(&[("watched_tenant", "t"), ("request_id", id)], None)]);
+    assert_eq!(svc.json(&watched("w1")).status, 200);
+    assert_eq!(svc.json(&watched("w2")).status, 200);
+    assert!(
+        svc.metrics()
+            .contains("ratelimit_service_rate_limit_shadow_mode{domain=\"edge\",key1=\"watched_tenant\",key2=\"\"} 1"),
+        "{}",
+        svc.metrics()
+    );
     // Without a request id entry the descriptor is a plain rate limit on the same bucket.
     assert_eq!(
         svc.json(&request(&[(&[("tenant", "t")], Some(150))]))
