@@ -21,8 +21,8 @@ use crate::yaml11::{Node, Resolved};
 /// The keys a config file may hold anywhere; any other is a misspelling and refused, as the
 /// Go service refuses it. `unit_multiplier`, `value_to_metric`, `share_threshold`,
 /// `quota_mode` and `metadata` are the Go service's newer keys; `burst` (the bucket's capacity),
-/// `post_paid`, `concurrency` and `reserve` (with their `limit`, `ttl` and `estimate`) are this
-/// service's extensions.
+/// `post_paid`, `concurrency` and `reserve` are this service's extensions (the keys inside the
+/// last two are checked where they are read).
 const VALID_KEYS: &[&str] = &[
     "domain",
     "key",
@@ -45,9 +45,6 @@ const VALID_KEYS: &[&str] = &[
     "post_paid",
     "concurrency",
     "reserve",
-    "limit",
-    "ttl",
-    "estimate",
 ];
 
 /// A config error: the file and the problem, as `<file>: <problem>`.
@@ -626,7 +623,8 @@ fn validate_keys(map: &Node) -> Result<(), String> {
         if !VALID_KEYS.contains(&key) {
             return Err(format!("config error, unknown key '{key}'"));
         }
-        if key == "metadata" {
+        // Free-form, or checked key by key where it is read.
+        if matches!(key, "metadata" | "concurrency" | "reserve") {
             continue;
         }
         match v {
@@ -1290,7 +1288,17 @@ descriptors:
                 "rate_limit: {unit: minute, requests_per_unit: 0, reserve: {estimate: 1}}",
                 "reserve needs a limit with requests_per_unit above 0",
             ),
-            ("concurrency: {limit: 1, lmit: 2}", "unknown key 'lmit'"),
+            (
+                "concurrency: {limit: 1, lmit: 2}",
+                "concurrency takes only limit, ttl, not 'lmit'",
+            ),
+            ("concurrency: {limit: 1.5}", "limit must be a whole number"),
+            ("concurrency: 3", "concurrency must be a map of limit, ttl"),
+            // Their keys are not valid elsewhere.
+            (
+                "limit: 3\n    rate_limit: {unit: second, requests_per_unit: 1}",
+                "unknown key 'limit'",
+            ),
         ] {
             let e = load(&format!(
                 "domain: d\ndescriptors:\n  - key: k\n    {text}\n"
