@@ -18,6 +18,7 @@ mod config_watch;
 mod grpc;
 mod health;
 mod http;
+mod inflight;
 mod metrics;
 mod quota;
 mod readiness;
