@@ -8,7 +8,8 @@
 //! the slots already taken are refunded when a later one refuses (the one window where a
 //! cluster is not atomic: see the client's `slots` module).
 //!
-//! Quota-mode and `post_paid` descriptors are charged first, post-paid (the client's
+//! Quota-mode and `post_paid` descriptors, and plain ones `POST_PAID_CHARGES` names (by
+//! default a cost other than 1), are charged first, post-paid (the client's
 //! `charge`: it always applies and may leave the bucket in debt); whether the request is
 //! over is the quota rule's (`crate::quota`), which also builds the dynamic metadata.
 
@@ -30,7 +31,7 @@ use redis_rl_client::{
 use crate::config::{bucket_limit, Config, Match, RateLimit, Unit};
 use crate::metrics::Metrics;
 use crate::quota::{MetadataDescriptor, Verdict};
-use crate::settings::{Policy, Settings};
+use crate::settings::{Policy, PostPaidCharges, Settings};
 
 /// At most this many descriptors per request: Envoy sends one per rate-limit action list,
 /// usually a handful; more is refused before anything is written.
@@ -324,7 +325,15 @@ impl Service {
                 &m.key_entries,
             );
             let quota = m.quota_mode || self.settings.global_quota_mode;
-            let post_paid = quota || m.rate_limit.post_paid;
+            // A stream-done charge comes as an ordinary call: which plain limits charge it
+            // past what is left is `POST_PAID_CHARGES`'s rule.
+            let post_paid = quota
+                || m.rate_limit.post_paid
+                || match self.settings.post_paid_charges {
+                    PostPaidCharges::Always => true,
+                    PostPaidCharges::Never => false,
+                    PostPaidCharges::Auto => cost != 1,
+                };
             let item = Limited {
                 index,
                 found: m,
@@ -401,7 +410,13 @@ impl Service {
             outcomes.push(self.charge(item).await?);
         }
         let charged_verdicts: Vec<Verdict> = charged.iter().zip(&outcomes).map(verdict).collect();
-        if banned || crate::quota::all_quotas_over(&charged_verdicts) {
+        // A post-paid plain descriptor over its limit refuses the request as a ban does: the
+        // other plain buckets are left untouched.
+        let plain_over = charged
+            .iter()
+            .zip(&outcomes)
+            .any(|(it, o)| !it.quota && matches!(o, Outcome::Over(_)));
+        if banned || plain_over || crate::quota::all_quotas_over(&charged_verdicts) {
             outcomes.extend(limited.iter().map(|_| Outcome::Skipped));
         } else {
             outcomes.extend(self.take(&limited).await?);

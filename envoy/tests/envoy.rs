@@ -467,8 +467,9 @@ fn behind_envoy_a_denied_request_reports_the_other_bucket_as_it_is() {
     // the statuses only as DRAFT_VERSION_03 headers, built from the status with the least
     // limit_remaining (and x-ratelimit-limit's quota policy of each). So the scenario makes the
     // descriptor that did not deny hold the least: /truth sends `truth` (10/hour, cost 4)
-    // and `truth_user` (5/hour, cost 1).
-    let s = stack(&[]);
+    // and `truth_user` (5/hour, cost 1). POST_PAID_CHARGES=never keeps the cost of 4 an
+    // all-or-nothing take (under `auto` it is charged into debt, and reports 0 left).
+    let s = stack(&[("POST_PAID_CHARGES", "never")]);
     let e = &s.envoy;
     let u = [("x-user", "u")];
     // truth 10 -> 6 -> 2, truth_user 5 -> 4 -> 3, then truth_user alone 3 -> 2 -> 1.
@@ -490,5 +491,21 @@ fn behind_envoy_a_denied_request_reports_the_other_bucket_as_it_is() {
         "{r:?}"
     );
     // It was not charged: its one token is still there, and then none.
+    assert_eq!(statuses(e, "/truth-user", &u, 2), [200, 429]);
+}
+
+#[test]
+fn behind_envoy_a_cost_charged_into_debt_leaves_the_other_buckets_untouched() {
+    // Under the default POST_PAID_CHARGES=auto, /truth's cost of 4 on the 2 left is charged
+    // (2 in debt) and refuses the request; truth_user, a plain take of 1, is not charged.
+    let s = stack(&[]);
+    let e = &s.envoy;
+    let u = [("x-user", "v")];
+    assert_eq!(statuses(e, "/truth", &u, 2), [200, 200]);
+    assert_eq!(statuses(e, "/truth-user", &u, 2), [200, 200]);
+    let r = e.get("/truth", &u);
+    assert_eq!(r.status, 429, "{r:?}");
+    assert_eq!(r.header("x-ratelimit-remaining"), Some("0"), "{r:?}");
+    // truth_user keeps its 1.
     assert_eq!(statuses(e, "/truth-user", &u, 2), [200, 429]);
 }
