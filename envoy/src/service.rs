@@ -352,7 +352,7 @@ impl Service {
         }
 
         let mut overall = Code::Ok;
-        let mut tightest: Option<(u32, u32, i64)> = None;
+        let mut tightest: Option<Tightest> = None;
         let banned = bans.iter().any(|(_, _, _, shadow)| !shadow);
         for (index, m, cost, shadow) in &bans {
             let Some(status) = statuses.get_mut(*index) else {
@@ -383,7 +383,15 @@ impl Service {
                 i64::try_from(m.rate_limit.period_s().saturating_mul(1000)).unwrap_or(i64::MAX);
             status.limit_remaining = 0;
             status.duration_until_reset = Some(duration(period_ms));
-            tightest = Some((m.rate_limit.requests_per_unit, 0, period_ms));
+            let candidate = Tightest {
+                requests_per_unit: m.rate_limit.requests_per_unit,
+                remaining: 0,
+                reset_ms: period_ms,
+                over: !*shadow,
+            };
+            if tightest.is_none_or(|t| candidate.tighter_than(&t)) {
+                tightest = Some(candidate);
+            }
         }
 
         let redis_started = Instant::now();
@@ -515,10 +523,30 @@ impl Service {
                     _ => (d.remaining, d.reset_after_ms),
                 };
                 status.limit_remaining = u32::try_from(remaining).unwrap_or(u32::MAX);
-                status.duration_until_reset = Some(duration(reset_after_ms));
+                // A refusing descriptor says when this same request could pass; any other,
+                // when its bucket is whole again.
+                let over = matches!(outcome, Outcome::Over(_) | Outcome::ShadowOver(_));
+                let wait_ms = match (over, item.post_paid) {
+                    // Post-paid: over while the charge leaves a debt, so the request passes
+                    // once the debt is repaid and its own cost has come back too.
+                    (true, true) => d
+                        .retry_after_ms
+                        .max(0)
+                        .saturating_add(cost_ms_up(&item.limit, item.cost)),
+                    // -1: the cost is above the capacity and no wait helps.
+                    (true, false) if d.retry_after_ms >= 0 => d.retry_after_ms,
+                    _ => reset_after_ms,
+                };
+                status.duration_until_reset = Some(duration(wait_ms));
                 let rpu = item.found.rate_limit.requests_per_unit;
-                if tightest.is_none_or(|(_, remaining, _)| status.limit_remaining < remaining) {
-                    tightest = Some((rpu, status.limit_remaining, reset_after_ms));
+                let candidate = Tightest {
+                    requests_per_unit: rpu,
+                    remaining: status.limit_remaining,
+                    reset_ms: wait_ms,
+                    over: over && !matches!(outcome, Outcome::ShadowOver(_)),
+                };
+                if tightest.is_none_or(|t| candidate.tighter_than(&t)) {
+                    tightest = Some(candidate);
                 }
             }
         }
@@ -549,7 +577,13 @@ impl Service {
         });
         let mut headers = Vec::new();
         if self.settings.limit_response_headers_enabled {
-            if let Some((rpu, remaining, reset_ms)) = tightest {
+            if let Some(Tightest {
+                requests_per_unit: rpu,
+                remaining,
+                reset_ms,
+                ..
+            }) = tightest
+            {
                 let reset_s = (reset_ms.max(0) + 999) / 1000;
                 for (key, value) in [
                     (&self.settings.limit_limit_header, rpu.to_string()),
@@ -799,6 +833,42 @@ fn cost_ms(limit: &Limit, cost: u64) -> i64 {
     }
     let ms = u128::from(cost).saturating_mul(period.as_millis()) / u128::from(per);
     i64::try_from(ms).unwrap_or(i64::MAX)
+}
+
+/// `cost_ms`, rounded up: a wait that must not end before the tokens are there.
+fn cost_ms_up(limit: &Limit, cost: u64) -> i64 {
+    let Some((per, period)) = limit.period() else {
+        return 0;
+    };
+    if per == 0 {
+        return 0;
+    }
+    let ms = u128::from(cost)
+        .saturating_mul(period.as_millis())
+        .div_ceil(u128::from(per));
+    i64::try_from(ms).unwrap_or(i64::MAX)
+}
+
+/// The status the `LIMIT_*` response headers report: a refusing one before any other (the
+/// longest wait among them, since the request passes only when all do), else the one with
+/// the fewest tokens left.
+#[derive(Clone, Copy)]
+struct Tightest {
+    requests_per_unit: u32,
+    remaining: u32,
+    reset_ms: i64,
+    over: bool,
+}
+
+impl Tightest {
+    fn tighter_than(&self, other: &Tightest) -> bool {
+        match (self.over, other.over) {
+            (true, false) => true,
+            (false, true) => false,
+            (true, true) => self.reset_ms > other.reset_ms,
+            (false, false) => self.remaining < other.remaining,
+        }
+    }
 }
 
 /// Whole seconds, rounded up: Envoy's x-ratelimit-reset reads only the seconds, and a

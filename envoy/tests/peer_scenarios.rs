@@ -729,7 +729,10 @@ fn stream_done_charges_on_plain_post_paid_and_global_quota_limits() {
     // POST_PAID_CHARGES says.
     let global = stack_with_env(
         LIMITS,
-        &[("GLOBAL_QUOTA_MODE", "true"), ("POST_PAID_CHARGES", "never")],
+        &[
+            ("GLOBAL_QUOTA_MODE", "true"),
+            ("POST_PAID_CHARGES", "never"),
+        ],
     );
     assert_eq!(
         three_answers_then(&global, "/plain_user", "plain_user"),
