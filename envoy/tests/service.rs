@@ -1135,3 +1135,51 @@ fn a_zero_limit_bans_over_grpc_without_redis() {
     let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut con).unwrap();
     assert!(keys.iter().all(|k| !k.contains("banned")), "{keys:?}");
 }
+
+#[test]
+fn json_logs_carry_the_peers_field_names_and_the_outage_says_unavailable() {
+    // LOG_FORMAT=json: each line is one JSON object with logrus's JSONFormatter names, as
+    // envoyproxy/ratelimit writes them (`@message`, `@timestamp`, `level: warning`). With
+    // Redis killed under RL_ON_ERROR=error, the outage line says the calls answer
+    // UNAVAILABLE, which is what they get, not the client library's own policy.
+    let mut redis = common::Server::start();
+    let svc = Service::start(
+        &redis_url(redis.port),
+        &[("p.yaml", POLICY)],
+        &[("LOG_FORMAT", "json"), ("RL_TIMEOUT_MS", "300")],
+    );
+    assert_eq!(svc.json(&one("p", &[("k", "a")])).status, 200);
+    redis.kill();
+    assert_eq!(svc.json(&one("p", &[("k", "a")])).status, 503);
+    let log = svc.log();
+    let lines: Vec<Value> = log
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    assert!(!lines.is_empty(), "{log}");
+    for l in &lines {
+        assert!(l["@message"].is_string(), "{l}");
+        assert!(
+            l["@timestamp"].as_str().is_some_and(|t| t.ends_with('Z')),
+            "{l}"
+        );
+        assert!(
+            ["trace", "debug", "info", "warning", "error"]
+                .contains(&l["level"].as_str().unwrap_or("")),
+            "{l}"
+        );
+    }
+    let outage = lines
+        .iter()
+        .find(|l| {
+            l["@message"]
+                .as_str()
+                .is_some_and(|m| m.contains("Redis cannot decide"))
+        })
+        .unwrap_or_else(|| panic!("no outage line: {log}"));
+    assert_eq!(outage["level"], "warning", "{outage}");
+    let message = outage["@message"].as_str().unwrap_or("");
+    assert!(message.contains("UNAVAILABLE"), "{message}");
+    assert!(!message.contains("on_error=Closed"), "{message}");
+}
