@@ -112,6 +112,9 @@ pub struct Service {
     // Redis setups: per-second limits on their own Redis
     // (`REDIS_PERSECOND`), see `take` and docs/envoy-redis.md.
     per_second: Option<Backend>,
+    /// The stats keys holding a client's value seen so far, at most
+    /// `RL_MAX_CLIENT_STATS_KEYS`: each is a metric series and a statsd name.
+    client_stats_keys: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 /// One descriptor after checking.
@@ -167,7 +170,29 @@ impl Service {
             settings,
             metrics,
             per_second: None,
+            client_stats_keys: std::sync::Mutex::new(std::collections::HashSet::new()),
         }
+    }
+
+    /// `m`'s stats key, or the config's own key when it holds a request's value and the
+    /// bound on such keys is reached (counted).
+    fn bound_stats_key(&self, m: &mut Match) {
+        if m.stats_key == m.config_stats_key {
+            return;
+        }
+        let Ok(mut seen) = self.client_stats_keys.lock() else {
+            return;
+        };
+        if seen.contains(&m.stats_key) {
+            return;
+        }
+        if seen.len() < self.settings.max_client_stats_keys {
+            seen.insert(m.stats_key.clone());
+            return;
+        }
+        drop(seen);
+        self.metrics.stats_keys_folded.inc();
+        m.stats_key = m.config_stats_key.clone();
     }
 
     /// Sends the limits whose unit is `second` to `backend` (`REDIS_PERSECOND`).
@@ -273,6 +298,13 @@ impl Service {
                         ),
                     }),
                     stats_key: override_stats_key(&request.domain, &w.entries),
+                    config_stats_key: override_stats_key(
+                        &request.domain,
+                        &w.entries
+                            .iter()
+                            .map(|(k, _)| (k.clone(), String::new()))
+                            .collect::<Vec<_>>(),
+                    ),
                     shadow_mode: false,
                     key_entries: w.entries.clone(),
                     quota_mode: false,
@@ -280,7 +312,8 @@ impl Service {
                 }),
                 None => config.lookup(&request.domain, &w.entries),
             };
-            if let Some(m) = m {
+            if let Some(mut m) = m {
+                self.bound_stats_key(&mut m);
                 found.push((index, m, w.cost, w.refund));
             }
         }

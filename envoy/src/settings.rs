@@ -63,6 +63,12 @@ pub struct Settings {
     pub global_quota_mode: bool,
     /// POST_PAID_CHARGES: which plain limits take a charge past what is left.
     pub post_paid_charges: PostPaidCharges,
+    /// RL_MAX_CLIENT_STATS_KEYS: at most this many distinct stats keys carry a request's
+    /// value (`detailed_metric`, `value_to_metric`, Envoy's limit override); a new one past
+    /// it is counted under the config's own key (the values dropped) and in
+    /// `redis_rl_envoy_stats_keys_folded`, so a client sending a new value each call cannot
+    /// grow `/metrics` and the statsd names without bound.
+    pub max_client_stats_keys: usize,
     /// RESPONSE_DYNAMIC_METADATA: each response carries dynamic metadata (the domain, the
     /// descriptors, the quota-mode violations and the configured `metadata` of the
     /// descriptors within their limits), which Envoy's filter emits for later filters.
@@ -333,6 +339,12 @@ impl Settings {
             shadow_mode: flag("SHADOW_MODE", false)?,
             global_quota_mode: flag("GLOBAL_QUOTA_MODE", false)?,
             post_paid_charges,
+            max_client_stats_keys: usize::try_from(number(
+                "RL_MAX_CLIENT_STATS_KEYS",
+                10_000,
+                10_000_000,
+            )?)
+            .unwrap_or(10_000),
             response_dynamic_metadata: flag("RESPONSE_DYNAMIC_METADATA", false)?,
             near_limit_ratio,
             cache_key_prefix: text("CACHE_KEY_PREFIX", ""),
