@@ -255,6 +255,9 @@ pub struct Match {
     /// The stats key: the config path, with the request's value where `detailed_metric` or
     /// `value_to_metric` ask for it.
     pub stats_key: String,
+    /// The stats key without any request value (the config's path): where a stats key
+    /// past the bound on client-valued series is folded.
+    pub config_stats_key: String,
     pub shadow_mode: bool,
     /// The entries the bucket is keyed by: the request's, except a `share_threshold`
     /// wildcard level, which keys by its pattern so all matching values share one bucket.
@@ -486,6 +489,9 @@ impl Config {
         let mut found: Option<Match> = None;
         let mut key_entries = Vec::with_capacity(entries.len());
         let mut stats_key = domain.to_string();
+        // The config's path to this level (its flags are stored under it): the stats key
+        // without the request's values.
+        let mut config_path = domain.to_string();
         // Whether a level on the path names its metric after the request's value.
         let mut valued = false;
         for (index, (key, value)) in entries.iter().enumerate() {
@@ -499,7 +505,7 @@ impl Config {
             };
             let flags = self
                 .flags
-                .get(&format!("{stats_key}.{child_key}"))
+                .get(&format!("{config_path}.{child_key}"))
                 .copied()
                 .unwrap_or_default();
             let shared = flags.share_threshold && child_key != exact && child_key.contains('*');
@@ -521,6 +527,7 @@ impl Config {
                 child_key.clone()
             };
             stats_key = format!("{stats_key}.{level_name}");
+            config_path = format!("{config_path}.{child_key}");
             let Some(child) = child else {
                 break;
             };
@@ -533,6 +540,7 @@ impl Config {
                         } else {
                             limited.full_key.clone()
                         },
+                        config_stats_key: limited.full_key.clone(),
                         shadow_mode: limited.shadow_mode,
                         key_entries: key_entries.clone(),
                         quota_mode: limited.quota_mode,
@@ -1087,6 +1095,28 @@ descriptors:
         let b = c.lookup("d", &entries(&[("w", "prefix-b")])).unwrap();
         assert_eq!(a.key_entries, b.key_entries);
         assert_eq!(a.key_entries, entries(&[("w", "pre*")]));
+    }
+
+    #[test]
+    fn value_to_metric_holds_at_every_level() {
+        // The peer's own example: route and http_method carry value_to_metric, so both
+        // values are in the name, three levels deep.
+        let c = load(
+            "domain: vtm\ndescriptors:\n  - key: route\n    value_to_metric: true\n    descriptors:\n      - key: http_method\n        value_to_metric: true\n        descriptors:\n          - key: subject_id\n            rate_limit: {unit: minute, requests_per_unit: 60}\n",
+        )
+        .unwrap();
+        let m = c
+            .lookup(
+                "vtm",
+                &[
+                    ("route".into(), "api".into()),
+                    ("http_method".into(), "GET".into()),
+                    ("subject_id".into(), "123".into()),
+                ],
+            )
+            .unwrap();
+        assert_eq!(m.stats_key, "vtm.route_api.http_method_GET.subject_id");
+        assert_eq!(m.config_stats_key, "vtm.route.http_method.subject_id");
     }
 
     #[test]
