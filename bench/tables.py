@@ -44,7 +44,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench import DEFAULT_MODULE, BenchError, Conn, running_server  # noqa: E402
 
-DEFAULT_SIZES = "10000,30000,100000,300000,1000000"
+DEFAULT_SIZES = "10000,30000,50000,70000,100000,150000,300000,1000000"
 
 BASE_NS = 4_102_444_800_000_000_000  # 2100-01-01: nothing fills during a run
 PER_CALL = 1000
@@ -164,7 +164,8 @@ def measure_migrate(src, dst, key, n, rounds, timeout_ms, exact):
     if mine != theirs:
         raise BenchError("the migrated %s of %d entries differs from the source's" % (key, n))
     dst.call("DEL", key)
-    return {"wall_ms": statistics.median(walls), "server_ms": statistics.median(usecs) / 1000.0,
+    return {"wall_ms": statistics.median(walls), "min_ms": min(walls), "max_ms": max(walls),
+            "server_ms": statistics.median(usecs) / 1000.0,
             "ns": statistics.median(walls) * 1e6 / n}
 
 
@@ -289,14 +290,14 @@ def main():
         "RESTORE) and the source's own time for it (cmdstat_migrate); the table's copy checked "
         "byte for byte (DUMP on both servers), the hash's by HLEN." % opts.rounds,
         "",
-        "| entries | table ms (wall) | table ms (source) | table ns/bucket | hash ms (wall) "
-        "| hash ms (source) | hash ns/field |",
-        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| entries | table ms (wall) | table ms (wall, fastest–slowest round) | table ms (source) "
+        "| table ns/bucket | hash ms (wall) | hash ms (source) | hash ns/field |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for size in sizes:
         t, h = migrate[("table", size)], migrate[("hash", size)]
-        lines.append("| %s | %.1f | %.1f | %.0f | %.1f | %.1f | %.0f |"
-                     % (format(size, ","), t["wall_ms"], t["server_ms"], t["ns"],
+        lines.append("| %s | %.1f | %.1f–%.1f | %.1f | %.0f | %.1f | %.1f | %.0f |"
+                     % (format(size, ","), t["wall_ms"], t["min_ms"], t["max_ms"], t["server_ms"], t["ns"],
                         h["wall_ms"], h["server_ms"], h["ns"]))
     lines += [
         "",
