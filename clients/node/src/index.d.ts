@@ -191,8 +191,12 @@ export class Limiter {
   /** Applies a post-paid cost whatever the bucket holds, into debt if need be (RL.CHARGE);
    * rejects with DebtTooLongError past 100 years of debt. */
   charge(key: string, limit: Limit, cost: number): Promise<Charge>;
-  /** A bucket table of this limiter, over `shards` (default 1) tables `name:{0}` …. */
-  table(name: string, shards?: number): Table;
+  /**
+   * A bucket table of this limiter, over `shards` (default 1) tables `name:{0}` …; or, given
+   * `{ expectedBuckets }` alone, over `shardsFor(expectedBuckets)` tables. Both given with too
+   * few shards for the expected buckets: a warning on the limiter's logger, and `shards` is used.
+   */
+  table(name: string, options?: number | TableOptions): Table;
   /** A lease at `key` if fewer than `limit` (1 to 10000) are held there, for `ttlMs`; `id`
    * (1 to 16 bytes, not starting with "open:" or "local:") makes a retried take idempotent. When Redis cannot decide: "open" allows
    * (an id "open:…", held nowhere), "closed" denies, "local" takes it in process (an id
@@ -321,6 +325,17 @@ export class WaitNeverError extends Error {
 
 /** The most shards a table may be spread over (the number of cluster slots). */
 export const MAX_SHARDS: number;
+/** The most buckets `expectedBuckets` puts in one table: the largest whose MIGRATE measured under 100 ms. */
+export const MAX_BUCKETS_PER_TABLE: number;
+/** max(1, ceil(expectedBuckets / MAX_BUCKETS_PER_TABLE)); a RangeError past MAX_SHARDS. */
+export function shardsFor(expectedBuckets: number): number;
+/** The second argument of `limiter.table`. */
+export interface TableOptions {
+  /** How many tables (default 1, or enough for expectedBuckets). */
+  shards?: number;
+  /** How many buckets the limit will hold at most: picks the shards when `shards` is not given. */
+  expectedBuckets?: number;
+}
 /** The shard of `field`: the first 8 bytes of SHA-1 over its UTF-8 bytes, big-endian, mod `shards`. */
 export function shardOf(field: string, shards: number): number;
 

@@ -27,7 +27,7 @@ import {
 } from "./lease.js";
 
 export { DebtTooLongError, LocalBuckets } from "./bucket.js";
-export { Table, shardOf, MAX_SHARDS } from "./table.js";
+export { Table, shardOf, shardsFor, MAX_SHARDS, MAX_BUCKETS_PER_TABLE } from "./table.js";
 export { WaitNeverError, WaitTimeoutError } from "./wait.js";
 export { FUNCTIONS_VERSION, MisconfiguredError, ModuleMissingError, RateLimitError, loadFunctions } from "./paths.js";
 export { keySlot, SlotsDecision } from "./slots.js";
@@ -593,9 +593,13 @@ export class Limiter {
 
   // The API ---------------------------------------------------------------------------------
 
-  /** A bucket table of this limiter: `shards` tables `name:{0}` … (src/table.js). */
-  table(name, shards = 1) {
-    return new Table(this, name, shards);
+  /**
+   * A bucket table of this limiter: `shards` tables `name:{0}` … (src/table.js). The second
+   * argument is a shard count or `{ shards, expectedBuckets }`: expectedBuckets alone picks
+   * enough shards for MAX_BUCKETS_PER_TABLE buckets each; both, with too few shards, warns.
+   */
+  table(name, options = 1) {
+    return new Table(this, name, options);
   }
 
   /**

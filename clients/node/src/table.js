@@ -1,6 +1,8 @@
 // Bucket tables: many buckets in a few keys, spread over a cluster (docs/tables.md).
 //
-// `limiter.table(name, shards)` gives a Table whose buckets are named by fields. A field lives
+// `limiter.table(name, shards)` (or `limiter.table(name, { shards, expectedBuckets })`, where
+// expectedBuckets alone picks shardsFor(expectedBuckets) shards so that no table holds more than
+// MAX_BUCKETS_PER_TABLE buckets) gives a Table whose buckets are named by fields. A field lives
 // in the table `name:{i}` with i = shardOf(field, shards), so one limit's fields spread over
 // `shards` keys, each in the slot of its hash tag `{i}`. With the module the calls are
 // RL.HACQUIRE, RL.HPEEK, RL.HREFUND, RL.HDEL and RL.HLEN on those keys; without it, the
@@ -17,6 +19,47 @@ import { createHash } from "node:crypto";
 export const MAX_SHARDS = 16384;
 /** The most fields delete sends in one command, so no one call keeps the server long. */
 export const DELETE_BATCH = 1000;
+/**
+ * The most buckets `expectedBuckets` puts in one table: the largest table whose MIGRATE (what
+ * resharding a cluster does to a key) measured under 100 ms, from the run of `make bench-tables`
+ * in bench/tables.md (docs/tables.md#choosing-shards). A bigger table blocks the node that moves
+ * it for longer. The Python and Rust libraries use the same figure.
+ */
+export const MAX_BUCKETS_PER_TABLE = 100_000;
+
+/**
+ * How many tables keep `expectedBuckets` buckets at MAX_BUCKETS_PER_TABLE or fewer each:
+ * max(1, ceil(expectedBuckets / MAX_BUCKETS_PER_TABLE)).
+ */
+export function shardsFor(expectedBuckets) {
+  if (!Number.isSafeInteger(expectedBuckets) || expectedBuckets < 0) {
+    throw new RangeError("expectedBuckets must be a non-negative integer");
+  }
+  const shards = Math.max(1, Math.ceil(expectedBuckets / MAX_BUCKETS_PER_TABLE));
+  if (shards > MAX_SHARDS) {
+    throw new RangeError(`expectedBuckets ${expectedBuckets} needs ${shards} shards of at most ` +
+      `${MAX_BUCKETS_PER_TABLE} buckets, more than the ${MAX_SHARDS} there can be`);
+  }
+  return shards;
+}
+
+/**
+ * The shard count of limiter.table: `shards` if given, else shardsFor(expectedBuckets) if that
+ * is given, else 1. Given both, too few shards for the expected buckets is allowed (a single
+ * server never moves its keys) but warned of on `logger`, naming the count that fits.
+ */
+function resolveShards(name, options, logger) {
+  const { shards, expectedBuckets } = typeof options === "object" && options !== null ? options : { shards: options };
+  if (expectedBuckets === undefined) return shards ?? 1;
+  const needed = shardsFor(expectedBuckets);
+  if (shards === undefined) return needed;
+  if (Number.isInteger(shards) && shards >= 1 && shards < needed) {
+    logger?.warn?.(`redis-rl: table ${JSON.stringify(name)}: ${shards} shards for ${expectedBuckets} expected ` +
+      `buckets put up to ${Math.ceil(expectedBuckets / shards)} in one table, more than the ` +
+      `${MAX_BUCKETS_PER_TABLE} whose MIGRATE stays under 100 ms; ${needed} shards would keep each under it`);
+  }
+  return shards;
+}
 
 /**
  * The shard of `field` among `shards`: the first 8 bytes of SHA-1 over its UTF-8 bytes,
@@ -46,10 +89,12 @@ const luaPattern = (name) => name.replace(/[*?[\]\\]/g, (c) => `\\${c}`) + ":{*}
  * failure policy.
  */
 export class Table {
-  constructor(limiter, name, shards = 1) {
+  /** `options`: a shard count, or `{ shards, expectedBuckets }` (see resolveShards). */
+  constructor(limiter, name, options = 1) {
     if (typeof name !== "string" || name === "") throw new RangeError("name must be a non-empty string");
     // A brace in the name would become the hash tag and put every shard in one slot.
     if (/[{}]/.test(name)) throw new RangeError("name must not contain { or } (the shard index is the hash tag)");
+    const shards = resolveShards(name, options, limiter ? limiter.logger : console);
     if (!Number.isInteger(shards) || shards < 1 || shards > MAX_SHARDS) {
       throw new RangeError(`shards must be an integer from 1 to ${MAX_SHARDS}`);
     }

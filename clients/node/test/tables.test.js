@@ -7,7 +7,7 @@ import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
 import Redis from "ioredis";
 import { createClient } from "redis";
-import { Limit, Limiter, ModuleMissingError, Table, shardOf } from "../src/index.js";
+import { Limit, Limiter, MAX_BUCKETS_PER_TABLE, ModuleMissingError, Table, shardOf, shardsFor } from "../src/index.js";
 import { adapt } from "../src/adapter.js";
 import { Server, calls } from "./servers.js";
 
@@ -32,6 +32,38 @@ test("bad tables are refused where they are written", () => {
     assert.throws(() => new Table(null, name, shards), error, `${name} ${shards}`);
   }
   assert.throws(() => new Table(null, "t").bucket(Buffer.from("x")), /field must be a string/);
+});
+
+test("expectedBuckets picks enough shards for MAX_BUCKETS_PER_TABLE buckets each", () => {
+  const per = MAX_BUCKETS_PER_TABLE;
+  for (const [expected, shards] of [[0, 1], [1, 1], [per - 1, 1], [per, 1], [per + 1, 2], [3 * per, 3],
+    [3 * per + 1, 4], [10_000 * per, 10_000], [16384 * per, 16384]]) {
+    assert.equal(shardsFor(expected), shards, String(expected));
+    const table = new Table(null, "t", { expectedBuckets: expected });
+    assert.equal(table.shards, shards, String(expected));
+    assert.ok(Math.ceil(expected / table.shards) <= per, String(expected));
+  }
+  for (const [bad, error] of [[-1, /expectedBuckets must be/], [1.5, /expectedBuckets must be/], ["10", /expectedBuckets must be/],
+    [16384 * per + 1, /more than the 16384/]]) {
+    assert.throws(() => new Table(null, "t", { expectedBuckets: bad }), error, String(bad));
+  }
+  assert.equal(new Table(null, "t").shards, 1);
+  assert.equal(new Table(null, "t", 7).shards, 7);
+  assert.equal(new Table(null, "t", { shards: 7 }).shards, 7);
+  assert.throws(() => new Table(null, "t", "4"), /shards must be/);
+});
+
+test("too few shards for the expected buckets warn and are kept; enough say nothing", () => {
+  const logs = [];
+  const limiter = { logger: { warn: (m) => logs.push(m) } };
+  const expected = 3 * MAX_BUCKETS_PER_TABLE + 1;
+  assert.equal(new Table(limiter, "big", { shards: 2, expectedBuckets: expected }).shards, 2);
+  assert.equal(logs.length, 1);
+  assert.match(logs[0], new RegExp(`"big": 2 shards for ${expected} expected buckets`));
+  assert.match(logs[0], /4 shards would keep each under it/);
+  assert.equal(new Table(limiter, "t", { shards: 4, expectedBuckets: 4 * MAX_BUCKETS_PER_TABLE }).shards, 4);
+  assert.equal(new Table(limiter, "t", { shards: 9, expectedBuckets: 1 }).shards, 9);
+  assert.equal(logs.length, 1);
 });
 
 const CLIENTS = {
@@ -107,6 +139,19 @@ async function runSequence(table, seq) {
 }
 
 for (const kind of Object.keys(CLIENTS)) {
+  test(`${kind}: expectedBuckets spreads the fields over that many keys`, () => withSetup(async (t) => {
+    const s = await t.server(true);
+    const table = (await t.limiter(kind, s)).table("sized", { expectedBuckets: 3 * MAX_BUCKETS_PER_TABLE });
+    assert.equal(table.shards, 3);
+    for (let n = 0; n < 60; n++) assert.equal((await table.acquire(`user:${n}`, SLOW)).allowed, true);
+    const admin = await t.admin(s);
+    const keys = (await admin.send(["KEYS", "*"])).map(String).sort();
+    assert.deepEqual(keys, ["sized:{0}", "sized:{1}", "sized:{2}"]);
+    let total = 0;
+    for (const key of keys) total += Number(await admin.send(["RL.HLEN", key]));
+    assert.equal(total, 60);
+  }));
+
   for (const module of [true, false]) {
     test(`${kind}: ${module ? "module tables" : "the Lua fallback"} give the vectors' replies`, () => withSetup(async (t) => {
       const limiter = await t.limiter(kind, await t.server(module));

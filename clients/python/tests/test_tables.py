@@ -13,7 +13,7 @@ import unittest
 import redis
 import redis.asyncio
 
-from redis_rl import Limit, Limiter, ModuleMissingError, Table, shard_of
+from redis_rl import MAX_BUCKETS_PER_TABLE, Limit, Limiter, ModuleMissingError, Table, shard_of, shards_for
 from redis_rl.asyncio import Limiter as AsyncLimiter
 from servers import ROOT, Server
 
@@ -50,6 +50,43 @@ class ShardVectors(unittest.TestCase):
                 Table(None, name, shards)
         with self.assertRaisesRegex(TypeError, "field must be a str"):
             Table(None, "t", 1).bucket(b"bytes")
+
+
+class Sizing(unittest.TestCase):
+    """expected_buckets picks enough shards for MAX_BUCKETS_PER_TABLE buckets each."""
+
+    def test_shards_for_rounds_up_to_whole_tables(self):
+        per = MAX_BUCKETS_PER_TABLE
+        for expected, shards in [(0, 1), (1, 1), (per - 1, 1), (per, 1), (per + 1, 2), (3 * per, 3),
+                                 (3 * per + 1, 4), (10_000 * per, 10_000), (16384 * per, 16384)]:
+            self.assertEqual(shards_for(expected), shards, expected)
+            table = Table(None, "t", expected_buckets=expected)
+            self.assertEqual(table.shards, shards, expected)
+            self.assertLessEqual(-(-expected // table.shards), per, expected)
+
+    def test_bad_expected_buckets_are_refused(self):
+        for bad, error in [(-1, "non-negative"), (1.5, "non-negative"), (True, "non-negative"),
+                           ("10", "non-negative"), (16384 * MAX_BUCKETS_PER_TABLE + 1, "more than the 16384")]:
+            with self.assertRaisesRegex(ValueError, "expected_buckets.*" + error, msg=bad):
+                Table(None, "t", expected_buckets=bad)
+
+    def test_shards_without_expected_buckets_are_as_given(self):
+        self.assertEqual(Table(None, "t").shards, 1)
+        self.assertEqual(Table(None, "t", 7).shards, 7)
+
+    def test_too_few_shards_for_the_expected_buckets_warn_and_are_kept(self):
+        expected = 3 * MAX_BUCKETS_PER_TABLE + 1
+        with self.assertLogs("redis_rl", "WARNING") as logs:
+            table = Table(None, "big", 2, expected_buckets=expected)
+        self.assertEqual(table.shards, 2)
+        self.assertEqual(len(logs.output), 1)
+        self.assertIn("'big': 2 shards for %d expected buckets" % expected, logs.output[0])
+        self.assertIn("4 shards would keep each under it", logs.output[0])
+
+    def test_enough_shards_for_the_expected_buckets_say_nothing(self):
+        with self.assertNoLogs("redis_rl", "WARNING"):
+            self.assertEqual(Table(None, "t", 4, expected_buckets=4 * MAX_BUCKETS_PER_TABLE).shards, 4)
+            self.assertEqual(Table(None, "t", 9, expected_buckets=1).shards, 9)
 
 
 def run_sequence(test, table, seq):
@@ -136,6 +173,17 @@ class Keys(Servers):
             self.assertNotIn(admin.type(key), (b"hash", b"string", b"none"))
             self.assertGreater(admin.execute_command("RL.HLEN", key), 0)
         self.assertEqual(table.len(), 40)
+
+    def test_expected_buckets_spread_the_fields_over_that_many_keys(self):
+        s = self.server(module=True)
+        table = self.limiter(s).table("sized", expected_buckets=3 * MAX_BUCKETS_PER_TABLE)
+        self.assertEqual(table.shards, 3)
+        for n in range(60):
+            self.assertTrue(table.acquire(f"user:{n}", SLOW).allowed)
+        admin = self.admin(s)
+        keys = sorted(k.decode() for k in admin.keys("*"))
+        self.assertEqual(keys, ["sized:{0}", "sized:{1}", "sized:{2}"])
+        self.assertEqual(sum(admin.execute_command("RL.HLEN", k) for k in keys), 60)
 
     def test_lua_keeps_one_hash_per_field_under_the_shards_hash_tag(self):
         s = self.server(module=False)

@@ -27,7 +27,7 @@ from ._slots import SlotItem, SlotOutcome, SlotsDecision, key_slot
 from .bucket import DebtTooLongError
 from .client import Limiter, connect, connect_cluster, load_functions
 from .lease import Lease, LeaseCount, LeaseTimeoutError, Reservation
-from .table import AsyncTable, Table, shard_of
+from .table import MAX_BUCKETS_PER_TABLE, AsyncTable, Table, shard_of, shards_for
 from .wait import WaitCancelledError, WaitNeverError, WaitTimeoutError
 
 __all__ = ["Limiter", "Limit", "Decision", "MultiDecision", "Refund", "Charge", "Error",
@@ -36,6 +36,6 @@ __all__ = ["Limiter", "Limit", "Decision", "MultiDecision", "Refund", "Charge", 
            "connect_cluster", "load_functions", "FUNCTIONS_VERSION",
            "SlotItem", "SlotOutcome", "SlotsDecision", "key_slot",
            "WaitTimeoutError", "WaitNeverError", "WaitCancelledError",
-           "Table", "AsyncTable", "shard_of",
+           "Table", "AsyncTable", "shard_of", "shards_for", "MAX_BUCKETS_PER_TABLE",
            "Lease", "LeaseCount", "LeaseTimeoutError", "Reservation", "ReservationNotOpenError"]
 __version__ = "0.1.0"

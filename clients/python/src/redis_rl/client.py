@@ -231,11 +231,15 @@ class Limiter(LimiterBase):
         the deny cache's entry for `key`."""
         return self._run("refund", [(key, limit, cost)])
 
-    def table(self, name: str, shards: int = 1) -> Table:
-        """A bucket table of this limiter: `shards` tables `name:{0}` … (redis_rl.table)."""
+    def table(self, name: str, shards: Optional[int] = None,
+              expected_buckets: Optional[int] = None) -> Table:
+        """A bucket table of this limiter: `shards` tables `name:{0}` … (redis_rl.table).
+        Without `shards`, enough for `expected_buckets` (`redis_rl.table.shards_for`: at most
+        `MAX_BUCKETS_PER_TABLE` each), or 1. Both given and `shards` too few for the expected
+        buckets: a warning on the `redis_rl` logger, and `shards` is used."""
         from .table import Table
 
-        return Table(self, name, shards)
+        return Table(self, name, shards, expected_buckets)
 
     # Waiting --------------------------------------------------------------------------------
 

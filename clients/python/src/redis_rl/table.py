@@ -1,7 +1,8 @@
 """Bucket tables: many buckets in a few keys, spread over a cluster (docs/tables.md).
 
 `limiter.table(name, shards=S)` gives a `Table` (or, on the asyncio limiter, an `AsyncTable`)
-whose buckets are named by fields. A field lives in the table `name:{i}` with
+whose buckets are named by fields; `limiter.table(name, expected_buckets=N)` picks S itself,
+`shards_for(N)`, so that no table holds more than `MAX_BUCKETS_PER_TABLE` buckets. A field lives in the table `name:{i}` with
 i = `shard_of(field, S)`, so one limit's fields spread over S keys, each in the slot of its
 hash tag `{i}`. With the module, the calls are RL.HACQUIRE, RL.HPEEK, RL.HREFUND, RL.HDEL and
 RL.HLEN on those keys. Without it, the shipped Lua script keeps one key per field,
@@ -15,7 +16,8 @@ decisions (delete, len).
 
 import asyncio
 import hashlib
-from typing import Any
+import logging
+from typing import Any, Optional
 
 from ._core import CHECK_KEYS
 
@@ -23,6 +25,43 @@ from ._core import CHECK_KEYS
 MAX_SHARDS = 16384
 #: The most fields `delete` sends in one command, so no one call keeps the server long.
 DELETE_BATCH = 1000
+#: The most buckets `expected_buckets` puts in one table: the largest table whose `MIGRATE`
+#: (what resharding a cluster does to a key) measured under 100 ms, from the run of
+#: `make bench-tables` in bench/tables.md (docs/tables.md#choosing-shards). A bigger table
+#: blocks the node that moves it for longer. The Node and Rust libraries use the same figure.
+MAX_BUCKETS_PER_TABLE = 100_000
+
+log = logging.getLogger("redis_rl")
+
+
+def shards_for(expected_buckets: int) -> int:
+    """How many tables keep `expected_buckets` buckets at `MAX_BUCKETS_PER_TABLE` or fewer
+    each: max(1, ceil(expected_buckets / MAX_BUCKETS_PER_TABLE))."""
+    if (not isinstance(expected_buckets, int) or isinstance(expected_buckets, bool)
+            or expected_buckets < 0):
+        raise ValueError("expected_buckets must be a non-negative integer")
+    shards = max(1, -(-expected_buckets // MAX_BUCKETS_PER_TABLE))
+    if shards > MAX_SHARDS:
+        raise ValueError(f"expected_buckets {expected_buckets} needs {shards} shards of at most "
+                         f"{MAX_BUCKETS_PER_TABLE} buckets, more than the {MAX_SHARDS} there can be")
+    return shards
+
+
+def resolve_shards(name: str, shards: Optional[int], expected_buckets: Optional[int]) -> int:
+    """The shard count of `limiter.table`: `shards` if given, else `shards_for(expected_buckets)`
+    if that is given, else 1. Given both, too few shards for the expected buckets is allowed
+    (a single server never moves its keys) but logged as a warning naming the count that fits."""
+    if expected_buckets is None:
+        return 1 if shards is None else shards
+    needed = shards_for(expected_buckets)
+    if shards is None:
+        return needed
+    if isinstance(shards, int) and not isinstance(shards, bool) and 1 <= shards < needed:
+        log.warning("table %r: %d shards for %d expected buckets put up to %d in one table, more "
+                    "than the %d whose MIGRATE stays under 100 ms; %d shards would keep each under it",
+                    name, shards, expected_buckets, -(-expected_buckets // shards),
+                    MAX_BUCKETS_PER_TABLE, needed)
+    return shards
 
 
 def shard_of(field: str, shards: int) -> int:
@@ -62,12 +101,13 @@ def _lua_pattern(name):
 
 
 class _TableBase:
-    def __init__(self, limiter, name, shards):
+    def __init__(self, limiter, name, shards=None, expected_buckets=None):
         if not isinstance(name, str) or not name:
             raise ValueError("name must be a non-empty str")
         if "{" in name or "}" in name:
             # A brace in the name would become the hash tag and put every shard in one slot.
             raise ValueError("name must not contain { or } (the shard index is the hash tag)")
+        shards = resolve_shards(name, shards, expected_buckets)
         if not isinstance(shards, int) or isinstance(shards, bool) or not 1 <= shards <= MAX_SHARDS:
             raise ValueError(f"shards must be an integer from 1 to {MAX_SHARDS}")
         self._limiter = limiter
