@@ -92,7 +92,9 @@ pub use lease::{Lease, LeaseCount, Reservation, Reserved, OPEN_ID_PREFIX};
 pub use script::FUNCTIONS_VERSION;
 pub use slots::{key_slot, SlotItem, SlotOutcome, SlotsDecision};
 pub use sync::{Connect, Limiter};
-pub use table::{shard_of, AsyncTable, Table, MAX_SHARDS};
+pub use table::{
+    shard_of, shards_for, AsyncTable, Table, TableOptions, MAX_BUCKETS_PER_TABLE, MAX_SHARDS,
+};
 pub use types::{
     Charged, Counters, Decision, Error, Limit, MultiDecision, OnError, Options, Refund, Source,
     WithoutModule, CLOSED_RETRY_AFTER_MS, DEFAULT_DENY_CACHE_ENTRIES, DEFAULT_TIMEOUT,

@@ -5,7 +5,9 @@
 //! `i = shard_of(field, shards)`, so one limit's fields spread over `shards` keys, each in the
 //! slot of its hash tag `{i}`. With the module the calls are RL.HACQUIRE, RL.HPEEK,
 //! RL.HREFUND, RL.HDEL and RL.HLEN on those keys; without it, the shipped Lua script keeps one
-//! key per field, `name:{i}:field`, under the same hash tag.
+//! key per field, `name:{i}:field`, under the same hash tag. [`Limiter::table_with`] takes
+//! [`TableOptions`] instead of a count: the expected number of buckets alone picks
+//! [`shards_for`] of them, so that no table holds more than [`MAX_BUCKETS_PER_TABLE`].
 //!
 //! Decisions go through the limiter that made the table, with its engine: the same failure
 //! policy, deny cache and module detection; a field is known to them by its fallback key.
@@ -24,6 +26,88 @@ pub const MAX_SHARDS: u32 = 16384;
 
 /// The most fields `delete` sends in one command, so no one call keeps the server long.
 const DELETE_BATCH: usize = 1000;
+
+/// The most buckets [`TableOptions::expected_buckets`] puts in one table: the largest table
+/// whose `MIGRATE` (what resharding a cluster does to a key) measured under 100 ms, from the
+/// run of `make bench-tables` in `bench/tables.md` (docs/tables.md, "Choosing shards"). A
+/// bigger table blocks the node that moves it for longer. The Python and Node libraries use
+/// the same figure.
+pub const MAX_BUCKETS_PER_TABLE: u64 = 100_000;
+
+/// How many tables keep `expected_buckets` buckets at [`MAX_BUCKETS_PER_TABLE`] or fewer each:
+/// `max(1, ceil(expected_buckets / MAX_BUCKETS_PER_TABLE))`.
+///
+/// # Errors
+/// [`Error::Invalid`] naming `expected_buckets` when that takes more than [`MAX_SHARDS`].
+pub fn shards_for(expected_buckets: u64) -> Result<u32, Error> {
+    let shards = expected_buckets.div_ceil(MAX_BUCKETS_PER_TABLE).max(1);
+    u32::try_from(shards)
+        .ok()
+        .filter(|s| *s <= MAX_SHARDS)
+        .ok_or(Error::Invalid(
+            "expected_buckets needs more than the 16384 shards there can be",
+        ))
+}
+
+/// How [`Limiter::table_with`] (and [`AsyncLimiter::table_with`]) spreads a table: a shard
+/// count, or the buckets it is expected to hold, or both.
+///
+/// ```
+/// use redis_rl_client::{TableOptions, MAX_BUCKETS_PER_TABLE};
+/// let options = TableOptions::new().expected_buckets(3 * MAX_BUCKETS_PER_TABLE + 1);
+/// assert_eq!(options.shard_count("api").unwrap(), 4);
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TableOptions {
+    shards: Option<u32>,
+    expected_buckets: Option<u64>,
+}
+
+impl TableOptions {
+    /// Neither given: one table.
+    pub fn new() -> TableOptions {
+        TableOptions::default()
+    }
+
+    /// Spread the fields over exactly `shards` tables (1..=16384).
+    pub fn shards(mut self, shards: u32) -> TableOptions {
+        self.shards = Some(shards);
+        self
+    }
+
+    /// The most buckets the limit is expected to hold: without [`TableOptions::shards`], picks
+    /// [`shards_for`] of them; with it, too few shards for these buckets logs a warning.
+    pub fn expected_buckets(mut self, buckets: u64) -> TableOptions {
+        self.expected_buckets = Some(buckets);
+        self
+    }
+
+    /// The shard count these options give table `name`: the shards if given, else
+    /// [`shards_for`] the expected buckets if given, else 1. Given both, too few shards for
+    /// the expected buckets are kept (a single server never moves its keys) and a warning
+    /// names the count that fits.
+    ///
+    /// # Errors
+    /// As for [`shards_for`].
+    pub fn shard_count(&self, name: &str) -> Result<u32, Error> {
+        let Some(expected) = self.expected_buckets else {
+            return Ok(self.shards.unwrap_or(1));
+        };
+        let needed = shards_for(expected)?;
+        let Some(shards) = self.shards else {
+            return Ok(needed);
+        };
+        if (1..needed).contains(&shards) {
+            log::warn!(
+                "redis-rl: table {name:?}: {shards} shards for {expected} expected buckets put up \
+                 to {} in one table, more than the {MAX_BUCKETS_PER_TABLE} whose MIGRATE stays \
+                 under 100 ms; {needed} shards would keep each under it",
+                expected.div_ceil(u64::from(shards))
+            );
+        }
+        Ok(shards)
+    }
+}
 
 /// The shard of `field` among `shards`: the first 8 bytes of SHA-1 over its UTF-8 bytes, read
 /// big-endian, modulo `shards` (the Python and Node libraries compute the same; the cases are
@@ -245,6 +329,15 @@ impl<K: Connect> Limiter<K> {
             shards: Shards::new(name, shards)?,
         })
     }
+
+    /// A bucket table of this limiter spread as `options` say ([`TableOptions::shard_count`]).
+    ///
+    /// # Errors
+    /// As for [`Limiter::table`] and [`shards_for`].
+    pub fn table_with(&self, name: &str, options: TableOptions) -> Result<Table<'_, K>, Error> {
+        let shards = options.shard_count(name)?;
+        self.table(name, shards)
+    }
 }
 
 impl<K: Connect> Table<'_, K> {
@@ -387,6 +480,18 @@ impl<C: redis::aio::ConnectionLike + Clone + Send + Sync> AsyncLimiter<C> {
             limiter: self,
             shards: Shards::new(name, shards)?,
         })
+    }
+    /// A bucket table of this limiter spread as `options` say, as [`Limiter::table_with`].
+    ///
+    /// # Errors
+    /// As for [`Limiter::table_with`].
+    pub fn table_with(
+        &self,
+        name: &str,
+        options: TableOptions,
+    ) -> Result<AsyncTable<'_, C>, Error> {
+        let shards = options.shard_count(name)?;
+        self.table(name, shards)
     }
 }
 
@@ -533,6 +638,35 @@ impl<C: redis::aio::ConnectionLike + Clone + Send + Sync> AsyncTable<'_, C> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn expected_buckets_round_up_to_whole_tables() {
+        let per = MAX_BUCKETS_PER_TABLE;
+        for (expected, shards) in [
+            (0, 1),
+            (1, 1),
+            (per - 1, 1),
+            (per, 1),
+            (per + 1, 2),
+            (3 * per, 3),
+            (3 * per + 1, 4),
+            (10_000 * per, 10_000),
+            (16384 * per, 16384),
+        ] {
+            assert_eq!(shards_for(expected).unwrap(), shards, "{expected}");
+            let options = TableOptions::new().expected_buckets(expected);
+            assert_eq!(options.shard_count("t").unwrap(), shards, "{expected}");
+            assert!(expected.div_ceil(u64::from(shards)) <= per, "{expected}");
+        }
+        for bad in [16384 * per + 1, u64::MAX] {
+            let err = shards_for(bad).unwrap_err().to_string();
+            assert!(err.contains("expected_buckets"), "{err}");
+        }
+        assert_eq!(TableOptions::new().shard_count("t").unwrap(), 1);
+        assert_eq!(TableOptions::new().shards(7).shard_count("t").unwrap(), 7);
+        let both = TableOptions::new().shards(2).expected_buckets(3 * per + 1);
+        assert_eq!(both.shard_count("t").unwrap(), 2);
+    }
 
     #[test]
     fn a_field_names_its_table_and_fallback_key_apart() {

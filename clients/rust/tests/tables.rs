@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 use common::{limiter, options, Server};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis_rl_client::{
-    shard_of, AsyncLimiter, Error, Limit, Limiter, OnError, Options, Path, Source,
+    shard_of, AsyncLimiter, Error, Limit, Limiter, OnError, Options, Path, Source, TableOptions,
+    MAX_BUCKETS_PER_TABLE,
 };
 use serde_json::Value as Json;
 
@@ -157,6 +158,47 @@ fn keys(server: &Server) -> Vec<String> {
         .unwrap();
     keys.sort();
     keys
+}
+
+#[test]
+fn expected_buckets_spread_the_fields_over_that_many_keys() {
+    let server = Server::start();
+    let limiter = limiter(&server, options(OnError::Closed));
+    let sized = TableOptions::new().expected_buckets(3 * MAX_BUCKETS_PER_TABLE);
+    let table = limiter.table_with("sized", sized).unwrap();
+    assert_eq!(table.shards(), 3);
+    for n in 0..60 {
+        let field = format!("user:{n}");
+        assert!(table.acquire(&field, &slow(), 1.0).unwrap().allowed);
+    }
+    assert_eq!(keys(&server), ["sized:{0}", "sized:{1}", "sized:{2}"]);
+    assert_eq!(table.len().unwrap(), 60);
+}
+
+#[test]
+fn too_few_shards_for_the_expected_buckets_warn_and_are_kept() {
+    common::capture_logs();
+    common::take_logs();
+    let expected = 3 * MAX_BUCKETS_PER_TABLE + 1;
+    let both = TableOptions::new().shards(2).expected_buckets(expected);
+    assert_eq!(both.shard_count("big").unwrap(), 2);
+    let logs = common::take_logs();
+    assert_eq!(logs.len(), 1, "{logs:?}");
+    assert!(
+        logs[0].contains(&format!(
+            "\"big\": 2 shards for {expected} expected buckets"
+        )),
+        "{logs:?}"
+    );
+    assert!(
+        logs[0].contains("4 shards would keep each under it"),
+        "{logs:?}"
+    );
+    let enough = TableOptions::new()
+        .shards(4)
+        .expected_buckets(4 * MAX_BUCKETS_PER_TABLE);
+    assert_eq!(enough.shard_count("t").unwrap(), 4);
+    assert!(common::take_logs().is_empty());
 }
 
 #[test]
