@@ -29,10 +29,11 @@ const DELETE_BATCH: usize = 1000;
 
 /// The most buckets [`TableOptions::expected_buckets`] puts in one table: the largest table
 /// whose `MIGRATE` (what resharding a cluster does to a key) measured under 100 ms, from the
-/// run of `make bench-tables` in `bench/tables.md` (docs/tables.md, "Choosing shards"). A
-/// bigger table blocks the node that moves it for longer. The Python and Node libraries use
+/// run of `make bench-tables` in `bench/tables.md` (125,976, rounded down to a thousand;
+/// Redis 7.0.15 on a shared 2-core machine, docs/tables.md, "Choosing shards"). A bigger
+/// table blocks the node that moves it for longer. The Python and Node libraries use
 /// the same figure.
-pub const MAX_BUCKETS_PER_TABLE: u64 = 100_000;
+pub const MAX_BUCKETS_PER_TABLE: u64 = 125_000;
 
 /// How many tables keep `expected_buckets` buckets at [`MAX_BUCKETS_PER_TABLE`] or fewer each:
 /// `max(1, ceil(expected_buckets / MAX_BUCKETS_PER_TABLE))`.

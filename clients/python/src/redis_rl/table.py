@@ -27,9 +27,10 @@ MAX_SHARDS = 16384
 DELETE_BATCH = 1000
 #: The most buckets `expected_buckets` puts in one table: the largest table whose `MIGRATE`
 #: (what resharding a cluster does to a key) measured under 100 ms, from the run of
-#: `make bench-tables` in bench/tables.md (docs/tables.md#choosing-shards). A bigger table
-#: blocks the node that moves it for longer. The Node and Rust libraries use the same figure.
-MAX_BUCKETS_PER_TABLE = 100_000
+#: `make bench-tables` in bench/tables.md (125,976, rounded down to a thousand; Redis 7.0.15 on
+#: a shared 2-core machine, docs/tables.md#choosing-shards). A bigger table blocks the node
+#: that moves it for longer. The Node and Rust libraries use the same figure.
+MAX_BUCKETS_PER_TABLE = 125_000
 
 log = logging.getLogger("redis_rl")
 
