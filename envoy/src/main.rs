@@ -18,6 +18,8 @@ mod config_watch;
 mod grpc;
 mod health;
 mod http;
+mod inflight;
+mod logging;
 mod metrics;
 mod quota;
 mod readiness;
@@ -55,15 +57,14 @@ fn init_logging(settings: &Settings) {
         "warn" | "warning" => tracing::Level::WARN,
         _ => tracing::Level::ERROR,
     };
-    let builder = tracing_subscriber::fmt()
+    tracing_subscriber::fmt()
         .with_max_level(level)
         .with_writer(std::io::stderr)
-        .with_target(false);
-    if settings.log_format == "json" {
-        builder.json().init();
-    } else {
-        builder.with_ansi(false).init();
-    }
+        .event_format(crate::logging::PeerFormat {
+            json: settings.log_format == "json",
+            on_error: settings.on_error,
+        })
+        .init();
 }
 
 /// A fingerprint of a directory tree (names, sizes, modification times, following
@@ -229,7 +230,7 @@ async fn serve(settings: Arc<Settings>) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    // Health (part `health`): not serving until Redis answers a probe (and, when asked, a
+    // Health (`health.rs`): not serving until Redis answers a probe (and, when asked, a
     // config with a domain has loaded), nor after SIGTERM.
     let readiness = Arc::new(Readiness::new(settings.health.need_config));
     readiness.config_loaded(config.domain_count());

@@ -89,6 +89,12 @@ impl<C: ConnectionLike + Clone + Send + Sync> AsyncLimiter<C> {
         }
     }
 
+    /// The connection the limiter sends on, for a caller's own commands (leases,
+    /// reservations) beside the limiter's. They get none of the limiter's failure policy.
+    pub fn connection(&self) -> &C {
+        &self.connection
+    }
+
     /// Decisions by source, and outages seen.
     pub fn counters(&self) -> Counters {
         self.engine.counters()
