@@ -18,6 +18,7 @@ mod config_watch;
 mod grpc;
 mod health;
 mod http;
+mod inflight;
 mod logging;
 mod metrics;
 mod quota;

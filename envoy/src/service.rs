@@ -70,6 +70,7 @@ impl Failure {
 }
 
 /// The async limiter on one server (a pool of multiplexed connections) or on a cluster.
+/// `crate::inflight` sends its own commands on the same connections.
 pub enum Backend {
     Single(AsyncLimiter<crate::redis_pool::Pool>),
     Cluster(AsyncLimiter<redis::cluster_async::ClusterConnection>),
@@ -106,8 +107,8 @@ impl Backend {
 /// The service: the config (swapped whole on reload), the limiter, the settings.
 pub struct Service {
     config: RwLock<Arc<Config>>,
-    backend: Backend,
-    settings: Arc<Settings>,
+    pub(crate) backend: Backend,
+    pub(crate) settings: Arc<Settings>,
     pub metrics: Metrics,
     // Redis setups: per-second limits on their own Redis
     // (`REDIS_PERSECOND`), see `take` and docs/envoy-redis.md.
@@ -118,10 +119,10 @@ pub struct Service {
 }
 
 /// One descriptor after checking.
-struct Wanted {
-    entries: Vec<(String, String)>,
-    cost: u64,
-    refund: bool,
+pub(crate) struct Wanted {
+    pub(crate) entries: Vec<(String, String)>,
+    pub(crate) cost: u64,
+    pub(crate) refund: bool,
     override_limit: Option<(u32, Unit)>,
 }
 
@@ -249,6 +250,19 @@ impl Service {
     }
 
     async fn decide(&self, request: &RateLimitRequest) -> Result<RateLimitResponse, Failure> {
+        // Descriptors tied to one request by its id (concurrency limits, reservations) are
+        // `crate::inflight`'s; it hands the others back to `decide_plain`.
+        if let Some(out) = crate::inflight::decide(self, request).await? {
+            return Ok(out);
+        }
+        self.decide_plain(request).await
+    }
+
+    /// Every descriptor as a rate limit: the take, the charges, the response.
+    pub(crate) async fn decide_plain(
+        &self,
+        request: &RateLimitRequest,
+    ) -> Result<RateLimitResponse, Failure> {
         tracing::debug!(
             "ShouldRateLimit domain={} descriptors={:?} hits_addend={}",
             request.domain,
@@ -291,6 +305,7 @@ impl Service {
                         name: String::new(),
                         replaces: Vec::new(),
                         post_paid: false,
+                        reserve: None,
                         bucket: bucket_limit(
                             requests_per_unit,
                             unit.seconds(),
@@ -309,6 +324,7 @@ impl Service {
                     key_entries: w.entries.clone(),
                     quota_mode: false,
                     metadata: None,
+                    concurrency: None,
                 }),
                 None => config.lookup(&request.domain, &w.entries),
             };
@@ -906,7 +922,7 @@ impl Tightest {
 
 /// Whole seconds, rounded up: Envoy's x-ratelimit-reset reads only the seconds, and a
 /// reset rounded down would tell a client to come back before the token is there.
-fn duration(ms: i64) -> ProtoDuration {
+pub(crate) fn duration(ms: i64) -> ProtoDuration {
     let ms = ms.max(0);
     ProtoDuration {
         seconds: ms / 1000 + i64::from(ms % 1000 > 0),
@@ -987,7 +1003,7 @@ pub fn redis_key(prefix: &str, domain: &str, entries: &[(String, String)]) -> St
 }
 
 /// Checks a request before anything touches Redis.
-fn check(request: &RateLimitRequest) -> Result<Vec<Wanted>, Failure> {
+pub(crate) fn check(request: &RateLimitRequest) -> Result<Vec<Wanted>, Failure> {
     let bad = |text: String| Err(Failure::Invalid(text));
     if request.domain.is_empty() {
         return bad("domain must not be empty".into());
