@@ -1025,3 +1025,190 @@ fn the_sweep_holds_a_full_bucket_until_its_last_record_lapses() {
     assert!(table.is_empty());
     assert_eq!(table.record_count(), 0);
 }
+
+/// One step of the reservation property test: on field `f` of a few.
+#[derive(Clone, Debug)]
+enum ResvOp {
+    Reserve {
+        f: u8,
+        id: u8,
+        estimate: u8,
+        ttl_ms: u64,
+    },
+    Settle {
+        f: u8,
+        id: u8,
+        actual: u8,
+    },
+    Take {
+        f: u8,
+        cost: u8,
+    },
+    Refund {
+        f: u8,
+        cost: u8,
+    },
+    Remove {
+        f: u8,
+    },
+    Sweep,
+    Step(u64),
+}
+
+fn resv_op() -> impl Strategy<Value = ResvOp> {
+    prop_oneof![
+        4 => (0u8..4, 0u8..4, 1u8..=4, prop_oneof![1u64..=50, 1u64..=5_000])
+            .prop_map(|(f, id, estimate, ttl_ms)| ResvOp::Reserve { f, id, estimate, ttl_ms }),
+        3 => (0u8..4, 0u8..4, 0u8..=6).prop_map(|(f, id, actual)| ResvOp::Settle { f, id, actual }),
+        1 => (0u8..4, 0u8..=3).prop_map(|(f, cost)| ResvOp::Take { f, cost }),
+        1 => (0u8..4, 1u8..=5).prop_map(|(f, cost)| ResvOp::Refund { f, cost }),
+        1 => (0u8..4).prop_map(|f| ResvOp::Remove { f }),
+        2 => Just(ResvOp::Sweep),
+        3 => prop_oneof![0u64..=2_000, 0u64..=200_000, 0u64..=3_000_000].prop_map(ResvOp::Step),
+    ]
+}
+
+/// What the glue stores for a write that leaves field `tag` as `change` with `records`: a
+/// bucket full again is removed with its records when none is left, else kept full as of
+/// now (`TableKey::commit_records`, `TableField::apply`).
+fn store(table: &mut Table, tag: Tag, change: Change, records: Vec<Reservation>, now_us: u64) {
+    let now_ns = now_us * 1000;
+    let state = match change {
+        Change::Set(state) => Some(state),
+        Change::Keep => table.get(tag),
+        Change::Delete if records.iter().any(|r| r.is_open(now_us)) => {
+            Some(State::from_full_at_ns(now_ns).unwrap())
+        }
+        Change::Delete => None,
+    };
+    match state {
+        Some(state) => {
+            table.set(tag, state).unwrap();
+            assert!(table.set_records(tag, records));
+        }
+        None => {
+            table.remove(tag);
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(128))]
+
+    /// Reservations on table buckets, driven as the glue drives them, against a plain model
+    /// of the open records by field, with clock steps, sweeps, takes, refunds and removals:
+    /// a settle finds exactly the records the model holds open (so it applies once); a
+    /// field with an open record is never swept, and a removed field has no records; and
+    /// the encoding carries the records back unchanged.
+    #[test]
+    fn table_reservations_agree_with_the_model(
+        rate in prop::sample::select(vec!["3", "7", "3/10"]),
+        ops in prop::collection::vec(resv_op(), 1..80),
+    ) {
+        let lim = Limit::parse(rate.as_bytes(), b"5").unwrap();
+        let mut table = random_table(20, 9);
+        // The model: field → (id, estimate, expires_at_us) of the records still open.
+        let mut open: HashMap<u8, Vec<(u8, u8, u64)>> = HashMap::new();
+        let mut now_us = 1_800_000_000_000_000u64;
+        let tag_of = |f: u8| 0xF00D_0000 + Tag::from(f);
+        let id_of = |id: u8| rl_bucket::LeaseId::new(&[b'a' + id]).unwrap();
+        for op in &ops {
+            for records in open.values_mut() {
+                records.retain(|&(_, _, at)| now_us < at);
+            }
+            match *op {
+                ResvOp::Reserve { f, id, estimate, ttl_ms } => {
+                    let tag = tag_of(f);
+                    let records = table.records(tag).to_vec();
+                    let cost = Cost::parse(estimate.to_string().as_bytes()).unwrap();
+                    let got = rl_bucket::reserve(&lim, table.get(tag), &records, now_us, cost, ttl_ms, id_of(id)).unwrap();
+                    let mine = open.entry(f).or_default();
+                    prop_assert_eq!(got.repeated, mine.iter().any(|&(k, _, _)| k == id));
+                    if let Some((state, records)) = got.write {
+                        store(&mut table, tag, Change::Set(state), records, now_us);
+                        mine.push((id, estimate, now_us + ttl_ms * 1000));
+                    }
+                }
+                ResvOp::Settle { f, id, actual } => {
+                    let tag = tag_of(f);
+                    let records = table.records(tag).to_vec();
+                    let cost = Cost::parse(actual.to_string().as_bytes()).unwrap();
+                    let got = rl_bucket::settle_reservation(&lim, table.get(tag), &records, now_us, id_of(id), cost);
+                    let mine = open.entry(f).or_default();
+                    match (got, mine.iter().position(|&(k, _, _)| k == id)) {
+                        (Ok((_, change, left)), Some(at)) => {
+                            mine.remove(at);
+                            store(&mut table, tag, change, left, now_us);
+                        }
+                        (Err(rl_bucket::SettleError::NotOpen), None) => {}
+                        (got, want) => prop_assert!(false, "settle {:?}, model {:?}", got, want),
+                    }
+                }
+                ResvOp::Take { f, cost } => {
+                    let tag = tag_of(f);
+                    let cost = Cost::parse(cost.to_string().as_bytes()).unwrap();
+                    if let (d, Some(state)) = rl_bucket::acquire(&lim, table.get(tag), now_us, cost) {
+                        if d.allowed() {
+                            table.set(tag, state).unwrap();
+                        }
+                    }
+                }
+                ResvOp::Refund { f, cost } => {
+                    let tag = tag_of(f);
+                    let cost = Cost::parse(cost.to_string().as_bytes()).unwrap();
+                    let (_, change) = rl_bucket::refund(&lim, table.get(tag), now_us, cost);
+                    let records = table.records(tag).to_vec();
+                    if change != Change::Keep {
+                        store(&mut table, tag, change, records, now_us);
+                    }
+                }
+                ResvOp::Remove { f } => {
+                    table.remove(tag_of(f));
+                    open.remove(&f);
+                }
+                ResvOp::Sweep => {
+                    let swept = table.sweep(now_us * 1000, 64);
+                    for tag in swept {
+                        let held = open.iter().any(|(&f, r)| tag_of(f) == tag && !r.is_empty());
+                        prop_assert!(!held, "swept a field with an open record");
+                    }
+                }
+                ResvOp::Step(us) => now_us += us,
+            }
+            // Every field's open records are the model's, and a field with one is held.
+            for f in 0..4u8 {
+                let tag = tag_of(f);
+                let mut got: Vec<(u8, u64)> = table
+                    .records(tag)
+                    .iter()
+                    .filter(|r| r.is_open(now_us))
+                    .map(|r| (r.id.as_bytes()[0] - b'a', r.expires_at_us))
+                    .collect();
+                let mut want: Vec<(u8, u64)> = open
+                    .get(&f)
+                    .map(|r| r.iter().filter(|&&(_, _, at)| now_us < at).map(|&(k, _, at)| (k, at)).collect())
+                    .unwrap_or_default();
+                got.sort_unstable();
+                want.sort_unstable();
+                prop_assert_eq!(&got, &want, "field {} after {:?}", f, op);
+                if !want.is_empty() {
+                    prop_assert!(table.get(tag).is_some(), "field {} with records not held", f);
+                }
+                if table.get(tag).is_none() {
+                    prop_assert!(table.records(tag).is_empty());
+                }
+            }
+        }
+        // The encoding carries every record back (an empty table is deleted, never written).
+        if table.is_empty() {
+            prop_assert_eq!(table.record_count(), 0);
+            return Ok(());
+        }
+        let (counts, blocks) = encoded_v3(&table);
+        let loaded = decode_v3(&counts, &blocks).unwrap();
+        prop_assert_eq!(loaded.sorted_entries(), table.sorted_entries());
+        for f in 0..4u8 {
+            prop_assert_eq!(loaded.records(tag_of(f)), table.records(tag_of(f)));
+        }
+    }
+}
