@@ -545,7 +545,7 @@ def used_memory(conn):
 MEMORY_ROUNDS = 3
 # The memory test's variants, in the order the tables and the chart list them.
 MEMORY_ORDER = ("table_10", "table_3", "rl_10", "rl_3", "lua", "floor")
-# The budgets for a bucket in a table, all in (B): whole ns, with a fraction.
+# The budgets for a bucket in a table (docs/tables.md), all in (B): whole ns, with a fraction.
 TABLE_BUDGET = {"table_10": 40, "table_3": 48}
 MEMORY_METHOD = ("Growth of `used_memory` (INFO memory) in a `FLUSHALL`ed server, divided by"
                  " the buckets added: %s new keys for a key per bucket (the same key names for"
