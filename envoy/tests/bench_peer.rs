@@ -28,6 +28,34 @@ fn row<'a>(results: &'a str, table_heading: &str, name: &str) -> Vec<&'a str> {
     line.split('|').map(str::trim).collect()
 }
 
+/// One short run of the bench (one concurrency, 0.2 s rounds, no Lua path or Envoy) with
+/// `env`: the results it wrote.
+fn run_bench(dir: &std::path::Path, env: &[(&str, &str)], peer: &Service) -> String {
+    let out = dir.join("envoy.md");
+    let ran = Command::new(env!("CARGO_BIN_EXE_envoy-bench"))
+        .arg("--out")
+        .arg(&out)
+        .env("MODULE", common::module_path())
+        .env("SERVICE", env!("CARGO_BIN_EXE_redis-rl-envoy"))
+        .env("SECONDS_PER_ROUND", "0.2")
+        .env("STREAMS", "4")
+        .env("SKIP_LUA", "1")
+        .env("SKIP_ENVOY", "1")
+        .env("MEMORY_USERS", "300")
+        .env("LIMITADOR_BIN", "")
+        .env("LIMITADOR_SKIP", "not in this test")
+        .envs(env.iter().copied())
+        .output()
+        .expect("run envoy-bench");
+    assert!(
+        ran.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&ran.stderr),
+        peer.log()
+    );
+    std::fs::read_to_string(&out).expect("the results")
+}
+
 fn number(cell: &str) -> f64 {
     cell.parse()
         .unwrap_or_else(|_| panic!("{cell:?} is not a figure"))
@@ -65,32 +93,18 @@ fn the_bench_drives_a_service_it_did_not_start() {
 
     let peer_redis = common::Server::start();
     let peer = Service::start(&format!("127.0.0.1:{}", peer_redis.port), &files, &[]);
-    let out = tmp.path().join("envoy.md");
-    let module = common::module_path();
-    let ran = Command::new(bench)
-        .arg("--out")
-        .arg(&out)
-        .env("MODULE", &module)
-        .env("SERVICE", env!("CARGO_BIN_EXE_redis-rl-envoy"))
-        .env("SECONDS_PER_ROUND", "0.2")
-        .env("STREAMS", "4")
-        .env("SKIP_LUA", "1")
-        .env("SKIP_ENVOY", "1")
-        .env("MEMORY_USERS", "300")
-        .env("LIMITADOR_BIN", "")
-        .env("LIMITADOR_SKIP", "not in this test")
-        .env("PEER_GRPC", format!("127.0.0.1:{}", peer.grpc_port))
-        .env("PEER_NAME", "second redis-rl-envoy")
-        .env("PEER_PID", peer.pid().expect("running").to_string())
-        .env("PEER_REDIS", format!("127.0.0.1:{}", peer_redis.port))
-        .output()
-        .expect("run envoy-bench");
-    let results = std::fs::read_to_string(&out).unwrap_or_default();
-    assert!(
-        ran.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&ran.stderr),
-        peer.log()
+    let grpc = format!("127.0.0.1:{}", peer.grpc_port);
+    let pid = peer.pid().expect("running").to_string();
+    let peer_redis_addr = format!("127.0.0.1:{}", peer_redis.port);
+    let results = run_bench(
+        tmp.path(),
+        &[
+            ("PEER_GRPC", &grpc),
+            ("PEER_NAME", "second redis-rl-envoy"),
+            ("PEER_PID", &pid),
+            ("PEER_REDIS", &peer_redis_addr),
+        ],
+        &peer,
     );
 
     // The peer's row: decisions/s, p50, its CPU and its Redis's, all figures.
@@ -130,4 +144,24 @@ fn the_bench_drives_a_service_it_did_not_start() {
         .expect("connection");
     let keys: i64 = redis::cmd("DBSIZE").query(&mut c).expect("DBSIZE");
     assert!(keys >= 300, "the peer's Redis holds {keys} keys");
+
+    // Again at once, given only by address: the probe passes (its user is this run's), and
+    // what cannot be measured says n/a, with the reason.
+    let results = run_bench(tmp.path(), &[("PEER_GRPC", &grpc)], &peer);
+    let name = format!("the service at {grpc}");
+    let r = row(&results, "## Against peers", &name);
+    assert!(number(r[3]) > 0.0 && number(r[4]) > 0.0, "{r:?}");
+    assert_eq!((r[6], r[7]), ("n/a", "n/a"), "{r:?}");
+    assert!(
+        results.contains(&format!("{name}'s service CPU is n/a: PEER_PID")),
+        "{results}"
+    );
+    assert!(
+        results.contains(&format!(
+            "{name}'s Redis CPU and Redis bytes per limited user are n/a: PEER_REDIS"
+        )),
+        "{results}"
+    );
+    let m = row(&results, "## Redis bytes per limited user", &name);
+    assert!(m[4].starts_with("n/a"), "{m:?}");
 }
