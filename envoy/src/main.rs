@@ -28,6 +28,7 @@ mod redis_setup;
 mod service;
 mod settings;
 mod stats;
+mod unknown_domains;
 mod xds;
 mod yaml11;
 
@@ -109,6 +110,28 @@ fn reload(service: &Service, readiness: &Readiness, source: &Source, why: &str) 
             service.metrics.config_load_error.inc();
             tracing::error!("config reload refused ({why}), the previous config stays: {e}");
         }
+    }
+}
+
+/// A warning when the files gave no rule: the service then answers `OK` to every call, so
+/// rules mounted where the variables do not point (the peer's image reads
+/// `/srv/runtime_data/current` unless `RUNTIME_ROOT` is set) would limit nothing in silence.
+/// It names the variables and the directory looked at.
+fn warn_if_no_rules(settings: &Settings, dir: &std::path::Path, domains: usize) {
+    let vars = format!(
+        "RUNTIME_ROOT={:?} RUNTIME_SUBDIRECTORY={:?} RUNTIME_APPDIRECTORY={:?}",
+        settings.runtime_root, settings.runtime_subdirectory, settings.runtime_appdirectory
+    );
+    if !dir.is_dir() {
+        tracing::warn!(
+            "no config directory at {} ({vars}): no domain is loaded, so every call answers OK and limits nothing",
+            dir.display()
+        );
+    } else if domains == 0 {
+        tracing::warn!(
+            "no domain in {} ({vars}): every call answers OK and limits nothing",
+            dir.display()
+        );
     }
 }
 
@@ -219,6 +242,9 @@ async fn serve(settings: Arc<Settings>) -> ExitCode {
         dir.display(),
         config::summary(&config)
     );
+    if settings.xds.is_none() {
+        warn_if_no_rules(&settings, &dir, config.domain_count());
+    }
     let backend = match unless_stopped(redis_setup::connect_with_retries(&settings)).await {
         None => return ExitCode::SUCCESS,
         Some(Ok(b)) => b,
