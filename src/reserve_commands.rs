@@ -108,14 +108,16 @@ handler!(
     resv_state, c"RL.RESVSTATE", resv_state_body, false
 );
 
-/// `rate capacity amount`, the amount's error renamed to the argument it is.
+/// `rate capacity amount`, the amount's error renamed to the argument it is. Through the
+/// memo of recently accepted limits `RL.ACQUIRE` uses: parsing a limit exactly was the
+/// largest part of a reserve's and a settle's own instructions.
 fn parse_limit(
     rate: &[u8],
     capacity: &[u8],
     amount: &[u8],
     amount_error: Error,
 ) -> Result<args::Acquire, Error> {
-    args::acquire(rate, capacity, Some(amount)).map_err(|error| match error {
+    args::acquire_memo(rate, capacity, Some(amount)).map_err(|error| match error {
         Error::Cost => amount_error,
         other => other,
     })
