@@ -201,12 +201,12 @@ fn reserve_body(
     let records = bucket.records();
     let id = match chosen {
         Some(id) => id,
-        None => draw_id(&records)?,
+        None => draw_id(records)?,
     };
     let reserved = rl_bucket::reserve(
         &parsed.limit,
         bucket.state(),
-        &records,
+        records,
         clock::now_us(),
         parsed.cost,
         ttl_ms,
@@ -290,7 +290,7 @@ fn settle_body(
     let (charged, change, left) = rl_bucket::settle_reservation(
         &parsed.limit,
         bucket.state(),
-        &records,
+        records,
         clock::now_us(),
         id,
         parsed.cost,
