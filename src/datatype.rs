@@ -387,13 +387,14 @@ impl BucketKey {
 
     /// The open reservations stored with the bucket, as read (none for a missing key or the
     /// fallback's hash). Records past their expiry are still listed: the steps drop them.
-    pub fn records(&self) -> Vec<Reservation> {
+    /// Borrowed from the stored value, not copied: the steps build the list to store anew.
+    pub fn records(&self) -> &[Reservation] {
         if self.fallback || self.staged.stored().is_none() {
-            return Vec::new();
+            return &[];
         }
         match self.key.value(resv_type()) {
-            Ok(Some(value)) => records_of(value).to_vec(),
-            _ => Vec::new(),
+            Ok(Some(value)) => records_of(value),
+            _ => &[],
         }
     }
 

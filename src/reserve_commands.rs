@@ -108,14 +108,16 @@ handler!(
     resv_state, c"RL.RESVSTATE", resv_state_body, false
 );
 
-/// `rate capacity amount`, the amount's error renamed to the argument it is.
+/// `rate capacity amount`, the amount's error renamed to the argument it is. Through the
+/// memo of recently accepted limits `RL.ACQUIRE` uses: parsing a limit exactly was the
+/// largest part of a reserve's and a settle's own instructions.
 fn parse_limit(
     rate: &[u8],
     capacity: &[u8],
     amount: &[u8],
     amount_error: Error,
 ) -> Result<args::Acquire, Error> {
-    args::acquire(rate, capacity, Some(amount)).map_err(|error| match error {
+    args::acquire_memo(rate, capacity, Some(amount)).map_err(|error| match error {
         Error::Cost => amount_error,
         other => other,
     })
@@ -199,12 +201,12 @@ fn reserve_body(
     let records = bucket.records();
     let id = match chosen {
         Some(id) => id,
-        None => draw_id(&records)?,
+        None => draw_id(records)?,
     };
     let reserved = rl_bucket::reserve(
         &parsed.limit,
         bucket.state(),
-        &records,
+        records,
         clock::now_us(),
         parsed.cost,
         ttl_ms,
@@ -288,7 +290,7 @@ fn settle_body(
     let (charged, change, left) = rl_bucket::settle_reservation(
         &parsed.limit,
         bucket.state(),
-        &records,
+        records,
         clock::now_us(),
         id,
         parsed.cost,
