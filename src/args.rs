@@ -3,6 +3,8 @@
 //! Works on raw bytes, so non-UTF-8 input is an ordinary parse error. Nothing here touches a
 //! key; handlers parse everything first.
 
+use std::cell::RefCell;
+
 use rl_bucket::{
     Cost, Decimal, Limit, LimitError, State, MAX_CAPACITY, MAX_FULL_AT_FRAC, MAX_FULL_AT_NS,
     MAX_REFILL_S,
@@ -141,6 +143,25 @@ impl Memo {
         }
         self.next = (self.next + 1) % MEMO_ENTRIES;
     }
+}
+
+thread_local! {
+    /// Commands run on the server's main thread, so this is one memo, never contended.
+    static LIMITS: RefCell<Memo> = const { RefCell::new(Memo::new()) };
+}
+
+/// [`acquire`] through the memo of recently accepted limits that every command parsing
+/// `rate capacity [cost]` shares (`RL.ACQUIRE` and its kin, `RL.RESERVE`, `RL.SETTLE`).
+///
+/// # Errors
+/// As [`acquire`].
+pub fn acquire_memo(rate: &[u8], capacity: &[u8], cost: Option<&[u8]>) -> Result<Acquire, Error> {
+    LIMITS.with(|memo| match memo.try_borrow_mut() {
+        Ok(mut memo) => memo.acquire(rate, capacity, cost),
+        // Only re-entry could hold it (a module command called from inside a parse, which
+        // never happens); parse without the memo rather than fail.
+        Err(_) => acquire(rate, capacity, cost),
+    })
 }
 
 impl Default for Memo {

@@ -6,7 +6,6 @@
 //! server. Every clock-dependent write is replicated as its effect (`RL.SETSTATE` with the
 //! exact state, or `DEL`), never as the command itself.
 
-use std::cell::RefCell;
 use std::collections::HashSet;
 use std::ffi::{c_int, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -182,11 +181,6 @@ fn split_args<const N: usize>(
     }
 }
 
-thread_local! {
-    /// Commands run on the server's main thread, so this is one memo, never contended.
-    static LIMITS: RefCell<args::Memo> = const { RefCell::new(args::Memo::new()) };
-}
-
 /// Parses `rate capacity [cost]`, through the memo of recently accepted limits.
 fn parse_limit(
     [rate, capacity]: [*mut RedisModuleString; 2],
@@ -194,12 +188,7 @@ fn parse_limit(
 ) -> Result<args::Acquire, Error> {
     // SAFETY (all): the strings are arguments of the running command.
     let (rate, capacity, cost) = unsafe { (bytes(rate), bytes(capacity), cost.map(|c| bytes(c))) };
-    LIMITS.with(|memo| match memo.try_borrow_mut() {
-        Ok(mut memo) => memo.acquire(rate, capacity, cost),
-        // Only re-entry could hold it (a module command called from inside a parse, which
-        // never happens); parse without the memo rather than fail.
-        Err(_) => args::acquire(rate, capacity, cost),
-    })
+    args::acquire_memo(rate, capacity, cost)
 }
 
 fn acquire_body(

@@ -387,13 +387,14 @@ impl BucketKey {
 
     /// The open reservations stored with the bucket, as read (none for a missing key or the
     /// fallback's hash). Records past their expiry are still listed: the steps drop them.
-    pub fn records(&self) -> Vec<Reservation> {
+    /// Borrowed from the stored value, not copied: the steps build the list to store anew.
+    pub fn records(&self) -> &[Reservation] {
         if self.fallback || self.staged.stored().is_none() {
-            return Vec::new();
+            return &[];
         }
         match self.key.value(resv_type()) {
-            Ok(Some(value)) => records_of(value).to_vec(),
-            _ => Vec::new(),
+            Ok(Some(value)) => records_of(value),
+            _ => &[],
         }
     }
 
@@ -491,7 +492,7 @@ fn resv_state_args(state: State, records: &[Reservation]) -> Vec<Vec<u8>> {
 
 /// Makes server strings of `args` (with no context: the caller frees them with
 /// [`free_strings`]).
-fn new_strings(args: &[Vec<u8>]) -> Result<Vec<*mut raw::RedisModuleString>, Error> {
+pub(crate) fn new_strings(args: &[Vec<u8>]) -> Result<Vec<*mut raw::RedisModuleString>, Error> {
     // SAFETY: read once, after load.
     let create = unsafe { raw::RedisModule_CreateString }.ok_or(Error::Internal)?;
     Ok(args
@@ -501,7 +502,7 @@ fn new_strings(args: &[Vec<u8>]) -> Result<Vec<*mut raw::RedisModuleString>, Err
         .collect())
 }
 
-fn free_strings(strings: Vec<*mut raw::RedisModuleString>) {
+pub(crate) fn free_strings(strings: Vec<*mut raw::RedisModuleString>) {
     // SAFETY: each string was made by `new_strings` with no context and is freed once.
     unsafe {
         if let Some(free) = raw::RedisModule_FreeString {

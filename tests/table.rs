@@ -517,7 +517,7 @@ fn routing_names_the_key_and_acl_the_category() {
             .unwrap();
         assert_eq!(keys, vec!["t".to_string()], "{cmd}");
     }
-    // Flags as the issue names them: RL.HDEL frees memory (no deny-oom), the readers are
+    // The flags the command pages document: RL.HDEL frees memory (no deny-oom), the readers are
     // read-only, and all are fast.
     let want: &[(&str, &[&str], &[&str])] = &[
         ("RL.HACQUIRE", &["write", "denyoom", "fast"], &["readonly"]),

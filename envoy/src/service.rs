@@ -116,6 +116,8 @@ pub struct Service {
     /// The stats keys holding a client's value seen so far, at most
     /// `RL_MAX_CLIENT_STATS_KEYS`: each is a metric series and a statsd name.
     client_stats_keys: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// The domains asked for that the config does not define, each warned about once.
+    unknown_domains: crate::unknown_domains::UnknownDomains,
 }
 
 /// One descriptor after checking.
@@ -172,6 +174,7 @@ impl Service {
             metrics,
             per_second: None,
             client_stats_keys: std::sync::Mutex::new(std::collections::HashSet::new()),
+            unknown_domains: Default::default(),
         }
     }
 
@@ -226,6 +229,7 @@ impl Service {
             Ok(mut c) => *c = config,
             Err(poisoned) => *poisoned.into_inner() = config,
         }
+        self.unknown_domains.clear();
     }
 
     /// Answers one request; `method` labels the metrics (`ShouldRateLimit`, `json`).
@@ -289,6 +293,7 @@ impl Service {
             })
             .collect();
         if !config.has_domain(&request.domain) {
+            self.unknown_domains.note(&request.domain);
             return Ok(response(Code::Ok, statuses, Vec::new()));
         }
         // Each descriptor's limit: Envoy's override first, then the config.

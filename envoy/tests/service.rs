@@ -1183,3 +1183,36 @@ fn json_logs_carry_the_peers_field_names_and_the_outage_says_unavailable() {
     assert!(message.contains("UNAVAILABLE"), "{message}");
     assert!(!message.contains("on_error=Closed"), "{message}");
 }
+
+#[test]
+fn only_a_real_change_to_a_file_the_runtime_reads_reloads_and_a_burst_is_one_reload() {
+    let redis = common::Server::start();
+    let v1 = "domain: r\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 5}\n";
+    let v2 = "domain: r\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 7}\n";
+    let svc = Service::start(&redis_url(redis.port), &[("r.yaml", v1)], &[]);
+    let reloads = || svc.metric("ratelimit_service_config_load_success");
+    let at_start = reloads();
+    // A log file under RUNTIME_ROOT (the runtime does not read it: its path does not start
+    // with `config.`), written 40 times over a second, and the config file rewritten with
+    // the same bytes: no reload.
+    let log = svc.root.path().join("service.log");
+    let file = Service::config_dir(svc.root.path()).join("r.yaml");
+    for i in 0..40 {
+        std::fs::write(&log, format!("line {i}\n")).unwrap();
+        if i % 10 == 0 {
+            std::fs::write(&file, v1).unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    // Longer than the debounce and the one-second poll.
+    std::thread::sleep(Duration::from_millis(2500));
+    assert_eq!(reloads(), at_start, "{}", svc.log());
+    // A burst of writes ending in a real change: one reload.
+    for text in [v2, v1, v2] {
+        std::fs::write(&file, text).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    wait_for("the reload of v2", || reloads() > at_start);
+    std::thread::sleep(Duration::from_millis(2500));
+    assert_eq!(reloads(), at_start + 1, "{}", svc.log());
+}

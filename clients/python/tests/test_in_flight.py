@@ -66,7 +66,13 @@ async def call(app, path="/", receive=None):
     """One request through an ASGI app: (status, body, headers)."""
     sent = []
 
+    asked = []
+
     async def no_body():
+        # The request once, then nothing until the test ends, as a client that stays.
+        if asked:
+            await asyncio.Event().wait()
+        asked.append(True)
         return {"type": "http.request", "body": b"", "more_body": False}
 
     async def send(message):
@@ -160,7 +166,9 @@ class Asgi(unittest.TestCase):
             task = asyncio.ensure_future(mw(scope(), receive, send))
             await first_sent.wait()
             seen.append(held(self.server, ONE))  # streaming: held
-            status, _, headers = await call(mw)  # a second request meanwhile: refused
+            # A second request meanwhile: refused (were it let in, it would wait on the same
+            # stream: the timeout turns that into a failure).
+            status, _, headers = await asyncio.wait_for(call(mw), 10)
             seen.append(status)
             go_on.set()
             await task

@@ -5,7 +5,6 @@ for leases sending them to the script, and 200 concurrent requests through the A
 middleware's in-flight limit."""
 
 import asyncio
-import os
 import re
 import unittest
 
@@ -19,9 +18,6 @@ from redis_rl import asyncio as rl_asyncio
 from servers import Server
 from test_in_flight import backoff
 
-SHIPPED = os.path.join(os.path.dirname(redis_rl.__file__), "rl.lua")
-with open(SHIPPED) as f:
-    HAS_LEASES = re.search(r"""["']lease["']""", f.read()) is not None
 SLOW = Limit(rate=1, capacity=10)
 
 
@@ -31,7 +27,6 @@ def paths():
             ("script", False, False, "lua"))
 
 
-@unittest.skipUnless(HAS_LEASES, "the shipped rl.lua has no lease modes yet")
 class Fallback(unittest.TestCase):
     def server(self, module, functions):
         s = Server(module=module)

@@ -187,6 +187,12 @@ class Paths(unittest.TestCase):
                 self.assertEqual(got, [1, b"r", 1, 0])
                 got = call(reserver, "settle", "B", ["RL.SETTLE", *SLOW.args(), "r", 1], [*SLOW.script_args(1), "r"])
                 self.assertEqual(got[0], 2)
+                if path == "module":
+                    # A table's field: the module path's own commands, which the rules name too.
+                    got = reserver.execute_command("RL.HRESERVE", "T", "f", *SLOW.args(), 2, 60000, "ID", "r")
+                    self.assertEqual(got, [1, b"r", 1, 0])
+                    got = reserver.execute_command("RL.HSETTLE", "T", "f", *SLOW.args(), "r", 1)
+                    self.assertEqual(got[0], 2)
 
     # (c) COMMAND renamed away ---------------------------------------------------------------
 

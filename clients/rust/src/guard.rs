@@ -30,15 +30,24 @@ fn renew_every(ttl_ms: u64) -> Duration {
     Duration::from_millis((ttl_ms / 2).max(1))
 }
 
-/// The sleep before the next try after a denial that said `retry_after_ms`, with up to 10%
-/// jitter so waiters do not wake together, never past `deadline`; `None` once it passed.
-fn next_try(retry_after_ms: i64, deadline: Instant) -> Option<Duration> {
+/// The first pause between tries while waiting for a slot, and the longest.
+const FIRST_POLL: Duration = Duration::from_millis(5);
+const LONGEST_POLL: Duration = Duration::from_secs(1);
+
+/// The pause before the next try: a denial's `retry_after_ms` is when the earliest lease
+/// expires, the latest a slot frees, but a release frees one sooner, so a waiter polls, from
+/// 5 ms doubling up to 1 s (`poll`, doubled here for the next time), never past the denial's
+/// wait nor the `deadline`, with up to 10% jitter so waiters do not wake together. `None`
+/// once the deadline passed.
+fn next_try(retry_after_ms: i64, poll: &mut Duration, deadline: Instant) -> Option<Duration> {
     let now = Instant::now();
     if now >= deadline {
         return None;
     }
-    let wait_ms = (retry_after_ms.max(1) as f64) * (1.0 + jitter_fraction());
-    Some(Duration::from_secs_f64(wait_ms / 1000.0).min(deadline.saturating_duration_since(now)))
+    let slot_frees = Duration::from_millis(u64::try_from(retry_after_ms.max(1)).unwrap_or(1));
+    let pause = (*poll).min(slot_frees).mul_f64(1.0 + jitter_fraction());
+    *poll = poll.saturating_mul(2).min(LONGEST_POLL);
+    Some(pause.min(deadline.saturating_duration_since(now)))
 }
 
 fn timed_out(wait: Duration, lease: &Lease) -> Error {
@@ -74,8 +83,8 @@ where
 {
     /// Takes a lease at `key` (at most `limit` held at once, each for `ttl_ms` unless renewed)
     /// and returns a guard that renews it while held and releases it when dropped. Denied, it
-    /// tries again when the denial says a slot frees, until `wait` has passed (`Duration::ZERO`:
-    /// one try).
+    /// tries again (from 5 ms, doubling up to 1 s, never past when the denial says a slot
+    /// frees) until `wait` has passed (`Duration::ZERO`: one try).
     ///
     /// ```no_run
     /// use std::sync::Arc;
@@ -104,12 +113,13 @@ where
         // One id for every try: a take whose reply was lost is answered as held on the next.
         let id = lease::new_id()?;
         let deadline = Instant::now() + wait;
+        let mut poll = FIRST_POLL;
         loop {
             let lease = self.lease(key, limit, ttl_ms, Some(&id))?;
             if lease.allowed {
                 return Ok(LeaseGuard::start(self.clone(), key, lease, ttl_ms));
             }
-            match next_try(lease.retry_after_ms, deadline) {
+            match next_try(lease.retry_after_ms, &mut poll, deadline) {
                 Some(sleep) => std::thread::sleep(sleep),
                 None => return Err(timed_out(wait, &lease)),
             }
@@ -276,12 +286,13 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> AsyncLimiter<C> {
     ) -> Result<AsyncLeaseGuard<C>, Error> {
         let id = lease::new_id()?;
         let deadline = Instant::now() + wait;
+        let mut poll = FIRST_POLL;
         loop {
             let lease = self.lease(key, limit, ttl_ms, Some(&id)).await?;
             if lease.allowed {
                 return Ok(AsyncLeaseGuard::start(self.clone(), key, lease, ttl_ms));
             }
-            match next_try(lease.retry_after_ms, deadline) {
+            match next_try(lease.retry_after_ms, &mut poll, deadline) {
                 Some(sleep) => tokio::time::sleep(sleep).await,
                 None => return Err(timed_out(wait, &lease)),
             }

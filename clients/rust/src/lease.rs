@@ -751,6 +751,48 @@ mod tests {
         assert_eq!(t.take_record("k", "s", 1_000), None);
     }
 
+    /// The `Local` policy's table (one instance) replays the shared lease vectors
+    /// (clients/vectors/lease.json) to the same replies as the module and the fallbacks.
+    #[test]
+    fn the_local_table_replays_the_shared_vectors() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../vectors/lease.json");
+        let text = std::fs::read_to_string(path).unwrap();
+        let vectors: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let cases = vectors["cases"].as_array().unwrap();
+        assert!(!cases.is_empty());
+        for case in cases {
+            let name = case["name"].as_str().unwrap();
+            let mut t = LocalLeases::new(1, 10);
+            for (i, step) in case["steps"].as_array().unwrap().iter().enumerate() {
+                let now_us = step["now_us"].as_u64().unwrap();
+                let id = step["id"].as_str().unwrap_or("");
+                let limit = step["limit"].as_u64().map(|l| u32::try_from(l).unwrap());
+                let ttl_ms = step["ttl_ms"].as_u64();
+                let got = match step["op"].as_str().unwrap() {
+                    "lease" => {
+                        let l = t.lease(("k", limit.unwrap(), ttl_ms.unwrap(), id), now_us);
+                        let ms = if l.allowed {
+                            l.expires_in_ms
+                        } else {
+                            l.retry_after_ms
+                        };
+                        serde_json::json!([i64::from(l.allowed), l.id, l.in_use, ms])
+                    }
+                    "leases" => {
+                        let c = t.count("k", limit.unwrap(), now_us);
+                        serde_json::json!([c.in_use, c.retry_after_ms])
+                    }
+                    "release" => serde_json::json!(i64::from(t.release("k", id, now_us))),
+                    "renew" => {
+                        serde_json::json!(i64::from(t.renew("k", id, ttl_ms.unwrap(), now_us)))
+                    }
+                    other => panic!("{name}: unknown op {other}"),
+                };
+                assert_eq!(got, step["expect"], "{name}, step {i}: {step}");
+            }
+        }
+    }
+
     #[test]
     fn ids_are_16_lowercase_hex() {
         let id = new_id().unwrap();

@@ -88,10 +88,9 @@ fn leases_are_the_modules_own() {
     assert_eq!((denied.id.as_str(), denied.in_use), ("", 2));
     assert!(denied.retry_after_ms > 29_000 && denied.retry_after_ms <= 30_000);
     let count = limiter.leases("jobs", 2).unwrap();
-    assert_eq!(
-        (count.in_use, count.retry_after_ms),
-        (2, denied.retry_after_ms)
-    );
+    // The same wait, less the ms between the two calls.
+    assert_eq!(count.in_use, 2);
+    assert!(count.retry_after_ms <= denied.retry_after_ms && count.retry_after_ms > 29_000);
     assert!(limiter.renew("jobs", "worker-7", 60_000).unwrap());
     assert!(limiter.release("jobs", "worker-7").unwrap());
     assert!(!limiter.release("jobs", "worker-7").unwrap());
@@ -244,7 +243,10 @@ fn hold_waits_for_a_slot_until_its_deadline() {
     });
     let started = Instant::now();
     let second = limiter.hold("one", 1, 300, Duration::from_secs(5)).unwrap();
-    assert!(started.elapsed() >= Duration::from_millis(140));
+    // Taken soon after the release, not when the first lease would have expired (30 s).
+    let waited = started.elapsed();
+    assert!(waited >= Duration::from_millis(140), "{waited:?}");
+    assert!(waited < Duration::from_millis(1500), "{waited:?}");
     leaving.join().unwrap();
     // Renewed at ttl/2 while held: still held three ttls later.
     std::thread::sleep(Duration::from_millis(900));

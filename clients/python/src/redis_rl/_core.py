@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence, Tuple, Union
 
 from . import _decimal
 from .bucket import DebtTooLongError, LocalBuckets
+from .lease import (LOCAL_PREFIX, OPEN_PREFIX, Lease, LeaseCount, LocalLeases, Reservation,
+                    check_id, check_limit, check_ttl, is_policy_id, new_id, policy_id)
 
 if TYPE_CHECKING:
     import datetime
@@ -467,8 +469,6 @@ class Engine:
         self.clock = clock
         self.lock = threading.Lock()
         self.local = LocalBuckets(instances, local_max_keys)
-        from .lease import LocalLeases, Reservation
-
         self.local_leases = LocalLeases(instances, local_max_keys)
         # The "local" policy's open reservations: (key, id) -> (limit, estimate, expiry_us).
         self.local_reservations = OrderedDict()
@@ -635,8 +635,6 @@ class Engine:
         "ttl_ms", "id", and for reservations "bucket", "estimate", "actual"). An id the failure
         policy made ("open:", "local:", or one the local table holds) is answered here, never
         sent to Redis. Returns `(answer, None)` or `(None, call)` as `begin` does."""
-        from .lease import is_policy_id, new_id
-
         if op in ("lease", "reserve") and params.get("id") is None:
             params["fallback_id"] = new_id()  # a script cannot draw an id itself
         items = [(key, params.get("bucket"), params)]
@@ -659,8 +657,6 @@ class Engine:
     def policy_lease(self, op, items, kind=None):
         """The failure policy's answer to a lease op; `kind` ("open" or "local") for an id that
         policy made, which is answered by it whatever `on_error` says now."""
-        from .lease import LOCAL_PREFIX, OPEN_PREFIX, Lease, LeaseCount, policy_id
-
         (key, bucket, params), = items
         how = kind or self.on_error
         limit, ttl_ms, lease_id = params.get("limit"), params.get("ttl_ms"), params.get("id")
@@ -750,8 +746,6 @@ class Engine:
 
     def lease_answer(self, op, items, reply, source):
         """The answer to a lease op from Redis's reply."""
-        from .lease import Lease, LeaseCount
-
         (key, bucket, params), = items
         if op == "lease":
             return Lease(*reply, key, params["limit"], params["ttl_ms"], source)
@@ -1338,8 +1332,6 @@ def lease_params(op, limit=None, ttl_ms=None, lease_id=None, bucket=None, estima
                  actual=None):
     """The checked arguments of a lease op, or ValueError naming the first bad one (in the
     module's order and words)."""
-    from .lease import check_id, check_limit, check_ttl
-
     params = {}
     if op in ("reserve", "settle"):
         if not isinstance(bucket, Limit):

@@ -19,7 +19,7 @@ import inspect
 from typing import Any, Callable
 
 from .http import FIELD_NAMES, PROBLEM_TYPE, InFlight, Policy, header_fields
-from .lease import AsyncHeld
+from .hold import AsyncHeld
 
 __all__ = ["RateLimitMiddleware", "limit_route", "Policy", "InFlight"]
 

@@ -23,7 +23,8 @@ from ._core import (Busy, Engine, LimiterBase, MisconfiguredError, is_busy, is_u
 from ._core import Charge, Decision, Item, Limit, MultiDecision, Number, Refund
 from ._core import lease_params
 from ._slots import Across, SlotItem, SlotsDecision
-from .lease import AsyncHold, AsyncReservation, Id, Lease, LeaseCount, Reservation
+from .hold import AsyncHold
+from .lease import AsyncReservation, Id, Lease, LeaseCount, Reservation
 
 if TYPE_CHECKING:
     import redis.asyncio

@@ -20,7 +20,8 @@ from ._core import (Engine, LimiterBase, MisconfiguredError, is_cluster_redirect
 from ._core import Charge, Decision, Item, Limit, MultiDecision, Number, Refund
 from ._core import lease_params
 from ._slots import Across, SlotItem, SlotsDecision
-from .lease import Hold, Id, Lease, LeaseCount, Reservation
+from .hold import Hold
+from .lease import Id, Lease, LeaseCount, Reservation
 
 if TYPE_CHECKING:
     import redis

@@ -27,6 +27,7 @@ import math
 import threading
 
 from ._core import Limit
+from .lease import check_limit, check_ttl
 
 #: The start of every default key space: `rl:http:<rate>:<capacity>:` (see `Policy`).
 DEFAULT_PREFIX = "rl:http:"
@@ -252,8 +253,6 @@ class InFlight:
     __slots__ = ("limit", "ttl_ms", "renew", "prefix")
 
     def __init__(self, limit, ttl_ms=60_000, *, renew=True, prefix=None):
-        from .lease import check_limit, check_ttl
-
         self.limit = check_limit(limit)
         self.ttl_ms = check_ttl(ttl_ms)
         self.renew = bool(renew)

@@ -19,7 +19,7 @@ import inspect
 from typing import Any, Callable
 
 from .http import FIELD_NAMES, PROBLEM_TYPE, InFlight, Policy, call_hook, header_fields
-from .lease import Held
+from .hold import Held
 
 __all__ = ["RateLimitMiddleware", "limit_route", "Policy", "InFlight"]
 
