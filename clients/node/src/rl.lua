@@ -123,11 +123,6 @@ local function numbers(a, off)
     a[off + 8] + 0, kr, a[off + 10] + 0
 end
 
--- A stored instant's two numbers, read once each (raises on one that is not a number).
-local function instant(q, r)
-  return q + 0, r == '0' and 0 or r + 0
-end
-
 -- One call: `mode` over `keys`, with the numbers in `args` after its first `off` entries.
 local function run(mode, keys, args, off)
   local t = redis.call('TIME')
@@ -146,18 +141,23 @@ local function run(mode, keys, args, off)
     if not ok or d % 1 + tq % 1 + tr % 1 + cq % 1 + cr % 1 + sq % 1 + sr % 1 + kq % 1
         + kr % 1 + cap % 1 ~= 0 or d < 1 or tq < 0 or tr < 0 or tr >= d
         or (tq == 0 and tr == 0) or cq < 0 or cr < 0 or cr >= d or sr < 0 or sr >= d
-        or kq < 0 or kr < 0 or kr >= d or cap < 0 then
+        or kq < 0 or kr < 0 or kr >= d or cap < 0 or d >= 2147483648 then
       break
     end
     local ds = args[off + 1]
-    local h = redis.call('HMGET', key, 'a', 'b', 'd')
-    local fq, fr = h[1], 0
+    -- A plain bucket is a string; a hash (an older bucket, or one holding more than the
+    -- bucket) answers an error here and goes to the general path.
+    local v = redis.pcall('GET', key)
+    local fq, fr = v, 0
     -- How far from full the bucket is: (dq, dr), 0 when missing or full.
     local dq, dr = 0, 0
-    if fq then
-      if h[3] ~= ds then break end
-      ok, fq, fr = pcall(instant, fq, h[2])
-      if not ok or fr < 0 or fr >= d then break end
+    if v then
+      if type(v) ~= 'string' then break end
+      local q, r, sd = string.match(v, '^rl:(%d+):(%d+):(%d+)$')
+      if sd ~= ds then break end
+      fq = q + 0
+      if r ~= '0' then fr = r + 0 end
+      if fq > 9007199254740991 or fr >= d then break end
       if fq > now or (fq == now and fr > 0) then dq, dr = fq - now, fr end
     end
     -- Milliseconds are ceil((q + r/D) / 1000), as (q - rest) / 1000, plus 1 if anything is
@@ -218,24 +218,13 @@ local function run(mode, keys, args, off)
     end
     if taken then
       local q = dq + now
-      -- A remainder below 10 goes as its digit, without formatting a number; an unchanged
-      -- remainder or denominator is not written again.
-      local b = dr
-      if dr == 0 then b = '0' elseif dr < 10 then b = string.char(48 + dr) end
-      if not fq then
-        -- The denominator as the general path writes it: its digits, no other form.
-        if not string.find(ds, '^[1-9]%d*$') then break end
-        redis.call('HSET', key, 'a', q, 'b', b, 'd', ds)
-      elseif dr == fr then
-        redis.call('HSET', key, 'a', q)
-      else
-        redis.call('HSET', key, 'a', q, 'b', b)
-      end
+      if q > 9007199254740991 then break end
       rest = q % 1000
       if rest < 0 then rest = rest + 1000 end
       local at = (q - rest) / 1000
       if rest > 0 or dr > 0 then at = at + 1 end
-      redis.call('PEXPIREAT', key, at)
+      -- The value and its expiry in one write; %d prints a whole double below 2^53 exactly.
+      redis.call('SET', key, string.format('rl:%d:%d:%d', q, dr, d), 'PXAT', string.format('%d', at))
     end
     rest = dq % 1000
     if rest < 0 then rest = rest + 1000 end
@@ -318,11 +307,37 @@ local function run(mode, keys, args, off)
                 cfloor = tonumber(a[base + 10])}
       end
 
-      -- The stored instant of key, as {q, r} over lim.d, or nil for a missing key.
-      local function load(key, lim)
+      -- The bucket's three texts (q, r, D) in a hash's fields a, b and d, or nil when the hash
+      -- has no field a. The hash form: a bucket written before the string form, or one whose
+      -- hash holds more than the bucket (those fields stay; see store_hash).
+      local function load_hash(key)
         local h = redis.call('HMGET', key, 'a', 'b', 'd')
         if not h[1] then return nil end
-        local q, r, d = tonumber(h[1]), tonumber(h[2]), tonumber(h[3])
+        return h[1], h[2], h[3]
+      end
+
+      -- The bucket's three texts from a string "rl:q:r:D", with false for a missing key, or nil
+      -- and true when the key is not a string (a hash: read it with load_hash).
+      local function load_string(key)
+        local v = redis.pcall('GET', key)
+        if type(v) == 'table' then return nil, true end
+        if not v then return false end
+        local q, r, d = string.match(v, '^rl:(%d+):(%d+):(%d+)$')
+        if not q then return nil end
+        return q, r, d
+      end
+
+      -- The stored instant of key, as {q, r, hash = whether a hash holds it} over lim.d, or nil
+      -- for a missing key.
+      local function load(key, lim)
+        local q, r, d = load_string(key)
+        local hash = r == true
+        if q == false then return nil end
+        if hash then
+          q, r, d = load_hash(key)
+          if q == nil then return nil end
+        end
+        q, r, d = tonumber(q), tonumber(r), tonumber(d)
         if q == nil or r == nil or d == nil or d < 1 or r < 0 or r >= d then
           return redis.error_reply('ERR redis-rl script: ' .. key .. ' holds no bucket state')
         end
@@ -333,7 +348,7 @@ local function run(mode, keys, args, off)
           if nr >= lim.d then q = q + 1; nr = nr - lim.d end
           r = nr
         end
-        return {q, r}
+        return {q, r, hash = hash}
       end
 
       -- How far from full the bucket is at now: {q, r}, {0, 0} when full.
@@ -416,9 +431,27 @@ local function run(mode, keys, args, off)
         return {1, remaining_of(lim, ndq, ndr), 0, ceil_ms(ndq, ndr)}, new
       end
 
-      local function store(key, lim, full)
+      -- Writes the bucket as a hash's fields a, b and d, leaving its other fields.
+      local function store_hash(key, lim, full)
         redis.call('HSET', key, 'a', int(full[1]), 'b', int(full[2]), 'd', int(lim.d))
         redis.call('PEXPIREAT', key, int(ceil_ms(full[1], full[2])))
+      end
+
+      -- Writes the bucket as the string "rl:q:r:D" with its expiry, in one SET.
+      local function store_string(key, lim, full)
+        redis.call('SET', key, 'rl:' .. int(full[1]) .. ':' .. int(full[2]) .. ':' .. int(lim.d),
+          'PXAT', int(ceil_ms(full[1], full[2])))
+      end
+
+      -- Writes `full` in the form `old` (what load read) had: a hash stays a hash (an older
+      -- bucket until it expires, or one whose hash holds more than the bucket), anything else
+      -- becomes the string.
+      local function store(key, lim, full, old)
+        if old and old.hash then
+          store_hash(key, lim, full)
+        else
+          store_string(key, lim, full)
+        end
       end
 
       -- The charge's bound: full again within 100 years of now (3153600000 s, in us), and an
@@ -459,7 +492,7 @@ local function run(mode, keys, args, off)
             if lim.kq == 0 and lim.kr == 0 then return {remaining_of(lim, dq, dr), ceil_ms(dq, dr)} end
             local ndq, ndr = sub(dq, dr, lim.kq, lim.kr, lim.d)
             local nq, nr = add(now_q, 0, ndq, ndr, lim.d)
-            store(key, lim, {nq, nr})
+            store(key, lim, {nq, nr}, full)
             return {remaining_of(lim, ndq, ndr), ceil_ms(ndq, ndr)}
           end
           if mode == 'charge' then
@@ -473,11 +506,11 @@ local function run(mode, keys, args, off)
               return redis.error_reply('ERR cost would leave the bucket in debt for more than 100 years '
                 .. '(it must be full again within 3153600000 s, and before 2262)')
             end
-            store(key, lim, {nq, nr})
+            store(key, lim, {nq, nr}, full)
             return charged(lim, ndq, ndr)
           end
           local reply, new = decide(lim, full, mode == 'acquire')
-          if new then store(key, lim, new) end
+          if new then store(key, lim, new, full) end
           return reply
         elseif mode == 'multi' then
           if #keys < 1 then return redis.error_reply('ERR redis-rl script: multi takes at least one key') end
@@ -491,7 +524,7 @@ local function run(mode, keys, args, off)
             if pending[key] == nil then
               local full = load(key, lim)
               if full and full.err then return full end
-              pending[key] = {full = full, lim = lim, changed = false}
+              pending[key] = {full = full, old = full, lim = lim, changed = false}
               order[#order + 1] = key
             end
             local p = pending[key]
@@ -514,7 +547,7 @@ local function run(mode, keys, args, off)
           if refused >= 0 then return {0, refused, retry, replies} end
           for _, key in ipairs(order) do
             local p = pending[key]
-            if p.changed then store(key, p.lim, p.full) end
+            if p.changed then store(key, p.lim, p.full, p.old) end
           end
           return {1, -1, 0, replies}
         end

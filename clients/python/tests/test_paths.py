@@ -505,7 +505,7 @@ class Paths(unittest.TestCase):
             limiter.check()
         text = str(raised.exception)
         self.assertIn("may not run 'fcall_ro' (nor 'evalsha', 'eval')", text)
-        self.assertIn('"+evalsha +eval +time +hmget +hset +pexpireat +del"', text)
+        self.assertIn('"+evalsha +eval +time +get +set +hmget +hset +pexpireat +del"', text)
         self.assertIn("docs/clients.md#permissions", text)
         with self.assertLogs("redis_rl", "ERROR"):
             self.assertEqual(limiter.acquire("k", SLOW).source, "open")

@@ -950,8 +950,8 @@ PERMISSIONS_DOC = "docs/clients.md#permissions"
 PATH_RULES = {
     "module": "+rl.acquire +rl.peek +rl.refund +rl.charge +rl.acquire.multi +rl.hacquire "
               "+rl.hpeek +rl.hrefund +rl.hcharge",
-    "functions": "+fcall +fcall_ro +time +hmget +hset +pexpireat +del",
-    "lua": "+evalsha +eval +time +hmget +hset +pexpireat +del",
+    "functions": "+fcall +fcall_ro +time +get +set +hmget +hset +pexpireat +del",
+    "lua": "+evalsha +eval +time +get +set +hmget +hset +pexpireat +del",
 }
 
 
@@ -991,9 +991,9 @@ def script_acl_failure(error):
         return None
     named = re.search(r"run the '([^']+)' command", text)
     what = (f"the command {named.group(1)!r}" if named
-            else "a command it runs (TIME, HMGET, HSET, PEXPIREAT or DEL)")
+            else "a command it runs (TIME, GET, SET, HMGET, HSET, PEXPIREAT or DEL)")
     return (f"NOPERM: this user may not run {what} inside the redis-rl function or script "
-            f"({text.strip()}); add the ACL rules \"+time +hmget +hset +pexpireat +del\" or see "
+            f"({text.strip()}); add the ACL rules \"+time +get +set +hmget +hset +pexpireat +del\" or see "
             f"{PERMISSIONS_DOC}")
 
 
