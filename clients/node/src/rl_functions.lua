@@ -252,15 +252,14 @@ local function run(mode, keys, args, off)
         return h[1], h[2], h[3]
       end
 
-      -- The bucket's three texts from a string "rl:q:r:D", with false for a missing key, or nil
-      -- and true when the key is not a string (a hash: read it with load_hash).
+      -- The bucket's three texts from a string "rl:q:r:D", with false for a missing key, nil
+      -- for another string, or nil and true when the key is not a string (a hash: read it with
+      -- load_hash).
       local function load_string(key)
         local v = redis.pcall('GET', key)
         if type(v) == 'table' then return nil, true end
         if not v then return false end
-        local q, r, d = string.match(v, '^rl:(%d+):(%d+):(%d+)$')
-        if not q then return nil end
-        return q, r, d
+        return string.match(v, '^rl:(%d+):(%d+):(%d+)$')
       end
 
       -- The stored instant of key, as {q, r, hash = whether a hash holds it} over lim.d, or nil
@@ -269,6 +268,10 @@ local function run(mode, keys, args, off)
         local q, r, d = load_string(key)
         local hash = r == true
         if q == false then return nil end
+        if q == nil and not hash then
+          -- Someone else's string: the error the module (and HMGET before) answers.
+          return redis.error_reply('WRONGTYPE Operation against a key holding the wrong kind of value')
+        end
         if hash then
           q, r, d = load_hash(key)
           if q == nil then return nil end
