@@ -545,7 +545,7 @@ def used_memory(conn):
 MEMORY_ROUNDS = 3
 # The memory test's variants, in the order the tables and the chart list them.
 MEMORY_ORDER = ("table_10", "table_3", "rl_10", "rl_3", "lua", "floor")
-# The issue's budgets for a bucket in a table, all in (B): whole ns, with a fraction.
+# The budgets for a bucket in a table (docs/tables.md), all in (B): whole ns, with a fraction.
 TABLE_BUDGET = {"table_10": 40, "table_3": 48}
 MEMORY_METHOD = ("Growth of `used_memory` (INFO memory) in a `FLUSHALL`ed server, divided by"
                  " the buckets added: %s new keys for a key per bucket (the same key names for"
@@ -643,6 +643,92 @@ def memory_per_key(conn, sha, now_ms, n_keys, table_buckets):
 
 
 # --------------------------------------------------------------------------------------
+# Leases and reservations: what a lease taken and released, a held lease, and a reservation
+# settled cost, against RL.ACQUIRE (and RL.REFUND) on the same server.
+
+# Pairs per measured sequence; each pair on a key of its own, none existing before.
+BUDGET_PAIRS = 100_000
+# Leases in the key whose memory is measured: the marginal bytes of one more.
+BUDGET_LEASES = 1000
+
+
+def budget_usec(conn, pairs, what):
+    """Server µs per call of each command in `pairs` (lists of commands sent in order, a pair
+    per fresh key), from INFO commandstats after CONFIG RESETSTAT: {stat name: µs/call}."""
+    conn.call("FLUSHALL")
+    conn.call("CONFIG", "RESETSTAT")
+    conn.run_all((command for pair in pairs for command in pair), what)
+    stats = conn.info("commandstats")
+    names = {pair_cmd[0].lower() for pair in pairs[:1] for pair_cmd in pair}
+    out = {}
+    for name in names:
+        entry = next((v for k, v in stats.items() if k.lower() == "cmdstat_" + name), None)
+        if entry is None:
+            raise BenchError("%s: no cmdstat_%s after the run" % (what, name))
+        out[name] = parse_stat(entry)["usec_per_call"]
+    conn.call("FLUSHALL")
+    return out
+
+
+def lease_budgets(conn, n=BUDGET_PAIRS):
+    """The three budgets' figures, each the median of 3 interleaved rounds:
+    - `acquire`: RL.ACQUIRE allowed 10/s on a new key (µs/call);
+    - `lease_pair`: RL.LEASE of a new key then RL.RELEASE of that lease (µs per pair);
+    - `resv_pair`: RL.RESERVE of a new key then RL.SETTLE with half the estimate, which gives
+      the other half back (µs per pair);
+    - `acq_refund`: RL.ACQUIRE of a new key then RL.REFUND of half the cost (µs per pair);
+    - `lease_bytes`: MEMORY USAGE growth per lease from 1 to BUDGET_LEASES leases in a key."""
+    rounds = {"acquire": [], "lease_pair": [], "resv_pair": [], "acq_refund": []}
+    for rnd in range(3):
+        got = budget_usec(conn, [[("RL.ACQUIRE", "a:%d" % i, "10", "1e10", "1000")]
+                                 for i in range(n)], "budget acquire")
+        rounds["acquire"].append(got["rl.acquire"])
+        got = budget_usec(conn, [[("RL.LEASE", "l:%d" % i, "10", "60000", "ID", "w"),
+                                  ("RL.RELEASE", "l:%d" % i, "w")] for i in range(n)],
+                          "budget lease")
+        rounds["lease_pair"].append(got["rl.lease"] + got["rl.release"])
+        got = budget_usec(conn, [[("RL.RESERVE", "r:%d" % i, "10", "1e10", "1000", "60000", "ID", "w"),
+                                  ("RL.SETTLE", "r:%d" % i, "10", "1e10", "w", "500")]
+                                 for i in range(n)], "budget reserve")
+        rounds["resv_pair"].append(got["rl.reserve"] + got["rl.settle"])
+        got = budget_usec(conn, [[("RL.ACQUIRE", "a:%d" % i, "10", "1e10", "1000"),
+                                  ("RL.REFUND", "a:%d" % i, "10", "1e10", "500")]
+                                 for i in range(n)], "budget refund")
+        rounds["acq_refund"].append(got["rl.acquire"] + got["rl.refund"])
+        print("  budgets round %d/3: acquire %.3f µs, lease+release %.3f µs, reserve+settle "
+              "%.3f µs, acquire+refund %.3f µs" % tuple([rnd + 1] + [rounds[k][-1] for k in
+                                                        ("acquire", "lease_pair", "resv_pair",
+                                                         "acq_refund")]), flush=True)
+    out = {k: statistics.median(v) for k, v in rounds.items()}
+    conn.call("FLUSHALL")
+    conn.call("RL.LEASE", "held", str(BUDGET_LEASES), "3600000")
+    one = int(conn.call("MEMORY", "USAGE", "held"))
+    conn.run_all((("RL.LEASE", "held", str(BUDGET_LEASES), "3600000")
+                  for _ in range(BUDGET_LEASES - 1)), "budget held leases")
+    many = int(conn.call("MEMORY", "USAGE", "held"))
+    out["lease_bytes"] = (many - one) / (BUDGET_LEASES - 1)
+    conn.call("FLUSHALL")
+    return out
+
+
+def budget_rows(budgets):
+    """The budgets' rows of the targets table."""
+    if not budgets:
+        return []
+    rows = []
+    value = budgets["lease_pair"] / budgets["acquire"]
+    rows.append(["9", "RL.LEASE + RL.RELEASE ÷ RL.ACQUIRE allowed 10/s: server µs, new keys",
+                 "%.2f" % value, "≤ 2", "met" if value <= 2 else "**not met**"])
+    got = budgets["lease_bytes"]
+    rows.append(["9", "memory per held lease beyond the key (MEMORY USAGE, 1 to %d leases)"
+                 % BUDGET_LEASES, "%.2f B" % got, "≤ 32 B", "met" if got <= 32 else "**not met**"])
+    value = budgets["resv_pair"] / budgets["acq_refund"]
+    rows.append(["9", "RL.RESERVE + RL.SETTLE (half back) ÷ RL.ACQUIRE + RL.REFUND: server µs,"
+                 " new keys", "%.2f" % value, "≤ 1", "met" if value <= 1 else "**not met**"])
+    return rows
+
+
+# --------------------------------------------------------------------------------------
 # Report.
 
 
@@ -659,7 +745,7 @@ def ratio_cells(num, den, target, op):
     return ["%.2f" % value, "%s %g" % (op, target), "met" if met else "**not met**"]
 
 
-def targets_table(med, memory):
+def targets_table(med, memory, budgets=None):
     def get(wl, keys, p, field):
         entry = med.get((wl, keys, p))
         return entry[field] if entry else None
@@ -716,6 +802,7 @@ def targets_table(med, memory):
             diff = memory[name]["bytes"] - memory["floor"]["bytes"]
             rows.append(["4", "memory per bucket %s: RL.ACQUIRE − SET PX floor" % what,
                          "%.2f B" % diff, "≤ %d B" % bound, "met" if diff <= bound else "**not met**"])
+    rows += budget_rows(budgets)
     lines = ["| " + " | ".join(rows[0]) + " |", "| --- | --- | ---: | --- | --- |"]
     lines += ["| " + " | ".join(row) + " |" for row in rows[1:]]
     return "\n".join(lines)
@@ -740,7 +827,7 @@ def page_head(title, generator, meta):
             "", "```sh", meta["reproduce"], "```", ""]
 
 
-def write_results(path, meta, opts, wls, med, memory, n_for, sha, rl_sha):
+def write_results(path, meta, opts, wls, med, memory, n_for, sha, rl_sha, budgets=None):
     lines = page_head("redis-rl benchmark results", "bench/bench.py", meta)
     w = lines.append
     w("| | |")
@@ -795,7 +882,7 @@ def write_results(path, meta, opts, wls, med, memory, n_for, sha, rl_sha):
     w("")
     w("## Targets")
     w("")
-    w(targets_table(med, memory))
+    w(targets_table(med, memory, budgets))
     w("")
     w("## Throughput, latency and server time")
     w("")
@@ -1118,7 +1205,7 @@ def parse_args(argv):
                    help="buckets in the table RL.HACQUIRE runs against, and in the table memory "
                         "test (over %d keys) (default 1,000,000)" % TABLE_KEYS)
     p.add_argument("--only", default="",
-                   help="comma-separated workload names to run (%s, or memory for the memory test); "
+                   help="comma-separated workload names to run (%s, memory for the memory test, or budgets for the lease and reservation budgets); "
                         "default all" % ", ".join(w.name for w in workloads("sha", 0)))
     p.add_argument("--out", default=None,
                    help="output directory for results.md and chart.svg (default bench/)")
@@ -1196,7 +1283,7 @@ def main(argv):
         wls = workloads(sha, now_ms, rl_sha)
         if opts.only:
             wanted = set(opts.only.split(","))
-            unknown = wanted - {w.name for w in wls} - {"memory"}
+            unknown = wanted - {w.name for w in wls} - {"memory", "budgets"}
             if unknown:
                 raise BenchError("unknown workload(s) in --only: %s" % ", ".join(sorted(unknown)))
             wls = [w for w in wls if w.name in wanted]
@@ -1221,6 +1308,10 @@ def main(argv):
         memory = None
         if not opts.only or "memory" in opts.only.split(","):
             memory = memory_per_key(conn, sha, now_ms, opts.memory_keys, opts.table_buckets)
+
+        budgets = None
+        if not opts.only or "budgets" in opts.only.split(","):
+            budgets = lease_budgets(conn, 1000 if opts.smoke else BUDGET_PAIRS)
 
         runs = {}
         for rnd in range(1, opts.rounds + 1):
@@ -1262,11 +1353,11 @@ def main(argv):
                 tuple(argv), "python3 bench/bench.py " + " ".join(argv)),
         }
         results_md = os.path.join(out_dir, "results.md")
-        write_results(results_md, meta, opts, wls, med, memory, n_for, sha, rl_sha)
+        write_results(results_md, meta, opts, wls, med, memory, n_for, sha, rl_sha, budgets)
         with open(os.path.join(out_dir, "chart.svg"), "w", encoding="utf-8") as f:
             f.write(chart_svg(wls, med, meta))
         print()
-        print(targets_table(med, memory))
+        print(targets_table(med, memory, budgets))
         print()
         print("wrote %s and %s in %s" % (results_md, os.path.join(out_dir, "chart.svg"),
                                          meta["elapsed"]))

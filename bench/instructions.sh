@@ -5,6 +5,9 @@
 #   PREFILL="COMMAND ARGS..." runs one command first, uncounted (the hot key of a denial).
 #   LOAD="FILE..." loads Lua files first: SCRIPT LOAD (EVALSHA <sha1sum of the file>), or
 #   FUNCTION LOAD for a library (a first line starting with #!lua, for FCALL).
+#   COMMAND ARGS... + COMMAND2 ARGS2...: a pair, the second on the first's key (a lease taken
+#   then released): N pairs pipelined from Python, __rand_int__ the pair's number (a new key
+#   each), and the count is per pair.
 # Prints "<command>  <Ir per call>". Needs valgrind (callgrind_annotate) and redis-benchmark.
 set -euo pipefail
 N=${N:-20000}
@@ -29,13 +32,51 @@ if [ -n "${PREFILL:-}" ]; then
     # shellcheck disable=SC2086 # PREFILL is a command line, split into its words
     redis-cli -p "$port" $PREFILL >/dev/null
 fi
-reply=$(redis-cli -p "$port" "${@//__rand_int__/1}")
+first=()
+for word in "$@"; do [ "$word" = + ] && break; first+=("$word"); done
+reply=$(redis-cli -p "$port" "${first[@]//__rand_int__/1}")
 case "$reply" in ERR*|WRONGTYPE*|NOSCRIPT*) echo "$* answers an error: $reply" >&2; exit 1;; esac
 # A denial must be one: RL.ACQUIRE's first integer is 1 when it takes.
 if [ -n "${EXPECT_DENIED:-}" ] && [ "$(printf '%s' "$reply" | head -n 1)" != 0 ]; then
     echo "$* was not denied: $reply" >&2; exit 1
 fi
-redis-benchmark -p "$port" -n "$N" -c 1 -P 16 -r 100000 "$@" >/dev/null
+case " $* " in
+*" + "*)
+    # A pair: the first command, then the second, on new keys, 16 pairs a round trip.
+    python3 - "$port" "$N" "$@" <<'PY' >/dev/null
+import socket, sys
+port, n, words = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
+split = words.index("+")
+first, second = words[:split], words[split + 1:]
+def encode(args):
+    out = [b"*%d\r\n" % len(args)]
+    for a in args:
+        a = a.encode()
+        out.append(b"$%d\r\n%s\r\n" % (len(a), a))
+    return b"".join(out)
+sock = socket.create_connection(("127.0.0.1", port))
+f = sock.makefile("rb")
+def reply():
+    line = f.readline()
+    if line[:1] == b"-":
+        sys.exit("error reply: %r" % line)
+    if line[:1] == b"$" and int(line[1:]) >= 0:
+        f.read(int(line[1:]) + 2)
+    if line[:1] == b"*":
+        for _ in range(int(line[1:])):
+            reply()
+for start in range(0, n, 16):
+    batch = range(start, min(n, start + 16))
+    sock.sendall(b"".join(encode([w.replace("__rand_int__", "p%d" % i) for w in c])
+                          for i in batch for c in (first, second)))
+    for _ in range(2 * len(batch)):
+        reply()
+PY
+    ;;
+*)
+    redis-benchmark -p "$port" -n "$N" -c 1 -P 16 -r 100000 "$@" >/dev/null
+    ;;
+esac
 redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true
 wait "$server" 2>/dev/null || true
 callgrind_annotate "$dir/cg.out" >"$dir/annotated.txt"

@@ -19,11 +19,14 @@ fallback_numbers = $(shell python3 -c "import sys; sys.path.insert(0, 'bench'); 
 CLASSIC_SHA = $(shell sha1sum < bench/token_bucket.lua | cut -c1-40)
 RL_SHA = $(shell sha1sum < clients/lua/rl.lua | cut -c1-40)
 
-bench-instructions: $(MODULE) ## Instructions per call inside Redis's call() (callgrind): allowed RL.ACQUIRE against SET PX, denials against HMGET, the Lua fallback (EVALSHA, FCALL) against the classic script
+bench-instructions: $(MODULE) ## Instructions per call inside Redis's call() (callgrind): allowed RL.ACQUIRE against SET PX, a lease taken and released and a reservation settled (per pair, new keys) against it and RL.ACQUIRE + RL.REFUND, denials against HMGET, the Lua fallback (EVALSHA, FCALL) against the classic script
 	@command -v valgrind >/dev/null || { echo "bench-instructions: needs valgrind (apt-get install valgrind)"; exit 1; }
 	bench/instructions.sh $(MODULE) SET b:__rand_int__ 1234567890123456789 PX 60000
 	bench/instructions.sh $(MODULE) RL.ACQUIRE b:__rand_int__ 10 1e10 1000
 	bench/instructions.sh $(MODULE) RL.ACQUIRE b:__rand_int__ 3 3e9 301
+	bench/instructions.sh $(MODULE) RL.LEASE l:__rand_int__ 10 60000 ID w + RL.RELEASE l:__rand_int__ w
+	bench/instructions.sh $(MODULE) RL.ACQUIRE a:__rand_int__ 10 1e10 1000 + RL.REFUND a:__rand_int__ 10 1e10 500
+	bench/instructions.sh $(MODULE) RL.RESERVE r:__rand_int__ 10 1e10 1000 60000 ID w + RL.SETTLE r:__rand_int__ 10 1e10 w 500
 	PREFILL="HSET hot tokens 8.0000029999999995 ts 1796140153985" bench/instructions.sh $(MODULE) HMGET hot tokens ts
 	PREFILL="RL.ACQUIRE hot 10 1e7 1e7" EXPECT_DENIED=1 bench/instructions.sh $(MODULE) RL.ACQUIRE hot 10 1e7 1e7
 	PREFILL="RL.ACQUIRE hot 3 3000001 3000001" EXPECT_DENIED=1 bench/instructions.sh $(MODULE) RL.ACQUIRE hot 3 3000001 3000001

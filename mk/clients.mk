@@ -66,6 +66,7 @@ test-clients: test-clients-python test-clients-node test-clients-rust test-clien
 test-clients-python: deps-clients $(REDIS_PY5) $(PYTHON_MYPY_TOOL) $(MODULE_DEBUG) python-rl ## The Python library: vectors, Lua script, module, Functions library, plain server, permissions, misconfigurations, outages, busy pools (redis-py 8.x and 5.x), shield, mypy --strict on examples/python
 	python3 clients/vectors/generate.py --check
 	python3 clients/vectors/table_generate.py --check
+	python3 clients/vectors/lease_generate.py --check
 	PYTHONPATH="$(PYTHON_PATH)" RL_REDIS_PY5="$(PYTHON_DEPS_REDIS5)" python3 clients/python/tests/run.py
 	PYTHONPATH="$(PYTHON_MYPY):$(PYTHON_PATH)" python3 -m mypy --strict --cache-dir target/mypy-cache examples/python
 	$(MAKE) --no-print-directory dist-python
@@ -80,7 +81,7 @@ test-clients-node: deps-clients $(MODULE_DEBUG) ## The Node library: vectors, Lu
 	cd clients/node && npm run --silent test:pack
 
 test-clients-rust: $(MODULE_DEBUG) ## The Rust client (clients/rust): vectors, module, plain server (Lua), outages, shield, cluster, wait, tower layer; then make dist-rust
-	$(CARGO) test -p rl-bucket --test vectors
+	$(CARGO) test -p rl-bucket --test vectors --test lease_vectors
 	$(CARGO) test -p redis-rl-client --features tower
 	@# The client must not pull in the module's build dependencies. `-e normal`: the tree it
 	@# ships with, not what its tests build (the shared harness, rl-testkit).

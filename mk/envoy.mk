@@ -38,7 +38,11 @@ LIMITADOR_BUILT := $(CURDIR)/target/peers/limitador/release/limitador-server
 
 # Copied once: delete target/peers/limitador-src to take a new snapshot.
 $(LIMITADOR_BUILT):
-	@test -f "$(LIMITADOR_SRC)/Cargo.toml" || { echo "peer-limitador: no limitador source at LIMITADOR_SRC=$(LIMITADOR_SRC)"; exit 1; }
+	@test -f "$(LIMITADOR_SRC)/Cargo.toml" || { \
+		echo "peer-limitador: no limitador source is configured: LIMITADOR_SRC=$(LIMITADOR_SRC) holds no Cargo.toml."; \
+		echo "  Set LIMITADOR_SRC to a limitador checkout to build it here, or LIMITADOR_BIN to a built limitador-server;"; \
+		echo "  or bench a rate-limit service already running: make bench-envoy PEER_GRPC=host:port (docs/benchmarks.md)."; \
+		exit 1; }
 	@command -v protoc >/dev/null || { echo "peer-limitador: building limitador needs protoc (apt-get install protobuf-compiler)"; exit 1; }
 	test -f "$(LIMITADOR_COPY)/Cargo.toml" || { mkdir -p "$(dir $(LIMITADOR_COPY))" && cp -r "$(LIMITADOR_SRC)" "$(LIMITADOR_COPY)"; }
 	cd "$(LIMITADOR_COPY)" && CARGO_TARGET_DIR="$(CURDIR)/target/peers/limitador" \
@@ -46,12 +50,21 @@ $(LIMITADOR_BUILT):
 
 peer-limitador: $(LIMITADOR_BUILT) ## Build limitador-server, bench-envoy's peer, from LIMITADOR_SRC into target/peers (20 to 40 minutes on 2 cores)
 
+# A rate-limit service already running, benched beside the others on the same load: its gRPC
+# address, its label, its process id when it runs here (for its CPU), its Redis's address
+# (for its Redis CPU and bytes per limited user). It must hold the config that
+# `target/release/envoy-bench --write-config DIR` writes. Empty: no such row.
+PEER_GRPC ?=
+PEER_NAME ?=
+PEER_PID ?=
+PEER_REDIS ?=
+
 # bench-envoy's peer: LIMITADOR_BIN, else the build from LIMITADOR_SRC (a prerequisite, so a
 # failed build stops the benchmark), else none, and LIMITADOR_SKIP says why.
 ifneq ($(LIMITADOR_BIN),)
 LIMITADOR_PEER := $(LIMITADOR_BIN)
 else ifeq ($(wildcard $(LIMITADOR_SRC)/Cargo.toml),)
-LIMITADOR_SKIP := no LIMITADOR_BIN and no limitador source at LIMITADOR_SRC ($(LIMITADOR_SRC))
+LIMITADOR_SKIP := no limitador source is configured (no LIMITADOR_BIN, and LIMITADOR_SRC=$(LIMITADOR_SRC) holds no Cargo.toml)
 else ifeq ($(shell command -v protoc),)
 LIMITADOR_SKIP := no LIMITADOR_BIN, and building limitador needs protoc (apt-get install protobuf-compiler)
 else
@@ -59,9 +72,10 @@ LIMITADOR_PEER := $(LIMITADOR_BUILT)
 LIMITADOR_BUILD := $(LIMITADOR_BUILT)
 endif
 
-bench-envoy: deps-envoy $(MODULE) $(LIMITADOR_BUILD) ## Benchmark ShouldRateLimit over gRPC vs RL.ACQUIRE direct, the Lua path and a peer (limitador), CPU per 10k decisions, Envoy with the filter on and off; writes bench/envoy.md
+bench-envoy: deps-envoy $(MODULE) $(LIMITADOR_BUILD) ## Benchmark ShouldRateLimit over gRPC vs RL.ACQUIRE direct, the Lua path and peers (limitador; any running service with PEER_GRPC=host:port), CPU per 10k decisions, Redis bytes per limited user, Envoy with the filter on and off; writes bench/envoy.md
 	$(CARGO) build --release -p redis-rl-envoy --bins
 	$(if $(LIMITADOR_SKIP),@echo "bench-envoy: the peer's rows are skipped: $(LIMITADOR_SKIP)")
 	LIMITADOR_BIN="$(LIMITADOR_PEER)" LIMITADOR_SKIP="$(LIMITADOR_SKIP)" \
+	PEER_GRPC="$(PEER_GRPC)" PEER_NAME="$(PEER_NAME)" PEER_PID="$(PEER_PID)" PEER_REDIS="$(PEER_REDIS)" \
 	MODULE=$(MODULE) ENVOY=$(ENVOY_BIN) REDIS_SERVER=$(REDIS_SERVER) SECONDS_PER_ROUND=$(BENCH_ENVOY_SECONDS) \
 		$(CURDIR)/target/release/envoy-bench --out bench/envoy.md

@@ -5,7 +5,8 @@
 #   scripts/dist.sh build   build target/dist/redis-rl-<version>-x86_64-linux-gnu.tar.gz
 #   scripts/dist.sh check   unpack that tarball, verify SHA256SUMS, fail if the .so needs a
 #                           glibc symbol newer than 2.17, then run the integration suite with
-#                           it on Redis 7.0 and Valkey 9 (needs make servers and the test binaries)
+#                           it on Redis 7.0 and Valkey 9, or on the servers DIST_CHECK_SERVERS
+#                           names (needs make servers and the test binaries)
 #
 # The host's linker would tie the .so to the host's glibc (2.36 on Debian 12: symbols from
 # GLIBC_2.34). cargo-zigbuild links with zig against glibc 2.17's symbol versions instead.
@@ -94,7 +95,8 @@ check() {
     exit 1
   fi
   say "SHA256SUMS ok; newest glibc symbol version: GLIBC_$newest (at most $GLIBC_MAX)"
-  RL_MODULE="$so" scripts/servers.sh test redis-7.0.15 valkey-9.1.2
+  # shellcheck disable=SC2086 # a list of names
+  RL_MODULE="$so" scripts/servers.sh test ${DIST_CHECK_SERVERS:-redis-7.0.15 valkey-9.1.2}
 }
 
 case "${1:-}" in

@@ -494,7 +494,7 @@ fn resv_state_args(state: State, records: &[Reservation]) -> Vec<Vec<u8>> {
 
 /// Makes server strings of `args` (with no context: the caller frees them with
 /// [`free_strings`]).
-fn new_strings(args: &[Vec<u8>]) -> Result<Vec<*mut raw::RedisModuleString>, Error> {
+pub(crate) fn new_strings(args: &[Vec<u8>]) -> Result<Vec<*mut raw::RedisModuleString>, Error> {
     // SAFETY: read once, after load.
     let create = unsafe { raw::RedisModule_CreateString }.ok_or(Error::Internal)?;
     Ok(args
@@ -504,7 +504,7 @@ fn new_strings(args: &[Vec<u8>]) -> Result<Vec<*mut raw::RedisModuleString>, Err
         .collect())
 }
 
-fn free_strings(strings: Vec<*mut raw::RedisModuleString>) {
+pub(crate) fn free_strings(strings: Vec<*mut raw::RedisModuleString>) {
     // SAFETY: each string was made by `new_strings` with no context and is freed once.
     unsafe {
         if let Some(free) = raw::RedisModule_FreeString {

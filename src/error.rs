@@ -111,6 +111,8 @@ pub enum Error {
     Actual,
     /// `RL.RESERVE` got an option other than `ID`.
     ReserveOption,
+    /// `RL.HRESERVE` got an option other than `ID`.
+    HReserveOption,
     /// The bucket already holds [`rl_bucket::MAX_RESERVATIONS`] open reservations, or
     /// `RL.RESVSTATE` names more, or an id twice.
     TooManyReservations,
@@ -176,6 +178,9 @@ impl Error {
             Error::Estimate => c"ERR estimate must be a number above 0 (tokens)",
             Error::Actual => c"ERR actual must be a finite number >= 0 (tokens)",
             Error::ReserveOption => c"ERR unknown option: RL.RESERVE takes only ID id after ttl_ms",
+            Error::HReserveOption => {
+                c"ERR unknown option: RL.HRESERVE takes only ID id after ttl_ms"
+            }
             Error::TooManyReservations => c"ERR a key holds at most 1000 open reservations, each id once",
             Error::ReservationExpiresAt => c"ERR expires_at_us must be an integer from 1 to 288230376151711743 (µs since the Unix epoch)",
         }

@@ -8,7 +8,8 @@
 //! - [`store`]: the one door to stored state ([`store::Store`]): read, stage one change,
 //!   commit it (write, signal, replicate the effect). Both module types are stores on it.
 //! - [`datatype`]: the `rl-bucket` module type (and `rl-bkresv`, a bucket holding open
-//!   reservations) and its per-key handle; [`reserve_commands`]: `RL.RESERVE`, `RL.SETTLE`.
+//!   reservations) and its per-key handle; [`reserve_commands`]: `RL.RESERVE`, `RL.SETTLE`,
+//!   and on table buckets `RL.HRESERVE`, `RL.HSETTLE`.
 //! - [`table`]: the bucket table, pure (no Redis types); [`table_type`]: its module type
 //!   `rl-htable` and its handles behind the same door.
 //! - [`lease_type`]: the `rl-leases` module type (a key's leases, limits on work in

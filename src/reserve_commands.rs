@@ -11,11 +11,15 @@
 //!   `RL.CHARGE`), and consumes the record; an id not open is an error naming it.
 //! - `RL.RESVSTATE key full_at_ns full_at_frac [id estimate expires_at_us ...]`: internal,
 //!   what the others replicate and AOF rewrites emit: the exact state and every record.
+//! - `RL.HRESERVE key field ...` and `RL.HSETTLE key field ...`: the same on one bucket of a
+//!   table, whose records the table keeps beside its buckets ([`TableKey::commit_records`]);
+//!   `RL.HRESVSTATE key tag full_at_ns full_at_frac [id estimate expires_at_us ...]` is what
+//!   they replicate.
 //!
 //! Ids the server makes are drawn as `RL.LEASE` draws them (16 hex characters from the
 //! server's random generator, drawn again while a record of the key has the same id).
 //!
-//! Depends on `datatype`, `args`, `clock`, `stats` and `error`.
+//! Depends on `datatype`, `table`, `table_type`, `args`, `clock`, `stats` and `error`.
 
 use std::ffi::{c_char, c_int, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -29,6 +33,8 @@ use rl_bucket::{
 use crate::datatype::BucketKey;
 use crate::error::Error;
 use crate::store::Store;
+use crate::table::{self, Tag};
+use crate::table_type::TableKey;
 use crate::{args, clock, stats};
 
 /// How many ids a reservation draws before giving up (see `lease_commands`).
@@ -46,8 +52,8 @@ enum Reply {
 enum Failure {
     Arity,
     Error(Error),
-    /// `RL.SETTLE` of an id with no open reservation.
-    NotOpen(LeaseId),
+    /// `RL.SETTLE` (or, `true`, `RL.HSETTLE`) of an id with no open reservation.
+    NotOpen(LeaseId, bool),
 }
 
 impl From<Error> for Failure {
@@ -84,6 +90,19 @@ handler!(
     settle, c"RL.SETTLE", settle_body, true
 );
 handler!(
+    /// `RL.HRESERVE key field rate capacity estimate ttl_ms [ID id]`
+    hreserve, c"RL.HRESERVE", hreserve_body, true
+);
+handler!(
+    /// `RL.HSETTLE key field rate capacity id actual`
+    hsettle, c"RL.HSETTLE", hsettle_body, true
+);
+handler!(
+    /// `RL.HRESVSTATE key tag full_at_ns full_at_frac [id estimate expires_at_us ...]`: not
+    /// counted, it is internal.
+    hresv_state, c"RL.HRESVSTATE", hresv_state_body, false
+);
+handler!(
     /// `RL.RESVSTATE key full_at_ns full_at_frac [id estimate expires_at_us ...]`: not
     /// counted, it is internal.
     resv_state, c"RL.RESVSTATE", resv_state_body, false
@@ -106,14 +125,22 @@ fn parse_id(bytes: &[u8]) -> Result<LeaseId, Error> {
     LeaseId::new(bytes).ok_or(Error::LeaseId)
 }
 
-fn reserve_body(
-    ctx: *mut RedisModuleCtx,
-    argv: &[*mut RedisModuleString],
-) -> Result<Reply, Failure> {
-    let (key, rate, capacity, estimate, ttl, option) = match *argv {
-        [_, key, r, c, e, t] => (key, r, c, e, t, None),
-        [_, key, r, c, e, t, name] => (key, r, c, e, t, Some((name, None))),
-        [_, key, r, c, e, t, name, id] => (key, r, c, e, t, Some((name, Some(id)))),
+/// A reserve's arguments after its key (and field), parsed.
+struct ReserveArgs {
+    parsed: args::Acquire,
+    ttl_ms: u64,
+    chosen: Option<LeaseId>,
+}
+
+/// `rate capacity estimate ttl_ms [ID id]`, checked in order.
+fn parse_reserve(
+    rest: &[*mut RedisModuleString],
+    option_error: Error,
+) -> Result<ReserveArgs, Failure> {
+    let (rate, capacity, estimate, ttl, option) = match *rest {
+        [r, c, e, t] => (r, c, e, t, None),
+        [r, c, e, t, name] => (r, c, e, t, Some((name, None))),
+        [r, c, e, t, name, id] => (r, c, e, t, Some((name, Some(id)))),
         _ => return Err(Failure::Arity),
     };
     // SAFETY (all): arguments of the running command.
@@ -135,12 +162,38 @@ fn reserve_body(
         None => None,
         Some((name, id)) => {
             if !unsafe { bytes(name) }.eq_ignore_ascii_case(b"ID") {
-                return Err(Error::ReserveOption.into());
+                return Err(option_error.into());
             }
             let id = id.ok_or(Error::LeaseIdMissing)?;
             Some(parse_id(unsafe { bytes(id) })?)
         }
     };
+    Ok(ReserveArgs {
+        parsed,
+        ttl_ms,
+        chosen,
+    })
+}
+
+fn reserve_error(error: ReserveError) -> Error {
+    match error {
+        ReserveError::TooMany => Error::TooManyReservations,
+        ReserveError::ZeroEstimate => Error::Estimate,
+    }
+}
+
+fn reserve_body(
+    ctx: *mut RedisModuleCtx,
+    argv: &[*mut RedisModuleString],
+) -> Result<Reply, Failure> {
+    let [_, key, ref rest @ ..] = *argv else {
+        return Err(Failure::Arity);
+    };
+    let ReserveArgs {
+        parsed,
+        ttl_ms,
+        chosen,
+    } = parse_reserve(rest, Error::ReserveOption)?;
     // SAFETY: `ctx` and `key` belong to the running command.
     let mut bucket = unsafe { BucketKey::open(ctx, key) }?;
     let records = bucket.records();
@@ -157,12 +210,47 @@ fn reserve_body(
         ttl_ms,
         id,
     )
-    .map_err(|error| match error {
-        ReserveError::TooMany => Error::TooManyReservations,
-        ReserveError::ZeroEstimate => Error::Estimate,
-    })?;
+    .map_err(reserve_error)?;
     if let Some((state, records)) = reserved.write {
         bucket.commit_records(Change::Set(state), records, c"rl.reserve")?;
+    }
+    Ok(Reply::Reserve(reserved.decision, id))
+}
+
+fn hreserve_body(
+    ctx: *mut RedisModuleCtx,
+    argv: &[*mut RedisModuleString],
+) -> Result<Reply, Failure> {
+    let [_, key, field, ref rest @ ..] = *argv else {
+        return Err(Failure::Arity);
+    };
+    let ReserveArgs {
+        parsed,
+        ttl_ms,
+        chosen,
+    } = parse_reserve(rest, Error::HReserveOption)?;
+    let now_us = clock::now_us();
+    // SAFETY: `ctx` and `key` belong to the running command.
+    let mut table = unsafe { TableKey::open(ctx, key, Some(now_us.saturating_mul(1000))) }?;
+    // SAFETY: an argument of the running command.
+    let tag = table::tag(unsafe { bytes(field) });
+    let records = table.records(tag);
+    let id = match chosen {
+        Some(id) => id,
+        None => draw_id(&records)?,
+    };
+    let reserved = rl_bucket::reserve(
+        &parsed.limit,
+        table.get(tag),
+        &records,
+        now_us,
+        parsed.cost,
+        ttl_ms,
+        id,
+    )
+    .map_err(reserve_error)?;
+    if let Some((state, records)) = reserved.write {
+        table.commit_records(tag, Change::Set(state), records, c"rl.hreserve")?;
     }
     Ok(Reply::Reserve(reserved.decision, id))
 }
@@ -206,33 +294,60 @@ fn settle_body(
         parsed.cost,
     )
     .map_err(|error| match error {
-        SettleError::NotOpen => Failure::NotOpen(id),
+        SettleError::NotOpen => Failure::NotOpen(id, false),
         SettleError::DebtTooLong => Failure::Error(Error::DebtTooLong),
     })?;
     bucket.commit_records(change, left, c"rl.settle")?;
     Ok(Reply::Settle(charged))
 }
 
-fn resv_state_body(
+fn hsettle_body(
     ctx: *mut RedisModuleCtx,
     argv: &[*mut RedisModuleString],
 ) -> Result<Reply, Failure> {
-    let [_, key, full_at_ns, full_at_frac, triples @ ..] = argv else {
+    let &[_, key, field, rate, capacity, id, actual] = argv else {
         return Err(Failure::Arity);
     };
+    // SAFETY (all): arguments of the running command.
+    let parsed =
+        unsafe { parse_limit(bytes(rate), bytes(capacity), bytes(actual), Error::Actual) }?;
+    let id = parse_id(unsafe { bytes(id) })?;
+    let now_us = clock::now_us();
+    // SAFETY: `ctx` and `key` belong to the running command.
+    let mut table = unsafe { TableKey::open(ctx, key, Some(now_us.saturating_mul(1000))) }?;
+    // SAFETY: an argument of the running command.
+    let tag = table::tag(unsafe { bytes(field) });
+    let records = table.records(tag);
+    let (charged, change, left) = rl_bucket::settle_reservation(
+        &parsed.limit,
+        table.get(tag),
+        &records,
+        now_us,
+        id,
+        parsed.cost,
+    )
+    .map_err(|error| match error {
+        SettleError::NotOpen => Failure::NotOpen(id, true),
+        SettleError::DebtTooLong => Failure::Error(Error::DebtTooLong),
+    })?;
+    table.commit_records(tag, change, left, c"rl.hsettle")?;
+    Ok(Reply::Settle(charged))
+}
+
+/// `id estimate expires_at_us` triples, checked as a loader checks stored records.
+fn parse_records(triples: &[*mut RedisModuleString]) -> Result<Vec<Reservation>, Failure> {
     if triples.len() % 3 != 0 {
         return Err(Failure::Arity);
     }
     if triples.len() / 3 > MAX_RESERVATIONS {
         return Err(Error::TooManyReservations.into());
     }
-    // SAFETY (all): arguments of the running command.
-    let state = unsafe { args::state(bytes(*full_at_ns), Some(bytes(*full_at_frac))) }?;
     let mut records = Vec::with_capacity(triples.len() / 3);
     for triple in triples.chunks_exact(3) {
         let &[id, estimate, expires_at] = triple else {
             return Err(Failure::Arity);
         };
+        // SAFETY (all): arguments of the running command.
         let id = parse_id(unsafe { bytes(id) })?;
         let estimate = Cost::parse(unsafe { bytes(estimate) })
             .filter(|cost| !cost.exact().is_zero())
@@ -247,8 +362,58 @@ fn resv_state_body(
     if !rl_bucket::valid_records(&records) {
         return Err(Error::TooManyReservations.into());
     }
+    Ok(records)
+}
+
+fn hresv_state_body(
+    ctx: *mut RedisModuleCtx,
+    argv: &[*mut RedisModuleString],
+) -> Result<Reply, Failure> {
+    let [_, key, tag, full_at_ns, full_at_frac, ref triples @ ..] = *argv else {
+        return Err(Failure::Arity);
+    };
+    if triples.len() % 3 != 0 || triples.len() / 3 > MAX_RESERVATIONS {
+        return Err(if triples.len() % 3 != 0 {
+            Failure::Arity
+        } else {
+            Error::TooManyReservations.into()
+        });
+    }
+    // SAFETY (all): arguments of the running command.
+    let tag: [u8; 16] = unsafe { bytes(tag) }.try_into().map_err(|_| Error::Tag)?;
+    let state = unsafe { args::state(bytes(full_at_ns), Some(bytes(full_at_frac))) }?;
+    let records = parse_records(triples)?;
+    // SAFETY: `ctx` and `key` belong to the running command. No sweep: what the master
+    // swept arrives as its own effect.
+    let mut table = unsafe { TableKey::open(ctx, key, None) }?;
+    table.commit_records(
+        Tag::from_le_bytes(tag),
+        Change::Set(state),
+        records,
+        c"rl.hresvstate",
+    )?;
+    Ok(Reply::Ok)
+}
+
+fn resv_state_body(
+    ctx: *mut RedisModuleCtx,
+    argv: &[*mut RedisModuleString],
+) -> Result<Reply, Failure> {
+    let [_, key, full_at_ns, full_at_frac, ref triples @ ..] = *argv else {
+        return Err(Failure::Arity);
+    };
+    if triples.len() % 3 != 0 || triples.len() / 3 > MAX_RESERVATIONS {
+        return Err(if triples.len() % 3 != 0 {
+            Failure::Arity
+        } else {
+            Error::TooManyReservations.into()
+        });
+    }
+    // SAFETY (all): arguments of the running command.
+    let state = unsafe { args::state(bytes(full_at_ns), Some(bytes(full_at_frac))) }?;
+    let records = parse_records(triples)?;
     // SAFETY: `ctx` and `key` belong to the running command.
-    let mut bucket = unsafe { BucketKey::open(ctx, *key) }?;
+    let mut bucket = unsafe { BucketKey::open(ctx, key) }?;
     bucket.replicate_verbatim();
     bucket.commit_records(Change::Set(state), records, c"rl.resvstate")?;
     Ok(Reply::Ok)
@@ -256,7 +421,7 @@ fn resv_state_body(
 
 /// The text of `RL.SETTLE`'s error for an id with no open reservation, naming the id (bytes
 /// outside printable ASCII as `\xNN`, so the reply stays one line).
-fn not_open_text(id: LeaseId) -> CString {
+fn not_open_text(id: LeaseId, field: bool) -> CString {
     let mut shown = String::new();
     for &byte in id.as_bytes() {
         if byte.is_ascii_graphic() && byte != b'\\' {
@@ -265,8 +430,9 @@ fn not_open_text(id: LeaseId) -> CString {
             shown.push_str(&format!("\\x{byte:02x}"));
         }
     }
+    let of = if field { "field" } else { "key" };
     let text = format!(
-        "ERR id {shown} is not an open reservation of this key (settled, expired or never made)"
+        "ERR id {shown} is not an open reservation of this {of} (settled, expired or never made)"
     );
     // The text holds no NUL: every byte of the id outside printable ASCII was escaped.
     CString::new(text).unwrap_or_default()
@@ -315,7 +481,7 @@ unsafe fn run(
                 None => send_error(ctx, Error::Internal.text()),
             },
             Ok(Err(Failure::Error(error))) => send_error(ctx, error.text()),
-            Ok(Err(Failure::NotOpen(id))) => send_error(ctx, &not_open_text(id)),
+            Ok(Err(Failure::NotOpen(id, field))) => send_error(ctx, &not_open_text(id, field)),
             Err(_) => {
                 if let Some(log) = raw::RedisModule_Log {
                     log(

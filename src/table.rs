@@ -29,7 +29,9 @@
 //! about 2^64 hash evaluations (a birthday search), which only merges its own buckets;
 //! reaching a given field needs a second preimage (2^128).
 
-use rl_bucket::State;
+use std::collections::BTreeMap;
+
+use rl_bucket::{Cost, LeaseId, Reservation, State, MAX_LEASE_ID_BYTES, MAX_RESERVATIONS};
 use siphasher::sip128::SipHasher13;
 
 /// A field's 128-bit tag.
@@ -102,6 +104,16 @@ impl Slot {
     fn is_live(self) -> bool {
         self.full_at_ns != EMPTY && self.full_at_ns != TOMBSTONE
     }
+}
+
+const NS_PER_US: u64 = 1_000;
+
+/// The instant (ns) the last of `records` lapses; `None` for none.
+fn latest_lapse_ns(records: &[Reservation]) -> Option<u64> {
+    records
+        .iter()
+        .map(|record| record.expires_at_us.saturating_mul(NS_PER_US))
+        .max()
 }
 
 /// Whether `state` is full at `now_ns`: its instant is at or before now.
@@ -432,6 +444,10 @@ pub struct Table {
     /// Where the glue last recorded this table (a database number and key name), so it can
     /// tell when the table has moved (a rename, a move) at its next write. Not stored.
     pub recorded_at: Option<(i32, Box<[u8]>)>,
+    /// The reservation records of the buckets that have any (`RL.HRESERVE`), by tag: a side
+    /// structure, so a bucket without records stays one slot, and a table without any pays
+    /// one empty map. Only tags of buckets held appear; removing a bucket removes its records.
+    reservations: BTreeMap<Tag, Vec<Reservation>>,
 }
 
 impl Default for Table {
@@ -483,6 +499,7 @@ impl Table {
             pass_earliest_ns: u64::MAX,
             pass_whole: true,
             recorded_at: None,
+            reservations: BTreeMap::new(),
         }
     }
 
@@ -497,6 +514,7 @@ impl Table {
             pass_earliest_ns: u64::MAX,
             pass_whole: true,
             recorded_at: None,
+            reservations: BTreeMap::new(),
         };
         for &(tag, state) in entries {
             table.current.insert_absent(tag, state);
@@ -573,8 +591,59 @@ impl Table {
             }
             None => self.take_from_old(tag),
         };
+        if removed.is_some() {
+            self.reservations.remove(&tag);
+        }
         self.maybe_shrink();
         removed
+    }
+
+    /// The reservation records of the bucket of `tag` (lapsed ones included until a write of
+    /// them or the bucket's removal drops them); empty for a bucket without any.
+    pub fn records(&self, tag: Tag) -> &[Reservation] {
+        self.reservations.get(&tag).map_or(&[], Vec::as_slice)
+    }
+
+    /// Replaces the records of the bucket of `tag` with `records` (none removes the entry).
+    /// Records belong to a bucket: for a tag not held, nothing is stored and `false` is
+    /// returned.
+    pub fn set_records(&mut self, tag: Tag, records: Vec<Reservation>) -> bool {
+        if records.is_empty() {
+            self.reservations.remove(&tag);
+            return true;
+        }
+        if self.get(tag).is_none() {
+            return false;
+        }
+        // Lapsed records keep a bucket held until then: the sweep must look again by then.
+        if let Some(lapse_ns) = latest_lapse_ns(&records) {
+            self.earliest_full_ns = self.earliest_full_ns.min(lapse_ns);
+            self.pass_earliest_ns = self.pass_earliest_ns.min(lapse_ns);
+        }
+        self.reservations.insert(tag, records);
+        true
+    }
+
+    /// Whether the bucket of `tag` has a record still open at `now_ns`: such a bucket is
+    /// never swept, so the record can be settled (and an under-estimate charged) until it
+    /// lapses.
+    pub fn has_open_records(&self, tag: Tag, now_ns: u64) -> bool {
+        self.records(tag)
+            .iter()
+            .any(|record| record.is_open(now_ns / NS_PER_US))
+    }
+
+    /// Every bucket that has records, by tag, with its records: the order the encoding, the
+    /// digest and the AOF rewrite use.
+    pub fn reserved(&self) -> impl Iterator<Item = (Tag, &[Reservation])> + '_ {
+        self.reservations
+            .iter()
+            .map(|(&tag, records)| (tag, records.as_slice()))
+    }
+
+    /// Records held, over all buckets.
+    pub fn record_count(&self) -> usize {
+        self.reservations.values().map(Vec::len).sum()
     }
 
     /// Marks `tag` removed in the old array, returning its bucket.
@@ -705,9 +774,25 @@ impl Table {
                 self.sweep_at = i + array.chunk_len;
                 continue;
             }
+            let held_until_ns = match array.state(i) {
+                Some(state) if is_full(state, now_ns) => self
+                    .reservations
+                    .get(&array.slot(i).tag())
+                    .and_then(|records| latest_lapse_ns(records))
+                    .filter(|&lapse_ns| lapse_ns > now_ns),
+                _ => None,
+            };
+            if let Some(lapse_ns) = held_until_ns {
+                // Full, but a record is open: kept until it lapses, looked at again then.
+                self.pass_earliest_ns = self.pass_earliest_ns.min(lapse_ns);
+                self.sweep_at = i + 1;
+                continue;
+            }
             match array.state(i) {
                 Some(state) if is_full(state, now_ns) => {
-                    swept.push(array.slot(i).tag());
+                    let tag = array.slot(i).tag();
+                    self.reservations.remove(&tag);
+                    swept.push(tag);
                     // The cluster shifts back into `i`, so look at `i` again next.
                     read = read.saturating_add(array.remove_at(i));
                 }
@@ -772,7 +857,16 @@ impl Table {
 
     /// Bytes this table owns, itself included.
     pub fn mem_bytes(&self) -> usize {
+        // A B-tree entry: the tag, the list's header and its records, about 1.5 times over
+        // for the nodes' spare room.
+        let entry = size_of::<Tag>() + size_of::<Vec<Reservation>>();
+        let records: usize = self
+            .reservations
+            .values()
+            .map(|r| entry + r.capacity() * size_of::<Reservation>())
+            .sum();
         size_of::<Self>()
+            + records.saturating_add(records / 2)
             + self.current.mem_bytes()
             + self
                 .old
@@ -783,7 +877,9 @@ impl Table {
     /// Allocations a free releases, for the server's lazy-free decision.
     pub fn allocations(&self) -> usize {
         let count = |a: &Array| a.chunks.allocations() + a.fracs.allocations();
-        1 + count(&self.current) + self.old.as_ref().map_or(0, |m| count(&m.array))
+        1 + count(&self.current)
+            + self.old.as_ref().map_or(0, |m| count(&m.array))
+            + self.reservations.len()
     }
 }
 
@@ -794,8 +890,21 @@ impl Table {
 /// `full_at_frac`. A few large strings instead of three fields per bucket, and an order found
 /// in linear time instead of a sort by tag: version 1 (a count, then per bucket in tag order
 /// the 16-byte tag and two unsigned fields) cost about 700 ns a bucket to write and 900 ns to
-/// load. Version 1 still loads.
-pub const ENCODING_VERSION: i32 = 2;
+/// load.
+///
+/// Version 3 is version 2 followed by the reservation records (`RL.HRESERVE`): an unsigned
+/// count (0 for a table without any, the common case: one field more per table), then string
+/// fields of up to [`BLOCK_RECORDS`] records of [`RESV_RECORD_BYTES`] bytes each, grouped by
+/// bucket in the tag order of version 2 (see [`ResvRecord`]). Versions 1 and 2 still load.
+pub const ENCODING_VERSION: i32 = 3;
+
+/// The encoding without reservation records.
+const ENCODING_V2: i32 = 2;
+
+/// Bytes per reservation record of encoding version 3: the tag's low and high 64 bits, the
+/// expiry in µs, the estimate's digits (low and high 64 bits) and its signed exponent (32
+/// bits), the id's length (1 byte) and the id, padded with zeros to 16 bytes. Little-endian.
+pub const RESV_RECORD_BYTES: usize = 8 + 8 + 8 + 16 + 4 + 1 + MAX_LEASE_ID_BYTES;
 
 /// Bytes per record of encoding version 2.
 pub const RECORD_BYTES: usize = 32;
@@ -911,7 +1020,7 @@ impl Table {
 
     /// Writes the table in encoding version 2: passes the bucket count to `count`, then each
     /// string field, in order, to `block`.
-    pub fn encode(&self, count: impl FnOnce(u64), mut block: impl FnMut(&[u8])) {
+    pub fn encode(&self, mut count: impl FnMut(u64), mut block: impl FnMut(&[u8])) {
         let records = self.ordered_records();
         count(records.len() as u64);
         let mut bytes = Vec::with_capacity(records.len().min(BLOCK_RECORDS) * RECORD_BYTES);
@@ -922,6 +1031,87 @@ impl Table {
             }
             block(&bytes);
         }
+        let resv = self.ordered_resv_records();
+        count(resv.len() as u64);
+        for chunk in resv.chunks(BLOCK_RECORDS) {
+            bytes.clear();
+            for record in chunk {
+                record.write(&mut bytes);
+            }
+            block(&bytes);
+        }
+    }
+
+    /// Every reservation record, grouped by bucket in the order of
+    /// [`Table::ordered_records`] (the tag's low half, then its high half), each bucket's
+    /// records in the order held.
+    fn ordered_resv_records(&self) -> Vec<ResvRecord> {
+        let mut tags: Vec<Tag> = self.reservations.keys().copied().collect();
+        tags.sort_unstable_by_key(|&tag| (tag as u64, (tag >> 64) as u64));
+        tags.iter()
+            .flat_map(|&tag| {
+                self.records(tag).iter().map(move |record| ResvRecord {
+                    tag,
+                    record: *record,
+                })
+            })
+            .collect()
+    }
+}
+
+/// One reservation record as encoding version 3 writes it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct ResvRecord {
+    tag: Tag,
+    record: Reservation,
+}
+
+impl ResvRecord {
+    /// The order of the buckets written: as [`Record::key`].
+    fn key(&self) -> (u64, u64) {
+        (self.tag as u64, (self.tag >> 64) as u64)
+    }
+
+    fn write(&self, out: &mut Vec<u8>) {
+        let (lo, hi) = self.key();
+        let (digits, exp10) = self.record.estimate.exact().parts();
+        for word in [lo, hi, self.record.expires_at_us] {
+            out.extend_from_slice(&word.to_le_bytes());
+        }
+        out.extend_from_slice(&digits.to_le_bytes());
+        out.extend_from_slice(&exp10.to_le_bytes());
+        let id = self.record.id.as_bytes();
+        let mut padded = [0u8; MAX_LEASE_ID_BYTES];
+        for (to, from) in padded.iter_mut().zip(id) {
+            *to = *from;
+        }
+        out.push(u8::try_from(id.len()).unwrap_or(0));
+        out.extend_from_slice(&padded);
+    }
+
+    /// Reads one record, checking every field: an id of 1 to 16 bytes padded with zeros, an
+    /// estimate in the canonical form of a decimal above 0 that a command could have taken,
+    /// an expiry in range.
+    fn read(bytes: &[u8]) -> Option<Self> {
+        let word = |at: usize| -> Option<u64> {
+            Some(u64::from_le_bytes(bytes.get(at..at + 8)?.try_into().ok()?))
+        };
+        let (lo, hi, expires_at_us) = (word(0)?, word(8)?, word(16)?);
+        let digits = u128::from_le_bytes(bytes.get(24..40)?.try_into().ok()?);
+        let exp10 = i32::from_le_bytes(bytes.get(40..44)?.try_into().ok()?);
+        let id_len = usize::from(*bytes.get(44)?);
+        let padded = bytes.get(45..45 + MAX_LEASE_ID_BYTES)?;
+        let id = padded.get(..id_len)?;
+        if padded.get(id_len..)?.iter().any(|&b| b != 0) {
+            return None;
+        }
+        let id = LeaseId::new(id)?;
+        let estimate = Cost::parse(format!("{digits}e{exp10}").as_bytes())
+            .filter(|cost| cost.exact().parts() == (digits, exp10))?;
+        Some(ResvRecord {
+            tag: (u128::from(hi) << 64) | u128::from(lo),
+            record: Reservation::new(id, estimate, expires_at_us)?,
+        })
     }
 }
 
@@ -955,7 +1145,7 @@ pub fn decode(
     mut next_unsigned: impl FnMut() -> Option<u64>,
     next_bytes: impl FnMut() -> Option<Vec<u8>>,
 ) -> Result<Table, DecodeError> {
-    if encver != 1 && encver != ENCODING_VERSION {
+    if !(1..=ENCODING_VERSION).contains(&encver) {
         return Err(DecodeError::Version);
     }
     let count = next_unsigned().ok_or(DecodeError::Io)?;
@@ -964,10 +1154,60 @@ pub fn decode(
         .filter(|&c| (1..=MAX_BUCKETS).contains(&c))
         .ok_or(DecodeError::Count)?;
     if encver == 1 {
-        decode_v1(count, next_unsigned, next_bytes)
-    } else {
-        decode_v2(count, next_bytes)
+        return decode_v1(count, next_unsigned, next_bytes);
     }
+    let mut next_bytes = next_bytes;
+    let mut table = decode_v2(count, &mut next_bytes)?;
+    if encver > ENCODING_V2 {
+        decode_reservations(&mut table, next_unsigned, next_bytes)?;
+    }
+    Ok(table)
+}
+
+/// Version 3's records after the buckets: each names a bucket held, buckets in increasing
+/// order, at most [`MAX_RESERVATIONS`] each, each id once per bucket.
+fn decode_reservations(
+    table: &mut Table,
+    mut next_unsigned: impl FnMut() -> Option<u64>,
+    mut next_bytes: impl FnMut() -> Option<Vec<u8>>,
+) -> Result<(), DecodeError> {
+    let count = next_unsigned().ok_or(DecodeError::Io)?;
+    let mut remaining = usize::try_from(count)
+        .ok()
+        .filter(|&c| c <= table.len().saturating_mul(MAX_RESERVATIONS))
+        .ok_or(DecodeError::Count)?;
+    let mut group: Option<(Tag, Vec<Reservation>)> = None;
+    let finish = |table: &mut Table, group: Option<(Tag, Vec<Reservation>)>| match group {
+        None => Ok(()),
+        Some((tag, records)) if rl_bucket::valid_records(&records) => table
+            .set_records(tag, records)
+            .then_some(())
+            .ok_or(DecodeError::Order),
+        Some(_) => Err(DecodeError::Range),
+    };
+    while remaining > 0 {
+        let records = remaining.min(BLOCK_RECORDS);
+        let bytes = next_bytes().ok_or(DecodeError::Io)?;
+        if Some(bytes.len()) != records.checked_mul(RESV_RECORD_BYTES) {
+            return Err(DecodeError::TagLength);
+        }
+        for raw in bytes.chunks_exact(RESV_RECORD_BYTES) {
+            let read = ResvRecord::read(raw).ok_or(DecodeError::Range)?;
+            match &mut group {
+                Some((tag, records)) if *tag == read.tag => records.push(read.record),
+                _ => {
+                    let last = group.as_ref().map(|(tag, _)| *tag);
+                    if last.is_some_and(|last| (last as u64, (last >> 64) as u64) >= read.key()) {
+                        return Err(DecodeError::Order);
+                    }
+                    finish(table, group.take())?;
+                    group = Some((read.tag, vec![read.record]));
+                }
+            }
+        }
+        remaining = remaining.saturating_sub(records);
+    }
+    finish(table, group)
 }
 
 /// Version 1: per bucket, in tag order, a 16-byte tag and two unsigned fields.

@@ -10,6 +10,10 @@
 //!   master's clock and replicates what it removed, and the master's background sweep
 //!   ([`crate::sweeper`]) does the same through [`TableKey::sweep`]; `RL.HSETSTATE` (what
 //!   replicas and AOF replay) never sweeps, so a replica never decides by its own clock.
+//! - **Reservations.** A bucket's reservation records (`RL.HRESERVE`) live in the table's
+//!   side map; a write of them replicates as `RL.HRESVSTATE key tag full_at_ns full_at_frac
+//!   [id estimate expires_at_us ...]`. A bucket with a record open is never swept, and a
+//!   write that leaves it full stores it full as of now instead of removing it.
 //! - **No expiry.** A table's key has no expiry: each write that stores a bucket takes away
 //!   one a user set (`EXPIRE`, `PEXPIREAT`, `RESTORE` with a TTL), on the master and on every
 //!   copy that applies the write, so every copy holds the same (none). Reclaim is the
@@ -25,8 +29,9 @@ use std::sync::atomic::{AtomicPtr, Ordering};
 
 use redis_module::native_types::RedisType;
 use redis_module::raw;
-use rl_bucket::{Change, State};
+use rl_bucket::{Change, Reservation, State};
 
+use crate::datatype::{estimate_text, free_strings, new_strings};
 use crate::error::Error;
 use crate::store::{
     cache_type_in, delete_key, full_at_i64, log_warning, replicate_del, replicated,
@@ -296,7 +301,18 @@ impl TableKey {
     /// as `event` (or `del`), and replicates each effect as `RL.HSETSTATE` (or the key's
     /// deletion as `DEL`). No effect, nothing reported.
     fn publish(&mut self, effects: Vec<(Tag, Option<State>)>, event: &CStr) -> Result<(), Error> {
-        if effects.is_empty() {
+        self.publish_with(None, effects, event)
+    }
+
+    /// As [`TableKey::publish`], with first the effect of a write of one bucket's state and
+    /// records, replicated as `RL.HRESVSTATE`.
+    fn publish_with(
+        &mut self,
+        first: Option<(Tag, State, &[Reservation])>,
+        effects: Vec<(Tag, Option<State>)>,
+        event: &CStr,
+    ) -> Result<(), Error> {
+        if effects.is_empty() && first.is_none() {
             return Ok(());
         }
         let propagate = propagation::needed(self.key.ctx);
@@ -322,11 +338,76 @@ impl TableKey {
             event,
         )?;
         if propagate {
+            if let Some((tag, state, records)) = first {
+                replicate_records(self.key.ctx, self.key.name, tag, state, records)?;
+            }
             for (tag, state) in effects {
                 replicate_set_state(self.key.ctx, self.key.name, tag, state)?;
             }
         }
         Ok(())
+    }
+
+    /// The reservation records of the bucket of `tag`, as stored (lapsed ones included: the
+    /// steps drop them).
+    pub fn records(&self, tag: Tag) -> Vec<Reservation> {
+        self.table()
+            .map_or_else(Vec::new, |table| table.records(tag).to_vec())
+    }
+
+    /// A state full at the master's clock: what a bucket full again becomes while another
+    /// of its records is open, so it is held (and not removed) until that record lapses.
+    fn full_now(&self) -> Result<State, Error> {
+        self.sweep_now_ns
+            .and_then(State::from_full_at_ns)
+            .ok_or(Error::Internal)
+    }
+
+    /// Stores the bucket of `tag` as `change` leaves it together with exactly `records`,
+    /// sweeps a step (the master's own commands), and reports the write as `event`: the
+    /// effect replicates as `RL.HRESVSTATE key tag full_at_ns full_at_frac [id estimate
+    /// expires_at_us ...]`. A bucket full again (`Delete`) is removed with its records when
+    /// none is left, else kept full as of now until the others lapse.
+    ///
+    /// # Errors
+    /// [`Error::TableFull`] for a new field past [`table::MAX_BUCKETS`], [`Error::Internal`]
+    /// for `Keep` on a bucket not held or if the server refuses; nothing is written.
+    pub fn commit_records(
+        &mut self,
+        tag: Tag,
+        change: Change,
+        records: Vec<Reservation>,
+        event: &CStr,
+    ) -> Result<(), Error> {
+        let state = match change {
+            Change::Set(state) => state,
+            Change::Keep => self.get(tag).ok_or(Error::Internal)?,
+            Change::Delete if records.is_empty() => {
+                self.stage(tag, None);
+                return self.commit(event);
+            }
+            Change::Delete => self.full_now()?,
+        };
+        if self.len() >= table::MAX_BUCKETS && self.get(tag).is_none() {
+            return Err(Error::TableFull);
+        }
+        self.set(tag, state)?;
+        let replicated: Vec<Reservation> = if propagation::needed(self.key.ctx) {
+            records.clone()
+        } else {
+            Vec::new()
+        };
+        let sweep_now_ns = self.sweep_now_ns;
+        let table = self.table_mut().ok_or(Error::Internal)?;
+        if !table.set_records(tag, records) {
+            return Err(Error::Internal);
+        }
+        let swept = match sweep_now_ns {
+            Some(now_ns) => table.sweep(now_ns, SWEEP_STEP),
+            None => Vec::new(),
+        };
+        let effects = swept.into_iter().map(|tag| (tag, None)).collect();
+        self.publish_with(Some((tag, state, &replicated)), effects, event)
     }
 
     /// The background sweep's step: sweeps up to `budget` slots by `now_ns` (the master's
@@ -405,7 +486,19 @@ impl Store for TableField {
         match change {
             Change::Keep => return Ok(()),
             Change::Set(state) => self.key.stage(self.tag, Some(state)),
-            Change::Delete => self.key.stage(self.tag, None),
+            Change::Delete => {
+                // A bucket with an open reservation is held until it lapses: full as of now.
+                let held = match (self.key.table(), self.key.sweep_now_ns) {
+                    (Some(table), Some(now_ns)) => table.has_open_records(self.tag, now_ns),
+                    _ => false,
+                };
+                let state = if held {
+                    Some(self.key.full_now()?)
+                } else {
+                    None
+                };
+                self.key.stage(self.tag, state);
+            }
         }
         self.key.commit(event)
     }
@@ -435,6 +528,48 @@ fn replicate_set_state(
             full_at_frac,
         )
     };
+    replicated(status)
+}
+
+/// The arguments of `RL.HRESVSTATE` after the key: `tag full_at_ns full_at_frac` and each
+/// record's `id estimate expires_at_us`.
+fn resv_state_args(tag: Tag, state: State, records: &[Reservation]) -> Vec<Vec<u8>> {
+    let mut args = Vec::with_capacity(3 + 3 * records.len());
+    let (full_at_ns, full_at_frac) = full_at_i64(state);
+    args.push(tag.to_le_bytes().to_vec());
+    args.push(full_at_ns.to_string().into_bytes());
+    args.push(full_at_frac.to_string().into_bytes());
+    for record in records {
+        args.push(record.id.as_bytes().to_vec());
+        args.push(estimate_text(record.estimate).into_bytes());
+        args.push(record.expires_at_us.to_string().into_bytes());
+    }
+    args
+}
+
+/// The effect of a reservation write on a table: `RL.HRESVSTATE` with the bucket's exact
+/// state and every record it holds.
+fn replicate_records(
+    ctx: *mut raw::RedisModuleCtx,
+    name: *mut raw::RedisModuleString,
+    tag: Tag,
+    state: State,
+    records: &[Reservation],
+) -> Result<(), Error> {
+    let mut strings = new_strings(&resv_state_args(tag, state, records))?;
+    // SAFETY: read once, after load; "sv" matches one RedisModuleString, then an array of
+    // them and its length.
+    let status = unsafe {
+        raw::RedisModule_Replicate.ok_or(Error::Internal)?(
+            ctx,
+            c"RL.HRESVSTATE".as_ptr(),
+            c"sv".as_ptr(),
+            name,
+            strings.as_mut_ptr(),
+            strings.len(),
+        )
+    };
+    free_strings(strings);
     replicated(status)
 }
 
@@ -549,6 +684,28 @@ unsafe extern "C" fn aof_rewrite(
             );
         }
     }
+    // Then each bucket's reservation records, with its state again (the same instant).
+    for (tag, records) in table.reserved() {
+        let Some(state) = table.get(tag) else {
+            continue;
+        };
+        let Ok(mut strings) = new_strings(&resv_state_args(tag, state, records)) else {
+            return;
+        };
+        // SAFETY: live handles from Redis; "sv" matches one RedisModuleString, then an
+        // array of them and its length.
+        unsafe {
+            emit(
+                aof,
+                c"RL.HRESVSTATE".as_ptr(),
+                c"sv".as_ptr(),
+                key,
+                strings.as_mut_ptr(),
+                strings.len(),
+            );
+        }
+        free_strings(strings);
+    }
 }
 
 /// The server's record of the module value (type pointer and value word) plus the table.
@@ -582,6 +739,19 @@ unsafe extern "C" fn digest(md: *mut raw::RedisModuleDigest, value: *mut c_void)
             add_buffer(md, tag.as_ptr().cast::<c_char>(), tag.len());
             add(md, full_at_ns);
             add(md, full_at_frac);
+            end(md);
+        }
+        // Then the reservation records, by bucket in the same order.
+        for (tag, records) in table.reserved() {
+            let tag = tag.to_le_bytes();
+            add_buffer(md, tag.as_ptr().cast::<c_char>(), tag.len());
+            for record in records {
+                let id = record.id.as_bytes();
+                let estimate = estimate_text(record.estimate);
+                add_buffer(md, id.as_ptr().cast::<c_char>(), id.len());
+                add_buffer(md, estimate.as_ptr().cast::<c_char>(), estimate.len());
+                add(md, i64::try_from(record.expires_at_us).unwrap_or(i64::MAX));
+            }
             end(md);
         }
     }

@@ -113,7 +113,7 @@ fn fraction_rates_work_in_every_command() {
 fn a_decimal_rate_whose_token_is_whole_nanoseconds_keeps_the_inline_state() {
     let server = Server::start();
     let mut con = server.conn();
-    // The case: 0.01/s is one token per 100 s exactly, so the state is whole ns and
+    // 0.01/s is one token per 100 s exactly, so the state is whole ns and
     // costs what 10/s costs (0.2.0 took the double and allocated 16 bytes for a fraction).
     for key in ["at-0.01", "at-10.0"] {
         let rate = &key[3..];

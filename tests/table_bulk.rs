@@ -1,11 +1,12 @@
-//! Tables move in bulk: the RDB encoding of a table (version 2) is its count and a few large
+//! Tables move in bulk: the RDB encoding of a table (version 2, and 3 after it) is its count and a few large
 //! string fields of fixed-width records, so `DUMP`, `RESTORE`, `MIGRATE`, `SAVE` and loading
 //! cost a copy of the records, not three RDB fields per bucket.
 //!
 //! Checked here against a real server: a table of 200,000 buckets comes back equal through
 //! `DUMP`/`RESTORE`, `MIGRATE` and `DEBUG RELOAD`, and the same buckets reached by another
 //! history dump to the same bytes; what the bucket-by-bucket writer (version 1) wrote still
-//! loads, as a `DUMP` payload and as an RDB file (`tests/fixtures/table-v1.*`); and payloads
+//! loads, as a `DUMP` payload and as an RDB file (`tests/fixtures/table-v1.*`), and so does
+//! what version 2 wrote before reservation records (`table-v2.*`); and payloads
 //! cut short or altered (checksummed again, so the server hands them to the module) are
 //! refused with no crash. `src/table/tests.rs` checks the decoder's every refusal in process.
 
@@ -22,6 +23,10 @@ const BUCKETS: usize = 200_000;
 const PER_CALL: usize = 1_000;
 const FIXTURE_V1_DUMP: &[u8] = include_bytes!("fixtures/table-v1.dump");
 const FIXTURE_V1_RDB: &[u8] = include_bytes!("fixtures/table-v1.rdb");
+const FIXTURE_V2_DUMP: &[u8] = include_bytes!("fixtures/table-v2.dump");
+const FIXTURE_V2_RDB: &[u8] = include_bytes!("fixtures/table-v2.rdb");
+/// The encoding this build writes: version 2 followed by the reservation records' count.
+const ENCVER_NOW: u64 = 3;
 const RECORD_BYTES: usize = 32;
 
 /// A bucket as `RL.HSETSTATE` takes it: tag, `full_at_ns`, `full_at_frac`.
@@ -117,7 +122,7 @@ fn a_large_table_moves_whole_and_does_not_depend_on_history() {
     fill(&mut con, "t", &all);
     assert_eq!(hlen(&mut con, "t"), BUCKETS as u64);
     let payload = dump(&mut con, b"t").expect("DUMP");
-    assert_eq!(encoding_version(&payload), 2);
+    assert_eq!(encoding_version(&payload), ENCVER_NOW);
 
     // DUMP/RESTORE: equal buckets, equal bytes, equal digest.
     restore(&mut con, "copy", &payload).expect("RESTORE");
@@ -162,7 +167,7 @@ fn a_large_table_moves_whole_and_does_not_depend_on_history() {
     assert_no_crash(&target);
 }
 
-/// The 1,000 buckets of `tests/fixtures/table-v1.*` (see tests/fixtures/README.md).
+/// The 1,000 buckets of `tests/fixtures/table-v1.*` and `table-v2.*` (see tests/fixtures/README.md).
 fn fixture_buckets() -> Vec<Bucket> {
     (0..1000u64)
         .map(|i| {
@@ -175,23 +180,35 @@ fn fixture_buckets() -> Vec<Bucket> {
 
 #[test]
 fn what_the_bucket_by_bucket_writer_wrote_still_loads() {
-    assert_eq!(encoding_version(FIXTURE_V1_DUMP), 1);
-    assert!(FIXTURE_V1_RDB.starts_with(b"REDIS0010"));
+    still_loads(1, FIXTURE_V1_DUMP, FIXTURE_V1_RDB);
+}
+
+#[test]
+fn what_was_written_before_reservation_records_still_loads() {
+    still_loads(2, FIXTURE_V2_DUMP, FIXTURE_V2_RDB);
+}
+
+/// The fixtures of encoding `version` (a `DUMP` payload and an RDB file of the same 1,000
+/// buckets) load to the buckets of a table set today, and are written again in today's
+/// encoding, byte for byte as that table.
+fn still_loads(version: u64, payload: &[u8], rdb: &[u8]) {
+    assert_eq!(encoding_version(payload), version);
+    assert!(rdb.starts_with(b"REDIS0010"));
     let mut server = Server::start();
     let mut con = server.conn();
     fill(&mut con, "today", &fixture_buckets());
     let today = dump(&mut con, b"today").expect("DUMP today");
-    assert_eq!(encoding_version(&today), 2);
+    assert_eq!(encoding_version(&today), ENCVER_NOW);
 
-    // The DUMP payload: the same buckets as today's table, written again in version 2.
-    restore(&mut con, "tbl", FIXTURE_V1_DUMP).expect("RESTORE the version 1 fixture");
+    // The DUMP payload: the same buckets as today's table, written again today.
+    restore(&mut con, "tbl", payload).expect("RESTORE the fixture");
     assert_eq!(hlen(&mut con, "tbl"), 1000);
     assert_eq!(dump(&mut con, b"tbl").expect("DUMP tbl"), today);
     assert_eq!(digest(&mut con, "tbl"), digest(&mut con, "today"));
 
     // The RDB file.
     server.kill();
-    std::fs::write(server.dir.path().join("dump.rdb"), FIXTURE_V1_RDB).expect("write dump.rdb");
+    std::fs::write(server.dir.path().join("dump.rdb"), rdb).expect("write dump.rdb");
     server.restart_with(&[]);
     let mut con = server.conn();
     assert_eq!(hlen(&mut con, "tbl"), 1000);

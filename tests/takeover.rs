@@ -685,6 +685,17 @@ fn other_hashes_stay_wrongtype_and_untouched() {
             "extra field",
             vec![("a", &q), ("b", "0"), ("d", "1"), ("e", "1")],
         ),
+        // A bucket holding a reservation record: the module keeps its records elsewhere, so
+        // it leaves this hash to the fallback until it expires (docs/migrating.md).
+        (
+            "reservation record",
+            vec![
+                ("a", &q),
+                ("b", "0"),
+                ("d", "1"),
+                ("r:export-7", "100000 0 1 100000 0 9007199254740000"),
+            ],
+        ),
         ("missing d", vec![("a", &q), ("b", "0")]),
         ("other names", vec![("A", &q), ("B", "0"), ("D", "1")]),
         (

@@ -21,7 +21,7 @@ SCRIPT = os.path.join(HERE, "rl.lua")
 LIBRARY = os.path.join(HERE, "rl_functions.lua")
 
 #: The library's version, answered by FCALL_RO rl_version 0.
-VERSION = 1
+VERSION = 2
 
 HEADER = """#!lua name=redis_rl
 -- redis-rl's Functions library: the fallback script's decisions (clients/lua/rl.lua) as Redis
@@ -37,7 +37,14 @@ HEADER = """#!lua name=redis_rl
 --   FCALL rl_refund 1 key <10 numbers>       {remaining, reset_after_ms}
 --   FCALL rl_charge 1 key <10 numbers>       {1, balance, retry_after_ms, reset_after_ms}
 --   FCALL rl_multi N key1 .. keyN <10 numbers per key>   all or nothing
---   FCALL_RO rl_version 0                    this library's version
+--   FCALL rl_lease 1 key limit ttl_ms id     RL.LEASE's reply
+--   FCALL rl_release 1 key id                RL.RELEASE's reply
+--   FCALL rl_renew 1 key id ttl_ms           RL.RENEW's reply
+--   FCALL_RO rl_leases 1 key limit           RL.LEASES's reply (no-writes: replicas too)
+--   FCALL rl_reserve 1 key <10 numbers> ttl_ms id      RL.RESERVE's reply
+--   FCALL rl_settle 1 key <10 numbers> id    RL.SETTLE's reply
+--   FCALL_RO rl_version 0                    this library's version (2: leases and
+--                                            reservations; 1 had neither)
 --
 -- Written by clients/lua/functions.py from rl.lua: edit rl.lua, then run it.
 """
@@ -56,6 +63,13 @@ redis.register_function{{function_name = 'rl_peek', callback = mode('peek'), fla
 redis.register_function('rl_refund', mode('refund'))
 redis.register_function('rl_charge', mode('charge'))
 redis.register_function('rl_multi', mode('multi'))
+redis.register_function('rl_lease', mode('lease'))
+-- A release frees memory, as DEL does: allowed past maxmemory, as RL.RELEASE is.
+redis.register_function{{function_name = 'rl_release', callback = mode('release'), flags = {{'allow-oom'}}}}
+redis.register_function('rl_renew', mode('renew'))
+redis.register_function{{function_name = 'rl_leases', callback = mode('leases'), flags = {{'no-writes'}}}}
+redis.register_function('rl_reserve', mode('reserve'))
+redis.register_function('rl_settle', mode('settle'))
 redis.register_function{{function_name = 'rl_version', callback = function() return VERSION end,
   flags = {{'no-writes'}}}}
 """

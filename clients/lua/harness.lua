@@ -7,8 +7,13 @@
 --
 -- and prints each reply as space-separated integers (nested arrays flattened), or
 -- "error <text>". Used by clients/python/tests/test_lua_vectors.py to hold the script to
--- clients/vectors/bucket.json without a server clock.
+-- clients/vectors/bucket.json without a server clock. With a second argument `json`, each
+-- reply is printed as JSON instead (strings quoted, arrays nested, an error as
+-- {"error": text}), for the lease and reservation vectors, whose replies hold ids. Keys are
+-- hashes or sorted sets (a command on the other kind is the server's WRONGTYPE error); keys
+-- never expire here, so vectors must not step past a key's expiry while it matters.
 local script_path = arg[1]
+local as_json = arg[2] == 'json'
 local chunk = assert(loadfile(script_path)) -- skips a first line starting with '#'
 local store, now_us = {}, 0
 local is_library
@@ -26,9 +31,72 @@ function redis.register_function(name, callback)
   functions[name] = callback
 end
 if is_library then chunk() end
+local zsets = {}
+local function zsorted(key)
+  local out = {}
+  for m, sc in pairs(zsets[key] or {}) do out[#out + 1] = {sc, m} end
+  table.sort(out, function(x, y) return x[1] < y[1] or (x[1] == y[1] and x[2] < y[2]) end)
+  return out
+end
+local function bound(s, lower)
+  if s == '-inf' then return -math.huge, false end
+  if s == '+inf' then return math.huge, false end
+  if string.sub(s, 1, 1) == '(' then return tonumber(string.sub(s, 2)), true end
+  return tonumber(s), false
+end
+local function in_range(sc, min, max)
+  local lo, lx = bound(min)
+  local hi, hx = bound(max)
+  return (sc > lo or (not lx and sc == lo)) and (sc < hi or (not hx and sc == hi))
+end
+local function score_text(sc) return string.format('%.0f', sc) end
+local function wrongtype()
+  error({err = 'WRONGTYPE Operation against a key holding the wrong kind of value'})
+end
+local function zset_call(cmd, key, args)
+  if store[key] then wrongtype() end
+  local z = zsets[key]
+  if cmd == 'ZCOUNT' then
+    local n = 0
+    for _, sc in pairs(z or {}) do if in_range(sc, args[1], args[2]) then n = n + 1 end end
+    return n
+  elseif cmd == 'ZSCORE' then
+    return z and z[args[1]] and score_text(z[args[1]]) or false
+  elseif cmd == 'ZADD' then
+    zsets[key] = z or {}
+    zsets[key][args[2]] = tonumber(args[1])
+    return 1
+  elseif cmd == 'ZREM' then
+    if z then z[args[1]] = nil; if next(z) == nil then zsets[key] = nil end end
+    return 1
+  elseif cmd == 'ZREMRANGEBYSCORE' then
+    for m, sc in pairs(z or {}) do if in_range(sc, args[1], args[2]) then z[m] = nil end end
+    if z and next(z) == nil then zsets[key] = nil end
+    return 1
+  elseif cmd == 'ZRANGE' then -- only `key -1 -1 WITHSCORES`
+    assert(args[1] == -1 and args[2] == -1 and args[3] == 'WITHSCORES', 'harness: ZRANGE form')
+    local all = zsorted(key)
+    local last = all[#all]
+    if not last then return {} end
+    return {last[2], score_text(last[1])}
+  elseif cmd == 'ZRANGEBYSCORE' then -- `key min max WITHSCORES LIMIT offset count`
+    assert(args[3] == 'WITHSCORES' and args[4] == 'LIMIT', 'harness: ZRANGEBYSCORE form')
+    local out, skip, count = {}, tonumber(args[5]), tonumber(args[6])
+    for _, e in ipairs(zsorted(key)) do
+      if in_range(e[1], args[1], args[2]) then
+        if skip > 0 then skip = skip - 1
+        elseif #out < 2 * count then out[#out + 1] = e[2]; out[#out + 1] = score_text(e[1]) end
+      end
+    end
+    return out
+  end
+  error('harness: unexpected command ' .. cmd)
+end
 function redis.call(cmd, key, ...)
   local args = {...}
   cmd = string.upper(cmd)
+  if string.sub(cmd, 1, 1) == 'Z' then return zset_call(cmd, key, args) end
+  if cmd ~= 'TIME' and cmd ~= 'DEL' and cmd ~= 'PEXPIREAT' and zsets[key] then wrongtype() end
   if cmd == 'TIME' then
     return {string.format('%.0f', math.floor(now_us / 1e6)), string.format('%.0f', now_us % 1e6)}
   elseif cmd == 'GET' then
@@ -49,8 +117,21 @@ function redis.call(cmd, key, ...)
     store[key] = store[key] or {}
     for i = 1, #args, 2 do store[key][args[i]] = args[i + 1] end
     return 1
+  elseif cmd == 'HGET' then
+    return (store[key] and store[key][args[1]]) or false
+  elseif cmd == 'HGETALL' then
+    local out = {}
+    for f, v in pairs(store[key] or {}) do out[#out + 1] = f; out[#out + 1] = v end
+    return out
+  elseif cmd == 'HDEL' then
+    local h = store[key]
+    if h then
+      for _, f in ipairs(args) do h[f] = nil end
+      if next(h) == nil then store[key] = nil end
+    end
+    return 1
   elseif cmd == 'PEXPIREAT' or cmd == 'DEL' then
-    if cmd == 'DEL' then store[key] = nil end
+    if cmd == 'DEL' then store[key] = nil; zsets[key] = nil end
     return 1
   end
   error('harness: unexpected command ' .. cmd)
@@ -60,6 +141,18 @@ function redis.pcall(...)
   if ok then return reply end
   if type(reply) == 'table' then return reply end
   return {err = tostring(reply)}
+end
+
+local function json(x)
+  if type(x) == 'table' then
+    if x.err then return '{"error": ' .. json(x.err) .. '}' end
+    local parts = {}
+    for i, v in ipairs(x) do parts[i] = json(v) end
+    return '[' .. table.concat(parts, ', ') .. ']'
+  elseif type(x) == 'string' then
+    return '"' .. string.gsub(x, '(["\\])', '\\%1') .. '"'
+  end
+  return string.format('%.0f', x)
 end
 
 local function flatten(x, out)
@@ -79,14 +172,17 @@ for line in io.lines() do
   for k in string.gmatch(words[2], '[^,]+') do KEYS[#KEYS + 1] = k end
   ARGV = {}
   for i = 3, #words do ARGV[#ARGV + 1] = words[i] end
-  local reply
+  local ok, reply
   if is_library then
     local mode = table.remove(ARGV, 1)
-    reply = assert(functions['rl_' .. mode], 'no function rl_' .. mode)(KEYS, ARGV)
+    ok, reply = pcall(assert(functions['rl_' .. mode], 'no function rl_' .. mode), KEYS, ARGV)
   else
-    reply = chunk()
+    ok, reply = pcall(chunk)
   end
-  if type(reply) == 'table' and reply.err then
+  if not ok and type(reply) ~= 'table' then error(reply) end
+  if as_json then
+    print(json(reply))
+  elseif type(reply) == 'table' and reply.err then
     print('error ' .. reply.err)
   else
     print(table.concat(flatten(reply, {}), ' '))

@@ -42,6 +42,14 @@ def table():
         lines.append(f"| {title} | {rules(path['decide'])} | {rules(path['peek'])} | {rules(path['tables'])} |")
     lines += [
         "",
+        "| path | a user of leases (take, release, renew, count) | reservations (reserve, settle) add to a deciding user's |",
+        "| --- | --- | --- |",
+    ]
+    for name, title in PATHS:
+        path = data["paths"][name]
+        lines.append(f"| {title} | {rules(path['leases'])} | {rules(path['reservations'])} |")
+    lines += [
+        "",
         f"Every user also needs {rules(data['connection'])} (the client's handshake: `HELLO`, `AUTH`, "
         f"`PING`, `CLIENT SETINFO`, `SELECT`), and on a cluster {rules(data['cluster'])}. "
         f"The admin who loads the Functions library needs {rules(data['admin']['load_functions'])}.",

@@ -28,6 +28,6 @@ LIMITS=(--network host --ulimit "nofile=$NOFILE:$NOFILE" --ulimit "nproc=$NPROC:
 
 # Image names. localhost/ marks them as built here: nothing is pulled from a registry.
 BASE_IMAGE=localhost/redis-rl-base:bookworm
-ENVOY_IMAGE=localhost/redis-rl-envoy:latest
+ENVOY_IMAGE=${ENVOY_IMAGE:-localhost/redis-rl-envoy:latest}
 REDIS_IMAGE=localhost/redis-rl-server:redis7
 VALKEY_IMAGE=localhost/redis-rl-server:valkey9

@@ -112,7 +112,7 @@ for server in "$REDIS_IMAGE" "$VALKEY_IMAGE"; do
 
     # The peer's layout: the YAML under RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/config, read-only,
     # laid out as a ConfigMap volume, with the variables the peer's Deployments set (the
-    # image sets none). Redis by name, not address: the image has no libnss_* modules, and
+    # image sets RUNTIME_ROOT and RUNTIME_SUBDIRECTORY to the same values). Redis by name, not address: the image has no libnss_* modules, and
     # must resolve anyway.
     run_container "service-$HTTP_PORT" \
         -v "$CONFIGMAP:/data/ratelimit/config:ro" \
@@ -163,4 +163,25 @@ for server in "$REDIS_IMAGE" "$VALKEY_IMAGE"; do
     "${PODMAN[@]}" rm -f -t 5 "$service" "$redis" >/dev/null
     passed=$((passed + 1))
 done
+# docs/deploy.md's podman commands, as written: its first sh block under "Running them with
+# podman", run from the repository's root. Only what the doc calls examples changes: the
+# ports on its REDIS_PORT=… line become free ones, and the container names become this run's
+# (so stop() removes them and parallel runs do not collide). It must print OK, then a burst
+# of 5 × 200 and a 429.
+deploy_block=$(awk '/^## Running them with podman/ {s=1} s && /^```sh$/ {b=1; next} b && /^```$/ {exit} b' docs/deploy.md)
+grep -q '^REDIS_PORT=[0-9]* HTTP_PORT=[0-9]* GRPC_PORT=[0-9]* DEBUG_PORT=[0-9]*$' <<<"$deploy_block" \
+    || fail "docs/deploy.md's podman block has no REDIS_PORT=… HTTP_PORT=… GRPC_PORT=… DEBUG_PORT=… line"
+doc_redis="redis-rl-test-$$-doc-redis" doc_envoy="redis-rl-test-$$-doc-envoy"
+CONTAINERS+=("$doc_redis" "$doc_envoy")
+deploy_block=$(sed -e "s/^REDIS_PORT=[0-9]* HTTP_PORT=[0-9]* GRPC_PORT=[0-9]* DEBUG_PORT=[0-9]*$/REDIS_PORT=$(free_port) HTTP_PORT=$(free_port) GRPC_PORT=$(free_port) DEBUG_PORT=$(free_port)/" \
+    -e "s/--name rl-redis /--name $doc_redis /" -e "s/--name rl-envoy /--name $doc_envoy /" \
+    -e "s#localhost/redis-rl-envoy:latest#$ENVOY_IMAGE#" <<<"$deploy_block")
+echo "=== docs/deploy.md's podman commands, as written"
+out=$(timeout 60 bash -e <<<"$deploy_block") || fail "docs/deploy.md's podman commands failed: $out"
+printf '%s\n' "$out" | sed 's/^/  /'
+[ "$(printf '%s\n' "$out" | tail -n 2 | head -n 1)" = "OK" ] || fail "docs/deploy.md: /healthcheck did not answer OK"
+[ "$(printf '%s\n' "$out" | tail -n 1)" = "200 200 200 200 200 429 " ] \
+    || fail "docs/deploy.md's burst did not limit: $(printf '%s\n' "$out" | tail -n 1)"
+passed=$((passed + 1))
+
 echo "image-test: $passed passed, 0 failed"

@@ -20,8 +20,9 @@ use crate::yaml11::{Node, Resolved};
 
 /// The keys a config file may hold anywhere; any other is a misspelling and refused, as the
 /// Go service refuses it. `unit_multiplier`, `value_to_metric`, `share_threshold`,
-/// `quota_mode` and `metadata` are the Go service's newer keys; `burst` (the bucket's capacity)
-/// and `post_paid` are this service's extensions.
+/// `quota_mode` and `metadata` are the Go service's newer keys; `burst` (the bucket's capacity),
+/// `post_paid`, `concurrency` and `reserve` are this service's extensions (the keys inside the
+/// last two are checked where they are read).
 const VALID_KEYS: &[&str] = &[
     "domain",
     "key",
@@ -42,6 +43,8 @@ const VALID_KEYS: &[&str] = &[
     "metadata",
     "burst",
     "post_paid",
+    "concurrency",
+    "reserve",
 ];
 
 /// A config error: the file and the problem, as `<file>: <problem>`.
@@ -151,7 +154,33 @@ pub struct RateLimit {
     /// The limit sent to Redis, built once when the config loads rather than on every call;
     /// `Err` (the client library's text) is answered per call, as the limit is used.
     pub bucket: Result<Limit, String>,
+    /// `reserve`: a request that carries its request id reserves an estimate on this bucket,
+    /// and the call at the stream's end settles it with the usage (`crate::inflight`).
+    pub reserve: Option<Reserve>,
 }
+
+/// A descriptor's `concurrency: {limit, ttl}` (this service's extension): at most `limit`
+/// requests in flight, each a lease released by the call at its stream's end, or lapsing
+/// after `ttl` when that call never comes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Concurrency {
+    pub limit: u32,
+    pub ttl_ms: u64,
+}
+
+/// A `rate_limit`'s `reserve: {estimate, ttl}` (this service's extension): the tokens taken
+/// when the request starts unless Envoy sends a cost of its own, and how long the reservation
+/// stays open for its settle before it stands as taken.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Reserve {
+    pub estimate: u64,
+    pub ttl_ms: u64,
+}
+
+/// The most leases one key holds (`RL.LEASE`'s cap on `limit`).
+pub const MAX_CONCURRENCY: u64 = 10_000;
+/// The longest lease or reservation, in ms: 100 years, the module's cap on `ttl_ms`.
+pub const MAX_TTL_MS: u64 = 3_153_600_000_000;
 
 impl RateLimit {
     /// `requests_per_unit: 0`: every request is over the limit, and Redis is not asked.
@@ -200,6 +229,7 @@ struct Limited {
     detailed_metric: bool,
     quota_mode: bool,
     metadata: Option<Arc<serde_json::Value>>,
+    concurrency: Option<Concurrency>,
 }
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -225,6 +255,9 @@ pub struct Match {
     /// The stats key: the config path, with the request's value where `detailed_metric` or
     /// `value_to_metric` ask for it.
     pub stats_key: String,
+    /// The stats key without any request value (the config's path): where a stats key
+    /// past the bound on client-valued series is folded.
+    pub config_stats_key: String,
     pub shadow_mode: bool,
     /// The entries the bucket is keyed by: the request's, except a `share_threshold`
     /// wildcard level, which keys by its pattern so all matching values share one bucket.
@@ -233,6 +266,8 @@ pub struct Match {
     pub quota_mode: bool,
     /// The level's `metadata`, free-form, as JSON.
     pub metadata: Option<Arc<serde_json::Value>>,
+    /// The level's `concurrency` limit.
+    pub concurrency: Option<Concurrency>,
 }
 
 /// Where the runtime files are and how they are read: envoyproxy/ratelimit's goruntime
@@ -454,6 +489,9 @@ impl Config {
         let mut found: Option<Match> = None;
         let mut key_entries = Vec::with_capacity(entries.len());
         let mut stats_key = domain.to_string();
+        // The config's path to this level (its flags are stored under it): the stats key
+        // without the request's values.
+        let mut config_path = domain.to_string();
         // Whether a level on the path names its metric after the request's value.
         let mut valued = false;
         for (index, (key, value)) in entries.iter().enumerate() {
@@ -467,7 +505,7 @@ impl Config {
             };
             let flags = self
                 .flags
-                .get(&format!("{stats_key}.{child_key}"))
+                .get(&format!("{config_path}.{child_key}"))
                 .copied()
                 .unwrap_or_default();
             let shared = flags.share_threshold && child_key != exact && child_key.contains('*');
@@ -489,6 +527,7 @@ impl Config {
                 child_key.clone()
             };
             stats_key = format!("{stats_key}.{level_name}");
+            config_path = format!("{config_path}.{child_key}");
             let Some(child) = child else {
                 break;
             };
@@ -501,10 +540,12 @@ impl Config {
                         } else {
                             limited.full_key.clone()
                         },
+                        config_stats_key: limited.full_key.clone(),
                         shadow_mode: limited.shadow_mode,
                         key_entries: key_entries.clone(),
                         quota_mode: limited.quota_mode,
                         metadata: limited.metadata.clone(),
+                        concurrency: limited.concurrency,
                     });
                 }
             }
@@ -590,7 +631,8 @@ fn validate_keys(map: &Node) -> Result<(), String> {
         if !VALID_KEYS.contains(&key) {
             return Err(format!("config error, unknown key '{key}'"));
         }
-        if key == "metadata" {
+        // Free-form, or checked key by key where it is read.
+        if matches!(key, "metadata" | "concurrency" | "reserve") {
             continue;
         }
         match v {
@@ -745,6 +787,16 @@ fn load_level(
         let detailed_metric = bool_field(item, "detailed_metric").map_err(unmarshal)?;
         let quota_mode = bool_field(item, "quota_mode").map_err(unmarshal)?;
         let metadata = get(item, "metadata").map(|m| Arc::new(m.to_json()));
+        let concurrency = match get(item, "concurrency") {
+            None => None,
+            Some(c) => Some(load_concurrency(c).map_err(|e| format!("{full_key}: {e}"))?),
+        };
+        // A concurrency limit alone limits no rate: its level gets an unlimited rate limit,
+        // so the lookup finds it.
+        let rate_limit = match (rate_limit, concurrency) {
+            (None, Some(_)) => Some(unlimited_rate_limit()),
+            (rate_limit, _) => rate_limit,
+        };
         let mut child = Level {
             limit: rate_limit.map(|rate_limit| Limited {
                 rate_limit: Arc::new(rate_limit),
@@ -753,6 +805,7 @@ fn load_level(
                 detailed_metric,
                 quota_mode,
                 metadata,
+                concurrency,
             }),
             ..Level::default()
         };
@@ -807,6 +860,13 @@ fn load_rate_limit(map: &Node) -> Result<RateLimit, String> {
     };
     let name = string_field(map, "name").map_err(unmarshal)?;
     let post_paid = bool_field(map, "post_paid").map_err(unmarshal)?;
+    let reserve = match get(map, "reserve") {
+        None => None,
+        Some(r) => Some(load_reserve(r)?),
+    };
+    if reserve.is_some() && (unlimited || requests_per_unit == 0) {
+        return Err("reserve needs a limit with requests_per_unit above 0".into());
+    }
     let mut replaces = Vec::new();
     for item in list_field(map, "replaces").map_err(unmarshal)? {
         if !matches!(item, Node::Map(_)) {
@@ -838,8 +898,110 @@ fn load_rate_limit(map: &Node) -> Result<RateLimit, String> {
             period_s,
             burst.unwrap_or(f64::from(requests_per_unit)),
         ),
+        reserve,
     })
 }
+
+/// The rate limit of a level that has only a `concurrency` limit: never limited by rate.
+fn unlimited_rate_limit() -> RateLimit {
+    RateLimit {
+        requests_per_unit: 0,
+        unit: Unit::Second,
+        unit_multiplier: 1,
+        burst: None,
+        unlimited: true,
+        name: String::new(),
+        replaces: Vec::new(),
+        post_paid: false,
+        bucket: bucket_limit(0, 1, 0.0),
+        reserve: None,
+    }
+}
+
+/// A whole number from `min` to `max` at `key` of an extension's map.
+fn bounded_field(map: &Node, key: &str, min: u64, max: u64) -> Result<Option<u64>, String> {
+    let bad = || format!("{key} must be a whole number from {min} to {max}");
+    match get(map, key) {
+        None => Ok(None),
+        Some(Node::Scalar(s)) => match s.resolve() {
+            Resolved::Int(n) => match u64::try_from(n) {
+                Ok(n) if (min..=max).contains(&n) => Ok(Some(n)),
+                _ => Err(bad()),
+            },
+            _ => Err(bad()),
+        },
+        Some(_) => Err(bad()),
+    }
+}
+
+/// A `ttl`: whole seconds (`30`) or a Go duration (`30s`, `5m`, `1500ms`), from 1 ms to 100
+/// years.
+fn ttl_field(map: &Node) -> Result<Option<u64>, String> {
+    let bad =
+        || "ttl must be whole seconds or a duration (30s, 5m) from 1ms to 100 years".to_string();
+    match get(map, "ttl") {
+        None => Ok(None),
+        Some(Node::Scalar(s)) => {
+            let ms = match s.resolve() {
+                Resolved::Int(n) => u64::try_from(n).ok().and_then(|n| n.checked_mul(1000)),
+                Resolved::Str => crate::settings::go_duration_ms(&s.text),
+                _ => None,
+            };
+            match ms {
+                Some(ms) if (1..=MAX_TTL_MS).contains(&ms) => Ok(Some(ms)),
+                _ => Err(bad()),
+            }
+        }
+        Some(_) => Err(bad()),
+    }
+}
+
+fn only_keys(map: &Node, what: &str, keys: &[&str]) -> Result<(), String> {
+    let Node::Map(entries) = map else {
+        return Err(format!("{what} must be a map of {}", keys.join(", ")));
+    };
+    for (k, _) in entries {
+        let name = match k {
+            Node::Scalar(s) => s.text.as_str(),
+            _ => "",
+        };
+        if !keys.contains(&name) {
+            return Err(format!(
+                "{what} takes only {}, not '{name}'",
+                keys.join(", ")
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `concurrency: {limit, ttl}`: `limit` from 1 to 10,000 (required), `ttl` 5 minutes unless
+/// set.
+fn load_concurrency(map: &Node) -> Result<Concurrency, String> {
+    only_keys(map, "concurrency", &["limit", "ttl"])?;
+    let limit = bounded_field(map, "limit", 1, MAX_CONCURRENCY)?
+        .ok_or("concurrency needs a limit (in flight at once)")?;
+    Ok(Concurrency {
+        limit: u32::try_from(limit).map_err(|_| "concurrency limit too large".to_string())?,
+        ttl_ms: ttl_field(map)?.unwrap_or(DEFAULT_TTL_MS),
+    })
+}
+
+/// `reserve: {estimate, ttl}`: `estimate` from 1 to 10^15 (required), `ttl` 5 minutes unless
+/// set.
+fn load_reserve(map: &Node) -> Result<Reserve, String> {
+    only_keys(map, "reserve", &["estimate", "ttl"])?;
+    let estimate = bounded_field(map, "estimate", 1, 1_000_000_000_000_000)?
+        .ok_or("reserve needs an estimate (tokens taken when a request starts)")?;
+    Ok(Reserve {
+        estimate,
+        ttl_ms: ttl_field(map)?.unwrap_or(DEFAULT_TTL_MS),
+    })
+}
+
+/// A lease's or a reservation's life when `ttl` is not set: 5 minutes, longer than most
+/// streamed answers, short enough that a lost end-of-stream call frees its slot soon.
+pub const DEFAULT_TTL_MS: u64 = 300_000;
 
 /// The domains and their files, for the startup log.
 pub fn summary(config: &Config) -> BTreeMap<String, usize> {
@@ -933,6 +1095,28 @@ descriptors:
         let b = c.lookup("d", &entries(&[("w", "prefix-b")])).unwrap();
         assert_eq!(a.key_entries, b.key_entries);
         assert_eq!(a.key_entries, entries(&[("w", "pre*")]));
+    }
+
+    #[test]
+    fn value_to_metric_holds_at_every_level() {
+        // The peer's own example: route and http_method carry value_to_metric, so both
+        // values are in the name, three levels deep.
+        let c = load(
+            "domain: vtm\ndescriptors:\n  - key: route\n    value_to_metric: true\n    descriptors:\n      - key: http_method\n        value_to_metric: true\n        descriptors:\n          - key: subject_id\n            rate_limit: {unit: minute, requests_per_unit: 60}\n",
+        )
+        .unwrap();
+        let m = c
+            .lookup(
+                "vtm",
+                &[
+                    ("route".into(), "api".into()),
+                    ("http_method".into(), "GET".into()),
+                    ("subject_id".into(), "123".into()),
+                ],
+            )
+            .unwrap();
+        assert_eq!(m.stats_key, "vtm.route_api.http_method_GET.subject_id");
+        assert_eq!(m.config_stats_key, "vtm.route.http_method.subject_id");
     }
 
     #[test]
@@ -1076,6 +1260,82 @@ descriptors:
         let ban = c.lookup("d", &entries(&[("bar", "banned")])).unwrap();
         assert!(ban.rate_limit.is_ban());
         assert!(!m.rate_limit.is_ban());
+    }
+
+    #[test]
+    fn concurrency_and_reserve_load_with_their_defaults_and_bounds() {
+        let c = load(
+            "domain: d\ndescriptors:\n  - key: slots\n    concurrency: {limit: 3, ttl: 30s}\n  - key: tokens\n    concurrency: {limit: 2}\n    rate_limit:\n      unit: minute\n      requests_per_unit: 100\n      reserve: {estimate: 40, ttl: 90}\n",
+        )
+        .unwrap();
+        let slots = c.lookup("d", &entries(&[("slots", "a")])).unwrap();
+        assert_eq!(
+            slots.concurrency,
+            Some(Concurrency {
+                limit: 3,
+                ttl_ms: 30_000
+            })
+        );
+        // A concurrency limit alone limits no rate.
+        assert!(slots.rate_limit.unlimited);
+        assert_eq!(slots.rate_limit.reserve, None);
+        let tokens = c.lookup("d", &entries(&[("tokens", "a")])).unwrap();
+        assert_eq!(
+            tokens.concurrency,
+            Some(Concurrency {
+                limit: 2,
+                ttl_ms: DEFAULT_TTL_MS
+            })
+        );
+        assert_eq!(
+            tokens.rate_limit.reserve,
+            Some(Reserve {
+                estimate: 40,
+                ttl_ms: 90_000
+            })
+        );
+        for (text, problem) in [
+            (
+                "concurrency: {limit: 0}",
+                "limit must be a whole number from 1 to 10000",
+            ),
+            (
+                "concurrency: {limit: 10001}",
+                "limit must be a whole number from 1 to 10000",
+            ),
+            ("concurrency: {ttl: 5s}", "concurrency needs a limit"),
+            ("concurrency: {limit: 1, ttl: 0}", "ttl must be"),
+            ("concurrency: {limit: 1, ttl: soon}", "ttl must be"),
+            (
+                "concurrency: {limit: 1, estimate: 3}",
+                "concurrency takes only limit, ttl",
+            ),
+            (
+                "rate_limit: {unit: minute, requests_per_unit: 5, reserve: {ttl: 5s}}",
+                "reserve needs an estimate",
+            ),
+            (
+                "rate_limit: {unit: minute, requests_per_unit: 0, reserve: {estimate: 1}}",
+                "reserve needs a limit with requests_per_unit above 0",
+            ),
+            (
+                "concurrency: {limit: 1, lmit: 2}",
+                "concurrency takes only limit, ttl, not 'lmit'",
+            ),
+            ("concurrency: {limit: 1.5}", "limit must be a whole number"),
+            ("concurrency: 3", "concurrency must be a map of limit, ttl"),
+            // Their keys are not valid elsewhere.
+            (
+                "limit: 3\n    rate_limit: {unit: second, requests_per_unit: 1}",
+                "unknown key 'limit'",
+            ),
+        ] {
+            let e = load(&format!(
+                "domain: d\ndescriptors:\n  - key: k\n    {text}\n"
+            ))
+            .unwrap_err();
+            assert!(e.problem.contains(problem), "{text}: {e}");
+        }
     }
 
     #[test]

@@ -18,6 +18,8 @@ mod config_watch;
 mod grpc;
 mod health;
 mod http;
+mod inflight;
+mod logging;
 mod metrics;
 mod quota;
 mod readiness;
@@ -26,13 +28,14 @@ mod redis_setup;
 mod service;
 mod settings;
 mod stats;
+mod unknown_domains;
 mod xds;
 mod yaml11;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
@@ -55,43 +58,40 @@ fn init_logging(settings: &Settings) {
         "warn" | "warning" => tracing::Level::WARN,
         _ => tracing::Level::ERROR,
     };
-    let builder = tracing_subscriber::fmt()
+    tracing_subscriber::fmt()
         .with_max_level(level)
         .with_writer(std::io::stderr)
-        .with_target(false);
-    if settings.log_format == "json" {
-        builder.json().init();
-    } else {
-        builder.with_ansi(false).init();
-    }
+        .event_format(crate::logging::PeerFormat {
+            json: settings.log_format == "json",
+            on_error: settings.on_error,
+        })
+        .init();
 }
 
-/// A fingerprint of a directory tree (names, sizes, modification times, following
-/// symlinks): a change means a reload.
-fn fingerprint(dir: &Path) -> Vec<(PathBuf, u64, Option<SystemTime>)> {
-    fn walk(dir: &Path, depth: u32, all: &mut Vec<(PathBuf, u64, Option<SystemTime>)>) {
-        let Ok(entries) = std::fs::read_dir(dir) else {
-            return;
-        };
-        for e in entries.filter_map(Result::ok) {
-            let path = e.path();
-            let Ok(meta) = std::fs::metadata(&path) else {
-                continue;
-            };
-            all.push((path.clone(), meta.len(), meta.modified().ok()));
-            // The runtime loader walks directories too; a symlinked one is not followed
-            // there, and a bound on the depth keeps a symlink loop finite here.
-            let real_dir = e.file_type().is_ok_and(|t| t.is_dir());
-            if real_dir && depth < 16 {
-                walk(&path, depth + 1, all);
-            }
-        }
-    }
-    let mut all = Vec::new();
-    walk(dir, 0, &mut all);
-    all.sort();
-    all
+/// A fingerprint of the config: each file the runtime loader reads (envoyproxy/ratelimit's
+/// rules for which files count, `RUNTIME_WATCH_ROOT` included) with a hash of its bytes. A
+/// reload happens only when it changes: a log file written under `RUNTIME_ROOT`, or a file
+/// rewritten with the same bytes, changes nothing.
+fn fingerprint(source: &Source) -> Vec<(PathBuf, Option<u64>)> {
+    use std::hash::{Hash, Hasher};
+    source
+        .files()
+        .into_iter()
+        .map(|path| {
+            let hash = std::fs::read(&path).ok().map(|bytes| {
+                let mut h = std::collections::hash_map::DefaultHasher::new();
+                bytes.hash(&mut h);
+                h.finish()
+            });
+            (path, hash)
+        })
+        .collect()
 }
+
+/// After a first notification, the quiet time that ends a burst of them (a writer, a
+/// symlink swap), and the longest a burst may put a reload off.
+const DEBOUNCE_QUIET: Duration = Duration::from_millis(200);
+const DEBOUNCE_MAX: Duration = Duration::from_secs(2);
 
 fn reload(service: &Service, readiness: &Readiness, source: &Source, why: &str) {
     let dir = source.config_dir();
@@ -110,6 +110,28 @@ fn reload(service: &Service, readiness: &Readiness, source: &Source, why: &str) 
             service.metrics.config_load_error.inc();
             tracing::error!("config reload refused ({why}), the previous config stays: {e}");
         }
+    }
+}
+
+/// A warning when the files gave no rule: the service then answers `OK` to every call, so
+/// rules mounted where the variables do not point (the peer's image reads
+/// `/srv/runtime_data/current` unless `RUNTIME_ROOT` is set) would limit nothing in silence.
+/// It names the variables and the directory looked at.
+fn warn_if_no_rules(settings: &Settings, dir: &std::path::Path, domains: usize) {
+    let vars = format!(
+        "RUNTIME_ROOT={:?} RUNTIME_SUBDIRECTORY={:?} RUNTIME_APPDIRECTORY={:?}",
+        settings.runtime_root, settings.runtime_subdirectory, settings.runtime_appdirectory
+    );
+    if !dir.is_dir() {
+        tracing::warn!(
+            "no config directory at {} ({vars}): no domain is loaded, so every call answers OK and limits nothing",
+            dir.display()
+        );
+    } else if domains == 0 {
+        tracing::warn!(
+            "no domain in {} ({vars}): every call answers OK and limits nothing",
+            dir.display()
+        );
     }
 }
 
@@ -220,6 +242,9 @@ async fn serve(settings: Arc<Settings>) -> ExitCode {
         dir.display(),
         config::summary(&config)
     );
+    if settings.xds.is_none() {
+        warn_if_no_rules(&settings, &dir, config.domain_count());
+    }
     let backend = match unless_stopped(redis_setup::connect_with_retries(&settings)).await {
         None => return ExitCode::SUCCESS,
         Some(Ok(b)) => b,
@@ -229,7 +254,7 @@ async fn serve(settings: Arc<Settings>) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    // Health (part `health`): not serving until Redis answers a probe (and, when asked, a
+    // Health (`health.rs`): not serving until Redis answers a probe (and, when asked, a
     // config with a domain has loaded), nor after SIGTERM.
     let readiness = Arc::new(Readiness::new(settings.health.need_config));
     readiness.config_loaded(config.domain_count());
@@ -336,11 +361,6 @@ async fn serve(settings: Arc<Settings>) -> ExitCode {
         let dir = dir.clone();
         let source = source.clone();
         let root = PathBuf::from(&settings.runtime_root);
-        let watched = if settings.runtime_watch_root {
-            root.clone()
-        } else {
-            dir.clone()
-        };
         let targets = config_watch::targets(&dir, &root, settings.runtime_watch_root);
         tokio::spawn(async move {
             let changed = Arc::new(tokio::sync::Notify::new());
@@ -348,7 +368,7 @@ async fn serve(settings: Arc<Settings>) -> ExitCode {
             if let Some(w) = &notifications {
                 tracing::info!("watching {:?} for config changes", w.watched);
             }
-            let mut last = (fingerprint(&dir), fingerprint(&watched));
+            let mut last = fingerprint(&source);
             let mut hup =
                 tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
             loop {
@@ -367,13 +387,19 @@ async fn serve(settings: Arc<Settings>) -> ExitCode {
                     }
                     _ = changed.notified() => {
                         // A writer (or a symlink swap) usually comes as a burst of events:
-                        // let it finish so the reload reads whole files.
-                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        // wait until it has been quiet for DEBOUNCE_QUIET, so the reload
+                        // reads whole files and a burst is one reload.
+                        let burst = Instant::now();
+                        while burst.elapsed() < DEBOUNCE_MAX
+                            && tokio::time::timeout(DEBOUNCE_QUIET, changed.notified())
+                                .await
+                                .is_ok()
+                        {}
                         true
                     }
                     _ = tokio::time::sleep(Duration::from_secs(1)) => false,
                 };
-                let now = (fingerprint(&dir), fingerprint(&watched));
+                let now = fingerprint(&source);
                 if now != last {
                     last = now;
                     reload(&service, &readiness, &source, "a file changed");

@@ -26,6 +26,8 @@ pub struct Metrics {
     pub config_load_error: IntCounter,
     /// Decisions by who took them: redis, lua, cache, local, open, closed, error.
     pub decisions: IntCounterVec,
+    /// Stats keys holding a request's value folded into the config's key past the bound.
+    pub stats_keys_folded: IntCounter,
     /// Latency of the Redis part of a call.
     pub redis_time: Histogram,
     /// Each call's time for the statsd timers (`crate::stats`), kept only while a sink is on.
@@ -115,6 +117,10 @@ impl Metrics {
             config_load_error: plain(
                 "ratelimit_service_config_load_error",
                 "Config loads refused (the previous config stays)",
+            )?,
+            stats_keys_folded: plain(
+                "redis_rl_envoy_stats_keys_folded",
+                "Calls whose stats key held a request's value past the bound on such keys, counted under the config's key instead",
             )?,
             decisions: counter(
                 "redis_rl_envoy_decisions_total",

@@ -8,7 +8,8 @@
 //! the slots already taken are refunded when a later one refuses (the one window where a
 //! cluster is not atomic: see the client's `slots` module).
 //!
-//! Quota-mode and `post_paid` descriptors are charged first, post-paid (the client's
+//! Quota-mode and `post_paid` descriptors, and plain ones `POST_PAID_CHARGES` names (by
+//! default a cost other than 1), are charged first, post-paid (the client's
 //! `charge`: it always applies and may leave the bucket in debt); whether the request is
 //! over is the quota rule's (`crate::quota`), which also builds the dynamic metadata.
 
@@ -30,7 +31,7 @@ use redis_rl_client::{
 use crate::config::{bucket_limit, Config, Match, RateLimit, Unit};
 use crate::metrics::Metrics;
 use crate::quota::{MetadataDescriptor, Verdict};
-use crate::settings::{Policy, Settings};
+use crate::settings::{Policy, PostPaidCharges, Settings};
 
 /// At most this many descriptors per request: Envoy sends one per rate-limit action list,
 /// usually a handful; more is refused before anything is written.
@@ -69,6 +70,7 @@ impl Failure {
 }
 
 /// The async limiter on one server (a pool of multiplexed connections) or on a cluster.
+/// `crate::inflight` sends its own commands on the same connections.
 pub enum Backend {
     Single(AsyncLimiter<crate::redis_pool::Pool>),
     Cluster(AsyncLimiter<redis::cluster_async::ClusterConnection>),
@@ -105,19 +107,24 @@ impl Backend {
 /// The service: the config (swapped whole on reload), the limiter, the settings.
 pub struct Service {
     config: RwLock<Arc<Config>>,
-    backend: Backend,
-    settings: Arc<Settings>,
+    pub(crate) backend: Backend,
+    pub(crate) settings: Arc<Settings>,
     pub metrics: Metrics,
     // Redis setups: per-second limits on their own Redis
     // (`REDIS_PERSECOND`), see `take` and docs/envoy-redis.md.
     per_second: Option<Backend>,
+    /// The stats keys holding a client's value seen so far, at most
+    /// `RL_MAX_CLIENT_STATS_KEYS`: each is a metric series and a statsd name.
+    client_stats_keys: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// The domains asked for that the config does not define, each warned about once.
+    unknown_domains: crate::unknown_domains::UnknownDomains,
 }
 
 /// One descriptor after checking.
-struct Wanted {
-    entries: Vec<(String, String)>,
-    cost: u64,
-    refund: bool,
+pub(crate) struct Wanted {
+    pub(crate) entries: Vec<(String, String)>,
+    pub(crate) cost: u64,
+    pub(crate) refund: bool,
     override_limit: Option<(u32, Unit)>,
 }
 
@@ -166,7 +173,30 @@ impl Service {
             settings,
             metrics,
             per_second: None,
+            client_stats_keys: std::sync::Mutex::new(std::collections::HashSet::new()),
+            unknown_domains: Default::default(),
         }
+    }
+
+    /// `m`'s stats key, or the config's own key when it holds a request's value and the
+    /// bound on such keys is reached (counted).
+    fn bound_stats_key(&self, m: &mut Match) {
+        if m.stats_key == m.config_stats_key {
+            return;
+        }
+        let Ok(mut seen) = self.client_stats_keys.lock() else {
+            return;
+        };
+        if seen.contains(&m.stats_key) {
+            return;
+        }
+        if seen.len() < self.settings.max_client_stats_keys {
+            seen.insert(m.stats_key.clone());
+            return;
+        }
+        drop(seen);
+        self.metrics.stats_keys_folded.inc();
+        m.stats_key = m.config_stats_key.clone();
     }
 
     /// Sends the limits whose unit is `second` to `backend` (`REDIS_PERSECOND`).
@@ -199,6 +229,7 @@ impl Service {
             Ok(mut c) => *c = config,
             Err(poisoned) => *poisoned.into_inner() = config,
         }
+        self.unknown_domains.clear();
     }
 
     /// Answers one request; `method` labels the metrics (`ShouldRateLimit`, `json`).
@@ -223,6 +254,19 @@ impl Service {
     }
 
     async fn decide(&self, request: &RateLimitRequest) -> Result<RateLimitResponse, Failure> {
+        // Descriptors tied to one request by its id (concurrency limits, reservations) are
+        // `crate::inflight`'s; it hands the others back to `decide_plain`.
+        if let Some(out) = crate::inflight::decide(self, request).await? {
+            return Ok(out);
+        }
+        self.decide_plain(request).await
+    }
+
+    /// Every descriptor as a rate limit: the take, the charges, the response.
+    pub(crate) async fn decide_plain(
+        &self,
+        request: &RateLimitRequest,
+    ) -> Result<RateLimitResponse, Failure> {
         tracing::debug!(
             "ShouldRateLimit domain={} descriptors={:?} hits_addend={}",
             request.domain,
@@ -249,6 +293,7 @@ impl Service {
             })
             .collect();
         if !config.has_domain(&request.domain) {
+            self.unknown_domains.note(&request.domain);
             return Ok(response(Code::Ok, statuses, Vec::new()));
         }
         // Each descriptor's limit: Envoy's override first, then the config.
@@ -265,6 +310,7 @@ impl Service {
                         name: String::new(),
                         replaces: Vec::new(),
                         post_paid: false,
+                        reserve: None,
                         bucket: bucket_limit(
                             requests_per_unit,
                             unit.seconds(),
@@ -272,14 +318,23 @@ impl Service {
                         ),
                     }),
                     stats_key: override_stats_key(&request.domain, &w.entries),
+                    config_stats_key: override_stats_key(
+                        &request.domain,
+                        &w.entries
+                            .iter()
+                            .map(|(k, _)| (k.clone(), String::new()))
+                            .collect::<Vec<_>>(),
+                    ),
                     shadow_mode: false,
                     key_entries: w.entries.clone(),
                     quota_mode: false,
                     metadata: None,
+                    concurrency: None,
                 }),
                 None => config.lookup(&request.domain, &w.entries),
             };
-            if let Some(m) = m {
+            if let Some(mut m) = m {
+                self.bound_stats_key(&mut m);
                 found.push((index, m, w.cost, w.refund));
             }
         }
@@ -324,7 +379,15 @@ impl Service {
                 &m.key_entries,
             );
             let quota = m.quota_mode || self.settings.global_quota_mode;
-            let post_paid = quota || m.rate_limit.post_paid;
+            // A stream-done charge comes as an ordinary call: which plain limits charge it
+            // past what is left is `POST_PAID_CHARGES`'s rule.
+            let post_paid = quota
+                || m.rate_limit.post_paid
+                || match self.settings.post_paid_charges {
+                    PostPaidCharges::Always => true,
+                    PostPaidCharges::Never => false,
+                    PostPaidCharges::Auto => cost != 1,
+                };
             let item = Limited {
                 index,
                 found: m,
@@ -343,7 +406,7 @@ impl Service {
         }
 
         let mut overall = Code::Ok;
-        let mut tightest: Option<(u32, u32, i64)> = None;
+        let mut tightest: Option<Tightest> = None;
         let banned = bans.iter().any(|(_, _, _, shadow)| !shadow);
         for (index, m, cost, shadow) in &bans {
             let Some(status) = statuses.get_mut(*index) else {
@@ -374,7 +437,15 @@ impl Service {
                 i64::try_from(m.rate_limit.period_s().saturating_mul(1000)).unwrap_or(i64::MAX);
             status.limit_remaining = 0;
             status.duration_until_reset = Some(duration(period_ms));
-            tightest = Some((m.rate_limit.requests_per_unit, 0, period_ms));
+            let candidate = Tightest {
+                requests_per_unit: m.rate_limit.requests_per_unit,
+                remaining: 0,
+                reset_ms: period_ms,
+                over: !*shadow,
+            };
+            if tightest.is_none_or(|t| candidate.tighter_than(&t)) {
+                tightest = Some(candidate);
+            }
         }
 
         let redis_started = Instant::now();
@@ -401,7 +472,13 @@ impl Service {
             outcomes.push(self.charge(item).await?);
         }
         let charged_verdicts: Vec<Verdict> = charged.iter().zip(&outcomes).map(verdict).collect();
-        if banned || crate::quota::all_quotas_over(&charged_verdicts) {
+        // A post-paid plain descriptor over its limit refuses the request as a ban does: the
+        // other plain buckets are left untouched.
+        let plain_over = charged
+            .iter()
+            .zip(&outcomes)
+            .any(|(it, o)| !it.quota && matches!(o, Outcome::Over(_)));
+        if banned || plain_over || crate::quota::all_quotas_over(&charged_verdicts) {
             outcomes.extend(limited.iter().map(|_| Outcome::Skipped));
         } else {
             outcomes.extend(self.take(&limited).await?);
@@ -500,10 +577,30 @@ impl Service {
                     _ => (d.remaining, d.reset_after_ms),
                 };
                 status.limit_remaining = u32::try_from(remaining).unwrap_or(u32::MAX);
-                status.duration_until_reset = Some(duration(reset_after_ms));
+                // A refusing descriptor says when this same request could pass; any other,
+                // when its bucket is whole again.
+                let over = matches!(outcome, Outcome::Over(_) | Outcome::ShadowOver(_));
+                let wait_ms = match (over, item.post_paid) {
+                    // Post-paid: over while the charge leaves a debt, so the request passes
+                    // once the debt is repaid and its own cost has come back too.
+                    (true, true) => d
+                        .retry_after_ms
+                        .max(0)
+                        .saturating_add(cost_ms_up(&item.limit, item.cost)),
+                    // -1: the cost is above the capacity and no wait helps.
+                    (true, false) if d.retry_after_ms >= 0 => d.retry_after_ms,
+                    _ => reset_after_ms,
+                };
+                status.duration_until_reset = Some(duration(wait_ms));
                 let rpu = item.found.rate_limit.requests_per_unit;
-                if tightest.is_none_or(|(_, remaining, _)| status.limit_remaining < remaining) {
-                    tightest = Some((rpu, status.limit_remaining, reset_after_ms));
+                let candidate = Tightest {
+                    requests_per_unit: rpu,
+                    remaining: status.limit_remaining,
+                    reset_ms: wait_ms,
+                    over: over && !matches!(outcome, Outcome::ShadowOver(_)),
+                };
+                if tightest.is_none_or(|t| candidate.tighter_than(&t)) {
+                    tightest = Some(candidate);
                 }
             }
         }
@@ -534,7 +631,13 @@ impl Service {
         });
         let mut headers = Vec::new();
         if self.settings.limit_response_headers_enabled {
-            if let Some((rpu, remaining, reset_ms)) = tightest {
+            if let Some(Tightest {
+                requests_per_unit: rpu,
+                remaining,
+                reset_ms,
+                ..
+            }) = tightest
+            {
                 let reset_s = (reset_ms.max(0) + 999) / 1000;
                 for (key, value) in [
                     (&self.settings.limit_limit_header, rpu.to_string()),
@@ -786,9 +889,45 @@ fn cost_ms(limit: &Limit, cost: u64) -> i64 {
     i64::try_from(ms).unwrap_or(i64::MAX)
 }
 
+/// `cost_ms`, rounded up: a wait that must not end before the tokens are there.
+fn cost_ms_up(limit: &Limit, cost: u64) -> i64 {
+    let Some((per, period)) = limit.period() else {
+        return 0;
+    };
+    if per == 0 {
+        return 0;
+    }
+    let ms = u128::from(cost)
+        .saturating_mul(period.as_millis())
+        .div_ceil(u128::from(per));
+    i64::try_from(ms).unwrap_or(i64::MAX)
+}
+
+/// The status the `LIMIT_*` response headers report: a refusing one before any other (the
+/// longest wait among them, since the request passes only when all do), else the one with
+/// the fewest tokens left.
+#[derive(Clone, Copy)]
+struct Tightest {
+    requests_per_unit: u32,
+    remaining: u32,
+    reset_ms: i64,
+    over: bool,
+}
+
+impl Tightest {
+    fn tighter_than(&self, other: &Tightest) -> bool {
+        match (self.over, other.over) {
+            (true, false) => true,
+            (false, true) => false,
+            (true, true) => self.reset_ms > other.reset_ms,
+            (false, false) => self.remaining < other.remaining,
+        }
+    }
+}
+
 /// Whole seconds, rounded up: Envoy's x-ratelimit-reset reads only the seconds, and a
 /// reset rounded down would tell a client to come back before the token is there.
-fn duration(ms: i64) -> ProtoDuration {
+pub(crate) fn duration(ms: i64) -> ProtoDuration {
     let ms = ms.max(0);
     ProtoDuration {
         seconds: ms / 1000 + i64::from(ms % 1000 > 0),
@@ -869,7 +1008,7 @@ pub fn redis_key(prefix: &str, domain: &str, entries: &[(String, String)]) -> St
 }
 
 /// Checks a request before anything touches Redis.
-fn check(request: &RateLimitRequest) -> Result<Vec<Wanted>, Failure> {
+pub(crate) fn check(request: &RateLimitRequest) -> Result<Vec<Wanted>, Failure> {
     let bad = |text: String| Err(Failure::Invalid(text));
     if request.domain.is_empty() {
         return bad("domain must not be empty".into());

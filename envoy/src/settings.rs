@@ -19,6 +19,22 @@ pub enum Policy {
     Local,
 }
 
+/// Which plain limits take a charge past what is left (`POST_PAID_CHARGES`). Envoy sends a
+/// stream-done charge (`apply_on_stream_done`) as an ordinary call, so the service cannot
+/// tell it from a request; this says which calls are charged as the Go service's counter
+/// charges every hit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PostPaidCharges {
+    /// A cost other than 1 is post-paid: 0 is a check (refused while the bucket is in
+    /// debt) and a cost above 1 may be a usage charge, so it applies in full, debt
+    /// included. A cost of 1, Envoy's default hits, is taken all or nothing.
+    Auto,
+    /// Every plain limit is post-paid, as if each had `post_paid: true`.
+    Always,
+    /// Only `post_paid: true` and quota-mode limits are post-paid.
+    Never,
+}
+
 /// Every setting the service reads.
 #[derive(Clone, Debug)]
 pub struct Settings {
@@ -45,6 +61,14 @@ pub struct Settings {
     pub shadow_mode: bool,
     /// GLOBAL_QUOTA_MODE: every limit is in quota mode, as if each had `quota_mode: true`.
     pub global_quota_mode: bool,
+    /// POST_PAID_CHARGES: which plain limits take a charge past what is left.
+    pub post_paid_charges: PostPaidCharges,
+    /// RL_MAX_CLIENT_STATS_KEYS: at most this many distinct stats keys carry a request's
+    /// value (`detailed_metric`, `value_to_metric`, Envoy's limit override); a new one past
+    /// it is counted under the config's own key (the values dropped) and in
+    /// `redis_rl_envoy_stats_keys_folded`, so a client sending a new value each call cannot
+    /// grow `/metrics` and the statsd names without bound.
+    pub max_client_stats_keys: usize,
     /// RESPONSE_DYNAMIC_METADATA: each response carries dynamic metadata (the domain, the
     /// descriptors, the quota-mode violations and the configured `metadata` of the
     /// descriptors within their limits), which Envoy's filter emits for later filters.
@@ -219,6 +243,19 @@ impl Settings {
                 ))
             }
         };
+        let post_paid_charges = match text("POST_PAID_CHARGES", "auto")
+            .to_ascii_lowercase()
+            .as_str()
+        {
+            "auto" => PostPaidCharges::Auto,
+            "always" => PostPaidCharges::Always,
+            "never" => PostPaidCharges::Never,
+            other => {
+                return Err(format!(
+                    "POST_PAID_CHARGES must be auto, always or never, not {other:?}"
+                ))
+            }
+        };
         let near_limit_ratio = match var("NEAR_LIMIT_RATIO") {
             None => 0.8,
             Some(v) => v
@@ -301,6 +338,13 @@ impl Settings {
             prometheus_path: text("PROMETHEUS_PATH", "/metrics"),
             shadow_mode: flag("SHADOW_MODE", false)?,
             global_quota_mode: flag("GLOBAL_QUOTA_MODE", false)?,
+            post_paid_charges,
+            max_client_stats_keys: usize::try_from(number(
+                "RL_MAX_CLIENT_STATS_KEYS",
+                10_000,
+                10_000_000,
+            )?)
+            .unwrap_or(10_000),
             response_dynamic_metadata: flag("RESPONSE_DYNAMIC_METADATA", false)?,
             near_limit_ratio,
             cache_key_prefix: text("CACHE_KEY_PREFIX", ""),
@@ -410,6 +454,22 @@ mod tests {
         assert_eq!(s.prometheus_bind(), "0.0.0.0:9090");
         // Not 50 ms: a deadline that fits a web request, the client library's.
         assert_eq!(s.timeout_ms, 2000);
+    }
+
+    #[test]
+    fn post_paid_charges_is_auto_always_or_never() {
+        let mode = |pairs: &[(&str, &str)]| with(pairs).map(|s| s.post_paid_charges);
+        assert_eq!(mode(&[]), Ok(PostPaidCharges::Auto));
+        assert_eq!(
+            mode(&[("POST_PAID_CHARGES", "Always")]),
+            Ok(PostPaidCharges::Always)
+        );
+        assert_eq!(
+            mode(&[("POST_PAID_CHARGES", "never")]),
+            Ok(PostPaidCharges::Never)
+        );
+        let e = mode(&[("POST_PAID_CHARGES", "yes")]).unwrap_err();
+        assert!(e.starts_with("POST_PAID_CHARGES must be"), "{e}");
     }
 
     #[test]

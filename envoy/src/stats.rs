@@ -150,8 +150,21 @@ pub fn tag_value(value: &str) -> String {
 
 /// The peer's `SanitizeStatName`: `:` and `|` become `_`, and the dots inside anything
 /// shaped like an IPv4 address (`\d{1,3}(\.\d{1,3}){3}`, leftmost first, as Go's regexp
-/// finds them) become `_` too, so `10.1.2.3` stays one level of the stats key.
+/// finds them) become `_` too, so `10.1.2.3` stays one level of the stats key. A control
+/// character (NUL, a newline, DEL …), which would end a statsd line or reach a Prometheus
+/// label raw, is written as `\xNN` (its code in hex) first.
 pub fn sanitize_stat_name(name: &str) -> Cow<'_, str> {
+    if name.chars().any(char::is_control) {
+        let mut escaped = String::with_capacity(name.len().saturating_add(8));
+        for c in name.chars() {
+            if c.is_control() {
+                escaped.push_str(&format!("\\x{:02x}", u32::from(c)));
+            } else {
+                escaped.push(c);
+            }
+        }
+        return Cow::Owned(sanitize_stat_name(&escaped).into_owned());
+    }
     let raw = name.as_bytes();
     let clean = !raw.iter().any(|b| matches!(b, b':' | b'|'))
         && (0..raw.len()).all(|start| ipv4_at(raw, start).is_none());

@@ -58,6 +58,12 @@ descriptors:
   - key: generic_key
     value: truth
     rate_limit: {unit: hour, requests_per_unit: 10}
+  - key: generic_key
+    value: five
+    rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: generic_key
+    value: debt
+    rate_limit: {unit: minute, requests_per_unit: 5}
   - key: truth_user
     rate_limit: {unit: hour, requests_per_unit: 5}
 ";
@@ -121,6 +127,22 @@ const ROUTES: &str = r#"              - match: {prefix: "/user"}
                         descriptor_key: header_match
                         descriptor_value: bot
                         headers: [{name: x-bot, present_match: true}]
+              - match: {prefix: "/five"}
+                route:
+                  cluster: upstream
+                  rate_limits:
+                  - actions: [{generic_key: {descriptor_value: five}}]
+              - match: {prefix: "/debt"}
+                route: {cluster: upstream}
+                typed_per_filter_config:
+                  envoy.filters.http.ratelimit:
+                    "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimitPerRoute
+                    rate_limits:
+                    - actions: [{generic_key: {descriptor_value: debt}}]
+                      hits_addend: {number: 0}
+                    - actions: [{generic_key: {descriptor_value: debt}}]
+                      apply_on_stream_done: true
+                      hits_addend: {format: "%REQ(x-cost)%"}
               - match: {prefix: "/refill"}
                 route:
                   cluster: upstream
@@ -266,6 +288,59 @@ fn behind_envoy_refill_arrives_by_the_returned_reset() {
     let reset_s: u64 = denied.header("x-ratelimit-reset").unwrap().parse().unwrap();
     std::thread::sleep(Duration::from_secs(reset_s));
     assert_eq!(e.get("/refill", &[]).status, 200);
+}
+
+/// The `x-ratelimit-reset` of `r`, in seconds.
+fn reset_header(r: &support::Reply) -> u64 {
+    r.header("x-ratelimit-reset")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no x-ratelimit-reset: {r:?}"))
+}
+
+#[test]
+fn behind_envoy_a_denial_says_when_it_could_pass_at_five_a_minute() {
+    // 5 a minute is a token each 12 s. An allowed request's reset is when the bucket is
+    // whole again (12 s after one take, 60 s after five); the refused sixth's is when that
+    // request could pass: 12 s, not the 60 s until full. (Whole seconds rounded up, from
+    // a wait that a few ms of the test shortened.)
+    let s = stack(&[]);
+    let e = &s.envoy;
+    let first = e.get("/five", &[]);
+    assert_eq!(first.status, 200);
+    assert!((11..=12).contains(&reset_header(&first)), "{first:?}");
+    for _ in 0..3 {
+        assert_eq!(e.get("/five", &[]).status, 200);
+    }
+    let fifth = e.get("/five", &[]);
+    assert_eq!(fifth.status, 200);
+    assert!((59..=60).contains(&reset_header(&fifth)), "{fifth:?}");
+    let denied = e.get("/five", &[]);
+    assert_eq!(denied.status, 429);
+    assert!((11..=12).contains(&reset_header(&denied)), "{denied:?}");
+}
+
+#[test]
+fn behind_envoy_a_denial_in_debt_says_when_the_debt_is_repaid() {
+    // 5 a minute, checked with 0 hits and charged on stream done: a charge of 7 leaves the
+    // bucket 2 in debt, so the next check is refused until 2 tokens have come back (24 s),
+    // not until the bucket is whole (84 s).
+    let s = stack(&[]);
+    let e = &s.envoy;
+    assert_eq!(e.get("/debt", &[("x-cost", "7")]).status, 200);
+    let key =
+        r#"ratelimit_service_rate_limit_total_hits{domain="edge",key1="generic_key_debt",key2=""}"#;
+    let started = std::time::Instant::now();
+    while s.service.metric(key) < 7 {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "{}",
+            s.service.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let denied = e.get("/debt", &[("x-cost", "0")]);
+    assert_eq!(denied.status, 429, "{denied:?}");
+    assert!((23..=24).contains(&reset_header(&denied)), "{denied:?}");
 }
 
 #[test]
@@ -467,8 +542,9 @@ fn behind_envoy_a_denied_request_reports_the_other_bucket_as_it_is() {
     // the statuses only as DRAFT_VERSION_03 headers, built from the status with the least
     // limit_remaining (and x-ratelimit-limit's quota policy of each). So the scenario makes the
     // descriptor that did not deny hold the least: /truth sends `truth` (10/hour, cost 4)
-    // and `truth_user` (5/hour, cost 1).
-    let s = stack(&[]);
+    // and `truth_user` (5/hour, cost 1). POST_PAID_CHARGES=never keeps the cost of 4 an
+    // all-or-nothing take (under `auto` it is charged into debt, and reports 0 left).
+    let s = stack(&[("POST_PAID_CHARGES", "never")]);
     let e = &s.envoy;
     let u = [("x-user", "u")];
     // truth 10 -> 6 -> 2, truth_user 5 -> 4 -> 3, then truth_user alone 3 -> 2 -> 1.
@@ -490,5 +566,21 @@ fn behind_envoy_a_denied_request_reports_the_other_bucket_as_it_is() {
         "{r:?}"
     );
     // It was not charged: its one token is still there, and then none.
+    assert_eq!(statuses(e, "/truth-user", &u, 2), [200, 429]);
+}
+
+#[test]
+fn behind_envoy_a_cost_charged_into_debt_leaves_the_other_buckets_untouched() {
+    // Under the default POST_PAID_CHARGES=auto, /truth's cost of 4 on the 2 left is charged
+    // (2 in debt) and refuses the request; truth_user, a plain take of 1, is not charged.
+    let s = stack(&[]);
+    let e = &s.envoy;
+    let u = [("x-user", "v")];
+    assert_eq!(statuses(e, "/truth", &u, 2), [200, 200]);
+    assert_eq!(statuses(e, "/truth-user", &u, 2), [200, 200]);
+    let r = e.get("/truth", &u);
+    assert_eq!(r.status, 429, "{r:?}");
+    assert_eq!(r.header("x-ratelimit-remaining"), Some("0"), "{r:?}");
+    // truth_user keeps its 1.
     assert_eq!(statuses(e, "/truth-user", &u, 2), [200, 429]);
 }

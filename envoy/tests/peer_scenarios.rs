@@ -1,8 +1,8 @@
 //! envoyproxy/ratelimit's integration scenarios, written again for this service, behind a
 //! real Envoy 1.40: simple get, trigger the limit, shadow mode, replaces, value in the stats
 //! key when unspecified, quota, token quota and multi-service token quota; then an LLM's
-//! tokens per minute, and stream-done charges on plain, `post_paid` and `GLOBAL_QUOTA_MODE`
-//! limits. Each test states
+//! tokens per minute, and stream-done charges on plain (under each `POST_PAID_CHARGES`),
+//! `post_paid` and `GLOBAL_QUOTA_MODE` limits. Each test states
 //! the peer script's expected outcome and checks it here; where a token bucket times a
 //! refill differently from the peer's fixed window, the comment says so (and
 //! docs/envoy.md's migration table lists it).
@@ -707,19 +707,33 @@ fn three_answers_then(s: &Stack, path: &str, key: &str) -> u16 {
 #[test]
 fn stream_done_charges_on_plain_post_paid_and_global_quota_limits() {
     let s = stack();
-    // A plain limit refuses the third charge (4 on the 2 left) and takes nothing: the
-    // fourth request passes on those 2. The refused hits are counted, not dropped.
-    assert_eq!(three_answers_then(&s, "/plain_user", "plain_user"), 200);
+    // A plain limit under the default POST_PAID_CHARGES=auto: a charge of more than 1 is
+    // applied whatever is left, as the Go service's counter adds it, so the third charge
+    // (4 on the 2 left) puts the user 2 in debt and the fourth request is refused.
+    assert_eq!(three_answers_then(&s, "/plain_user", "plain_user"), 429);
+    // post_paid: the same on any POST_PAID_CHARGES.
+    assert_eq!(three_answers_then(&s, "/paid_user", "paid_user"), 429);
+    // POST_PAID_CHARGES=never: a plain limit refuses the third charge and takes nothing,
+    // so the fourth request passes on the 2 left. The refused hits are counted, not
+    // dropped; post_paid still applies.
+    let never = stack_with_env(LIMITS, &[("POST_PAID_CHARGES", "never")]);
+    assert_eq!(three_answers_then(&never, "/plain_user", "plain_user"), 200);
     assert_eq!(
-        s.service.metric(
+        never.service.metric(
             r#"ratelimit_service_rate_limit_within_limit{domain="edge",key1="plain_user",key2=""}"#
         ),
         8
     );
-    // post_paid: the third charge applies (2 in debt), and the fourth is refused.
-    assert_eq!(three_answers_then(&s, "/paid_user", "paid_user"), 429);
-    // GLOBAL_QUOTA_MODE: the plain limit is in quota mode, post-paid too.
-    let global = stack_with_env(LIMITS, &[("GLOBAL_QUOTA_MODE", "true")]);
+    assert_eq!(three_answers_then(&never, "/paid_user", "paid_user"), 429);
+    // GLOBAL_QUOTA_MODE: the plain limit is in quota mode, post-paid whatever
+    // POST_PAID_CHARGES says.
+    let global = stack_with_env(
+        LIMITS,
+        &[
+            ("GLOBAL_QUOTA_MODE", "true"),
+            ("POST_PAID_CHARGES", "never"),
+        ],
+    );
     assert_eq!(
         three_answers_then(&global, "/plain_user", "plain_user"),
         429

@@ -147,9 +147,29 @@ fn a_charge_past_what_is_left_applies_and_checks_are_refused_while_in_debt() {
 }
 
 #[test]
-fn plain_limits_refuse_a_charge_past_what_is_left_and_post_paid_ones_apply_it() {
+fn a_plain_limit_applies_a_charge_past_what_is_left_by_default() {
+    // POST_PAID_CHARGES=auto: a cost above 1 may be a stream-done charge, so it applies
+    // in full (1 in debt) and the request path's 0-hit check is refused until repaid.
     let (_redis, svc) = start(&[]);
-    // A plain limit: a charge of 8 on 7 is refused and takes nothing. The refused hits
+    assert_eq!(svc.json(&request(&[("plain", "u", Some(8))])).status, 429);
+    assert_eq!(svc.json(&request(&[("plain", "u", Some(0))])).status, 429);
+    assert_eq!(svc.json(&request(&[("plain", "u", None)])).status, 429);
+    // A cost of 1 stays all or nothing: 7 pass, the 8th and later are refused and take
+    // nothing, so a 0-hit check still finds the bucket at 0, not in debt.
+    for _ in 0..7 {
+        assert_eq!(svc.json(&request(&[("plain", "v", None)])).status, 200);
+    }
+    for _ in 0..5 {
+        assert_eq!(svc.json(&request(&[("plain", "v", None)])).status, 429);
+    }
+    let r = svc.json(&request(&[("plain", "v", Some(0))]));
+    assert_eq!(r.status, 200, "{}", r.body);
+}
+
+#[test]
+fn plain_limits_refuse_a_charge_past_what_is_left_and_post_paid_ones_apply_it() {
+    let (_redis, svc) = start(&[("POST_PAID_CHARGES", "never")]);
+    // POST_PAID_CHARGES=never, a plain limit: a charge of 8 on 7 is refused and takes nothing. The refused hits
     // are counted (never dropped without a trace): all 8 in total_hits, none within, and
     // the one past the capacity over the limit, as the Go service splits them.
     assert_eq!(svc.json(&request(&[("plain", "u", Some(8))])).status, 429);
@@ -313,7 +333,8 @@ fn grpc_carries_the_dynamic_metadata_and_the_quota_rule() {
         assert_eq!(overall, [1, 1, 2]);
         assert_eq!(backends, ["s1", "s2", ""]);
         // A post-paid plain limit over gRPC: 8 on 7 applies (1 in debt), and the 0-hit
-        // check after it is refused; the same on a plain limit is refused and takes nothing.
+        // check after it is refused; a plain limit under the default POST_PAID_CHARGES=auto
+        // does the same (a cost above 1 may be a stream-done charge).
         let one = |key: &str, hits: u64| RateLimitRequest {
             domain: "q".into(),
             descriptors: vec![RateLimitDescriptor {
@@ -331,7 +352,7 @@ fn grpc_carries_the_dynamic_metadata_and_the_quota_rule() {
             let r = client.should_rate_limit(one(key, hits)).await.unwrap();
             codes.push(r.into_inner().overall_code);
         }
-        assert_eq!(codes, [2, 2, 2, 1]);
+        assert_eq!(codes, [2, 2, 2, 2]);
     });
 }
 

@@ -449,3 +449,102 @@ fn the_grafana_dashboard_reads_metrics_the_service_exports() {
         assert!(read.contains(*name), "{name} is not on the dashboard");
     }
 }
+
+const CLIENT_VALUES: &str = "
+domain: vtm
+descriptors:
+  - key: user
+    detailed_metric: true
+    rate_limit: {unit: second, requests_per_unit: 1000}
+  # A ban asks no Redis: the bound on series is tested without 100,000 buckets.
+  - key: banned
+    detailed_metric: true
+    rate_limit: {unit: second, requests_per_unit: 0}
+  - key: route
+    value_to_metric: true
+    descriptors:
+      - key: http_method
+        value_to_metric: true
+        descriptors:
+          - key: subject_id
+            rate_limit: {unit: minute, requests_per_unit: 60}
+";
+
+/// The sum and the number of series of `name` on the Prometheus page.
+fn series(metrics: &str, name: &str) -> (u64, usize) {
+    let lines: Vec<&str> = metrics
+        .lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")))
+        .collect();
+    let sum = lines
+        .iter()
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum();
+    (sum, lines.len())
+}
+
+#[test]
+fn client_values_make_a_bounded_number_of_series_and_the_rest_are_counted_as_folded() {
+    // 2,000 distinct values under detailed_metric, 64 per call, with the bound at 200 (the
+    // default is 10,000; a smaller one keeps the test to a second): the first 200 stats
+    // keys get their own series, the other 1,800 values are counted under the config's
+    // key (`banned`), and the folding is counted. Every hit is still counted.
+    let redis = common::Server::start();
+    let svc = Service::start(
+        &redis_url(redis.port),
+        &[("vtm.yaml", CLIENT_VALUES)],
+        &[("RL_MAX_CLIENT_STATS_KEYS", "200")],
+    );
+    let mut n = 0u32;
+    while n < 2_000 {
+        let descriptors: Vec<serde_json::Value> = (n..(n + 64).min(2_000))
+            .map(|i| serde_json::json!({"entries": [{"key": "banned", "value": format!("u{i}")}]}))
+            .collect();
+        n += 64;
+        let body = serde_json::json!({"domain": "vtm", "descriptors": descriptors}).to_string();
+        assert_eq!(svc.json(&body).status, 429);
+    }
+    let metrics = svc.metrics();
+    let (hits, count) = series(&metrics, "ratelimit_service_rate_limit_total_hits");
+    assert_eq!(hits, 2_000);
+    // 200 with a value, and the folded one.
+    assert_eq!(count, 201);
+    assert_eq!(
+        svc.metric(
+            r#"ratelimit_service_rate_limit_total_hits{domain="vtm",key1="banned",key2=""}"#
+        ),
+        1_800
+    );
+    assert_eq!(svc.metric("redis_rl_envoy_stats_keys_folded "), 1_800);
+}
+
+#[test]
+fn value_to_metric_names_every_level_and_a_nul_is_escaped() {
+    let redis = common::Server::start();
+    let svc = Service::start(&redis_url(redis.port), &[("vtm.yaml", CLIENT_VALUES)], &[]);
+    // The peer's example, three levels deep: both values named.
+    let three = one(
+        "vtm",
+        &[
+            ("route", "api"),
+            ("http_method", "GET"),
+            ("subject_id", "123"),
+        ],
+    );
+    assert_eq!(svc.json(&three).status, 200);
+    assert_eq!(
+        svc.metric(r#"ratelimit_service_rate_limit_total_hits{domain="vtm",key1="route_api",key2="http_method_GET.subject_id"}"#),
+        1,
+        "{}",
+        svc.metrics()
+    );
+    // A NUL and a newline in a value reach the label escaped, never raw.
+    assert_eq!(svc.json(&one("vtm", &[("user", "a\u{0}b\nc")])).status, 200);
+    let metrics = svc.metrics();
+    assert!(!metrics.contains('\u{0}'), "a raw NUL in /metrics");
+    assert_eq!(
+        svc.metric(r#"ratelimit_service_rate_limit_total_hits{domain="vtm",key1="user_a\\x00b\\x0ac",key2=""}"#),
+        1,
+        "{metrics}"
+    );
+}

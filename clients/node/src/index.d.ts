@@ -193,11 +193,113 @@ export class Limiter {
   charge(key: string, limit: Limit, cost: number): Promise<Charge>;
   /** A bucket table of this limiter, over `shards` (default 1) tables `name:{0}` …. */
   table(name: string, shards?: number): Table;
+  /** A lease at `key` if fewer than `limit` (1 to 10000) are held there, for `ttlMs`; `id`
+   * (1 to 16 bytes, not starting with "open:" or "local:") makes a retried take idempotent. When Redis cannot decide: "open" allows
+   * (an id "open:…", held nowhere), "closed" denies, "local" takes it in process (an id
+   * "local:…", released there even once Redis is back). */
+  lease(key: string, limit: number, ttlMs: number, id?: string | { id?: string }): Promise<Lease>;
+  /** Gives the lease back: true if it was held (false for an "open" lease, and when Redis
+   * cannot answer: it then expires at its ttl). */
+  release(key: string, id: string): Promise<boolean>;
+  /** The lease now expires `ttlMs` from now: true if it was held. When Redis cannot answer:
+   * true under "open", false otherwise. */
+  renew(key: string, id: string, ttlMs: number): Promise<boolean>;
+  /** The leases held at `key` and the wait for a slot under `limit`; writes nothing. */
+  leases(key: string, limit: number): Promise<LeaseCount>;
+  /** Runs `fn(lease)` holding a lease: tries again until `options.wait` ms have passed (0, the
+   * default: one try; Infinity: no limit; polling from 5 ms up to 1 s, at most the denial's
+   * retryAfterMs), then rejects with LeaseTimeoutError; renews it every ttlMs / 2 while fn
+   * runs; releases it when fn resolves or throws. Resolves to fn's result. */
+  withLease<T>(key: string, limit: number, ttlMs: number, fn: (lease: Lease) => T | Promise<T>, options?: LeaseOptions): Promise<T>;
+  /** Takes `estimate` tokens (above 0) now and records a reservation open for `ttlMs`
+   * (RL.RESERVE); denied like acquire. */
+  reserve(key: string, limit: Limit, estimate: number, ttlMs: number, id?: string | { id?: string }): Promise<Reservation>;
+  /** Settles reservation `id` with the actual cost (RL.SETTLE): exactly once; a second settle
+   * by id rejects with ReservationNotOpenError. Resolves to a Charge (the signed balance);
+   * applied false when Redis cannot answer (counted in counters.unappliedCharges). Prefer
+   * `reservation.settle(actual)`. */
+  settle(key: string, limit: Limit, id: string, actual: number): Promise<Charge>;
   /** Takes `cost` tokens once the bucket holds them; rejects with WaitTimeoutError after
    * `timeoutMs`, WaitNeverError at once when cost > capacity, the signal's reason on abort
    * (holding no tokens). */
   wait(key: string, limit: Limit, options?: WaitOptions): Promise<Decision>;
 }
+
+export interface LeaseOptions {
+  /** Try again for this many ms (0, the default: one try; Infinity or null: no limit). */
+  wait?: number | null;
+  /** false: no renewal while fn runs. Default true. */
+  renew?: boolean;
+  /** The lease's id (1 to 16 bytes); drawn when left out. */
+  id?: string;
+  /** Aborting ends the wait for a slot. */
+  signal?: AbortSignal;
+}
+
+/** The most leases a key may hold (RL.LEASE's cap on limit): 10000. */
+export const MAX_LEASES: number;
+/** The longest ttl the module takes, ms: 100 years. */
+export const MAX_TTL_MS: number;
+
+/** lease's answer. */
+export class Lease {
+  readonly allowed: boolean;
+  /** The lease's id; "" when denied; "open:…" when the "open" policy allowed it. */
+  readonly id: string;
+  /** Leases held after the call (this one included when allowed). */
+  readonly inUse: number;
+  /** Until this lease expires, ms (ttlMs when just taken); 0 when denied. */
+  readonly expiresInMs: number;
+  /** Until a slot frees, ms rounded up; 0 when allowed. */
+  readonly retryAfterMs: number;
+  readonly key: string;
+  readonly limit: number;
+  readonly ttlMs: number;
+  readonly source: Source;
+  /** Set by withLease's renewer when a renewal found the lease no longer held. */
+  readonly lost: boolean;
+  release(): Promise<boolean>;
+  /** Default: the lease's own ttlMs. */
+  renew(ttlMs?: number): Promise<boolean>;
+  /** X-RateLimit-Limit, X-RateLimit-Remaining (not under "open" or "closed") and, when
+   * denied, Retry-After (s, rounded up). */
+  headers(): Record<string, string>;
+}
+
+/** leases's answer. */
+export class LeaseCount {
+  readonly inUse: number;
+  /** 0 when fewer than the limit are held; else until a slot frees, ms rounded up. */
+  readonly retryAfterMs: number;
+  readonly limit: number;
+  readonly source: Source;
+}
+
+/** reserve's answer. */
+export class Reservation {
+  readonly allowed: boolean;
+  /** The reservation's id; "" when denied. */
+  readonly id: string;
+  /** Whole tokens left after the take (when allowed), or now (when denied). */
+  readonly remaining: number;
+  /** 0 when allowed; as acquire's when denied (-1: the estimate exceeds the capacity). */
+  readonly retryAfterMs: number;
+  readonly key: string;
+  readonly limit: Limit;
+  readonly estimate: number;
+  readonly source: Source;
+  /** Applies the difference with `actual` once; a second call resolves to the first Charge
+   * without sending anything (unless the first was not applied: then it is sent again). */
+  settle(actual: number): Promise<Charge>;
+}
+
+/** withLease found no free slot within its `wait` (one try when 0); `lease` (also
+ * `decision`) is the last denial. */
+export class LeaseTimeoutError extends WaitTimeoutError {
+  readonly lease: Lease;
+}
+/** A settle of an id that is no open reservation of the key: settled already, lapsed, or never made. */
+export class ReservationNotOpenError extends RateLimitError {}
 
 export interface WaitOptions {
   /** Tokens to take. Default 1. */

@@ -21,12 +21,19 @@ import {
 import { Table } from "./table.js";
 import { acrossSlots } from "./slots.js";
 import { wait } from "./wait.js";
+import {
+  LOCAL_PREFIX, LocalLeases, LocalReservations, Lease, LeaseCount, OPEN_PREFIX, Reservation, ReservationNotOpenError,
+  checkId, checkLeaseLimit, checkTtl, newId, policyOf, withLease,
+} from "./lease.js";
 
 export { DebtTooLongError, LocalBuckets } from "./bucket.js";
 export { Table, shardOf, MAX_SHARDS } from "./table.js";
 export { WaitNeverError, WaitTimeoutError } from "./wait.js";
 export { FUNCTIONS_VERSION, MisconfiguredError, ModuleMissingError, RateLimitError, loadFunctions } from "./paths.js";
 export { keySlot, SlotsDecision } from "./slots.js";
+export {
+  Lease, LeaseCount, LeaseTimeoutError, MAX_LEASES, MAX_TTL_MS, Reservation, ReservationNotOpenError,
+} from "./lease.js";
 
 /** The module's ranges and error texts: clients/vectors/ranges.json, shipped beside rl.lua. */
 export const RANGES = JSON.parse(readFileSync(new URL("./ranges.json", import.meta.url), "utf8"));
@@ -216,10 +223,14 @@ export class Charge {
 }
 
 /** The error to throw for a refusal by Redis: the module's (or script's) refusal of a charge
- * past the debt bound as DebtTooLongError (as the "local" policy throws it), any other as is. */
+ * past the debt bound as DebtTooLongError (as the "local" policy throws it), of a settle of an
+ * id not open as ReservationNotOpenError, any other as is. */
 function refused(error) {
   const text = isReplyError(error) ? error.message.replace(/^ERR /, "") : "";
-  return text.startsWith("cost would leave the bucket in debt") ? new DebtTooLongError(text) : error;
+  if (text.startsWith("cost would leave the bucket in debt")) return new DebtTooLongError(text);
+  // The script's and the function's errors carry Redis 7's " script: ..." suffix: cut it.
+  if (/is not an open reservation/.test(text)) return new ReservationNotOpenError(text.replace(/ script: .*$/s, ""));
+  return error;
 }
 
 /** refund's answer. */
@@ -310,7 +321,66 @@ const SOURCES = { module: "redis", functions: "functions", lua: "lua" };
 const FUNCTIONS = {
   acquire: ["FCALL", "rl_acquire"], peek: ["FCALL_RO", "rl_peek"], refund: ["FCALL", "rl_refund"],
   charge: ["FCALL", "rl_charge"], multi: ["FCALL", "rl_multi"],
+  lease: ["FCALL", "rl_lease"], release: ["FCALL", "rl_release"], renew: ["FCALL", "rl_renew"],
+  leases: ["FCALL_RO", "rl_leases"], reserve: ["FCALL", "rl_reserve"], settle: ["FCALL", "rl_settle"],
 };
+/** The lease and reservation operations: one key, their own arguments (see leaseArgs). */
+const LEASE_OPS = new Set(["lease", "release", "renew", "leases", "reserve", "settle"]);
+const firstKeyOf = (items) => items[0][0];
+/** An id a release, renew or settle names: required; 1 to 16 bytes unless a policy made it. */
+function heldId(id) {
+  if (policyOf(id)) return id;
+  if (checkId(id) === undefined) throw new RangeError("id must be 1 to 16 bytes");
+  return id;
+}
+
+/** A caller's id for a new lease or reservation (1 to 16 bytes), or undefined. The prefixes
+ * the failure policy's ids start with are refused: a release or settle of such an id would be
+ * answered in process, never reaching the Redis lease it names. */
+function callerId(id) {
+  if (policyOf(id)) throw new RangeError(`id must not start with "${OPEN_PREFIX}" or "${LOCAL_PREFIX}" (the failure policy's ids)`);
+  return checkId(id);
+}
+
+/** The module's command for each lease and reservation operation. */
+const MODULE_LEASE_COMMANDS = {
+  lease: "RL.LEASE", release: "RL.RELEASE", renew: "RL.RENEW", leases: "RL.LEASES", reserve: "RL.RESERVE",
+  settle: "RL.SETTLE",
+};
+
+/**
+ * The arguments after the key of a lease or reservation operation on `path`. The module takes
+ * a limit's rate and capacity as text and makes an id when none is given; the fallbacks (the
+ * rl_lease ... functions, the script's modes) take the script's 10 numbers for a limit and a
+ * cost (clients/lua/rl.lua's header) and always an id, drawn here when the caller gave none.
+ * A settle's numbers are a charge's for the actual cost (rounded up, as a charge rounds): the
+ * script gives back or charges the difference with what the reserve took.
+ */
+function leaseArgs(path, op, a) {
+  const module = path === "module";
+  const id = a.id ?? (module ? undefined : newId());
+  switch (op) {
+    case "lease":
+      return [String(a.limit), String(a.ttlMs), ...(id === undefined ? [] : module ? ["ID", id] : [id])];
+    case "release":
+      return [a.id];
+    case "renew":
+      return [a.id, String(a.ttlMs)];
+    case "leases":
+      return [String(a.limit)];
+    case "reserve":
+      return module
+        ? [...a.limit.args(), numberArg(a.estimate), String(a.ttlMs), ...(id === undefined ? [] : ["ID", id])]
+        : [...a.limit.scriptArgs(a.estimate), String(a.ttlMs), id];
+    case "settle":
+      return module
+        ? [...a.limit.args(), a.id, numberArg(a.actual)]
+        : [...a.limit.scriptArgs(a.actual), a.id];
+    default:
+      throw new TypeError(`not a lease operation: ${op}`);
+  }
+}
+
 /** A limit for the calls that only look (check, the probe for an old library): a cost of 0
  * writes nothing. */
 const PROBE_LIMIT = new Limit(1, 1);
@@ -353,6 +423,8 @@ export class Limiter {
     this.clock = clock; // milliseconds, monotonic
     this.logger = logger;
     this.local = new LocalBuckets(instances, localMaxKeys);
+    this.localLeases = new LocalLeases(instances, localMaxKeys);
+    this.localReservations = new LocalReservations(this.local, localMaxKeys);
     this.cacheSize = denyCache === true ? 10_000 : denyCache === false ? 0 : denyCache;
     if (!Number.isInteger(this.cacheSize) || this.cacheSize < 0) {
       throw new RangeError("denyCache must be true, false or a size bound (entries)");
@@ -650,6 +722,173 @@ export class Limiter {
     return new Refund(...reply, source);
   }
 
+  // Leases and reservations ----------------------------------------------------------------
+
+  /**
+   * Sends a lease or reservation operation; resolves to [reply, source], or to null when the
+   * failure policy decides (Redis cannot answer, or a misconfiguration: logged and counted).
+   * The caller's errors (bad arguments, WRONGTYPE, a settle of an id not open) are thrown.
+   */
+  async leaseCall(op, key, args) {
+    if (this.skipRedis()) return null;
+    let answer;
+    try {
+      answer = await this.call(op, [[key, args]]);
+    } catch (error) {
+      if (!this.policyDecides(error)) throw refused(error);
+      return null;
+    }
+    this.answered(answer[1]);
+    return answer;
+  }
+
+  /**
+   * Takes a lease at `key` if fewer than `limit` (an integer from 1 to 10000) are held there,
+   * for `ttlMs`; `id` (1 to 16 bytes) makes a retried take idempotent. Resolves to a Lease.
+   * When Redis cannot decide: "open" allows (an id "open:…", held nowhere), "closed" denies,
+   * "local" takes it in an in-process table (limit / instances per key, at least 1; an id
+   * "local:…" unless one was given).
+   */
+  async lease(key, limit, ttlMs, id = undefined) {
+    if (typeof id === "object" && id !== null) ({ id } = id);
+    checkLeaseLimit(limit);
+    checkTtl(ttlMs);
+    id = callerId(id);
+    const make = (reply, source) => new Lease(this, key, limit, ttlMs, ...reply, source);
+    const answer = await this.leaseCall("lease", key, { limit, ttlMs, id });
+    if (answer) return make(...answer);
+    this.countPolicy();
+    if (this.onError === "open") return make([1, OPEN_PREFIX + newId(), 0, ttlMs], "open");
+    if (this.onError === "closed") return make([0, "", 0, CLOSED_RETRY_AFTER_MS], "closed");
+    return make(this.localLeases.lease(key, limit, ttlMs, id ?? LOCAL_PREFIX + newId(), this.clock()), "local");
+  }
+
+  /**
+   * The policy that answers for an id it made ("open:…", "local:…", or one the local table
+   * holds), counted as its decision; null for a lease or reservation of Redis.
+   */
+  policyFor(key, id, table) {
+    const kind = policyOf(id) ?? (table.has(key, id) ? "local" : null);
+    if (kind) this.counters[kind]++;
+    return kind;
+  }
+
+  /**
+   * Gives back the lease `id` at `key`: resolves to true if it was held. An "open" lease is
+   * held nowhere (false, nothing sent); one the "local" policy took is released in process,
+   * even once Redis is back. When Redis cannot answer, false: the lease expires at its ttl.
+   */
+  async release(key, id) {
+    id = heldId(id);
+    const kind = this.policyFor(key, id, this.localLeases);
+    if (kind === "open") return false;
+    if (kind === "local") return this.localLeases.release(key, id, this.clock()) === 1;
+    const answer = await this.leaseCall("release", key, { id });
+    return answer !== null && Number(answer[0]) === 1;
+  }
+
+  /** true if the lease was held and now expires `ttlMs` from now, false if it was not held,
+   * null when Redis could not answer. */
+  async renewHeld(key, id, ttlMs) {
+    checkTtl(ttlMs);
+    id = heldId(id);
+    const kind = this.policyFor(key, id, this.localLeases);
+    if (kind === "open") return true;
+    if (kind === "local") return this.localLeases.renew(key, id, ttlMs, this.clock()) === 1;
+    const answer = await this.leaseCall("renew", key, { id, ttlMs });
+    return answer === null ? null : Number(answer[0]) === 1;
+  }
+
+  /**
+   * Makes the lease `id` at `key` expire `ttlMs` from now: resolves to true if it was held
+   * (an expired or released lease is not revived). When Redis cannot answer: true under
+   * "open" (the work goes on, as "open" lets it), false otherwise.
+   */
+  async renew(key, id, ttlMs) {
+    const held = await this.renewHeld(key, id, ttlMs);
+    return held ?? this.onError === "open";
+  }
+
+  /** Counts the leases held at `key` and the wait for a slot under `limit`, writing nothing:
+   * a LeaseCount. When Redis cannot answer: "open" 0 held, "closed" `limit` held and its
+   * retry, "local" the in-process table's. */
+  async leases(key, limit) {
+    checkLeaseLimit(limit);
+    const answer = await this.leaseCall("leases", key, { limit });
+    if (answer) return new LeaseCount(...answer[0], limit, answer[1]);
+    this.countPolicy();
+    if (this.onError === "open") return new LeaseCount(0, 0, limit, "open");
+    if (this.onError === "closed") return new LeaseCount(limit, CLOSED_RETRY_AFTER_MS, limit, "closed");
+    return new LeaseCount(...this.localLeases.count(key, limit, this.clock()), limit, "local");
+  }
+
+  /**
+   * Runs `fn(lease)` holding a lease at `key`: tries again until `options.wait` ms have passed
+   * (0, the default: one try; Infinity: no limit), then rejects with LeaseTimeoutError; renews
+   * the lease every ttlMs / 2 while fn runs (`renew: false` does not); releases it when fn
+   * resolves or throws. `options.id`, `options.signal` (aborts the wait). Resolves to fn's
+   * result.
+   */
+  withLease(key, limit, ttlMs, fn, options = {}) {
+    return withLease(this, key, limit, ttlMs, fn, options);
+  }
+
+  /**
+   * Takes `estimate` tokens (above 0) from bucket `key` now, as acquire takes a cost, and
+   * records a reservation open for `ttlMs`, to settle with the actual cost when the work ends.
+   * Resolves to a Reservation (denied like acquire, taking nothing). When Redis cannot decide:
+   * "open" allows (an id "open:…", whose settle records nothing), "closed" denies, "local"
+   * reserves on the local bucket (an id "local:…" unless one was given).
+   */
+  async reserve(key, limit, estimate, ttlMs, id = undefined) {
+    if (typeof id === "object" && id !== null) ({ id } = id);
+    if (!(limit instanceof Limit)) throw new TypeError("reserve needs a Limit");
+    const [, exact] = argument(estimate, "estimate");
+    if (exact.cmp(0n) <= 0) throw new RangeError("estimate must be a number above 0 (tokens)");
+    checkTtl(ttlMs);
+    id = callerId(id);
+    estimate = Number(estimate);
+    const make = (reply, source) => new Reservation(this, key, limit, estimate, ...reply, source);
+    const answer = await this.leaseCall("reserve", key, { limit, estimate, ttlMs, id });
+    if (answer) return make(...answer);
+    this.countPolicy();
+    if (this.onError === "open") return make([1, OPEN_PREFIX + newId(), 0, 0], "open");
+    if (this.onError === "closed") return make([0, "", 0, CLOSED_RETRY_AFTER_MS], "closed");
+    const reply = this.localReservations.reserve(key, limit, estimate, ttlMs, id ?? LOCAL_PREFIX + newId(), this.clock(),
+      this.nowUs());
+    return make(reply, "local");
+  }
+
+  /**
+   * Settles the reservation `id` at bucket `key` with the work's `actual` cost (>= 0): the
+   * over-estimate goes back (capped at capacity), the under-estimate is charged, into debt if
+   * need be; exactly once (a second settle of an id rejects with ReservationNotOpenError, as
+   * does an id that lapsed). Resolves to a Charge (the signed balance). An "open" reservation
+   * records nothing (applied false); one "local" made is settled in process. When Redis
+   * cannot answer the settle is applied nowhere: logged, counted in counters.unappliedCharges,
+   * applied false (send it again). Prefer reservation.settle(actual).
+   */
+  async settle(key, limit, id, actual) {
+    if (!(limit instanceof Limit)) throw new TypeError("settle needs a Limit");
+    const [, exact] = argument(actual, "actual");
+    if (exact.cmp(0n) < 0) throw new RangeError("actual must be a finite number >= 0 (tokens)");
+    id = heldId(id);
+    actual = Number(actual);
+    const kind = this.policyFor(key, id, this.localReservations);
+    if (kind === "open") return new Charge(false, 0, 0, 0, limit, "open");
+    this.cache.delete(key); // a remembered denial may end sooner (a refund) or later (a charge)
+    if (kind === "local") {
+      const reply = this.localReservations.settle(key, limit, id, actual, this.clock(), this.nowUs(), MAX_DEBT_NS);
+      return new Charge(true, ...reply, limit, "local");
+    }
+    const answer = await this.leaseCall("settle", key, { limit, id, actual });
+    if (answer) return new Charge(true, ...answer[0], limit, answer[1]);
+    this.counters.unappliedCharges++;
+    this.logger.warn(`redis-rl: the settle of reservation ${id} on ${JSON.stringify(String(key))} (actual ${actual}) was ` +
+      "not applied: Redis cannot answer (send it again; unsettled, the reservation stands as taken until its ttl)");
+    return new Charge(false, 0, 0, 0, limit, this.onError);
+  }
+
   // The call into Redis ---------------------------------------------------------------------
 
   /**
@@ -778,6 +1017,10 @@ export class Limiter {
         return this.afterWrongType(path, op, items, error);
       }
       if (!this.pathGone(path, error)) throw error;
+      if (path === "module" && LEASE_OPS.has(op) && isAbsent(error) && (await this.moduleAnswers(firstKeyOf(items)))) {
+        throw new RateLimitError(`the redis-rl module on the server has no ${MODULE_LEASE_COMMANDS[op]}: it is older ` +
+          "than leases and reservations (0.3.0); upgrade the module (nothing was taken)");
+      }
       // The path stopped answering (the module unloaded, the library deleted, a permission
       // taken away): look again with this same call, which nothing ran.
       if (this.path === path) this.path = null;
@@ -818,6 +1061,16 @@ export class Limiter {
     const log = typeof this.logger.info === "function" ? this.logger.info : null;
     log?.call(this.logger, `redis-rl: the ${path === "lua" ? "script" : "Functions library"} met a key of ` +
       "another type (WRONGTYPE) and the module answers: using the module path");
+  }
+
+  /** Whether the module answers a peek (RL.PEEK of cost 0 writes nothing) at `key`. */
+  async moduleAnswers(key) {
+    try {
+      await this.sendOn("module", "peek", [[key, PROBE_LIMIT, 0]]);
+      return true;
+    } catch (error) {
+      return isReplyError(error) && !isAbsent(error) && !deniedCommand(error);
+    }
   }
 
   /** Whether `error` says the path `path` no longer answers (so nothing of the call ran). */
@@ -914,6 +1167,15 @@ export class Limiter {
   /** Sends `op` on `path`; `denied` collects what ACL refused while it looks for a path. */
   sendOn(path, op, items, denied = []) {
     const firstKey = items[0][0];
+    if (LEASE_OPS.has(op)) {
+      const args = leaseArgs(path, op, items[0][1]);
+      if (path === "module") return this.redis.send([MODULE_LEASE_COMMANDS[op], firstKey, ...args], firstKey);
+      if (path === "functions") {
+        const [command, name] = FUNCTIONS[op];
+        return this.redis.send([command, name, "1", firstKey, ...args], firstKey);
+      }
+      return scriptCall(this, ["1", firstKey, op, ...args], firstKey, denied);
+    }
     if (path === "module") {
       const route = items[0][3]; // a bucket table's field: RL.H* on its table
       const name = route

@@ -1,7 +1,7 @@
 // Types for redis-rl's HTTP middleware (src/middleware.js).
 import type { IncomingMessage, ServerResponse } from "node:http";
 import type { BlockList } from "node:net";
-import type { Decision, Limit, Limiter } from "./index.js";
+import type { Decision, Lease, Limit, Limiter } from "./index.js";
 
 /** "draft-ietf-httpapi-ratelimit-headers-10": the RateLimit-Policy / RateLimit syntax written. */
 export const HEADERS_DRAFT: string;
@@ -10,7 +10,14 @@ export const PROBLEM_TYPE: "application/problem+json";
 export interface RateLimitOptions<Req extends IncomingMessage = IncomingMessage, Res extends ServerResponse = ServerResponse> {
   limiter: Limiter;
   /** A Limit, or one per request (per-user tiers), sync or async. */
-  limit: Limit | ((req: Req) => Limit | Promise<Limit>);
+  /** May be left out when `inFlight` is given (an in-flight limit alone). */
+  limit?: Limit | ((req: Req) => Limit | Promise<Limit>);
+  /** An in-flight limit per key: after the rate limit allowed the request, a lease taken
+   * before the handler, released once when the response is sent or its connection closes (a
+   * client that went, a stream cut short), renewed every ttlMs / 2 meanwhile (default ttlMs
+   * 60000). A number is the limit, a pair [limit, ttlMs]. Default prefix
+   * "rl:http:inflight:<limit>:", or `prefix` followed by "inflight:". */
+  inFlight?: number | [limit: number, ttlMs: number] | { limit: number; ttlMs?: number; renew?: boolean; prefix?: string };
   /** "ip" (default), "header:<Name>", or a function of the request, sync or async. */
   key?: "ip" | `header:${string}` | ((req: Req) => string | null | undefined | Promise<string | null | undefined>);
   /** Tokens per request (default 1). */
@@ -27,7 +34,8 @@ export interface RateLimitOptions<Req extends IncomingMessage = IncomingMessage,
   /** True lets a request through untouched (health checks). */
   skip?: (req: Req) => boolean | Promise<boolean>;
   /** Sends a custom response instead of the problem+json 429. */
-  onLimited?: (req: Req, res: Res, decision: Decision, headers: [string, string][]) => unknown | Promise<unknown>;
+  /** Given the Decision of a rate limit's denial, or the denied Lease of the in-flight limit's. */
+  onLimited?: (req: Req, res: Res, decision: Decision | Lease, headers: [string, string][]) => unknown | Promise<unknown>;
 }
 
 /** Connect/Express middleware. */
@@ -42,6 +50,8 @@ export function rateLimit<Req extends IncomingMessage = IncomingMessage, Res ext
  */
 export function withRequest<M extends (req: any, res: any, next: any) => unknown>(middleware: M): M;
 
+/** The start of the in-flight limit's default lease keys: "rl:http:inflight:<limit>:". */
+export const DEFAULT_IN_FLIGHT_PREFIX: "rl:http:inflight:";
 /** The start of rateLimit's default key spaces: "rl:http:<rate>:<capacity>:". */
 export const DEFAULT_PREFIX: "rl:http:";
 

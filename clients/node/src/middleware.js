@@ -17,7 +17,7 @@
 
 import { AsyncLocalStorage } from "node:async_hooks";
 import { BlockList, isIP } from "node:net";
-import { Limit, RANGES } from "./index.js";
+import { Limit, MAX_LEASES, MAX_TTL_MS, RANGES } from "./index.js";
 
 /** The draft whose RateLimit-Policy and RateLimit syntax is written. */
 export const HEADERS_DRAFT = "draft-ietf-httpapi-ratelimit-headers-10";
@@ -148,20 +148,31 @@ function claimKey(req, redisKey, owner) {
  * (req, res, decision, headers) sends a custom response instead of the problem+json 429.
  * Every function (key, limit, cost, skip, onLimited) may be sync or async: what it returns
  * is awaited, and what it throws or rejects goes to next(error).
+ *
+ * inFlight: an in-flight limit per key, `{ limit, ttlMs = 60000, renew = true, prefix }` (or
+ * the limit alone, or [limit, ttlMs]): after the rate limit allowed the request (`limit` may
+ * be left out), a lease at "<prefix><key>" is taken before the handler and released exactly
+ * once when the response is done, sent ("finish") or cut short ("close": a client that went,
+ * a stream that ended early), renewed every ttlMs / 2 meanwhile; ttlMs bounds how long a
+ * crashed process holds a slot. Denied: the rate limit's fields, Retry-After until a slot
+ * frees and a problem+json 429 (onLimited gets the denied Lease). The default prefix is
+ * "rl:http:inflight:<limit>:", or the rateLimit's prefix followed by "inflight:".
  */
 export function rateLimit(options) {
   const {
     limiter, limit, key = "ip", cost = 1, trustedProxies = [], prefix, policyName = "default",
     legacyHeaders = true, skip, onLimited,
   } = options;
-  if (!limiter || !(limit instanceof Limit || typeof limit === "function")) {
-    throw new TypeError("rateLimit needs { limiter, limit: new Limit(...) or (req) => Limit }");
+  const inFlight = options.inFlight === undefined ? null : inFlightOptions(options.inFlight, prefix);
+  if (!limiter || !(limit instanceof Limit || typeof limit === "function" || (limit === undefined && inFlight))) {
+    throw new TypeError("rateLimit needs { limiter, limit: new Limit(...) or (req) => Limit } " +
+      "(limit may be left out when inFlight is given)");
   }
   if (!(key === "ip" || typeof key === "function" || (typeof key === "string" && key.startsWith("header:")))) {
     throw new RangeError('key must be "ip", "header:<Name>" or a function of the request');
   }
   const trusted = trustList(trustedProxies);
-  const keyFor = async (req, bucket) => {
+  const clientKey = async (req) => {
     let k = null;
     if (typeof key === "function") k = await key(req);
     else if (key.startsWith("header:")) {
@@ -173,8 +184,9 @@ export function rateLimit(options) {
     } else if (typeof k !== "string" && typeof k !== "number") {
       throw new TypeError(`rateLimit: key must give a string, got ${Object.prototype.toString.call(k)}`);
     }
-    return (prefix ?? `${DEFAULT_PREFIX}${bucket.rateText}:${bucket.capacityText}:`) + k;
+    return k;
   };
+  const keyFor = (bucket, k) => (prefix ?? `${DEFAULT_PREFIX}${bucket.rateText}:${bucket.capacityText}:`) + k;
   const limitFor = async (req) => {
     const l = typeof limit === "function" ? await limit(req) : limit;
     if (!(l instanceof Limit)) throw new TypeError("rateLimit: limit must give a Limit (new Limit(...))");
@@ -182,30 +194,142 @@ export function rateLimit(options) {
   };
 
   return async function rateLimitMiddleware(req, res, next) {
+    let held = null; // the in-flight lease, until the response is done
     try {
       if (skip && (await skip(req))) return next();
-      const [bucket, tokens] = await Promise.all([limitFor(req), typeof cost === "function" ? cost(req) : cost]);
-      const bucketKey = await keyFor(req, bucket);
-      claimKey(req, bucketKey, rateLimitMiddleware);
-      const decision = await limiter.acquire(bucketKey, bucket, tokens);
-      // Stacked middlewares write one merged set: the draft's lists, the tightest X-RateLimit-*.
-      let decided = decidedOfResponse.get(res);
-      if (!decided) decidedOfResponse.set(res, (decided = []));
-      decided.push([{ policyName, legacyHeaders }, decision]);
-      const headers = mergedHeaderFields(decided);
-      for (const name of FIELD_NAMES) res.removeHeader(name);
-      for (const [name, value] of headers) res.setHeader(name, value);
-      if (decision.allowed) return next();
-      if (onLimited) return await onLimited(req, res, decision, headers);
-      const body = JSON.stringify(problem(decision));
-      res.statusCode = 429;
-      res.setHeader("Content-Type", PROBLEM_TYPE);
-      res.setHeader("Content-Length", Buffer.byteLength(body));
-      res.end(body);
+      const k = await clientKey(req);
+      const decided = decidedOfResponse.get(res) ?? [];
+      if (limit !== undefined) {
+        const [bucket, tokens] = await Promise.all([limitFor(req), typeof cost === "function" ? cost(req) : cost]);
+        const bucketKey = keyFor(bucket, k);
+        claimKey(req, bucketKey, rateLimitMiddleware);
+        const decision = await limiter.acquire(bucketKey, bucket, tokens);
+        // Stacked middlewares write one merged set: the draft's lists, the tightest X-RateLimit-*.
+        if (!decidedOfResponse.has(res)) decidedOfResponse.set(res, decided);
+        decided.push([{ policyName, legacyHeaders }, decision]);
+        const headers = mergedHeaderFields(decided);
+        for (const name of FIELD_NAMES) res.removeHeader(name);
+        for (const [name, value] of headers) res.setHeader(name, value);
+        if (!decision.allowed) {
+          if (onLimited) return await onLimited(req, res, decision, headers);
+          return sendProblem(res, problem(decision));
+        }
+      }
+      if (inFlight) {
+        const leaseKey = inFlight.prefix + k;
+        claimKey(req, leaseKey, rateLimitMiddleware);
+        held = await holdInFlight(limiter, inFlight, leaseKey, res);
+        if (held === null) return; // the response was over (the client went) before the lease came
+        if (!held.lease.allowed) {
+          const { lease } = held;
+          held = null;
+          // The rate limit's own fields (when one decided) and Retry-After until a slot frees.
+          const retry = String(Math.ceil(Math.max(0, lease.retryAfterMs) / 1000));
+          const headers = [...mergedHeaderFields(decided).filter(([name]) => name !== "Retry-After"), ["Retry-After", retry]];
+          res.setHeader("Retry-After", retry);
+          if (onLimited) return await onLimited(req, res, lease, headers);
+          return sendProblem(res, {
+            type: "about:blank", title: "Too Many Requests", status: 429,
+            detail: `Too many requests in flight (at most ${lease.limit}); retry after ${retry} s.`,
+          });
+        }
+      }
+      return next();
     } catch (error) {
+      // Failed before the handler ran: the in-flight slot is given back at once.
+      held?.done();
       next(error);
     }
   };
+}
+
+function sendProblem(res, body) {
+  const text = JSON.stringify(body);
+  res.statusCode = 429;
+  res.setHeader("Content-Type", PROBLEM_TYPE);
+  res.setHeader("Content-Length", Buffer.byteLength(text));
+  res.end(text);
+}
+
+/** The default start of an in-flight limit's lease keys: "rl:http:inflight:<limit>:". */
+export const DEFAULT_IN_FLIGHT_PREFIX = "rl:http:inflight:";
+
+/** The inFlight option, checked: {limit, ttlMs, renew, prefix}. It takes a limit alone, a
+ * [limit, ttlMs] pair or { limit, ttlMs = 60000, renew = true, prefix }. A rateLimit's own
+ * `prefix` is followed by "inflight:" for the lease keys, so a bucket and a lease never share
+ * a key. */
+function inFlightOptions(option, prefix) {
+  const given = typeof option === "number" ? { limit: option }
+    : Array.isArray(option) ? { limit: option[0], ttlMs: option[1] } : option ?? {};
+  const { limit, ttlMs = 60_000, renew = true } = given;
+  if (!Number.isInteger(limit) || limit < 1 || limit > MAX_LEASES) {
+    throw new RangeError(`inFlight: limit must be an integer from 1 to ${MAX_LEASES} (requests in flight per key)`);
+  }
+  if (!Number.isInteger(ttlMs) || ttlMs < 1 || ttlMs > MAX_TTL_MS) {
+    throw new RangeError(`inFlight: ttlMs must be an integer from 1 to ${MAX_TTL_MS} (ms a lease outlives a lost process)`);
+  }
+  const own = given.prefix;
+  return {
+    limit, ttlMs, renew: Boolean(renew),
+    prefix: own ?? (prefix !== undefined ? `${prefix}inflight:` : `${DEFAULT_IN_FLIGHT_PREFIX}${limit}:`),
+  };
+}
+
+/**
+ * Takes the in-flight lease at `leaseKey` and holds it until the response is done: released once,
+ * on the response's "finish" (sent) or "close" (the connection ended first: a client that
+ * went, a streamed body cut), whichever comes first, and renewed every ttlMs / 2 until then,
+ * so a stream longer than the ttl keeps its slot. Resolves to {lease, done}, done() releasing
+ * it now; to a denied lease's {lease}; or to null when the response was over before the
+ * lease came (it is released at once).
+ */
+async function holdInFlight(limiter, options, leaseKey, res) {
+  let over = false, release = null;
+  const end = () => {
+    if (over) return;
+    over = true;
+    res.off("finish", end);
+    res.off("close", end);
+    release?.();
+  };
+  // Listen before the lease is asked for: a client that goes meanwhile is seen too.
+  res.on("finish", end);
+  res.on("close", end);
+  let lease;
+  try {
+    lease = await limiter.lease(leaseKey, options.limit, options.ttlMs);
+  } catch (error) {
+    end();
+    throw error;
+  }
+  if (!lease.allowed) {
+    end();
+    return { lease, done() {} };
+  }
+  let timer = null, stopped = false;
+  const renew = () => {
+    timer = setTimeout(() => {
+      // Renewed until done; stopped only when Redis says the lease is gone (null: it could
+      // not answer, so the next tick tries again).
+      limiter.renewHeld(lease.key, lease.id, options.ttlMs).then((heldStill) => {
+        if (heldStill !== false && !stopped) renew();
+      }, () => { if (!stopped) renew(); });
+    }, Math.max(1, Math.floor(options.ttlMs / 2)));
+    timer.unref?.();
+  };
+  release = () => {
+    stopped = true;
+    clearTimeout(timer);
+    lease.release().catch((error) => limiter.logger?.warn?.(`redis-rl: releasing the in-flight lease at ` +
+      `${JSON.stringify(lease.key)} failed (${error.name}: ${error.message}); it expires within ${options.ttlMs} ms`));
+  };
+  if (over || res.writableFinished || res.destroyed) {
+    over = true;
+    release();
+    return null;
+  }
+  if (options.renew && lease.source !== "open") renew();
+  return { lease, done: end };
 }
 
 /**

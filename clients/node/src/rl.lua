@@ -1,6 +1,7 @@
 -- redis-rl fallback for servers without the module: RL.ACQUIRE, RL.PEEK, RL.REFUND,
--- RL.CHARGE and RL.ACQUIRE.MULTI as one script, on the server's clock, with the module's
--- replies.
+-- RL.CHARGE, RL.ACQUIRE.MULTI, the leases (RL.LEASE, RL.RELEASE, RL.RENEW, RL.LEASES) and the
+-- reservations (RL.RESERVE, RL.SETTLE) as one script, on the server's clock, with the
+-- module's replies.
 -- Every client library ships this same file (clients/lua/rl.lua) and the Functions library
 -- made from it (clients/lua/rl_functions.lua, written by clients/lua/functions.py from the
 -- part between the two `@core` lines below, so a fix lands in both). The script is run with
@@ -9,7 +10,9 @@
 --   EVALSHA sha N key1 .. keyN  mode  [10 numbers per key]
 --
 -- The library registers one function per mode (rl_acquire, rl_peek, rl_refund, rl_charge,
--- rl_multi) taking the same keys and numbers without the mode, and rl_version:
+-- rl_multi, rl_lease, rl_release, rl_renew, rl_leases, rl_reserve, rl_settle) taking the same
+-- keys and arguments without the mode, and rl_version (2 since the leases and reservations;
+-- a library answering 1 has neither, and a client needing them uses the script):
 --
 --   FCALL rl_acquire N key1 .. keyN  [10 numbers per key]
 --
@@ -18,6 +21,55 @@
 -- "refund" (N = 1: reply {remaining, reset_after_ms}), "charge" (N = 1: reply {1, balance,
 -- retry_after_ms, reset_after_ms}, see below), "multi" (N >= 1: reply {allowed,
 -- refused_index, retry_after_ms, {per-key replies}}, all or nothing).
+--
+-- Leases and reservations, one key each (arguments after the key, the mode first in the
+-- script form; replies are the module's commands' replies, element for element):
+--
+--   lease    limit ttl_ms id                    RL.LEASE:   {1, id, in_use, expires_in_ms}
+--                                                           or {0, "", in_use, retry_after_ms}
+--   release  id                                 RL.RELEASE: 1 or 0 (rl_release is allow-oom,
+--                                                           as RL.RELEASE runs past maxmemory)
+--   renew    id ttl_ms                          RL.RENEW:   1 or 0
+--   leases   limit                              RL.LEASES:  {in_use, retry_after_ms}; writes
+--                                                           nothing (rl_leases is no-writes)
+--   reserve  <10 numbers> ttl_ms id             RL.RESERVE: {allowed, id, remaining,
+--                                                           retry_after_ms}
+--   settle   <10 numbers> id                    RL.SETTLE:  {balance, retry_after_ms,
+--                                                           reset_after_ms}
+--
+-- The id is always given: a script draws no randomness, so a client sends 16 lowercase hex
+-- characters from its own CSPRNG when its caller named none (1 to 16 bytes). limit is an
+-- integer from 1 to 10000, ttl_ms from 1 to 3153600000000, as the module takes them, with
+-- its error texts. A reserve's 10 numbers are an acquire's for (rate, capacity, estimate)
+-- (K = estimate x T rounded up; an estimate of 0 is refused), a settle's are a charge's for
+-- (rate, capacity, actual): K = actual x T rounded UP, as a charge rounds. The settle's net
+-- effect is then exactly `actual` taken, rounded up: never more lenient than the module.
+-- Where the limit is exact (below) the rounding changes nothing. A table's bucket is a key of
+-- its own on the fallback (name:{i}:field), so a table's reserve and settle are these calls
+-- on that key.
+--
+-- A lease key is a sorted set: member = id, score = the absolute expiry in µs since the
+-- epoch. A lease counts while now < its expiry; writes first drop the expired ones
+-- (ZREMRANGEBYSCORE -inf now), then leave the key expiring (PEXPIREAT) with its latest
+-- lease, rounded up to the ms; the server deletes a set left empty. Denials, a take answered
+-- as held (a retried id: its current expiry, nothing changed) and counting write nothing.
+--
+-- A reservation is recorded in its bucket's hash as the field "r:<id>" whose value is
+-- "Kq Kr D Tq Tr expires_at_us": what the reserve took (K over D, at the limit's T = Tq
+-- Tr) and when the record lapses. A bucket stored as a string (below) is turned into a hash
+-- by the reserve that writes its first record (DEL, then HSET of a, b, d and the record, and
+-- PEXPIREAT at the bucket's full instant, the expiry the string had moved to); a hash stays
+-- a hash, also once its last record is settled (every bucket call reads and writes it in
+-- place). At most 1000 are open per key. A settle gives back K_res -
+-- K_actual (capped at the capacity, as a refund; a bucket left full is deleted, records and
+-- all, as the module deletes it) or charges K_actual - K_res (as a charge, into debt, with its
+-- bound and error: the record then stays open), and removes the record in the same call, so
+-- it applies once; an unknown, settled or lapsed id is the module's error. A record whose
+-- limit differs from the settle's (T or D changed: the rate changed in between) cannot be
+-- re-priced by the script: that settle gives nothing back and charges the whole actual, the
+-- strict side. Unsettled records lapse (their tokens stay taken) and are dropped at the
+-- key's next reserve or settle; every other bucket call keeps them, and they go with the
+-- key when it expires (full again).
 --
 -- A charge (RL.CHARGE) is post-paid: it always applies, moving the instant to
 -- max(full, now) + cost * T even past the capacity, so the bucket may go below zero (debt).
@@ -62,11 +114,20 @@
 -- A bucket is a string "rl:q:r:D": the instant (q + r/D µs since the epoch) when it is full,
 -- each number in plain digits, written with one SET that also sets the key's absolute expiry
 -- (PXAT) at that instant rounded up to the millisecond. A hash {a = q, b = r, d = D}, the form
--- earlier versions wrote, is still read (load_hash) and written back as a hash (store_hash),
--- so a hash holding fields of its own beside a, b and d keeps them; it expires as the string
--- does. Any other value is WRONGTYPE. A missing key is a full bucket. Denials, peeks and cost
--- 0 write nothing. The commands it runs: TIME, GET, SET, and for a hash HMGET, HSET,
--- PEXPIREAT; DEL for a refund that fills the bucket.
+-- earlier versions wrote and the form of a bucket holding reservation records (fields "r:",
+-- above), is still read (load_hash) and written back as a hash (store_hash), so a hash's
+-- fields beside a, b and d (its records) stay; it expires as the string does. Any other value
+-- is WRONGTYPE. A missing key is a full bucket. Denials, peeks and cost 0 write nothing. A
+-- refund or settle that leaves the bucket full deletes the key (DEL), open records and all,
+-- as the module deletes a full bucket with its reservations (their tokens are all back by
+-- then). The commands it runs: TIME, GET, SET, and for a hash HMGET, HSET, PEXPIREAT; DEL for
+-- a refund or settle that fills the bucket and for a string turned into a hash; HGET,
+-- HGETALL, HDEL for the records. A bucket is read with GET under redis.pcall: on a hash GET
+-- answers WRONGTYPE, which the script takes as "read it as a hash" (HMGET). Each such read
+-- still counts as a failed GET in INFO (cmdstat_get failed_calls, errorstat_WRONGTYPE):
+-- once on the general path, twice for a one-key acquire or peek (the fast path's GET, then
+-- the general path's). No cheaper check exists: TYPE would cost every string bucket, the
+-- common case, a second command.
 --
 -- What makes it fast: a one-key acquire or peek, the call an application makes all the time,
 -- takes a short path at the top of `run` that makes no functions of its own (EVALSHA runs the
@@ -336,18 +397,22 @@ local function run(mode, keys, args, off)
       end
 
       -- The stored instant of key, as {q, r, hash = whether a hash holds it} over lim.d, or nil
-      -- for a missing key.
+      -- for a missing key, then whether the key is a hash (true also for a hash without the
+      -- bucket's fields, which reads as a full bucket).
       local function load(key, lim)
         local q, r, d = load_string(key)
         local hash = r == true
-        if q == false then return nil end
+        if q == false then return nil, false end
         if q == nil and not hash then
-          -- Someone else's string: the error the module (and HMGET before) answers.
+          -- Someone else's string: the server's own WRONGTYPE, raised by HMGET as it raised it
+          -- before the string form (the module answers the same error; a raised error carries
+          -- the script's name, which the libraries show). Nothing is written before this.
+          redis.call('HMGET', key, 'a')
           return redis.error_reply('WRONGTYPE Operation against a key holding the wrong kind of value')
         end
         if hash then
           q, r, d = load_hash(key)
-          if q == nil then return nil end
+          if q == nil then return nil, true end
         end
         q, r, d = tonumber(q), tonumber(r), tonumber(d)
         if q == nil or r == nil or d == nil or d < 1 or r < 0 or r >= d then
@@ -360,7 +425,7 @@ local function run(mode, keys, args, off)
           if nr >= lim.d then q = q + 1; nr = nr - lim.d end
           r = nr
         end
-        return {q, r, hash = hash}
+        return {q, r, hash = hash}, hash
       end
 
       -- How far from full the bucket is at now: {q, r}, {0, 0} when full.
@@ -470,6 +535,8 @@ local function run(mode, keys, args, off)
       -- instant below 2^53 us, where the script's doubles stay exact.
       local MAX_DEBT_US = 3153600000 * 1000000
       local MAX_INSTANT_US = P42 * 2048
+      local ERR_DEBT = 'ERR cost would leave the bucket in debt for more than 100 years '
+        .. '(it must be full again within 3153600000 s, and before 2262)'
 
       -- A charge's reply for a bucket `debt` short of full: {1, balance, until repaid, until full}.
       local function charged(lim, dq, dr)
@@ -478,6 +545,243 @@ local function run(mode, keys, args, off)
           repaid = ceil_ms(sub(dq, dr, lim.cq, lim.cr, lim.d))
         end
         return {1, balance_of(lim, dq, dr), repaid, ceil_ms(dq, dr)}
+      end
+
+      -- Leases (RL.LEASE, RL.RELEASE, RL.RENEW, RL.LEASES): a sorted set per key, member = id,
+      -- score = absolute expiry in µs (exact: below 2^53 until the year 2255). A lease counts
+      -- while now < its expiry. Writes drop the expired ones first and leave the key expiring
+      -- (PEXPIREAT) with its latest lease, rounded up to the ms; a set left empty is deleted by
+      -- the server. Denials, a take answered as held, and counting write nothing.
+      local MAX_LEASE_LIMIT = 10000
+      local MAX_TTL_MS = 3153600000000
+      local ERR_LIMIT = 'ERR limit must be an integer from 1 to 10000 (leases)'
+      local ERR_TTL = 'ERR ttl_ms must be an integer from 1 to 3153600000000 (ms)'
+      local ERR_ID = 'ERR id must be 1 to 16 bytes'
+
+      -- An argument that must be a plain decimal integer from 1 to max (the module's reading:
+      -- digits only, no sign), or nil.
+      local function whole(s, max)
+        if type(s) ~= 'string' or not string.find(s, '^%d+$') then return nil end
+        local n = tonumber(s)
+        if n < 1 or n > max then return nil end
+        return n
+      end
+
+      local function valid_id(id)
+        return type(id) == 'string' and #id >= 1 and #id <= 16
+      end
+
+      -- The leases of key counting now.
+      local function leases_live(key)
+        return redis.call('ZCOUNT', key, '(' .. int(now_q), '+inf')
+      end
+
+      -- µs until a slot frees under limit with in_use leases counting: 0 below the limit, else
+      -- until the lease whose expiry brings the count under it (the (in_use - limit)-th live one).
+      local function lease_wait(key, limit, in_use)
+        if in_use < limit then return 0 end
+        local r = redis.call('ZRANGEBYSCORE', key, '(' .. int(now_q), '+inf', 'WITHSCORES',
+          'LIMIT', int(in_use - limit), 1)
+        if not r[2] then return 0 end
+        return tonumber(r[2]) - now_q
+      end
+
+      -- The expiry of a held lease (a number), or nil when id is not held now.
+      local function lease_held(key, id)
+        local at = redis.call('ZSCORE', key, id)
+        if at then
+          at = tonumber(at)
+          if at > now_q then return at end
+        end
+        return nil
+      end
+
+      -- After a write: the key expires with its latest lease (a set left empty is gone).
+      local function lease_expiry(key)
+        local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+        if last[2] then redis.call('PEXPIREAT', key, int(ceil_ms(tonumber(last[2]), 0))) end
+      end
+
+      local function lease_call(mode, key, a, off)
+        if mode == 'leases' then
+          local limit = whole(a[off + 1], MAX_LEASE_LIMIT)
+          if not limit then return redis.error_reply(ERR_LIMIT) end
+          local in_use = leases_live(key)
+          return {in_use, ceil_ms(lease_wait(key, limit, in_use), 0)}
+        end
+        if mode == 'lease' then
+          local limit = whole(a[off + 1], MAX_LEASE_LIMIT)
+          if not limit then return redis.error_reply(ERR_LIMIT) end
+          local ttl = whole(a[off + 2], MAX_TTL_MS)
+          if not ttl then return redis.error_reply(ERR_TTL) end
+          local id = a[off + 3]
+          if not valid_id(id) then return redis.error_reply(ERR_ID) end
+          local in_use = leases_live(key)
+          local at = lease_held(key, id)
+          if at then return {1, id, in_use, ceil_ms(at - now_q, 0)} end
+          if in_use >= limit then
+            return {0, '', in_use, ceil_ms(lease_wait(key, limit, in_use), 0)}
+          end
+          redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now_q))
+          redis.call('ZADD', key, int(now_q + ttl * 1000), id)
+          lease_expiry(key)
+          return {1, id, in_use + 1, ttl}
+        end
+        -- release, renew
+        local id = a[off + 1]
+        if not valid_id(id) then return redis.error_reply(ERR_ID) end
+        local ttl
+        if mode == 'renew' then
+          ttl = whole(a[off + 2], MAX_TTL_MS)
+          if not ttl then return redis.error_reply(ERR_TTL) end
+        end
+        if not lease_held(key, id) then return 0 end
+        redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now_q))
+        if ttl then
+          redis.call('ZADD', key, int(now_q + ttl * 1000), id)
+        else
+          redis.call('ZREM', key, id)
+        end
+        lease_expiry(key)
+        return 1
+      end
+
+      -- Reservations (RL.RESERVE, RL.SETTLE): records in the bucket's hash, beside its state,
+      -- as fields "r:<id>" = "Kq Kr D Tq Tr expires_at_us" (see the header). These helpers are
+      -- the only code that reads or writes them, and only on a hash: a string bucket (or a
+      -- missing key) holds no record, and becomes a hash when its first record is written.
+      local MAX_RESERVATIONS = 1000
+
+      -- A record's numbers, or nil when it is missing, unreadable or lapsed (now >= expiry), or
+      -- the key is not a hash (`hash` as load answered it).
+      local function record_of(key, hash, id)
+        if not hash then return nil end
+        local text = redis.call('HGET', key, 'r:' .. id)
+        if not text then return nil end
+        local kq, kr, d, tq, tr, at = string.match(text, '^(%d+) (%d+) (%d+) (%d+) (%d+) (%d+)$')
+        if not at or tonumber(at) <= now_q then return nil end
+        return {kq = tonumber(kq), kr = tonumber(kr), d = tonumber(d), tq = tonumber(tq),
+                tr = tonumber(tr)}
+      end
+
+      -- The key's open records' count, and the fields of the lapsed ones (none but in a hash).
+      local function records_scan(key, hash)
+        if not hash then return 0, {} end
+        local all = redis.call('HGETALL', key)
+        local open, lapsed = 0, {}
+        for i = 1, #all, 2 do
+          local f = all[i]
+          if string.sub(f, 1, 2) == 'r:' then
+            local at = string.match(all[i + 1], ' (%d+)$')
+            if at and tonumber(at) > now_q then open = open + 1 else lapsed[#lapsed + 1] = f end
+          end
+        end
+        return open, lapsed
+      end
+
+      -- Removes the fields `gone` (lapsed records, and a settled one) from key, if it still
+      -- exists.
+      local function records_drop(key, gone)
+        if #gone > 0 then redis.call('HDEL', key, unpack(gone)) end
+      end
+
+      -- The module's text for a settle of an id with no open record: the id's bytes outside
+      -- printable ASCII, and the backslash, written \xNN.
+      local function not_open(id)
+        local shown = {}
+        for i = 1, #id do
+          local b = string.byte(id, i)
+          if b > 32 and b < 127 and b ~= 92 then shown[i] = string.char(b)
+          else shown[i] = string.format('\\x%02x', b) end
+        end
+        return redis.error_reply('ERR id ' .. table.concat(shown)
+          .. ' is not an open reservation of this key (settled, expired or never made)')
+      end
+
+      local function reserve_call(mode, key, a, off)
+        local lim = limit_of(a, off, 1)
+        if lim.err then return lim end
+        if mode == 'reserve' then
+          if lim.kq == 0 and lim.kr == 0 then
+            return redis.error_reply('ERR estimate must be a number above 0 (tokens)')
+          end
+          local ttl = whole(a[off + 11], MAX_TTL_MS)
+          if not ttl then return redis.error_reply(ERR_TTL) end
+          local id = a[off + 12]
+          if not valid_id(id) then return redis.error_reply(ERR_ID) end
+          local full, hash = load(key, lim)
+          if full and full.err then return full end
+          if record_of(key, hash, id) then
+            -- A retry of an open reservation: the bucket as it is, nothing taken (a peek of
+            -- 0 tokens, as the module answers it, denied only while in debt).
+            local zero = {d = lim.d, tq = lim.tq, tr = lim.tr, cq = lim.cq, cr = lim.cr,
+                          sq = lim.cq, sr = lim.cr, kq = 0, kr = 0, cfloor = lim.cfloor}
+            local reply = decide(zero, full, true)
+            if reply[1] == 1 then return {1, id, reply[2], 0} end
+            return {0, '', reply[2], reply[3]}
+          end
+          local open, lapsed = records_scan(key, hash)
+          if open >= MAX_RESERVATIONS then
+            return redis.error_reply('ERR a key holds at most 1000 open reservations, each id once')
+          end
+          local reply, new = decide(lim, full, true)
+          if reply[1] == 0 or not new then return {0, '', reply[2], reply[3]} end
+          -- The record goes beside the bucket's fields in its hash: a string bucket is replaced
+          -- by the hash (DEL, then HSET of a, b and d), and store_hash sets the key's absolute
+          -- expiry, the new full instant, as the string carried it.
+          if not hash and full then redis.call('DEL', key) end
+          store_hash(key, lim, new)
+          records_drop(key, lapsed)
+          redis.call('HSET', key, 'r:' .. id, int(lim.kq) .. ' ' .. int(lim.kr) .. ' ' .. int(lim.d)
+            .. ' ' .. int(lim.tq) .. ' ' .. int(lim.tr) .. ' ' .. int(now_q + ttl * 1000))
+          return {1, id, reply[2], 0}
+        end
+        -- settle
+        local id = a[off + 11]
+        if not valid_id(id) then return redis.error_reply(ERR_ID) end
+        local full, hash = load(key, lim)
+        if full and full.err then return full end
+        local rec = record_of(key, hash, id)
+        if not rec then return not_open(id) end
+        local eq, er = rec.kq, rec.kr
+        if rec.d ~= lim.d or rec.tq ~= lim.tq or rec.tr ~= lim.tr then eq, er = 0, 0 end
+        -- The key is a hash from here on (it holds the record), and stays one: a settle writes
+        -- the bucket back with store_hash, also when it removes the last record.
+        local _, gone = records_scan(key, hash)
+        gone[#gone + 1] = 'r:' .. id
+        local dq, dr = debt_of(full)
+        local reply
+        if less_eq(lim.kq, lim.kr, eq, er) then
+          -- Over-estimated (or exact): E - K goes back, at most the capacity, as a refund.
+          local bq, br = sub(eq, er, lim.kq, lim.kr, lim.d)
+          if not less_eq(bq, br, lim.cq, lim.cr) then bq, br = lim.cq, lim.cr end
+          if (bq == 0 and br == 0) or (dq == 0 and dr == 0) then
+            records_drop(key, gone)
+            reply = charged(lim, dq, dr)
+          elseif less_eq(dq, dr, bq, br) then
+            redis.call('DEL', key)
+            reply = charged(lim, 0, 0)
+          else
+            local ndq, ndr = sub(dq, dr, bq, br, lim.d)
+            store_hash(key, lim, {add(now_q, 0, ndq, ndr, lim.d)})
+            records_drop(key, gone)
+            reply = charged(lim, ndq, ndr)
+          end
+        else
+          -- Under-estimated: K - E is charged, as a charge, into debt.
+          local cq, cr = sub(lim.kq, lim.kr, eq, er, lim.d)
+          local bq, br = now_q, 0
+          if dq > 0 or dr > 0 then bq, br = full[1], full[2] end
+          local nq, nr = add(bq, br, cq, cr, lim.d)
+          local ndq, ndr = sub(nq, nr, now_q, 0, lim.d)
+          if not less_eq(ndq, ndr, MAX_DEBT_US, 0) or nq >= MAX_INSTANT_US then
+            return redis.error_reply(ERR_DEBT)
+          end
+          store_hash(key, lim, {nq, nr})
+          records_drop(key, gone)
+          reply = charged(lim, ndq, ndr)
+        end
+        return {reply[2], reply[3], reply[4]}
       end
 
       -- One call: `mode` over `keys`, with the numbers in `args` after its first `off` entries, at
@@ -515,8 +819,7 @@ local function run(mode, keys, args, off)
             local nq, nr = add(bq, br, lim.kq, lim.kr, lim.d)
             local ndq, ndr = sub(nq, nr, now_q, 0, lim.d)
             if not less_eq(ndq, ndr, MAX_DEBT_US, 0) or nq >= MAX_INSTANT_US then
-              return redis.error_reply('ERR cost would leave the bucket in debt for more than 100 years '
-                .. '(it must be full again within 3153600000 s, and before 2262)')
+              return redis.error_reply(ERR_DEBT)
             end
             store(key, lim, {nq, nr}, full)
             return charged(lim, ndq, ndr)
@@ -562,6 +865,12 @@ local function run(mode, keys, args, off)
             if p.changed then store(key, p.lim, p.full, p.old) end
           end
           return {1, -1, 0, replies}
+        elseif mode == 'lease' or mode == 'release' or mode == 'renew' or mode == 'leases' then
+          if #keys ~= 1 then return redis.error_reply('ERR redis-rl script: ' .. mode .. ' takes one key') end
+          return lease_call(mode, keys[1], args, off)
+        elseif mode == 'reserve' or mode == 'settle' then
+          if #keys ~= 1 then return redis.error_reply('ERR redis-rl script: ' .. mode .. ' takes one key') end
+          return reserve_call(mode, keys[1], args, off)
         end
         return redis.error_reply('ERR redis-rl script: unknown mode')
       end

@@ -14,8 +14,8 @@ export const JITTER = 0.1;
 
 /** `wait` gave up at its timeout; `decision` is the last denial. */
 export class WaitTimeoutError extends Error {
-  constructor(decision, timeoutMs) {
-    super(`no token within ${timeoutMs} ms (last retryAfterMs=${decision.retryAfterMs})`);
+  constructor(decision, timeoutMs, message = undefined) {
+    super(message ?? `no token within ${timeoutMs} ms (last retryAfterMs=${decision.retryAfterMs})`);
     this.name = "WaitTimeoutError";
     this.decision = decision;
   }

@@ -2,6 +2,7 @@
 // createCluster: each key's commands (module and Lua script) reach its shard, acquireAll works
 // over one hash tag and fails without one. Needs RL_CLUSTER=host:port of a cluster with the
 // module (make test-clients-cluster starts one with scripts/cluster.sh); skipped otherwise.
+// Leases and reservations too, on both paths.
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { randomUUID } from "node:crypto";
@@ -57,6 +58,18 @@ for (const kind of Object.keys(CLIENTS)) {
           assert.deepEqual([c.applied, c.remaining, c.source], [true, -2, source], `${path} ${key}`);
           assert.equal((await limiter.acquire(key, SLOW, 0)).allowed, false);
           assert.equal((await limiter.peek(key, SLOW, 0)).remaining, -2);
+        }
+        for (let i = 0; i < 12; i++) { // leases and reservations reach each key's shard
+          const key = `lease:${path}:${randomUUID()}`;
+          const boom = new Error("failed");
+          await assert.rejects(limiter.withLease(key, 1, 10_000, async (lease) => {
+            assert.equal(lease.source, source);
+            assert.equal((await limiter.lease(key, 1, 10_000)).allowed, false);
+            throw boom;
+          }), (e) => e === boom);
+          assert.equal((await limiter.leases(key, 1)).inUse, 0, `${path} ${key}`);
+          const r = await limiter.reserve(`resv:${path}:${randomUUID()}`, SLOW, 2, 10_000);
+          assert.deepEqual([r.allowed, r.remaining, (await r.settle(1)).remaining], [true, 1, 2], `${path} ${r.key}`);
         }
         const t = await limiter.table(`usage${randomUUID()}`, 3).charge("alice", SLOW, 4);
         assert.deepEqual([t.applied, t.remaining, t.source], [true, -1, source]);

@@ -36,6 +36,13 @@ for (const [port, source] of [[process.env.RL_PORT, "redis"], [process.env.PLAIN
   const got = [];
   for (let i = 0; i < 3; i++) got.push(await limiter.acquire("smoke", limit));
   assert.deepEqual(got.map((d) => [d.allowed, d.source]), [[true, source], [true, source], [false, source]]);
+  if (source === "redis") {
+    // Leases and reservations, from the installed package: released on a throw, settled once.
+    await assert.rejects(limiter.withLease("smoke:lease", 1, 10_000, () => { throw new Error("boom"); }), /boom/);
+    assert.equal((await limiter.leases("smoke:lease", 1)).inUse, 0);
+    const r = await limiter.reserve("smoke:resv", new Limit(0.001, 10), 4, 10_000);
+    assert.deepEqual([r.allowed, r.remaining, (await r.settle(1)).remaining], [true, 6, 9]);
+  }
   redis.disconnect();
 }
 console.log("redis-rl smoke: module and Lua paths answered from the installed package");
@@ -49,7 +56,7 @@ const servers = [];
 try {
   const tarball = run("npm", ["pack", "--silent", "--pack-destination", dir], PACKAGE).trim().split("\n").at(-1);
   const listing = run("tar", ["-tvzf", join(dir, tarball)], dir);
-  for (const file of ["package/src/rl.lua", "package/src/rl_functions.lua", "package/src/ranges.json", "package/src/index.js", "package/src/index.d.ts"]) {
+  for (const file of ["package/src/rl.lua", "package/src/rl_functions.lua", "package/src/ranges.json", "package/src/index.js", "package/src/index.d.ts", "package/src/lease.js"]) {
     const line = listing.split("\n").find((l) => l.endsWith(` ${file}`));
     if (!line || !line.startsWith("-")) throw new Error(`the tarball has no regular file ${file}:\n${listing}`);
   }

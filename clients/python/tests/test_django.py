@@ -94,6 +94,41 @@ class Django(unittest.TestCase):
                              [(200, {})] * 4)
             self.assertEqual(limiter.path, "module" if module else "lua")
 
+    def test_middleware_in_flight_limit_holds_a_streamed_response_until_closed(self):
+        from django.http import StreamingHttpResponse
+
+        s = self.server()
+        limiter = self.limiter(s.port)
+        key = "rl:http:inflight:1:ip:203.0.113.7"
+
+        def held():
+            with s.admin() as admin:
+                return admin.execute_command("RL.LEASES", key, 10)[0]
+
+        def stream(request):
+            return StreamingHttpResponse(iter([b"one", b"two"]))
+
+        def failing(request):
+            raise RuntimeError("the view failed")
+
+        http = self.app(urlconf(path("", stream), path("fail", failing)),
+                        {"limiter": limiter, "in_flight": (1, 60_000)})
+        first = http.get("/")
+        self.assertEqual(first.status_code, 200)
+        self.assertEqual(held(), 1)  # the body is not consumed, the response not closed
+        second = http.get("/")
+        self.assertEqual((second.status_code, second["Retry-After"]), (429, "60"))
+        self.assertIn("Too many requests in flight", json.loads(second.content)["detail"])
+        self.assertEqual(b"".join(first.streaming_content), b"onetwo")
+        first.close()
+        self.assertEqual(held(), 0)
+        third = http.get("/")
+        self.assertEqual(third.status_code, 200)
+        third.close()
+        http.raise_request_exception = False
+        self.assertEqual(http.get("/fail").status_code, 500)  # Django's error response
+        self.assertEqual(held(), 0)
+
     def test_view_decorator_with_hooks_of_the_request_and_a_custom_response(self):
         s = self.server()
         limiter = self.limiter(s.port)

@@ -102,6 +102,109 @@ class FallbackParity(unittest.TestCase):
             self.assertEqual(self.client.exists(f"s:{n}"), self.client.exists(f"m:{n}"), n)
             self.assertEqual(self.client.exists(f"f:{n}"), self.client.exists(f"m:{n}"), n)
 
+    def three_raw(self, module, mode, key, args):
+        """A lease or reservation call on the module (key m:…), the script (s:…) and the
+        functions (f:…): `module` is the module's command after its key, `args` the
+        fallback's after it."""
+        replies = []
+        for call in (lambda: self.client.execute_command(module[0], f"m:{key}", *module[1:]),
+                     lambda: self.client.evalsha(self.sha, 1, f"s:{key}", mode, *args),
+                     lambda: self.client.fcall(f"rl_{mode}", 1, f"f:{key}", *args)):
+            try:
+                replies.append(call())
+            except redis.ResponseError as e:
+                replies.append(f"error: {e}")
+        return replies
+
+    def assert_same_shape(self, mode, module, other, took_ms, what):
+        """Exact but for waits, which may differ by the milliseconds the calls took."""
+        if isinstance(module, str) or isinstance(other, str) or not isinstance(module, list):
+            if isinstance(module, str) and isinstance(other, str):
+                module, other = module.split(" script:")[0], other.split(" script:")[0]
+            self.assertEqual(module, other, what)
+            return
+        exact = {"lease": 3, "leases": 1, "reserve": 3, "settle": 1}[mode]
+        self.assertEqual(module[:exact], other[:exact], what)
+        for a, b in zip(module[exact:], other[exact:]):
+            self.assertEqual(a < 0, b < 0, what)
+            self.assertLessEqual(abs(a - b), took_ms + 1, what)
+
+    def test_leases_and_reservations_reply_as_the_module_does(self):
+        # Seeded random takes, releases, renewals and counts on three lease keys, and reserves,
+        # settles (of open, settled and unknown ids), acquires and charges on slow buckets, sent
+        # to the module, the script and the functions back to back. TTLs are long, except
+        # leases of 1 ms followed by a 10 ms sleep, after which they are expired for all three.
+        rng = random.Random(30)
+        took_ms, ids = 0, ["a", "b", "c", "d", "worker-7", "0123456789abcdef"]
+        held = {"m": 0, "s": 0, "f": 0}
+        for i in range(400):
+            op = rng.choice(["lease"] * 4 + ["release", "renew", "leases", "short",
+                                             "reserve", "reserve", "settle", "settle", "acquire"])
+            key, ident = f"L{rng.randrange(3)}", rng.choice(ids)
+            limit = rng.randint(1, 4)
+            ttl = rng.choice([100_000, 200_000, 3_153_600_000_000])
+            started = time.monotonic()
+            if op in ("lease", "short"):
+                ttl = 1 if op == "short" else ttl
+                mode, module, args = "lease", ["RL.LEASE", limit, ttl, "ID", ident], [limit, ttl, ident]
+            elif op == "release":
+                mode, module, args = "release", ["RL.RELEASE", ident], [ident]
+            elif op == "renew":
+                mode, module, args = "renew", ["RL.RENEW", ident, ttl], [ident, ttl]
+            elif op == "leases":
+                mode, module, args = "leases", ["RL.LEASES", limit], [limit]
+            else:
+                n = rng.randrange(len(LIMITS))
+                key, lim, amount = f"B{n}", LIMITS[n], rng.choice([1, 1, 2, 3, 6])
+                if op == "reserve":
+                    mode = "reserve"
+                    module = ["RL.RESERVE", *lim.args(), amount, ttl, "ID", ident]
+                    args = [*lim.script_args(amount), ttl, ident]
+                elif op == "settle":
+                    mode = "settle"
+                    module = ["RL.SETTLE", *lim.args(), ident, amount]
+                    args = [*lim.script_args(amount), ident]
+                else:
+                    mode, module = "acquire", ["RL.ACQUIRE", *lim.args(), amount]
+                    args = lim.script_args(amount)
+            replies = self.three_raw(module, mode, key, args)
+            took_ms = max(took_ms, int((time.monotonic() - started) * 1000) + 1)
+            what = f"call {i}: {module} on {key}: {replies}"
+            for other in replies[1:]:
+                if mode == "acquire":
+                    self.assert_alike("acquire", replies[0], other, took_ms, what)
+                else:
+                    self.assert_same_shape(mode, replies[0], other, took_ms, what)
+            if op == "short":
+                time.sleep(0.01)
+            if mode == "lease" and isinstance(replies[0], list) and replies[0][0] == 1:
+                held["m"] += 1
+        self.assertGreater(held["m"], 20)  # the sequence took leases, not only denials
+        # The keys ended alike: each path holds the same leases under the same ids, with
+        # expiries (PEXPIRETIME) within the calls' milliseconds of each other.
+        for n in range(3):
+            s = self.client.zrange(f"s:L{n}", 0, -1) if self.client.type(f"s:L{n}") == b"zset" else []
+            f = self.client.zrange(f"f:L{n}", 0, -1) if self.client.type(f"f:L{n}") == b"zset" else []
+            self.assertEqual(sorted(s), sorted(f), n)
+            in_use = self.client.execute_command("RL.LEASES", f"m:L{n}", 10000)[0]
+            self.assertEqual(self.client.fcall("rl_leases", 1, f"s:L{n}", 10000)[0], in_use, n)
+            self.assertEqual(self.client.fcall("rl_leases", 1, f"f:L{n}", 10000)[0], in_use, n)
+
+    def test_past_maxmemory_a_release_still_frees_a_slot(self):
+        # RL.RELEASE has no deny-oom; rl_release is flagged allow-oom to match, while a take
+        # (RL.LEASE, rl_lease) is refused with the server's OOM error.
+        self.client.execute_command("RL.LEASE", "m:L", 1, 100_000, "ID", "a")
+        self.client.fcall("rl_lease", 1, "f:L", 1, 100_000, "a")
+        self.client.config_set("maxmemory", 1)
+        self.addCleanup(self.client.config_set, "maxmemory", 0)
+        for take in (lambda: self.client.execute_command("RL.LEASE", "m:L", 2, 100_000, "ID", "b"),
+                     lambda: self.client.fcall("rl_lease", 1, "f:L", 2, 100_000, "b")):
+            with self.assertRaisesRegex(redis.exceptions.OutOfMemoryError, "maxmemory"):
+                take()
+        self.assertEqual(self.client.execute_command("RL.RELEASE", "m:L", "a"), 1)
+        self.assertEqual(self.client.fcall("rl_release", 1, "f:L", "a"), 1)
+        self.assertEqual(self.client.exists("m:L", "f:L"), 0)
+
 
 if __name__ == "__main__":
     unittest.main()

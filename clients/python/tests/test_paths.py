@@ -155,6 +155,39 @@ class Paths(unittest.TestCase):
                 d = limiter.peek("k", SLOW)
                 self.assertEqual((d.allowed, d.remaining, d.source), (True, 3, SOURCE[path]))
 
+    def test_least_privilege_rules_suffice_for_leases_and_reservations(self):
+        # Sent as each path sends them: the module's commands, FCALL, and the script by EVAL
+        # (what EVALSHA falls to on NOSCRIPT). A rule missing from permissions.json is NOPERM.
+        for path, rule_set in (("module", "module"), ("functions", "functions"), ("lua", "script")):
+            with self.subTest(path):
+                s = self.server(path)
+                with s.admin() as admin:
+                    add_user(admin, rules(rule_set, part="leases"), name="leaser")
+                    add_user(admin, rules(rule_set) + RULES["paths"][rule_set]["reservations"],
+                             name="reserver")
+
+                def call(con, mode, key, module, args, read_only=False):
+                    if path == "module":
+                        return con.execute_command(module[0], key, *module[1:])
+                    if path == "functions":
+                        return (con.fcall_ro if read_only else con.fcall)(f"rl_{mode}", 1, key, *args)
+                    return con.eval(SCRIPT, 1, key, mode, *args)
+
+                leaser = redis.Redis(port=s.port, username="leaser", password="pw")
+                self.addCleanup(leaser.close)
+                got = call(leaser, "lease", "L", ["RL.LEASE", 1, 60000, "ID", "w"], [1, 60000, "w"])
+                self.assertEqual(got, [1, b"w", 1, 60000])
+                self.assertEqual(call(leaser, "leases", "L", ["RL.LEASES", 1], [1], True)[0], 1)
+                self.assertEqual(call(leaser, "renew", "L", ["RL.RENEW", "w", 1000], ["w", 1000]), 1)
+                self.assertEqual(call(leaser, "release", "L", ["RL.RELEASE", "w"], ["w"]), 1)
+                reserver = redis.Redis(port=s.port, username="reserver", password="pw")
+                self.addCleanup(reserver.close)
+                got = call(reserver, "reserve", "B", ["RL.RESERVE", *SLOW.args(), 2, 60000, "ID", "r"],
+                           [*SLOW.script_args(2), 60000, "r"])
+                self.assertEqual(got, [1, b"r", 1, 0])
+                got = call(reserver, "settle", "B", ["RL.SETTLE", *SLOW.args(), "r", 1], [*SLOW.script_args(1), "r"])
+                self.assertEqual(got[0], 2)
+
     # (c) COMMAND renamed away ---------------------------------------------------------------
 
     def test_command_renamed_away_changes_nothing(self):
@@ -215,7 +248,7 @@ class Paths(unittest.TestCase):
         stale = self.limiter(s.port)
         with self.assertLogs("redis_rl", "ERROR") as logs:
             self.assertEqual(stale.check(), "lua")
-        self.assertIn("version 0, this client needs version 1", logs.output[0])
+        self.assertIn(f"version 0, this client needs version {redis_rl.FUNCTIONS_VERSION}", logs.output[0])
 
     # The module loaded while a limiter runs the fallback ------------------------------------
 

@@ -12,7 +12,8 @@ use std::time::Instant;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::Value;
 
-use crate::engine::{CallError, Engine, Exchange, Op, Path, Step, Target};
+use crate::engine::{Answer, CallError, Engine, Exchange, Op, Path, Step, Target};
+use crate::lease::{self, Call, Lease, LeaseCount, Reservation};
 use crate::slots::{Across, AcrossStep, SlotItem, SlotsDecision};
 use crate::types::{
     check_cost, Charged, Counters, Decision, Error, Limit, MultiDecision, Options, Refund,
@@ -86,6 +87,12 @@ impl<C: ConnectionLike + Clone + Send + Sync> AsyncLimiter<C> {
             engine: Engine::new(options, cluster),
             detecting: tokio::sync::Mutex::new(()),
         }
+    }
+
+    /// The connection the limiter sends on, for a caller's own commands (leases,
+    /// reservations) beside the limiter's. They get none of the limiter's failure policy.
+    pub fn connection(&self) -> &C {
+        &self.connection
     }
 
     /// Decisions by source, and outages seen.
@@ -254,6 +261,147 @@ impl<C: ConnectionLike + Clone + Send + Sync> AsyncLimiter<C> {
         }
         let result = self.call(op, &[(target, *limit, cost)]).await;
         self.engine.after_refund(result, (key, limit, cost))
+    }
+
+    // Leases and reservations ----------------------------------------------------------------
+
+    /// Takes a lease, as [`crate::Limiter::lease`]. Prefer [`AsyncLimiter::hold`].
+    ///
+    /// # Errors
+    /// As for [`crate::Limiter::lease`].
+    pub async fn lease(
+        &self,
+        key: &str,
+        limit: u32,
+        ttl_ms: u64,
+        id: Option<&str>,
+    ) -> Result<Lease, Error> {
+        let limit = lease::check_limit(limit)?;
+        let ttl_ms = lease::check_ttl(ttl_ms)?;
+        let id = lease::id_or_new(id)?;
+        self.run(Call::Lease {
+            key,
+            limit,
+            ttl_ms,
+            id: &id,
+        })
+        .await?
+        .lease()
+    }
+
+    /// Gives a lease back, as [`crate::Limiter::release`].
+    ///
+    /// # Errors
+    /// As for [`crate::Limiter::lease`].
+    pub async fn release(&self, key: &str, id: &str) -> Result<bool, Error> {
+        let id = lease::check_held_id(id)?;
+        self.run(Call::Release { key, id }).await?.flag()
+    }
+
+    /// Renews a held lease, as [`crate::Limiter::renew`].
+    ///
+    /// # Errors
+    /// As for [`crate::Limiter::lease`].
+    pub async fn renew(&self, key: &str, id: &str, ttl_ms: u64) -> Result<bool, Error> {
+        let ttl_ms = lease::check_ttl(ttl_ms)?;
+        let id = lease::check_held_id(id)?;
+        self.run(Call::Renew { key, id, ttl_ms }).await?.flag()
+    }
+
+    /// Counts the leases held, as [`crate::Limiter::leases`].
+    ///
+    /// # Errors
+    /// As for [`crate::Limiter::lease`].
+    pub async fn leases(&self, key: &str, limit: u32) -> Result<LeaseCount, Error> {
+        let limit = lease::check_limit(limit)?;
+        self.run(Call::Leases { key, limit }).await?.count()
+    }
+
+    /// Takes an estimate now, as [`crate::Limiter::reserve`]; settle it with
+    /// `reservation.settle(actual).await`.
+    ///
+    /// # Errors
+    /// As for [`crate::Limiter::reserve`].
+    pub async fn reserve(
+        &self,
+        key: &str,
+        limit: &Limit,
+        estimate: f64,
+        ttl_ms: u64,
+        id: Option<&str>,
+    ) -> Result<Reservation<'_, Self>, Error> {
+        let estimate = lease::check_estimate(estimate)?;
+        let ttl_ms = lease::check_ttl(ttl_ms)?;
+        let id = lease::id_or_new(id)?;
+        let reserved = self
+            .run(Call::Reserve {
+                key,
+                limit: *limit,
+                estimate,
+                ttl_ms,
+                id: &id,
+            })
+            .await?
+            .reserved()?;
+        Ok(Reservation {
+            limiter: self,
+            reserved,
+        })
+    }
+
+    /// Settles the reservation `id` of `key`, as [`crate::Limiter::settle`].
+    ///
+    /// # Errors
+    /// As for [`crate::Limiter::settle`].
+    pub async fn settle(
+        &self,
+        key: &str,
+        limit: &Limit,
+        id: &str,
+        actual: f64,
+    ) -> Result<Charged, Error> {
+        let actual = lease::check_actual(actual)?;
+        let id = lease::check_held_id(id)?;
+        self.run(Call::Settle {
+            key,
+            limit: *limit,
+            id,
+            actual,
+        })
+        .await?
+        .settled()
+    }
+
+    /// One lease or reservation call under the deadline, as the blocking limiter's.
+    async fn run(&self, call: Call<'_>) -> Result<Answer, Error> {
+        if let Some(answer) = self.engine.before_call(&call) {
+            return answer;
+        }
+        let mut connection = self.connection.clone();
+        let deadline = self.engine.options.timeout;
+        let result =
+            match tokio::time::timeout(deadline, self.call_exchange(&mut connection, call)).await {
+                Ok(result) => result,
+                Err(_) => Err(CallError::Timeout(deadline)),
+            };
+        self.engine.after_call(result, &call)
+    }
+
+    /// A lease or reservation call's exchange; on a cold limiter one call finds the path while
+    /// the others wait for it.
+    async fn call_exchange(&self, connection: &mut C, call: Call<'_>) -> Result<Value, CallError> {
+        let _detecting = match self.engine.ready() {
+            Some(_) => None,
+            None => Some(self.detecting.lock().await),
+        };
+        let mut exchange = Exchange::of_call(&self.engine, call);
+        let mut step = exchange.start();
+        loop {
+            step = match step {
+                Step::Send(cmd) => exchange.reply(cmd.query_async(connection).await),
+                Step::Done(result) => return result,
+            };
+        }
     }
 
     /// The engine, for a table's calls that are not decisions.

@@ -21,6 +21,7 @@ use crate::diagnose::{
     self, is_denied, is_function_not_found, is_noscript, is_unavailable, is_unknown_command,
     is_wrongtype,
 };
+use crate::lease::{self, Call, Lease, LeaseCount, LocalLeases, Reserved};
 use crate::local::{DenyCache, LocalBuckets, Reply};
 use crate::script;
 use crate::types::{
@@ -37,12 +38,33 @@ pub(crate) enum Op {
     Multi,
     /// A post-paid cost (RL.CHARGE): always applies, may leave the bucket in debt.
     Charge,
+    /// The lease and reservation calls (`crate::lease`).
+    Lease,
+    Release,
+    Renew,
+    Leases,
+    Reserve,
+    Settle,
 }
 
 impl Op {
     /// Whether a decision of this op takes tokens (and so may be remembered by the shield).
     pub(crate) fn takes(self) -> bool {
         self == Op::Acquire
+    }
+
+    /// The module's command for this op on a key.
+    pub(crate) fn module_name(self) -> &'static str {
+        module_name(self, false)
+    }
+
+    /// The Functions library's version this op needs (`rl_version`): leases and
+    /// reservations came with version 2.
+    fn functions_version(self) -> i64 {
+        match self {
+            Op::Lease | Op::Release | Op::Renew | Op::Leases | Op::Reserve | Op::Settle => 2,
+            _ => script::FUNCTIONS_VERSION,
+        }
     }
 }
 
@@ -177,6 +199,58 @@ pub(crate) enum Why {
     Misconfigured,
 }
 
+/// The answer to a lease or reservation call, whichever it was.
+#[derive(Debug)]
+pub(crate) enum Answer {
+    Lease(Lease),
+    /// RL.RELEASE's or RL.RENEW's.
+    Flag(bool),
+    Count(LeaseCount),
+    Reserved(Reserved),
+    Settled(Charged),
+}
+
+impl Answer {
+    fn unexpected(self, what: &str) -> Error {
+        Error::Reply(format!("{what}: {self:?}"))
+    }
+
+    pub(crate) fn lease(self) -> Result<Lease, Error> {
+        match self {
+            Answer::Lease(lease) => Ok(lease),
+            other => Err(other.unexpected("a lease's answer")),
+        }
+    }
+
+    pub(crate) fn flag(self) -> Result<bool, Error> {
+        match self {
+            Answer::Flag(flag) => Ok(flag),
+            other => Err(other.unexpected("a release's or renew's answer")),
+        }
+    }
+
+    pub(crate) fn count(self) -> Result<LeaseCount, Error> {
+        match self {
+            Answer::Count(count) => Ok(count),
+            other => Err(other.unexpected("a count's answer")),
+        }
+    }
+
+    pub(crate) fn reserved(self) -> Result<Reserved, Error> {
+        match self {
+            Answer::Reserved(reserved) => Ok(reserved),
+            other => Err(other.unexpected("a reserve's answer")),
+        }
+    }
+
+    pub(crate) fn settled(self) -> Result<Charged, Error> {
+        match self {
+            Answer::Settled(settled) => Ok(settled),
+            other => Err(other.unexpected("a settle's answer")),
+        }
+    }
+}
+
 /// One limiter's state; see [`crate::Limiter`] for the meaning of each option.
 #[derive(Debug)]
 pub(crate) struct Engine {
@@ -211,6 +285,7 @@ struct Inner {
     busy_logged: Option<Instant>,
     cache: DenyCache,
     local: LocalBuckets,
+    leases: LocalLeases,
 }
 
 impl Engine {
@@ -231,6 +306,7 @@ impl Engine {
                 busy_logged: None,
                 cache: DenyCache::new(options.deny_cache),
                 local: LocalBuckets::new(options.instances, options.local_max_keys),
+                leases: LocalLeases::new(options.instances, options.local_max_keys),
             }),
             options,
         }
@@ -682,6 +758,264 @@ impl Engine {
         }
     }
 
+    // Leases and reservations ----------------------------------------------------------------
+
+    /// A call that never goes to Redis: a release, renew or settle of an id the `Open` policy
+    /// made (nothing to do), or of a lease or reservation held here by the `Local` policy.
+    fn without_redis(&self, call: &Call<'_>) -> Option<Result<Answer, Error>> {
+        let now_us = self.now_us();
+        let mut inner = self.lock();
+        match *call {
+            Call::Release { key, id } => {
+                if id.starts_with(lease::OPEN_ID_PREFIX) {
+                    return Some(Ok(Answer::Flag(false)));
+                }
+                if inner.leases.holds(key, id, now_us) {
+                    inner.counters.count(Source::Local);
+                    return Some(Ok(Answer::Flag(inner.leases.release(key, id, now_us))));
+                }
+                None
+            }
+            Call::Renew { key, id, ttl_ms } => {
+                if id.starts_with(lease::OPEN_ID_PREFIX) {
+                    return Some(Ok(Answer::Flag(true)));
+                }
+                if inner.leases.holds(key, id, now_us) {
+                    inner.counters.count(Source::Local);
+                    return Some(Ok(Answer::Flag(
+                        inner.leases.renew(key, id, ttl_ms, now_us),
+                    )));
+                }
+                None
+            }
+            Call::Settle {
+                key,
+                limit,
+                id,
+                actual,
+            } => {
+                if id.starts_with(lease::OPEN_ID_PREFIX) {
+                    return Some(Ok(Answer::Settled(Charged {
+                        balance: 0,
+                        retry_after_ms: 0,
+                        reset_after_ms: 0,
+                        limit,
+                        source: Source::Open,
+                    })));
+                }
+                if inner.leases.is_open(key, id, now_us) {
+                    inner.counters.count(Source::Local);
+                    return Some(Self::settle_local(
+                        &mut inner,
+                        (key, &limit, id, actual),
+                        now_us,
+                    ));
+                }
+                None
+            }
+            _ => None,
+        }
+    }
+
+    /// Settles a reservation the `Local` policy holds: what was over-estimated goes back to
+    /// the local bucket, what was under-estimated is charged to it; the record goes in the
+    /// same step, and stays when the charge fails.
+    fn settle_local(
+        inner: &mut Inner,
+        (key, limit, id, actual): (&str, &Limit, &str, f64),
+        now_us: u64,
+    ) -> Result<Answer, Error> {
+        let expiry = inner.leases.expiry_of(key, id);
+        let Some(estimate) = inner.leases.take_record(key, id, now_us) else {
+            return Err(Error::Invalid(lease::NOT_OPEN_ERROR));
+        };
+        let over = estimate - actual;
+        if over > 0.0 {
+            inner.local.refund(key, limit, over, now_us);
+        }
+        let under = if over < 0.0 { -over } else { 0.0 };
+        match inner.local.charge(key, limit, under, now_us) {
+            Some((balance, retry_after_ms, reset_after_ms)) => Ok(Answer::Settled(Charged {
+                balance,
+                retry_after_ms,
+                reset_after_ms,
+                limit: *limit,
+                source: Source::Local,
+            })),
+            None => {
+                if let Some(expiry) = expiry {
+                    inner.leases.put_back(key, (id, estimate, expiry));
+                }
+                Err(Error::Invalid(DEBT_ERROR))
+            }
+        }
+    }
+
+    /// The failure policy's answer to a lease or reservation call.
+    fn policy_call(&self, call: &Call<'_>, why: Why) -> Result<Answer, Error> {
+        let now_us = self.now_us();
+        let mut inner = self.lock();
+        let source = self.count_policy(&mut inner, why);
+        let local = source == Source::Local;
+        Ok(match *call {
+            Call::Lease {
+                key,
+                limit,
+                ttl_ms,
+                id,
+            } => Answer::Lease(match source {
+                Source::Open => lease::open_lease(limit, id),
+                Source::Closed => lease::closed_lease(limit),
+                _ => inner.leases.lease((key, limit, ttl_ms, id), now_us),
+            }),
+            Call::Release { key, id } => {
+                Answer::Flag(local && inner.leases.release(key, id, now_us))
+            }
+            Call::Renew { key, id, ttl_ms } => Answer::Flag(match source {
+                Source::Open => true,
+                Source::Closed => false,
+                _ => inner.leases.renew(key, id, ttl_ms, now_us),
+            }),
+            Call::Leases { key, limit } => Answer::Count(match source {
+                Source::Open => LeaseCount {
+                    in_use: 0,
+                    retry_after_ms: 0,
+                    source,
+                },
+                Source::Closed => LeaseCount {
+                    in_use: 0,
+                    retry_after_ms: CLOSED_RETRY_AFTER_MS,
+                    source,
+                },
+                _ => inner.leases.count(key, limit, now_us),
+            }),
+            Call::Reserve {
+                key,
+                limit,
+                estimate,
+                ttl_ms,
+                id,
+            } => {
+                let reply = match source {
+                    Source::Open => open_reply(),
+                    Source::Closed => closed_reply(),
+                    // A retried reserve of an id open here takes nothing, as the module's.
+                    _ if inner.leases.is_open(key, id, now_us) => {
+                        let now = inner.local.acquire(key, &limit, 0.0, now_us, false);
+                        return Ok(Answer::Reserved(Reserved {
+                            allowed: true,
+                            id: id.to_string(),
+                            remaining: now.remaining,
+                            retry_after_ms: 0,
+                            key: key.to_string(),
+                            limit,
+                            estimate,
+                            source,
+                        }));
+                    }
+                    _ => inner.local.acquire(key, &limit, estimate, now_us, true),
+                };
+                if local
+                    && reply.allowed
+                    && !inner.leases.record(key, (id, estimate, ttl_ms), now_us)
+                {
+                    inner.local.refund(key, &limit, estimate, now_us);
+                    return Err(Error::Invalid(
+                        "a key holds at most 1000 open reservations, each id once",
+                    ));
+                }
+                let id = match (reply.allowed, source) {
+                    (false, _) => String::new(),
+                    (true, Source::Open) => format!("{}{id}", lease::OPEN_ID_PREFIX),
+                    (true, _) => id.to_string(),
+                };
+                Answer::Reserved(Reserved {
+                    allowed: reply.allowed,
+                    id,
+                    remaining: reply.remaining,
+                    retry_after_ms: reply.retry_after_ms,
+                    key: key.to_string(),
+                    limit,
+                    estimate,
+                    source,
+                })
+            }
+            Call::Settle {
+                key,
+                limit,
+                id,
+                actual,
+            } => {
+                if local {
+                    // Open here, or not at all: a reservation Redis holds cannot be settled
+                    // without it (it stands as taken there), and one settled here is gone.
+                    return Self::settle_local(&mut inner, (key, &limit, id, actual), now_us);
+                }
+                // `Open` and `Closed` settle nothing; `Closed` reports its usual wait.
+                let (balance, retry_after_ms, reset_after_ms) = match source {
+                    Source::Closed => (0, CLOSED_RETRY_AFTER_MS, 0),
+                    _ => (0, 0, 0),
+                };
+                Answer::Settled(Charged {
+                    balance,
+                    retry_after_ms,
+                    reset_after_ms,
+                    limit,
+                    source,
+                })
+            }
+        })
+    }
+
+    /// Before a lease or reservation call: the answer without Redis (an `open:` id, a lease
+    /// or reservation held locally), or the policy's during an outage between probes.
+    pub(crate) fn before_call(&self, call: &Call<'_>) -> Option<Result<Answer, Error>> {
+        if let Some(answer) = self.without_redis(call) {
+            return Some(answer);
+        }
+        self.skip_redis()
+            .then(|| self.policy_call(call, Why::Outage))
+    }
+
+    /// After asking Redis a lease or reservation call.
+    pub(crate) fn after_call(
+        &self,
+        result: Result<Value, CallError>,
+        call: &Call<'_>,
+    ) -> Result<Answer, Error> {
+        match result {
+            Ok(value) => {
+                let source = self.answered();
+                let answer = match *call {
+                    Call::Lease { limit, .. } => {
+                        lease::read_lease(&value, limit, source).map(Answer::Lease)
+                    }
+                    Call::Release { .. } => {
+                        lease::read_flag(&value, "RL.RELEASE").map(Answer::Flag)
+                    }
+                    Call::Renew { .. } => lease::read_flag(&value, "RL.RENEW").map(Answer::Flag),
+                    Call::Leases { .. } => lease::read_count(&value, source).map(Answer::Count),
+                    Call::Reserve {
+                        key,
+                        limit,
+                        estimate,
+                        ..
+                    } => lease::read_reserved(&value, (key, &limit, estimate), source)
+                        .map(Answer::Reserved),
+                    Call::Settle { limit, .. } => {
+                        lease::read_settled(&value, &limit, source).map(Answer::Settled)
+                    }
+                };
+                answer.map_err(CallError::into_error)
+            }
+            Err(e) if e.unavailable() || matches!(e, CallError::Misconfigured(_)) => {
+                self.failed(&e);
+                self.policy_call(call, Self::why(&e))
+            }
+            Err(e) => Err(e.into_error()),
+        }
+    }
+
     // Paths, commands and replies ---------------------------------------------------------
 
     /// The path to use, if one has answered; `None` (or `Missing`) means detect.
@@ -803,6 +1137,12 @@ fn module_name(op: Op, field: bool) -> &'static str {
         (Op::Refund, true) => "RL.HREFUND",
         (Op::Charge, false) => "RL.CHARGE",
         (Op::Charge, true) => "RL.HCHARGE",
+        (Op::Lease, _) => "RL.LEASE",
+        (Op::Release, _) => "RL.RELEASE",
+        (Op::Renew, _) => "RL.RENEW",
+        (Op::Leases, _) => "RL.LEASES",
+        (Op::Reserve, _) => "RL.RESERVE",
+        (Op::Settle, _) => "RL.SETTLE",
     }
 }
 
@@ -814,6 +1154,12 @@ fn functions_name(op: Op) -> (&'static str, &'static str) {
         Op::Refund => ("FCALL", "rl_refund"),
         Op::Multi => ("FCALL", "rl_multi"),
         Op::Charge => ("FCALL", "rl_charge"),
+        Op::Lease => ("FCALL", "rl_lease"),
+        Op::Release => ("FCALL", "rl_release"),
+        Op::Renew => ("FCALL", "rl_renew"),
+        Op::Leases => ("FCALL_RO", "rl_leases"),
+        Op::Reserve => ("FCALL", "rl_reserve"),
+        Op::Settle => ("FCALL", "rl_settle"),
     }
 }
 
@@ -824,6 +1170,12 @@ fn script_mode(op: Op) -> &'static str {
         Op::Refund => "refund",
         Op::Multi => "multi",
         Op::Charge => "charge",
+        Op::Lease => "lease",
+        Op::Release => "release",
+        Op::Renew => "renew",
+        Op::Leases => "leases",
+        Op::Reserve => "reserve",
+        Op::Settle => "settle",
     }
 }
 
@@ -943,6 +1295,8 @@ pub(crate) struct Exchange<'a> {
     module_tried: bool,
     /// The fallback's WRONGTYPE, and which fallback gave it, while the module is asked.
     wrongtype: Option<(Path, RedisError)>,
+    /// A lease or reservation call: its commands are built from it rather than from `items`.
+    call: Option<Call<'a>>,
 }
 
 impl<'a> Exchange<'a> {
@@ -957,7 +1311,15 @@ impl<'a> Exchange<'a> {
             denied: Vec::new(),
             module_tried: false,
             wrongtype: None,
+            call: None,
         }
+    }
+
+    /// The exchange of a lease or reservation call.
+    pub(crate) fn of_call(engine: &'a Engine, call: Call<'a>) -> Self {
+        let mut exchange = Exchange::new(engine, call.op(), &[]);
+        exchange.call = Some(call);
+        exchange
     }
 
     /// The first step.
@@ -992,16 +1354,16 @@ impl<'a> Exchange<'a> {
                 self.done(Ok(value))
             }
             Stage::Version => match value {
-                Value::Int(version) if version >= script::FUNCTIONS_VERSION => {
+                Value::Int(version) if version >= self.op.functions_version() => {
                     self.engine.learn(Path::Functions, false);
                     self.functions()
                 }
                 other => {
                     log::error!(
                         "redis-rl: the Functions library redis_rl on the server is version \
-                         {other:?}, this client needs {}: using the script instead; reload the \
+                         {other:?}, this call needs {}: using the script instead; reload the \
                          library with redis_rl_client::load_functions (FUNCTION LOAD REPLACE)",
-                        script::FUNCTIONS_VERSION
+                        self.op.functions_version()
                     );
                     self.script()
                 }
@@ -1155,7 +1517,10 @@ impl<'a> Exchange<'a> {
     fn module(&mut self) -> Step {
         self.stage = Stage::Module;
         self.module_tried = true;
-        Step::Send(Engine::module_command(self.op, self.items))
+        Step::Send(match &self.call {
+            Some(call) => call.module_command(),
+            None => Engine::module_command(self.op, self.items),
+        })
     }
 
     /// No module (or not for this user, `denied`): the Functions library next, or under
@@ -1170,6 +1535,12 @@ impl<'a> Exchange<'a> {
             "RL.HACQUIRE" => "rl.hacquire",
             "RL.HPEEK" => "rl.hpeek",
             "RL.HREFUND" => "rl.hrefund",
+            "RL.LEASE" => "rl.lease",
+            "RL.RELEASE" => "rl.release",
+            "RL.RENEW" => "rl.renew",
+            "RL.LEASES" => "rl.leases",
+            "RL.RESERVE" => "rl.reserve",
+            "RL.SETTLE" => "rl.settle",
             _ => "rl.hcharge",
         });
         if let Some(name) = lowercase {
@@ -1207,7 +1578,31 @@ impl<'a> Exchange<'a> {
 
     fn functions(&mut self) -> Step {
         self.stage = Stage::Functions;
-        Step::Send(Engine::functions_command(self.op, self.items))
+        Step::Send(match &self.call {
+            Some(call) => {
+                let (fcall, function) = functions_name(self.op);
+                let mut cmd = redis::cmd(fcall);
+                cmd.arg(function).arg(1).arg(call.key());
+                call.fallback_args(&mut cmd);
+                cmd
+            }
+            None => Engine::functions_command(self.op, self.items),
+        })
+    }
+
+    /// The script's command for a lease or reservation call: `EVALSHA <sha1> 1 key <mode> …`.
+    fn script_call(call: &Call<'_>, eval: bool) -> redis::Cmd {
+        let mut cmd;
+        if eval {
+            cmd = redis::cmd("EVAL");
+            cmd.arg(script::SCRIPT);
+        } else {
+            cmd = redis::cmd("EVALSHA");
+            cmd.arg(script::sha());
+        }
+        cmd.arg(1).arg(call.key()).arg(script_mode(call.op()));
+        call.fallback_args(&mut cmd);
+        cmd
     }
 
     /// The script: EVALSHA, or EVAL when this user may only run that.
@@ -1216,12 +1611,18 @@ impl<'a> Exchange<'a> {
             return self.eval(false);
         }
         self.stage = Stage::Sha;
-        Step::Send(Engine::script_command(self.op, self.items, false))
+        Step::Send(match &self.call {
+            Some(call) => Self::script_call(call, false),
+            None => Engine::script_command(self.op, self.items, false),
+        })
     }
 
     fn eval(&mut self, after_noscript: bool) -> Step {
         self.stage = Stage::Eval { after_noscript };
-        Step::Send(Engine::script_command(self.op, self.items, true))
+        Step::Send(match &self.call {
+            Some(call) => Self::script_call(call, true),
+            None => Engine::script_command(self.op, self.items, true),
+        })
     }
 
     fn fail(&mut self, e: RedisError) -> Step {
@@ -1407,7 +1808,7 @@ mod tests {
     const DECISION: &str = "*4\r\n:1\r\n:9\r\n:0\r\n:200\r\n";
     const UNKNOWN: &str = "-ERR unknown command 'RL.ACQUIRE'\r\n";
     const NO_FUNCTION: &str = "-ERR Function not found\r\n";
-    const VERSION: &str = ":1\r\n";
+    const VERSION: &str = ":2\r\n";
     const NOSCRIPT: &str = "-NOSCRIPT No matching script.\r\n";
     const NOPERM_FCALL_RO: &str =
         "-NOPERM this user has no permissions to run the 'fcall_ro' command\r\n";

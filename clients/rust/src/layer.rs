@@ -44,7 +44,7 @@ use http::{Request, Response, StatusCode};
 use redis::aio::ConnectionLike;
 
 use crate::types::{Decision, Limit, Source};
-use crate::AsyncLimiter;
+use crate::{AsyncLeaseGuard, AsyncLimiter};
 
 /// The draft whose `RateLimit-Policy` and `RateLimit` syntax is written.
 pub const HEADERS_DRAFT: &str = "draft-ietf-httpapi-ratelimit-headers-10";
@@ -389,30 +389,36 @@ impl<C> Config<C> {
     }
 
     async fn key_for(&self, parts: &Parts, limit: &Limit) -> String {
-        let key = match &self.key {
-            Key::Client => None,
-            Key::Header(name) => parts
-                .headers
-                .get(name)
-                .and_then(|v| v.to_str().ok())
-                .map(|v| format!("h:{v}")),
-            Key::Function(f) => f.run(parts).await,
-        };
-        let key = key.unwrap_or_else(|| {
-            let forwarded: Vec<&str> = parts
-                .headers
-                .get_all("x-forwarded-for")
-                .iter()
-                .filter_map(|v| v.to_str().ok())
-                .collect();
-            let forwarded = (!forwarded.is_empty()).then(|| forwarded.join(","));
-            match client_address((self.peer)(parts), forwarded.as_deref(), &self.trusted) {
-                Some(ip) => format!("ip:{ip}"),
-                None => "ip:unknown".to_string(),
-            }
-        });
+        let key = request_key(&self.key, self.peer.as_ref(), &self.trusted, parts).await;
         format!("{}{}", self.prefix_for(limit), key)
     }
+}
+
+/// A request's key without the prefix: the header's value (`h:…`), the caller's function's,
+/// or the client address (`ip:…`).
+async fn request_key(key: &Key, peer: &PeerFn, trusted: &[(IpAddr, u8)], parts: &Parts) -> String {
+    let key = match key {
+        Key::Client => None,
+        Key::Header(name) => parts
+            .headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(|v| format!("h:{v}")),
+        Key::Function(f) => f.run(parts).await,
+    };
+    key.unwrap_or_else(|| {
+        let forwarded: Vec<&str> = parts
+            .headers
+            .get_all("x-forwarded-for")
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .collect();
+        let forwarded = (!forwarded.is_empty()).then(|| forwarded.join(","));
+        match client_address(peer(parts), forwarded.as_deref(), trusted) {
+            Some(ip) => format!("ip:{ip}"),
+            None => "ip:unknown".to_string(),
+        }
+    })
 }
 
 /// What one layer decided for a request.
@@ -651,6 +657,280 @@ where
                 set_headers(&mut response, &fields);
             }
             Ok(response)
+        })
+    }
+}
+
+// The in-flight limit ------------------------------------------------------------------------
+
+/// The start of the in-flight layer's default key space: `rl:inflight:<limit>:`.
+pub const IN_FLIGHT_PREFIX: &str = "rl:inflight:";
+
+struct InFlightConfig<C> {
+    limiter: Arc<AsyncLimiter<C>>,
+    limit: u32,
+    ttl_ms: u64,
+    key: Key,
+    peer: Arc<PeerFn>,
+    trusted: Vec<(IpAddr, u8)>,
+    prefix: Option<String>,
+    skip: Option<Hook<bool>>,
+}
+
+impl<C> Clone for InFlightConfig<C> {
+    fn clone(&self) -> Self {
+        InFlightConfig {
+            limiter: self.limiter.clone(),
+            limit: self.limit,
+            ttl_ms: self.ttl_ms,
+            key: self.key.clone(),
+            peer: self.peer.clone(),
+            trusted: self.trusted.clone(),
+            prefix: self.prefix.clone(),
+            skip: self.skip.clone(),
+        }
+    }
+}
+
+/// At most `limit` requests of one key in flight at once, with leases (RL.LEASE): a lease is
+/// taken before the inner service runs and held until the response body has been sent to the
+/// end, or dropped (a client that disconnects, a handler that fails or panics, a request
+/// aborted before its response). A lease lasts `ttl` unless renewed, and is renewed at
+/// `ttl / 2` while held, so a long stream keeps its slot and a crashed process loses it
+/// after `ttl`. Over the limit the inner service does not run: a 429 with `Retry-After`
+/// (when a slot frees) and an RFC 9457 problem body.
+///
+/// ```ignore
+/// let app = Router::new()
+///     .route("/export", get(export))
+///     .layer(InFlightLayer::new(limiter, 10, Duration::from_secs(30)).key_header(tenant));
+/// ```
+///
+/// The response body is wrapped in [`InFlightBody`], which holds the lease. The limiter's
+/// failure policy applies: `Open` lets requests through uncounted, `Closed` answers 429,
+/// `Local` counts in this process.
+pub struct InFlightLayer<C> {
+    config: Arc<InFlightConfig<C>>,
+}
+
+impl<C> Clone for InFlightLayer<C> {
+    fn clone(&self) -> Self {
+        InFlightLayer {
+            config: self.config.clone(),
+        }
+    }
+}
+
+impl<C> InFlightLayer<C> {
+    /// At most `limit` (1 to 10,000) requests in flight per client address, each lease
+    /// lasting `ttl` (at least 1 ms) unless renewed. The address is read as for
+    /// [`RateLimitLayer::new`]; see [`InFlightLayer::peer`].
+    pub fn new(limiter: Arc<AsyncLimiter<C>>, limit: u32, ttl: std::time::Duration) -> Self {
+        InFlightLayer {
+            config: Arc::new(InFlightConfig {
+                limiter,
+                limit,
+                ttl_ms: u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
+                key: Key::Client,
+                peer: Arc::new(|parts| parts.extensions.get::<SocketAddr>().map(|a| a.ip())),
+                trusted: Vec::new(),
+                prefix: None,
+                skip: None,
+            }),
+        }
+    }
+
+    /// Keys by a request header's value (requests without it fall back to the address).
+    pub fn key_header(mut self, name: HeaderName) -> Self {
+        Arc::make_mut(&mut self.config).key = Key::Header(name);
+        self
+    }
+
+    /// Keys by the caller's function (`None` falls back to the address).
+    pub fn key_fn(
+        mut self,
+        key: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static,
+    ) -> Self {
+        Arc::make_mut(&mut self.config).key = Key::Function(Hook::sync(key));
+        self
+    }
+
+    /// Where the peer's address comes from (axum: its `ConnectInfo<SocketAddr>`).
+    pub fn peer(mut self, peer: impl Fn(&Parts) -> Option<IpAddr> + Send + Sync + 'static) -> Self {
+        Arc::make_mut(&mut self.config).peer = Arc::new(peer);
+        self
+    }
+
+    /// Proxies whose `X-Forwarded-For` is believed, as [`RateLimitLayer::trusted_proxies`].
+    pub fn trusted_proxies(mut self, networks: impl IntoIterator<Item = (IpAddr, u8)>) -> Self {
+        Arc::make_mut(&mut self.config).trusted = networks.into_iter().collect();
+        self
+    }
+
+    /// Put before each key in Redis (default `rl:inflight:<limit>:`).
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        Arc::make_mut(&mut self.config).prefix = Some(prefix.into());
+        self
+    }
+
+    /// Requests for which `skip` is true pass untouched and hold no lease.
+    pub fn skip(mut self, skip: impl Fn(&Parts) -> bool + Send + Sync + 'static) -> Self {
+        Arc::make_mut(&mut self.config).skip = Some(Hook::sync(skip));
+        self
+    }
+}
+
+impl<S, C> tower::Layer<S> for InFlightLayer<C> {
+    type Service = InFlight<S, C>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        InFlight {
+            inner,
+            config: self.config.clone(),
+        }
+    }
+}
+
+/// The service [`InFlightLayer`] wraps around an inner one.
+pub struct InFlight<S, C> {
+    inner: S,
+    config: Arc<InFlightConfig<C>>,
+}
+
+impl<S: Clone, C> Clone for InFlight<S, C> {
+    fn clone(&self) -> Self {
+        InFlight {
+            inner: self.inner.clone(),
+            config: self.config.clone(),
+        }
+    }
+}
+
+/// A response body that holds a lease of [`InFlightLayer`] until it ends (its last frame
+/// was read) or is dropped, whichever comes first; the frames pass through unchanged.
+pub struct InFlightBody<B> {
+    inner: Pin<Box<B>>,
+    held: Option<Box<dyn Send + Sync>>,
+}
+
+impl<B> InFlightBody<B> {
+    /// A body that holds nothing (a 429, a skipped request).
+    pub fn new(inner: B) -> Self {
+        InFlightBody {
+            inner: Box::pin(inner),
+            held: None,
+        }
+    }
+
+    fn holding(inner: B, held: Box<dyn Send + Sync>) -> Self {
+        InFlightBody {
+            inner: Box::pin(inner),
+            held: Some(held),
+        }
+    }
+
+    /// Whether the body still holds its lease.
+    pub fn holds_lease(&self) -> bool {
+        self.held.is_some()
+    }
+}
+
+impl<B: http_body::Body> http_body::Body for InFlightBody<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        let this = self.get_mut();
+        let polled = this.inner.as_mut().poll_frame(cx);
+        if matches!(polled, Poll::Ready(None) | Poll::Ready(Some(Err(_)))) {
+            // Sent to the end (or failed, which ends it): the slot goes back now.
+            this.held = None;
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl<S, C, ReqB, ResB> tower::Service<Request<ReqB>> for InFlight<S, C>
+where
+    S: tower::Service<Request<ReqB>, Response = Response<ResB>> + Clone + Send + 'static,
+    S::Future: Send,
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+    ReqB: Send + 'static,
+    ResB: From<String> + Send + 'static,
+{
+    type Response = Response<InFlightBody<ResB>>;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<ReqB>) -> Self::Future {
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let config = self.config.clone();
+        Box::pin(async move {
+            let (parts, body) = request.into_parts();
+            if let Some(skip) = &config.skip {
+                if skip.run(&parts).await {
+                    let response = inner.call(Request::from_parts(parts, body)).await?;
+                    return Ok(response.map(InFlightBody::new));
+                }
+            }
+            let prefix = match &config.prefix {
+                Some(prefix) => prefix.clone(),
+                None => format!("{IN_FLIGHT_PREFIX}{}:", config.limit),
+            };
+            let key = format!(
+                "{prefix}{}",
+                request_key(&config.key, config.peer.as_ref(), &config.trusted, &parts).await
+            );
+            let lease = match config
+                .limiter
+                .lease(&key, config.limit, config.ttl_ms, None)
+                .await
+            {
+                Ok(lease) => lease,
+                Err(e) => {
+                    log::error!("redis-rl: the in-flight limit failed: {e}");
+                    return Ok(plain(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        "text/plain",
+                        "rate limiter error".to_string(),
+                    )
+                    .map(InFlightBody::new));
+                }
+            };
+            if !lease.allowed {
+                let retry_s = ceil_s(lease.retry_after_ms);
+                let detail = format!(
+                    "{{\"type\":\"about:blank\",\"title\":\"Too Many Requests\",\"status\":429,\
+                     \"detail\":\"Too many requests in flight; retry after {retry_s} s.\"}}"
+                );
+                let mut response: Response<ResB> =
+                    plain(StatusCode::TOO_MANY_REQUESTS, PROBLEM_TYPE, detail);
+                if let Ok(value) = HeaderValue::from_str(&retry_s.to_string()) {
+                    response.headers_mut().insert("retry-after", value);
+                }
+                return Ok(response.map(InFlightBody::new));
+            }
+            // Dropped with this future (a request aborted before its response) or with the
+            // body: either way the lease goes back.
+            let guard = AsyncLeaseGuard::start(config.limiter.clone(), &key, lease, config.ttl_ms);
+            let response = inner.call(Request::from_parts(parts, body)).await?;
+            Ok(response.map(|body| InFlightBody::holding(body, Box::new(guard))))
         })
     }
 }

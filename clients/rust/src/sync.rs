@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 
 use redis::{ConnectionLike, RedisResult, Value};
 
-use crate::engine::{CallError, Engine, Exchange, Op, Path, Step, Target};
+use crate::engine::{Answer, CallError, Engine, Exchange, Op, Path, Step, Target};
+use crate::lease::{self, Call, Lease, LeaseCount, Reservation};
 use crate::slots::{Across, AcrossStep, SlotItem, SlotsDecision};
 use crate::types::{
     check_cost, Charged, Counters, Decision, Error, Limit, MultiDecision, Options, Refund,
@@ -354,6 +355,158 @@ impl<K: Connect> Limiter<K> {
         }
         let result = self.call(op, &[(target, *limit, cost)]);
         self.engine.after_refund(result, (key, limit, cost))
+    }
+
+    // Leases and reservations ----------------------------------------------------------------
+
+    /// Takes a lease at `key` if fewer than `limit` are held (RL.LEASE): one slot of work in
+    /// flight for `ttl_ms`, unless released or renewed first. With `id` (1 to 16 bytes) a
+    /// retried take is answered as held; without, an id is drawn here (16 hex characters).
+    /// Prefer [`Limiter::hold`], whose guard releases the lease when dropped.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] naming a bad argument; [`Error::Redis`] for an error reply the
+    /// failure policy does not cover (WRONGTYPE). Outages are decided by the policy: `Open`
+    /// allows (an id starting `open:`, never sent to Redis), `Closed` denies, `Local` takes a
+    /// lease in an in-process table, `limit / instances` per key.
+    pub fn lease(
+        &self,
+        key: &str,
+        limit: u32,
+        ttl_ms: u64,
+        id: Option<&str>,
+    ) -> Result<Lease, Error> {
+        let limit = lease::check_limit(limit)?;
+        let ttl_ms = lease::check_ttl(ttl_ms)?;
+        let id = lease::id_or_new(id)?;
+        self.run(Call::Lease {
+            key,
+            limit,
+            ttl_ms,
+            id: &id,
+        })?
+        .lease()
+    }
+
+    /// Gives a lease back (RL.RELEASE): `true` if it was held. An `open:` id, or one the
+    /// `Local` policy holds, never goes to Redis.
+    ///
+    /// # Errors
+    /// As for [`Limiter::lease`].
+    pub fn release(&self, key: &str, id: &str) -> Result<bool, Error> {
+        let id = lease::check_held_id(id)?;
+        self.run(Call::Release { key, id })?.flag()
+    }
+
+    /// Makes a held lease expire `ttl_ms` from now (RL.RENEW): `true` if it was held.
+    ///
+    /// # Errors
+    /// As for [`Limiter::lease`].
+    pub fn renew(&self, key: &str, id: &str, ttl_ms: u64) -> Result<bool, Error> {
+        let ttl_ms = lease::check_ttl(ttl_ms)?;
+        let id = lease::check_held_id(id)?;
+        self.run(Call::Renew { key, id, ttl_ms })?.flag()
+    }
+
+    /// Counts the leases held at `key` and how long a take under `limit` would wait
+    /// (RL.LEASES), writing nothing.
+    ///
+    /// # Errors
+    /// As for [`Limiter::lease`].
+    pub fn leases(&self, key: &str, limit: u32) -> Result<LeaseCount, Error> {
+        let limit = lease::check_limit(limit)?;
+        self.run(Call::Leases { key, limit })?.count()
+    }
+
+    /// Takes `estimate` tokens now from the bucket `key` of `limit`, as an acquire of that
+    /// cost, and records the take for `ttl_ms` (RL.RESERVE); settle it with
+    /// [`Reservation::settle`] once the actual cost is known. One never settled stands as
+    /// taken.
+    ///
+    /// ```no_run
+    /// use redis_rl_client::{Limit, Limiter, OnError, Options};
+    ///
+    /// let limiter = Limiter::new(redis::Client::open("redis://127.0.0.1/")?, Options::new(OnError::Local));
+    /// let tpm = Limit::per(10_000, std::time::Duration::from_secs(60))?;
+    /// let r = limiter.reserve("llm:tenant:7", &tpm, 1000.0, 60_000, None)?;
+    /// if r.allowed {
+    ///     let used = 640.0; // known when the answer ends
+    ///     let settled = r.settle(used)?;
+    ///     # let _ = settled;
+    /// }
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As for [`Limiter::lease`]; [`Error::Invalid`] for an estimate not above 0.
+    pub fn reserve(
+        &self,
+        key: &str,
+        limit: &Limit,
+        estimate: f64,
+        ttl_ms: u64,
+        id: Option<&str>,
+    ) -> Result<Reservation<'_, Self>, Error> {
+        let estimate = lease::check_estimate(estimate)?;
+        let ttl_ms = lease::check_ttl(ttl_ms)?;
+        let id = lease::id_or_new(id)?;
+        let reserved = self
+            .run(Call::Reserve {
+                key,
+                limit: *limit,
+                estimate,
+                ttl_ms,
+                id: &id,
+            })?
+            .reserved()?;
+        Ok(Reservation {
+            limiter: self,
+            reserved,
+        })
+    }
+
+    /// Settles the reservation `id` of `key` with its `actual` cost (RL.SETTLE), once: the
+    /// over-estimate goes back, the under-estimate is charged (into debt). For a reservation
+    /// made elsewhere (another process); [`Reservation::settle`] otherwise.
+    ///
+    /// # Errors
+    /// [`Error::Redis`] when `id` is not an open reservation of `key` (settled, expired or
+    /// never made; [`Error::Invalid`] on the `Local` policy), and as for [`Limiter::lease`].
+    pub fn settle(
+        &self,
+        key: &str,
+        limit: &Limit,
+        id: &str,
+        actual: f64,
+    ) -> Result<Charged, Error> {
+        let actual = lease::check_actual(actual)?;
+        let id = lease::check_held_id(id)?;
+        self.run(Call::Settle {
+            key,
+            limit: *limit,
+            id,
+            actual,
+        })?
+        .settled()
+    }
+
+    /// One lease or reservation call: without Redis when the policy or a local id answers
+    /// it, else its exchange.
+    fn run(&self, call: Call<'_>) -> Result<Answer, Error> {
+        if let Some(answer) = self.engine.before_call(&call) {
+            return answer;
+        }
+        let result = self.with_connection(|connection| {
+            let mut exchange = Exchange::of_call(&self.engine, call);
+            let mut step = exchange.start();
+            loop {
+                step = match step {
+                    Step::Send(cmd) => exchange.reply(cmd.query(connection)),
+                    Step::Done(result) => return result,
+                };
+            }
+        });
+        self.engine.after_call(result, &call)
     }
 
     /// The engine, for a table's calls that are not decisions.

@@ -555,6 +555,14 @@ pub enum Error {
     Redis(redis::RedisError),
     /// A reply of an unexpected shape.
     Reply(String),
+    /// A wait for a free lease slot ([`crate::Limiter::hold`]) ran out: how long it waited,
+    /// and the last denial's `retry_after_ms`.
+    TimedOut {
+        /// The wait asked for, in ms.
+        waited_ms: u64,
+        /// What the last denial said to wait, in ms.
+        retry_after_ms: i64,
+    },
 }
 
 impl fmt::Display for Error {
@@ -571,6 +579,14 @@ impl fmt::Display for Error {
             }
             Error::Redis(e) => write!(f, "redis: {e}"),
             Error::Reply(text) => write!(f, "unexpected reply: {text}"),
+            Error::TimedOut {
+                waited_ms,
+                retry_after_ms,
+            } => write!(
+                f,
+                "timed out: no free slot within {waited_ms} ms (the last denial said to retry \
+                 after {retry_after_ms} ms)"
+            ),
         }
     }
 }

@@ -63,7 +63,7 @@ impl From<Error> for WaitError {
 }
 
 /// Up to 10% of jitter, from std's per-instance random hash keys (no extra dependency).
-fn jitter_fraction() -> f64 {
+pub(crate) fn jitter_fraction() -> f64 {
     // Each RandomState has new keys, so the same input hashes differently each time.
     let mut hasher = RandomState::new().build_hasher();
     hasher.write_u8(0);

@@ -28,6 +28,12 @@
 //! `SECONDS_PER_ROUND` (default 5), `SERVICE` (default: redis-rl-envoy beside this binary),
 //! `LIMITADOR_BIN` (the peer's built limitador-server; unset or empty skips its rows, with
 //! `LIMITADOR_SKIP` as the reason written into the results),
+//! `PEER_GRPC` (`host:port` of a rate-limit service already running, benched beside the
+//! others: envoyproxy/ratelimit, limitador, a team's own; it must hold the config
+//! `envoy-bench --write-config DIR` writes), `PEER_NAME` (its label), `PEER_PID` (its
+//! process, when local, for its CPU; else its CPU rows say n/a), `PEER_REDIS` (`host:port` of
+//! its Redis, for its Redis CPU from `INFO cpu` and the memory row; else those say n/a),
+//! `MEMORY_USERS` (distinct users of the memory row, default 2000),
 //! `SERVICE_CPU` (the services' taskset list, default `1`), `REDIS_CPU` (default `0`),
 //! `LOAD_CPU` (this driver's and Envoy's, default `0`; empty leaves it unpinned),
 //! `REDIS_POOL_SIZE` (the service's, default 10); for profiling, `STREAMS` (a comma list,
@@ -179,11 +185,101 @@ fn request(stream: usize, n: u64) -> RateLimitRequest {
     }
 }
 
-/// The probe: a domain of one call a minute per user, in every service's config.
+/// What sets this run's users apart from an earlier run's on a service (and Redis) that
+/// outlives it: the process id and the start time.
+fn run_id() -> &'static str {
+    static ID: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    ID.get_or_init(|| {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        format!("{}-{nanos}", std::process::id())
+    })
+}
+
+/// The probe: a domain of one call a minute per user, in every service's config. Its user
+/// is this run's, so a service that a previous run probed less than a minute ago passes.
 fn probe_request() -> RateLimitRequest {
     let mut r = request(0, 0);
     r.domain = "probe".into();
+    if let Some(d) = r.descriptors.first_mut() {
+        if let Some(e) = d.entries.first_mut() {
+            e.value = format!("probe-{}", run_id());
+        }
+    }
     r
+}
+
+/// The config every benched service holds, one file per domain as envoyproxy/ratelimit
+/// reads them: the load's domain (never denies it), the probe, and the memory row's domain
+/// (ten an hour, so each user's counter outlives the measurement on every service).
+const CONFIG_FILES: [(&str, &str); 3] = [
+    (
+        "bench.yaml",
+        "domain: edge\ndescriptors:\n  - key: user\n    rate_limit: {unit: second, requests_per_unit: 1000000000}\n",
+    ),
+    (
+        "probe.yaml",
+        "domain: probe\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 1}\n",
+    ),
+    (
+        "memory.yaml",
+        "domain: memory\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 10}\n",
+    ),
+];
+
+fn write_config(dir: &std::path::Path) -> Res<()> {
+    std::fs::create_dir_all(dir)?;
+    for (name, text) in CONFIG_FILES {
+        std::fs::write(dir.join(name), text)?;
+    }
+    Ok(())
+}
+
+/// A Redis's counter from `INFO <section>` (`used_memory`, `used_cpu_user` …).
+async fn info_field(
+    redis: &mut redis::aio::MultiplexedConnection,
+    section: &str,
+    field: &str,
+) -> Res<f64> {
+    let text: String = redis::cmd("INFO").arg(section).query_async(redis).await?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(field).and_then(|v| v.strip_prefix(':')))
+        .and_then(|v| v.trim().parse().ok())
+        .ok_or_else(|| format!("INFO {section} has no {field}").into())
+}
+
+/// A Redis's memory for its data: `used_memory` without its clients' buffers
+/// (`mem_clients_normal`), which Redis grows and trims as connections come and go idle, so a
+/// growth in it is the keys' (their values, their expiry and the dictionaries' entries).
+async fn memory(redis: &mut redis::aio::MultiplexedConnection) -> Res<f64> {
+    Ok(info_field(redis, "memory", "used_memory").await?
+        - info_field(redis, "memory", "mem_clients_normal").await?)
+}
+
+/// [`memory`] once it stops moving (two reads 100 ms apart within 1 KB, for at most 3 s):
+/// a Redis that has just answered the probe is still expiring and freeing what the load's
+/// and the probe's calls left.
+async fn settled_memory(redis: &mut redis::aio::MultiplexedConnection) -> Res<f64> {
+    let mut last = memory(redis).await?;
+    for _ in 0..30 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let now = memory(redis).await?;
+        if (now - last).abs() < 1024.0 {
+            return Ok(now);
+        }
+        last = now;
+    }
+    Ok(last)
+}
+
+/// CPU ms per 10,000 decisions, or n/a (NaN) where the process could not be read.
+fn ms(v: f64) -> String {
+    if v.is_nan() {
+        "n/a".into()
+    } else {
+        format!("{v:.0}")
+    }
 }
 
 /// One `ShouldRateLimit` call's overall code; an unknown code is an error.
@@ -201,12 +297,14 @@ async fn decide(client: &mut RateLimitServiceClient<Channel>, req: RateLimitRequ
 struct Rls {
     label: String,
     client: RateLimitServiceClient<Channel>,
-    /// The service's process, for its CPU.
-    pid: u32,
-    /// Its Redis's process, for Redis's CPU.
-    redis_pid: u32,
-    /// The processes, stopped when the run ends.
-    _guard: Guard,
+    /// The service's process, for its CPU: none for a service given by address alone.
+    pid: Option<u32>,
+    /// Its Redis's process, for Redis's CPU; without it, Redis's `INFO cpu`.
+    redis_pid: Option<u32>,
+    /// Its Redis's `host:port`, for `INFO` (the memory row); none when not given.
+    redis_addr: Option<String>,
+    /// The processes this run started, stopped when it ends.
+    _guard: Option<Guard>,
 }
 
 impl Rls {
@@ -214,10 +312,19 @@ impl Rls {
     /// measured: the load's domain answers OK, and the probe domain (one call a minute)
     /// answers OK, then OVER_LIMIT. A service that matched no limit answers OK to both.
     async fn connect(label: &str, guard: Guard, grpc_port: u16, redis_pid: u32) -> Res<Self> {
-        let channel =
-            tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{grpc_port}"))?
-                .connect()
-                .await?;
+        let mut rls = Self::connect_to(label, &format!("127.0.0.1:{grpc_port}")).await?;
+        rls.pid = Some(guard.0.id());
+        rls.redis_pid = Some(redis_pid);
+        rls._guard = Some(guard);
+        Ok(rls)
+    }
+
+    /// As [`Rls::connect`] for a service this run did not start, at `addr` (`host:port`).
+    async fn connect_to(label: &str, addr: &str) -> Res<Self> {
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?
+            .connect()
+            .await
+            .map_err(|e| format!("{label} at {addr}: {e}"))?;
         let mut client = RateLimitServiceClient::new(channel);
         let load = decide(&mut client, request(0, 0)).await?;
         let first = decide(&mut client, probe_request()).await?;
@@ -232,16 +339,82 @@ impl Rls {
         Ok(Self {
             label: label.into(),
             client,
-            pid: guard.0.id(),
-            redis_pid,
-            _guard: guard,
+            pid: None,
+            redis_pid: None,
+            redis_addr: None,
+            _guard: None,
         })
+    }
+
+    /// A connection to the service's Redis, when its address is known.
+    async fn redis(&self) -> Res<Option<redis::aio::MultiplexedConnection>> {
+        let Some(addr) = &self.redis_addr else {
+            return Ok(None);
+        };
+        let c = redis::Client::open(format!("redis://{addr}/"))?
+            .get_multiplexed_async_connection()
+            .await
+            .map_err(|e| format!("{}: its Redis at {addr}: {e}", self.label))?;
+        Ok(Some(c))
+    }
+
+    /// Redis's CPU so far in ns: its threads' `schedstat` when the process is local, else
+    /// `INFO cpu` (user + system, µs resolution); none without either.
+    async fn redis_cpu_ns(
+        &self,
+        info: &mut Option<redis::aio::MultiplexedConnection>,
+    ) -> Res<Option<u64>> {
+        if let Some(pid) = self.redis_pid {
+            return Ok(Some(cpu_ns(pid)?));
+        }
+        let Some(c) = info.as_mut() else {
+            return Ok(None);
+        };
+        let seconds = info_field(c, "cpu", "used_cpu_user").await?
+            + info_field(c, "cpu", "used_cpu_sys").await?;
+        Ok(Some((seconds * 1e9) as u64))
+    }
+
+    /// Redis bytes per limited user: `used_memory`'s growth on the service's Redis while
+    /// `users` distinct users (this run's) each make one call to the memory domain, which
+    /// must answer OK. None when the Redis's address is not known.
+    async fn bytes_per_user(&self, users: usize) -> Res<Option<(f64, f64)>> {
+        let Some(mut info) = self.redis().await? else {
+            return Ok(None);
+        };
+        let before = settled_memory(&mut info).await?;
+        let mut client = self.client.clone();
+        for i in 0..users {
+            let mut r = request(0, 0);
+            r.domain = "memory".into();
+            if let Some(e) = r
+                .descriptors
+                .first_mut()
+                .and_then(|d| d.entries.first_mut())
+            {
+                e.value = format!("mem-{}-{i}", run_id());
+            }
+            let code = decide(&mut client, r).await?;
+            if code != Code::Ok {
+                return Err(format!("{}: the memory domain answered {code:?}", self.label).into());
+            }
+        }
+        let after = memory(&mut info).await?;
+
+        let growth = after - before;
+        Ok(Some((growth, growth / users.max(1) as f64)))
     }
 
     /// One round of `streams` callers: the round, and the CPU the service and its Redis
     /// used in it, each in ms per 10,000 decisions. Every call must answer OK.
     async fn round(&self, streams: usize, seconds: f64) -> Res<(Round, f64, f64)> {
-        let (service_before, redis_before) = (cpu_ns(self.pid)?, cpu_ns(self.redis_pid)?);
+        let mut info = if self.redis_pid.is_none() {
+            self.redis().await?
+        } else {
+            None
+        };
+        let service_before = self.pid.map(cpu_ns).transpose()?;
+        let redis_before = self.redis_cpu_ns(&mut info).await?;
         let client = self.client.clone();
         let r = round(streams, seconds, move |s, n| {
             let mut client = client.clone();
@@ -255,8 +428,15 @@ impl Rls {
         .await
         .map_err(|e| format!("{}: {e}", self.label))?;
         let per_10k = |ns: u64| ns as f64 / 1e6 * 10_000.0 / r.calls.max(1) as f64;
-        let service = per_10k(cpu_ns(self.pid)?.saturating_sub(service_before));
-        let redis = per_10k(cpu_ns(self.redis_pid)?.saturating_sub(redis_before));
+        // n/a (NaN) where the process is not known: see `ms`.
+        let service = match (self.pid, service_before) {
+            (Some(pid), Some(before)) => per_10k(cpu_ns(pid)?.saturating_sub(before)),
+            _ => f64::NAN,
+        };
+        let redis = match (self.redis_cpu_ns(&mut info).await?, redis_before) {
+            (Some(after), Some(before)) => per_10k(after.saturating_sub(before)),
+            _ => f64::NAN,
+        };
         Ok((r, service, redis))
     }
 }
@@ -300,6 +480,7 @@ async fn start_service(
             .env("GRPC_PORT", grpc_port.to_string())
             .env("HOST", "127.0.0.1")
             .env("GRPC_HOST", "127.0.0.1")
+            .env("DEBUG_PORT", free_port()?.to_string())
             .env("RL_TIMEOUT_MS", "5000")
             .env(
                 "REDIS_POOL_SIZE",
@@ -335,6 +516,12 @@ const LIMITADOR_LIMITS: &str = "---
 - namespace: probe
   max_value: 1
   seconds: 60
+  conditions: []
+  variables:
+    - descriptors[0]['user']
+- namespace: memory
+  max_value: 10
+  seconds: 3600
   conditions: []
   variables:
     - descriptors[0]['user']
@@ -499,9 +686,14 @@ fn raw_row(
     r: &Round,
     cpu_ms: Option<(f64, f64)>,
 ) -> String {
-    let (service, redis) = cpu_ms.map_or((String::new(), String::new()), |(s, r)| {
-        (format!("{s:.1}"), format!("{r:.1}"))
-    });
+    let one = |v: f64| {
+        if v.is_nan() {
+            "n/a".to_string()
+        } else {
+            format!("{v:.1}")
+        }
+    };
+    let (service, redis) = cpu_ms.map_or((String::new(), String::new()), |(s, r)| (one(s), one(r)));
     format!(
         "| {streams} | {rep} | {path} | {} | {:.2} | {:.0} | {} | {} | {service} | {redis} |\n",
         r.calls,
@@ -644,6 +836,19 @@ async fn run(load_cpu: &str, cpus: usize) -> Res<()> {
         .and_then(|i| args.get(i + 1))
         .cloned()
         .unwrap_or_else(|| "bench/envoy.md".into());
+    // `--write-config DIR`: the config a service given by PEER_GRPC must hold, then exit.
+    if let Some(dir) = args
+        .iter()
+        .position(|a| a == "--write-config")
+        .and_then(|i| args.get(i + 1))
+    {
+        write_config(std::path::Path::new(dir))?;
+        println!(
+            "wrote {} into {dir}",
+            CONFIG_FILES.map(|(n, _)| n).join(", ")
+        );
+        return Ok(());
+    }
     let seconds: f64 = std::env::var("SECONDS_PER_ROUND")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -661,16 +866,8 @@ async fn run(load_cpu: &str, cpus: usize) -> Res<()> {
         return Err(format!("LIMITADOR_BIN={limitador_bin}: no such file").into());
     }
     let dir = std::env::temp_dir().join(format!("envoy-bench-{}", std::process::id()));
-    std::fs::create_dir_all(dir.join("config"))?;
-    std::fs::write(
-        dir.join("config/bench.yaml"),
-        "domain: edge\ndescriptors:\n  - key: user\n    rate_limit: {unit: second, requests_per_unit: 1000000000}\n",
-    )?;
-    // The probe every service must pass before it is measured (see `Rls::connect`).
-    std::fs::write(
-        dir.join("config/probe.yaml"),
-        "domain: probe\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 1}\n",
-    )?;
+    // With the probe every service must pass before it is measured (see `Rls::connect`).
+    write_config(&dir.join("config"))?;
     let redis_cpu = std::env::var("REDIS_CPU").unwrap_or_else(|_| "0".into());
     let service_cpu = std::env::var("SERVICE_CPU").unwrap_or_else(|_| "1".into());
     // Before anything starts: what else the machine was doing.
@@ -689,7 +886,8 @@ async fn run(load_cpu: &str, cpus: usize) -> Res<()> {
     let redis_pid = redis.0.id();
     let (service, ports) = start_service(&service_bin, &service_cpu, &dir, redis_port).await?;
     let (grpc_port, metrics_port) = (ports.grpc, ports.metrics);
-    let module_rls = Rls::connect("redis-rl-envoy", service, grpc_port, redis_pid).await?;
+    let mut module_rls = Rls::connect("redis-rl-envoy", service, grpc_port, redis_pid).await?;
+    module_rls.redis_addr = Some(format!("127.0.0.1:{redis_port}"));
     let mut others: Vec<Rls> = Vec::new();
     // The Lua path: the same service on a Redis without the module, where the client
     // library runs the shipped script (RL_WITHOUT_MODULE's default, lua).
@@ -699,13 +897,14 @@ async fn run(load_cpu: &str, cpus: usize) -> Res<()> {
     } else {
         let (lua_redis, lua_port) = start_redis(&redis_server, &redis_cpu, None).await?;
         let (service, ports) = start_service(&service_bin, &service_cpu, &dir, lua_port).await?;
-        let rls = Rls::connect(
+        let mut rls = Rls::connect(
             "redis-rl-envoy, Lua path",
             service,
             ports.grpc,
             lua_redis.0.id(),
         )
         .await?;
+        rls.redis_addr = Some(format!("127.0.0.1:{lua_port}"));
         // A server without the module cannot take RL.* commands, so the probe went through
         // the script; say so rather than trust it.
         let mut c = redis::Client::open(format!("redis://127.0.0.1:{lua_port}/"))?
@@ -731,9 +930,43 @@ async fn run(load_cpu: &str, cpus: usize) -> Res<()> {
         })
     } else {
         let (guard, port) = start_limitador(&limitador_bin, &service_cpu, &dir, redis_port).await?;
-        others.push(Rls::connect("limitador-server", guard, port, redis_pid).await?);
+        let mut rls = Rls::connect("limitador-server", guard, port, redis_pid).await?;
+        rls.redis_addr = Some(format!("127.0.0.1:{redis_port}"));
+        others.push(rls);
         None
     };
+    // A service already running, given by address: benched like the others, with its CPU
+    // where its process is local (PEER_PID) and its Redis's figures where its address is
+    // given (PEER_REDIS); what is not known is n/a, and the results say why.
+    let mut peer_notes = String::new();
+    if let Ok(addr) = std::env::var("PEER_GRPC") {
+        if !addr.is_empty() {
+            let name = std::env::var("PEER_NAME")
+                .ok()
+                .filter(|n| !n.is_empty())
+                .unwrap_or_else(|| format!("the service at {addr}"));
+            let mut rls = Rls::connect_to(&name, &addr).await.map_err(|e| {
+                format!("{e} (PEER_GRPC's service must hold the config `envoy-bench --write-config DIR` writes)")
+            })?;
+            match std::env::var("PEER_PID").ok().filter(|p| !p.is_empty()) {
+                Some(pid) => {
+                    let pid: u32 = pid.parse().map_err(|_| format!("PEER_PID={pid}: not a process id"))?;
+                    cpu_ns(pid).map_err(|e| format!("PEER_PID={pid}: its /proc/{pid}/task cannot be read ({e}): is the process local?"))?;
+                    rls.pid = Some(pid);
+                }
+                None => peer_notes.push_str(&format!(
+                    "{name}'s service CPU is n/a: PEER_PID (its process, when it runs on this machine) is not set.\n"
+                )),
+            }
+            match std::env::var("PEER_REDIS").ok().filter(|r| !r.is_empty()) {
+                Some(redis) => rls.redis_addr = Some(redis),
+                None => peer_notes.push_str(&format!(
+                    "{name}'s Redis CPU and Redis bytes per limited user are n/a: PEER_REDIS (its Redis's host:port) is not set.\n"
+                )),
+            }
+            others.push(rls);
+        }
+    }
     let limitador_version = if limitador_bin.is_empty() {
         String::new()
     } else {
@@ -753,6 +986,30 @@ async fn run(load_cpu: &str, cpus: usize) -> Res<()> {
             })
             .unwrap_or_default()
     };
+
+    // Redis bytes per limited user, before any load (whose short-lived keys would expire
+    // during the measurement): each service in turn, its users this run's own.
+    let memory_users: usize = std::env::var("MEMORY_USERS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(2000);
+    let mut memory_rows = String::new();
+    for rls in std::iter::once(&module_rls).chain(others.iter()) {
+        memory_rows.push_str(&match rls.bytes_per_user(memory_users).await? {
+            Some((growth, per_user)) => format!(
+                "| {} | {memory_users} | {growth:.0} | {per_user:.0} |\n",
+                rls.label
+            ),
+            None => format!(
+                "| {} | {memory_users} | n/a | n/a: its Redis's address is not known |\n",
+                rls.label
+            ),
+        });
+    }
+    if let Some(why) = &limitador_skipped {
+        memory_rows.push_str(&format!("| limitador-server | | | skipped: {why} |\n"));
+    }
 
     // TCP_NODELAY as the service sets it, so both paths send the same way.
     let tcp = redis::io::tcp::TcpSettings::default().set_nodelay(true);
@@ -899,8 +1156,10 @@ async fn run(load_cpu: &str, cpus: usize) -> Res<()> {
         for (i, (rls, figures)) in others.iter().zip(other_figures).enumerate() {
             let [rate, p50, p99, s_cpu, r_cpu] = figures.map(median);
             peer_table.push_str(&format!(
-                "| {streams} | {} | {rate:.0} | {p50:.0} | {p99:.0} | {s_cpu:.0} | {r_cpu:.0} |\n",
-                rls.label
+                "| {streams} | {} | {rate:.0} | {p50:.0} | {p99:.0} | {} | {} |\n",
+                rls.label,
+                ms(s_cpu),
+                ms(r_cpu),
             ));
             let colour = PEER_COLOURS.get(i + 1).copied().unwrap_or(PEER_COLOURS[0]);
             peer_chart.push((format!("{streams} streams, {}", rls.label), rate, colour));
@@ -1042,7 +1301,7 @@ async fn run(load_cpu: &str, cpus: usize) -> Res<()> {
         None => String::new(),
     };
     let peer = format!(
-        "## Against a peer: limitador\n\n\
+        "## Against peers: limitador, and any service already running\n\n\
          The same load (the same request, keys, streams and one HTTP/2 connection) on each \
          service in turn, each pinned to CPU {service_cpu}: redis-rl-envoy on the module; \
          the same service on a second Redis {redis_version} without the module, on CPU \
@@ -1055,7 +1314,18 @@ async fn run(load_cpu: &str, cpus: usize) -> Res<()> {
          measuring, each service answered OK on the load's domain, then OK and OVER_LIMIT \
          on a probe domain of one call a minute; every measured call answered OK. CPU is \
          each process's threads' `schedstat` over the round, in ms per 10,000 decisions \
-         (1 ms per 10,000 is 0.1 µs per decision).\n\n{peer_table}{skipped}\n\
+         (1 ms per 10,000 is 0.1 µs per decision). A service given by `PEER_GRPC` runs \
+         where it runs, with its own config (the one `envoy-bench --write-config DIR` \
+         writes): its CPU is its process's (`PEER_PID`) when it is on this machine, its \
+         Redis's from that Redis's `INFO cpu` (`PEER_REDIS`), else n/a.\n\n{peer_table}{skipped}{peer_notes}\n\
+         ## Redis bytes per limited user\n\n\
+         Each service in turn, before any load: the growth of its Redis's `used_memory` \
+         less its clients' buffers (`mem_clients_normal`, which Redis trims on its own), \
+         once it has settled, while {memory_users} distinct users (this run's own) each make \
+         one call to a domain of ten calls an hour, divided by the users. It is what one \
+         user's counter costs in that service's Redis, keys and their expiry included.\n\n\
+         | service | users | growth, bytes | bytes per limited user |\n\
+         | --- | ---: | ---: | ---: |\n{memory_rows}\n\
          ## The hot path: the module against the Lua script\n\n{hot}",
         limitador_version = if limitador_version.is_empty() {
             String::new()

@@ -252,6 +252,11 @@ impl Service {
         }
     }
 
+    /// The service's process id (none once it exited).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// What the service logged so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()

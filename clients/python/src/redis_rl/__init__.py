@@ -13,17 +13,21 @@ library redis_rl, loaded by `load_functions`, and the Lua script).
 Layout: `_core` holds the types, the policy, the shield and each call's steps (no I/O);
 `_decimal` the text sent for a number and its exact value; `client` the sync limiter and
 `asyncio` its awaited twin (only the I/O); `_slots` all or nothing across hash slots;
-`bucket` the exact in-process bucket; `rl.lua` the fallback script and `rl_functions.lua` the
+`bucket` the exact in-process bucket; `lease` the types of leases and reservations and the
+local lease table, `hold` the `with` / `async with` scopes of a lease; `rl.lua` the fallback script and `rl_functions.lua` the
 Functions library (copies of clients/lua/, kept equal by tests/test_package.py); `table`
 the bucket tables (`limiter.table(name, shards)`); `http` what the HTTP middlewares share,
 `asgi`, `wsgi` and `django` the middlewares and route decorators.
 """
 
 from ._core import (CLOSED_RETRY_AFTER_MS, FUNCTIONS_VERSION, Charge, Decision, Error, Limit,
-                    MisconfiguredError, ModuleMissingError, MultiDecision, Refund)
+                    MisconfiguredError, ModuleMissingError, MultiDecision, Refund,
+                    ReservationNotOpenError)
 from ._slots import SlotItem, SlotOutcome, SlotsDecision, key_slot
 from .bucket import DebtTooLongError
 from .client import Limiter, connect, connect_cluster, load_functions
+from .hold import LeaseTimeoutError
+from .lease import Lease, LeaseCount, Reservation
 from .table import AsyncTable, Table, shard_of
 from .wait import WaitCancelledError, WaitNeverError, WaitTimeoutError
 
@@ -33,5 +37,6 @@ __all__ = ["Limiter", "Limit", "Decision", "MultiDecision", "Refund", "Charge", 
            "connect_cluster", "load_functions", "FUNCTIONS_VERSION",
            "SlotItem", "SlotOutcome", "SlotsDecision", "key_slot",
            "WaitTimeoutError", "WaitNeverError", "WaitCancelledError",
-           "Table", "AsyncTable", "shard_of"]
+           "Table", "AsyncTable", "shard_of",
+           "Lease", "LeaseCount", "LeaseTimeoutError", "Reservation", "ReservationNotOpenError"]
 __version__ = "0.1.0"

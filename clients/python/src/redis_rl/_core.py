@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence, Tuple, Union
 
 from . import _decimal
 from .bucket import DebtTooLongError, LocalBuckets
+from .lease import (LOCAL_PREFIX, OPEN_PREFIX, Lease, LeaseCount, LocalLeases, Reservation,
+                    check_id, check_limit, check_ttl, is_policy_id, new_id, policy_id)
 
 if TYPE_CHECKING:
     import datetime
@@ -345,7 +347,14 @@ def refused(error):
         text = text[4:]
     if text.startswith("cost would leave the bucket in debt"):
         return DebtTooLongError(text)
+    if "is not an open reservation" in text:
+        return ReservationNotOpenError(text)
     return error
+
+
+class ReservationNotOpenError(Error):
+    """A settle of an id that is no open reservation of the key: settled already (a settle
+    applies once), lapsed at its ttl (it stands as taken), or never made."""
 
 
 class Refund:
@@ -460,6 +469,11 @@ class Engine:
         self.clock = clock
         self.lock = threading.Lock()
         self.local = LocalBuckets(instances, local_max_keys)
+        self.local_leases = LocalLeases(instances, local_max_keys)
+        # The "local" policy's open reservations: (key, id) -> (limit, estimate, expiry_us).
+        self.local_reservations = OrderedDict()
+        self.local_max_keys = local_max_keys
+        self.reservation_type = Reservation  # the asyncio limiter's settles with an await
         self.cache_size = deny_cache
         self.cache = OrderedDict()  # key -> (limit, cost, until_s, remaining, reset_until_s)
         self.mode = None  # None: not found yet; "module", "functions" or "lua"
@@ -614,6 +628,135 @@ class Engine:
                     cost, key, self.on_error)
         return Charge(False, 0, 0, 0, limit, self.on_error)
 
+    # Leases and reservations -----------------------------------------------------------------
+
+    def begin_lease(self, op, key, params):
+        """`begin` for a lease op (`LEASE_OPS`): `params` holds the checked arguments ("limit",
+        "ttl_ms", "id", and for reservations "bucket", "estimate", "actual"). An id the failure
+        policy made ("open:", "local:", or one the local table holds) is answered here, never
+        sent to Redis. Returns `(answer, None)` or `(None, call)` as `begin` does."""
+        if op in ("lease", "reserve") and params.get("id") is None:
+            params["fallback_id"] = new_id()  # a script cannot draw an id itself
+        items = [(key, params.get("bucket"), params)]
+        if op in ("release", "renew", "settle"):
+            kind = is_policy_id(params["id"])
+            if kind is None and self._held_locally(op, key, params["id"]):
+                kind = "local"
+            if kind is not None:
+                return self.policy_lease(op, items, kind), None
+        if self.skip_redis():
+            return self.policy(op, items), None
+        return None, Call(op, items, self.clock())
+
+    def _held_locally(self, op, key, lease_id):
+        with self.lock:
+            if op == "settle":
+                return (key, lease_id) in self.local_reservations
+            return self.local_leases.holds(key, lease_id)
+
+    def policy_lease(self, op, items, kind=None):
+        """The failure policy's answer to a lease op; `kind` ("open" or "local") for an id that
+        policy made, which is answered by it whatever `on_error` says now."""
+        (key, bucket, params), = items
+        how = kind or self.on_error
+        limit, ttl_ms, lease_id = params.get("limit"), params.get("ttl_ms"), params.get("id")
+        unapplied = None
+        with self.lock:
+            if kind is None:
+                self._count_policy()
+            else:
+                self.counters[kind] += 1
+            now_us = self.now_us()
+            if op == "lease":
+                if how == "open":
+                    return Lease(1, policy_id(OPEN_PREFIX), 0, ttl_ms, key, limit, ttl_ms, "open")
+                if how == "closed":
+                    return Lease(0, "", 0, CLOSED_RETRY_AFTER_MS, key, limit, ttl_ms, "closed")
+                reply = self.local_leases.lease(key, limit, ttl_ms, lease_id or policy_id(LOCAL_PREFIX), now_us)
+                return Lease(*reply, key, limit, ttl_ms, "local")
+            if op in ("release", "renew"):
+                if how == "open":
+                    # An "open:" lease holds nothing; a Redis lease cannot be reached now: a
+                    # renewal answers held (the work goes on, as "open" lets it), a release
+                    # answers 0 (the lease expires at its ttl).
+                    return kind == "open" or op == "renew"
+                if how == "closed":
+                    return False
+                if op == "release":
+                    return bool(self.local_leases.release(key, lease_id, now_us))
+                return bool(self.local_leases.renew(key, lease_id, ttl_ms, now_us))
+            if op == "leases":
+                if how == "open":
+                    return LeaseCount(0, 0, limit, "open")
+                if how == "closed":
+                    return LeaseCount(limit, CLOSED_RETRY_AFTER_MS, limit, "closed")
+                return LeaseCount(*self.local_leases.count(key, limit, now_us), limit, "local")
+            estimate = params.get("estimate")
+            if op == "reserve":
+                make = self.reservation_type
+                if how == "open":
+                    return make(1, policy_id(OPEN_PREFIX), 0, 0, key, bucket, estimate, "open")
+                if how == "closed":
+                    return make(0, "", 0, CLOSED_RETRY_AFTER_MS, key, bucket, estimate, "closed")
+                allowed, remaining, retry, _ = self.local.acquire(key, bucket, estimate, now_us)
+                rid = ""
+                if allowed:
+                    rid = lease_id or policy_id(LOCAL_PREFIX)
+                    self._drop_lapsed_reservations(now_us)
+                    self.local_reservations[(key, rid)] = (bucket, estimate, now_us + ttl_ms * 1000)
+                    while len(self.local_reservations) > self.local_max_keys:
+                        self.local_reservations.popitem(last=False)
+                return make(allowed, rid, remaining, retry, key, bucket, estimate, "local")
+            # settle
+            actual = params["actual"]
+            if kind == "open":
+                return Charge(False, 0, 0, 0, bucket, "open")
+            if kind == "local":
+                self._drop_lapsed_reservations(now_us)
+                record = self.local_reservations.pop((key, lease_id), None)
+                if record is None:
+                    raise ReservationNotOpenError(
+                        f"id {lease_id} is not an open reservation of this key (settled, "
+                        "expired or never made)")
+                _, reserved, _ = record
+                # The difference, exact: over-estimated goes back as a refund gives back,
+                # under-estimated is charged as a charge charges.
+                over = _decimal.exact(reserved) - _decimal.exact(actual)
+                if over > 0:
+                    self.local.refund(key, bucket, over, now_us)
+                cost = max(Fraction(0), -over)
+                try:
+                    reply = self.local.charge(key, bucket, cost, now_us, MAX_DEBT_NS)
+                except DebtTooLongError:
+                    self.local_reservations[(key, lease_id)] = record  # stays open, as the module's
+                    raise
+                return Charge(*reply, bucket, "local")
+            # A Redis reservation while Redis cannot answer: it stands as taken there until its
+            # ttl; the difference is the caller's to send again.
+            self.counters["unapplied_charges"] += 1
+            unapplied = Charge(False, 0, 0, 0, bucket, self.on_error)
+        log.warning("redis-rl: the settle of reservation %r on %r (actual %s) was not applied: "
+                    "Redis cannot decide; the reservation stands as taken until its ttl", lease_id,
+                    key, params.get("actual"))
+        return unapplied
+
+    def _drop_lapsed_reservations(self, now_us):
+        for entry in [e for e, (_, _, expiry) in self.local_reservations.items() if expiry <= now_us]:
+            del self.local_reservations[entry]
+
+    def lease_answer(self, op, items, reply, source):
+        """The answer to a lease op from Redis's reply."""
+        (key, bucket, params), = items
+        if op == "lease":
+            return Lease(*reply, key, params["limit"], params["ttl_ms"], source)
+        if op in ("release", "renew"):
+            return bool(int(reply))
+        if op == "leases":
+            return LeaseCount(*reply, params["limit"], source)
+        if op == "reserve":
+            return self.reservation_type(*reply, key, bucket, params["estimate"], source)
+        return Charge(True, *reply, bucket, source)
+
     def now_us(self):
         return int(self.clock() * 1_000_000)
 
@@ -643,6 +786,8 @@ class Engine:
 
     def policy(self, op, items):
         """The failure policy's answer to a call."""
+        if op in LEASE_OPS:
+            return self.policy_lease(op, items)
         if op == "multi":
             return self.policy_acquire_all(items)
         (key, limit, cost), = items
@@ -666,6 +811,8 @@ class Engine:
         """The answer to a call from Redis's reply; a denial is remembered by the deny cache."""
         source = SOURCE_OF[call.path]
         self.answered(source)
+        if call.op in LEASE_OPS:
+            return self.lease_answer(call.op, call.items, reply, source)
         if call.op == "refund":
             return Refund(*reply, source)
         if call.op == "charge":
@@ -698,7 +845,7 @@ class Engine:
         try:
             return (yield from self._walk(call))
         except Exception as error:
-            cause = script_acl_failure(error)
+            cause = script_acl_failure(error, call.op)
             if cause is not None:
                 raise MisconfiguredError(cause) from error
             raise
@@ -742,7 +889,7 @@ class Engine:
                 break
             path = left[0]
         if denied:
-            raise MisconfiguredError(noperm_message(denied))
+            raise MisconfiguredError(noperm_message(denied, call.op))
         raise ModuleMissingError(
             "the server has no RL.ACQUIRE (the redis-rl module is not loaded) and this limiter "
             'was built with without_module="refuse"; load the module or use without_module="lua"')
@@ -794,10 +941,11 @@ class Engine:
         numbers = self.script_numbers(call.op, call.items)
         if path == "functions":
             if self.functions_version is None:
-                outcome = yield from self._functions_version(keys, numbers)
+                probe = numbers if call.op not in LEASE_OPS else Limit(1, 1).script_args(1)
+                outcome = yield from self._functions_version(keys, probe)
                 if outcome is not None:
                     return outcome
-            name = "FCALL_RO" if call.op == "peek" else "FCALL"
+            name = "FCALL_RO" if call.op in ("peek", "leases") else "FCALL"
             try:
                 return "reply", (yield Request([name, "rl_" + call.op, str(len(keys)), *keys, *numbers], keys))
             except ResponseError as error:
@@ -866,7 +1014,9 @@ class Engine:
 
     def module_command(self, op, items):
         """The module command for op in acquire, peek, refund, charge, multi over
-        [(key, limit, cost)]."""
+        [(key, limit, cost)], or a lease op (`LEASE_OPS`) over [(key, limit, params)]."""
+        if op in LEASE_OPS:
+            return lease_module_command(op, items)
         if op == "multi":
             args = ["RL.ACQUIRE.MULTI"]
             for key, limit, cost in items:
@@ -883,7 +1033,10 @@ class Engine:
                 key, *limit.args(), _number(cost)]
 
     def script_numbers(self, op, items):
-        """The 10 numbers per key that the script and the Functions library take."""
+        """The 10 numbers per key that the script and the Functions library take (for a lease
+        op: its arguments after the key, as clients/lua/rl.lua's header lists them)."""
+        if op in LEASE_OPS:
+            return lease_script_args(op, items)
         numbers = []
         for _, limit, cost in items:
             numbers += limit.script_args(cost, refund=(op == "refund"))
@@ -938,7 +1091,50 @@ class Engine:
 
 
 #: The version of the Functions library (clients/lua/rl_functions.lua) this client needs.
-FUNCTIONS_VERSION = 1
+FUNCTIONS_VERSION = 2
+#: The calls on leases and reservations.
+LEASE_OPS = ("lease", "release", "renew", "leases", "reserve", "settle")
+
+
+def _id_arg(value):
+    return value if isinstance(value, bytes) else str(value)
+
+
+def lease_module_command(op, items):
+    """The module command of a lease op over [(key, limit, params)]."""
+    (key, bucket, p), = items
+    given = ["ID", _id_arg(p["id"])] if p.get("id") is not None else []
+    if op == "lease":
+        return ["RL.LEASE", key, str(p["limit"]), str(p["ttl_ms"]), *given]
+    if op == "release":
+        return ["RL.RELEASE", key, _id_arg(p["id"])]
+    if op == "renew":
+        return ["RL.RENEW", key, _id_arg(p["id"]), str(p["ttl_ms"])]
+    if op == "leases":
+        return ["RL.LEASES", key, str(p["limit"])]
+    if op == "reserve":
+        return ["RL.RESERVE", key, *bucket.args(), _number(p["estimate"]), str(p["ttl_ms"]), *given]
+    return ["RL.SETTLE", key, *bucket.args(), _id_arg(p["id"]), _number(p["actual"])]
+
+
+def lease_script_args(op, items):
+    """The arguments after the key of the fallback's lease op (the function form; the script
+    takes the op's name first): as clients/lua/rl.lua's header lists them. The id of a take is
+    always sent (the caller's, or one drawn here)."""
+    (key, bucket, p), = items
+    if op == "lease":
+        return [str(p["limit"]), str(p["ttl_ms"]), _id_arg(p.get("id") or p["fallback_id"])]
+    if op == "release":
+        return [_id_arg(p["id"])]
+    if op == "renew":
+        return [_id_arg(p["id"]), str(p["ttl_ms"])]
+    if op == "leases":
+        return [str(p["limit"])]
+    if op == "reserve":
+        return [*bucket.script_args(p["estimate"]), str(p["ttl_ms"]),
+                _id_arg(p.get("id") or p["fallback_id"])]
+    # A settle's numbers are a charge's for the actual cost (rounded up, as a charge rounds).
+    return [*bucket.script_args(p["actual"]), _id_arg(p["id"])]
 PATHS = ("module", "functions", "lua")
 PATH_NAMES = {"module": "module", "functions": "Functions library", "lua": "script"}
 SOURCE_OF = {"module": "redis", "functions": "functions", "lua": "lua"}
@@ -955,13 +1151,34 @@ PATH_RULES = {
 }
 
 
-def noperm_message(denied):
+#: The rules a user of leases needs on each path, and what reservations add to a deciding
+#: user's (clients/vectors/permissions.json's "leases" and "reservations").
+LEASE_PATH_RULES = {
+    "module": "+rl.lease +rl.release +rl.renew +rl.leases",
+    "functions": "+fcall +fcall_ro +time +zcount +zscore +zrange +zrangebyscore "
+                 "+zremrangebyscore +zadd +zrem +pexpireat",
+    "lua": "+evalsha +eval +time +zcount +zscore +zrange +zrangebyscore +zremrangebyscore "
+           "+zadd +zrem +pexpireat",
+}
+RESERVATION_RULES = {"module": "+rl.reserve +rl.settle", "functions": "+hget +hgetall +hdel",
+                     "lua": "+hget +hgetall +hdel"}
+
+
+def _rules(path, op):
+    if op in ("lease", "release", "renew", "leases"):
+        return LEASE_PATH_RULES[path]
+    if op in ("reserve", "settle"):
+        return f"{PATH_RULES[path]} {RESERVATION_RULES[path]}"
+    return PATH_RULES[path]
+
+
+def noperm_message(denied, op=None):
     """`NOPERM: this user may not run 'fcall' (nor 'evalsha', 'eval'); add ...` for the
-    [(path, [commands])] no path answered for."""
+    [(path, [commands])] no path answered for, with the rules of the call `op` asked for."""
     commands = [c for _, cs in denied for c in cs]
     first, rest = commands[0], commands[1:]
     nor = f" (nor {', '.join(repr(c) for c in rest)})" if rest else ""
-    rules = " or ".join(f'"{PATH_RULES[path]}"' for path, _ in denied)
+    rules = " or ".join(f'"{_rules(path, op)}"' for path, _ in denied)
     return (f"NOPERM: this user may not run {first!r}{nor}; add the ACL rules {rules} "
             f"or see {PERMISSIONS_DOC}")
 
@@ -978,10 +1195,20 @@ def is_function_missing(error):
     return "function not found" in text or "unknown command" in text
 
 
-def script_acl_failure(error):
+#: What a function or script runs inside, by the call (clients/vectors/permissions.json).
+_INSIDE = {"decide": ("TIME, GET, SET, HMGET, HSET, PEXPIREAT or DEL",
+                       "+time +get +set +hmget +hset +pexpireat +del"),
+           "leases": ("TIME, ZCOUNT, ZSCORE, ZRANGE, ZRANGEBYSCORE, ZREMRANGEBYSCORE, ZADD, ZREM "
+                      "or PEXPIREAT", "+time +zcount +zscore +zrange +zrangebyscore "
+                      "+zremrangebyscore +zadd +zrem +pexpireat"),
+           "reservations": ("TIME, GET, SET, HMGET, HGET, HGETALL, HSET, HDEL, PEXPIREAT or DEL",
+                            "+time +get +set +hmget +hset +pexpireat +del +hget +hgetall +hdel")}
+
+
+def script_acl_failure(error, op=None):
     """The cause when a function or script met NOPERM on a command it runs (Redis: "The user
     executing the script can't run this command", Valkey: "ACL failure in script: ... the
-    'time' command"), else None."""
+    'time' command"), else None; the rules named are those of the call `op`."""
     from redis import exceptions as e
 
     if not isinstance(error, e.ResponseError):
@@ -989,12 +1216,13 @@ def script_acl_failure(error):
     text = str(error)
     if "user executing the script can't run" not in text and "ACL failure in script" not in text:
         return None
+    part = ("leases" if op in ("lease", "release", "renew", "leases")
+            else "reservations" if op in ("reserve", "settle") else "decide")
+    commands, rules = _INSIDE[part]
     named = re.search(r"run the '([^']+)' command", text)
-    what = (f"the command {named.group(1)!r}" if named
-            else "a command it runs (TIME, GET, SET, HMGET, HSET, PEXPIREAT or DEL)")
+    what = f"the command {named.group(1)!r}" if named else f"a command it runs ({commands})"
     return (f"NOPERM: this user may not run {what} inside the redis-rl function or script "
-            f"({text.strip()}); add the ACL rules \"+time +get +set +hmget +hset +pexpireat +del\" or see "
-            f"{PERMISSIONS_DOC}")
+            f"({text.strip()}); add the ACL rules \"{rules}\" or see {PERMISSIONS_DOC}")
 
 
 def is_cluster_redirect(error):
@@ -1099,3 +1327,33 @@ class LimiterBase:
 
 def monotonic() -> float:
     return time.monotonic()
+
+
+def lease_params(op, limit=None, ttl_ms=None, lease_id=None, bucket=None, estimate=None,
+                 actual=None):
+    """The checked arguments of a lease op, or ValueError naming the first bad one (in the
+    module's order and words)."""
+    params = {}
+    if op in ("reserve", "settle"):
+        if not isinstance(bucket, Limit):
+            raise TypeError(f"limit must be a redis_rl.Limit, got {type(bucket).__name__}")
+        params["bucket"] = bucket
+    if op in ("lease", "leases"):
+        params["limit"] = check_limit(limit)
+    if op == "reserve":
+        try:
+            params["estimate"] = check_cost(estimate)
+        except ValueError:
+            raise ValueError("estimate must be a number above 0 (tokens)") from None
+        if _decimal.exact(params["estimate"]) <= 0:
+            raise ValueError("estimate must be a number above 0 (tokens)")
+    if op in ("lease", "renew", "reserve"):
+        params["ttl_ms"] = check_ttl(ttl_ms)
+    if op == "settle":
+        try:
+            params["actual"] = check_cost(actual)
+        except ValueError:
+            raise ValueError("actual must be a finite number >= 0 (tokens)") from None
+    if op in ("release", "renew", "settle") or lease_id is not None:
+        params["id"] = check_id(lease_id)
+    return params

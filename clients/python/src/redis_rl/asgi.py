@@ -18,9 +18,10 @@ import functools
 import inspect
 from typing import Any, Callable
 
-from .http import FIELD_NAMES, PROBLEM_TYPE, Policy, header_fields
+from .http import FIELD_NAMES, PROBLEM_TYPE, InFlight, Policy, header_fields
+from .hold import AsyncHeld
 
-__all__ = ["RateLimitMiddleware", "limit_route", "Policy"]
+__all__ = ["RateLimitMiddleware", "limit_route", "Policy", "InFlight"]
 
 _DECIDED = "redis_rl"  # the scope's list of (policy, decision) for this request
 _KEYS = "redis_rl.keys"  # the scope's Redis keys used for this request, and by which policy
@@ -85,36 +86,91 @@ async def _send_problem(send, decision, headers):
 
 class RateLimitMiddleware:
     """ASGI middleware: a 429 (application/problem+json, RFC 9457) for requests over the
-    limit, the rate-limit header fields on every response it decided."""
+    limit, the rate-limit header fields on every response it decided.
 
-    def __init__(self, app: Any, limiter: Any, limit: Any, **options: Any) -> None:
+    `in_flight` (a `redis_rl.http.InFlight`, a limit, or `(limit, ttl_ms)`) adds an in-flight
+    limit per key: a lease taken before the app runs, after the rate limit allowed the request
+    (`limit` may then be None for an in-flight limit alone), and released once the last body
+    chunk is sent, the client disconnects (http.disconnect) or the app raises; renewed while a
+    long response streams. `on_limited` gets the Lease as its decision when that limit refuses.
+    """
+
+    def __init__(self, app: Any, limiter: Any, limit: Any = None, *, in_flight: Any = None,
+                 **options: Any) -> None:
+        if limit is None and in_flight is None:
+            raise TypeError("RateLimitMiddleware needs a limit, an in_flight limit, or both")
         self.app = app
         self.policy = Policy(limiter, limit, **options)
+        self.in_flight = InFlight.of(in_flight)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        decided = await decide(self.policy, scope)
-        if decided is None:
-            return await self.app(scope, receive, send)
-        decision, headers = decided
-        if not decision.allowed:
-            response = await _limited_response(self.policy, scope, decision, headers)
+        policy = self.policy
+        if policy.limit is not None:
+            decided = await decide(policy, scope)
+            if decided is None:
+                return await self.app(scope, receive, send)
+            decision, headers = decided
+            if not decision.allowed:
+                response = await _limited_response(policy, scope, decision, headers)
+                if response is not None:
+                    return await response(scope, receive, send)
+                return await _send_problem(send, decision, headers)
+
+            async def send_with_headers(message):
+                if message["type"] == "http.response.start":
+                    # One set of fields for every limit of this request: a route decorator
+                    # inside may have written its own, which this set (holding it too)
+                    # replaces.
+                    fields = header_fields(scope[_DECIDED])
+                    kept = [(n, v) for n, v in message.get("headers") or ()
+                            if n.decode("latin-1").lower() not in FIELD_NAMES]
+                    message = dict(message, headers=kept + _raw(fields))
+                await send(message)
+        else:
+            if policy.skip is not None and await _value(policy.skip, scope):
+                return await self.app(scope, receive, send)
+            send_with_headers = send
+        if self.in_flight is None:
+            return await self.app(scope, receive, send_with_headers)
+        return await self._in_flight(scope, receive, send_with_headers)
+
+    async def _in_flight(self, scope, receive, send):
+        policy, in_flight = self.policy, self.in_flight
+        computed = await _value(policy.key, scope) if callable(policy.key) else None
+        suffix = policy.key_suffix(scope, _peer(scope), _header_reader(scope), computed)
+        lease = await policy.limiter.lease(in_flight.key(policy, suffix), in_flight.limit, in_flight.ttl_ms)
+        if not lease.allowed:
+            headers = InFlight.headers(scope.get(_DECIDED, []), lease)
+            response = await _limited_response(policy, scope, lease, headers)
             if response is not None:
                 return await response(scope, receive, send)
-            return await _send_problem(send, decision, headers)
+            body = InFlight.problem(lease)
+            raw = _raw(headers) + [(b"content-type", PROBLEM_TYPE.encode()),
+                                   (b"content-length", str(len(body)).encode())]
+            await send({"type": "http.response.start", "status": 429, "headers": raw})
+            await send({"type": "http.response.body", "body": body})
+            return
+        held = AsyncHeld(policy.limiter, lease, in_flight.renew)
 
-        async def send_with_headers(message):
-            if message["type"] == "http.response.start":
-                # One set of fields for every limit of this request: a route decorator inside
-                # may have written its own, which this set (holding it too) replaces.
-                fields = header_fields(scope[_DECIDED])
-                kept = [(n, v) for n, v in message.get("headers") or ()
-                        if n.decode("latin-1").lower() not in FIELD_NAMES]
-                message = dict(message, headers=kept + _raw(fields))
+        async def send_then_release(message):
             await send(message)
+            # The last chunk is out: the response is done, whatever the app does after it
+            # (a background task) holds no slot.
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                await held.close()
 
-        return await self.app(scope, receive, send_with_headers)
+        async def receive_watching():
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                await held.close()
+            return message
+
+        try:
+            await self.app(scope, receive_watching, send_then_release)
+        finally:
+            await held.close()
 
 
 def limit_route(limiter: Any, limit: Any, **options: Any) -> Callable[[Any], Any]:

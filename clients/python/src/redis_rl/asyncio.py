@@ -21,7 +21,10 @@ from redis import exceptions as redis_errors
 from ._core import (Busy, Engine, LimiterBase, MisconfiguredError, is_busy, is_unavailable,
                     misconfiguration, monotonic, refused)
 from ._core import Charge, Decision, Item, Limit, MultiDecision, Number, Refund
+from ._core import lease_params
 from ._slots import Across, SlotItem, SlotsDecision
+from .hold import AsyncHold
+from .lease import AsyncReservation, Id, Lease, LeaseCount, Reservation
 
 if TYPE_CHECKING:
     import redis.asyncio
@@ -81,6 +84,7 @@ class Limiter(LimiterBase):
                  local_max_keys: int = 100_000, clock: Callable[[], float] = monotonic) -> None:
         self._engine = Engine(on_error, instances, deny_cache, without_module, timeout_ms,
                               probe_interval_ms, local_max_keys, clock)
+        self._engine.reservation_type = AsyncReservation
         self.client = client
         self._cluster = hasattr(client, "get_node_from_key")
         pool = getattr(client, "connection_pool", None)
@@ -174,11 +178,66 @@ class Limiter(LimiterBase):
 
         return await wait_async(self, key, limit, cost, timeout)
 
+    # Leases and reservations ----------------------------------------------------------------
+
+    async def lease(self, key: str, limit: int, ttl_ms: int, id: Optional[Id] = None) -> Lease:
+        """Takes a lease on `key` (RL.LEASE) if fewer than `limit` are held, for `ttl_ms` unless
+        released or renewed; `id` (1 to 16 bytes) makes a retried take idempotent. Returns a
+        Lease. The failure policy decides while Redis cannot: "open" gives an "open:" lease that
+        holds nothing, "closed" denies, "local" takes one in this process's lease table."""
+        return await self._lease_call("lease", key, lease_params("lease", limit, ttl_ms, id))
+
+    async def release(self, key: str, id: Id) -> bool:
+        """Gives the lease `id` back (RL.RELEASE): True if it was held."""
+        return await self._lease_call("release", key, lease_params("release", lease_id=id))
+
+    async def renew(self, key: str, id: Id, ttl_ms: int) -> bool:
+        """Makes the lease `id` expire `ttl_ms` from now (RL.RENEW): True if it was held."""
+        return await self._lease_call("renew", key, lease_params("renew", ttl_ms=ttl_ms, lease_id=id))
+
+    async def leases(self, key: str, limit: int) -> LeaseCount:
+        """Counts the leases held on `key` (RL.LEASES), writing nothing: a LeaseCount."""
+        return await self._lease_call("leases", key, lease_params("leases", limit))
+
+    async def reserve(self, key: str, limit: Limit, estimate: Number, ttl_ms: int,
+                      id: Optional[Id] = None) -> Reservation:
+        """Takes `estimate` tokens from the bucket `key` now, as `acquire` takes a cost, and
+        records the take as a reservation open for `ttl_ms` (RL.RESERVE); settle it with
+        `reservation.settle(actual)` (awaited). A reservation never settled stands as taken."""
+        reservation = await self._lease_call("reserve", key, lease_params(
+            "reserve", ttl_ms=ttl_ms, lease_id=id, bucket=limit, estimate=estimate))
+        reservation._limiter = self
+        return reservation
+
+    async def settle(self, key: str, limit: Limit, id: Id, actual: Number) -> Charge:
+        """Settles the open reservation `id` with the `actual` cost (RL.SETTLE): what was
+        over-estimated goes back, what was under-estimated is charged (into debt). Returns a
+        Charge (signed balance). A second settle of an id raises ReservationNotOpenError."""
+        return await self._lease_call("settle", key, lease_params(
+            "settle", lease_id=id, bucket=limit, actual=actual))
+
+    def hold(self, key: str, limit: int, ttl_ms: int, wait: Optional[float] = 0, *,
+             id: Optional[Id] = None, renew: bool = True) -> AsyncHold:
+        """A lease as a scope: `async with limiter.hold(key, limit, ttl_ms, wait=5) as lease:`
+        takes a lease, trying again until `wait` seconds have passed (0: one try; None: no
+        limit), then raises LeaseTimeoutError; a try waits at most the denial's
+        retry_after_ms (when the earliest lease expires) and, since a release frees a slot
+        sooner, polls from 5 ms doubling up to 1 s; renews it every ttl_ms / 2 while the
+        block runs (an asyncio task; `renew=False` does not); and
+        releases it when the block ends, by an exception included."""
+        return AsyncHold(self, key, limit, ttl_ms, wait, id, renew)
+
+    async def _lease_call(self, op, key, params):
+        return await self._complete(*self._engine.begin_lease(op, key, params))
+
     # The I/O --------------------------------------------------------------------------------
 
     async def _run(self, op, items):
-        engine = self._engine
-        answer, call = engine.begin(op, items)
+        return await self._complete(*self._engine.begin(op, items))
+
+    async def _complete(self, answer, call):
+        """The answer of a call `engine.begin` (or `begin_lease`) started."""
+        engine, op = self._engine, call.op if call is not None else None
         if call is None:
             return answer
         queued = [True]  # still waiting for a connection (busy) rather than for Redis

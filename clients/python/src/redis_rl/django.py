@@ -20,6 +20,10 @@ refused where the decorator is applied (TypeError). Every hook may be `async def
 path runs it to completion (`redis_rl.http.run_awaitable`, asgiref's `async_to_sync`), the
 async path awaits it.
 
+`"in_flight"` in REDIS_RL_MIDDLEWARE (a `redis_rl.http.InFlight`, a limit, or `(limit,
+ttl_ms)`; "limit" may then be left out) adds an in-flight limit per key: a lease taken before
+the view and released when Django closes the response, after its last chunk is sent.
+
 Each decision is recorded on the request, so a request limited by the middleware and a view
 decorator gets one set of header fields for both (`redis_rl.http.header_fields`).
 """
@@ -28,7 +32,8 @@ import functools
 import inspect
 from typing import Any, Callable
 
-from .http import FIELD_NAMES, PROBLEM_TYPE, Policy, call_hook, header_fields
+from .http import FIELD_NAMES, PROBLEM_TYPE, InFlight, Policy, call_hook, header_fields
+from .hold import Held
 
 __all__ = ["RateLimitMiddleware", "limit_view", "Policy"]
 
@@ -130,8 +135,10 @@ class RateLimitMiddleware:
         from django.core.exceptions import ImproperlyConfigured
 
         options = dict(getattr(settings, "REDIS_RL_MIDDLEWARE", None) or {})
+        in_flight = InFlight.of(options.pop("in_flight", None))
         try:
-            limiter, limit = options.pop("limiter"), options.pop("limit")
+            limiter = options.pop("limiter")
+            limit = options.pop("limit") if in_flight is None else options.pop("limit", None)
         except KeyError as missing:
             raise ImproperlyConfigured(f"REDIS_RL_MIDDLEWARE needs {missing}") from None
         if _is_async_limiter(limiter):
@@ -139,15 +146,48 @@ class RateLimitMiddleware:
                                        "redis_rl.Limiter: this middleware is sync")
         self.get_response = get_response
         self.policy = Policy(limiter, limit, **options)
+        self.in_flight = in_flight
 
     def __call__(self, request):
-        decided = decide(self.policy, request)
-        if decided is None:
+        policy = self.policy
+        if policy.limit is not None:
+            decided = decide(policy, request)
+            if decided is None:
+                return self.get_response(request)
+            decision, headers = decided
+            if not decision.allowed:
+                return _limited(policy, request, decision, headers)
+        elif policy.skip is not None and call_hook(policy.skip, request):
             return self.get_response(request)
-        decision, headers = decided
-        if not decision.allowed:
-            return _limited(self.policy, request, decision, headers)
-        return _write_fields(request, self.get_response(request))
+        if self.in_flight is None:
+            return _write_fields(request, self.get_response(request))
+        return _write_fields(request, self._in_flight(request))
+
+    def _in_flight(self, request):
+        """The response under the in-flight limit: a lease taken first and released when
+        Django closes the response (after its last chunk is sent, a streamed one included)."""
+        policy, in_flight = self.policy, self.in_flight
+        computed = call_hook(policy.key, request) if callable(policy.key) else None
+        suffix = policy.key_suffix(request, request.META.get("REMOTE_ADDR"), request.headers.get, computed)
+        lease = policy.limiter.lease(in_flight.key(policy, suffix), in_flight.limit, in_flight.ttl_ms)
+        if not lease.allowed:
+            headers = InFlight.headers(getattr(request, _DECIDED, None) or [], lease)
+            if policy.on_limited is not None:
+                return call_hook(policy.on_limited, request, lease, headers)
+            from django.http import HttpResponse
+
+            response = HttpResponse(InFlight.problem(lease), status=429, content_type=PROBLEM_TYPE)
+            for name, value in headers:
+                response[name] = value
+            return response
+        held = Held(policy.limiter, lease, in_flight.renew)
+        try:
+            response = self.get_response(request)
+        except BaseException:
+            held.close()
+            raise
+        response._resource_closers.append(held.close)
+        return response
 
 
 def limit_view(limiter: Any, limit: Any, **options: Any) -> Callable[[Any], Any]:

@@ -27,6 +27,7 @@ import math
 import threading
 
 from ._core import Limit
+from .lease import check_limit, check_ttl
 
 #: The start of every default key space: `rl:http:<rate>:<capacity>:` (see `Policy`).
 DEFAULT_PREFIX = "rl:http:"
@@ -184,6 +185,11 @@ class Policy:
         """The bucket key in Redis, in the key space of `limit` unless a prefix was given:
         `header(name)` reads a request header (None when absent); `computed`, what the key
         function returned when the caller called it (and awaited)."""
+        return self.prefix_for(limit) + self.key_suffix(request, peer, header, computed)
+
+    def key_suffix(self, request, peer, header, computed=_UNSET):
+        """The request's key without the prefix: the key function's value, "h:<header value>"
+        or "ip:<client address>"."""
         if callable(self.key):
             key = self.key(request) if computed is _UNSET else computed
         elif self.key.startswith("header:"):
@@ -194,7 +200,7 @@ class Policy:
             key = None
         if key is None:
             key = "ip:" + self.client_address(peer, header("X-Forwarded-For"))
-        return self.prefix_for(limit) + str(key)
+        return str(key)
 
     def cost_for(self, request):
         return self.cost(request) if callable(self.cost) else self.cost
@@ -228,6 +234,60 @@ class Policy:
 
 
 PROBLEM_TYPE = "application/problem+json"
+
+
+class InFlight:
+    """An in-flight limit per key, the middlewares' `in_flight` option: at most `limit`
+    requests of one key (the policy's key: the client address, a header, a function) run at
+    once. Each request takes a lease (RL.LEASE) of `ttl_ms` before the app runs and releases
+    it when the response is done (the last body chunk sent, the client gone, an exception; for
+    WSGI when the server closes the response iterable); while it runs the lease is renewed
+    every ttl_ms / 2 (`renew=False` does not), and a process that dies holding it frees the
+    slot when `ttl_ms` runs out. Over the limit the request gets a 429 with Retry-After (the
+    earliest a slot frees). Keys live under `prefix`, by default `rl:http:inflight:<limit>:`
+    (or the policy's `prefix` followed by `inflight:`).
+
+    The option takes an InFlight, a limit (an int; ttl_ms 60 s) or a `(limit, ttl_ms)` pair.
+    """
+
+    __slots__ = ("limit", "ttl_ms", "renew", "prefix")
+
+    def __init__(self, limit, ttl_ms=60_000, *, renew=True, prefix=None):
+        self.limit = check_limit(limit)
+        self.ttl_ms = check_ttl(ttl_ms)
+        self.renew = bool(renew)
+        self.prefix = prefix
+
+    @classmethod
+    def of(cls, value):
+        """The option's value as an InFlight (None stays None)."""
+        if value is None or isinstance(value, cls):
+            return value
+        if isinstance(value, tuple):
+            return cls(*value)
+        return cls(value)
+
+    def key(self, policy, suffix):
+        if self.prefix is not None:
+            return self.prefix + suffix
+        if policy.prefix is not None:
+            return policy.prefix + "inflight:" + suffix
+        return f"{DEFAULT_PREFIX}inflight:{self.limit}:{suffix}"
+
+    @staticmethod
+    def headers(decided, lease):
+        """The fields of a 429 for a request over its in-flight limit: the rate limit's own
+        (when one decided it) and Retry-After, until a slot frees."""
+        fields = [(n, v) for n, v in header_fields(decided) if n != "Retry-After"]
+        return fields + [("Retry-After", str(_ceil_s(lease.retry_after_ms)))]
+
+    @staticmethod
+    def problem(lease):
+        """The RFC 9457 problem details body of the 429, as bytes."""
+        detail = (f"Too many requests in flight (at most {lease.limit}); retry after "
+                  f"{_ceil_s(lease.retry_after_ms)} s.")
+        body = {"type": "about:blank", "title": "Too Many Requests", "status": 429, "detail": detail}
+        return json.dumps(body).encode()
 
 #: The names `header_fields` writes, which a middleware replaces in a response it decided.
 FIELD_NAMES = ("ratelimit-policy", "ratelimit", "x-ratelimit-limit", "x-ratelimit-remaining",

@@ -12,7 +12,14 @@
 --   FCALL rl_refund 1 key <10 numbers>       {remaining, reset_after_ms}
 --   FCALL rl_charge 1 key <10 numbers>       {1, balance, retry_after_ms, reset_after_ms}
 --   FCALL rl_multi N key1 .. keyN <10 numbers per key>   all or nothing
---   FCALL_RO rl_version 0                    this library's version
+--   FCALL rl_lease 1 key limit ttl_ms id     RL.LEASE's reply
+--   FCALL rl_release 1 key id                RL.RELEASE's reply
+--   FCALL rl_renew 1 key id ttl_ms           RL.RENEW's reply
+--   FCALL_RO rl_leases 1 key limit           RL.LEASES's reply (no-writes: replicas too)
+--   FCALL rl_reserve 1 key <10 numbers> ttl_ms id      RL.RESERVE's reply
+--   FCALL rl_settle 1 key <10 numbers> id    RL.SETTLE's reply
+--   FCALL_RO rl_version 0                    this library's version (2: leases and
+--                                            reservations; 1 had neither)
 --
 -- Written by clients/lua/functions.py from rl.lua: edit rl.lua, then run it.
 
@@ -263,18 +270,22 @@ local function run(mode, keys, args, off)
       end
 
       -- The stored instant of key, as {q, r, hash = whether a hash holds it} over lim.d, or nil
-      -- for a missing key.
+      -- for a missing key, then whether the key is a hash (true also for a hash without the
+      -- bucket's fields, which reads as a full bucket).
       local function load(key, lim)
         local q, r, d = load_string(key)
         local hash = r == true
-        if q == false then return nil end
+        if q == false then return nil, false end
         if q == nil and not hash then
-          -- Someone else's string: the error the module (and HMGET before) answers.
+          -- Someone else's string: the server's own WRONGTYPE, raised by HMGET as it raised it
+          -- before the string form (the module answers the same error; a raised error carries
+          -- the script's name, which the libraries show). Nothing is written before this.
+          redis.call('HMGET', key, 'a')
           return redis.error_reply('WRONGTYPE Operation against a key holding the wrong kind of value')
         end
         if hash then
           q, r, d = load_hash(key)
-          if q == nil then return nil end
+          if q == nil then return nil, true end
         end
         q, r, d = tonumber(q), tonumber(r), tonumber(d)
         if q == nil or r == nil or d == nil or d < 1 or r < 0 or r >= d then
@@ -287,7 +298,7 @@ local function run(mode, keys, args, off)
           if nr >= lim.d then q = q + 1; nr = nr - lim.d end
           r = nr
         end
-        return {q, r, hash = hash}
+        return {q, r, hash = hash}, hash
       end
 
       -- How far from full the bucket is at now: {q, r}, {0, 0} when full.
@@ -397,6 +408,8 @@ local function run(mode, keys, args, off)
       -- instant below 2^53 us, where the script's doubles stay exact.
       local MAX_DEBT_US = 3153600000 * 1000000
       local MAX_INSTANT_US = P42 * 2048
+      local ERR_DEBT = 'ERR cost would leave the bucket in debt for more than 100 years '
+        .. '(it must be full again within 3153600000 s, and before 2262)'
 
       -- A charge's reply for a bucket `debt` short of full: {1, balance, until repaid, until full}.
       local function charged(lim, dq, dr)
@@ -405,6 +418,243 @@ local function run(mode, keys, args, off)
           repaid = ceil_ms(sub(dq, dr, lim.cq, lim.cr, lim.d))
         end
         return {1, balance_of(lim, dq, dr), repaid, ceil_ms(dq, dr)}
+      end
+
+      -- Leases (RL.LEASE, RL.RELEASE, RL.RENEW, RL.LEASES): a sorted set per key, member = id,
+      -- score = absolute expiry in µs (exact: below 2^53 until the year 2255). A lease counts
+      -- while now < its expiry. Writes drop the expired ones first and leave the key expiring
+      -- (PEXPIREAT) with its latest lease, rounded up to the ms; a set left empty is deleted by
+      -- the server. Denials, a take answered as held, and counting write nothing.
+      local MAX_LEASE_LIMIT = 10000
+      local MAX_TTL_MS = 3153600000000
+      local ERR_LIMIT = 'ERR limit must be an integer from 1 to 10000 (leases)'
+      local ERR_TTL = 'ERR ttl_ms must be an integer from 1 to 3153600000000 (ms)'
+      local ERR_ID = 'ERR id must be 1 to 16 bytes'
+
+      -- An argument that must be a plain decimal integer from 1 to max (the module's reading:
+      -- digits only, no sign), or nil.
+      local function whole(s, max)
+        if type(s) ~= 'string' or not string.find(s, '^%d+$') then return nil end
+        local n = tonumber(s)
+        if n < 1 or n > max then return nil end
+        return n
+      end
+
+      local function valid_id(id)
+        return type(id) == 'string' and #id >= 1 and #id <= 16
+      end
+
+      -- The leases of key counting now.
+      local function leases_live(key)
+        return redis.call('ZCOUNT', key, '(' .. int(now_q), '+inf')
+      end
+
+      -- µs until a slot frees under limit with in_use leases counting: 0 below the limit, else
+      -- until the lease whose expiry brings the count under it (the (in_use - limit)-th live one).
+      local function lease_wait(key, limit, in_use)
+        if in_use < limit then return 0 end
+        local r = redis.call('ZRANGEBYSCORE', key, '(' .. int(now_q), '+inf', 'WITHSCORES',
+          'LIMIT', int(in_use - limit), 1)
+        if not r[2] then return 0 end
+        return tonumber(r[2]) - now_q
+      end
+
+      -- The expiry of a held lease (a number), or nil when id is not held now.
+      local function lease_held(key, id)
+        local at = redis.call('ZSCORE', key, id)
+        if at then
+          at = tonumber(at)
+          if at > now_q then return at end
+        end
+        return nil
+      end
+
+      -- After a write: the key expires with its latest lease (a set left empty is gone).
+      local function lease_expiry(key)
+        local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+        if last[2] then redis.call('PEXPIREAT', key, int(ceil_ms(tonumber(last[2]), 0))) end
+      end
+
+      local function lease_call(mode, key, a, off)
+        if mode == 'leases' then
+          local limit = whole(a[off + 1], MAX_LEASE_LIMIT)
+          if not limit then return redis.error_reply(ERR_LIMIT) end
+          local in_use = leases_live(key)
+          return {in_use, ceil_ms(lease_wait(key, limit, in_use), 0)}
+        end
+        if mode == 'lease' then
+          local limit = whole(a[off + 1], MAX_LEASE_LIMIT)
+          if not limit then return redis.error_reply(ERR_LIMIT) end
+          local ttl = whole(a[off + 2], MAX_TTL_MS)
+          if not ttl then return redis.error_reply(ERR_TTL) end
+          local id = a[off + 3]
+          if not valid_id(id) then return redis.error_reply(ERR_ID) end
+          local in_use = leases_live(key)
+          local at = lease_held(key, id)
+          if at then return {1, id, in_use, ceil_ms(at - now_q, 0)} end
+          if in_use >= limit then
+            return {0, '', in_use, ceil_ms(lease_wait(key, limit, in_use), 0)}
+          end
+          redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now_q))
+          redis.call('ZADD', key, int(now_q + ttl * 1000), id)
+          lease_expiry(key)
+          return {1, id, in_use + 1, ttl}
+        end
+        -- release, renew
+        local id = a[off + 1]
+        if not valid_id(id) then return redis.error_reply(ERR_ID) end
+        local ttl
+        if mode == 'renew' then
+          ttl = whole(a[off + 2], MAX_TTL_MS)
+          if not ttl then return redis.error_reply(ERR_TTL) end
+        end
+        if not lease_held(key, id) then return 0 end
+        redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now_q))
+        if ttl then
+          redis.call('ZADD', key, int(now_q + ttl * 1000), id)
+        else
+          redis.call('ZREM', key, id)
+        end
+        lease_expiry(key)
+        return 1
+      end
+
+      -- Reservations (RL.RESERVE, RL.SETTLE): records in the bucket's hash, beside its state,
+      -- as fields "r:<id>" = "Kq Kr D Tq Tr expires_at_us" (see the header). These helpers are
+      -- the only code that reads or writes them, and only on a hash: a string bucket (or a
+      -- missing key) holds no record, and becomes a hash when its first record is written.
+      local MAX_RESERVATIONS = 1000
+
+      -- A record's numbers, or nil when it is missing, unreadable or lapsed (now >= expiry), or
+      -- the key is not a hash (`hash` as load answered it).
+      local function record_of(key, hash, id)
+        if not hash then return nil end
+        local text = redis.call('HGET', key, 'r:' .. id)
+        if not text then return nil end
+        local kq, kr, d, tq, tr, at = string.match(text, '^(%d+) (%d+) (%d+) (%d+) (%d+) (%d+)$')
+        if not at or tonumber(at) <= now_q then return nil end
+        return {kq = tonumber(kq), kr = tonumber(kr), d = tonumber(d), tq = tonumber(tq),
+                tr = tonumber(tr)}
+      end
+
+      -- The key's open records' count, and the fields of the lapsed ones (none but in a hash).
+      local function records_scan(key, hash)
+        if not hash then return 0, {} end
+        local all = redis.call('HGETALL', key)
+        local open, lapsed = 0, {}
+        for i = 1, #all, 2 do
+          local f = all[i]
+          if string.sub(f, 1, 2) == 'r:' then
+            local at = string.match(all[i + 1], ' (%d+)$')
+            if at and tonumber(at) > now_q then open = open + 1 else lapsed[#lapsed + 1] = f end
+          end
+        end
+        return open, lapsed
+      end
+
+      -- Removes the fields `gone` (lapsed records, and a settled one) from key, if it still
+      -- exists.
+      local function records_drop(key, gone)
+        if #gone > 0 then redis.call('HDEL', key, unpack(gone)) end
+      end
+
+      -- The module's text for a settle of an id with no open record: the id's bytes outside
+      -- printable ASCII, and the backslash, written \xNN.
+      local function not_open(id)
+        local shown = {}
+        for i = 1, #id do
+          local b = string.byte(id, i)
+          if b > 32 and b < 127 and b ~= 92 then shown[i] = string.char(b)
+          else shown[i] = string.format('\\x%02x', b) end
+        end
+        return redis.error_reply('ERR id ' .. table.concat(shown)
+          .. ' is not an open reservation of this key (settled, expired or never made)')
+      end
+
+      local function reserve_call(mode, key, a, off)
+        local lim = limit_of(a, off, 1)
+        if lim.err then return lim end
+        if mode == 'reserve' then
+          if lim.kq == 0 and lim.kr == 0 then
+            return redis.error_reply('ERR estimate must be a number above 0 (tokens)')
+          end
+          local ttl = whole(a[off + 11], MAX_TTL_MS)
+          if not ttl then return redis.error_reply(ERR_TTL) end
+          local id = a[off + 12]
+          if not valid_id(id) then return redis.error_reply(ERR_ID) end
+          local full, hash = load(key, lim)
+          if full and full.err then return full end
+          if record_of(key, hash, id) then
+            -- A retry of an open reservation: the bucket as it is, nothing taken (a peek of
+            -- 0 tokens, as the module answers it, denied only while in debt).
+            local zero = {d = lim.d, tq = lim.tq, tr = lim.tr, cq = lim.cq, cr = lim.cr,
+                          sq = lim.cq, sr = lim.cr, kq = 0, kr = 0, cfloor = lim.cfloor}
+            local reply = decide(zero, full, true)
+            if reply[1] == 1 then return {1, id, reply[2], 0} end
+            return {0, '', reply[2], reply[3]}
+          end
+          local open, lapsed = records_scan(key, hash)
+          if open >= MAX_RESERVATIONS then
+            return redis.error_reply('ERR a key holds at most 1000 open reservations, each id once')
+          end
+          local reply, new = decide(lim, full, true)
+          if reply[1] == 0 or not new then return {0, '', reply[2], reply[3]} end
+          -- The record goes beside the bucket's fields in its hash: a string bucket is replaced
+          -- by the hash (DEL, then HSET of a, b and d), and store_hash sets the key's absolute
+          -- expiry, the new full instant, as the string carried it.
+          if not hash and full then redis.call('DEL', key) end
+          store_hash(key, lim, new)
+          records_drop(key, lapsed)
+          redis.call('HSET', key, 'r:' .. id, int(lim.kq) .. ' ' .. int(lim.kr) .. ' ' .. int(lim.d)
+            .. ' ' .. int(lim.tq) .. ' ' .. int(lim.tr) .. ' ' .. int(now_q + ttl * 1000))
+          return {1, id, reply[2], 0}
+        end
+        -- settle
+        local id = a[off + 11]
+        if not valid_id(id) then return redis.error_reply(ERR_ID) end
+        local full, hash = load(key, lim)
+        if full and full.err then return full end
+        local rec = record_of(key, hash, id)
+        if not rec then return not_open(id) end
+        local eq, er = rec.kq, rec.kr
+        if rec.d ~= lim.d or rec.tq ~= lim.tq or rec.tr ~= lim.tr then eq, er = 0, 0 end
+        -- The key is a hash from here on (it holds the record), and stays one: a settle writes
+        -- the bucket back with store_hash, also when it removes the last record.
+        local _, gone = records_scan(key, hash)
+        gone[#gone + 1] = 'r:' .. id
+        local dq, dr = debt_of(full)
+        local reply
+        if less_eq(lim.kq, lim.kr, eq, er) then
+          -- Over-estimated (or exact): E - K goes back, at most the capacity, as a refund.
+          local bq, br = sub(eq, er, lim.kq, lim.kr, lim.d)
+          if not less_eq(bq, br, lim.cq, lim.cr) then bq, br = lim.cq, lim.cr end
+          if (bq == 0 and br == 0) or (dq == 0 and dr == 0) then
+            records_drop(key, gone)
+            reply = charged(lim, dq, dr)
+          elseif less_eq(dq, dr, bq, br) then
+            redis.call('DEL', key)
+            reply = charged(lim, 0, 0)
+          else
+            local ndq, ndr = sub(dq, dr, bq, br, lim.d)
+            store_hash(key, lim, {add(now_q, 0, ndq, ndr, lim.d)})
+            records_drop(key, gone)
+            reply = charged(lim, ndq, ndr)
+          end
+        else
+          -- Under-estimated: K - E is charged, as a charge, into debt.
+          local cq, cr = sub(lim.kq, lim.kr, eq, er, lim.d)
+          local bq, br = now_q, 0
+          if dq > 0 or dr > 0 then bq, br = full[1], full[2] end
+          local nq, nr = add(bq, br, cq, cr, lim.d)
+          local ndq, ndr = sub(nq, nr, now_q, 0, lim.d)
+          if not less_eq(ndq, ndr, MAX_DEBT_US, 0) or nq >= MAX_INSTANT_US then
+            return redis.error_reply(ERR_DEBT)
+          end
+          store_hash(key, lim, {nq, nr})
+          records_drop(key, gone)
+          reply = charged(lim, ndq, ndr)
+        end
+        return {reply[2], reply[3], reply[4]}
       end
 
       -- One call: `mode` over `keys`, with the numbers in `args` after its first `off` entries, at
@@ -442,8 +692,7 @@ local function run(mode, keys, args, off)
             local nq, nr = add(bq, br, lim.kq, lim.kr, lim.d)
             local ndq, ndr = sub(nq, nr, now_q, 0, lim.d)
             if not less_eq(ndq, ndr, MAX_DEBT_US, 0) or nq >= MAX_INSTANT_US then
-              return redis.error_reply('ERR cost would leave the bucket in debt for more than 100 years '
-                .. '(it must be full again within 3153600000 s, and before 2262)')
+              return redis.error_reply(ERR_DEBT)
             end
             store(key, lim, {nq, nr}, full)
             return charged(lim, ndq, ndr)
@@ -489,6 +738,12 @@ local function run(mode, keys, args, off)
             if p.changed then store(key, p.lim, p.full, p.old) end
           end
           return {1, -1, 0, replies}
+        elseif mode == 'lease' or mode == 'release' or mode == 'renew' or mode == 'leases' then
+          if #keys ~= 1 then return redis.error_reply('ERR redis-rl script: ' .. mode .. ' takes one key') end
+          return lease_call(mode, keys[1], args, off)
+        elseif mode == 'reserve' or mode == 'settle' then
+          if #keys ~= 1 then return redis.error_reply('ERR redis-rl script: ' .. mode .. ' takes one key') end
+          return reserve_call(mode, keys[1], args, off)
         end
         return redis.error_reply('ERR redis-rl script: unknown mode')
       end
@@ -497,7 +752,7 @@ local function run(mode, keys, args, off)
   return general(mode, keys, args, off, now)
 end
 
-local VERSION = 1
+local VERSION = 2
 
 known = {}
 
@@ -510,5 +765,12 @@ redis.register_function{function_name = 'rl_peek', callback = mode('peek'), flag
 redis.register_function('rl_refund', mode('refund'))
 redis.register_function('rl_charge', mode('charge'))
 redis.register_function('rl_multi', mode('multi'))
+redis.register_function('rl_lease', mode('lease'))
+-- A release frees memory, as DEL does: allowed past maxmemory, as RL.RELEASE is.
+redis.register_function{function_name = 'rl_release', callback = mode('release'), flags = {'allow-oom'}}
+redis.register_function('rl_renew', mode('renew'))
+redis.register_function{function_name = 'rl_leases', callback = mode('leases'), flags = {'no-writes'}}
+redis.register_function('rl_reserve', mode('reserve'))
+redis.register_function('rl_settle', mode('settle'))
 redis.register_function{function_name = 'rl_version', callback = function() return VERSION end,
   flags = {'no-writes'}}

@@ -18,9 +18,10 @@ import functools
 import inspect
 from typing import Any, Callable
 
-from .http import FIELD_NAMES, PROBLEM_TYPE, Policy, call_hook, header_fields
+from .http import FIELD_NAMES, PROBLEM_TYPE, InFlight, Policy, call_hook, header_fields
+from .hold import Held
 
-__all__ = ["RateLimitMiddleware", "limit_route", "Policy"]
+__all__ = ["RateLimitMiddleware", "limit_route", "Policy", "InFlight"]
 
 _REASON = "429 Too Many Requests"
 _DECIDED = "redis_rl"  # the environ's list of (policy, decision) for this request
@@ -74,29 +75,88 @@ def _problem_app(decision, headers):
 
 class RateLimitMiddleware:
     """WSGI middleware: a 429 (application/problem+json, RFC 9457) for requests over the
-    limit, the rate-limit header fields on every response it decided."""
+    limit, the rate-limit header fields on every response it decided.
 
-    def __init__(self, app: Any, limiter: Any, limit: Any, **options: Any) -> None:
+    `in_flight` (a `redis_rl.http.InFlight`, a limit, or `(limit, ttl_ms)`) adds an in-flight
+    limit per key: a lease taken before the app runs, after the rate limit allowed the request
+    (`limit` may then be None for an in-flight limit alone), and released when the server
+    closes the response iterable (PEP 3333's `close()`, after the last chunk or when the client
+    went away) or the app raises; renewed by a thread while a long response streams.
+    `on_limited` gets the Lease as its decision when that limit refuses.
+    """
+
+    def __init__(self, app: Any, limiter: Any, limit: Any = None, *, in_flight: Any = None,
+                 **options: Any) -> None:
+        if limit is None and in_flight is None:
+            raise TypeError("RateLimitMiddleware needs a limit, an in_flight limit, or both")
         self.app = app
         self.policy = _sync_policy(limiter, limit, options)
+        self.in_flight = InFlight.of(in_flight)
 
     def __call__(self, environ: Any, start_response: Any) -> Any:
-        decided = decide(self.policy, environ)
-        if decided is None:
-            return self.app(environ, start_response)
-        decision, headers = decided
-        if not decision.allowed:
-            on_limited = self.policy.on_limited
-            app = call_hook(on_limited, environ, decision, headers) if on_limited else _problem_app(decision, headers)
-            return app(environ, start_response)
+        policy = self.policy
+        if policy.limit is not None:
+            decided = decide(policy, environ)
+            if decided is None:
+                return self.app(environ, start_response)
+            decision, headers = decided
+            if not decision.allowed:
+                on_limited = policy.on_limited
+                app = call_hook(on_limited, environ, decision, headers) if on_limited else _problem_app(decision, headers)
+                return app(environ, start_response)
 
-        def start_with_headers(status, response_headers, exc_info=None):
-            # One set of fields for every limit of this request: a route decorator inside may
-            # have written its own, which this set (holding it too) replaces.
-            kept = [(n, v) for n, v in response_headers if n.lower() not in FIELD_NAMES]
-            return start_response(status, kept + header_fields(environ[_DECIDED]), exc_info)
+            def start_with_headers(status, response_headers, exc_info=None):
+                # One set of fields for every limit of this request: a route decorator inside
+                # may have written its own, which this set (holding it too) replaces.
+                kept = [(n, v) for n, v in response_headers if n.lower() not in FIELD_NAMES]
+                return start_response(status, kept + header_fields(environ[_DECIDED]), exc_info)
+        else:
+            if policy.skip is not None and call_hook(policy.skip, environ):
+                return self.app(environ, start_response)
+            start_with_headers = start_response
+        if self.in_flight is None:
+            return self.app(environ, start_with_headers)
+        return self._in_flight(environ, start_with_headers)
 
-        return self.app(environ, start_with_headers)
+    def _in_flight(self, environ, start_response):
+        policy, in_flight = self.policy, self.in_flight
+        computed = call_hook(policy.key, environ) if callable(policy.key) else None
+        suffix = policy.key_suffix(environ, environ.get("REMOTE_ADDR"), _header_reader(environ), computed)
+        lease = policy.limiter.lease(in_flight.key(policy, suffix), in_flight.limit, in_flight.ttl_ms)
+        if not lease.allowed:
+            headers = InFlight.headers(environ.get(_DECIDED, []), lease)
+            if policy.on_limited is not None:
+                return call_hook(policy.on_limited, environ, lease, headers)(environ, start_response)
+            body = InFlight.problem(lease)
+            start_response(_REASON, headers + [("Content-Type", PROBLEM_TYPE),
+                                               ("Content-Length", str(len(body)))])
+            return [body]
+        held = Held(policy.limiter, lease, in_flight.renew)
+        try:
+            result = self.app(environ, start_response)
+        except BaseException:
+            held.close()
+            raise
+        return _Releasing(result, held)
+
+
+class _Releasing:
+    """The app's response iterable, releasing the request's lease when the server closes it
+    (PEP 3333: always, after the last chunk or when the client went away)."""
+
+    def __init__(self, result, held):
+        self.result, self.held = result, held
+
+    def __iter__(self):
+        return iter(self.result)
+
+    def close(self):
+        try:
+            close = getattr(self.result, "close", None)
+            if close is not None:
+                close()
+        finally:
+            self.held.close()
 
 
 def limit_route(limiter: Any, limit: Any, **options: Any) -> Callable[[Any], Any]:

@@ -1,5 +1,5 @@
 //! [`acquire`] and [`peek`] by hand-worked tables: every field of one call's reply, sequences
-//! where each call's state feeds the next, extreme limits, and the replies the issues and
+//! where each call's state feeds the next, extreme limits, and the replies the bug reports and
 //! redis-cell pinned down.
 
 use super::*;
@@ -592,7 +592,7 @@ fn extreme_limits_never_panic_and_keep_the_invariants() {
 }
 
 /// A regression: a denial promised a retry whose take could not be stored (past 2262),
-/// and the retry was then answered "impossible". The issue's minimal case, with the rate now
+/// and the retry was then answered "impossible". The minimal reproduction, with the rate now
 /// the exact decimal (the take at the retry still overshoots 2262 by about 90 s).
 #[test]
 fn a_denial_never_promises_a_take_that_cannot_be_stored() {
@@ -653,7 +653,7 @@ fn cost_equal_to_capacity_empties_a_full_bucket() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Replies the issues and redis-cell pinned down.
+// Replies that bug reports and redis-cell pinned down.
 // ---------------------------------------------------------------------------------------------
 
 #[test]

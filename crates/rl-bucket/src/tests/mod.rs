@@ -11,7 +11,7 @@
 //! - `decimal.rs`, `limit.rs`, `cost.rs`, `state.rs`, `decision.rs`: each type's parsing,
 //!   ranges, rounding and views.
 //! - `acquire.rs`: every field of one call's reply, sequences of calls, extreme limits, and
-//!   the replies the issues pinned down.
+//!   the replies that bug reports pinned down.
 //! - `refund.rs`: peeks and refunds against the exact model.
 //! - `charge.rs`: charges into debt, then takes, peeks and cost-0 checks at random times,
 //!   against the exact model; the bound on the debt.
