@@ -397,8 +397,9 @@ local function run(mode, keys, args, off)
       end
 
       -- The stored instant of key, as {q, r, hash = whether a hash holds it} over lim.d, or nil
-      -- for a missing key, then whether the key is a hash (true also for a hash without the
-      -- bucket's fields, which reads as a full bucket).
+      -- for a missing key, then whether the key is a hash. A hash without the bucket's field a
+      -- is someone else's (this script writes a, b and d with every record): WRONGTYPE, as the
+      -- module answers, and nothing written over it.
       local function load(key, lim)
         local q, r, d = load_string(key)
         local hash = r == true
@@ -412,7 +413,9 @@ local function run(mode, keys, args, off)
         end
         if hash then
           q, r, d = load_hash(key)
-          if q == nil then return nil, true end
+          if q == nil then
+            return redis.error_reply('WRONGTYPE Operation against a key holding the wrong kind of value')
+          end
         end
         q, r, d = tonumber(q), tonumber(r), tonumber(d)
         if q == nil or r == nil or d == nil or d < 1 or r < 0 or r >= d then
