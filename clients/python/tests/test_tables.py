@@ -194,7 +194,7 @@ class Keys(Servers):
         expected = sorted(f"api:{{{shard_of(f, 4)}}}:{f}" for f in ("a", "b", "c"))
         self.assertEqual(sorted(k.decode() for k in admin.keys("*")), expected)
         for key in expected:
-            self.assertEqual(admin.type(key), b"hash")
+            self.assertEqual(admin.type(key), b"string")
             self.assertGreater(admin.pttl(key), 0)
         # A name with glob characters counts only its own keys, and keys SCAN's pattern also
         # matches but no shard below 4 owns do not count.

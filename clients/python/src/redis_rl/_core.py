@@ -1146,8 +1146,8 @@ PERMISSIONS_DOC = "docs/clients.md#permissions"
 PATH_RULES = {
     "module": "+rl.acquire +rl.peek +rl.refund +rl.charge +rl.acquire.multi +rl.hacquire "
               "+rl.hpeek +rl.hrefund +rl.hcharge",
-    "functions": "+fcall +fcall_ro +time +hmget +hset +pexpireat +del",
-    "lua": "+evalsha +eval +time +hmget +hset +pexpireat +del",
+    "functions": "+fcall +fcall_ro +time +get +set +hmget +hset +pexpireat +del",
+    "lua": "+evalsha +eval +time +get +set +hmget +hset +pexpireat +del",
 }
 
 
@@ -1196,12 +1196,13 @@ def is_function_missing(error):
 
 
 #: What a function or script runs inside, by the call (clients/vectors/permissions.json).
-_INSIDE = {"decide": ("TIME, HMGET, HSET, PEXPIREAT or DEL", "+time +hmget +hset +pexpireat +del"),
+_INSIDE = {"decide": ("TIME, GET, SET, HMGET, HSET, PEXPIREAT or DEL",
+                       "+time +get +set +hmget +hset +pexpireat +del"),
            "leases": ("TIME, ZCOUNT, ZSCORE, ZRANGE, ZRANGEBYSCORE, ZREMRANGEBYSCORE, ZADD, ZREM "
                       "or PEXPIREAT", "+time +zcount +zscore +zrange +zrangebyscore "
                       "+zremrangebyscore +zadd +zrem +pexpireat"),
-           "reservations": ("TIME, HMGET, HGET, HGETALL, HSET, HDEL, PEXPIREAT or DEL",
-                            "+time +hmget +hset +pexpireat +del +hget +hgetall +hdel")}
+           "reservations": ("TIME, GET, SET, HMGET, HGET, HGETALL, HSET, HDEL, PEXPIREAT or DEL",
+                            "+time +get +set +hmget +hset +pexpireat +del +hget +hgetall +hdel")}
 
 
 def script_acl_failure(error, op=None):
