@@ -31,7 +31,7 @@ use redis_rl_client::{
 use crate::config::{bucket_limit, Config, Match, RateLimit, Unit};
 use crate::metrics::Metrics;
 use crate::quota::{MetadataDescriptor, Verdict};
-use crate::settings::{Policy, PostPaidCharges, Settings};
+use crate::settings::{BucketStorage, Policy, PostPaidCharges, Settings};
 
 /// At most this many descriptors per request: Envoy sends one per rate-limit action list,
 /// usually a handful; more is refused before anything is written.
@@ -76,6 +76,35 @@ pub enum Backend {
     Cluster(AsyncLimiter<redis::cluster_async::ClusterConnection>),
 }
 
+/// `RL_BUCKET_STORAGE=tables`: the buckets are fields of the tables `name:{i}`, `i` among
+/// `shards`, named as the client library's bucket tables name them (the field is the
+/// descriptor's key; its fallback key `name:{i}:field` is what the Lua path keeps).
+pub(crate) struct Tables {
+    name: String,
+    shards: u32,
+}
+
+impl Tables {
+    /// The tables of `settings`, or `None` when buckets are keys.
+    fn of(settings: &Settings) -> Option<Tables> {
+        (settings.bucket_storage == BucketStorage::Tables).then(|| Tables {
+            name: format!("{}buckets", settings.cache_key_prefix),
+            shards: settings.table_shards,
+        })
+    }
+
+    /// The table key and the fallback key of the field `key`.
+    fn names(&self, key: &str) -> (String, String) {
+        let table = format!(
+            "{}:{{{}}}",
+            self.name,
+            redis_rl_client::shard_of(key, self.shards)
+        );
+        let fallback = format!("{table}:{key}");
+        (table, fallback)
+    }
+}
+
 impl Backend {
     async fn acquire_across_slots(
         &self,
@@ -88,18 +117,63 @@ impl Backend {
     }
 
     /// Who applied the refund (`Closed` when Redis could not and the policy skipped it).
-    async fn refund(&self, key: &str, limit: &Limit, cost: f64) -> Result<Source, ClientError> {
-        match self {
-            Backend::Single(l) => l.refund(key, limit, cost).await.map(|r| r.source),
-            Backend::Cluster(l) => l.refund(key, limit, cost).await.map(|r| r.source),
+    async fn refund(
+        &self,
+        tables: Option<&Tables>,
+        key: &str,
+        limit: &Limit,
+        cost: f64,
+    ) -> Result<Source, ClientError> {
+        match (self, tables) {
+            (Backend::Single(l), None) => l.refund(key, limit, cost).await,
+            (Backend::Cluster(l), None) => l.refund(key, limit, cost).await,
+            (Backend::Single(l), Some(t)) => {
+                l.table(&t.name, t.shards)?.refund(key, limit, cost).await
+            }
+            (Backend::Cluster(l), Some(t)) => {
+                l.table(&t.name, t.shards)?.refund(key, limit, cost).await
+            }
         }
+        .map(|r| r.source)
     }
 
     /// Charges `cost` post-paid: applied whatever the bucket holds, which may go into debt.
-    async fn charge(&self, key: &str, limit: &Limit, cost: f64) -> Result<Charged, ClientError> {
-        match self {
-            Backend::Single(l) => l.charge(key, limit, cost).await,
-            Backend::Cluster(l) => l.charge(key, limit, cost).await,
+    async fn charge(
+        &self,
+        tables: Option<&Tables>,
+        key: &str,
+        limit: &Limit,
+        cost: f64,
+    ) -> Result<Charged, ClientError> {
+        match (self, tables) {
+            (Backend::Single(l), None) => l.charge(key, limit, cost).await,
+            (Backend::Cluster(l), None) => l.charge(key, limit, cost).await,
+            (Backend::Single(l), Some(t)) => {
+                l.table(&t.name, t.shards)?.charge(key, limit, cost).await
+            }
+            (Backend::Cluster(l), Some(t)) => {
+                l.table(&t.name, t.shards)?.charge(key, limit, cost).await
+            }
+        }
+    }
+
+    /// What a take of `cost` would decide, taking nothing.
+    async fn peek(
+        &self,
+        tables: Option<&Tables>,
+        key: &str,
+        limit: &Limit,
+        cost: f64,
+    ) -> Result<Decision, ClientError> {
+        match (self, tables) {
+            (Backend::Single(l), None) => l.peek(key, limit, cost).await,
+            (Backend::Cluster(l), None) => l.peek(key, limit, cost).await,
+            (Backend::Single(l), Some(t)) => {
+                l.table(&t.name, t.shards)?.peek(key, limit, cost).await
+            }
+            (Backend::Cluster(l), Some(t)) => {
+                l.table(&t.name, t.shards)?.peek(key, limit, cost).await
+            }
         }
     }
 }
@@ -118,6 +192,8 @@ pub struct Service {
     client_stats_keys: std::sync::Mutex<std::collections::HashSet<String>>,
     /// The domains asked for that the config does not define, each warned about once.
     unknown_domains: crate::unknown_domains::UnknownDomains,
+    /// `RL_BUCKET_STORAGE=tables`: the tables the buckets are fields of.
+    tables: Option<Tables>,
 }
 
 /// One descriptor after checking.
@@ -133,6 +209,8 @@ struct Limited {
     index: usize,
     found: Match,
     key: String,
+    /// With tables: the table key and fallback key of the field `key`.
+    in_table: Option<(String, String)>,
     limit: Limit,
     cost: u64,
     shadow: bool,
@@ -167,6 +245,7 @@ impl Service {
         settings: Arc<Settings>,
         metrics: Metrics,
     ) -> Self {
+        let tables = Tables::of(&settings);
         Service {
             config: RwLock::new(Arc::new(config)),
             backend,
@@ -175,6 +254,7 @@ impl Service {
             per_second: None,
             client_stats_keys: std::sync::Mutex::new(std::collections::HashSet::new()),
             unknown_domains: Default::default(),
+            tables,
         }
     }
 
@@ -388,9 +468,11 @@ impl Service {
                     PostPaidCharges::Never => false,
                     PostPaidCharges::Auto => cost != 1,
                 };
+            let in_table = self.tables.as_ref().map(|t| t.names(&key));
             let item = Limited {
                 index,
                 found: m,
+                in_table,
                 key,
                 limit,
                 cost,
@@ -454,7 +536,7 @@ impl Service {
             let cost = r.cost as f64;
             let source = self
                 .backend_for(r)
-                .refund(&r.key, &r.limit, cost)
+                .refund(self.tables.as_ref(), &r.key, &r.limit, cost)
                 .await
                 .map_err(|e| self.client_failure(e))?;
             // A refund Redis could not apply fails the call under `error` as a take does:
@@ -694,7 +776,7 @@ impl Service {
                         #[allow(clippy::cast_precision_loss)]
                         let cost = item.cost as f64;
                         let source = per_second
-                            .refund(&item.key, &item.limit, cost)
+                            .refund(self.tables.as_ref(), &item.key, &item.limit, cost)
                             .await
                             .map_err(|e| self.client_failure(e))?;
                         self.policy_check(source)?;
@@ -728,7 +810,12 @@ impl Service {
             .iter()
             .map(|it| {
                 #[allow(clippy::cast_precision_loss)]
-                let item = SlotItem::new(&it.key, it.limit, it.cost as f64);
+                let item = match &it.in_table {
+                    Some((table, fallback)) => {
+                        SlotItem::new(fallback, it.limit, it.cost as f64).in_table(table, &it.key)
+                    }
+                    None => SlotItem::new(&it.key, it.limit, it.cost as f64),
+                };
                 if it.shadow {
                     item.shadow()
                 } else {
@@ -764,7 +851,7 @@ impl Service {
         let cost = item.cost as f64;
         let c = self
             .backend_for(item)
-            .charge(&item.key, &item.limit, cost)
+            .charge(self.tables.as_ref(), &item.key, &item.limit, cost)
             .await
             .map_err(|e| self.client_failure(e))?;
         self.policy_check(c.source)?;
@@ -789,11 +876,11 @@ impl Service {
     async fn peek(&self, item: &Limited) -> Result<Outcome, Failure> {
         #[allow(clippy::cast_precision_loss)]
         let cost = item.cost as f64;
-        let d = match self.backend_for(item) {
-            Backend::Single(l) => l.peek(&item.key, &item.limit, cost).await,
-            Backend::Cluster(l) => l.peek(&item.key, &item.limit, cost).await,
-        }
-        .map_err(|e| self.client_failure(e))?;
+        let d = self
+            .backend_for(item)
+            .peek(self.tables.as_ref(), &item.key, &item.limit, cost)
+            .await
+            .map_err(|e| self.client_failure(e))?;
         self.policy_check(d.source)?;
         Ok(match (d.allowed, item.shadow) {
             (true, _) => Outcome::Peeked(d),

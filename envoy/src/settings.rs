@@ -35,6 +35,17 @@ pub enum PostPaidCharges {
     Never,
 }
 
+/// Where each descriptor's bucket is kept (`RL_BUCKET_STORAGE`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BucketStorage {
+    /// A key per bucket: the descriptor's key (RL.ACQUIRE.MULTI).
+    Keys,
+    /// A field of a bucket table (RL.HACQUIRE.MULTI): the descriptor's key is the field, in
+    /// the table `<prefix>buckets:{i}`, `i` derived from the field among
+    /// `RL_TABLE_SHARDS` tables so the buckets spread over a cluster's slots.
+    Tables,
+}
+
 /// Every setting the service reads.
 #[derive(Clone, Debug)]
 pub struct Settings {
@@ -63,6 +74,10 @@ pub struct Settings {
     pub global_quota_mode: bool,
     /// POST_PAID_CHARGES: which plain limits take a charge past what is left.
     pub post_paid_charges: PostPaidCharges,
+    /// RL_BUCKET_STORAGE: a key per bucket, or fields of bucket tables.
+    pub bucket_storage: BucketStorage,
+    /// RL_TABLE_SHARDS: how many tables the buckets spread over (tables storage).
+    pub table_shards: u32,
     /// RL_MAX_CLIENT_STATS_KEYS: at most this many distinct stats keys carry a request's
     /// value (`detailed_metric`, `value_to_metric`, Envoy's limit override); a new one past
     /// it is counted under the config's own key (the values dropped) and in
@@ -256,6 +271,30 @@ impl Settings {
                 ))
             }
         };
+        let bucket_storage = match text("RL_BUCKET_STORAGE", "keys")
+            .to_ascii_lowercase()
+            .as_str()
+        {
+            "keys" => BucketStorage::Keys,
+            "tables" => BucketStorage::Tables,
+            other => {
+                return Err(format!(
+                    "RL_BUCKET_STORAGE must be keys or tables, not {other:?}"
+                ))
+            }
+        };
+        let table_shards = u32::try_from(number("RL_TABLE_SHARDS", 256, 16_384)?)
+            .ok()
+            .filter(|n| *n >= 1)
+            .ok_or("RL_TABLE_SHARDS must be a whole number from 1 to 16384")?;
+        if bucket_storage == BucketStorage::Tables
+            && text("CACHE_KEY_PREFIX", "").contains(['{', '}'])
+        {
+            // The shard index is the tables' hash tag; a brace before it would replace it.
+            return Err(
+                "CACHE_KEY_PREFIX must not contain { or } with RL_BUCKET_STORAGE=tables".into(),
+            );
+        }
         let near_limit_ratio = match var("NEAR_LIMIT_RATIO") {
             None => 0.8,
             Some(v) => v
@@ -339,6 +378,8 @@ impl Settings {
             shadow_mode: flag("SHADOW_MODE", false)?,
             global_quota_mode: flag("GLOBAL_QUOTA_MODE", false)?,
             post_paid_charges,
+            bucket_storage,
+            table_shards,
             max_client_stats_keys: usize::try_from(number(
                 "RL_MAX_CLIENT_STATS_KEYS",
                 10_000,

@@ -241,6 +241,24 @@ impl<K: Connect> Limiter<K> {
         self.engine.after_multi(result, items, sent_at)
     }
 
+    /// [`Self::acquire_all`] over keys or table fields (all of one kind: RL.ACQUIRE.MULTI or
+    /// RL.HACQUIRE.MULTI), each known to the deny cache and the policy by its key.
+    pub(crate) fn acquire_targets(
+        &self,
+        targets: &[(Target<'_>, Limit, f64)],
+    ) -> Result<MultiDecision, Error> {
+        let items: Vec<(&str, Limit, f64)> = targets
+            .iter()
+            .map(|(target, limit, cost)| (target.key(), *limit, *cost))
+            .collect();
+        if let Some(multi) = self.engine.before_multi(&items) {
+            return Ok(multi);
+        }
+        let sent_at = Instant::now();
+        let result = self.call(Op::Multi, targets);
+        self.engine.after_multi(result, &items, sent_at)
+    }
+
     /// All or nothing over `items`, whatever slots their keys hash to: one
     /// [`Limiter::acquire_all`] on one server; on a cluster (learnt from its first CROSSSLOT
     /// reply) one per hash slot, in slot order, refunding the slots already taken when a later
@@ -273,10 +291,11 @@ impl<K: Connect> Limiter<K> {
         let mut step = plan.start();
         loop {
             step = match step {
-                AcrossStep::Ask(args) => plan.answer(self.acquire_all(&args)),
+                AcrossStep::Ask(args) => plan.answer(self.acquire_targets(&args)),
                 AcrossStep::Refund(args) => {
-                    for (key, limit, cost) in args {
-                        if let Err(e) = self.refund(key, &limit, cost) {
+                    for (target, limit, cost) in args {
+                        if let Err(e) = self.give_back(Op::Refund, target, &limit, cost) {
+                            let key = target.key();
                             log::warn!("redis-rl: giving back {key} after a refusal failed: {e}");
                         }
                     }
