@@ -1355,4 +1355,7 @@ def lease_params(op, limit=None, ttl_ms=None, lease_id=None, bucket=None, estima
             raise ValueError("actual must be a finite number >= 0 (tokens)") from None
     if op in ("release", "renew", "settle") or lease_id is not None:
         params["id"] = check_id(lease_id)
+    if op in ("lease", "reserve") and is_policy_id(lease_id):
+        # Its release or settle would be answered in process, never reaching the Redis lease.
+        raise ValueError('id must not start with "open:" or "local:" (the failure policy\'s ids)')
     return params
