@@ -1112,9 +1112,15 @@ def lease_module_command(op, items):
         return ["RL.RENEW", key, _id_arg(p["id"]), str(p["ttl_ms"])]
     if op == "leases":
         return ["RL.LEASES", key, str(p["limit"])]
+    # A bucket table's field (redis_rl.table.TableField): RL.HRESERVE / RL.HSETTLE on its table
+    # key and field; on the fallbacks the field's own key is the string itself.
+    table = getattr(key, "table", None)
+    where = [key] if table is None else [table, key.field]
     if op == "reserve":
-        return ["RL.RESERVE", key, *bucket.args(), _number(p["estimate"]), str(p["ttl_ms"]), *given]
-    return ["RL.SETTLE", key, *bucket.args(), _id_arg(p["id"]), _number(p["actual"])]
+        return ["RL.RESERVE" if table is None else "RL.HRESERVE", *where, *bucket.args(),
+                _number(p["estimate"]), str(p["ttl_ms"]), *given]
+    return ["RL.SETTLE" if table is None else "RL.HSETTLE", *where, *bucket.args(), _id_arg(p["id"]),
+            _number(p["actual"])]
 
 
 def lease_script_args(op, items):
