@@ -297,12 +297,13 @@ impl<C: ConnectionLike + Clone + Send + Sync> AsyncLimiter<C> {
     ) -> Result<Lease, Error> {
         let limit = lease::check_limit(limit)?;
         let ttl_ms = lease::check_ttl(ttl_ms)?;
-        let id = lease::id_or_new(id)?;
+        let (id, drawn) = lease::id_or_new(id)?;
         self.run(Call::Lease {
             key,
             limit,
             ttl_ms,
             id: &id,
+            drawn,
         })
         .await?
         .lease()
@@ -351,7 +352,7 @@ impl<C: ConnectionLike + Clone + Send + Sync> AsyncLimiter<C> {
     ) -> Result<Reservation<'_, Self>, Error> {
         let estimate = lease::check_estimate(estimate)?;
         let ttl_ms = lease::check_ttl(ttl_ms)?;
-        let id = lease::id_or_new(id)?;
+        let (id, drawn) = lease::id_or_new(id)?;
         let reserved = self
             .run(Call::Reserve {
                 key,
@@ -359,6 +360,7 @@ impl<C: ConnectionLike + Clone + Send + Sync> AsyncLimiter<C> {
                 estimate,
                 ttl_ms,
                 id: &id,
+                drawn,
             })
             .await?
             .reserved()?;

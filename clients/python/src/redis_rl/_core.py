@@ -1112,9 +1112,15 @@ def lease_module_command(op, items):
         return ["RL.RENEW", key, _id_arg(p["id"]), str(p["ttl_ms"])]
     if op == "leases":
         return ["RL.LEASES", key, str(p["limit"])]
+    # A bucket table's field (redis_rl.table.TableField): RL.HRESERVE / RL.HSETTLE on its table
+    # key and field; on the fallbacks the field's own key is the string itself.
+    table = getattr(key, "table", None)
+    where = [key] if table is None else [table, key.field]
     if op == "reserve":
-        return ["RL.RESERVE", key, *bucket.args(), _number(p["estimate"]), str(p["ttl_ms"]), *given]
-    return ["RL.SETTLE", key, *bucket.args(), _id_arg(p["id"]), _number(p["actual"])]
+        return ["RL.RESERVE" if table is None else "RL.HRESERVE", *where, *bucket.args(),
+                _number(p["estimate"]), str(p["ttl_ms"]), *given]
+    return ["RL.SETTLE" if table is None else "RL.HSETTLE", *where, *bucket.args(), _id_arg(p["id"]),
+            _number(p["actual"])]
 
 
 def lease_script_args(op, items):
@@ -1356,4 +1362,7 @@ def lease_params(op, limit=None, ttl_ms=None, lease_id=None, bucket=None, estima
             raise ValueError("actual must be a finite number >= 0 (tokens)") from None
     if op in ("release", "renew", "settle") or lease_id is not None:
         params["id"] = check_id(lease_id)
+    if op in ("lease", "reserve") and is_policy_id(lease_id):
+        # Its release or settle would be answered in process, never reaching the Redis lease.
+        raise ValueError('id must not start with "open:" or "local:" (the failure policy\'s ids)')
     return params
