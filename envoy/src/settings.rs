@@ -514,6 +514,37 @@ mod tests {
     }
 
     #[test]
+    fn bucket_storage_is_keys_by_default_or_tables_and_bad_values_are_named() {
+        let storage =
+            |pairs: &[(&str, &str)]| with(pairs).map(|s| (s.bucket_storage, s.table_shards));
+        assert_eq!(storage(&[]), Ok((BucketStorage::Keys, 256)));
+        assert_eq!(
+            storage(&[("RL_BUCKET_STORAGE", "Tables"), ("RL_TABLE_SHARDS", "16")]),
+            Ok((BucketStorage::Tables, 16))
+        );
+        for (pairs, want) in [
+            (
+                &[("RL_BUCKET_STORAGE", "hash")][..],
+                "RL_BUCKET_STORAGE must be",
+            ),
+            (&[("RL_TABLE_SHARDS", "0")][..], "RL_TABLE_SHARDS must be"),
+            (
+                &[("RL_TABLE_SHARDS", "16385")][..],
+                "RL_TABLE_SHARDS must be",
+            ),
+            (
+                &[("RL_BUCKET_STORAGE", "tables"), ("CACHE_KEY_PREFIX", "{x}")][..],
+                "CACHE_KEY_PREFIX must not contain",
+            ),
+        ] {
+            let e = storage(pairs).unwrap_err();
+            assert!(e.starts_with(want), "{pairs:?}: {e}");
+        }
+        // A hash tag in the prefix is fine for keys, which it may group on purpose.
+        assert!(storage(&[("CACHE_KEY_PREFIX", "{x}")]).is_ok());
+    }
+
+    #[test]
     fn the_deadline_is_rl_timeout_ms_else_the_go_services_redis_timeout() {
         let ms = |pairs: &[(&str, &str)]| with(pairs).map(|s| s.timeout_ms);
         for (text, want) in [

@@ -479,6 +479,37 @@ mod tests {
     }
 
     #[test]
+    fn table_fields_and_keys_are_asked_in_separate_calls() {
+        let engine = Engine::new(Options::new(OnError::Closed), false);
+        let limit = Limit::new(1.0, 1.0).unwrap();
+        let items = [
+            SlotItem::new("t:{0}:f", limit, 1.0).in_table("t:{0}", "f"),
+            SlotItem::new("k", limit, 1.0),
+            SlotItem::new("t:{1}:g", limit, 1.0).in_table("t:{1}", "g"),
+        ];
+        let mut plan = Across::new(&engine, &items).unwrap();
+        let AcrossStep::Ask(first) = plan.start() else {
+            panic!("ask")
+        };
+        assert_eq!(first, vec![(Target::Key("k"), limit, 1.0)]);
+        let AcrossStep::Ask(second) = plan.answer(Ok(multi(&[true]))) else {
+            panic!("ask")
+        };
+        let field = |table, field, fallback_key| Target::Field {
+            table,
+            field,
+            fallback_key,
+        };
+        assert_eq!(
+            second,
+            vec![
+                (field("t:{0}", "f", "t:{0}:f"), limit, 1.0),
+                (field("t:{1}", "g", "t:{1}:g"), limit, 1.0),
+            ]
+        );
+    }
+
+    #[test]
     fn a_later_group_refusing_or_failing_refunds_the_groups_taken() {
         let limit = Limit::new(1.0, 1.0).unwrap();
         let items = [
