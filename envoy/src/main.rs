@@ -14,23 +14,10 @@
 //! (SIGTERM). The service never reaches around the client library to Redis.
 
 mod config;
-mod config_watch;
-mod grpc;
-mod health;
-mod http;
-mod inflight;
-mod logging;
-mod metrics;
-mod quota;
-mod readiness;
-mod redis_pool;
-mod redis_setup;
-mod service;
-mod settings;
-mod stats;
-mod unknown_domains;
-mod xds;
-mod yaml11;
+mod decision;
+mod redis;
+mod telemetry;
+mod transport;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -39,11 +26,15 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
-use crate::config::{Config, Source};
-use crate::metrics::Metrics;
-use crate::readiness::Readiness;
-use crate::service::Service;
-use crate::settings::Settings;
+use crate::config::rules::{Config, Source};
+use crate::config::settings::Settings;
+use crate::config::{settings, watch as config_watch, xds};
+use crate::decision::service::Service;
+use crate::redis::setup as redis_setup;
+use crate::telemetry::metrics::Metrics;
+use crate::telemetry::stats;
+use crate::transport::readiness::Readiness;
+use crate::transport::{grpc, health, http};
 
 // Every call allocates a few dozen small blocks (HTTP/2 frames, the protobuf, the Redis
 // reply); glibc's malloc and free were a tenth of the service's CPU in `perf` at 16 streams.
@@ -61,7 +52,7 @@ fn init_logging(settings: &Settings) {
     tracing_subscriber::fmt()
         .with_max_level(level)
         .with_writer(std::io::stderr)
-        .event_format(crate::logging::PeerFormat {
+        .event_format(crate::telemetry::logging::PeerFormat {
             json: settings.log_format == "json",
             on_error: settings.on_error,
         })
@@ -240,7 +231,7 @@ async fn serve(settings: Arc<Settings>) -> ExitCode {
         "loaded {} domain(s) from {}: {:?}",
         config.domain_count(),
         dir.display(),
-        config::summary(&config)
+        config::rules::summary(&config)
     );
     if settings.xds.is_none() {
         warn_if_no_rules(&settings, &dir, config.domain_count());

@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use crate::config::Source;
+use crate::config::rules::Source;
 
 /// What to answer when Redis cannot decide (`RL_ON_ERROR`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -91,13 +91,13 @@ pub struct Settings {
     /// RL_WORKER_THREADS: the runtime's threads; 0 means one per CPU the process may use.
     pub worker_threads: usize,
     /// Health: health checks and the gRPC transport (see `health.rs`).
-    pub health: crate::health::HealthSettings,
+    pub health: crate::transport::health::HealthSettings,
     // xds: CONFIG_TYPE=GRPC_XDS_SOTW and its CONFIG_GRPC_XDS_* (None for FILE).
-    pub xds: Option<crate::xds::XdsSettings>,
+    pub xds: Option<crate::config::xds::XdsSettings>,
     // Redis setups: TLS, Sentinel, start-up retries.
-    pub redis_setup: crate::redis_setup::RedisSetup,
+    pub redis_setup: crate::redis::setup::RedisSetup,
     // Stats: statsd/dogstatsd sinks, EXTRA_TAGS, DEBUG_HOST/DEBUG_PORT.
-    pub stats: crate::stats::StatsSettings,
+    pub stats: crate::telemetry::stats::StatsSettings,
 }
 
 /// The Go service's variables this service does not support: each one set is a warning.
@@ -367,10 +367,10 @@ impl Settings {
             without_module_lua,
             timeout_ms,
             worker_threads: usize::try_from(number("RL_WORKER_THREADS", 0, 1024)?).unwrap_or(0),
-            health: crate::health::HealthSettings::from_env(&var, &flag)?,
-            xds: crate::xds::XdsSettings::from_env(&var)?,
-            redis_setup: crate::redis_setup::RedisSetup::from_env(&var)?,
-            stats: crate::stats::StatsSettings::from_env(&var, go_duration_ms)?,
+            health: crate::transport::health::HealthSettings::from_env(&var, &flag)?,
+            xds: crate::config::xds::XdsSettings::from_env(&var)?,
+            redis_setup: crate::redis::setup::RedisSetup::from_env(&var)?,
+            stats: crate::telemetry::stats::StatsSettings::from_env(&var, go_duration_ms)?,
         })
     }
 

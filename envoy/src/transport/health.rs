@@ -15,8 +15,8 @@ use axum::routing::get;
 use axum::Router;
 use tonic_health::ServingStatus;
 
-use crate::readiness::Readiness;
-use crate::settings::Settings;
+use crate::config::settings::Settings;
+use crate::transport::readiness::Readiness;
 
 /// The Go service's defaults: a connection lives a day, then gets an hour to finish.
 const DEFAULT_MAX_CONNECTION_AGE_MS: u64 = 24 * 3_600_000;
@@ -76,7 +76,7 @@ impl HealthSettings {
         let duration = |name: &str, default_ms: u64| -> Result<u64, String> {
             match var(name) {
                 None => Ok(default_ms),
-                Some(v) => crate::settings::go_duration_ms(&v).ok_or_else(|| {
+                Some(v) => crate::config::settings::go_duration_ms(&v).ok_or_else(|| {
                     format!("{name} must be a Go duration such as 30s, 1h or 0, not {v:?}")
                 }),
             }
@@ -196,11 +196,11 @@ pub fn spawn_redis_probe(settings: &Settings, readiness: Arc<Readiness>) {
         let mut was: Option<bool> = None;
         // Its own connection, made as the limiter's are (TLS, auth, Sentinel, cluster), so a
         // probe never queues behind calls; dropped after a failure and made again.
-        let mut link: Option<crate::redis_setup::Opened> = None;
+        let mut link: Option<crate::redis::setup::Opened> = None;
         loop {
             let attempt = async {
                 if link.is_none() {
-                    link = crate::redis_setup::open(&settings, 1).await.ok();
+                    link = crate::redis::setup::open(&settings, 1).await.ok();
                 }
                 match link.as_mut() {
                     Some(l) => l.ping().await,
@@ -386,7 +386,7 @@ mod tests {
     use super::*;
 
     fn with(pairs: &[(&str, &str)]) -> Result<HealthSettings, String> {
-        crate::settings::from_pairs(pairs).map(|s| s.health)
+        crate::config::settings::from_pairs(pairs).map(|s| s.health)
     }
 
     #[test]

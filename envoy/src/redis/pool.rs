@@ -15,7 +15,7 @@ use std::sync::Arc;
 use redis::aio::ConnectionLike;
 use redis::{Cmd, Pipeline, RedisFuture, Value};
 
-use crate::redis_setup::Link;
+use crate::redis::setup::Link;
 
 /// Calls in flight on one connection before the next connection takes new calls. One
 /// RL.ACQUIRE.MULTI is about 100 bytes, so this many still fit in one of Redis's 16 KiB reads.

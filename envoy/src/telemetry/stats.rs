@@ -18,9 +18,9 @@ use axum::routing::get;
 use axum::Router;
 use tokio::io::AsyncWriteExt;
 
-use crate::config::Config;
-use crate::metrics::Metrics;
-use crate::service::Service;
+use crate::config::rules::Config;
+use crate::decision::service::Service;
+use crate::telemetry::metrics::Metrics;
 
 /// Where the stats go.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -68,7 +68,8 @@ impl StatsSettings {
         var: &dyn Fn(&str) -> Option<String>,
         duration_ms: fn(&str) -> Option<u64>,
     ) -> Result<StatsSettings, String> {
-        let flag = |name: &str, default: bool| crate::settings::env_flag(var, name, default);
+        let flag =
+            |name: &str, default: bool| crate::config::settings::env_flag(var, name, default);
         let port = |name: &str, default: u16| -> Result<u16, String> {
             match var(name) {
                 None => Ok(default),
@@ -550,8 +551,8 @@ pub fn dump_config(config: &Config) -> String {
     lines.concat()
 }
 
-fn unit_name(unit: crate::config::Unit) -> &'static str {
-    use crate::config::Unit;
+fn unit_name(unit: crate::config::rules::Unit) -> &'static str {
+    use crate::config::rules::Unit;
     match unit {
         Unit::Second => "SECOND",
         Unit::Minute => "MINUTE",

@@ -27,8 +27,8 @@ use prost::Message;
 use serde_json::{json, Map};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::config::{Config, ConfigError};
-use crate::service::Service;
+use crate::config::rules::{Config, ConfigError};
+use crate::decision::service::Service;
 
 /// The one resource type this client subscribes to.
 pub const TYPE_URL: &str = "type.googleapis.com/ratelimit.config.ratelimit.v3.RateLimitConfig";
@@ -166,7 +166,7 @@ impl XdsSettings {
         };
         let retry_text =
             var("CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL").unwrap_or_else(|| "3s".into());
-        let retry_interval_ms = crate::settings::go_duration_ms(&retry_text)
+        let retry_interval_ms = crate::config::settings::go_duration_ms(&retry_text)
             .filter(|ms| (1..=3_600_000).contains(ms))
             .ok_or_else(|| {
                 format!(
@@ -420,7 +420,7 @@ pub async fn start(
 /// it in the config-load metrics.
 pub async fn apply(
     service: Arc<Service>,
-    readiness: Arc<crate::readiness::Readiness>,
+    readiness: Arc<crate::transport::readiness::Readiness>,
     mut updates: mpsc::Receiver<Update>,
 ) {
     // The file watcher owns SIGHUP otherwise; over xDS there is nothing to re-read, and the
@@ -580,7 +580,7 @@ async fn handle(
             let summary = format!(
                 "{} domain(s): {:?}",
                 config.domain_count(),
-                crate::config::summary(&config)
+                crate::config::rules::summary(&config)
             );
             let (applied, done) = oneshot::channel();
             let stopped = "the service stopped taking configs";
@@ -623,7 +623,7 @@ mod tests {
     use envoy_types::pb::ratelimit::config::ratelimit::v3::RateLimitReplace;
 
     fn with(pairs: &[(&str, &str)]) -> Result<Option<XdsSettings>, String> {
-        crate::settings::from_pairs(pairs).map(|s| s.xds)
+        crate::config::settings::from_pairs(pairs).map(|s| s.xds)
     }
 
     fn any(c: &RateLimitConfig) -> Any {

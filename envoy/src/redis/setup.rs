@@ -21,8 +21,8 @@ use redis::{
 };
 use redis_rl_client::{AsyncLimiter, Error as ClientError, OnError, Options, WithoutModule};
 
-use crate::service::Backend;
-use crate::settings::{Policy, Settings};
+use crate::config::settings::{Policy, Settings};
+use crate::decision::service::Backend;
 
 /// The settings of this part (read with the others in `Settings::from_env`).
 #[derive(Clone, Debug)]
@@ -70,11 +70,12 @@ impl RedisSetup {
     /// The variable and what it must be.
     pub fn from_env(var: &impl Fn(&str) -> Option<String>) -> Result<RedisSetup, String> {
         let text = |name: &str| var(name).unwrap_or_default();
-        let flag = |name: &str, default: bool| crate::settings::env_flag(var, name, default);
+        let flag =
+            |name: &str, default: bool| crate::config::settings::env_flag(var, name, default);
         let duration = |name: &str, default_ms: u64| -> Result<u64, String> {
             match var(name) {
                 None => Ok(default_ms),
-                Some(v) => crate::settings::go_duration_ms(&v)
+                Some(v) => crate::config::settings::go_duration_ms(&v)
                     .filter(|ms| *ms <= MAX_INTERVAL_MS)
                     .ok_or_else(|| {
                         format!(
@@ -523,7 +524,7 @@ pub async fn connect(settings: &Settings) -> Result<Backend, Failed> {
     let backend = match open(settings, settings.redis_pool_size).await? {
         Opened::Cluster(connection) => Backend::Cluster(AsyncLimiter::new(connection, options)),
         Opened::Single(links) => {
-            let pool = crate::redis_pool::Pool::new(links)
+            let pool = crate::redis::pool::Pool::new(links)
                 .ok_or_else(|| Failed::Setup("REDIS_POOL_SIZE is 0".to_string()))?;
             Backend::Single(AsyncLimiter::new(pool, options))
         }
@@ -712,7 +713,7 @@ async fn connect_all(settings: &Settings) -> Result<Backends, Failed> {
 
 /// Connects, trying again with a doubling back-off (`REDIS_STARTUP_RETRY_*`) while Redis does
 /// not answer; the service listens only once this returns, and is not ready
-/// ([`crate::readiness`]) until the health probe's first `PING` is answered.
+/// ([`crate::transport::readiness`]) until the health probe's first `PING` is answered.
 ///
 /// # Errors
 /// A setup that can never work at once; Redis still unreachable after the last attempt.
@@ -764,7 +765,7 @@ mod tests {
     use super::*;
 
     fn settings(pairs: &[(&str, &str)]) -> Result<Settings, String> {
-        crate::settings::from_pairs(pairs)
+        crate::config::settings::from_pairs(pairs)
     }
 
     #[test]
