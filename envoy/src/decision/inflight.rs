@@ -29,7 +29,8 @@ use sha2::{Digest, Sha256};
 
 use crate::config::rules::{Concurrency, Match, Reserve};
 use crate::config::settings::Policy;
-use crate::decision::service::{duration, redis_key, Backend, Failure, Service};
+use crate::decision::service::{duration, redis_key, Failure, Service};
+use crate::redis::setup::Backend;
 
 /// The descriptor key of the start call's request id entry.
 pub const REQUEST_ID_KEY: &str = "request_id";

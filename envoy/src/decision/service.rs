@@ -23,14 +23,12 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
-use redis_rl_client::{
-    AsyncLimiter, Charged, Decision, Error as ClientError, Limit, SlotItem, SlotOutcome,
-    SlotsDecision, Source,
-};
+use redis_rl_client::{Decision, Error as ClientError, Limit, SlotItem, SlotOutcome, Source};
 
 use crate::config::rules::{bucket_limit, Config, Match, RateLimit, Unit};
 use crate::config::settings::{Policy, PostPaidCharges, Settings};
 use crate::decision::quota::{MetadataDescriptor, Verdict};
+use crate::redis::setup::Backend;
 use crate::telemetry::metrics::Metrics;
 
 /// At most this many descriptors per request: Envoy sends one per rate-limit action list,
@@ -65,41 +63,6 @@ impl Failure {
             Failure::Invalid(_) => "invalid_argument",
             Failure::Unavailable(_) => "redis_unavailable",
             Failure::Internal(_) => "redis_error",
-        }
-    }
-}
-
-/// The async limiter on one server (a pool of multiplexed connections) or on a cluster.
-/// `crate::decision::inflight` sends its own commands on the same connections.
-pub enum Backend {
-    Single(AsyncLimiter<crate::redis::pool::Pool>),
-    Cluster(AsyncLimiter<redis::cluster_async::ClusterConnection>),
-}
-
-impl Backend {
-    async fn acquire_across_slots(
-        &self,
-        items: &[SlotItem<'_>],
-    ) -> Result<SlotsDecision, ClientError> {
-        match self {
-            Backend::Single(l) => l.acquire_across_slots(items).await,
-            Backend::Cluster(l) => l.acquire_across_slots(items).await,
-        }
-    }
-
-    /// Who applied the refund (`Closed` when Redis could not and the policy skipped it).
-    async fn refund(&self, key: &str, limit: &Limit, cost: f64) -> Result<Source, ClientError> {
-        match self {
-            Backend::Single(l) => l.refund(key, limit, cost).await.map(|r| r.source),
-            Backend::Cluster(l) => l.refund(key, limit, cost).await.map(|r| r.source),
-        }
-    }
-
-    /// Charges `cost` post-paid: applied whatever the bucket holds, which may go into debt.
-    async fn charge(&self, key: &str, limit: &Limit, cost: f64) -> Result<Charged, ClientError> {
-        match self {
-            Backend::Single(l) => l.charge(key, limit, cost).await,
-            Backend::Cluster(l) => l.charge(key, limit, cost).await,
         }
     }
 }

@@ -19,11 +19,59 @@ use redis::{
     ClientTlsConfig, Cmd, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, Pipeline,
     RedisConnectionInfo, RedisFuture, RedisResult, TlsCertificates, TlsMode, Value,
 };
-use redis_rl_client::{AsyncLimiter, Error as ClientError, OnError, Options, WithoutModule};
+use redis_rl_client::{
+    AsyncLimiter, Charged, Error as ClientError, Limit, OnError, Options, SlotItem, SlotsDecision,
+    Source, WithoutModule,
+};
 
 use crate::config::settings::redis_setup::RedisSetup;
 use crate::config::settings::{Policy, Settings};
-use crate::decision::service::Backend;
+use crate::redis::pool::Pool;
+
+/// The async limiter on one server (a pool of multiplexed connections) or on a cluster.
+/// The decision's leases and reservations send their own commands on the same connections.
+pub enum Backend {
+    Single(AsyncLimiter<Pool<Link>>),
+    Cluster(AsyncLimiter<redis::cluster_async::ClusterConnection>),
+}
+
+impl Backend {
+    pub(crate) async fn acquire_across_slots(
+        &self,
+        items: &[SlotItem<'_>],
+    ) -> Result<SlotsDecision, ClientError> {
+        match self {
+            Backend::Single(l) => l.acquire_across_slots(items).await,
+            Backend::Cluster(l) => l.acquire_across_slots(items).await,
+        }
+    }
+
+    /// Who applied the refund (`Closed` when Redis could not and the policy skipped it).
+    pub(crate) async fn refund(
+        &self,
+        key: &str,
+        limit: &Limit,
+        cost: f64,
+    ) -> Result<Source, ClientError> {
+        match self {
+            Backend::Single(l) => l.refund(key, limit, cost).await.map(|r| r.source),
+            Backend::Cluster(l) => l.refund(key, limit, cost).await.map(|r| r.source),
+        }
+    }
+
+    /// Charges `cost` post-paid: applied whatever the bucket holds, which may go into debt.
+    pub(crate) async fn charge(
+        &self,
+        key: &str,
+        limit: &Limit,
+        cost: f64,
+    ) -> Result<Charged, ClientError> {
+        match self {
+            Backend::Single(l) => l.charge(key, limit, cost).await,
+            Backend::Cluster(l) => l.charge(key, limit, cost).await,
+        }
+    }
+}
 
 /// Why a connection was not made: the setup is wrong (refused at once), or Redis did not
 /// answer (tried again under `REDIS_STARTUP_*`).
@@ -364,7 +412,7 @@ pub async fn connect(settings: &Settings) -> Result<Backend, Failed> {
     let backend = match open(settings, settings.redis_pool_size).await? {
         Opened::Cluster(connection) => Backend::Cluster(AsyncLimiter::new(connection, options)),
         Opened::Single(links) => {
-            let pool = crate::redis::pool::Pool::new(links)
+            let pool = Pool::new(links)
                 .ok_or_else(|| Failed::Setup("REDIS_POOL_SIZE is 0".to_string()))?;
             Backend::Single(AsyncLimiter::new(pool, options))
         }

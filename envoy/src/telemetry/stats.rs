@@ -8,9 +8,8 @@
 //! each counter gained since the last flush, as gostats does; the response times are the
 //! one thing kept apart ([`Timings`]), since a statsd timer is one line per call.
 
-use std::borrow::Cow;
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::State;
@@ -25,85 +24,6 @@ use crate::telemetry::metrics::Metrics;
 
 /// gostats's UDP datagram bound: no fragmentation on a 1500-byte MTU.
 const MAX_DATAGRAM_BYTES: usize = 1432;
-
-/// How many response times wait for a flush at most; past that they are dropped (a sink
-/// that is down must not grow the process).
-const MAX_PENDING_TIMINGS: usize = 100_000;
-
-/// The peer's `SanitizeStatName`: `:` and `|` become `_`, and the dots inside anything
-/// shaped like an IPv4 address (`\d{1,3}(\.\d{1,3}){3}`, leftmost first, as Go's regexp
-/// finds them) become `_` too, so `10.1.2.3` stays one level of the stats key. A control
-/// character (NUL, a newline, DEL …), which would end a statsd line or reach a Prometheus
-/// label raw, is written as `\xNN` (its code in hex) first.
-pub fn sanitize_stat_name(name: &str) -> Cow<'_, str> {
-    if name.chars().any(char::is_control) {
-        let mut escaped = String::with_capacity(name.len().saturating_add(8));
-        for c in name.chars() {
-            if c.is_control() {
-                escaped.push_str(&format!("\\x{:02x}", u32::from(c)));
-            } else {
-                escaped.push(c);
-            }
-        }
-        return Cow::Owned(sanitize_stat_name(&escaped).into_owned());
-    }
-    let raw = name.as_bytes();
-    let clean = !raw.iter().any(|b| matches!(b, b':' | b'|'))
-        && (0..raw.len()).all(|start| ipv4_at(raw, start).is_none());
-    if clean {
-        return Cow::Borrowed(name);
-    }
-    let bytes = name.replace([':', '|'], "_").into_bytes();
-    let mut out = bytes.clone();
-    let mut start = 0usize;
-    while start < bytes.len() {
-        match ipv4_at(&bytes, start) {
-            Some(end) => {
-                for i in start..end {
-                    if let Some(b) = out.get_mut(i) {
-                        if *b == b'.' {
-                            *b = b'_';
-                        }
-                    }
-                }
-                start = end.max(start.saturating_add(1));
-            }
-            None => start = start.saturating_add(1),
-        }
-    }
-    // Only ASCII dots were replaced by ASCII underscores: still UTF-8.
-    Cow::Owned(
-        String::from_utf8(out)
-            .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()),
-    )
-}
-
-/// The end of the leftmost-first match of `\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3}` at `start`:
-/// each group takes as many digits as it can, and gives some back when the next dot is
-/// not where it needs to be (the backtracking of Go's leftmost-first semantics).
-fn ipv4_at(bytes: &[u8], start: usize) -> Option<usize> {
-    fn group(bytes: &[u8], at: usize, left: u32) -> Option<usize> {
-        let digits = bytes
-            .get(at..)?
-            .iter()
-            .take(3)
-            .take_while(|b| b.is_ascii_digit())
-            .count();
-        for n in (1..=digits).rev() {
-            let end = at.checked_add(n)?;
-            if left == 0 {
-                return Some(end);
-            }
-            if bytes.get(end) == Some(&b'.') {
-                if let Some(found) = group(bytes, end.checked_add(1)?, left - 1) {
-                    return Some(found);
-                }
-            }
-        }
-        None
-    }
-    group(bytes, start, 3)
-}
 
 /// A stat name with tags in gostats's statsd form: `name.__key=value…` (sorted keys).
 fn tagged_name(name: &str, tags: &[(String, String)]) -> String {
@@ -193,52 +113,6 @@ pub fn counters(metrics: &Metrics) -> BTreeMap<String, u64> {
         }
     }
     out
-}
-
-/// The response times that wait for the next flush, as statsd timers (`ratelimit_server.
-/// <method>.response_time`). Off (nothing kept) unless a sink is on.
-#[derive(Clone, Default)]
-pub struct Timings {
-    pending: Arc<Mutex<Option<Vec<Timing>>>>,
-}
-
-/// One call's method and time in ms.
-type Timing = (&'static str, f64);
-
-impl Timings {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Vec<Timing>>> {
-        match self.pending.lock() {
-            Ok(g) => g,
-            Err(poisoned) => poisoned.into_inner(),
-        }
-    }
-
-    /// Starts keeping the times.
-    pub fn enable(&self) {
-        let mut pending = self.lock();
-        if pending.is_none() {
-            *pending = Some(Vec::new());
-        }
-    }
-
-    /// Keeps one call's time, if a sink is on and fewer than [`MAX_PENDING_TIMINGS`] wait.
-    /// The methods are the two the service has, so nothing is allocated per call.
-    pub fn record(&self, method: &str, seconds: f64) {
-        let method = match method {
-            "ShouldRateLimit" => "ShouldRateLimit",
-            "json" => "json",
-            _ => "other",
-        };
-        if let Some(pending) = self.lock().as_mut() {
-            if pending.len() < MAX_PENDING_TIMINGS {
-                pending.push((method, seconds * 1000.0));
-            }
-        }
-    }
-
-    fn take(&self) -> Vec<Timing> {
-        self.lock().as_mut().map(std::mem::take).unwrap_or_default()
-    }
 }
 
 /// What one flush sends: the counters that moved since `last` (their gain, gostats skips
@@ -498,6 +372,8 @@ pub fn debug_bind(settings: &StatsSettings) -> String {
 mod tests {
     use super::*;
     use crate::config::settings::stats::parse_extra_tags;
+    use crate::telemetry::names::sanitize_stat_name;
+    use std::borrow::Cow;
 
     #[test]
     fn names_are_cleaned_as_the_peer_cleans_them() {
