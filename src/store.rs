@@ -7,7 +7,7 @@
 //!
 //! Also here: what both stores do to a key of the running command ([`OpenKey`], [`read`],
 //! [`delete_key`], [`signal_modified`], [`replicate_del`]) and to their registered types, and
-//! the one read of a value that is not ours: a bucket the Lua fallback wrote as a hash
+//! the one read of a value that is not ours: a bucket the Lua fallback wrote as a string or hash
 //! ([`OpenKey::fallback_state`]), which the per-key store takes over.
 //! Depends on the pure bucket (`rl_bucket`), `error` and `propagation` only.
 
@@ -185,24 +185,27 @@ impl OpenKey {
         unsafe { read(self.key, expected_type) }
     }
 
-    /// The bucket a hash holds if the Lua fallback wrote it: exactly three fields `a`, `b`
-    /// and `d`, each an integer as the fallback writes one, in its range
-    /// ([`FallbackState::parse`]). Only the three values are read, and nothing is changed.
+    /// The bucket a string or hash holds if the Lua fallback wrote it: a string `rl:q:r:D`, or
+    /// (the form before it) a hash of exactly three fields `a`, `b` and `d`, each an integer
+    /// as the fallback writes one, in its range ([`FallbackState::parse_string`],
+    /// [`FallbackState::parse`]). Only the values are read, and nothing is changed.
     ///
     /// # Errors
-    /// [`Error::WrongType`] for a missing key, any other type, or any other hash (more or
-    /// fewer fields, other names, values the fallback would not write): a value that is not
-    /// the fallback's stays someone else's.
+    /// [`Error::WrongType`] for a missing key, any other type, any other string, or any other
+    /// hash (more or fewer fields, other names, values the fallback would not write): a value
+    /// that is not the fallback's stays someone else's.
     pub(crate) fn fallback_state(&self) -> Result<State, Error> {
         if self.key.is_null() {
             return Err(Error::WrongType);
         }
-        // SAFETY: `self.key` is an open handle; these calls only inspect it.
-        let is_three_field_hash = unsafe {
-            raw::RedisModule_KeyType.ok_or(Error::Internal)?(self.key)
-                == raw::REDISMODULE_KEYTYPE_HASH as c_int
-                && raw::RedisModule_ValueLength.ok_or(Error::Internal)?(self.key) == 3
-        };
+        // SAFETY: `self.key` is an open handle; this call only inspects it.
+        let key_type = unsafe { raw::RedisModule_KeyType.ok_or(Error::Internal)?(self.key) };
+        if key_type == raw::REDISMODULE_KEYTYPE_STRING as c_int {
+            return self.fallback_string_state();
+        }
+        // SAFETY: as above.
+        let is_three_field_hash = key_type == raw::REDISMODULE_KEYTYPE_HASH as c_int
+            && unsafe { raw::RedisModule_ValueLength.ok_or(Error::Internal)?(self.key) } == 3;
         if !is_three_field_hash {
             return Err(Error::WrongType);
         }
@@ -245,6 +248,31 @@ impl OpenKey {
             }
         }
         parsed.map(FallbackState::state)
+    }
+
+    /// The bucket a string holds if the Lua fallback wrote it: `rl:q:r:D`
+    /// ([`FallbackState::parse_string`]), read in place and not changed.
+    ///
+    /// # Errors
+    /// [`Error::WrongType`] for any other string.
+    fn fallback_string_state(&self) -> Result<State, Error> {
+        let mut len = 0usize;
+        // SAFETY: `self.key` is an open string key; READ access only reads the bytes, which
+        // stay valid until the key is modified or closed, after this function returns.
+        let bytes = unsafe {
+            let ptr = raw::RedisModule_StringDMA.ok_or(Error::Internal)?(
+                self.key,
+                &mut len,
+                raw::REDISMODULE_READ as c_int,
+            );
+            if ptr.is_null() {
+                return Err(Error::WrongType);
+            }
+            std::slice::from_raw_parts(ptr.cast::<u8>(), len)
+        };
+        FallbackState::parse_string(bytes)
+            .map(FallbackState::state)
+            .map_err(|_| Error::WrongType)
     }
 }
 

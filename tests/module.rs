@@ -409,6 +409,7 @@ fn every_command_states_its_complexity_and_version() {
         ("RL.SETSTATE", "O(1)", "0.1.0"),
         ("RL.ACQUIRE.MULTI", "O(N log N) ", "0.1.0"),
         ("RL.HACQUIRE", "O(1) amortized", "0.3.0"),
+        ("RL.HACQUIRE.MULTI", "O(N log N) ", "0.3.0"),
         ("RL.HPEEK", "O(1)", "0.3.0"),
         ("RL.HREFUND", "O(1) amortized", "0.3.0"),
         ("RL.HCHARGE", "O(1) amortized", "0.3.0"),

@@ -1,12 +1,13 @@
 //! From the Lua fallback to the module without a gap: a bucket the shipped script
-//! (`clients/lua/rl.lua`, or the Functions library made from it) wrote as a hash `{a, b, d}`
-//! is taken over by every per-key command with the same tokens and the same expiry; a write
-//! replaces the hash with the module's type and propagates `DEL` and `RL.SETSTATE` (replica
-//! and AOF replay identical); a peek or a denial leaves the hash as it was; any other hash
-//! stays `WRONGTYPE` and untouched; the script itself answers `WRONGTYPE` on a module key.
+//! (`clients/lua/rl.lua`, or the Functions library made from it) wrote as a string
+//! `rl:q:r:D`, or as the hash `{a, b, d}` that earlier versions wrote, is taken over by every
+//! per-key command with the same tokens and the same expiry; a write replaces the value with
+//! the module's type and propagates `DEL` and `RL.SETSTATE` (replica and AOF replay
+//! identical); a peek or a denial leaves the value as it was; any other hash or string stays
+//! `WRONGTYPE` and untouched; the script itself answers `WRONGTYPE` on a module key.
 //!
 //! Each comparison runs the module's command on a key and the script on a twin key (a `COPY`
-//! of the same hash) at the same instant. The module's instant is read in the same
+//! of the same value) at the same instant. The module's instant is read in the same
 //! `MULTI` as its command: on servers with `RedisModule_CachedMicroseconds` (Redis 7.2+,
 //! Valkey) `TIME` inside the `MULTI` is that instant; on Redis 7.0 the module reads
 //! whole milliseconds, so the instant is known when the `TIME`s around the command fall in
@@ -142,11 +143,68 @@ fn time_us(value: &Value) -> i64 {
     s * 1_000_000 + us
 }
 
-fn hash(con: &mut Connection, key: &str) -> Vec<(String, String)> {
+/// What `key` holds, for comparing before and after: a hash's sorted fields, or a string as
+/// one pair ("", value).
+fn stored(con: &mut Connection, key: &str) -> Vec<(String, String)> {
+    if key_type(con, key) == "string" {
+        let value: String = redis::cmd("GET").arg(key).query(con).expect("GET");
+        return vec![(String::new(), value)];
+    }
     let mut fields: Vec<(String, String)> =
         redis::cmd("HGETALL").arg(key).query(con).expect("HGETALL");
     fields.sort();
     fields
+}
+
+/// The two forms the fallback's buckets take: the string it writes, and the hash of earlier
+/// versions, which it still reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Form {
+    String,
+    Hash,
+}
+
+impl Form {
+    fn key_type(self) -> &'static str {
+        match self {
+            Form::String => "string",
+            Form::Hash => "hash",
+        }
+    }
+}
+
+/// The three texts (q, r, D) of the fallback's bucket at `key`, in either form.
+fn fallback_fields(con: &mut Connection, key: &str) -> (String, String, String) {
+    if key_type(con, key) == "string" {
+        let value: String = redis::cmd("GET").arg(key).query(con).expect("GET");
+        let parts: Vec<&str> = value.split(':').collect();
+        assert_eq!(parts.len(), 4, "{key} holds {value}");
+        assert_eq!(parts[0], "rl", "{key} holds {value}");
+        return (parts[1].into(), parts[2].into(), parts[3].into());
+    }
+    redis::cmd("HMGET")
+        .arg(key)
+        .arg(&["a", "b", "d"])
+        .query(con)
+        .expect("HMGET a b d")
+}
+
+/// Rewrites the string bucket at `key` as the hash an earlier version of the script wrote,
+/// with the same fields and expiry.
+fn to_old_hash(con: &mut Connection, key: &str) {
+    let (a, b, d) = fallback_fields(con, key);
+    let expire_at = pexpiretime(con, key.as_bytes());
+    let _: i64 = redis::cmd("DEL").arg(key).query(con).expect("DEL");
+    let _: i64 = redis::cmd("HSET")
+        .arg(key)
+        .arg(&["a", &a, "b", &b, "d", &d])
+        .query(con)
+        .expect("HSET");
+    let _: i64 = redis::cmd("PEXPIREAT")
+        .arg(key)
+        .arg(expire_at)
+        .query(con)
+        .expect("PEXPIREAT");
 }
 
 fn key_type(con: &mut Connection, key: &str) -> String {
@@ -163,15 +221,13 @@ fn copy(con: &mut Connection, from: &str, to: &str) {
     assert_eq!(copied, 1, "COPY {from} {to}");
 }
 
-/// The module state (`RL.SETSTATE` arguments) of the fallback's hash at `key`: the instant
-/// `a + b/d` µs as whole ns and the rest in units of 2^-63 ns rounded up, worked out here
-/// in integers from the hash's own fields.
-fn state_of_hash(con: &mut Connection, key: &str) -> (u128, u128) {
-    let (a, b, d): (u128, u128, u128) = redis::cmd("HMGET")
-        .arg(key)
-        .arg(&["a", "b", "d"])
-        .query(con)
-        .expect("HMGET a b d");
+/// The module state (`RL.SETSTATE` arguments) of the fallback's bucket at `key`: the instant
+/// `q + r/D` µs as whole ns and the rest in units of 2^-63 ns rounded up, worked out here
+/// in integers from the bucket's own fields.
+fn state_of(con: &mut Connection, key: &str) -> (u128, u128) {
+    let (a, b, d) = fallback_fields(con, key);
+    let number = |text: &str| -> u128 { text.parse().expect("an integer") };
+    let (a, b, d) = (number(&a), number(&b), number(&d));
     let ns = a * 1000 + b * 1000 / d;
     let frac = ((b * 1000 % d) << 63).div_ceil(d);
     (ns, frac)
@@ -187,31 +243,32 @@ fn assert_same_bucket(
     before: &[(String, String)],
     at: &str,
 ) {
-    match key_type(con, twin).as_str() {
+    let twin_type = key_type(con, twin);
+    match twin_type.as_str() {
         "none" => assert!(
             !exists(con, key.as_bytes()),
             "{at}: the script deleted {twin}, the module kept {key}"
         ),
-        "hash" if hash(con, twin) == before => {
+        "hash" | "string" if stored(con, twin) == before => {
             assert_eq!(
                 key_type(con, key),
-                "hash",
+                twin_type,
                 "{at}: the script wrote nothing, the module converted {key}"
             );
-            assert_eq!(hash(con, key), before, "{at}: {key} changed");
+            assert_eq!(stored(con, key), before, "{at}: {key} changed");
             assert_eq!(
                 pexpiretime(con, key.as_bytes()),
                 pexpiretime(con, twin.as_bytes()),
                 "{at}: expiry of {key}"
             );
         }
-        "hash" => {
+        "string" | "hash" => {
             assert_eq!(
                 key_type(con, key),
                 "rl-bucket",
                 "{at}: the script wrote, the module did not convert {key}"
             );
-            let (ns, frac) = state_of_hash(con, twin);
+            let (ns, frac) = state_of(con, twin);
             let _: () = redis::cmd("RL.SETSTATE")
                 .arg("expected")
                 .arg(ns.to_string())
@@ -300,7 +357,7 @@ fn compare(
         for i in 0..n_keys {
             copy(con, &format!("pristine{i}"), &keys[i]);
             copy(con, &format!("pristine{i}"), &twins[i]);
-            before.push(hash(con, &keys[i]));
+            before.push(stored(con, &keys[i]));
         }
         let Some((reply, now_us)) = at_known_instant(con, module, ms, at) else {
             continue; // the module's millisecond is not known: try again
@@ -326,7 +383,7 @@ fn cmd(name: &str, args: &[&str]) -> redis::Cmd {
 
 /// Writes `pristine{i}` anew with the shipped script at the server's clock, through mixed
 /// takes and a charge that leave a few tokens and the bucket seconds from full.
-fn write_pristine(con: &mut Connection, i: usize, rate: Rate) {
+fn write_pristine(con: &mut Connection, i: usize, rate: Rate, form: Form) {
     let key = format!("pristine{i}");
     let _: i64 = redis::cmd("DEL").arg(&key).query(con).expect("DEL");
     let c = rate.capacity;
@@ -338,7 +395,10 @@ fn write_pristine(con: &mut Connection, i: usize, rate: Rate) {
     ] {
         let _: Value = run_script(con, mode, &[&key], &[(rate, cost)]);
     }
-    assert_eq!(key_type(con, &key), "hash");
+    assert_eq!(key_type(con, &key), "string");
+    if form == Form::Hash {
+        to_old_hash(con, &key);
+    }
 }
 
 /// One call of the comparison table: the module's command, its arguments after the key, the
@@ -349,9 +409,12 @@ type Row<'a> = (&'a str, Vec<&'a str>, &'a str, u128, Option<i64>);
 fn every_command_takes_over_a_script_bucket_as_the_script_would_answer() {
     let server = Server::start();
     let mut con = server.conn();
-    for rate in RATES {
-        write_pristine(&mut con, 0, rate);
-        write_pristine(&mut con, 1, rate);
+    for (rate, form) in RATES
+        .into_iter()
+        .flat_map(|rate| [(rate, Form::String), (rate, Form::Hash)])
+    {
+        write_pristine(&mut con, 0, rate, form);
+        write_pristine(&mut con, 1, rate, form);
         let (r, cap) = (rate.text, rate.cap());
         let remaining = |con: &mut Connection| -> u128 {
             let reply: Vec<i64> =
@@ -454,7 +517,7 @@ fn a_bucket_the_functions_library_wrote_is_taken_over_too() {
             .query(&mut con)
             .expect("FCALL rl_acquire");
     }
-    assert_eq!(key_type(&mut con, "pristine0"), "hash");
+    assert_eq!(key_type(&mut con, "pristine0"), "string");
     let cap = rate.cap();
     for (name, mode) in [
         ("RL.PEEK", "peek"),
@@ -473,12 +536,22 @@ fn a_bucket_the_functions_library_wrote_is_taken_over_too() {
     }
 }
 
-/// Fills a master with script-written buckets and takes them over: converted by a take, a
-/// charge and a multi, deleted by a refund to full, left alone by a peek and a denial.
+/// The form of the buckets `take_over_a_mix` writes at `RATES[i]`: both forms, by turns.
+fn mix_form(i: usize) -> Form {
+    if i % 2 == 0 {
+        Form::String
+    } else {
+        Form::Hash
+    }
+}
+
+/// Fills a master with script-written buckets (strings, and hashes of the earlier form) and
+/// takes them over: converted by a take, a charge and a multi, deleted by a refund to full,
+/// left alone by a peek and a denial.
 fn take_over_a_mix(con: &mut Connection) {
     for (i, rate) in RATES.into_iter().enumerate() {
         for name in ["take", "charge", "multi", "refund", "peek", "deny"] {
-            write_pristine(con, 0, rate);
+            write_pristine(con, 0, rate, mix_form(i));
             copy(con, "pristine0", &format!("{name}{i}"));
         }
         let _: i64 = redis::cmd("DEL").arg("pristine0").query(con).expect("DEL");
@@ -509,8 +582,8 @@ fn take_over_a_mix(con: &mut Connection) {
             ("charge", "rl-bucket"),
             ("multi", "rl-bucket"),
             ("refund", "none"),
-            ("peek", "hash"),
-            ("deny", "hash"),
+            ("peek", mix_form(i).key_type()),
+            ("deny", mix_form(i).key_type()),
         ] {
             assert_eq!(key_type(con, &key(name)), want, "{}", key(name));
         }
@@ -543,7 +616,7 @@ fn a_takeover_replicates_and_replays_to_identical_keys() {
     take_over_a_mix(&mut master);
     wait_for_replica(&mut master);
     assert_same_keys(&mut master, &mut replica, "replica");
-    // A peek on the replica reads the hashes it still holds, as the script would there.
+    // A peek on the replica reads the values it still holds, as the script would there.
     let replica_ms = ms_clock(&mut replica);
     for (i, rate) in RATES.into_iter().enumerate() {
         let key = format!("peek{i}");
@@ -553,7 +626,7 @@ fn a_takeover_replicates_and_replays_to_identical_keys() {
             .expect("an attempt within one millisecond");
         let script = script_at(&mut replica, "peek", &[&key], &[(rate, 1)], now_us);
         assert_eq!(reply, script, "RL.PEEK {key} on the replica");
-        assert_eq!(key_type(&mut replica, &key), "hash");
+        assert_eq!(key_type(&mut replica, &key), mix_form(i).key_type());
     }
     assert_same_keys(&mut master, &mut replica, "replica after peeks");
     // The replica received the effects, never the clock-dependent commands.
@@ -611,6 +684,17 @@ fn other_hashes_stay_wrongtype_and_untouched() {
         (
             "extra field",
             vec![("a", &q), ("b", "0"), ("d", "1"), ("e", "1")],
+        ),
+        // A bucket holding a reservation record: the module keeps its records elsewhere, so
+        // it leaves this hash to the fallback until it expires (docs/migrating.md).
+        (
+            "reservation record",
+            vec![
+                ("a", &q),
+                ("b", "0"),
+                ("d", "1"),
+                ("r:export-7", "100000 0 1 100000 0 9007199254740000"),
+            ],
         ),
         ("missing d", vec![("a", &q), ("b", "0")]),
         ("other names", vec![("A", &q), ("B", "0"), ("D", "1")]),
@@ -678,6 +762,67 @@ fn other_hashes_stay_wrongtype_and_untouched() {
 }
 
 #[test]
+fn other_strings_stay_wrongtype_and_untouched() {
+    let server = Server::start();
+    let mut con = server.conn();
+    let future_s = (common::server_time_us(&mut con) / 1_000_000 + 60).to_string();
+    let q = format!("{future_s}000000");
+    // Strings the fallback never writes: a user's value, its fields without the prefix or
+    // with another, too few or too many fields, texts its `%d` never prints, out of range.
+    let strings = [
+        "5".to_string(),
+        "hello".to_string(),
+        format!("{q}:0:1"),
+        format!("RL:{q}:0:1"),
+        format!("rl:{q}:0"),
+        format!("rl:{q}:0:1:"),
+        format!("rl:{q}:0:1:2"),
+        format!("rl:{q}:01:3"),
+        format!("rl:{q}:+1:3"),
+        format!("rl:{q}:1: 3"),
+        format!("rl:{q}:3:3"),
+        format!("rl:{q}:0:0"),
+        format!("rl:{q}:0:2147483648"),
+        "rl:9007199254740992:0:1".to_string(),
+        "rl:-1:0:1".to_string(),
+        format!("rl:{q}:1\0:3"),
+    ];
+    let rate = RATES[0];
+    let cap = rate.cap();
+    for value in &strings {
+        let _: () = redis::cmd("SET")
+            .arg("s")
+            .arg(value)
+            .arg("PXAT")
+            .arg(format!("{future_s}000"))
+            .query(&mut con)
+            .expect("SET");
+        let before = (dump(&mut con, b"s"), pexpiretime(&mut con, b"s"));
+        for module in [
+            cmd("RL.ACQUIRE", &["s", rate.text, &cap, "1"]),
+            cmd("RL.PEEK", &["s", rate.text, &cap]),
+            cmd("RL.REFUND", &["s", rate.text, &cap, "1"]),
+            cmd("RL.CHARGE", &["s", rate.text, &cap, "1"]),
+            cmd("RL.ACQUIRE.MULTI", &["s", rate.text, &cap, "1"]),
+            cmd("RL.THROTTLE", &["s", "5", "3", "1"]),
+            cmd("RL.SETSTATE", &["s", "1"]),
+        ] {
+            assert_eq!(
+                error_text(&mut con, &module),
+                WRONGTYPE,
+                "{value}: {module:?}"
+            );
+            assert_eq!(
+                (dump(&mut con, b"s"), pexpiretime(&mut con, b"s")),
+                before,
+                "{value}: changed by {module:?}"
+            );
+        }
+    }
+    server.assert_alive();
+}
+
+#[test]
 fn the_script_answers_wrongtype_on_a_module_key_and_changes_nothing() {
     let server = Server::start();
     let mut con = server.conn();
@@ -708,9 +853,9 @@ fn a_takeover_waits_for_client_pause_write_like_any_write() {
     let mut con = server.conn();
     let rate = RATES[1];
     let cap = rate.cap();
-    write_pristine(&mut con, 0, rate);
+    write_pristine(&mut con, 0, rate, Form::String);
     copy(&mut con, "pristine0", "k");
-    let before = hash(&mut con, "k");
+    let before = stored(&mut con, "k");
     let expire_at = pexpiretime(&mut con, b"k");
     let _: () = redis::cmd("CLIENT")
         .arg("PAUSE")
@@ -718,7 +863,7 @@ fn a_takeover_waits_for_client_pause_write_like_any_write() {
         .arg("WRITE")
         .query(&mut con)
         .expect("CLIENT PAUSE");
-    // A write on the fallback's hash and one on a module key: both wait for the pause.
+    // A write on the fallback's bucket and one on a module key: both wait for the pause.
     let waiting: Vec<_> = ["k", "native"]
         .into_iter()
         .map(|key| {
@@ -749,14 +894,14 @@ fn a_takeover_waits_for_client_pause_write_like_any_write() {
         );
         thread::sleep(std::time::Duration::from_millis(10));
     }
-    // Reads go on: the hash is as it was, a peek answers from it, and nothing else exists.
-    assert_eq!(hash(&mut con, "k"), before);
+    // Reads go on: the bucket is as it was, a peek answers from it, and nothing else exists.
+    assert_eq!(stored(&mut con, "k"), before);
     assert_eq!(pexpiretime(&mut con, b"k"), expire_at);
     let peeked: Vec<i64> = cmd("RL.PEEK", &["k", rate.text, &cap])
         .query(&mut con)
         .expect("RL.PEEK");
     assert_eq!(peeked[0], 1);
-    assert_eq!(key_type(&mut con, "k"), "hash");
+    assert_eq!(key_type(&mut con, "k"), "string");
     assert!(!exists(&mut con, b"native"));
     let _: () = redis::cmd("CLIENT")
         .arg("UNPAUSE")

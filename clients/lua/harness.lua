@@ -99,6 +99,15 @@ function redis.call(cmd, key, ...)
   if cmd ~= 'TIME' and cmd ~= 'DEL' and cmd ~= 'PEXPIREAT' and zsets[key] then wrongtype() end
   if cmd == 'TIME' then
     return {string.format('%.0f', math.floor(now_us / 1e6)), string.format('%.0f', now_us % 1e6)}
+  elseif cmd == 'GET' then
+    local v = store[key]
+    if type(v) == 'table' then error({err = 'WRONGTYPE Operation against a key holding the wrong kind of value'}) end
+    return v or false
+  elseif cmd == 'SET' then
+    -- SET key value PXAT ms, as the script sends it: replaces a value of any type.
+    assert(args[2] == 'PXAT' and #args == 3, 'harness: SET takes value PXAT ms')
+    store[key] = args[1]
+    return {ok = 'OK'}
   elseif cmd == 'HMGET' then
     local h = store[key]
     local out = {}
@@ -126,6 +135,12 @@ function redis.call(cmd, key, ...)
     return 1
   end
   error('harness: unexpected command ' .. cmd)
+end
+function redis.pcall(...)
+  local ok, reply = pcall(redis.call, ...)
+  if ok then return reply end
+  if type(reply) == 'table' then return reply end
+  return {err = tostring(reply)}
 end
 
 local function json(x)

@@ -482,6 +482,48 @@ fn behind_envoy_on_a_cluster_limits_hold_and_denials_take_nothing() {
     limits_and_all_or_nothing(&s);
 }
 
+/// Every key in `con`'s database and its type.
+fn keys_and_types(con: &mut redis::Connection) -> Vec<(String, String)> {
+    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(con).expect("KEYS");
+    keys.into_iter()
+        .map(|k| {
+            let t: String = redis::cmd("TYPE").arg(&k).query(con).expect("TYPE");
+            (k, t)
+        })
+        .collect()
+}
+
+#[test]
+fn behind_envoy_on_tables_limits_hold_and_every_bucket_is_a_table_field() {
+    let s = stack(&[("RL_BUCKET_STORAGE", "tables")]);
+    limits_and_all_or_nothing(&s);
+    let Redis::Module(server) = &s._redis else {
+        unreachable!("stack() runs on the module")
+    };
+    let found = keys_and_types(&mut server.conn());
+    assert!(!found.is_empty(), "nothing written");
+    for (key, kind) in &found {
+        assert!(key.starts_with("buckets:{"), "{key} is not a table key");
+        assert_eq!(kind, "rl-htable", "{key}");
+    }
+    assert!(
+        s.service
+            .metric(r#"redis_rl_envoy_decisions_total{source="redis"}"#)
+            > 0,
+        "{}",
+        s.service.metrics()
+    );
+}
+
+#[test]
+fn behind_envoy_on_tables_on_a_cluster_limits_hold_and_denials_take_nothing() {
+    let s = stack_on(
+        Redis::Cluster(common::cluster::Cluster::start()),
+        &[("RL_BUCKET_STORAGE", "tables")],
+    );
+    limits_and_all_or_nothing(&s);
+}
+
 /// A client's long header value is limited like any other: it once made an INVALID_ARGUMENT,
 /// which Envoy's default `failure_mode_deny: false` lets through (this Envoy denies on
 /// failure, so it was a 500).

@@ -130,7 +130,17 @@ fn a_charge_past_what_is_left_applies_and_checks_are_refused_while_in_debt() {
     assert_eq!(r.status, 429, "{}", r.body);
     // What Redis holds: 7 - 5 - 4 = -2, whole tokens, debt repaid in 2 × 3600/7 s.
     let mut con = redis.conn();
-    let peek: Vec<i64> = redis::cmd("RL.PEEK")
+    // The bucket where the suite keeps it: its key, or its field of a table.
+    let mut peek = match std::env::var("RL_BUCKET_STORAGE").as_deref() {
+        Ok("tables") => {
+            let shard = redis_rl_client::shard_of("q_tokens_u", 256);
+            let mut cmd = redis::cmd("RL.HPEEK");
+            cmd.arg(format!("buckets:{{{shard}}}"));
+            cmd
+        }
+        _ => redis::cmd("RL.PEEK"),
+    };
+    let peek: Vec<i64> = peek
         .arg("q_tokens_u")
         .arg("7/3600")
         .arg("7")

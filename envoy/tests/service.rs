@@ -245,7 +245,13 @@ fn burst_cost_refund_and_override_are_exact() {
 fn five_per_minute_reaches_redis_as_5_per_60() {
     use std::io::{BufRead, BufReader, Write};
     let redis = common::Server::start();
-    let svc = Service::start(&redis_url(redis.port), &[("parity.yaml", PARITY)], &[]);
+    // What reaches Redis is the keys path's RL.ACQUIRE, whatever RL_BUCKET_STORAGE the
+    // suite runs with.
+    let svc = Service::start(
+        &redis_url(redis.port),
+        &[("parity.yaml", PARITY)],
+        &[("RL_BUCKET_STORAGE", "keys")],
+    );
     let mut stream = std::net::TcpStream::connect(("127.0.0.1", redis.port)).unwrap();
     stream
         .set_read_timeout(Some(Duration::from_secs(10)))
@@ -479,7 +485,12 @@ fn with_redis_killed_each_on_error_policy_does_what_it_says() {
 #[test]
 fn plain_redis_without_the_module_runs_the_lua_fallback() {
     let redis = PlainRedis::start();
-    let svc = Service::start(&redis_url(redis.port), &[("p.yaml", POLICY)], &[]);
+    // It reads the bucket at its key: the keys layout, whatever the suite runs with.
+    let svc = Service::start(
+        &redis_url(redis.port),
+        &[("p.yaml", POLICY)],
+        &[("RL_BUCKET_STORAGE", "keys")],
+    );
     assert_eq!(svc.json(&one("p", &[("k", "a")])).status, 200);
     assert_eq!(svc.json(&one("p", &[("k", "a")])).status, 200);
     assert_eq!(svc.json(&one("p", &[("k", "a")])).status, 429);

@@ -360,6 +360,10 @@ export class Table {
   refund(field: string, limit: Limit, cost?: number): Promise<Refund>;
   /** Applies a post-paid cost to the bucket `field`, into debt if need be (RL.HCHARGE). */
   charge(field: string, limit: Limit, cost: number): Promise<Charge>;
+  /** Reserves `estimate` tokens of the bucket `field` (RL.HRESERVE); the Reservation settles on it (RL.HSETTLE). */
+  reserve(field: string, limit: Limit, estimate: number, ttlMs: number, id?: string | { id?: string }): Promise<Reservation>;
+  /** Settles reservation `id` of the bucket `field` by id (RL.HSETTLE), as Limiter.settle. */
+  settle(field: string, limit: Limit, id: string, actual: number): Promise<Charge>;
   /** Resets the buckets (full again); how many were live. Rejects when Redis cannot answer. */
   delete(...fields: string[]): Promise<number>;
   /** Live buckets over all the shards. Rejects when Redis cannot answer. */

@@ -844,7 +844,7 @@ export class Limiter {
    * "open" allows (an id "open:…", whose settle records nothing), "closed" denies, "local"
    * reserves on the local bucket (an id "local:…" unless one was given).
    */
-  async reserve(key, limit, estimate, ttlMs, id = undefined) {
+  async reserve(key, limit, estimate, ttlMs, id = undefined, route = undefined) {
     if (typeof id === "object" && id !== null) ({ id } = id);
     if (!(limit instanceof Limit)) throw new TypeError("reserve needs a Limit");
     const [, exact] = argument(estimate, "estimate");
@@ -852,8 +852,8 @@ export class Limiter {
     checkTtl(ttlMs);
     id = callerId(id);
     estimate = Number(estimate);
-    const make = (reply, source) => new Reservation(this, key, limit, estimate, ...reply, source);
-    const answer = await this.leaseCall("reserve", key, { limit, estimate, ttlMs, id });
+    const make = (reply, source) => new Reservation(this, key, limit, estimate, ...reply, source, route);
+    const answer = await this.leaseCall("reserve", key, { limit, estimate, ttlMs, id, route });
     if (answer) return make(...answer);
     this.countPolicy();
     if (this.onError === "open") return make([1, OPEN_PREFIX + newId(), 0, 0], "open");
@@ -872,7 +872,7 @@ export class Limiter {
    * cannot answer the settle is applied nowhere: logged, counted in counters.unappliedCharges,
    * applied false (send it again). Prefer reservation.settle(actual).
    */
-  async settle(key, limit, id, actual) {
+  async settle(key, limit, id, actual, route = undefined) {
     if (!(limit instanceof Limit)) throw new TypeError("settle needs a Limit");
     const [, exact] = argument(actual, "actual");
     if (exact.cmp(0n) < 0) throw new RangeError("actual must be a finite number >= 0 (tokens)");
@@ -885,7 +885,7 @@ export class Limiter {
       const reply = this.localReservations.settle(key, limit, id, actual, this.clock(), this.nowUs(), MAX_DEBT_NS);
       return new Charge(true, ...reply, limit, "local");
     }
-    const answer = await this.leaseCall("settle", key, { limit, id, actual });
+    const answer = await this.leaseCall("settle", key, { limit, id, actual, route });
     if (answer) return new Charge(true, ...answer[0], limit, answer[1]);
     this.counters.unappliedCharges++;
     this.logger.warn(`redis-rl: the settle of reservation ${id} on ${JSON.stringify(String(key))} (actual ${actual}) was ` +
@@ -1173,6 +1173,13 @@ export class Limiter {
     const firstKey = items[0][0];
     if (LEASE_OPS.has(op)) {
       const args = leaseArgs(path, op, items[0][1]);
+      // A bucket table's field reserves and settles on its table (RL.HRESERVE, RL.HSETTLE); on
+      // the fallbacks its bucket is its own key, firstKey.
+      const route = items[0][1].route;
+      if (path === "module" && route) {
+        return this.redis.send([op === "reserve" ? "RL.HRESERVE" : "RL.HSETTLE", route.table, route.field, ...args],
+          firstKey);
+      }
       if (path === "module") return this.redis.send([MODULE_LEASE_COMMANDS[op], firstKey, ...args], firstKey);
       if (path === "functions") {
         const [command, name] = FUNCTIONS[op];

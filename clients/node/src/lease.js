@@ -120,7 +120,7 @@ export class LeaseCount {
  * to that same Charge without sending anything.
  */
 export class Reservation {
-  constructor(limiter, key, limit, estimate, allowed, id, remaining, retryAfterMs, source) {
+  constructor(limiter, key, limit, estimate, allowed, id, remaining, retryAfterMs, source, route = undefined) {
     this.allowed = Boolean(allowed);
     this.id = String(id);
     this.remaining = Number(remaining);
@@ -131,6 +131,8 @@ export class Reservation {
     this.source = source;
     Object.defineProperty(this, "limiter", { value: limiter, enumerable: false });
     Object.defineProperty(this, "settled", { value: null, writable: true, enumerable: false });
+    // A bucket table's field (src/table.js): the settle goes to the same bucket, RL.HSETTLE.
+    Object.defineProperty(this, "route", { value: route, enumerable: false });
   }
 
   /** Settles with the work's `actual` cost (tokens, >= 0); see the class. A settle Redis could
@@ -138,7 +140,7 @@ export class Reservation {
   settle(actual) {
     if (!this.allowed) return Promise.reject(new RangeError("a denied reservation holds nothing to settle"));
     if (this.settled) return this.settled;
-    const settling = this.limiter.settle(this.key, this.limit, this.id, actual);
+    const settling = this.limiter.settle(this.key, this.limit, this.id, actual, this.route);
     this.settled = settling;
     settling.then((s) => { if (!s.applied && this.settled === settling) this.settled = null; },
       () => { if (this.settled === settling) this.settled = null; });

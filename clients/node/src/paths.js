@@ -119,9 +119,9 @@ export function misconfiguration(error, cluster) {
   // Refused inside the script or function: Valkey names the command, Redis 7 does not.
   if (/can't run this command or subcommand|ACL failure in script|^NOPERM\b/i.test(text)) {
     const m = /run the '([^']+)' command/i.exec(text);
-    const what = m ? `'${m[1].toLowerCase()}'` : "a command the script runs (time, hmget, hset, pexpireat, del)";
+    const what = m ? `'${m[1].toLowerCase()}'` : "a command the script runs (time, get, set, hmget, hset, pexpireat, del)";
     return new MisconfiguredError(`NOPERM: the script or function may not run ${what} as this user; add ` +
-      `${m ? `"+${m[1].toLowerCase()}"` : '"+time +hmget +hset +pexpireat +del"'} or see ${PERMISSIONS}`, options);
+      `${m ? `"+${m[1].toLowerCase()}"` : '"+time +get +set +hmget +hset +pexpireat +del"'} or see ${PERMISSIONS}`, options);
   }
   return null;
 }

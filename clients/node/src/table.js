@@ -82,8 +82,8 @@ function checkField(field) {
 const luaPattern = (name) => name.replace(/[*?[\]\\]/g, (c) => `\\${c}`) + ":{*}:*";
 
 /**
- * A limit's buckets named by field, over `shards` tables. acquire, peek, charge and refund take and
- * reply as the limiter's methods, with a field for the key. delete(...fields) resets buckets
+ * A limit's buckets named by field, over `shards` tables. acquire, peek, charge, refund, reserve
+ * and settle take and reply as the limiter's methods, with a field for the key. delete(...fields) resets buckets
  * and resolves to how many were live (not full); len() counts the live buckets over all the
  * shards. Those two are not decisions: when Redis cannot answer they reject, whatever the
  * failure policy.
@@ -138,6 +138,20 @@ export class Table {
   refund(field, limit, cost = 1) {
     const b = this.bucket(field);
     return this.limiter.refund(b.key, limit, cost, b);
+  }
+
+  /** Takes `estimate` tokens from the bucket `field` now and records the take for `ttlMs`
+   * (RL.HRESERVE; on the fallbacks the reserve of the field's own key): resolves to a
+   * Reservation whose settle(actual) settles it on that bucket (RL.HSETTLE). */
+  reserve(field, limit, estimate, ttlMs, id = undefined) {
+    const b = this.bucket(field);
+    return this.limiter.reserve(b.key, limit, estimate, ttlMs, id, b);
+  }
+
+  /** Settles the reservation `id` of the bucket `field` by id (RL.HSETTLE), as Limiter.settle. */
+  settle(field, limit, id, actual) {
+    const b = this.bucket(field);
+    return this.limiter.settle(b.key, limit, id, actual, b);
   }
 
   /** Resets the buckets of `fields` (full again); resolves to how many were live. */

@@ -84,6 +84,48 @@ class Fallback(unittest.TestCase):
         self.assertEqual(answers["functions"], answers["module"])
         self.assertEqual(answers["script"], answers["module"])
 
+    def test_a_string_bucket_becomes_a_hash_with_its_first_record(self):
+        """A plain bucket is one string; the reserve that records the first reservation turns
+        it into a hash of the bucket's fields and the record, expiring at the bucket's full
+        instant; a settle keeps the hash; a refund that fills the bucket deletes the key with
+        its open records, as the module does. Every path answers as the module."""
+        answers = {}
+        for name, module, functions, _ in paths():
+            s = self.server(module, functions)
+            limiter = self.limiter(s)
+            raw = redis.Redis(port=s.port)
+            self.addCleanup(raw.close)
+            out = [limiter.acquire("job", SLOW, cost=2).remaining]
+            if not module:
+                self.assertEqual(raw.type("job"), b"string", name)
+            r = limiter.reserve("job", SLOW, 3, 60_000, id="first")
+            out.append((r.allowed, r.remaining))
+            if not module:
+                self.assertEqual(raw.type("job"), b"hash", name)
+                fields = raw.hgetall("job")
+                self.assertEqual(sorted(fields), [b"a", b"b", b"d", b"r:first"], name)
+                full_at_us = int(fields[b"a"]) + (1 if int(fields[b"b"]) else 0)
+                self.assertEqual(raw.pexpiretime("job"), -(-full_at_us // 1000), name)
+            # A plain call on the hash keeps the record; a second reservation joins it.
+            out.append(limiter.acquire("job", SLOW).remaining)
+            out.append(limiter.reserve("job", SLOW, 1, 60_000, id="second").remaining)
+            if not module:
+                self.assertEqual(sorted(raw.hgetall("job")),
+                                 [b"a", b"b", b"d", b"r:first", b"r:second"], name)
+            done = limiter.settle("job", SLOW, "first", 1)
+            out.append((done.remaining, done.retry_after_ms > 0))
+            if not module:
+                self.assertEqual(raw.type("job"), b"hash", name)
+                self.assertNotIn(b"r:first", raw.hgetall("job"), name)
+            # Refunded to full with "second" still open: the key goes, the record with it.
+            out.append(limiter.refund("job", SLOW, cost=10).remaining)
+            self.assertEqual(raw.exists("job"), 0, name)
+            with self.assertRaises(ReservationNotOpenError):
+                limiter.settle("job", SLOW, "second", 1)
+            answers[name] = out
+        self.assertEqual(answers["functions"], answers["module"])
+        self.assertEqual(answers["script"], answers["module"])
+
     def test_an_old_functions_library_sends_leases_to_the_script(self):
         s = self.server(False, False)
         text = redis_rl.client.functions_text()

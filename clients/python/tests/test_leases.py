@@ -66,6 +66,18 @@ class Sync(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "id must be 1 to 16 bytes"):
             limiter.release("jobs", "x" * 17)
 
+    def test_a_callers_id_cannot_take_a_policys_prefix(self):
+        # Its release or settle would be answered in process, never reaching the Redis lease.
+        s = self.server()
+        limiter = self.limiter(s)
+        for lease_id in ("open:x", "local:x"):
+            with self.assertRaisesRegex(ValueError, 'must not start with "open:" or "local:"'):
+                limiter.lease("jobs", 1, 1000, id=lease_id)
+            with self.assertRaisesRegex(ValueError, 'must not start with "open:" or "local:"'):
+                limiter.reserve("t", SLOW, 1, 1000, id=lease_id)
+        self.assertEqual(count(s, "jobs"), 0)
+        self.assertEqual(limiter.counters["redis"], 0)
+
     def test_a_with_lease_is_released_on_an_exception(self):
         s = self.server()
         limiter = self.limiter(s)

@@ -337,10 +337,17 @@ class Paths(unittest.TestCase):
                 with s.admin() as admin:
                     admin.set("plain", "x")
                     admin.rpush("queue", "x")
-                for key in ("plain", "queue"):
+                    # Someone else's hash, without the bucket's fields: not a bucket.
+                    admin.hset("profile", mapping={"name": "x", "r:1": "y"})
+                for key in ("plain", "queue", "profile"):
                     for _ in range(2):
                         with self.assertRaisesRegex(redis.exceptions.ResponseError, "WRONGTYPE"):
                             limiter.acquire(key, SLOW)
+                    with self.assertRaisesRegex(redis.exceptions.ResponseError, "WRONGTYPE"):
+                        limiter.refund(key, SLOW)
+                with s.admin() as admin:
+                    self.assertEqual(admin.hgetall("profile"), {b"name": b"x", b"r:1": b"y"})
+                    self.assertEqual(admin.get("plain"), b"x")
                 self.assertEqual(limiter.path, path)
                 counters = limiter.counters
                 self.assertEqual((counters["open"], counters["outages"], counters["misconfigured"]),
@@ -544,7 +551,7 @@ class Paths(unittest.TestCase):
             limiter.check()
         text = str(raised.exception)
         self.assertIn("may not run 'fcall_ro' (nor 'evalsha', 'eval')", text)
-        self.assertIn('"+evalsha +eval +time +hmget +hset +pexpireat +del"', text)
+        self.assertIn('"+evalsha +eval +time +get +set +hmget +hset +pexpireat +del"', text)
         self.assertIn("docs/clients.md#permissions", text)
         with self.assertLogs("redis_rl", "ERROR"):
             self.assertEqual(limiter.acquire("k", SLOW).source, "open")

@@ -170,13 +170,16 @@ class WithoutModule(Servers):
         self.assertEqual([d.source for _, _, d in got], ["lua"] * len(got))
         return expected, took_ms
 
-    def test_lua_bucket_is_a_hash_with_an_absolute_expiry(self):
+    def test_lua_bucket_is_a_string_with_an_absolute_expiry(self):
         s = self.server(module=False)
         limiter = self.limiter(s)
         limiter.acquire("k", Limit(1, 2))
         admin = redis.Redis(port=s.port)
-        self.assertEqual(admin.type("k"), b"hash")
-        full_at_us = int(admin.hget("k", "a"))
+        self.assertEqual(admin.type("k"), b"string")
+        # "rl:q:r:D": the instant q + r/D µs when the bucket is full (1/s: D = 1, r = 0).
+        prefix, q, r, d = admin.get("k").decode().split(":")
+        self.assertEqual((prefix, r, d), ("rl", "0", "1"))
+        full_at_us = int(q)
         self.assertEqual(admin.pexpiretime("k"), -(-full_at_us // 1000))
         # A full bucket again deletes the key.
         self.assertEqual(limiter.refund("k", Limit(1, 2), 1).remaining, 2)

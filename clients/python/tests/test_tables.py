@@ -13,7 +13,8 @@ import unittest
 import redis
 import redis.asyncio
 
-from redis_rl import MAX_BUCKETS_PER_TABLE, Limit, Limiter, ModuleMissingError, Table, shard_of, shards_for
+from redis_rl import (MAX_BUCKETS_PER_TABLE, Limit, Limiter, ModuleMissingError, ReservationNotOpenError,
+                      Table, shard_of, shards_for)
 from redis_rl.asyncio import Limiter as AsyncLimiter
 from servers import ROOT, Server
 
@@ -159,6 +160,48 @@ class Sequences(Servers):
         self.assertEqual(limiter.counters["redis"], 0)
 
 
+class Reservations(Servers):
+    """A reservation on a table's bucket: RL.HRESERVE / RL.HSETTLE on the table key and field
+    with the module; the reserve and settle of the field's own key on the fallback."""
+
+    def check(self, module):
+        s = self.server(module=module)
+        admin = self.admin(s)
+        table = self.limiter(s).table("res", shards=4)
+        limit = Limit(0.001, 10)
+        r = table.reserve("alice", limit, 4, 60_000)
+        source = "redis" if module else "lua"
+        self.assertEqual((r.allowed, r.remaining, r.source, len(r.id)), (True, 6, source, 16))
+        self.assertEqual(table.peek("alice", limit, 0).remaining, 6)
+        self.assertEqual(table.peek("bob", limit, 0).remaining, 10)  # a field of its own
+        own = f"res:{{{shard_of('alice', 4)}}}"
+        if module:
+            self.assertEqual([k.decode() for k in admin.keys("*")], [own])
+        else:
+            self.assertEqual([k.decode() for k in admin.keys("*")], [f"{own}:alice"])
+            self.assertIn(f"r:{r.id}".encode(), admin.hkeys(f"{own}:alice"))
+        again = table.reserve("alice", limit, 4, 60_000, id=r.id)  # a retry takes nothing
+        self.assertEqual((again.allowed, again.remaining), (True, 6))
+        c = r.settle(1)
+        self.assertEqual((c.applied, c.remaining, c.source), (True, 9, source))
+        self.assertIs(r.settle(1), c)
+        with self.assertRaises(ReservationNotOpenError):
+            table.settle("alice", limit, r.id, 1)
+        if not module:
+            self.assertNotIn(f"r:{r.id}".encode(), admin.hkeys(f"{own}:alice"))
+        denied = table.reserve("alice", limit, 10, 60_000)
+        self.assertEqual((denied.allowed, denied.id), (False, ""))
+        under = table.reserve("alice", limit, 2, 60_000, id="job-1")
+        self.assertEqual(table.settle("alice", limit, "job-1", 12).remaining, -3)
+        self.assertEqual(under.id, "job-1")
+
+    def test_module_reserves_on_the_table_field(self):
+        self.check(module=True)
+
+    def test_fallback_reserves_on_the_fields_own_key(self):
+        self.check(module=False)
+
+
 class Keys(Servers):
     def test_module_keeps_one_key_per_shard(self):
         s = self.server(module=True)
@@ -194,7 +237,7 @@ class Keys(Servers):
         expected = sorted(f"api:{{{shard_of(f, 4)}}}:{f}" for f in ("a", "b", "c"))
         self.assertEqual(sorted(k.decode() for k in admin.keys("*")), expected)
         for key in expected:
-            self.assertEqual(admin.type(key), b"hash")
+            self.assertEqual(admin.type(key), b"string")
             self.assertGreater(admin.pttl(key), 0)
         # A name with glob characters counts only its own keys, and keys SCAN's pattern also
         # matches but no shard below 4 owns do not count.
@@ -356,6 +399,20 @@ class Async(unittest.IsolatedAsyncioTestCase):
                         took_ms = math.ceil((time.monotonic() - started) * 1000)
                         check_reply(self, step["op"], got, step["expect"], took_ms, what)
             self.assertEqual(limiter.path, "module" if module else "lua")
+
+    async def test_reserve_and_settle_on_both_paths(self):
+        for module in (True, False):
+            limiter = await self.limiter(self.server(module), on_error="closed")
+            table = limiter.table("res", 2)
+            limit = Limit(0.001, 10)
+            r = await table.reserve("alice", limit, 4, 60_000)
+            self.assertEqual((r.allowed, r.remaining, r.source), (True, 6, "redis" if module else "lua"))
+            c = await r.settle(7)
+            self.assertEqual((c.applied, c.remaining), (True, 3))
+            self.assertIs(await r.settle(7), c)
+            with self.assertRaises(ReservationNotOpenError):
+                await table.settle("alice", limit, r.id, 1)
+            self.assertEqual((await table.peek("alice", limit, 0)).remaining, 3)
 
     async def test_outage_applies_the_policy_then_returns_to_redis(self):
         s = self.server()

@@ -185,6 +185,24 @@ impl<C: ConnectionLike + Clone + Send + Sync> AsyncLimiter<C> {
         self.engine.after_multi(result, items, sent_at)
     }
 
+    /// [`Self::acquire_all`] over keys or table fields (all of one kind: RL.ACQUIRE.MULTI or
+    /// RL.HACQUIRE.MULTI), each known to the deny cache and the policy by its key.
+    pub(crate) async fn acquire_targets(
+        &self,
+        targets: &[(Target<'_>, Limit, f64)],
+    ) -> Result<MultiDecision, Error> {
+        let items: Vec<(&str, Limit, f64)> = targets
+            .iter()
+            .map(|(target, limit, cost)| (target.key(), *limit, *cost))
+            .collect();
+        if let Some(multi) = self.engine.before_multi(&items) {
+            return Ok(multi);
+        }
+        let sent_at = Instant::now();
+        let result = self.call(Op::Multi, targets).await;
+        self.engine.after_multi(result, &items, sent_at)
+    }
+
     /// All or nothing across hash slots, as [`crate::Limiter::acquire_across_slots`].
     ///
     /// # Errors
@@ -197,10 +215,11 @@ impl<C: ConnectionLike + Clone + Send + Sync> AsyncLimiter<C> {
         let mut step = plan.start();
         loop {
             step = match step {
-                AcrossStep::Ask(args) => plan.answer(self.acquire_all(&args).await),
+                AcrossStep::Ask(args) => plan.answer(self.acquire_targets(&args).await),
                 AcrossStep::Refund(args) => {
-                    for (key, limit, cost) in args {
-                        if let Err(e) = self.refund(key, &limit, cost).await {
+                    for (target, limit, cost) in args {
+                        if let Err(e) = self.give_back(Op::Refund, target, &limit, cost).await {
+                            let key = target.key();
                             log::warn!("redis-rl: giving back {key} after a refusal failed: {e}");
                         }
                     }
@@ -278,12 +297,13 @@ impl<C: ConnectionLike + Clone + Send + Sync> AsyncLimiter<C> {
     ) -> Result<Lease, Error> {
         let limit = lease::check_limit(limit)?;
         let ttl_ms = lease::check_ttl(ttl_ms)?;
-        let id = lease::id_or_new(id)?;
+        let (id, drawn) = lease::id_or_new(id)?;
         self.run(Call::Lease {
             key,
             limit,
             ttl_ms,
             id: &id,
+            drawn,
         })
         .await?
         .lease()
@@ -332,7 +352,7 @@ impl<C: ConnectionLike + Clone + Send + Sync> AsyncLimiter<C> {
     ) -> Result<Reservation<'_, Self>, Error> {
         let estimate = lease::check_estimate(estimate)?;
         let ttl_ms = lease::check_ttl(ttl_ms)?;
-        let id = lease::id_or_new(id)?;
+        let (id, drawn) = lease::id_or_new(id)?;
         let reserved = self
             .run(Call::Reserve {
                 key,
@@ -340,6 +360,7 @@ impl<C: ConnectionLike + Clone + Send + Sync> AsyncLimiter<C> {
                 estimate,
                 ttl_ms,
                 id: &id,
+                drawn,
             })
             .await?
             .reserved()?;

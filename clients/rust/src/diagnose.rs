@@ -20,7 +20,7 @@ pub(crate) const FUNCTIONS_RULES: &str = "+fcall +fcall_ro";
 /// The script path's own commands.
 pub(crate) const SCRIPT_RULES: &str = "+evalsha +eval";
 /// What the Functions library and the script run inside the server, on either path.
-pub(crate) const DATA_RULES: &str = "+time +hmget +hset +pexpireat +del";
+pub(crate) const DATA_RULES: &str = "+time +get +set +hmget +hset +pexpireat +del";
 
 /// What a cluster client says when a seed node answered but gave it no slots.
 pub(crate) const NO_SLOTS: &str = "a reachable node gave the cluster client no slots";
@@ -345,8 +345,8 @@ mod tests {
         assert_eq!(
             no_permission(&["fcall_ro", "evalsha", "eval"]),
             "NOPERM: this user may not run 'fcall_ro' (nor 'evalsha', 'eval'); add the ACL rules \
-             \"+evalsha +eval +time +hmget +hset +pexpireat +del\" (or \"+fcall +fcall_ro +time \
-             +hmget +hset +pexpireat +del\" with the Functions library loaded) or see \
+             \"+evalsha +eval +time +get +set +hmget +hset +pexpireat +del\" (or \"+fcall +fcall_ro \
+             +time +get +set +hmget +hset +pexpireat +del\" with the Functions library loaded) or see \
              docs/clients.md#permissions"
         );
         assert!(no_permission(&["rl.acquire", "evalsha", "eval"]).contains(MODULE_RULES));

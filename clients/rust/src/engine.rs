@@ -724,7 +724,18 @@ impl Engine {
             Source::Closed => (0, CLOSED_RETRY_AFTER_MS, 0),
             _ => (0, 0, 0),
         };
+        let applied = source == Source::Local;
+        if !applied {
+            inner.counters.unapplied_charges = inner.counters.unapplied_charges.saturating_add(1);
+            drop(inner);
+            // Usage already done that nothing recorded: said every time, with what was lost.
+            log::warn!(
+                "redis-rl: a charge of {cost} on {key:?} was not applied: Redis cannot decide and \
+                 the {source:?} policy keeps no buckets (send it again, or use OnError::Local)"
+            );
+        }
         Ok(Charged {
+            applied,
             balance,
             retry_after_ms,
             reset_after_ms,
@@ -761,60 +772,45 @@ impl Engine {
     // Leases and reservations ----------------------------------------------------------------
 
     /// A call that never goes to Redis: a release, renew or settle of an id the `Open` policy
-    /// made (nothing to do), or of a lease or reservation held here by the `Local` policy.
+    /// made (nothing to do), or of a lease or reservation the `Local` policy made (its id
+    /// starts with `local:`) or holds here (a caller's id), counted as that policy's.
     fn without_redis(&self, call: &Call<'_>) -> Option<Result<Answer, Error>> {
         let now_us = self.now_us();
         let mut inner = self.lock();
-        match *call {
-            Call::Release { key, id } => {
-                if id.starts_with(lease::OPEN_ID_PREFIX) {
-                    return Some(Ok(Answer::Flag(false)));
-                }
-                if inner.leases.holds(key, id, now_us) {
-                    inner.counters.count(Source::Local);
-                    return Some(Ok(Answer::Flag(inner.leases.release(key, id, now_us))));
-                }
-                None
+        let (key, id) = match *call {
+            Call::Release { key, id } | Call::Renew { key, id, .. } => (key, id),
+            Call::Settle { key, id, .. } => (key, id),
+            _ => return None,
+        };
+        let kind = lease::policy_of(id).or_else(|| {
+            let held = match *call {
+                Call::Settle { .. } => inner.leases.is_open(key, id, now_us),
+                _ => inner.leases.holds(key, id, now_us),
+            };
+            held.then_some(Source::Local)
+        })?;
+        inner.counters.count(kind);
+        let open = kind == Source::Open;
+        Some(match *call {
+            Call::Release { .. } => {
+                Ok(Answer::Flag(!open && inner.leases.release(key, id, now_us)))
             }
-            Call::Renew { key, id, ttl_ms } => {
-                if id.starts_with(lease::OPEN_ID_PREFIX) {
-                    return Some(Ok(Answer::Flag(true)));
-                }
-                if inner.leases.holds(key, id, now_us) {
-                    inner.counters.count(Source::Local);
-                    return Some(Ok(Answer::Flag(
-                        inner.leases.renew(key, id, ttl_ms, now_us),
-                    )));
-                }
-                None
-            }
-            Call::Settle {
-                key,
+            Call::Renew { ttl_ms, .. } => Ok(Answer::Flag(
+                open || inner.leases.renew(key, id, ttl_ms, now_us),
+            )),
+            Call::Settle { limit, .. } if open => Ok(Answer::Settled(Charged {
+                applied: false,
+                balance: 0,
+                retry_after_ms: 0,
+                reset_after_ms: 0,
                 limit,
-                id,
-                actual,
-            } => {
-                if id.starts_with(lease::OPEN_ID_PREFIX) {
-                    return Some(Ok(Answer::Settled(Charged {
-                        balance: 0,
-                        retry_after_ms: 0,
-                        reset_after_ms: 0,
-                        limit,
-                        source: Source::Open,
-                    })));
-                }
-                if inner.leases.is_open(key, id, now_us) {
-                    inner.counters.count(Source::Local);
-                    return Some(Self::settle_local(
-                        &mut inner,
-                        (key, &limit, id, actual),
-                        now_us,
-                    ));
-                }
-                None
+                source: Source::Open,
+            })),
+            Call::Settle { limit, actual, .. } => {
+                Self::settle_local(&mut inner, (key, &limit, id, actual), now_us)
             }
-            _ => None,
-        }
+            _ => return None,
+        })
     }
 
     /// Settles a reservation the `Local` policy holds: what was over-estimated goes back to
@@ -836,6 +832,7 @@ impl Engine {
         let under = if over < 0.0 { -over } else { 0.0 };
         match inner.local.charge(key, limit, under, now_us) {
             Some((balance, retry_after_ms, reset_after_ms)) => Ok(Answer::Settled(Charged {
+                applied: true,
                 balance,
                 retry_after_ms,
                 reset_after_ms,
@@ -863,10 +860,13 @@ impl Engine {
                 limit,
                 ttl_ms,
                 id,
+                drawn,
             } => Answer::Lease(match source {
                 Source::Open => lease::open_lease(limit, id),
                 Source::Closed => lease::closed_lease(limit),
-                _ => inner.leases.lease((key, limit, ttl_ms, id), now_us),
+                _ => inner
+                    .leases
+                    .lease((key, limit, ttl_ms, &local_id(id, drawn)), now_us),
             }),
             Call::Release { key, id } => {
                 Answer::Flag(local && inner.leases.release(key, id, now_us))
@@ -895,7 +895,10 @@ impl Engine {
                 estimate,
                 ttl_ms,
                 id,
+                drawn,
             } => {
+                let local_id = local_id(id, drawn);
+                let id = if local { local_id.as_str() } else { id };
                 let reply = match source {
                     Source::Open => open_reply(),
                     Source::Closed => closed_reply(),
@@ -946,20 +949,22 @@ impl Engine {
                 id,
                 actual,
             } => {
-                if local {
-                    // Open here, or not at all: a reservation Redis holds cannot be settled
-                    // without it (it stands as taken there), and one settled here is gone.
-                    return Self::settle_local(&mut inner, (key, &limit, id, actual), now_us);
-                }
-                // `Open` and `Closed` settle nothing; `Closed` reports its usual wait.
-                let (balance, retry_after_ms, reset_after_ms) = match source {
-                    Source::Closed => (0, CLOSED_RETRY_AFTER_MS, 0),
-                    _ => (0, 0, 0),
-                };
+                // A reservation Redis holds (one this process holds was answered before
+                // asking Redis): it stands as taken there until its ttl, and the difference is
+                // the caller's to send again. Said every time, as an unapplied charge is.
+                inner.counters.unapplied_charges =
+                    inner.counters.unapplied_charges.saturating_add(1);
+                drop(inner);
+                log::warn!(
+                    "redis-rl: the settle of reservation {id:?} on {key:?} (actual {actual}) was \
+                     not applied: Redis cannot answer (send it again; unsettled, the reservation \
+                     stands as taken until its ttl)"
+                );
                 Answer::Settled(Charged {
-                    balance,
-                    retry_after_ms,
-                    reset_after_ms,
+                    applied: false,
+                    balance: 0,
+                    retry_after_ms: 0,
+                    reset_after_ms: 0,
                     limit,
                     source,
                 })
@@ -1131,7 +1136,8 @@ fn module_name(op: Op, field: bool) -> &'static str {
         (Op::Acquire, false) => "RL.ACQUIRE",
         (Op::Peek, false) => "RL.PEEK",
         (Op::Refund, false) => "RL.REFUND",
-        (Op::Multi, _) => "RL.ACQUIRE.MULTI",
+        (Op::Multi, false) => "RL.ACQUIRE.MULTI",
+        (Op::Multi, true) => "RL.HACQUIRE.MULTI",
         (Op::Acquire, true) => "RL.HACQUIRE",
         (Op::Peek, true) => "RL.HPEEK",
         (Op::Refund, true) => "RL.HREFUND",
@@ -1533,6 +1539,7 @@ impl<'a> Exchange<'a> {
             "RL.CHARGE" => "rl.charge",
             "RL.ACQUIRE.MULTI" => "rl.acquire.multi",
             "RL.HACQUIRE" => "rl.hacquire",
+            "RL.HACQUIRE.MULTI" => "rl.hacquire.multi",
             "RL.HPEEK" => "rl.hpeek",
             "RL.HREFUND" => "rl.hrefund",
             "RL.LEASE" => "rl.lease",
@@ -1704,6 +1711,17 @@ pub(crate) fn read_decision(
     Ok(decision(reply_of(value)?, limit, source))
 }
 
+/// The id a lease or reservation the `Local` policy takes gets: `local:` and the drawn id
+/// when the caller gave none (so its release, renew and settle stay in this process), else
+/// the caller's.
+fn local_id(id: &str, drawn: bool) -> String {
+    if drawn {
+        format!("{}{id}", lease::LOCAL_ID_PREFIX)
+    } else {
+        id.to_string()
+    }
+}
+
 /// RL.CHARGE's reply: `[1, balance, retry_after_ms, reset_after_ms]`, the balance signed.
 pub(crate) fn read_charged(
     value: &Value,
@@ -1713,6 +1731,7 @@ pub(crate) fn read_charged(
     let v = integers(value, "RL.CHARGE reply", 4)?;
     match v.as_slice() {
         [1, balance, retry, reset] => Ok(Charged {
+            applied: true,
             balance: *balance,
             retry_after_ms: *retry,
             reset_after_ms: *reset,

@@ -26,6 +26,8 @@ const MAX_OPEN_RESERVATIONS: usize = 1000;
 const LIMIT_ERROR: &str = "limit must be an integer from 1 to 10000 (leases)";
 const TTL_ERROR: &str = "ttl_ms must be an integer from 1 to 3153600000000 (ms)";
 const ID_ERROR: &str = "id must be 1 to 16 bytes";
+const POLICY_ID_ERROR: &str =
+    "id must not start with \"open:\" or \"local:\" (the failure policy's ids)";
 const ESTIMATE_ERROR: &str = "estimate must be a number above 0 (tokens)";
 const ACTUAL_ERROR: &str = "actual must be a finite number >= 0 (tokens)";
 pub(crate) const NOT_OPEN_ERROR: &str =
@@ -35,13 +37,29 @@ pub(crate) const NOT_OPEN_ERROR: &str =
 /// releasing or settling it does nothing.
 pub const OPEN_ID_PREFIX: &str = "open:";
 
+/// The prefix of a lease or reservation id the `Local` policy made (when the caller gave
+/// none): never sent to Redis, so its release, renew and settle are answered in this process,
+/// even once Redis is back.
+pub const LOCAL_ID_PREFIX: &str = "local:";
+
+/// Whether `id` starts with one of the failure policy's prefixes: `Open` or `Local`.
+pub(crate) fn policy_of(id: &str) -> Option<Source> {
+    if id.starts_with(OPEN_ID_PREFIX) {
+        Some(Source::Open)
+    } else if id.starts_with(LOCAL_ID_PREFIX) {
+        Some(Source::Local)
+    } else {
+        None
+    }
+}
+
 /// The answer to a take ([`crate::Limiter::lease`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Lease {
     /// Whether the lease was taken (or, for a caller's id already held, is held).
     pub allowed: bool,
     /// The lease's id when taken; empty when denied. `open:…` when the `Open` policy allowed
-    /// it without Redis.
+    /// it without Redis, `local:…` when the `Local` policy took it (and the caller gave no id).
     pub id: String,
     /// Leases held after the call, this one included (when denied: held now).
     pub in_use: u64,
@@ -129,6 +147,9 @@ pub(crate) enum Call<'a> {
         limit: u32,
         ttl_ms: u64,
         id: &'a str,
+        /// Whether `id` was drawn here (the caller gave none): the `Local` policy then
+        /// prefixes it with `local:`.
+        drawn: bool,
     },
     Release {
         key: &'a str,
@@ -149,6 +170,8 @@ pub(crate) enum Call<'a> {
         estimate: f64,
         ttl_ms: u64,
         id: &'a str,
+        /// As for `Lease`.
+        drawn: bool,
     },
     Settle {
         key: &'a str,
@@ -300,10 +323,10 @@ pub(crate) fn check_actual(actual: f64) -> Result<f64, Error> {
     }
 }
 
-/// An id as a release, renew or settle takes it: one Redis could hold, or one the `Open`
-/// policy made (longer, never sent).
+/// An id as a release, renew or settle takes it: one Redis could hold, or one the `Open` or
+/// `Local` policy made (longer, never sent).
 pub(crate) fn check_held_id(id: &str) -> Result<&str, Error> {
-    if id.starts_with(OPEN_ID_PREFIX) {
+    if policy_of(id).is_some() {
         return Ok(id);
     }
     check_id(id)
@@ -320,11 +343,14 @@ pub(crate) fn new_id() -> Result<String, Error> {
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
-/// The caller's id, checked, or a new one.
-pub(crate) fn id_or_new(id: Option<&str>) -> Result<String, Error> {
+/// The caller's id, checked, or a new one; and whether it was drawn here. A caller's id
+/// starting with a failure policy's prefix is refused: its release or settle would be answered
+/// in this process, never reaching the Redis lease it names.
+pub(crate) fn id_or_new(id: Option<&str>) -> Result<(String, bool), Error> {
     match id {
-        Some(id) => check_id(id).map(str::to_string),
-        None => new_id(),
+        Some(id) if policy_of(id).is_some() => Err(Error::Invalid(POLICY_ID_ERROR)),
+        Some(id) => check_id(id).map(|id| (id.to_string(), false)),
+        None => new_id().map(|id| (id, true)),
     }
 }
 
@@ -432,6 +458,7 @@ pub(crate) fn read_settled(
     match items.as_slice() {
         [balance, retry, reset] => match (int(balance), int(retry), int(reset)) {
             (Some(balance), Some(retry_after_ms), Some(reset_after_ms)) => Ok(Charged {
+                applied: true,
                 balance,
                 retry_after_ms,
                 reset_after_ms,

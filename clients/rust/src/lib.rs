@@ -88,7 +88,7 @@ pub use asynch::AsyncLimiter;
 pub use engine::Path;
 pub use functions::{load_functions, load_functions_async};
 pub use guard::{AsyncLeaseGuard, LeaseGuard};
-pub use lease::{Lease, LeaseCount, Reservation, Reserved, OPEN_ID_PREFIX};
+pub use lease::{Lease, LeaseCount, Reservation, Reserved, LOCAL_ID_PREFIX, OPEN_ID_PREFIX};
 pub use script::FUNCTIONS_VERSION;
 pub use slots::{key_slot, SlotItem, SlotOutcome, SlotsDecision};
 pub use sync::{Connect, Limiter};

@@ -28,7 +28,7 @@ use std::collections::BTreeMap;
 
 use redis::{ErrorKind, ServerErrorKind};
 
-use crate::engine::Engine;
+use crate::engine::{Engine, Target};
 use crate::types::{check_cost, Decision, Error, Limit, MultiDecision, Source};
 
 /// One bucket of an [`acquire_across_slots`](crate::AsyncLimiter::acquire_across_slots) call.
@@ -42,6 +42,10 @@ pub struct SlotItem<'a> {
     pub cost: f64,
     /// Counted and reported, but its refusal does not refuse the call (Envoy's shadow mode).
     pub shadow: bool,
+    /// A field of a bucket table instead of a key of its own: `(table key, field)`, sent as
+    /// RL.HACQUIRE.MULTI; `key` is then the field's fallback key (`name:{i}:field`, under the
+    /// table's hash tag), which the deny cache and the Lua path use.
+    pub in_table: Option<(&'a str, &'a str)>,
 }
 
 impl<'a> SlotItem<'a> {
@@ -52,6 +56,27 @@ impl<'a> SlotItem<'a> {
             limit,
             cost,
             shadow: false,
+            in_table: None,
+        }
+    }
+
+    /// The same item as the field `field` of the table `table`, with `key` its fallback key
+    /// (as [`crate::AsyncTable::key`] and [`crate::AsyncTable::fallback_key`] name them).
+    #[must_use]
+    pub fn in_table(mut self, table: &'a str, field: &'a str) -> Self {
+        self.in_table = Some((table, field));
+        self
+    }
+
+    /// The bucket as the engine names it.
+    fn target(&self) -> Target<'a> {
+        match self.in_table {
+            Some((table, field)) => Target::Field {
+                table,
+                field,
+                fallback_key: self.key,
+            },
+            None => Target::Key(self.key),
         }
     }
 
@@ -149,8 +174,8 @@ fn is_crossslot(e: &Error) -> bool {
     }
 }
 
-/// `(key, limit, cost)`, as `acquire_all` and `refund` take them.
-pub(crate) type Args<'a> = Vec<(&'a str, Limit, f64)>;
+/// `(bucket, limit, cost)`, as the limiter's multi call and `refund` take them.
+pub(crate) type Args<'a> = Vec<(Target<'a>, Limit, f64)>;
 
 /// What an [`Across`] wants next.
 pub(crate) enum AcrossStep<'a> {
@@ -210,14 +235,18 @@ impl<'a, 'e> Across<'a, 'e> {
     /// One group of every item, or one per slot in slot order.
     fn group(&mut self, by_slot: bool) {
         self.by_slot = by_slot;
-        let mut groups: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
+        // Table fields and keys go in separate calls (RL.HACQUIRE.MULTI, RL.ACQUIRE.MULTI).
+        let mut groups: BTreeMap<(u16, bool), Vec<usize>> = BTreeMap::new();
         for (i, item) in self.items.iter().enumerate() {
             let slot = if by_slot {
                 key_slot(item.key.as_bytes())
             } else {
                 0
             };
-            groups.entry(slot).or_default().push(i);
+            groups
+                .entry((slot, item.in_table.is_some()))
+                .or_default()
+                .push(i);
         }
         self.groups = groups.into_values().rev().collect();
     }
@@ -231,7 +260,7 @@ impl<'a, 'e> Across<'a, 'e> {
         indexes
             .iter()
             .filter_map(|&i| self.items.get(i))
-            .map(|it| (it.key, it.limit, it.cost))
+            .map(|it| (it.target(), it.limit, it.cost))
             .collect()
     }
 
@@ -391,7 +420,7 @@ mod tests {
     fn keys(step: &AcrossStep<'_>) -> Vec<String> {
         match step {
             AcrossStep::Ask(args) | AcrossStep::Refund(args) => {
-                args.iter().map(|(k, _, _)| k.to_string()).collect()
+                args.iter().map(|(t, _, _)| t.key().to_string()).collect()
             }
             AcrossStep::Done(_) => Vec::new(),
         }
@@ -447,6 +476,37 @@ mod tests {
         assert!(matches!(d.outcomes[0], SlotOutcome::ShadowRefused(Some(_))));
         assert!(matches!(d.outcomes[1], SlotOutcome::Taken(_)));
         assert_eq!(d.sources, [Source::Redis, Source::Redis]);
+    }
+
+    #[test]
+    fn table_fields_and_keys_are_asked_in_separate_calls() {
+        let engine = Engine::new(Options::new(OnError::Closed), false);
+        let limit = Limit::new(1.0, 1.0).unwrap();
+        let items = [
+            SlotItem::new("t:{0}:f", limit, 1.0).in_table("t:{0}", "f"),
+            SlotItem::new("k", limit, 1.0),
+            SlotItem::new("t:{1}:g", limit, 1.0).in_table("t:{1}", "g"),
+        ];
+        let mut plan = Across::new(&engine, &items).unwrap();
+        let AcrossStep::Ask(first) = plan.start() else {
+            panic!("ask")
+        };
+        assert_eq!(first, vec![(Target::Key("k"), limit, 1.0)]);
+        let AcrossStep::Ask(second) = plan.answer(Ok(multi(&[true]))) else {
+            panic!("ask")
+        };
+        let field = |table, field, fallback_key| Target::Field {
+            table,
+            field,
+            fallback_key,
+        };
+        assert_eq!(
+            second,
+            vec![
+                (field("t:{0}", "f", "t:{0}:f"), limit, 1.0),
+                (field("t:{1}", "g", "t:{1}:g"), limit, 1.0),
+            ]
+        );
     }
 
     #[test]

@@ -241,6 +241,24 @@ impl<K: Connect> Limiter<K> {
         self.engine.after_multi(result, items, sent_at)
     }
 
+    /// [`Self::acquire_all`] over keys or table fields (all of one kind: RL.ACQUIRE.MULTI or
+    /// RL.HACQUIRE.MULTI), each known to the deny cache and the policy by its key.
+    pub(crate) fn acquire_targets(
+        &self,
+        targets: &[(Target<'_>, Limit, f64)],
+    ) -> Result<MultiDecision, Error> {
+        let items: Vec<(&str, Limit, f64)> = targets
+            .iter()
+            .map(|(target, limit, cost)| (target.key(), *limit, *cost))
+            .collect();
+        if let Some(multi) = self.engine.before_multi(&items) {
+            return Ok(multi);
+        }
+        let sent_at = Instant::now();
+        let result = self.call(Op::Multi, targets);
+        self.engine.after_multi(result, &items, sent_at)
+    }
+
     /// All or nothing over `items`, whatever slots their keys hash to: one
     /// [`Limiter::acquire_all`] on one server; on a cluster (learnt from its first CROSSSLOT
     /// reply) one per hash slot, in slot order, refunding the slots already taken when a later
@@ -273,10 +291,11 @@ impl<K: Connect> Limiter<K> {
         let mut step = plan.start();
         loop {
             step = match step {
-                AcrossStep::Ask(args) => plan.answer(self.acquire_all(&args)),
+                AcrossStep::Ask(args) => plan.answer(self.acquire_targets(&args)),
                 AcrossStep::Refund(args) => {
-                    for (key, limit, cost) in args {
-                        if let Err(e) = self.refund(key, &limit, cost) {
+                    for (target, limit, cost) in args {
+                        if let Err(e) = self.give_back(Op::Refund, target, &limit, cost) {
+                            let key = target.key();
                             log::warn!("redis-rl: giving back {key} after a refusal failed: {e}");
                         }
                     }
@@ -362,13 +381,15 @@ impl<K: Connect> Limiter<K> {
     /// Takes a lease at `key` if fewer than `limit` are held (RL.LEASE): one slot of work in
     /// flight for `ttl_ms`, unless released or renewed first. With `id` (1 to 16 bytes) a
     /// retried take is answered as held; without, an id is drawn here (16 hex characters).
-    /// Prefer [`Limiter::hold`], whose guard releases the lease when dropped.
+    /// An id starting `open:` or `local:` is refused (the failure policy's). Prefer
+    /// [`Limiter::hold`], whose guard releases the lease when dropped.
     ///
     /// # Errors
     /// [`Error::Invalid`] naming a bad argument; [`Error::Redis`] for an error reply the
     /// failure policy does not cover (WRONGTYPE). Outages are decided by the policy: `Open`
     /// allows (an id starting `open:`, never sent to Redis), `Closed` denies, `Local` takes a
-    /// lease in an in-process table, `limit / instances` per key.
+    /// lease in an in-process table, `limit / instances` per key (an id starting `local:`
+    /// unless the caller gave one; released and renewed here, even once Redis is back).
     pub fn lease(
         &self,
         key: &str,
@@ -378,18 +399,19 @@ impl<K: Connect> Limiter<K> {
     ) -> Result<Lease, Error> {
         let limit = lease::check_limit(limit)?;
         let ttl_ms = lease::check_ttl(ttl_ms)?;
-        let id = lease::id_or_new(id)?;
+        let (id, drawn) = lease::id_or_new(id)?;
         self.run(Call::Lease {
             key,
             limit,
             ttl_ms,
             id: &id,
+            drawn,
         })?
         .lease()
     }
 
-    /// Gives a lease back (RL.RELEASE): `true` if it was held. An `open:` id, or one the
-    /// `Local` policy holds, never goes to Redis.
+    /// Gives a lease back (RL.RELEASE): `true` if it was held. An `open:` or `local:` id, or
+    /// one the `Local` policy holds, never goes to Redis.
     ///
     /// # Errors
     /// As for [`Limiter::lease`].
@@ -449,7 +471,7 @@ impl<K: Connect> Limiter<K> {
     ) -> Result<Reservation<'_, Self>, Error> {
         let estimate = lease::check_estimate(estimate)?;
         let ttl_ms = lease::check_ttl(ttl_ms)?;
-        let id = lease::id_or_new(id)?;
+        let (id, drawn) = lease::id_or_new(id)?;
         let reserved = self
             .run(Call::Reserve {
                 key,
@@ -457,6 +479,7 @@ impl<K: Connect> Limiter<K> {
                 estimate,
                 ttl_ms,
                 id: &id,
+                drawn,
             })?
             .reserved()?;
         Ok(Reservation {
@@ -467,11 +490,15 @@ impl<K: Connect> Limiter<K> {
 
     /// Settles the reservation `id` of `key` with its `actual` cost (RL.SETTLE), once: the
     /// over-estimate goes back, the under-estimate is charged (into debt). For a reservation
-    /// made elsewhere (another process); [`Reservation::settle`] otherwise.
+    /// made elsewhere (another process); [`Reservation::settle`] otherwise. An `open:` id
+    /// settles nothing; a `local:` one, or one the `Local` policy holds, is settled here. A
+    /// reservation Redis holds, while Redis cannot answer, is not settled: the answer has
+    /// `applied` false, is counted in [`crate::Counters::unapplied_charges`] and logged.
     ///
     /// # Errors
     /// [`Error::Redis`] when `id` is not an open reservation of `key` (settled, expired or
-    /// never made; [`Error::Invalid`] on the `Local` policy), and as for [`Limiter::lease`].
+    /// never made; [`Error::Invalid`] for one the `Local` policy made), and as for
+    /// [`Limiter::lease`].
     pub fn settle(
         &self,
         key: &str,

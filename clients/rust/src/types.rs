@@ -294,7 +294,7 @@ pub struct MultiDecision {
 /// use redis_rl_client::{Charged, Limit, Source};
 ///
 /// // 3 tokens/s, burst 3, charged 5 on a full bucket: two tokens in debt.
-/// let c = Charged { balance: -2, retry_after_ms: 667, reset_after_ms: 1667,
+/// let c = Charged { applied: true, balance: -2, retry_after_ms: 667, reset_after_ms: 1667,
 ///                   limit: Limit::new(3.0, 3.0)?, source: Source::Redis };
 /// assert!(c.in_debt());
 /// assert_eq!(c.remaining(), 0);
@@ -302,6 +302,12 @@ pub struct MultiDecision {
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Charged {
+    /// Whether the charge (or settle) was recorded somewhere: by Redis, or by the `Local`
+    /// policy's bucket. `false` when the `Open` or `Closed` policy answered, or a reservation
+    /// Redis holds was settled while Redis could not answer (then it stands as taken there
+    /// until its ttl): the usage is the caller's to send again, and is counted in
+    /// [`Counters::unapplied_charges`]. The numbers are then 0 (`Closed`'s charge: its wait).
+    pub applied: bool,
     /// Whole tokens after the charge, rounded toward −∞: negative while in debt.
     pub balance: i64,
     /// Until the debt is repaid (a cost-0 acquire passes again), in ms rounded up; 0 when not
@@ -511,6 +517,10 @@ pub struct Counters {
     /// with its cause; they are counted here only, not in `open`, `closed` or `local`, and
     /// start no outage.
     pub misconfigured: u64,
+    /// Charges and settles recorded nowhere ([`Charged::applied`] `false`): a charge the `Open`
+    /// or `Closed` policy answered, or a settle of a reservation Redis holds while Redis could
+    /// not answer. Each is logged at warn level with its key and cost.
+    pub unapplied_charges: u64,
 }
 
 impl Counters {

@@ -12,7 +12,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{slow, Server};
+use common::{slow, take_logs, Server};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis_rl_client::{AsyncLimiter, Error, Limiter, OnError, Options, Source};
 
@@ -346,7 +346,8 @@ fn each_policy_decides_leases_without_redis() {
     let guard = open.hold("k", 1, 1000, Duration::ZERO).unwrap();
     assert!(guard.id().starts_with("open:"));
     drop(guard);
-    assert_eq!(open.counters().open, 3);
+    // Two takes, the guard's take, and the two releases of `open:` ids answered in process.
+    assert_eq!(open.counters().open, 5);
 
     let lease = closed.lease("k", 1, 1000, None).unwrap();
     assert!(!lease.allowed);
@@ -367,6 +368,7 @@ fn each_policy_decides_leases_without_redis() {
     let b = local.lease("k", 2, 60_000, None).unwrap();
     let c = local.lease("k", 2, 60_000, None).unwrap();
     assert_eq!((a.allowed, b.allowed, c.allowed), (true, true, false));
+    assert!(a.id.starts_with("local:") && b.id.starts_with("local:") && a.id != b.id);
     assert_eq!(
         (a.source, c.source, c.in_use),
         (Source::Local, Source::Local, 2)
@@ -382,15 +384,20 @@ fn each_policy_decides_leases_without_redis() {
     assert_eq!(local.leases("k", 2).unwrap().in_use, 1);
     let r = local.reserve("t", &limit, 4.0, 60_000, None).unwrap();
     assert_eq!((r.allowed, r.remaining, r.source), (true, 6, Source::Local));
+    assert!(r.id.starts_with("local:"));
     let id = r.id.clone();
     let settled = r.settle(1.0).unwrap();
-    assert_eq!((settled.balance, settled.source), (9, Source::Local));
+    assert_eq!(
+        (settled.balance, settled.source, settled.applied),
+        (9, Source::Local, true)
+    );
     assert!(matches!(
         local.settle("t", &limit, &id, 1.0),
         Err(Error::Invalid(_))
     ));
-    // A retried reserve of an id open here takes nothing more.
+    // A retried reserve of an id open here takes nothing more; a caller's id is kept.
     let first = local.reserve("t", &limit, 2.0, 60_000, Some("x")).unwrap();
+    assert_eq!(first.id, "x");
     let again = local.reserve("t", &limit, 2.0, 60_000, Some("x")).unwrap();
     assert_eq!(
         (first.remaining, again.remaining, again.allowed),
@@ -398,4 +405,101 @@ fn each_policy_decides_leases_without_redis() {
     );
     assert!(local.counters().local >= 10);
     assert_eq!(local.counters().redis, 0);
+}
+
+/// A caller's id starting with a failure policy's prefix is refused before anything is sent:
+/// its release or settle would be answered in process, never reaching the Redis lease.
+#[test]
+fn a_callers_id_cannot_take_a_policys_prefix() {
+    let server = Server::start();
+    let limiter = blocking(&server, OnError::Closed);
+    let limit = slow();
+    for id in ["open:x", "local:x"] {
+        let refused = limiter.lease("k", 1, 1000, Some(id)).unwrap_err();
+        assert!(
+            matches!(refused, Error::Invalid(m) if m.contains("local:")),
+            "{id}"
+        );
+        assert!(matches!(
+            limiter.reserve("t", &limit, 1.0, 1000, Some(id)),
+            Err(Error::Invalid(_))
+        ));
+    }
+    assert_eq!(held(&server, "k", 1), 0);
+    assert_eq!(limiter.counters().redis, 0);
+}
+
+/// A lease and a reservation the `Local` policy took while the server was down are released,
+/// renewed and settled in this process once it is back (their ids start with `local:`), while
+/// new takes go to Redis again.
+#[test]
+fn local_ids_stay_local_once_redis_is_back() {
+    let mut server = Server::start();
+    let local = Arc::new(common::limiter(
+        &server,
+        Options::new(OnError::Local).probe_interval(Duration::ZERO),
+    ));
+    let limit = slow();
+    server.kill();
+    let lease = local.lease("k", 1, 60_000, None).unwrap();
+    let r = local.reserve("t", &limit, 3.0, 60_000, None).unwrap();
+    assert!(lease.id.starts_with("local:") && r.id.starts_with("local:"));
+    server.restart();
+
+    let back = local.lease("k", 1, 60_000, None).unwrap();
+    assert_eq!((back.allowed, back.source), (true, Source::Redis));
+    let redis_before = local.counters().redis;
+    assert!(local.renew("k", &lease.id, 60_000).unwrap());
+    assert!(local.release("k", &lease.id).unwrap());
+    assert!(!local.release("k", &lease.id).unwrap());
+    let settled = r.settle(1.0).unwrap();
+    assert_eq!(
+        (settled.applied, settled.source, settled.balance),
+        (true, Source::Local, 4)
+    );
+    assert_eq!(
+        local.counters().redis,
+        redis_before,
+        "nothing went to Redis"
+    );
+    // Redis still holds its own lease, untouched by the local release.
+    assert_eq!(held(&server, "k", 1), 1);
+}
+
+/// Settling a reservation Redis holds while Redis cannot answer applies nothing, under each
+/// policy: `applied` false, counted in `unapplied_charges`, a warning naming the key.
+#[test]
+fn a_settle_redis_cannot_take_is_unapplied() {
+    common::capture_logs();
+    let mut server = Server::start();
+    let limit = slow().with_capacity(10.0).unwrap();
+    let limiters = [OnError::Open, OnError::Closed, OnError::Local].map(|on_error| {
+        Arc::new(common::limiter(
+            &server,
+            Options::new(on_error).probe_interval(Duration::ZERO),
+        ))
+    });
+    let mut ids = Vec::new();
+    for (i, limiter) in limiters.iter().enumerate() {
+        let r = limiter
+            .reserve(&format!("t{i}"), &limit, 4.0, 60_000, None)
+            .unwrap();
+        assert_eq!((r.allowed, r.source), (true, Source::Redis));
+        ids.push(r.id.clone());
+    }
+    take_logs();
+    server.kill();
+    for (i, limiter) in limiters.iter().enumerate() {
+        let key = format!("t{i}");
+        let settled = limiter.settle(&key, &limit, &ids[i], 1.0).unwrap();
+        assert!(!settled.applied, "{key}: {settled:?}");
+        assert_eq!(settled.balance, 0);
+        assert_eq!(limiter.counters().unapplied_charges, 1, "{key}");
+    }
+    let logs = take_logs();
+    let unapplied: Vec<_> = logs
+        .iter()
+        .filter(|l| l.contains("not applied") && l.contains("settle"))
+        .collect();
+    assert_eq!(unapplied.len(), 3, "{logs:?}");
 }

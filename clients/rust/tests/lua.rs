@@ -104,19 +104,23 @@ fn lua_gives_the_modules_decisions_for_the_same_calls() {
 }
 
 #[test]
-fn lua_bucket_is_a_hash_with_an_absolute_expiry() {
+fn lua_bucket_is_a_string_with_an_absolute_expiry() {
     let plain = Server::plain();
     let limiter = limiter(&plain, options(OnError::Closed));
     let limit = Limit::new(1.0, 2.0).unwrap();
     limiter.acquire("k", &limit, 1.0).unwrap();
     let mut admin = plain.conn();
     let kind: String = redis::cmd("TYPE").arg("k").query(&mut admin).unwrap();
-    assert_eq!(kind, "hash");
-    let full_at_us: i64 = redis::cmd("HGET")
-        .arg("k")
-        .arg("a")
-        .query(&mut admin)
-        .unwrap();
+    assert_eq!(kind, "string");
+    // "rl:q:r:D": the instant q + r/D µs when the bucket is full (1/s: D = 1, r = 0).
+    let value: String = redis::cmd("GET").arg("k").query(&mut admin).unwrap();
+    let fields: Vec<&str> = value.split(':').collect();
+    assert_eq!(
+        (fields.len(), fields[0], fields[2], fields[3]),
+        (4, "rl", "0", "1"),
+        "{value}"
+    );
+    let full_at_us: i64 = fields[1].parse().unwrap();
     let expire_ms: i64 = redis::cmd("PEXPIRETIME")
         .arg("k")
         .query(&mut admin)

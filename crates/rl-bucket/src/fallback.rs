@@ -1,11 +1,11 @@
-//! A bucket the Lua fallback wrote: [`FallbackState`], the instant of the fallback's hash
-//! `{a = q, b = r, d = D}` (`clients/lua/rl.lua`, and the Functions library made from it),
-//! parsed from its three decimal texts and converted to a [`State`] without moving it
-//! earlier.
+//! A bucket the Lua fallback wrote: [`FallbackState`], the instant of the fallback's string
+//! `"rl:q:r:D"` or of its older hash `{a = q, b = r, d = D}` (`clients/lua/rl.lua`, and the
+//! Functions library made from it), parsed from its three decimal texts and converted to a
+//! [`State`] without moving it earlier.
 //!
 //! The fallback stores the instant its bucket is full as `q + r/D` microseconds since the Unix
 //! epoch (`0 <= r < D`, `1 <= D < 2^31`, `q < 2^53` where the script's doubles are exact),
-//! each written by `string.format('%.0f', …)`: plain digits, no sign, no leading zero. Knows
+//! each written by `string.format` (`%d` or `%.0f`): plain digits, no sign, no leading zero. Knows
 //! nothing of Redis (the module reads the hash and hands over the bytes) and nothing of
 //! limits: an instant is the same instant under any rate.
 
@@ -29,10 +29,12 @@ pub enum FallbackError {
     /// The named field is an integer out of the fallback's range: `a` above
     /// [`FALLBACK_MAX_US`], `d` outside `1..=FALLBACK_MAX_DENOMINATOR`, or `b` not below `d`.
     OutOfRange(&'static str),
+    /// A string that is not `rl:` followed by three `:`-separated fields.
+    NotTheForm,
 }
 
-/// A fallback bucket's instant, `q + r/D` µs since the Unix epoch, validated: what a hash
-/// written by the Lua fallback holds.
+/// A fallback bucket's instant, `q + r/D` µs since the Unix epoch, validated: what a string
+/// (or an older hash) written by the Lua fallback holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FallbackState {
     q_us: u64,
@@ -78,6 +80,35 @@ impl FallbackState {
     /// [`FallbackError::OutOfRange`] as for [`FallbackState::new`].
     pub fn parse(a: &[u8], b: &[u8], d: &[u8]) -> Result<Self, FallbackError> {
         Self::new(integer(a, "a")?, integer(b, "b")?, integer(d, "d")?)
+    }
+
+    /// Parses the fallback's string form, `rl:` and the three integers `q`, `r` and `D`
+    /// separated by `:`, byte by byte (the fields are named `a`, `b` and `d` in errors, as in
+    /// the hash).
+    ///
+    /// ```
+    /// use rl_bucket::{FallbackError, FallbackState};
+    ///
+    /// let st = FallbackState::parse_string(b"rl:1700000000000000:1:3").unwrap();
+    /// assert_eq!((st.q_us(), st.r(), st.d()), (1_700_000_000_000_000, 1, 3));
+    /// assert_eq!(
+    ///     FallbackState::parse_string(b"1700000000000000:1:3"),
+    ///     Err(FallbackError::NotTheForm)
+    /// );
+    /// ```
+    ///
+    /// # Errors
+    /// [`FallbackError::NotTheForm`] unless the value is `rl:` followed by exactly three
+    /// `:`-separated texts; then as for [`FallbackState::parse`].
+    pub fn parse_string(value: &[u8]) -> Result<Self, FallbackError> {
+        let rest = value
+            .strip_prefix(b"rl:")
+            .ok_or(FallbackError::NotTheForm)?;
+        let mut parts = rest.split(|&byte| byte == b':');
+        match (parts.next(), parts.next(), parts.next(), parts.next()) {
+            (Some(a), Some(b), Some(d), None) => Self::parse(a, b, d),
+            _ => Err(FallbackError::NotTheForm),
+        }
     }
 
     /// The whole microseconds, `q`.

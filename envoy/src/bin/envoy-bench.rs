@@ -469,9 +469,21 @@ async fn start_service(
     dir: &std::path::Path,
     redis_port: u16,
 ) -> Res<(Guard, ServicePorts)> {
+    start_service_with(service_bin, cpu, dir, redis_port, "keys").await
+}
+
+/// [`start_service`] with its buckets stored as `storage` says (`RL_BUCKET_STORAGE`).
+async fn start_service_with(
+    service_bin: &std::path::Path,
+    cpu: &str,
+    dir: &std::path::Path,
+    redis_port: u16,
+    storage: &str,
+) -> Res<(Guard, ServicePorts)> {
     let (http_port, grpc_port, metrics_port) = (free_port()?, free_port()?, free_port()?);
     let guard = Guard(
         pinned(cpu, &service_bin.to_string_lossy())
+            .env("RL_BUCKET_STORAGE", storage)
             .env("RUNTIME_ROOT", dir)
             .env("RUNTIME_APPDIRECTORY", "config")
             .env("REDIS_SOCKET_TYPE", "tcp")
@@ -1006,6 +1018,26 @@ async fn run(load_cpu: &str, cpus: usize) -> Res<()> {
                 rls.label
             ),
         });
+    }
+    {
+        // The same service with its buckets in tables (RL_BUCKET_STORAGE=tables), on the
+        // module's Redis, its users its own; stopped before the load.
+        let (service, ports) =
+            start_service_with(&service_bin, &service_cpu, &dir, redis_port, "tables").await?;
+        let mut tables_rls = Rls::connect(
+            "redis-rl-envoy, RL_BUCKET_STORAGE=tables",
+            service,
+            ports.grpc,
+            redis_pid,
+        )
+        .await?;
+        tables_rls.redis_addr = module_rls.redis_addr.clone();
+        if let Some((growth, per_user)) = tables_rls.bytes_per_user(memory_users).await? {
+            memory_rows.push_str(&format!(
+                "| {} | {memory_users} | {growth:.0} | {per_user:.0} |\n",
+                tables_rls.label
+            ));
+        }
     }
     if let Some(why) = &limitador_skipped {
         memory_rows.push_str(&format!("| limitador-server | | | skipped: {why} |\n"));

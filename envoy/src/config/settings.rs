@@ -43,6 +43,17 @@ pub enum PostPaidCharges {
     Never,
 }
 
+/// Where each descriptor's bucket is kept (`RL_BUCKET_STORAGE`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BucketStorage {
+    /// A key per bucket: the descriptor's key (RL.ACQUIRE.MULTI).
+    Keys,
+    /// A field of a bucket table (RL.HACQUIRE.MULTI): the descriptor's key is the field, in
+    /// the table `<prefix>buckets:{i}`, `i` derived from the field among
+    /// `RL_TABLE_SHARDS` tables so the buckets spread over a cluster's slots.
+    Tables,
+}
+
 /// Every setting the service reads.
 #[derive(Clone, Debug)]
 pub struct Settings {
@@ -71,6 +82,10 @@ pub struct Settings {
     pub global_quota_mode: bool,
     /// POST_PAID_CHARGES: which plain limits take a charge past what is left.
     pub post_paid_charges: PostPaidCharges,
+    /// RL_BUCKET_STORAGE: a key per bucket, or fields of bucket tables.
+    pub bucket_storage: BucketStorage,
+    /// RL_TABLE_SHARDS: how many tables the buckets spread over (tables storage).
+    pub table_shards: u32,
     /// RL_MAX_CLIENT_STATS_KEYS: at most this many distinct stats keys carry a request's
     /// value (`detailed_metric`, `value_to_metric`, Envoy's limit override); a new one past
     /// it is counted under the config's own key (the values dropped) and in
@@ -209,6 +224,30 @@ impl Settings {
                 ))
             }
         };
+        let bucket_storage = match text("RL_BUCKET_STORAGE", "keys")
+            .to_ascii_lowercase()
+            .as_str()
+        {
+            "keys" => BucketStorage::Keys,
+            "tables" => BucketStorage::Tables,
+            other => {
+                return Err(format!(
+                    "RL_BUCKET_STORAGE must be keys or tables, not {other:?}"
+                ))
+            }
+        };
+        let table_shards = u32::try_from(number("RL_TABLE_SHARDS", 256, 16_384)?)
+            .ok()
+            .filter(|n| *n >= 1)
+            .ok_or("RL_TABLE_SHARDS must be a whole number from 1 to 16384")?;
+        if bucket_storage == BucketStorage::Tables
+            && text("CACHE_KEY_PREFIX", "").contains(['{', '}'])
+        {
+            // The shard index is the tables' hash tag; a brace before it would replace it.
+            return Err(
+                "CACHE_KEY_PREFIX must not contain { or } with RL_BUCKET_STORAGE=tables".into(),
+            );
+        }
         let near_limit_ratio = match var("NEAR_LIMIT_RATIO") {
             None => 0.8,
             Some(v) => v
@@ -292,6 +331,8 @@ impl Settings {
             shadow_mode: flag("SHADOW_MODE", false)?,
             global_quota_mode: flag("GLOBAL_QUOTA_MODE", false)?,
             post_paid_charges,
+            bucket_storage,
+            table_shards,
             max_client_stats_keys: usize::try_from(number(
                 "RL_MAX_CLIENT_STATS_KEYS",
                 10_000,
@@ -402,6 +443,37 @@ mod tests {
         );
         let e = mode(&[("POST_PAID_CHARGES", "yes")]).unwrap_err();
         assert!(e.starts_with("POST_PAID_CHARGES must be"), "{e}");
+    }
+
+    #[test]
+    fn bucket_storage_is_keys_by_default_or_tables_and_bad_values_are_named() {
+        let storage =
+            |pairs: &[(&str, &str)]| with(pairs).map(|s| (s.bucket_storage, s.table_shards));
+        assert_eq!(storage(&[]), Ok((BucketStorage::Keys, 256)));
+        assert_eq!(
+            storage(&[("RL_BUCKET_STORAGE", "Tables"), ("RL_TABLE_SHARDS", "16")]),
+            Ok((BucketStorage::Tables, 16))
+        );
+        for (pairs, want) in [
+            (
+                &[("RL_BUCKET_STORAGE", "hash")][..],
+                "RL_BUCKET_STORAGE must be",
+            ),
+            (&[("RL_TABLE_SHARDS", "0")][..], "RL_TABLE_SHARDS must be"),
+            (
+                &[("RL_TABLE_SHARDS", "16385")][..],
+                "RL_TABLE_SHARDS must be",
+            ),
+            (
+                &[("RL_BUCKET_STORAGE", "tables"), ("CACHE_KEY_PREFIX", "{x}")][..],
+                "CACHE_KEY_PREFIX must not contain",
+            ),
+        ] {
+            let e = storage(pairs).unwrap_err();
+            assert!(e.starts_with(want), "{pairs:?}: {e}");
+        }
+        // A hash tag in the prefix is fine for keys, which it may group on purpose.
+        assert!(storage(&[("CACHE_KEY_PREFIX", "{x}")]).is_ok());
     }
 
     #[test]

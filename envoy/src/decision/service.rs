@@ -28,7 +28,7 @@ use redis_rl_client::{Decision, Error as ClientError, Limit, SlotItem, SlotOutco
 use crate::config::rules::{bucket_limit, Config, Match, RateLimit, Unit};
 use crate::config::settings::{Policy, PostPaidCharges, Settings};
 use crate::decision::quota::{MetadataDescriptor, Verdict};
-use crate::redis::setup::Backend;
+use crate::redis::setup::{Backend, Tables};
 use crate::telemetry::metrics::Metrics;
 
 /// At most this many descriptors per request: Envoy sends one per rate-limit action list,
@@ -81,6 +81,8 @@ pub struct Service {
     client_stats_keys: std::sync::Mutex<std::collections::HashSet<String>>,
     /// The domains asked for that the config does not define, each warned about once.
     unknown_domains: crate::decision::unknown_domains::UnknownDomains,
+    /// `RL_BUCKET_STORAGE=tables`: the tables the buckets are fields of.
+    tables: Option<Tables>,
 }
 
 /// One descriptor after checking.
@@ -96,6 +98,8 @@ struct Limited {
     index: usize,
     found: Match,
     key: String,
+    /// With tables: the table key and fallback key of the field `key`.
+    in_table: Option<(String, String)>,
     limit: Limit,
     cost: u64,
     shadow: bool,
@@ -130,6 +134,7 @@ impl Service {
         settings: Arc<Settings>,
         metrics: Metrics,
     ) -> Self {
+        let tables = Tables::of(&settings);
         Service {
             config: RwLock::new(Arc::new(config)),
             backend,
@@ -138,6 +143,7 @@ impl Service {
             per_second: None,
             client_stats_keys: std::sync::Mutex::new(std::collections::HashSet::new()),
             unknown_domains: Default::default(),
+            tables,
         }
     }
 
@@ -351,9 +357,11 @@ impl Service {
                     PostPaidCharges::Never => false,
                     PostPaidCharges::Auto => cost != 1,
                 };
+            let in_table = self.tables.as_ref().map(|t| t.names(&key));
             let item = Limited {
                 index,
                 found: m,
+                in_table,
                 key,
                 limit,
                 cost,
@@ -417,7 +425,7 @@ impl Service {
             let cost = r.cost as f64;
             let source = self
                 .backend_for(r)
-                .refund(&r.key, &r.limit, cost)
+                .refund(self.tables.as_ref(), &r.key, &r.limit, cost)
                 .await
                 .map_err(|e| self.client_failure(e))?;
             // A refund Redis could not apply fails the call under `error` as a take does:
@@ -660,7 +668,7 @@ impl Service {
                         #[allow(clippy::cast_precision_loss)]
                         let cost = item.cost as f64;
                         let source = per_second
-                            .refund(&item.key, &item.limit, cost)
+                            .refund(self.tables.as_ref(), &item.key, &item.limit, cost)
                             .await
                             .map_err(|e| self.client_failure(e))?;
                         self.policy_check(source)?;
@@ -694,7 +702,12 @@ impl Service {
             .iter()
             .map(|it| {
                 #[allow(clippy::cast_precision_loss)]
-                let item = SlotItem::new(&it.key, it.limit, it.cost as f64);
+                let item = match &it.in_table {
+                    Some((table, fallback)) => {
+                        SlotItem::new(fallback, it.limit, it.cost as f64).in_table(table, &it.key)
+                    }
+                    None => SlotItem::new(&it.key, it.limit, it.cost as f64),
+                };
                 if it.shadow {
                     item.shadow()
                 } else {
@@ -730,7 +743,7 @@ impl Service {
         let cost = item.cost as f64;
         let c = self
             .backend_for(item)
-            .charge(&item.key, &item.limit, cost)
+            .charge(self.tables.as_ref(), &item.key, &item.limit, cost)
             .await
             .map_err(|e| self.client_failure(e))?;
         self.policy_check(c.source)?;
@@ -755,11 +768,11 @@ impl Service {
     async fn peek(&self, item: &Limited) -> Result<Outcome, Failure> {
         #[allow(clippy::cast_precision_loss)]
         let cost = item.cost as f64;
-        let d = match self.backend_for(item) {
-            Backend::Single(l) => l.peek(&item.key, &item.limit, cost).await,
-            Backend::Cluster(l) => l.peek(&item.key, &item.limit, cost).await,
-        }
-        .map_err(|e| self.client_failure(e))?;
+        let d = self
+            .backend_for(item)
+            .peek(self.tables.as_ref(), &item.key, &item.limit, cost)
+            .await
+            .map_err(|e| self.client_failure(e))?;
         self.policy_check(d.source)?;
         Ok(match (d.allowed, item.shadow) {
             (true, _) => Outcome::Peeked(d),

@@ -20,12 +20,12 @@ use redis::{
     RedisConnectionInfo, RedisFuture, RedisResult, TlsCertificates, TlsMode, Value,
 };
 use redis_rl_client::{
-    AsyncLimiter, Charged, Error as ClientError, Limit, OnError, Options, SlotItem, SlotsDecision,
-    Source, WithoutModule,
+    AsyncLimiter, Charged, Decision, Error as ClientError, Limit, OnError, Options, SlotItem,
+    SlotsDecision, Source, WithoutModule,
 };
 
 use crate::config::settings::redis_setup::RedisSetup;
-use crate::config::settings::{Policy, Settings};
+use crate::config::settings::{BucketStorage, Policy, Settings};
 use crate::redis::pool::Pool;
 
 /// The async limiter on one server (a pool of multiplexed connections) or on a cluster.
@@ -33,6 +33,35 @@ use crate::redis::pool::Pool;
 pub enum Backend {
     Single(AsyncLimiter<Pool<Link>>),
     Cluster(AsyncLimiter<redis::cluster_async::ClusterConnection>),
+}
+
+/// `RL_BUCKET_STORAGE=tables`: the buckets are fields of the tables `name:{i}`, `i` among
+/// `shards`, named as the client library's bucket tables name them (the field is the
+/// descriptor's key; its fallback key `name:{i}:field` is what the Lua path keeps).
+pub(crate) struct Tables {
+    pub(crate) name: String,
+    pub(crate) shards: u32,
+}
+
+impl Tables {
+    /// The tables of `settings`, or `None` when buckets are keys.
+    pub(crate) fn of(settings: &Settings) -> Option<Tables> {
+        (settings.bucket_storage == BucketStorage::Tables).then(|| Tables {
+            name: format!("{}buckets", settings.cache_key_prefix),
+            shards: settings.table_shards,
+        })
+    }
+
+    /// The table key and the fallback key of the field `key`.
+    pub(crate) fn names(&self, key: &str) -> (String, String) {
+        let table = format!(
+            "{}:{{{}}}",
+            self.name,
+            redis_rl_client::shard_of(key, self.shards)
+        );
+        let fallback = format!("{table}:{key}");
+        (table, fallback)
+    }
 }
 
 impl Backend {
@@ -49,26 +78,61 @@ impl Backend {
     /// Who applied the refund (`Closed` when Redis could not and the policy skipped it).
     pub(crate) async fn refund(
         &self,
+        tables: Option<&Tables>,
         key: &str,
         limit: &Limit,
         cost: f64,
     ) -> Result<Source, ClientError> {
-        match self {
-            Backend::Single(l) => l.refund(key, limit, cost).await.map(|r| r.source),
-            Backend::Cluster(l) => l.refund(key, limit, cost).await.map(|r| r.source),
+        match (self, tables) {
+            (Backend::Single(l), None) => l.refund(key, limit, cost).await,
+            (Backend::Cluster(l), None) => l.refund(key, limit, cost).await,
+            (Backend::Single(l), Some(t)) => {
+                l.table(&t.name, t.shards)?.refund(key, limit, cost).await
+            }
+            (Backend::Cluster(l), Some(t)) => {
+                l.table(&t.name, t.shards)?.refund(key, limit, cost).await
+            }
         }
+        .map(|r| r.source)
     }
 
     /// Charges `cost` post-paid: applied whatever the bucket holds, which may go into debt.
     pub(crate) async fn charge(
         &self,
+        tables: Option<&Tables>,
         key: &str,
         limit: &Limit,
         cost: f64,
     ) -> Result<Charged, ClientError> {
-        match self {
-            Backend::Single(l) => l.charge(key, limit, cost).await,
-            Backend::Cluster(l) => l.charge(key, limit, cost).await,
+        match (self, tables) {
+            (Backend::Single(l), None) => l.charge(key, limit, cost).await,
+            (Backend::Cluster(l), None) => l.charge(key, limit, cost).await,
+            (Backend::Single(l), Some(t)) => {
+                l.table(&t.name, t.shards)?.charge(key, limit, cost).await
+            }
+            (Backend::Cluster(l), Some(t)) => {
+                l.table(&t.name, t.shards)?.charge(key, limit, cost).await
+            }
+        }
+    }
+
+    /// What a take of `cost` would decide, taking nothing.
+    pub(crate) async fn peek(
+        &self,
+        tables: Option<&Tables>,
+        key: &str,
+        limit: &Limit,
+        cost: f64,
+    ) -> Result<Decision, ClientError> {
+        match (self, tables) {
+            (Backend::Single(l), None) => l.peek(key, limit, cost).await,
+            (Backend::Cluster(l), None) => l.peek(key, limit, cost).await,
+            (Backend::Single(l), Some(t)) => {
+                l.table(&t.name, t.shards)?.peek(key, limit, cost).await
+            }
+            (Backend::Cluster(l), Some(t)) => {
+                l.table(&t.name, t.shards)?.peek(key, limit, cost).await
+            }
         }
     }
 }

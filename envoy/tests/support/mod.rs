@@ -205,6 +205,11 @@ impl Service {
             .env("USE_PROMETHEUS", "true")
             .env("PROMETHEUS_ADDR", format!("127.0.0.1:{metrics_port}"))
             .env("LOG_LEVEL", "info");
+        // `RL_BUCKET_STORAGE=tables cargo test` runs these tests with the buckets in tables;
+        // a test's own setting still wins.
+        if let Ok(storage) = std::env::var("RL_BUCKET_STORAGE") {
+            command.env("RL_BUCKET_STORAGE", storage);
+        }
         for (k, v) in env {
             command.env(k, v);
         }

@@ -1112,9 +1112,15 @@ def lease_module_command(op, items):
         return ["RL.RENEW", key, _id_arg(p["id"]), str(p["ttl_ms"])]
     if op == "leases":
         return ["RL.LEASES", key, str(p["limit"])]
+    # A bucket table's field (redis_rl.table.TableField): RL.HRESERVE / RL.HSETTLE on its table
+    # key and field; on the fallbacks the field's own key is the string itself.
+    table = getattr(key, "table", None)
+    where = [key] if table is None else [table, key.field]
     if op == "reserve":
-        return ["RL.RESERVE", key, *bucket.args(), _number(p["estimate"]), str(p["ttl_ms"]), *given]
-    return ["RL.SETTLE", key, *bucket.args(), _id_arg(p["id"]), _number(p["actual"])]
+        return ["RL.RESERVE" if table is None else "RL.HRESERVE", *where, *bucket.args(),
+                _number(p["estimate"]), str(p["ttl_ms"]), *given]
+    return ["RL.SETTLE" if table is None else "RL.HSETTLE", *where, *bucket.args(), _id_arg(p["id"]),
+            _number(p["actual"])]
 
 
 def lease_script_args(op, items):
@@ -1146,8 +1152,8 @@ PERMISSIONS_DOC = "docs/clients.md#permissions"
 PATH_RULES = {
     "module": "+rl.acquire +rl.peek +rl.refund +rl.charge +rl.acquire.multi +rl.hacquire "
               "+rl.hpeek +rl.hrefund +rl.hcharge",
-    "functions": "+fcall +fcall_ro +time +hmget +hset +pexpireat +del",
-    "lua": "+evalsha +eval +time +hmget +hset +pexpireat +del",
+    "functions": "+fcall +fcall_ro +time +get +set +hmget +hset +pexpireat +del",
+    "lua": "+evalsha +eval +time +get +set +hmget +hset +pexpireat +del",
 }
 
 
@@ -1196,12 +1202,13 @@ def is_function_missing(error):
 
 
 #: What a function or script runs inside, by the call (clients/vectors/permissions.json).
-_INSIDE = {"decide": ("TIME, HMGET, HSET, PEXPIREAT or DEL", "+time +hmget +hset +pexpireat +del"),
+_INSIDE = {"decide": ("TIME, GET, SET, HMGET, HSET, PEXPIREAT or DEL",
+                       "+time +get +set +hmget +hset +pexpireat +del"),
            "leases": ("TIME, ZCOUNT, ZSCORE, ZRANGE, ZRANGEBYSCORE, ZREMRANGEBYSCORE, ZADD, ZREM "
                       "or PEXPIREAT", "+time +zcount +zscore +zrange +zrangebyscore "
                       "+zremrangebyscore +zadd +zrem +pexpireat"),
-           "reservations": ("TIME, HMGET, HGET, HGETALL, HSET, HDEL, PEXPIREAT or DEL",
-                            "+time +hmget +hset +pexpireat +del +hget +hgetall +hdel")}
+           "reservations": ("TIME, GET, SET, HMGET, HGET, HGETALL, HSET, HDEL, PEXPIREAT or DEL",
+                            "+time +get +set +hmget +hset +pexpireat +del +hget +hgetall +hdel")}
 
 
 def script_acl_failure(error, op=None):
@@ -1355,4 +1362,7 @@ def lease_params(op, limit=None, ttl_ms=None, lease_id=None, bucket=None, estima
             raise ValueError("actual must be a finite number >= 0 (tokens)") from None
     if op in ("release", "renew", "settle") or lease_id is not None:
         params["id"] = check_id(lease_id)
+    if op in ("lease", "reserve") and is_policy_id(lease_id):
+        # Its release or settle would be answered in process, never reaching the Redis lease.
+        raise ValueError('id must not start with "open:" or "local:" (the failure policy\'s ids)')
     return params

@@ -56,7 +56,11 @@
 --
 -- A reservation is recorded in its bucket's hash as the field "r:<id>" whose value is
 -- "Kq Kr D Tq Tr expires_at_us": what the reserve took (K over D, at the limit's T = Tq
--- Tr) and when the record lapses. At most 1000 are open per key. A settle gives back K_res -
+-- Tr) and when the record lapses. A bucket stored as a string (below) is turned into a hash
+-- by the reserve that writes its first record (DEL, then HSET of a, b, d and the record, and
+-- PEXPIREAT at the bucket's full instant, the expiry the string had moved to); a hash stays
+-- a hash, also once its last record is settled (every bucket call reads and writes it in
+-- place). At most 1000 are open per key. A settle gives back K_res -
 -- K_actual (capped at the capacity, as a refund; a bucket left full is deleted, records and
 -- all, as the module deletes it) or charges K_actual - K_res (as a charge, into debt, with its
 -- bound and error: the record then stays open), and removes the record in the same call, so
@@ -107,19 +111,37 @@
 -- the way that makes the script stricter (cost x T up, the slack and the capacity's refill
 -- down) by less than 1/D µs per call. It is never more lenient than the module.
 --
--- A bucket is a hash {a = q, b = r, d = D}: the instant (q + r/D µs since the epoch) when it
--- is full, with an absolute expiry (PEXPIREAT) at that instant rounded up to the millisecond.
--- A missing key is a full bucket. Denials, peeks and cost 0 write nothing.
+-- A bucket is a string "rl:q:r:D": the instant (q + r/D µs since the epoch) when it is full,
+-- each number in plain digits, written with one SET that also sets the key's absolute expiry
+-- (PXAT) at that instant rounded up to the millisecond. A hash {a = q, b = r, d = D}, the form
+-- earlier versions wrote and the form of a bucket holding reservation records (fields "r:",
+-- above), is still read (load_hash) and written back as a hash (store_hash), so a hash's
+-- fields beside a, b and d (its records) stay; it expires as the string does. Any other value
+-- is WRONGTYPE. A missing key is a full bucket. Denials, peeks and cost 0 write nothing. A
+-- refund or settle that leaves the bucket full deletes the key (DEL), open records and all,
+-- as the module deletes a full bucket with its reservations (their tokens are all back by
+-- then). The commands it runs: TIME, GET, SET, and for a hash HMGET, HSET, PEXPIREAT; DEL for
+-- a refund or settle that fills the bucket and for a string turned into a hash; HGET,
+-- HGETALL, HDEL for the records. A bucket is read with GET under redis.pcall: on a hash GET
+-- answers WRONGTYPE, which the script takes as "read it as a hash" (HMGET). Each such read
+-- still counts as a failed GET in INFO (cmdstat_get failed_calls, errorstat_WRONGTYPE):
+-- once on the general path, twice for a one-key acquire or peek (the fast path's GET, then
+-- the general path's). No cheaper check exists: TYPE would cost every string bucket, the
+-- common case, a second command.
 --
 -- What makes it fast: a one-key acquire or peek, the call an application makes all the time,
 -- takes a short path at the top of `run` that makes no functions of its own (EVALSHA runs the
 -- script's body, and so makes its functions, on every call; the general path's are made only
--- for a call that needs them), converts each number once (tonumber converts a string twice, `s + 0` once; the
--- Functions library also keeps the numbers it has read by their text), compares the stored
--- denominator as text, counts tokens with one float division settled by exact comparisons,
--- writes only the fields that changed, and hands redis.call numbers instead of formatting
--- them. Every other call, and any case that path does not take as plain (a rate changed, a
--- peek in debt), goes to the general path, which decides as the exact bucket does.
+-- for a call that needs them), converts each number once (tonumber converts a string twice,
+-- `s + 0` once; the Functions library also keeps the numbers it has read by their text),
+-- reads the bucket with one GET and one string.match, compares the stored denominator as
+-- text, counts tokens with one float division settled by exact comparisons, and writes the
+-- value and its expiry in one SET whose texts string.format('%d') makes (Redis 7.0 prints a
+-- number passed to redis.call with '%.17g', several times the cost). Every other call, and
+-- any case that path does not take as plain (a hash, a rate changed, a peek in debt), goes
+-- to the general path, which decides as the exact bucket does. Per allowed call on random
+-- keys (callgrind, Redis 7.0.15) the script runs about 72,000 instructions at 10/s and 74,000
+-- at 3/s, the Functions library 64,700 and 65,000, the classic float script 59,000.
 
 if redis.replicate_commands and not redis.REDIS_VERSION_NUM then
   -- Redis < 7 replicates scripts verbatim unless told otherwise; 7+ (which has
@@ -171,11 +193,6 @@ local function numbers(a, off)
     a[off + 8] + 0, kr, a[off + 10] + 0
 end
 
--- A stored instant's two numbers, read once each (raises on one that is not a number).
-local function instant(q, r)
-  return q + 0, r == '0' and 0 or r + 0
-end
-
 -- One call: `mode` over `keys`, with the numbers in `args` after its first `off` entries.
 local function run(mode, keys, args, off)
   local t = redis.call('TIME')
@@ -194,18 +211,23 @@ local function run(mode, keys, args, off)
     if not ok or d % 1 + tq % 1 + tr % 1 + cq % 1 + cr % 1 + sq % 1 + sr % 1 + kq % 1
         + kr % 1 + cap % 1 ~= 0 or d < 1 or tq < 0 or tr < 0 or tr >= d
         or (tq == 0 and tr == 0) or cq < 0 or cr < 0 or cr >= d or sr < 0 or sr >= d
-        or kq < 0 or kr < 0 or kr >= d or cap < 0 then
+        or kq < 0 or kr < 0 or kr >= d or cap < 0 or d >= 2147483648 then
       break
     end
     local ds = args[off + 1]
-    local h = redis.call('HMGET', key, 'a', 'b', 'd')
-    local fq, fr = h[1], 0
+    -- A plain bucket is a string; a hash (an older bucket, or one holding more than the
+    -- bucket) answers an error here and goes to the general path.
+    local v = redis.pcall('GET', key)
+    local fq, fr = v, 0
     -- How far from full the bucket is: (dq, dr), 0 when missing or full.
     local dq, dr = 0, 0
-    if fq then
-      if h[3] ~= ds then break end
-      ok, fq, fr = pcall(instant, fq, h[2])
-      if not ok or fr < 0 or fr >= d then break end
+    if v then
+      if type(v) ~= 'string' then break end
+      local q, r, sd = string.match(v, '^rl:(%d+):(%d+):(%d+)$')
+      if sd ~= ds then break end
+      fq = q + 0
+      if r ~= '0' then fr = r + 0 end
+      if fq > 9007199254740991 or fr >= d then break end
       if fq > now or (fq == now and fr > 0) then dq, dr = fq - now, fr end
     end
     -- Milliseconds are ceil((q + r/D) / 1000), as (q - rest) / 1000, plus 1 if anything is
@@ -266,24 +288,13 @@ local function run(mode, keys, args, off)
     end
     if taken then
       local q = dq + now
-      -- A remainder below 10 goes as its digit, without formatting a number; an unchanged
-      -- remainder or denominator is not written again.
-      local b = dr
-      if dr == 0 then b = '0' elseif dr < 10 then b = string.char(48 + dr) end
-      if not fq then
-        -- The denominator as the general path writes it: its digits, no other form.
-        if not string.find(ds, '^[1-9]%d*$') then break end
-        redis.call('HSET', key, 'a', q, 'b', b, 'd', ds)
-      elseif dr == fr then
-        redis.call('HSET', key, 'a', q)
-      else
-        redis.call('HSET', key, 'a', q, 'b', b)
-      end
+      if q > 9007199254740991 then break end
       rest = q % 1000
       if rest < 0 then rest = rest + 1000 end
       local at = (q - rest) / 1000
       if rest > 0 or dr > 0 then at = at + 1 end
-      redis.call('PEXPIREAT', key, at)
+      -- The value and its expiry in one write; %d prints a whole double below 2^53 exactly.
+      redis.call('SET', key, string.format('rl:%d:%d:%d', q, dr, d), 'PXAT', string.format('%d', at))
     end
     rest = dq % 1000
     if rest < 0 then rest = rest + 1000 end
@@ -366,11 +377,47 @@ local function run(mode, keys, args, off)
                 cfloor = tonumber(a[base + 10])}
       end
 
-      -- The stored instant of key, as {q, r} over lim.d, or nil for a missing key.
-      local function load(key, lim)
+      -- The bucket's three texts (q, r, D) in a hash's fields a, b and d, or nil when the hash
+      -- has no field a. The hash form: a bucket written before the string form, or one whose
+      -- hash holds more than the bucket (those fields stay; see store_hash).
+      local function load_hash(key)
         local h = redis.call('HMGET', key, 'a', 'b', 'd')
         if not h[1] then return nil end
-        local q, r, d = tonumber(h[1]), tonumber(h[2]), tonumber(h[3])
+        return h[1], h[2], h[3]
+      end
+
+      -- The bucket's three texts from a string "rl:q:r:D", with false for a missing key, nil
+      -- for another string, or nil and true when the key is not a string (a hash: read it with
+      -- load_hash).
+      local function load_string(key)
+        local v = redis.pcall('GET', key)
+        if type(v) == 'table' then return nil, true end
+        if not v then return false end
+        return string.match(v, '^rl:(%d+):(%d+):(%d+)$')
+      end
+
+      -- The stored instant of key, as {q, r, hash = whether a hash holds it} over lim.d, or nil
+      -- for a missing key, then whether the key is a hash. A hash without the bucket's field a
+      -- is someone else's (this script writes a, b and d with every record): WRONGTYPE, as the
+      -- module answers, and nothing written over it.
+      local function load(key, lim)
+        local q, r, d = load_string(key)
+        local hash = r == true
+        if q == false then return nil, false end
+        if q == nil and not hash then
+          -- Someone else's string: the server's own WRONGTYPE, raised by HMGET as it raised it
+          -- before the string form (the module answers the same error; a raised error carries
+          -- the script's name, which the libraries show). Nothing is written before this.
+          redis.call('HMGET', key, 'a')
+          return redis.error_reply('WRONGTYPE Operation against a key holding the wrong kind of value')
+        end
+        if hash then
+          q, r, d = load_hash(key)
+          if q == nil then
+            return redis.error_reply('WRONGTYPE Operation against a key holding the wrong kind of value')
+          end
+        end
+        q, r, d = tonumber(q), tonumber(r), tonumber(d)
         if q == nil or r == nil or d == nil or d < 1 or r < 0 or r >= d then
           return redis.error_reply('ERR redis-rl script: ' .. key .. ' holds no bucket state')
         end
@@ -381,7 +428,7 @@ local function run(mode, keys, args, off)
           if nr >= lim.d then q = q + 1; nr = nr - lim.d end
           r = nr
         end
-        return {q, r}
+        return {q, r, hash = hash}, hash
       end
 
       -- How far from full the bucket is at now: {q, r}, {0, 0} when full.
@@ -464,9 +511,27 @@ local function run(mode, keys, args, off)
         return {1, remaining_of(lim, ndq, ndr), 0, ceil_ms(ndq, ndr)}, new
       end
 
-      local function store(key, lim, full)
+      -- Writes the bucket as a hash's fields a, b and d, leaving its other fields.
+      local function store_hash(key, lim, full)
         redis.call('HSET', key, 'a', int(full[1]), 'b', int(full[2]), 'd', int(lim.d))
         redis.call('PEXPIREAT', key, int(ceil_ms(full[1], full[2])))
+      end
+
+      -- Writes the bucket as the string "rl:q:r:D" with its expiry, in one SET.
+      local function store_string(key, lim, full)
+        redis.call('SET', key, 'rl:' .. int(full[1]) .. ':' .. int(full[2]) .. ':' .. int(lim.d),
+          'PXAT', int(ceil_ms(full[1], full[2])))
+      end
+
+      -- Writes `full` in the form `old` (what load read) had: a hash stays a hash (an older
+      -- bucket until it expires, or one whose hash holds more than the bucket), anything else
+      -- becomes the string.
+      local function store(key, lim, full, old)
+        if old and old.hash then
+          store_hash(key, lim, full)
+        else
+          store_string(key, lim, full)
+        end
       end
 
       -- The charge's bound: full again within 100 years of now (3153600000 s, in us), and an
@@ -586,11 +651,14 @@ local function run(mode, keys, args, off)
 
       -- Reservations (RL.RESERVE, RL.SETTLE): records in the bucket's hash, beside its state,
       -- as fields "r:<id>" = "Kq Kr D Tq Tr expires_at_us" (see the header). These helpers are
-      -- the only code that reads or writes them.
+      -- the only code that reads or writes them, and only on a hash: a string bucket (or a
+      -- missing key) holds no record, and becomes a hash when its first record is written.
       local MAX_RESERVATIONS = 1000
 
-      -- A record's numbers, or nil when it is missing, unreadable or lapsed (now >= expiry).
-      local function record_of(key, id)
+      -- A record's numbers, or nil when it is missing, unreadable or lapsed (now >= expiry), or
+      -- the key is not a hash (`hash` as load answered it).
+      local function record_of(key, hash, id)
+        if not hash then return nil end
         local text = redis.call('HGET', key, 'r:' .. id)
         if not text then return nil end
         local kq, kr, d, tq, tr, at = string.match(text, '^(%d+) (%d+) (%d+) (%d+) (%d+) (%d+)$')
@@ -599,8 +667,9 @@ local function run(mode, keys, args, off)
                 tr = tonumber(tr)}
       end
 
-      -- The key's open records' count, and the fields of the lapsed ones.
-      local function records_scan(key)
+      -- The key's open records' count, and the fields of the lapsed ones (none but in a hash).
+      local function records_scan(key, hash)
+        if not hash then return 0, {} end
         local all = redis.call('HGETALL', key)
         local open, lapsed = 0, {}
         for i = 1, #all, 2 do
@@ -643,9 +712,9 @@ local function run(mode, keys, args, off)
           if not ttl then return redis.error_reply(ERR_TTL) end
           local id = a[off + 12]
           if not valid_id(id) then return redis.error_reply(ERR_ID) end
-          local full = load(key, lim)
+          local full, hash = load(key, lim)
           if full and full.err then return full end
-          if record_of(key, id) then
+          if record_of(key, hash, id) then
             -- A retry of an open reservation: the bucket as it is, nothing taken (a peek of
             -- 0 tokens, as the module answers it, denied only while in debt).
             local zero = {d = lim.d, tq = lim.tq, tr = lim.tr, cq = lim.cq, cr = lim.cr,
@@ -654,13 +723,17 @@ local function run(mode, keys, args, off)
             if reply[1] == 1 then return {1, id, reply[2], 0} end
             return {0, '', reply[2], reply[3]}
           end
-          local open, lapsed = records_scan(key)
+          local open, lapsed = records_scan(key, hash)
           if open >= MAX_RESERVATIONS then
             return redis.error_reply('ERR a key holds at most 1000 open reservations, each id once')
           end
           local reply, new = decide(lim, full, true)
           if reply[1] == 0 or not new then return {0, '', reply[2], reply[3]} end
-          store(key, lim, new)
+          -- The record goes beside the bucket's fields in its hash: a string bucket is replaced
+          -- by the hash (DEL, then HSET of a, b and d), and store_hash sets the key's absolute
+          -- expiry, the new full instant, as the string carried it.
+          if not hash and full then redis.call('DEL', key) end
+          store_hash(key, lim, new)
           records_drop(key, lapsed)
           redis.call('HSET', key, 'r:' .. id, int(lim.kq) .. ' ' .. int(lim.kr) .. ' ' .. int(lim.d)
             .. ' ' .. int(lim.tq) .. ' ' .. int(lim.tr) .. ' ' .. int(now_q + ttl * 1000))
@@ -669,13 +742,15 @@ local function run(mode, keys, args, off)
         -- settle
         local id = a[off + 11]
         if not valid_id(id) then return redis.error_reply(ERR_ID) end
-        local full = load(key, lim)
+        local full, hash = load(key, lim)
         if full and full.err then return full end
-        local rec = record_of(key, id)
+        local rec = record_of(key, hash, id)
         if not rec then return not_open(id) end
         local eq, er = rec.kq, rec.kr
         if rec.d ~= lim.d or rec.tq ~= lim.tq or rec.tr ~= lim.tr then eq, er = 0, 0 end
-        local _, gone = records_scan(key)
+        -- The key is a hash from here on (it holds the record), and stays one: a settle writes
+        -- the bucket back with store_hash, also when it removes the last record.
+        local _, gone = records_scan(key, hash)
         gone[#gone + 1] = 'r:' .. id
         local dq, dr = debt_of(full)
         local reply
@@ -691,7 +766,7 @@ local function run(mode, keys, args, off)
             reply = charged(lim, 0, 0)
           else
             local ndq, ndr = sub(dq, dr, bq, br, lim.d)
-            store(key, lim, {add(now_q, 0, ndq, ndr, lim.d)})
+            store_hash(key, lim, {add(now_q, 0, ndq, ndr, lim.d)})
             records_drop(key, gone)
             reply = charged(lim, ndq, ndr)
           end
@@ -705,7 +780,7 @@ local function run(mode, keys, args, off)
           if not less_eq(ndq, ndr, MAX_DEBT_US, 0) or nq >= MAX_INSTANT_US then
             return redis.error_reply(ERR_DEBT)
           end
-          store(key, lim, {nq, nr})
+          store_hash(key, lim, {nq, nr})
           records_drop(key, gone)
           reply = charged(lim, ndq, ndr)
         end
@@ -736,7 +811,7 @@ local function run(mode, keys, args, off)
             if lim.kq == 0 and lim.kr == 0 then return {remaining_of(lim, dq, dr), ceil_ms(dq, dr)} end
             local ndq, ndr = sub(dq, dr, lim.kq, lim.kr, lim.d)
             local nq, nr = add(now_q, 0, ndq, ndr, lim.d)
-            store(key, lim, {nq, nr})
+            store(key, lim, {nq, nr}, full)
             return {remaining_of(lim, ndq, ndr), ceil_ms(ndq, ndr)}
           end
           if mode == 'charge' then
@@ -749,11 +824,11 @@ local function run(mode, keys, args, off)
             if not less_eq(ndq, ndr, MAX_DEBT_US, 0) or nq >= MAX_INSTANT_US then
               return redis.error_reply(ERR_DEBT)
             end
-            store(key, lim, {nq, nr})
+            store(key, lim, {nq, nr}, full)
             return charged(lim, ndq, ndr)
           end
           local reply, new = decide(lim, full, mode == 'acquire')
-          if new then store(key, lim, new) end
+          if new then store(key, lim, new, full) end
           return reply
         elseif mode == 'multi' then
           if #keys < 1 then return redis.error_reply('ERR redis-rl script: multi takes at least one key') end
@@ -767,7 +842,7 @@ local function run(mode, keys, args, off)
             if pending[key] == nil then
               local full = load(key, lim)
               if full and full.err then return full end
-              pending[key] = {full = full, lim = lim, changed = false}
+              pending[key] = {full = full, old = full, lim = lim, changed = false}
               order[#order + 1] = key
             end
             local p = pending[key]
@@ -790,7 +865,7 @@ local function run(mode, keys, args, off)
           if refused >= 0 then return {0, refused, retry, replies} end
           for _, key in ipairs(order) do
             local p = pending[key]
-            if p.changed then store(key, p.lim, p.full) end
+            if p.changed then store(key, p.lim, p.full, p.old) end
           end
           return {1, -1, 0, replies}
         elseif mode == 'lease' or mode == 'release' or mode == 'renew' or mode == 'leases' then

@@ -4,9 +4,9 @@
 whose buckets are named by fields; `limiter.table(name, expected_buckets=N)` picks S itself,
 `shards_for(N)`, so that no table holds more than `MAX_BUCKETS_PER_TABLE` buckets. A field lives in the table `name:{i}` with
 i = `shard_of(field, S)`, so one limit's fields spread over S keys, each in the slot of its
-hash tag `{i}`. With the module, the calls are RL.HACQUIRE, RL.HPEEK, RL.HREFUND, RL.HDEL and
-RL.HLEN on those keys. Without it, the shipped Lua script keeps one key per field,
-`name:{i}:field`: the same hash tag, so in a cluster a shard's fallback keys share its slot.
+hash tag `{i}`. With the module, the calls are RL.HACQUIRE, RL.HPEEK, RL.HREFUND, RL.HCHARGE,
+RL.HRESERVE, RL.HSETTLE, RL.HDEL and RL.HLEN on those keys. Without it, the shipped Lua script
+keeps one key per field, `name:{i}:field`: the same hash tag, so in a cluster a shard's fallback keys share its slot.
 
 The decisions go through the limiter that made the table, with its engine: the same failure
 policy, the same deny cache (a table's field is known by its fallback key) and the same module
@@ -189,8 +189,8 @@ class _TableBase:
 class Table(_TableBase):
     """A limit's buckets named by field, over `shards` tables (see the module docstring).
 
-    `acquire`, `peek`, `charge` and `refund` take and reply as the limiter's methods of the same names,
-    with a field for the key. `delete(*fields)` resets buckets and returns how many were live
+    `acquire`, `peek`, `charge`, `refund`, `reserve` and `settle` take and reply as the
+    limiter's methods of the same names, with a field for the key. `delete(*fields)` resets buckets and returns how many were live
     (not full); `len()` counts the live buckets over all the shards. Those two are not
     decisions: when Redis cannot answer they raise, whatever the failure policy.
     """
@@ -211,6 +211,17 @@ class Table(_TableBase):
     def refund(self, field: str, limit: Any, cost: Any = 1) -> Any:
         """Gives `cost` tokens back to the bucket `field` and clears its deny-cache entry."""
         return self._limiter.refund(self.bucket(field), limit, cost)
+
+    def reserve(self, field: str, limit: Any, estimate: Any, ttl_ms: int, id: Any = None) -> Any:
+        """Takes `estimate` tokens from the bucket `field` now and records the take for
+        `ttl_ms` (RL.HRESERVE; on the fallbacks the reserve of the field's own key); returns
+        a Reservation whose `settle(actual)` settles it on that bucket (RL.HSETTLE)."""
+        return self._limiter.reserve(self.bucket(field), limit, estimate, ttl_ms, id=id)
+
+    def settle(self, field: str, limit: Any, id: Any, actual: Any) -> Any:
+        """Settles the reservation `id` of the bucket `field` by id (RL.HSETTLE); returns a
+        Charge, as `redis_rl.Limiter.settle`."""
+        return self._limiter.settle(self.bucket(field), limit, id, actual)
 
     def delete(self, *fields: str) -> int:
         """Resets the buckets of `fields` (full again); returns how many were live."""
@@ -257,6 +268,14 @@ class AsyncTable(_TableBase):
     async def refund(self, field, limit, cost=1):
         """Gives `cost` tokens back to the bucket `field` and clears its deny-cache entry."""
         return await self._limiter.refund(self.bucket(field), limit, cost)
+
+    async def reserve(self, field, limit, estimate, ttl_ms, id=None):
+        """As `Table.reserve`, awaited: an AsyncReservation (`await r.settle(actual)`)."""
+        return await self._limiter.reserve(self.bucket(field), limit, estimate, ttl_ms, id=id)
+
+    async def settle(self, field, limit, id, actual):
+        """As `Table.settle`, awaited."""
+        return await self._limiter.settle(self.bucket(field), limit, id, actual)
 
     async def delete(self, *fields):
         """Resets the buckets of `fields` (full again); returns how many were live."""

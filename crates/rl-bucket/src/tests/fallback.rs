@@ -81,6 +81,41 @@ fn parse_takes_only_what_the_fallback_writes() {
     }
 }
 
+#[test]
+fn parse_string_takes_only_the_fallbacks_string() {
+    type Row = (&'static [u8], Result<(u64, u64, u64), FallbackError>);
+    use FallbackError::{NotAnInteger, NotTheForm, OutOfRange};
+    let rows: &[Row] = &[
+        // What the script writes at 3/s and at 10/s.
+        (
+            b"rl:1700000000000000:1:3",
+            Ok((1_700_000_000_000_000, 1, 3)),
+        ),
+        (
+            b"rl:1700000000000000:0:1",
+            Ok((1_700_000_000_000_000, 0, 1)),
+        ),
+        // The fields' own rules, named as in the hash.
+        (b"rl:01:0:1", Err(NotAnInteger("a"))),
+        (b"rl:1:3:3", Err(OutOfRange("b"))),
+        (b"rl:1:0:0", Err(OutOfRange("d"))),
+        (b"rl:1::1", Err(NotAnInteger("b"))),
+        (b"rl:1:0:1 ", Err(NotAnInteger("d"))),
+        // Not the form: no prefix, another prefix, too few or too many fields.
+        (b"", Err(NotTheForm)),
+        (b"5", Err(NotTheForm)),
+        (b"1700000000000000:0:1", Err(NotTheForm)),
+        (b"RL:1:0:1", Err(NotTheForm)),
+        (b"rl:1:0", Err(NotTheForm)),
+        (b"rl:1:0:1:", Err(NotTheForm)),
+        (b"rl:1:0:1:2", Err(NotTheForm)),
+    ];
+    for &(value, want) in rows {
+        let got = FallbackState::parse_string(value).map(|s| (s.q_us(), s.r(), s.d()));
+        assert_eq!(got, want, "{:?}", String::from_utf8_lossy(value));
+    }
+}
+
 /// Bytes that are mostly digits, with anything else mixed in.
 fn texts() -> impl Strategy<Value = Vec<u8>> {
     let byte = prop_oneof![8 => b'0'..=b'9', 1 => any::<u8>()];
