@@ -4,14 +4,15 @@
 //!
 //! # Layout
 //!
-//! `settings` the environment; `config` the YAML and the descriptor lookup (pure);
-//! `service` one call, on redis-rl-client's async limiter; `grpc` the gRPC face; `redis_pool` the multiplexed
-//! connections and the cluster slot; `redis_setup` TLS, auth, Sentinel and start-up retries;
-//! `readiness` the health state both health faces read; `health` grpc.health.v1, /healthcheck
-//! and the gRPC transport; `http` /json and /metrics; `metrics` the
-//! Prometheus names; `stats` the statsd/dogstatsd sinks and the DEBUG_PORT pages; `config_watch` the filesystem notifications for the config; `xds` the
-//! config over xDS (`CONFIG_TYPE=GRPC_XDS_SOTW`). This file wires them: startup, reload (file change, SIGHUP) and drain
-//! (SIGTERM). The service never reaches around the client library to Redis.
+//! One folder per step of a request, each importing only the ones listed before it:
+//! `config` where limits and settings come from (`settings` and each part's settings in
+//! `config/settings/`, the YAML `rules` read through `yaml11`, the file `watch`, `xds`);
+//! `redis` the store (`setup`: TLS, auth, Sentinel, cluster, retries and the limiter on them;
+//! `pool` the multiplexed connections); `telemetry` (`metrics`, `stats`, `logging`);
+//! `decision` one call (`service`, `quota`, `inflight`, `unknown_domains`); `transport` the
+//! faces (`grpc`, `http`, `health`, `readiness`). This file wires them: startup, reload (file
+//! change, SIGHUP) and drain (SIGTERM). The service never reaches around the client library
+//! to Redis.
 
 mod config;
 mod decision;
@@ -245,7 +246,7 @@ async fn serve(settings: Arc<Settings>) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    // Health (`health.rs`): not serving until Redis answers a probe (and, when asked, a
+    // Health (`transport/health.rs`): not serving until Redis answers a probe (and, when asked, a
     // config with a domain has loaded), nor after SIGTERM.
     let readiness = Arc::new(Readiness::new(settings.health.need_config));
     readiness.config_loaded(config.domain_count());

@@ -113,7 +113,7 @@ pub struct Settings {
     pub timeout_ms: u64,
     /// RL_WORKER_THREADS: the runtime's threads; 0 means one per CPU the process may use.
     pub worker_threads: usize,
-    /// Health: health checks and the gRPC transport (see `health.rs`).
+    /// Health: health checks and the gRPC transport (see `config/settings/health.rs`).
     pub health: health::HealthSettings,
     // xds: CONFIG_TYPE=GRPC_XDS_SOTW and its CONFIG_GRPC_XDS_* (None for FILE).
     pub xds: Option<xds::XdsSettings>,

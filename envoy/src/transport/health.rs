@@ -1,7 +1,7 @@
-//! Health and the gRPC transport, on the settings of `config::settings::health`: the two health faces on [`Readiness`] (`GET /healthcheck`: 200 `OK`
-//! or 500, as the Go service; `grpc.health.v1.Health/Check` and `Watch`), the Redis probe
-//! that feeds it, and the gRPC server's builder (TLS, mTLS, connection age) and listener
-//! (TCP or a Unix socket).
+//! Health and the gRPC transport, on the settings of `config/settings/health.rs`: the two
+//! health faces on [`Readiness`] (`GET /healthcheck`: 200 `OK` or 500, as the Go service;
+//! `grpc.health.v1.Health/Check` and `Watch`), the Redis probe that feeds it, and the gRPC
+//! server's builder (TLS, mTLS, connection age) and listener (TCP or a Unix socket).
 
 use std::sync::Arc;
 use std::time::Duration;
