@@ -346,7 +346,7 @@ async fn serve(settings: Arc<Settings>) -> ExitCode {
     // Reload on a file change (a filesystem notification, or the poll each second as the
     // fallback) and on SIGHUP; drain and stop on SIGTERM or SIGINT.
     let watcher = if let Some(updates) = xds_updates.take() {
-        tokio::spawn(xds::apply(service.clone(), readiness.clone(), updates))
+        tokio::spawn(apply_xds(service.clone(), readiness.clone(), updates))
     } else {
         let service = service.clone();
         let readiness = readiness.clone();
@@ -461,8 +461,11 @@ async fn stats_debug(settings: &Settings, service: &Arc<Service>, stop: watch::R
     let addr = stats::debug_bind(&settings.stats);
     match tokio::net::TcpListener::bind(&addr).await {
         Ok(listener) => {
-            let page = axum::serve(listener, stats::debug_router(service.clone()))
-                .with_graceful_shutdown(shutdown_signal(stop));
+            let page = axum::serve(
+                listener,
+                crate::transport::debug::debug_router(service.clone()),
+            )
+            .with_graceful_shutdown(shutdown_signal(stop));
             tokio::spawn(async move {
                 if let Err(e) = page.await {
                     tracing::error!("debug server: {e}");
@@ -487,4 +490,44 @@ fn tokio_stream_incoming(
             }
         })
     })
+}
+
+/// Applies each update to `service` (the swap is one pointer store: a call sees the old
+/// config or the new one, never a mix), tells `readiness` (as a file reload does) and counts
+/// it in the config-load metrics.
+async fn apply_xds(
+    service: Arc<Service>,
+    readiness: Arc<Readiness>,
+    mut updates: tokio::sync::mpsc::Receiver<xds::Update>,
+) {
+    // The file watcher owns SIGHUP otherwise; over xDS there is nothing to re-read, and the
+    // signal's default action would end the process.
+    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+    loop {
+        let hangup = async {
+            match hup.as_mut() {
+                Some(s) => {
+                    s.recv().await;
+                }
+                None => std::future::pending::<()>().await,
+            }
+        };
+        tokio::select! {
+            _ = hangup => tracing::warn!("SIGHUP: the config comes over xDS; nothing to reload"),
+            update = updates.recv() => {
+                let Some(update) = update else { return };
+                match update.config {
+                    Ok(config) => {
+                        service.metrics.config_load_success.inc();
+                        // As a file reload does: HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED
+                        // counts a pushed config too.
+                        readiness.config_loaded(config.domain_count());
+                        service.replace_config(config);
+                    }
+                    Err(_) => service.metrics.config_load_error.inc(),
+                }
+                let _ = update.applied.send(());
+            }
+        }
+    }
 }

@@ -11,7 +11,6 @@
 //! and the last good config stays. `main` swaps each good one in with
 //! `Service::replace_config`, as the file watcher does.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
@@ -27,7 +26,6 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::config::rules::{Config, ConfigError};
 use crate::config::settings::xds::XdsSettings;
-use crate::decision::service::Service;
 
 /// The one resource type this client subscribes to.
 pub const TYPE_URL: &str = "type.googleapis.com/ratelimit.config.ratelimit.v3.RateLimitConfig";
@@ -182,46 +180,6 @@ pub async fn start(
             // The service is built on it before it listens.
             Ok(config) => return Some((config, refused, rx)),
             Err(_) => refused = refused.saturating_add(1),
-        }
-    }
-}
-
-/// Applies each update to `service` (the swap is one pointer store: a call sees the old
-/// config or the new one, never a mix), tells `readiness` (as a file reload does) and counts
-/// it in the config-load metrics.
-pub async fn apply(
-    service: Arc<Service>,
-    readiness: Arc<crate::transport::readiness::Readiness>,
-    mut updates: mpsc::Receiver<Update>,
-) {
-    // The file watcher owns SIGHUP otherwise; over xDS there is nothing to re-read, and the
-    // signal's default action would end the process.
-    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
-    loop {
-        let hangup = async {
-            match hup.as_mut() {
-                Some(s) => {
-                    s.recv().await;
-                }
-                None => std::future::pending::<()>().await,
-            }
-        };
-        tokio::select! {
-            _ = hangup => tracing::warn!("SIGHUP: the config comes over xDS; nothing to reload"),
-            update = updates.recv() => {
-                let Some(update) = update else { return };
-                match update.config {
-                    Ok(config) => {
-                        service.metrics.config_load_success.inc();
-                        // As a file reload does: HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED
-                        // counts a pushed config too.
-                        readiness.config_loaded(config.domain_count());
-                        service.replace_config(config);
-                    }
-                    Err(_) => service.metrics.config_load_error.inc(),
-                }
-                let _ = update.applied.send(());
-            }
         }
     }
 }

@@ -1,25 +1,20 @@
 //! The peer's observability, as its users read it: the statsd and dogstatsd sinks
 //! (`USE_STATSD`, `USE_DOG_STATSD`, `STATSD_*`, `EXTRA_TAGS`, `STATS_FLUSH_INTERVAL`,
 //! `DISABLE_STATS`) under envoyproxy/ratelimit's stat names, the cleaning of those names
-//! (its `SanitizeStatName`, gostats's tag values), and the `DEBUG_PORT` pages (`/`,
-//! `/rlconfig`, `/stats`).
+//! (its `SanitizeStatName`, gostats's tag values), and the `DEBUG_PORT` pages' text (`/`,
+//! `/rlconfig`, `/stats`; `transport/debug.rs` serves them).
 //!
 //! One set of counters: the sinks read the Prometheus registry of `metrics.rs` and send what
 //! each counter gained since the last flush, as gostats does; the response times are the
 //! one thing kept apart ([`Timings`]), since a statsd timer is one line per call.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::State;
-use axum::routing::get;
-use axum::Router;
 use tokio::io::AsyncWriteExt;
 
 use crate::config::rules::Config;
 use crate::config::settings::stats::{Sink, StatsSettings};
-use crate::decision::service::Service;
 use crate::telemetry::metrics::Metrics;
 
 /// gostats's UDP datagram bound: no fragmentation on a 1500-byte MTU.
@@ -328,36 +323,13 @@ pub fn dump_stats(metrics: &Metrics) -> String {
         .collect()
 }
 
-const DEBUG_ENDPOINTS: &[(&str, &str)] = &[
+pub const DEBUG_ENDPOINTS: &[(&str, &str)] = &[
     (
         "/rlconfig",
         "print out the currently loaded configuration for debugging",
     ),
     ("/stats", "print out stats"),
 ];
-
-/// The debug listener's pages: `/` lists them, `/rlconfig`, `/stats`.
-pub fn debug_router(service: Arc<Service>) -> Router {
-    Router::new()
-        .route(
-            "/",
-            get(|| async {
-                DEBUG_ENDPOINTS
-                    .iter()
-                    .map(|(path, help)| format!("{path}: {help}\n"))
-                    .collect::<String>()
-            }),
-        )
-        .route(
-            "/rlconfig",
-            get(|State(s): State<Arc<Service>>| async move { dump_config(&s.config()) }),
-        )
-        .route(
-            "/stats",
-            get(|State(s): State<Arc<Service>>| async move { dump_stats(&s.metrics) }),
-        )
-        .with_state(service)
-}
 
 /// `host:port` of the debug listener (an IPv6 host in brackets).
 pub fn debug_bind(settings: &StatsSettings) -> String {
