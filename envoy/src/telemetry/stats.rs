@@ -1,8 +1,8 @@
 //! The peer's observability, as its users read it: the statsd and dogstatsd sinks
 //! (`USE_STATSD`, `USE_DOG_STATSD`, `STATSD_*`, `EXTRA_TAGS`, `STATS_FLUSH_INTERVAL`,
-//! `DISABLE_STATS`) under envoyproxy/ratelimit's stat names, the cleaning of those names
-//! (its `SanitizeStatName`, gostats's tag values), and the `DEBUG_PORT` pages' text (`/`,
-//! `/rlconfig`, `/stats`; `transport/debug.rs` serves them).
+//! `DISABLE_STATS`) under envoyproxy/ratelimit's stat names (cleaned by `names.rs`), and
+//! the text of the `DEBUG_PORT` pages (`/`, `/rlconfig`, `/stats`; `transport/debug.rs`
+//! serves them).
 //!
 //! One set of counters: the sinks read the Prometheus registry of `metrics.rs` and send what
 //! each counter gained since the last flush, as gostats does; the response times are the
