@@ -4,33 +4,21 @@
 //!
 //! # Layout
 //!
-//! `settings` the environment; `config` the YAML and the descriptor lookup (pure);
-//! `service` one call, on redis-rl-client's async limiter; `grpc` the gRPC face; `redis_pool` the multiplexed
-//! connections and the cluster slot; `redis_setup` TLS, auth, Sentinel and start-up retries;
-//! `readiness` the health state both health faces read; `health` grpc.health.v1, /healthcheck
-//! and the gRPC transport; `http` /json and /metrics; `metrics` the
-//! Prometheus names; `stats` the statsd/dogstatsd sinks and the DEBUG_PORT pages; `config_watch` the filesystem notifications for the config; `xds` the
-//! config over xDS (`CONFIG_TYPE=GRPC_XDS_SOTW`). This file wires them: startup, reload (file change, SIGHUP) and drain
-//! (SIGTERM). The service never reaches around the client library to Redis.
+//! One folder per step of a request, each importing only the ones listed before it:
+//! `config` where limits and settings come from (`settings` and each part's settings in
+//! `config/settings/`, the YAML `rules` read through `yaml11`, the file `watch`, `xds`);
+//! `redis` the store (`setup`: TLS, auth, Sentinel, cluster, retries and the limiter on them;
+//! `pool` the multiplexed connections); `telemetry` (`metrics`, `stats`, `logging`);
+//! `decision` one call (`service`, `quota`, `inflight`, `unknown_domains`); `transport` the
+//! faces (`grpc`, `http`, `health`, `readiness`). This file wires them: startup, reload (file
+//! change, SIGHUP) and drain (SIGTERM). The service never reaches around the client library
+//! to Redis.
 
 mod config;
-mod config_watch;
-mod grpc;
-mod health;
-mod http;
-mod inflight;
-mod logging;
-mod metrics;
-mod quota;
-mod readiness;
-mod redis_pool;
-mod redis_setup;
-mod service;
-mod settings;
-mod stats;
-mod unknown_domains;
-mod xds;
-mod yaml11;
+mod decision;
+mod redis;
+mod telemetry;
+mod transport;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -39,11 +27,15 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
-use crate::config::{Config, Source};
-use crate::metrics::Metrics;
-use crate::readiness::Readiness;
-use crate::service::Service;
-use crate::settings::Settings;
+use crate::config::rules::{Config, Source};
+use crate::config::settings::Settings;
+use crate::config::{settings, watch as config_watch, xds};
+use crate::decision::service::Service;
+use crate::redis::setup as redis_setup;
+use crate::telemetry::metrics::Metrics;
+use crate::telemetry::stats;
+use crate::transport::readiness::Readiness;
+use crate::transport::{grpc, health, http};
 
 // Every call allocates a few dozen small blocks (HTTP/2 frames, the protobuf, the Redis
 // reply); glibc's malloc and free were a tenth of the service's CPU in `perf` at 16 streams.
@@ -61,7 +53,7 @@ fn init_logging(settings: &Settings) {
     tracing_subscriber::fmt()
         .with_max_level(level)
         .with_writer(std::io::stderr)
-        .event_format(crate::logging::PeerFormat {
+        .event_format(crate::telemetry::logging::PeerFormat {
             json: settings.log_format == "json",
             on_error: settings.on_error,
         })
@@ -240,7 +232,7 @@ async fn serve(settings: Arc<Settings>) -> ExitCode {
         "loaded {} domain(s) from {}: {:?}",
         config.domain_count(),
         dir.display(),
-        config::summary(&config)
+        config::rules::summary(&config)
     );
     if settings.xds.is_none() {
         warn_if_no_rules(&settings, &dir, config.domain_count());
@@ -254,7 +246,7 @@ async fn serve(settings: Arc<Settings>) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    // Health (`health.rs`): not serving until Redis answers a probe (and, when asked, a
+    // Health (`transport/health.rs`): not serving until Redis answers a probe (and, when asked, a
     // config with a domain has loaded), nor after SIGTERM.
     let readiness = Arc::new(Readiness::new(settings.health.need_config));
     readiness.config_loaded(config.domain_count());
@@ -354,7 +346,7 @@ async fn serve(settings: Arc<Settings>) -> ExitCode {
     // Reload on a file change (a filesystem notification, or the poll each second as the
     // fallback) and on SIGHUP; drain and stop on SIGTERM or SIGINT.
     let watcher = if let Some(updates) = xds_updates.take() {
-        tokio::spawn(xds::apply(service.clone(), readiness.clone(), updates))
+        tokio::spawn(apply_xds(service.clone(), readiness.clone(), updates))
     } else {
         let service = service.clone();
         let readiness = readiness.clone();
@@ -469,8 +461,11 @@ async fn stats_debug(settings: &Settings, service: &Arc<Service>, stop: watch::R
     let addr = stats::debug_bind(&settings.stats);
     match tokio::net::TcpListener::bind(&addr).await {
         Ok(listener) => {
-            let page = axum::serve(listener, stats::debug_router(service.clone()))
-                .with_graceful_shutdown(shutdown_signal(stop));
+            let page = axum::serve(
+                listener,
+                crate::transport::debug::debug_router(service.clone()),
+            )
+            .with_graceful_shutdown(shutdown_signal(stop));
             tokio::spawn(async move {
                 if let Err(e) = page.await {
                     tracing::error!("debug server: {e}");
@@ -495,4 +490,44 @@ fn tokio_stream_incoming(
             }
         })
     })
+}
+
+/// Applies each update to `service` (the swap is one pointer store: a call sees the old
+/// config or the new one, never a mix), tells `readiness` (as a file reload does) and counts
+/// it in the config-load metrics.
+async fn apply_xds(
+    service: Arc<Service>,
+    readiness: Arc<Readiness>,
+    mut updates: tokio::sync::mpsc::Receiver<xds::Update>,
+) {
+    // The file watcher owns SIGHUP otherwise; over xDS there is nothing to re-read, and the
+    // signal's default action would end the process.
+    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+    loop {
+        let hangup = async {
+            match hup.as_mut() {
+                Some(s) => {
+                    s.recv().await;
+                }
+                None => std::future::pending::<()>().await,
+            }
+        };
+        tokio::select! {
+            _ = hangup => tracing::warn!("SIGHUP: the config comes over xDS; nothing to reload"),
+            update = updates.recv() => {
+                let Some(update) = update else { return };
+                match update.config {
+                    Ok(config) => {
+                        service.metrics.config_load_success.inc();
+                        // As a file reload does: HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED
+                        // counts a pushed config too.
+                        readiness.config_loaded(config.domain_count());
+                        service.replace_config(config);
+                    }
+                    Err(_) => service.metrics.config_load_error.inc(),
+                }
+                let _ = update.applied.send(());
+            }
+        }
+    }
 }

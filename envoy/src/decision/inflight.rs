@@ -27,9 +27,10 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimit
 use redis::Value;
 use sha2::{Digest, Sha256};
 
-use crate::config::{Concurrency, Match, Reserve};
-use crate::service::{duration, redis_key, Backend, Failure, Service};
-use crate::settings::Policy;
+use crate::config::rules::{Concurrency, Match, Reserve};
+use crate::config::settings::Policy;
+use crate::decision::service::{duration, redis_key, Failure, Service};
+use crate::redis::setup::Backend;
 
 /// The descriptor key of the start call's request id entry.
 pub const REQUEST_ID_KEY: &str = "request_id";
@@ -95,7 +96,7 @@ pub async fn decide(
     if !maybe {
         return Ok(None);
     }
-    let wanted = crate::service::check(request)?;
+    let wanted = crate::decision::service::check(request)?;
     let config = service.config();
     if !config.has_domain(&request.domain) {
         return Ok(None);
@@ -318,7 +319,7 @@ async fn start(
 fn shadow(service: &Service, t: &Tied, hits: u64) -> bool {
     let shadow = t.found.shadow_mode || service.settings.shadow_mode;
     if shadow {
-        let labels = crate::metrics::Metrics::labels(&t.domain, &t.found.stats_key);
+        let labels = crate::telemetry::metrics::Metrics::labels(&t.domain, &t.found.stats_key);
         service
             .metrics
             .shadow_mode
@@ -402,7 +403,7 @@ fn policy_allows(service: &Service, status: &mut DescriptorStatus) -> bool {
 
 /// The hit metrics of a start, under the descriptor's stats key as the plain path counts.
 fn count(service: &Service, t: &Tied, hits: u64, within: bool) {
-    let labels = crate::metrics::Metrics::labels(&t.domain, &t.found.stats_key);
+    let labels = crate::telemetry::metrics::Metrics::labels(&t.domain, &t.found.stats_key);
     service
         .metrics
         .total_hits

@@ -1,5 +1,5 @@
 //! envoyproxy/ratelimit's YAML config: which runtime files are read, the YAML read as its
-//! parser reads it ([`crate::yaml11`]), the same validation (each error names the file), and
+//! parser reads it ([`crate::config::yaml11`]), the same validation (each error names the file), and
 //! the same lookup of a descriptor's limit. Pure apart from reading the files: no Redis, no
 //! clock.
 //!
@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use redis_rl_client::Limit;
 
-use crate::yaml11::{Node, Resolved};
+use crate::config::yaml11::{Node, Resolved};
 
 /// The keys a config file may hold anywhere; any other is a misspelling and refused, as the
 /// Go service refuses it. `unit_multiplier`, `value_to_metric`, `share_threshold`,
@@ -155,7 +155,7 @@ pub struct RateLimit {
     /// `Err` (the client library's text) is answered per call, as the limit is used.
     pub bucket: Result<Limit, String>,
     /// `reserve`: a request that carries its request id reserves an estimate on this bucket,
-    /// and the call at the stream's end settles it with the usage (`crate::inflight`).
+    /// and the call at the stream's end settles it with the usage (`crate::decision::inflight`).
     pub reserve: Option<Reserve>,
 }
 
@@ -408,7 +408,7 @@ impl Config {
                 file: name.clone(),
                 problem,
             };
-            let root = crate::yaml11::parse(text)
+            let root = crate::config::yaml11::parse(text)
                 .map_err(|e| err(format!("error loading config file: {e}")))?;
             let empty = Node::Map(Vec::new());
             let root = match &root {
@@ -455,7 +455,7 @@ impl Config {
     }
 
     /// Every limit with its stats key, unit, `requests_per_unit` and `shadow_mode`, for the
-    /// `/rlconfig` debug page (`crate::stats`).
+    /// `/rlconfig` debug page (`crate::telemetry::stats`).
     pub fn limits(&self) -> Vec<(String, Unit, u32, bool)> {
         fn walk(level: &Level, out: &mut Vec<(String, Unit, u32, bool)>) {
             if let Some(l) = &level.limit {
@@ -944,7 +944,7 @@ fn ttl_field(map: &Node) -> Result<Option<u64>, String> {
         Some(Node::Scalar(s)) => {
             let ms = match s.resolve() {
                 Resolved::Int(n) => u64::try_from(n).ok().and_then(|n| n.checked_mul(1000)),
-                Resolved::Str => crate::settings::go_duration_ms(&s.text),
+                Resolved::Str => crate::config::settings::env::go_duration_ms(&s.text),
                 _ => None,
             };
             match ms {

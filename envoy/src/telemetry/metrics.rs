@@ -30,8 +30,8 @@ pub struct Metrics {
     pub stats_keys_folded: IntCounter,
     /// Latency of the Redis part of a call.
     pub redis_time: Histogram,
-    /// Each call's time for the statsd timers (`crate::stats`), kept only while a sink is on.
-    pub timings: crate::stats::Timings,
+    /// Each call's time for the statsd timers (`crate::telemetry::stats`), kept only while a sink is on.
+    pub timings: crate::telemetry::timings::Timings,
 }
 
 const LIMIT_LABELS: &[&str] = &["domain", "key1", "key2"];
@@ -129,7 +129,7 @@ impl Metrics {
             )?,
             redis_time,
             response_time,
-            timings: crate::stats::Timings::default(),
+            timings: crate::telemetry::timings::Timings::default(),
             registry,
         })
     }
@@ -156,7 +156,7 @@ impl Metrics {
 
     /// The `domain`, `key1`, `key2` labels of a stats key `domain.level1.level2…` (levels
     /// past the second stay in `key2`, joined by dots), after the peer's cleaning of stat
-    /// names (`crate::stats::sanitize_stat_name`): a value such as `10.1.2.3` stays in one
+    /// names (`crate::telemetry::names::sanitize_stat_name`): a value such as `10.1.2.3` stays in one
     /// label instead of splitting at its dots.
     pub fn labels<'a>(domain: &'a str, stats_key: &'a str) -> [Cow<'a, str>; 3] {
         fn split<'k>(domain: &str, stats_key: &'k str) -> (&'k str, &'k str) {
@@ -166,7 +166,7 @@ impl Metrics {
                 .unwrap_or("");
             rest.split_once('.').unwrap_or((rest, ""))
         }
-        use crate::stats::sanitize_stat_name as clean;
+        use crate::telemetry::names::sanitize_stat_name as clean;
         match (clean(domain), clean(stats_key)) {
             // The usual case: nothing to clean, nothing allocated.
             (Cow::Borrowed(domain), Cow::Borrowed(stats_key)) => {

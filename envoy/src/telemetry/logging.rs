@@ -16,7 +16,7 @@ use tracing_subscriber::fmt::time::{FormatTime, SystemTime};
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
 use tracing_subscriber::registry::LookupSpan;
 
-use crate::settings::Policy;
+use crate::config::settings::Policy;
 
 /// What the client library's outage line says under `RL_ON_ERROR=error`, and what it
 /// becomes.

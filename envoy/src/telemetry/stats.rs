@@ -1,227 +1,24 @@
 //! The peer's observability, as its users read it: the statsd and dogstatsd sinks
 //! (`USE_STATSD`, `USE_DOG_STATSD`, `STATSD_*`, `EXTRA_TAGS`, `STATS_FLUSH_INTERVAL`,
-//! `DISABLE_STATS`) under envoyproxy/ratelimit's stat names, the cleaning of those names
-//! (its `SanitizeStatName`, gostats's tag values), and the `DEBUG_PORT` pages (`/`,
-//! `/rlconfig`, `/stats`).
+//! `DISABLE_STATS`) under envoyproxy/ratelimit's stat names (cleaned by `names.rs`), and
+//! the text of the `DEBUG_PORT` pages (`/`, `/rlconfig`, `/stats`; `transport/debug.rs`
+//! serves them).
 //!
 //! One set of counters: the sinks read the Prometheus registry of `metrics.rs` and send what
 //! each counter gained since the last flush, as gostats does; the response times are the
 //! one thing kept apart ([`Timings`]), since a statsd timer is one line per call.
 
-use std::borrow::Cow;
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use axum::extract::State;
-use axum::routing::get;
-use axum::Router;
 use tokio::io::AsyncWriteExt;
 
-use crate::config::Config;
-use crate::metrics::Metrics;
-use crate::service::Service;
-
-/// Where the stats go.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Sink {
-    /// `DISABLE_STATS`, or `USE_STATSD=false` without `USE_DOG_STATSD`.
-    None,
-    /// gostats's statsd sink: `name.__tag=value:1|c`, over TCP (gostats's default) or UDP
-    /// (`STATSD_PROTOCOL=udp`).
-    Statsd { udp: bool },
-    /// datadog-go's: `name:1|c|#tag:value`, over UDP.
-    DogStatsd,
-}
-
-/// The stats settings.
-#[derive(Clone, Debug)]
-pub struct StatsSettings {
-    pub sink: Sink,
-    pub host: String,
-    pub port: u16,
-    /// `EXTRA_TAGS`, sorted by key (gostats's order), values cleaned as gostats cleans them.
-    pub extra_tags: Vec<(String, String)>,
-    pub flush_interval_ms: u64,
-    /// `DISABLE_STATS`: no sink at all, the Prometheus page included (the peer's null sink).
-    pub disabled: bool,
-    pub debug_host: String,
-    pub debug_port: u16,
-}
-
-/// The longest `STATS_FLUSH_INTERVAL`, in ms (an hour).
-pub const MAX_FLUSH_INTERVAL_MS: u64 = 3_600_000;
+use crate::config::rules::Config;
+use crate::config::settings::stats::{Sink, StatsSettings};
+use crate::telemetry::metrics::Metrics;
 
 /// gostats's UDP datagram bound: no fragmentation on a 1500-byte MTU.
 const MAX_DATAGRAM_BYTES: usize = 1432;
-
-/// How many response times wait for a flush at most; past that they are dropped (a sink
-/// that is down must not grow the process).
-const MAX_PENDING_TIMINGS: usize = 100_000;
-
-impl StatsSettings {
-    /// Reads the stats variables through `var`; `duration_ms` reads a Go duration.
-    ///
-    /// # Errors
-    /// The variable and what it must be.
-    pub fn from_env(
-        var: &dyn Fn(&str) -> Option<String>,
-        duration_ms: fn(&str) -> Option<u64>,
-    ) -> Result<StatsSettings, String> {
-        let flag = |name: &str, default: bool| crate::settings::env_flag(var, name, default);
-        let port = |name: &str, default: u16| -> Result<u16, String> {
-            match var(name) {
-                None => Ok(default),
-                Some(v) => v
-                    .trim()
-                    .parse::<u16>()
-                    .map_err(|_| format!("{name} must be a port from 0 to 65535, not {v:?}")),
-            }
-        };
-        let disabled = flag("DISABLE_STATS", false)?;
-        let use_statsd = flag("USE_STATSD", true)?;
-        let use_dog_statsd = flag("USE_DOG_STATSD", false)?;
-        let udp = match var("STATSD_PROTOCOL")
-            .unwrap_or_else(|| "tcp".into())
-            .to_ascii_lowercase()
-            .as_str()
-        {
-            "tcp" | "tcp4" | "tcp6" => false,
-            "udp" | "udp4" | "udp6" => true,
-            other => return Err(format!("STATSD_PROTOCOL must be tcp or udp, not {other:?}")),
-        };
-        let sink = if disabled {
-            Sink::None
-        } else if use_dog_statsd {
-            Sink::DogStatsd
-        } else if use_statsd {
-            Sink::Statsd { udp }
-        } else {
-            Sink::None
-        };
-        let flush_interval_ms = match var("STATS_FLUSH_INTERVAL") {
-            None => 10_000,
-            Some(v) => duration_ms(&v)
-                .filter(|ms| (1..=MAX_FLUSH_INTERVAL_MS).contains(ms))
-                .ok_or_else(|| {
-                    format!(
-                        "STATS_FLUSH_INTERVAL must be a Go duration from 1ms to 1h, such as 10s, \
-                         not {v:?}"
-                    )
-                })?,
-        };
-        Ok(StatsSettings {
-            sink,
-            host: var("STATSD_HOST").unwrap_or_else(|| "localhost".into()),
-            port: port("STATSD_PORT", 8125)?,
-            extra_tags: parse_extra_tags(&var("EXTRA_TAGS").unwrap_or_default())?,
-            flush_interval_ms,
-            disabled,
-            debug_host: var("DEBUG_HOST").unwrap_or_else(|| "0.0.0.0".into()),
-            debug_port: port("DEBUG_PORT", 6070)?,
-        })
-    }
-}
-
-/// `EXTRA_TAGS` as envconfig reads a map: `k:v,k:v`; a pair without a `:` is an error. Pairs
-/// with an empty key or value are dropped (gostats drops them), values are cleaned
-/// ([`tag_value`]), the last of a repeated key wins, and the result is sorted by key.
-///
-/// # Errors
-/// `EXTRA_TAGS` and what it must be.
-pub fn parse_extra_tags(text: &str) -> Result<Vec<(String, String)>, String> {
-    let mut tags = BTreeMap::new();
-    for pair in text.split(',').filter(|p| !p.is_empty()) {
-        let (key, value) = pair.split_once(':').ok_or_else(|| {
-            format!("EXTRA_TAGS must be key:value pairs joined by commas, not {pair:?}")
-        })?;
-        if !key.is_empty() && !value.is_empty() {
-            tags.insert(key.to_string(), tag_value(value));
-        }
-    }
-    Ok(tags.into_iter().collect())
-}
-
-/// gostats's `ReplaceChars`: `.`, `:` and `|` in a tag value become `_` (each would end
-/// the name, the value or the line in the statsd format).
-pub fn tag_value(value: &str) -> String {
-    value.replace(['.', ':', '|'], "_")
-}
-
-/// The peer's `SanitizeStatName`: `:` and `|` become `_`, and the dots inside anything
-/// shaped like an IPv4 address (`\d{1,3}(\.\d{1,3}){3}`, leftmost first, as Go's regexp
-/// finds them) become `_` too, so `10.1.2.3` stays one level of the stats key. A control
-/// character (NUL, a newline, DEL …), which would end a statsd line or reach a Prometheus
-/// label raw, is written as `\xNN` (its code in hex) first.
-pub fn sanitize_stat_name(name: &str) -> Cow<'_, str> {
-    if name.chars().any(char::is_control) {
-        let mut escaped = String::with_capacity(name.len().saturating_add(8));
-        for c in name.chars() {
-            if c.is_control() {
-                escaped.push_str(&format!("\\x{:02x}", u32::from(c)));
-            } else {
-                escaped.push(c);
-            }
-        }
-        return Cow::Owned(sanitize_stat_name(&escaped).into_owned());
-    }
-    let raw = name.as_bytes();
-    let clean = !raw.iter().any(|b| matches!(b, b':' | b'|'))
-        && (0..raw.len()).all(|start| ipv4_at(raw, start).is_none());
-    if clean {
-        return Cow::Borrowed(name);
-    }
-    let bytes = name.replace([':', '|'], "_").into_bytes();
-    let mut out = bytes.clone();
-    let mut start = 0usize;
-    while start < bytes.len() {
-        match ipv4_at(&bytes, start) {
-            Some(end) => {
-                for i in start..end {
-                    if let Some(b) = out.get_mut(i) {
-                        if *b == b'.' {
-                            *b = b'_';
-                        }
-                    }
-                }
-                start = end.max(start.saturating_add(1));
-            }
-            None => start = start.saturating_add(1),
-        }
-    }
-    // Only ASCII dots were replaced by ASCII underscores: still UTF-8.
-    Cow::Owned(
-        String::from_utf8(out)
-            .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()),
-    )
-}
-
-/// The end of the leftmost-first match of `\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3}` at `start`:
-/// each group takes as many digits as it can, and gives some back when the next dot is
-/// not where it needs to be (the backtracking of Go's leftmost-first semantics).
-fn ipv4_at(bytes: &[u8], start: usize) -> Option<usize> {
-    fn group(bytes: &[u8], at: usize, left: u32) -> Option<usize> {
-        let digits = bytes
-            .get(at..)?
-            .iter()
-            .take(3)
-            .take_while(|b| b.is_ascii_digit())
-            .count();
-        for n in (1..=digits).rev() {
-            let end = at.checked_add(n)?;
-            if left == 0 {
-                return Some(end);
-            }
-            if bytes.get(end) == Some(&b'.') {
-                if let Some(found) = group(bytes, end.checked_add(1)?, left - 1) {
-                    return Some(found);
-                }
-            }
-        }
-        None
-    }
-    group(bytes, start, 3)
-}
 
 /// A stat name with tags in gostats's statsd form: `name.__key=value…` (sorted keys).
 fn tagged_name(name: &str, tags: &[(String, String)]) -> String {
@@ -311,52 +108,6 @@ pub fn counters(metrics: &Metrics) -> BTreeMap<String, u64> {
         }
     }
     out
-}
-
-/// The response times that wait for the next flush, as statsd timers (`ratelimit_server.
-/// <method>.response_time`). Off (nothing kept) unless a sink is on.
-#[derive(Clone, Default)]
-pub struct Timings {
-    pending: Arc<Mutex<Option<Vec<Timing>>>>,
-}
-
-/// One call's method and time in ms.
-type Timing = (&'static str, f64);
-
-impl Timings {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Vec<Timing>>> {
-        match self.pending.lock() {
-            Ok(g) => g,
-            Err(poisoned) => poisoned.into_inner(),
-        }
-    }
-
-    /// Starts keeping the times.
-    pub fn enable(&self) {
-        let mut pending = self.lock();
-        if pending.is_none() {
-            *pending = Some(Vec::new());
-        }
-    }
-
-    /// Keeps one call's time, if a sink is on and fewer than [`MAX_PENDING_TIMINGS`] wait.
-    /// The methods are the two the service has, so nothing is allocated per call.
-    pub fn record(&self, method: &str, seconds: f64) {
-        let method = match method {
-            "ShouldRateLimit" => "ShouldRateLimit",
-            "json" => "json",
-            _ => "other",
-        };
-        if let Some(pending) = self.lock().as_mut() {
-            if pending.len() < MAX_PENDING_TIMINGS {
-                pending.push((method, seconds * 1000.0));
-            }
-        }
-    }
-
-    fn take(&self) -> Vec<Timing> {
-        self.lock().as_mut().map(std::mem::take).unwrap_or_default()
-    }
 }
 
 /// What one flush sends: the counters that moved since `last` (their gain, gostats skips
@@ -550,8 +301,8 @@ pub fn dump_config(config: &Config) -> String {
     lines.concat()
 }
 
-fn unit_name(unit: crate::config::Unit) -> &'static str {
-    use crate::config::Unit;
+fn unit_name(unit: crate::config::rules::Unit) -> &'static str {
+    use crate::config::rules::Unit;
     match unit {
         Unit::Second => "SECOND",
         Unit::Minute => "MINUTE",
@@ -572,36 +323,13 @@ pub fn dump_stats(metrics: &Metrics) -> String {
         .collect()
 }
 
-const DEBUG_ENDPOINTS: &[(&str, &str)] = &[
+pub const DEBUG_ENDPOINTS: &[(&str, &str)] = &[
     (
         "/rlconfig",
         "print out the currently loaded configuration for debugging",
     ),
     ("/stats", "print out stats"),
 ];
-
-/// The debug listener's pages: `/` lists them, `/rlconfig`, `/stats`.
-pub fn debug_router(service: Arc<Service>) -> Router {
-    Router::new()
-        .route(
-            "/",
-            get(|| async {
-                DEBUG_ENDPOINTS
-                    .iter()
-                    .map(|(path, help)| format!("{path}: {help}\n"))
-                    .collect::<String>()
-            }),
-        )
-        .route(
-            "/rlconfig",
-            get(|State(s): State<Arc<Service>>| async move { dump_config(&s.config()) }),
-        )
-        .route(
-            "/stats",
-            get(|State(s): State<Arc<Service>>| async move { dump_stats(&s.metrics) }),
-        )
-        .with_state(service)
-}
 
 /// `host:port` of the debug listener (an IPv6 host in brackets).
 pub fn debug_bind(settings: &StatsSettings) -> String {
@@ -615,6 +343,9 @@ pub fn debug_bind(settings: &StatsSettings) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::settings::stats::parse_extra_tags;
+    use crate::telemetry::names::sanitize_stat_name;
+    use std::borrow::Cow;
 
     #[test]
     fn names_are_cleaned_as_the_peer_cleans_them() {

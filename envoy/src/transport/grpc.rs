@@ -21,7 +21,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimit
 use envoy_types::pb::google::protobuf::UInt64Value;
 use tonic::codegen::{http, Body, BoxFuture, StdError};
 
-use crate::service::{Failure, Service};
+use crate::decision::service::{Failure, Service};
 
 /// The largest request decoded, in bytes: Envoy's headers may be up to 8 MiB
 /// (`max_request_headers_kb`), and a descriptor may repeat a header; the default 4 MiB would

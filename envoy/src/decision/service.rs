@@ -11,7 +11,7 @@
 //! Quota-mode and `post_paid` descriptors, and plain ones `POST_PAID_CHARGES` names (by
 //! default a cost other than 1), are charged first, post-paid (the client's
 //! `charge`: it always applies and may leave the bucket in debt); whether the request is
-//! over is the quota rule's (`crate::quota`), which also builds the dynamic metadata.
+//! over is the quota rule's (`crate::decision::quota`), which also builds the dynamic metadata.
 
 use std::sync::{Arc, RwLock};
 use std::time::Instant;
@@ -23,15 +23,13 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
-use redis_rl_client::{
-    AsyncLimiter, Charged, Decision, Error as ClientError, Limit, SlotItem, SlotOutcome,
-    SlotsDecision, Source,
-};
+use redis_rl_client::{Decision, Error as ClientError, Limit, SlotItem, SlotOutcome, Source};
 
-use crate::config::{bucket_limit, Config, Match, RateLimit, Unit};
-use crate::metrics::Metrics;
-use crate::quota::{MetadataDescriptor, Verdict};
-use crate::settings::{BucketStorage, Policy, PostPaidCharges, Settings};
+use crate::config::rules::{bucket_limit, Config, Match, RateLimit, Unit};
+use crate::config::settings::{Policy, PostPaidCharges, Settings};
+use crate::decision::quota::{MetadataDescriptor, Verdict};
+use crate::redis::setup::{Backend, Tables};
+use crate::telemetry::metrics::Metrics;
 
 /// At most this many descriptors per request: Envoy sends one per rate-limit action list,
 /// usually a handful; more is refused before anything is written.
@@ -69,115 +67,6 @@ impl Failure {
     }
 }
 
-/// The async limiter on one server (a pool of multiplexed connections) or on a cluster.
-/// `crate::inflight` sends its own commands on the same connections.
-pub enum Backend {
-    Single(AsyncLimiter<crate::redis_pool::Pool>),
-    Cluster(AsyncLimiter<redis::cluster_async::ClusterConnection>),
-}
-
-/// `RL_BUCKET_STORAGE=tables`: the buckets are fields of the tables `name:{i}`, `i` among
-/// `shards`, named as the client library's bucket tables name them (the field is the
-/// descriptor's key; its fallback key `name:{i}:field` is what the Lua path keeps).
-pub(crate) struct Tables {
-    name: String,
-    shards: u32,
-}
-
-impl Tables {
-    /// The tables of `settings`, or `None` when buckets are keys.
-    fn of(settings: &Settings) -> Option<Tables> {
-        (settings.bucket_storage == BucketStorage::Tables).then(|| Tables {
-            name: format!("{}buckets", settings.cache_key_prefix),
-            shards: settings.table_shards,
-        })
-    }
-
-    /// The table key and the fallback key of the field `key`.
-    fn names(&self, key: &str) -> (String, String) {
-        let table = format!(
-            "{}:{{{}}}",
-            self.name,
-            redis_rl_client::shard_of(key, self.shards)
-        );
-        let fallback = format!("{table}:{key}");
-        (table, fallback)
-    }
-}
-
-impl Backend {
-    async fn acquire_across_slots(
-        &self,
-        items: &[SlotItem<'_>],
-    ) -> Result<SlotsDecision, ClientError> {
-        match self {
-            Backend::Single(l) => l.acquire_across_slots(items).await,
-            Backend::Cluster(l) => l.acquire_across_slots(items).await,
-        }
-    }
-
-    /// Who applied the refund (`Closed` when Redis could not and the policy skipped it).
-    async fn refund(
-        &self,
-        tables: Option<&Tables>,
-        key: &str,
-        limit: &Limit,
-        cost: f64,
-    ) -> Result<Source, ClientError> {
-        match (self, tables) {
-            (Backend::Single(l), None) => l.refund(key, limit, cost).await,
-            (Backend::Cluster(l), None) => l.refund(key, limit, cost).await,
-            (Backend::Single(l), Some(t)) => {
-                l.table(&t.name, t.shards)?.refund(key, limit, cost).await
-            }
-            (Backend::Cluster(l), Some(t)) => {
-                l.table(&t.name, t.shards)?.refund(key, limit, cost).await
-            }
-        }
-        .map(|r| r.source)
-    }
-
-    /// Charges `cost` post-paid: applied whatever the bucket holds, which may go into debt.
-    async fn charge(
-        &self,
-        tables: Option<&Tables>,
-        key: &str,
-        limit: &Limit,
-        cost: f64,
-    ) -> Result<Charged, ClientError> {
-        match (self, tables) {
-            (Backend::Single(l), None) => l.charge(key, limit, cost).await,
-            (Backend::Cluster(l), None) => l.charge(key, limit, cost).await,
-            (Backend::Single(l), Some(t)) => {
-                l.table(&t.name, t.shards)?.charge(key, limit, cost).await
-            }
-            (Backend::Cluster(l), Some(t)) => {
-                l.table(&t.name, t.shards)?.charge(key, limit, cost).await
-            }
-        }
-    }
-
-    /// What a take of `cost` would decide, taking nothing.
-    async fn peek(
-        &self,
-        tables: Option<&Tables>,
-        key: &str,
-        limit: &Limit,
-        cost: f64,
-    ) -> Result<Decision, ClientError> {
-        match (self, tables) {
-            (Backend::Single(l), None) => l.peek(key, limit, cost).await,
-            (Backend::Cluster(l), None) => l.peek(key, limit, cost).await,
-            (Backend::Single(l), Some(t)) => {
-                l.table(&t.name, t.shards)?.peek(key, limit, cost).await
-            }
-            (Backend::Cluster(l), Some(t)) => {
-                l.table(&t.name, t.shards)?.peek(key, limit, cost).await
-            }
-        }
-    }
-}
-
 /// The service: the config (swapped whole on reload), the limiter, the settings.
 pub struct Service {
     config: RwLock<Arc<Config>>,
@@ -191,7 +80,7 @@ pub struct Service {
     /// `RL_MAX_CLIENT_STATS_KEYS`: each is a metric series and a statsd name.
     client_stats_keys: std::sync::Mutex<std::collections::HashSet<String>>,
     /// The domains asked for that the config does not define, each warned about once.
-    unknown_domains: crate::unknown_domains::UnknownDomains,
+    unknown_domains: crate::decision::unknown_domains::UnknownDomains,
     /// `RL_BUCKET_STORAGE=tables`: the tables the buckets are fields of.
     tables: Option<Tables>,
 }
@@ -214,7 +103,7 @@ struct Limited {
     limit: Limit,
     cost: u64,
     shadow: bool,
-    /// Quota mode (`quota_mode` or `GLOBAL_QUOTA_MODE`): see `crate::quota`.
+    /// Quota mode (`quota_mode` or `GLOBAL_QUOTA_MODE`): see `crate::decision::quota`.
     quota: bool,
     /// Charged post-paid (quota mode or `post_paid`) rather than taken all or nothing.
     post_paid: bool,
@@ -335,8 +224,8 @@ impl Service {
 
     async fn decide(&self, request: &RateLimitRequest) -> Result<RateLimitResponse, Failure> {
         // Descriptors tied to one request by its id (concurrency limits, reservations) are
-        // `crate::inflight`'s; it hands the others back to `decide_plain`.
-        if let Some(out) = crate::inflight::decide(self, request).await? {
+        // `crate::decision::inflight`'s; it hands the others back to `decide_plain`.
+        if let Some(out) = crate::decision::inflight::decide(self, request).await? {
             return Ok(out);
         }
         self.decide_plain(request).await
@@ -420,7 +309,7 @@ impl Service {
         }
         // `replaces`: a limit named in another matched limit's list does not apply.
         let replaced =
-            crate::config::replaced_names(found.iter().map(|(_, m, _, _)| &*m.rate_limit));
+            crate::config::rules::replaced_names(found.iter().map(|(_, m, _, _)| &*m.rate_limit));
         found.retain(|(_, m, _, _)| {
             m.rate_limit.name.is_empty() || !replaced.contains(&m.rate_limit.name)
         });
@@ -560,7 +449,7 @@ impl Service {
             .iter()
             .zip(&outcomes)
             .any(|(it, o)| !it.quota && matches!(o, Outcome::Over(_)));
-        if banned || plain_over || crate::quota::all_quotas_over(&charged_verdicts) {
+        if banned || plain_over || crate::decision::quota::all_quotas_over(&charged_verdicts) {
             outcomes.extend(limited.iter().map(|_| Outcome::Skipped));
         } else {
             outcomes.extend(self.take(&limited).await?);
@@ -569,7 +458,7 @@ impl Service {
         let verdicts: Vec<Verdict> = limited.iter().zip(&outcomes).map(verdict).collect();
         // A denied request charged nothing of its plain buckets; the ones nobody read are
         // peeked, so each status tells its own bucket's truth.
-        if banned || crate::quota::request_over(&verdicts) {
+        if banned || crate::decision::quota::request_over(&verdicts) {
             for (item, outcome) in limited.iter().zip(outcomes.iter_mut()) {
                 if matches!(outcome, Outcome::Skipped) {
                     *outcome = self.peek(item).await?;
@@ -687,7 +576,7 @@ impl Service {
             }
         }
         let verdicts: Vec<Verdict> = limited.iter().zip(&outcomes).map(verdict).collect();
-        if crate::quota::request_over(&verdicts) {
+        if crate::decision::quota::request_over(&verdicts) {
             overall = Code::OverLimit;
         }
         let dynamic_metadata = self.settings.response_dynamic_metadata.then(|| {
@@ -709,7 +598,10 @@ impl Service {
                     }
                 })
                 .collect();
-            crate::quota::to_struct(&crate::quota::dynamic_metadata(&request.domain, &described))
+            crate::decision::quota::to_struct(&crate::decision::quota::dynamic_metadata(
+                &request.domain,
+                &described,
+            ))
         });
         let mut headers = Vec::new();
         if self.settings.limit_response_headers_enabled {
@@ -856,7 +748,7 @@ impl Service {
             .map_err(|e| self.client_failure(e))?;
         self.policy_check(c.source)?;
         // `closed` charged nothing and must still refuse, as its takes do.
-        let over = crate::quota::post_paid_over(c.balance) || c.source == Source::Closed;
+        let over = crate::decision::quota::post_paid_over(c.balance) || c.source == Source::Closed;
         let d = Decision {
             allowed: !over,
             remaining: c.remaining(),

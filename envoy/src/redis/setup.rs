@@ -19,168 +19,121 @@ use redis::{
     ClientTlsConfig, Cmd, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, Pipeline,
     RedisConnectionInfo, RedisFuture, RedisResult, TlsCertificates, TlsMode, Value,
 };
-use redis_rl_client::{AsyncLimiter, Error as ClientError, OnError, Options, WithoutModule};
+use redis_rl_client::{
+    AsyncLimiter, Charged, Decision, Error as ClientError, Limit, OnError, Options, SlotItem,
+    SlotsDecision, Source, WithoutModule,
+};
 
-use crate::service::Backend;
-use crate::settings::{Policy, Settings};
+use crate::config::settings::redis_setup::RedisSetup;
+use crate::config::settings::{BucketStorage, Policy, Settings};
+use crate::redis::pool::Pool;
 
-/// The settings of this part (read with the others in `Settings::from_env`).
-#[derive(Clone, Debug)]
-pub struct RedisSetup {
-    pub tls: bool,
-    pub tls_cacert: String,
-    pub tls_client_cert: String,
-    pub tls_client_key: String,
-    pub tls_skip_hostname_verification: bool,
-    /// REDIS_SENTINEL_AUTH: the sentinels' own password (or `user:password`).
-    pub sentinel_auth: String,
-    /// REDIS_POOL_ON_EMPTY_BEHAVIOR, upper case: `CREATE`, `ERROR` or `WAIT`. Checked only:
-    /// the connections are multiplexed and never run empty (docs/envoy-redis.md).
-    pub pool_on_empty_behavior: String,
-    pub pool_on_empty_wait_ms: u64,
-    /// REDIS_STARTUP_RETRY_ENABLED: keep trying Redis at start-up instead of exiting.
-    pub startup_retry: bool,
-    /// REDIS_STARTUP_RETRY_MAX_ATTEMPTS: attempts before giving up; 0 is no bound.
-    pub startup_max_attempts: u64,
-    pub startup_initial_interval_ms: u64,
-    pub startup_max_interval_ms: u64,
-    /// REDIS_PERSECOND=true: the second Redis for limits whose unit is `second`.
-    pub per_second: Option<PerSecond>,
+/// The async limiter on one server (a pool of multiplexed connections) or on a cluster.
+/// The decision's leases and reservations send their own commands on the same connections.
+pub enum Backend {
+    Single(AsyncLimiter<Pool<Link>>),
+    Cluster(AsyncLimiter<redis::cluster_async::ClusterConnection>),
 }
 
-/// The `REDIS_PERSECOND_*` Redis, read as the `REDIS_*` one (same forms, the Go defaults).
-#[derive(Clone, Debug)]
-pub struct PerSecond {
-    pub socket_type: String,
-    pub redis_type: String,
-    pub url: String,
-    pub auth: String,
-    pub sentinel_auth: String,
-    pub pool_size: usize,
-    pub tls: bool,
+/// `RL_BUCKET_STORAGE=tables`: the buckets are fields of the tables `name:{i}`, `i` among
+/// `shards`, named as the client library's bucket tables name them (the field is the
+/// descriptor's key; its fallback key `name:{i}:field` is what the Lua path keeps).
+pub(crate) struct Tables {
+    pub(crate) name: String,
+    pub(crate) shards: u32,
 }
 
-/// The longest start-up back-off, in ms.
-const MAX_INTERVAL_MS: u64 = 3_600_000;
+impl Tables {
+    /// The tables of `settings`, or `None` when buckets are keys.
+    pub(crate) fn of(settings: &Settings) -> Option<Tables> {
+        (settings.bucket_storage == BucketStorage::Tables).then(|| Tables {
+            name: format!("{}buckets", settings.cache_key_prefix),
+            shards: settings.table_shards,
+        })
+    }
 
-impl RedisSetup {
-    /// Reads this part's variables through `var`.
-    ///
-    /// # Errors
-    /// The variable and what it must be.
-    pub fn from_env(var: &impl Fn(&str) -> Option<String>) -> Result<RedisSetup, String> {
-        let text = |name: &str| var(name).unwrap_or_default();
-        let flag = |name: &str, default: bool| crate::settings::env_flag(var, name, default);
-        let duration = |name: &str, default_ms: u64| -> Result<u64, String> {
-            match var(name) {
-                None => Ok(default_ms),
-                Some(v) => crate::settings::go_duration_ms(&v)
-                    .filter(|ms| *ms <= MAX_INTERVAL_MS)
-                    .ok_or_else(|| {
-                        format!(
-                            "{name} must be a Go duration up to 1h, such as 500ms or 2s, not {v:?}"
-                        )
-                    }),
-            }
-        };
-        let pool_on_empty_behavior = text("REDIS_POOL_ON_EMPTY_BEHAVIOR")
-            .trim()
-            .to_ascii_uppercase();
-        let pool_on_empty_behavior = match pool_on_empty_behavior.as_str() {
-            "" => "CREATE".to_string(),
-            "CREATE" | "ERROR" | "WAIT" => pool_on_empty_behavior,
-            _ => {
-                return Err(format!(
-                    "REDIS_POOL_ON_EMPTY_BEHAVIOR must be CREATE, ERROR or WAIT, not {:?}",
-                    text("REDIS_POOL_ON_EMPTY_BEHAVIOR")
-                ))
-            }
-        };
-        let startup_max_attempts = match var("REDIS_STARTUP_RETRY_MAX_ATTEMPTS") {
-            None => 0,
-            Some(v) => v
-                .trim()
-                .parse::<u64>()
-                .ok()
-                .filter(|n| *n <= 1_000_000)
-                .ok_or_else(|| {
-                    format!(
-                    "REDIS_STARTUP_RETRY_MAX_ATTEMPTS must be a whole number from 0 (no bound) \
-                     to 1000000, not {v:?}"
-                )
-                })?,
-        };
-        let per_second = if flag("REDIS_PERSECOND", false)? {
-            let socket_type = text("REDIS_PERSECOND_SOCKET_TYPE")
-                .trim()
-                .to_ascii_lowercase();
-            let socket_type = if socket_type.is_empty() {
-                "unix".to_string()
-            } else {
-                socket_type
-            };
-            if !matches!(socket_type.as_str(), "tcp" | "unix") {
-                return Err(format!(
-                    "REDIS_PERSECOND_SOCKET_TYPE must be tcp or unix, not {socket_type:?}"
-                ));
-            }
-            let redis_type = text("REDIS_PERSECOND_TYPE").trim().to_ascii_lowercase();
-            let redis_type = if redis_type.is_empty() {
-                "single".to_string()
-            } else {
-                redis_type
-            };
-            if !matches!(redis_type.as_str(), "single" | "cluster" | "sentinel") {
-                return Err(format!(
-                    "REDIS_PERSECOND_TYPE must be single, cluster or sentinel, not {redis_type:?}"
-                ));
-            }
-            let pool_size = match var("REDIS_PERSECOND_POOL_SIZE") {
-                None => 10,
-                Some(v) => v
-                    .trim()
-                    .parse::<usize>()
-                    .ok()
-                    .filter(|n| (1..=1024).contains(n))
-                    .ok_or_else(|| {
-                        format!("REDIS_PERSECOND_POOL_SIZE must be a whole number from 1 to 1024, not {v:?}")
-                    })?,
-            };
-            Some(PerSecond {
-                socket_type,
-                redis_type,
-                url: var("REDIS_PERSECOND_URL")
-                    .unwrap_or_else(|| "/var/run/nutcracker/ratelimitpersecond.sock".to_string()),
-                auth: text("REDIS_PERSECOND_AUTH"),
-                sentinel_auth: text("REDIS_PERSECOND_SENTINEL_AUTH"),
-                pool_size,
-                tls: flag("REDIS_PERSECOND_TLS", false)?,
-            })
-        } else {
-            None
-        };
-        let setup = RedisSetup {
-            tls: flag("REDIS_TLS", false)?,
-            tls_cacert: text("REDIS_TLS_CACERT"),
-            tls_client_cert: text("REDIS_TLS_CLIENT_CERT"),
-            tls_client_key: text("REDIS_TLS_CLIENT_KEY"),
-            tls_skip_hostname_verification: flag("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", false)?,
-            sentinel_auth: text("REDIS_SENTINEL_AUTH"),
-            pool_on_empty_behavior,
-            pool_on_empty_wait_ms: duration("REDIS_POOL_ON_EMPTY_WAIT_DURATION", 1000)?,
-            startup_retry: flag("REDIS_STARTUP_RETRY_ENABLED", true)?,
-            startup_max_attempts,
-            startup_initial_interval_ms: duration("REDIS_STARTUP_RETRY_INITIAL_INTERVAL", 500)?
-                .max(1),
-            startup_max_interval_ms: duration("REDIS_STARTUP_RETRY_MAX_INTERVAL", 30_000)?.max(1),
-            per_second,
-        };
-        if setup.tls_client_cert.is_empty() != setup.tls_client_key.is_empty() {
-            return Err(
-                "REDIS_TLS_CLIENT_CERT and REDIS_TLS_CLIENT_KEY must be set together".to_string(),
-            );
+    /// The table key and the fallback key of the field `key`.
+    pub(crate) fn names(&self, key: &str) -> (String, String) {
+        let table = format!(
+            "{}:{{{}}}",
+            self.name,
+            redis_rl_client::shard_of(key, self.shards)
+        );
+        let fallback = format!("{table}:{key}");
+        (table, fallback)
+    }
+}
+
+impl Backend {
+    pub(crate) async fn acquire_across_slots(
+        &self,
+        items: &[SlotItem<'_>],
+    ) -> Result<SlotsDecision, ClientError> {
+        match self {
+            Backend::Single(l) => l.acquire_across_slots(items).await,
+            Backend::Cluster(l) => l.acquire_across_slots(items).await,
         }
-        Ok(setup)
+    }
+
+    /// Who applied the refund (`Closed` when Redis could not and the policy skipped it).
+    pub(crate) async fn refund(
+        &self,
+        tables: Option<&Tables>,
+        key: &str,
+        limit: &Limit,
+        cost: f64,
+    ) -> Result<Source, ClientError> {
+        match (self, tables) {
+            (Backend::Single(l), None) => l.refund(key, limit, cost).await,
+            (Backend::Cluster(l), None) => l.refund(key, limit, cost).await,
+            (Backend::Single(l), Some(t)) => {
+                l.table(&t.name, t.shards)?.refund(key, limit, cost).await
+            }
+            (Backend::Cluster(l), Some(t)) => {
+                l.table(&t.name, t.shards)?.refund(key, limit, cost).await
+            }
+        }
+        .map(|r| r.source)
+    }
+
+    /// Charges `cost` post-paid: applied whatever the bucket holds, which may go into debt.
+    pub(crate) async fn charge(
+        &self,
+        tables: Option<&Tables>,
+        key: &str,
+        limit: &Limit,
+        cost: f64,
+    ) -> Result<Charged, ClientError> {
+        match (self, tables) {
+            (Backend::Single(l), None) => l.charge(key, limit, cost).await,
+            (Backend::Cluster(l), None) => l.charge(key, limit, cost).await,
+            (Backend::Single(l), Some(t)) => {
+                l.table(&t.name, t.shards)?.charge(key, limit, cost).await
+            }
+            (Backend::Cluster(l), Some(t)) => {
+                l.table(&t.name, t.shards)?.charge(key, limit, cost).await
+            }
+        }
+    }
+
+    /// What a take of `cost` would decide, taking nothing.
+    pub(crate) async fn peek(
+        &self,
+        tables: Option<&Tables>,
+        key: &str,
+        limit: &Limit,
+        cost: f64,
+    ) -> Result<Decision, ClientError> {
+        match (self, tables) {
+            (Backend::Single(l), None) => l.peek(key, limit, cost).await,
+            (Backend::Cluster(l), None) => l.peek(key, limit, cost).await,
+            (Backend::Single(l), Some(t)) => {
+                l.table(&t.name, t.shards)?.peek(key, limit, cost).await
+            }
+            (Backend::Cluster(l), Some(t)) => {
+                l.table(&t.name, t.shards)?.peek(key, limit, cost).await
+            }
+        }
     }
 }
 
@@ -523,7 +476,7 @@ pub async fn connect(settings: &Settings) -> Result<Backend, Failed> {
     let backend = match open(settings, settings.redis_pool_size).await? {
         Opened::Cluster(connection) => Backend::Cluster(AsyncLimiter::new(connection, options)),
         Opened::Single(links) => {
-            let pool = crate::redis_pool::Pool::new(links)
+            let pool = Pool::new(links)
                 .ok_or_else(|| Failed::Setup("REDIS_POOL_SIZE is 0".to_string()))?;
             Backend::Single(AsyncLimiter::new(pool, options))
         }
@@ -712,7 +665,7 @@ async fn connect_all(settings: &Settings) -> Result<Backends, Failed> {
 
 /// Connects, trying again with a doubling back-off (`REDIS_STARTUP_RETRY_*`) while Redis does
 /// not answer; the service listens only once this returns, and is not ready
-/// ([`crate::readiness`]) until the health probe's first `PING` is answered.
+/// ([`crate::transport::readiness`]) until the health probe's first `PING` is answered.
 ///
 /// # Errors
 /// A setup that can never work at once; Redis still unreachable after the last attempt.
@@ -764,7 +717,7 @@ mod tests {
     use super::*;
 
     fn settings(pairs: &[(&str, &str)]) -> Result<Settings, String> {
-        crate::settings::from_pairs(pairs)
+        crate::config::settings::from_pairs(pairs)
     }
 
     #[test]

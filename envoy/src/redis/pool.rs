@@ -1,6 +1,6 @@
 //! The connection the single-server limiter sends on: up to `REDIS_POOL_SIZE` multiplexed
 //! `ConnectionManager`s (each pipelines every call in flight and reconnects by itself),
-//! filled one at a time.
+//! filled one at a time. Generic over the connection, so it knows nothing of the setups.
 //!
 //! Why fill rather than take turns: a multiplexed connection writes every command queued
 //! since its last write in one syscall, and Redis answers all it read in one. Spreading 16
@@ -15,29 +15,27 @@ use std::sync::Arc;
 use redis::aio::ConnectionLike;
 use redis::{Cmd, Pipeline, RedisFuture, Value};
 
-use crate::redis_setup::Link;
-
 /// Calls in flight on one connection before the next connection takes new calls. One
 /// RL.ACQUIRE.MULTI is about 100 bytes, so this many still fit in one of Redis's 16 KiB reads.
 pub const SPILL_AT: usize = 64;
 
-struct Slot {
-    connection: Link,
+struct Slot<C> {
+    connection: C,
     in_flight: AtomicUsize,
 }
 
 /// A handle on a set of multiplexed connections. The limiter clones its connection once per
 /// call; each clone sends on the first connection with fewer than [`SPILL_AT`] calls in
 /// flight, or else on the least busy one.
-pub struct Pool {
+pub struct Pool<C> {
     index: usize,
-    connection: Link,
-    slots: Arc<Vec<Slot>>,
+    connection: C,
+    slots: Arc<Vec<Slot<C>>>,
 }
 
-impl Pool {
+impl<C: Clone> Pool<C> {
     /// A pool of `connections` (at least one).
-    pub fn new(connections: Vec<Link>) -> Option<Pool> {
+    pub fn new(connections: Vec<C>) -> Option<Pool<C>> {
         let connection = connections.first()?.clone();
         let slots = connections
             .into_iter()
@@ -52,21 +50,21 @@ impl Pool {
             slots: Arc::new(slots),
         })
     }
-
-    /// The connection a new call goes to, given each connection's calls in flight: the first
-    /// below [`SPILL_AT`], or else the least busy.
-    fn pick<I: Iterator<Item = usize> + Clone>(loads: I) -> usize {
-        loads
-            .clone()
-            .position(|n| n < SPILL_AT)
-            .or_else(|| loads.enumerate().min_by_key(|&(_, n)| n).map(|(i, _)| i))
-            .unwrap_or(0)
-    }
 }
 
-impl Clone for Pool {
+/// The connection a new call goes to, given each connection's calls in flight: the first
+/// below [`SPILL_AT`], or else the least busy.
+fn pick<I: Iterator<Item = usize> + Clone>(loads: I) -> usize {
+    loads
+        .clone()
+        .position(|n| n < SPILL_AT)
+        .or_else(|| loads.enumerate().min_by_key(|&(_, n)| n).map(|(i, _)| i))
+        .unwrap_or(0)
+}
+
+impl<C: Clone> Clone for Pool<C> {
     fn clone(&self) -> Self {
-        let index = Pool::pick(
+        let index = pick(
             self.slots
                 .iter()
                 .map(|s| s.in_flight.load(Ordering::Relaxed)),
@@ -100,7 +98,7 @@ impl Drop for InFlight<'_> {
     }
 }
 
-impl ConnectionLike for Pool {
+impl<C: ConnectionLike + Send> ConnectionLike for Pool<C> {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         let counter = self.slots.get(self.index).map(|s| &s.in_flight);
         let connection = &mut self.connection;
@@ -133,19 +131,19 @@ impl ConnectionLike for Pool {
 
 #[cfg(test)]
 mod tests {
-    use super::{Pool, SPILL_AT};
+    use super::{pick, SPILL_AT};
 
     #[test]
     fn calls_fill_one_connection_before_the_next() {
         // Idle: everything goes to the first, so concurrent calls share its writes.
-        assert_eq!(Pool::pick([0, 0, 0].into_iter()), 0);
-        assert_eq!(Pool::pick([SPILL_AT - 1, 0].into_iter()), 0);
+        assert_eq!(pick([0, 0, 0].into_iter()), 0);
+        assert_eq!(pick([SPILL_AT - 1, 0].into_iter()), 0);
         // The first is full: the next one takes calls.
-        assert_eq!(Pool::pick([SPILL_AT, 0, 0].into_iter()), 1);
-        assert_eq!(Pool::pick([SPILL_AT, SPILL_AT + 3, 5].into_iter()), 2);
+        assert_eq!(pick([SPILL_AT, 0, 0].into_iter()), 1);
+        assert_eq!(pick([SPILL_AT, SPILL_AT + 3, 5].into_iter()), 2);
         // All full: the least busy.
         assert_eq!(
-            Pool::pick([SPILL_AT + 9, SPILL_AT + 2, SPILL_AT + 4].into_iter()),
+            pick([SPILL_AT + 9, SPILL_AT + 2, SPILL_AT + 4].into_iter()),
             1
         );
     }

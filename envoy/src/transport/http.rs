@@ -21,8 +21,8 @@ use envoy_types::pb::google::protobuf::UInt64Value;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
-use crate::config::Unit;
-use crate::service::{Failure, Service};
+use crate::config::rules::Unit;
+use crate::decision::service::{Failure, Service};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -211,7 +211,7 @@ pub fn response_json(r: &RateLimitResponse) -> Value {
     if let Some(metadata) = &r.dynamic_metadata {
         out.insert(
             "dynamicMetadata".into(),
-            crate::quota::struct_to_json(metadata),
+            crate::decision::quota::struct_to_json(metadata),
         );
     }
     Value::Object(out)

@@ -1,0 +1,8 @@
+//! The decision: one `ShouldRateLimit` call from descriptors to an answer. `service` the call on
+//! redis-rl-client's async limiter, `quota` the token-quota verdicts, `inflight` the leases and
+//! reservations, `unknown_domains` the warnings for domains no rule names. Knows no transport.
+
+pub mod inflight;
+pub mod quota;
+pub mod service;
+pub mod unknown_domains;
