@@ -498,7 +498,9 @@ fn plain_redis_without_the_module_runs_the_lua_fallback() {
     let client = redis::Client::open(format!("redis://127.0.0.1:{}/", redis.port)).unwrap();
     let mut con = client.get_connection().unwrap();
     let kind: String = redis::cmd("TYPE").arg("p_k_a").query(&mut con).unwrap();
-    assert_eq!(kind, "hash", "the Lua script keeps a hash per bucket");
+    assert_eq!(kind, "string", "the Lua script keeps one string per bucket");
+    let stored: String = redis::cmd("GET").arg("p_k_a").query(&mut con).unwrap();
+    assert!(stored.starts_with("rl:"), "{stored}");
     // RL_WITHOUT_MODULE=refuse on a server without the module is a misconfiguration: the
     // service stops at startup, naming it, rather than failing every call.
     let refused = Service::try_start(

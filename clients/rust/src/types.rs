@@ -380,7 +380,7 @@ pub enum OnError {
 pub enum WithoutModule {
     /// Use the Functions library `redis_rl` if an admin loaded it (FCALL), else run the
     /// shipped Lua script (clients/lua/rl.lua) with EVALSHA, or EVAL when the server has not
-    /// cached it: the module's decisions, slower, a hash per bucket.
+    /// cached it: the module's decisions, slower, one string per bucket.
     Lua,
     /// The module only. Without it the server is misconfigured for this limiter: `check`
     /// returns [`Error::Misconfigured`], and calls are decided by the failure policy (logged

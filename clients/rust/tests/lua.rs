@@ -1,5 +1,5 @@
 //! A plain server without the module: the shipped Lua script decides, with the module's
-//! decisions for the same calls, a hash per bucket with an absolute expiry, sent again as EVAL
+//! decisions for the same calls, one string per bucket with an absolute expiry, sent again as EVAL
 //! after SCRIPT FLUSH (never SCRIPT LOAD), and under `WithoutModule::Refuse` the missing
 //! module is a misconfiguration: `check` names it, calls go to the policy.
 
