@@ -944,7 +944,7 @@ fn ttl_field(map: &Node) -> Result<Option<u64>, String> {
         Some(Node::Scalar(s)) => {
             let ms = match s.resolve() {
                 Resolved::Int(n) => u64::try_from(n).ok().and_then(|n| n.checked_mul(1000)),
-                Resolved::Str => crate::config::settings::env::go_duration_ms(&s.text),
+                Resolved::Str => crate::config::env::go_duration_ms(&s.text),
                 _ => None,
             };
             match ms {

@@ -4,15 +4,13 @@
 
 use std::path::PathBuf;
 
+use crate::config::env::{env_flag, go_duration_ms};
 use crate::config::rules::Source;
 
-pub mod env;
 pub mod health;
 pub mod redis_setup;
 pub mod stats;
 pub mod xds;
-
-use env::{env_flag, go_duration_ms};
 
 /// What to answer when Redis cannot decide (`RL_ON_ERROR`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

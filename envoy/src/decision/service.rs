@@ -58,7 +58,8 @@ pub enum Failure {
 }
 
 impl Failure {
-    fn kind(&self) -> &'static str {
+    /// The `ratelimit_service_should_rate_limit_error` label of this failure.
+    pub(crate) fn kind(&self) -> &'static str {
         match self {
             Failure::Invalid(_) => "invalid_argument",
             Failure::Unavailable(_) => "redis_unavailable",
@@ -199,36 +200,6 @@ impl Service {
             Err(poisoned) => *poisoned.into_inner() = config,
         }
         self.unknown_domains.clear();
-    }
-
-    /// Answers one request; `method` labels the metrics (`ShouldRateLimit`, `json`).
-    pub async fn should_rate_limit(
-        &self,
-        request: &RateLimitRequest,
-        method: &str,
-    ) -> Result<RateLimitResponse, Failure> {
-        let started = Instant::now();
-        self.metrics
-            .total_requests
-            .with_label_values(&[method])
-            .inc();
-        let result = self.decide(request).await;
-        if let Err(e) = &result {
-            self.metrics.errors.with_label_values(&[e.kind()]).inc();
-            tracing::debug!("ShouldRateLimit failed: {e:?}");
-        }
-        self.metrics
-            .observe_response_time(method, started.elapsed().as_secs_f64());
-        result
-    }
-
-    async fn decide(&self, request: &RateLimitRequest) -> Result<RateLimitResponse, Failure> {
-        // Descriptors tied to one request by its id (concurrency limits, reservations) are
-        // `crate::decision::inflight`'s; it hands the others back to `decide_plain`.
-        if let Some(out) = crate::decision::inflight::decide(self, request).await? {
-            return Ok(out);
-        }
-        self.decide_plain(request).await
     }
 
     /// Every descriptor as a rate limit: the take, the charges, the response.
