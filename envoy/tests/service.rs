@@ -1202,16 +1202,30 @@ fn only_a_real_change_to_a_file_the_runtime_reads_reloads_and_a_burst_is_one_rel
     let redis = common::Server::start();
     let v1 = "domain: r\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 5}\n";
     let v2 = "domain: r\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 7}\n";
-    let svc = Service::start(&redis_url(redis.port), &[("r.yaml", v1)], &[]);
+    // The peer's default, RUNTIME_WATCH_ROOT=true: the whole runtime root is watched, so a
+    // file written anywhere under it is an event; dotfiles are not read.
+    let svc = Service::start(
+        &redis_url(redis.port),
+        &[("r.yaml", v1)],
+        &[
+            ("RUNTIME_WATCH_ROOT", "true"),
+            ("RUNTIME_IGNOREDOTFILES", "true"),
+        ],
+    );
     let reloads = || svc.metric("ratelimit_service_config_load_success");
+    // A reload that read the swap file would fail (a second domain `r…` of other bytes).
+    let failed = || svc.metric("ratelimit_service_config_load_error");
     let at_start = reloads();
-    // A log file under RUNTIME_ROOT (the runtime does not read it: its path does not start
-    // with `config.`), written 40 times over a second, and the config file rewritten with
-    // the same bytes: no reload.
-    let log = svc.root.path().join("service.log");
+    // Files the runtime does not read, written 40 times over a second: a log file under
+    // RUNTIME_ROOT (its path does not start with `config.`) and an editor's swap file, a
+    // dotfile, beside the rules; and the config file rewritten with the same bytes. No
+    // reload.
+    let log = svc.root.path().join("access.log");
     let file = Service::config_dir(svc.root.path()).join("r.yaml");
+    let swap = Service::config_dir(svc.root.path()).join(".r.yaml.swp");
     for i in 0..40 {
         std::fs::write(&log, format!("line {i}\n")).unwrap();
+        std::fs::write(&swap, format!("domain: r{i}\n")).unwrap();
         if i % 10 == 0 {
             std::fs::write(&file, v1).unwrap();
         }
@@ -1220,6 +1234,7 @@ fn only_a_real_change_to_a_file_the_runtime_reads_reloads_and_a_burst_is_one_rel
     // Longer than the debounce and the one-second poll.
     std::thread::sleep(Duration::from_millis(2500));
     assert_eq!(reloads(), at_start, "{}", svc.log());
+    assert_eq!(failed(), 0, "{}", svc.log());
     // A burst of writes ending in a real change: one reload.
     for text in [v2, v1, v2] {
         std::fs::write(&file, text).unwrap();
