@@ -33,7 +33,9 @@ pub enum Policy {
 pub enum PostPaidCharges {
     /// A cost other than 1 is post-paid: 0 is a check (refused while the bucket is in
     /// debt) and a cost above 1 may be a usage charge, so it applies in full, debt
-    /// included. A cost of 1, Envoy's default hits, is taken all or nothing.
+    /// included. A cost of 1, Envoy's default hits, is taken all or nothing, unless the
+    /// limit has been asked with 0 hits: then it is checked at request time and its cost of
+    /// 1 is a stream-done charge, post-paid too.
     Auto,
     /// Every plain limit is post-paid, as if each had `post_paid: true`.
     Always,
