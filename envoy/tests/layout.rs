@@ -3,6 +3,8 @@
 //! no two files name each other, directly or round a longer circle. A name counts wherever
 //! code says `crate::…` (a `use`, a path in an expression); comments do not count.
 
+#![cfg(test)]
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
@@ -154,7 +156,10 @@ fn no_circle_between_files() {
     for file in graph.keys() {
         visit(file, &graph, &mut Vec::new(), &mut done, &mut circles);
     }
-    assert!(circles.is_empty(), "files that import each other: {circles:#?}");
+    assert!(
+        circles.is_empty(),
+        "files that import each other: {circles:#?}"
+    );
 }
 
 #[test]

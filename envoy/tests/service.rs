@@ -1252,7 +1252,8 @@ fn reset_times_are_exact_at_a_rate_that_is_no_whole_number_of_seconds() {
     // the whole hour after the seventh); the refused eighth's is when it could pass, one
     // token, not the hour until full.
     let redis = common::Server::start();
-    let rules = "domain: n\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 7}\n";
+    let rules =
+        "domain: n\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 7}\n";
     let svc = Service::start(&redis_url(redis.port), &[("n.yaml", rules)], &[]);
     let reset_s = |r: &Reply| -> u64 {
         let text = statuses(&r.json())[0]["durationUntilReset"]
@@ -1273,7 +1274,11 @@ fn reset_times_are_exact_at_a_rate_that_is_no_whole_number_of_seconds() {
     let seventh = call();
     assert_eq!(seventh.status, 200);
     // 7 tokens of 514.2857 s, less the few ms since the first.
-    assert!((3599..=3600).contains(&reset_s(&seventh)), "{}", seventh.body);
+    assert!(
+        (3599..=3600).contains(&reset_s(&seventh)),
+        "{}",
+        seventh.body
+    );
     let denied = call();
     assert_eq!(denied.status, 429);
     assert!((514..=515).contains(&reset_s(&denied)), "{}", denied.body);

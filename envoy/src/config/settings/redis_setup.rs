@@ -48,8 +48,7 @@ impl RedisSetup {
     /// The variable and what it must be.
     pub fn from_env(var: &impl Fn(&str) -> Option<String>) -> Result<RedisSetup, String> {
         let text = |name: &str| var(name).unwrap_or_default();
-        let flag =
-            |name: &str, default: bool| crate::config::env::env_flag(var, name, default);
+        let flag = |name: &str, default: bool| crate::config::env::env_flag(var, name, default);
         let duration = |name: &str, default_ms: u64| -> Result<u64, String> {
             match var(name) {
                 None => Ok(default_ms),
