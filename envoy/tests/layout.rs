@@ -163,6 +163,28 @@ fn no_circle_between_files() {
 }
 
 #[test]
+fn the_settings_are_leaves_every_part_reads() {
+    // The settings (config/settings.rs and each part's in config/settings/) name nothing of
+    // the crate but the environment readers and one another.
+    let graph = graph();
+    let mut reaching = Vec::new();
+    for (file, names) in &graph {
+        if file == "config/settings" || file.starts_with("config/settings/") {
+            for name in names {
+                if name != "config/env" && !name.starts_with("config/settings") {
+                    reaching.push(format!("{file} -> {name}"));
+                }
+            }
+        }
+    }
+    assert!(graph.contains_key("config/settings"), "{graph:?}");
+    assert!(
+        reaching.is_empty(),
+        "settings that are not leaves: {reaching:#?}"
+    );
+}
+
+#[test]
 fn a_file_and_its_folder_are_told_apart() {
     // A file and a folder of one name (`config/settings.rs`, `config/settings/`): a name of
     // the folder's file is that file, not the one above it.

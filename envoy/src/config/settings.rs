@@ -5,12 +5,14 @@
 use std::path::PathBuf;
 
 use crate::config::env::{env_flag, go_duration_ms};
-use crate::config::rules::Source;
 
 pub mod health;
 pub mod redis_setup;
+pub mod runtime;
 pub mod stats;
 pub mod xds;
+
+use runtime::Source;
 
 /// What to answer when Redis cannot decide (`RL_ON_ERROR`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
