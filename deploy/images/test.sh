@@ -182,6 +182,21 @@ printf '%s\n' "$out" | sed 's/^/  /'
 [ "$(printf '%s\n' "$out" | tail -n 2 | head -n 1)" = "OK" ] || fail "docs/deploy.md: /healthcheck did not answer OK"
 [ "$(printf '%s\n' "$out" | tail -n 1)" = "200 200 200 200 200 429 " ] \
     || fail "docs/deploy.md's burst did not limit: $(printf '%s\n' "$out" | tail -n 1)"
+# The two commands the text after the block gives, as written but for the container names:
+# the service's log (it must not say the rules are missing), then the removal.
+doc_inline() { # the command in docs/deploy.md's `...` that starts with $1
+    grep -o "\`$1[^\`]*\`" docs/deploy.md | head -n 1 | tr -d '\`'
+}
+rename() { sed -e "s/rl-envoy/$doc_envoy/" -e "s/rl-redis/$doc_redis/"; }
+logs_cmd=$(doc_inline "podman logs " | rename)
+rm_cmd=$(doc_inline '$P rm ' | rename)
+[ -n "$logs_cmd" ] && [ -n "$rm_cmd" ] || fail "docs/deploy.md names no podman logs or \$P rm command"
+logs=$(P="${PODMAN[*]}" bash -ec "$logs_cmd" 2>&1) || fail "docs/deploy.md: $logs_cmd failed: $logs"
+if grep -q "limits nothing" <<<"$logs"; then fail "docs/deploy.md's service found no rules: $logs"; fi
+P="${PODMAN[*]}" bash -ec "$rm_cmd" >/dev/null || fail "docs/deploy.md: $rm_cmd failed"
+for c in "$doc_envoy" "$doc_redis"; do
+    if "${PODMAN[@]}" container exists "$c"; then fail "docs/deploy.md: $rm_cmd left $c"; fi
+done
 passed=$((passed + 1))
 
 echo "image-test: $passed passed, 0 failed"

@@ -6,13 +6,13 @@
 //!
 //! One folder per step of a request, each importing only the ones listed before it:
 //! `config` where limits and settings come from (`settings` and each part's settings in
-//! `config/settings/`, the YAML `rules` read through `yaml11`, the file `watch`, `xds`);
-//! `redis` the store (`setup`: TLS, auth, Sentinel, cluster, retries and the limiter on them;
-//! `pool` the multiplexed connections); `telemetry` (`metrics`, `stats`, `logging`);
-//! `decision` one call (`service`, `quota`, `inflight`, `unknown_domains`); `transport` the
-//! faces (`grpc`, `http`, `health`, `readiness`). This file wires them: startup, reload (file
-//! change, SIGHUP) and drain (SIGTERM). The service never reaches around the client library
-//! to Redis.
+//! `config/settings/`, all read through `env`, the YAML `rules` read through `yaml11`, the
+//! file `watch`, `xds`); `redis` the store (`setup`: TLS, auth, Sentinel, cluster, retries and
+//! the limiter on them; `pool` the multiplexed connections); `telemetry` (`metrics`, `stats`,
+//! `logging`); `decision` one call (`call` its entry, `inflight` on `service`, `quota`,
+//! `unknown_domains`); `transport` the faces (`grpc`, `http`, `health`, `readiness`). This
+//! file wires them: startup, reload (file change, SIGHUP) and drain (SIGTERM). The service
+//! never reaches around the client library to Redis.
 
 mod config;
 mod decision;

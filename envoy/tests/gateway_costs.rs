@@ -44,9 +44,12 @@ const REQUESTS_RULE: &str = "httproute/default/llm/rule/1/match/0/*";
 /// The descriptor key Envoy Gateway gives the client selector's header.
 const TOKENS_HEADER_KEY: &str = "rule-0-match-0";
 const REQUESTS_HEADER_KEY: &str = "rule-1-match-0";
+const FAILURES_RULE: &str = "httproute/default/llm/rule/2/match/0/*";
+const FAILURES_HEADER_KEY: &str = "rule-2-match-0";
 
-/// The rate-limit config Envoy Gateway writes for the two rules: 1,000 tokens a minute per
-/// `x-user-id`, and 2 requests a minute per `x-user-id`.
+/// The rate-limit config Envoy Gateway writes for the three rules: 1,000 tokens a minute per
+/// `x-user-id`, 2 requests a minute per `x-user-id`, and 3 answers a minute per `x-user-id`
+/// charged after the answer (request cost 0, response cost 1: say, failed logins).
 fn file_config() -> String {
     format!(
         "domain: {DOMAIN}
@@ -61,6 +64,11 @@ descriptors:
     descriptors:
       - key: {REQUESTS_HEADER_KEY}
         rate_limit: {{unit: minute, requests_per_unit: 2}}
+  - key: \"{FAILURES_RULE}\"
+    value: \"{FAILURES_RULE}\"
+    descriptors:
+      - key: {FAILURES_HEADER_KEY}
+        rate_limit: {{unit: minute, requests_per_unit: 3}}
 "
     )
 }
@@ -87,6 +95,7 @@ fn xds_config() -> RateLimitConfig {
         descriptors: vec![
             rule(TOKENS_RULE, TOKENS_HEADER_KEY, 1000),
             rule(REQUESTS_RULE, REQUESTS_HEADER_KEY, 2),
+            rule(FAILURES_RULE, FAILURES_HEADER_KEY, 3),
         ],
     }
 }
@@ -102,10 +111,12 @@ fn actions(rule: &str, header_key: &str) -> String {
 /// rule with a cost, since only there does Envoy send a descriptor's `hits_addend`),
 /// checked with 0 hits, charged the answer's cost on stream done
 /// (here the client's `x-tokens`, where Envoy Gateway reads the AI gateway's metadata);
-/// /v1/models: the request rule, 1 per request.
+/// /v1/models: the request rule, 1 per request;
+/// /v1/login: checked with 0 hits, charged 1 on stream done.
 fn routes() -> String {
     let tokens = actions(TOKENS_RULE, TOKENS_HEADER_KEY);
     let requests = actions(REQUESTS_RULE, REQUESTS_HEADER_KEY);
+    let failures = actions(FAILURES_RULE, FAILURES_HEADER_KEY);
     format!(
         "              - match: {{prefix: \"/v1/chat\"}}
                 route: {{cluster: upstream}}
@@ -118,6 +129,17 @@ fn routes() -> String {
                     - actions: {tokens}
                       apply_on_stream_done: true
                       hits_addend: {{format: \"%REQ(x-tokens)%\"}}
+              - match: {{prefix: \"/v1/login\"}}
+                route: {{cluster: upstream}}
+                typed_per_filter_config:
+                  envoy.filters.http.ratelimit:
+                    \"@type\": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimitPerRoute
+                    rate_limits:
+                    - actions: {failures}
+                      hits_addend: {{number: 0}}
+                    - actions: {failures}
+                      apply_on_stream_done: true
+                      hits_addend: {{number: 1}}
               - match: {{prefix: \"/v1/models\"}}
                 route:
                   cluster: upstream
@@ -141,6 +163,16 @@ fn total_hits(service: &Service) -> u64 {
         .metrics()
         .lines()
         .filter(|l| l.starts_with("ratelimit_service_rate_limit_total_hits{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// The hits the service counted on the descriptors of `rule`.
+fn rule_hits(service: &Service, rule: &str) -> u64 {
+    service
+        .metrics()
+        .lines()
+        .filter(|l| l.starts_with("ratelimit_service_rate_limit_total_hits{") && l.contains(rule))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
         .sum()
 }
@@ -197,6 +229,26 @@ fn charges_past_what_is_left_apply(service: &Service) {
     let got: Vec<u16> = (0..5).map(|_| models("carol")).collect();
     assert_eq!(got, [200, 200, 429, 429, 429], "{}", service.log());
     assert_eq!(check_requests(service, "carol"), 200, "{}", service.log());
+
+    // Charged 1 after each answer, 3 a minute: three answers empty the bucket, and the
+    // fourth check (0 hits) still passes, as the peer's does at its limit. Its charge of 1
+    // applies past what is left, so the fifth is refused: a charge of 1 taken all or
+    // nothing would be refused on the empty bucket and lost, and every check would pass.
+    let failures_rule = "rule/2/match/0";
+    let mut got = Vec::new();
+    for n in 1..=5u64 {
+        got.push(envoy.get("/v1/login", &[("x-user-id", "dave")]).status);
+        let started = Instant::now();
+        while got.last() == Some(&200) && rule_hits(service, failures_rule) < n {
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "{}",
+                service.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    assert_eq!(got, [200, 200, 200, 200, 429], "{}", service.log());
 }
 
 #[test]

@@ -158,14 +158,10 @@ fn a_charge_past_what_is_left_applies_and_checks_are_refused_while_in_debt() {
 
 #[test]
 fn a_plain_limit_applies_a_charge_past_what_is_left_by_default() {
-    // POST_PAID_CHARGES=auto: a cost above 1 may be a stream-done charge, so it applies
-    // in full (1 in debt) and the request path's 0-hit check is refused until repaid.
+    // POST_PAID_CHARGES=auto. A cost of 1 on a limit never asked with 0 hits is Envoy's
+    // default hits at request time, all or nothing: 7 pass, the 8th and later are refused
+    // and take nothing, so a 0-hit check then finds the bucket at 0, not in debt.
     let (_redis, svc) = start(&[]);
-    assert_eq!(svc.json(&request(&[("plain", "u", Some(8))])).status, 429);
-    assert_eq!(svc.json(&request(&[("plain", "u", Some(0))])).status, 429);
-    assert_eq!(svc.json(&request(&[("plain", "u", None)])).status, 429);
-    // A cost of 1 stays all or nothing: 7 pass, the 8th and later are refused and take
-    // nothing, so a 0-hit check still finds the bucket at 0, not in debt.
     for _ in 0..7 {
         assert_eq!(svc.json(&request(&[("plain", "v", None)])).status, 200);
     }
@@ -174,6 +170,21 @@ fn a_plain_limit_applies_a_charge_past_what_is_left_by_default() {
     }
     let r = svc.json(&request(&[("plain", "v", Some(0))]));
     assert_eq!(r.status, 200, "{}", r.body);
+    // A cost above 1 may be a stream-done charge, so it applies in full (1 in debt) and
+    // the 0-hit check is refused until repaid.
+    assert_eq!(svc.json(&request(&[("plain", "u", Some(8))])).status, 429);
+    assert_eq!(svc.json(&request(&[("plain", "u", Some(0))])).status, 429);
+    assert_eq!(svc.json(&request(&[("plain", "u", None)])).status, 429);
+    // The limit has now been asked with 0 hits: it is checked at request time and charged
+    // on stream done, so a cost of 1 is a charge too, applied past what is left (the
+    // check passes at 0 and the charge would otherwise be lost).
+    for _ in 0..7 {
+        assert_eq!(svc.json(&request(&[("plain", "w", None)])).status, 200);
+    }
+    assert_eq!(svc.json(&request(&[("plain", "w", Some(0))])).status, 200);
+    assert_eq!(svc.json(&request(&[("plain", "w", None)])).status, 429);
+    let r = svc.json(&request(&[("plain", "w", Some(0))]));
+    assert_eq!(r.status, 429, "in debt: {}", r.body);
 }
 
 #[test]

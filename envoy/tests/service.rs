@@ -13,7 +13,7 @@ mod support;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use support::{one, PlainRedis, Service};
+use support::{one, PlainRedis, Reply, Service};
 
 const PARITY: &str = "
 domain: parity
@@ -1202,16 +1202,30 @@ fn only_a_real_change_to_a_file_the_runtime_reads_reloads_and_a_burst_is_one_rel
     let redis = common::Server::start();
     let v1 = "domain: r\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 5}\n";
     let v2 = "domain: r\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 7}\n";
-    let svc = Service::start(&redis_url(redis.port), &[("r.yaml", v1)], &[]);
+    // The peer's default, RUNTIME_WATCH_ROOT=true: the whole runtime root is watched, so a
+    // file written anywhere under it is an event; dotfiles are not read.
+    let svc = Service::start(
+        &redis_url(redis.port),
+        &[("r.yaml", v1)],
+        &[
+            ("RUNTIME_WATCH_ROOT", "true"),
+            ("RUNTIME_IGNOREDOTFILES", "true"),
+        ],
+    );
     let reloads = || svc.metric("ratelimit_service_config_load_success");
+    // A reload that read the swap file would fail (a second domain `r…` of other bytes).
+    let failed = || svc.metric("ratelimit_service_config_load_error");
     let at_start = reloads();
-    // A log file under RUNTIME_ROOT (the runtime does not read it: its path does not start
-    // with `config.`), written 40 times over a second, and the config file rewritten with
-    // the same bytes: no reload.
-    let log = svc.root.path().join("service.log");
+    // Files the runtime does not read, written 40 times over a second: a log file under
+    // RUNTIME_ROOT (its path does not start with `config.`) and an editor's swap file, a
+    // dotfile, beside the rules; and the config file rewritten with the same bytes. No
+    // reload.
+    let log = svc.root.path().join("access.log");
     let file = Service::config_dir(svc.root.path()).join("r.yaml");
+    let swap = Service::config_dir(svc.root.path()).join(".r.yaml.swp");
     for i in 0..40 {
         std::fs::write(&log, format!("line {i}\n")).unwrap();
+        std::fs::write(&swap, format!("domain: r{i}\n")).unwrap();
         if i % 10 == 0 {
             std::fs::write(&file, v1).unwrap();
         }
@@ -1220,6 +1234,7 @@ fn only_a_real_change_to_a_file_the_runtime_reads_reloads_and_a_burst_is_one_rel
     // Longer than the debounce and the one-second poll.
     std::thread::sleep(Duration::from_millis(2500));
     assert_eq!(reloads(), at_start, "{}", svc.log());
+    assert_eq!(failed(), 0, "{}", svc.log());
     // A burst of writes ending in a real change: one reload.
     for text in [v2, v1, v2] {
         std::fs::write(&file, text).unwrap();
@@ -1228,4 +1243,43 @@ fn only_a_real_change_to_a_file_the_runtime_reads_reloads_and_a_burst_is_one_rel
     wait_for("the reload of v2", || reloads() > at_start);
     std::thread::sleep(Duration::from_millis(2500));
     assert_eq!(reloads(), at_start + 1, "{}", svc.log());
+}
+
+#[test]
+fn reset_times_are_exact_at_a_rate_that_is_no_whole_number_of_seconds() {
+    // 7 an hour is a token each 3600/7 = 514.29 s, reported rounded up: 515. An allowed
+    // request's reset is when the bucket is whole again (one token after the first take,
+    // the whole hour after the seventh); the refused eighth's is when it could pass, one
+    // token, not the hour until full.
+    let redis = common::Server::start();
+    let rules =
+        "domain: n\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 7}\n";
+    let svc = Service::start(&redis_url(redis.port), &[("n.yaml", rules)], &[]);
+    let reset_s = |r: &Reply| -> u64 {
+        let text = statuses(&r.json())[0]["durationUntilReset"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{}", r.body))
+            .to_string();
+        text.trim_end_matches('s')
+            .parse()
+            .unwrap_or_else(|_| panic!("{text}"))
+    };
+    let call = || svc.json(&one("n", &[("k", "a")]));
+    let first = call();
+    assert_eq!(first.status, 200);
+    assert_eq!(reset_s(&first), 515, "{}", first.body);
+    for _ in 0..5 {
+        assert_eq!(call().status, 200);
+    }
+    let seventh = call();
+    assert_eq!(seventh.status, 200);
+    // 7 tokens of 514.2857 s, less the few ms since the first.
+    assert!(
+        (3599..=3600).contains(&reset_s(&seventh)),
+        "{}",
+        seventh.body
+    );
+    let denied = call();
+    assert_eq!(denied.status, 429);
+    assert!((514..=515).contains(&reset_s(&denied)), "{}", denied.body);
 }

@@ -485,19 +485,17 @@ fn series(metrics: &str, name: &str) -> (u64, usize) {
 
 #[test]
 fn client_values_make_a_bounded_number_of_series_and_the_rest_are_counted_as_folded() {
-    // 2,000 distinct values under detailed_metric, 64 per call, with the bound at 200 (the
-    // default is 10,000; a smaller one keeps the test to a second): the first 200 stats
-    // keys get their own series, the other 1,800 values are counted under the config's
-    // key (`banned`), and the folding is counted. Every hit is still counted.
+    // 100,000 distinct values under detailed_metric, 64 per call, with the default bound of
+    // 10,000: the first 10,000 stats keys get their own series, the other 90,000 values are
+    // counted under the config's key (`banned`), and the folding is counted. Every hit is
+    // still counted, and the page stays the size of 10,001 series.
+    const VALUES: u32 = 100_000;
+    const BOUND: usize = 10_000;
     let redis = common::Server::start();
-    let svc = Service::start(
-        &redis_url(redis.port),
-        &[("vtm.yaml", CLIENT_VALUES)],
-        &[("RL_MAX_CLIENT_STATS_KEYS", "200")],
-    );
+    let svc = Service::start(&redis_url(redis.port), &[("vtm.yaml", CLIENT_VALUES)], &[]);
     let mut n = 0u32;
-    while n < 2_000 {
-        let descriptors: Vec<serde_json::Value> = (n..(n + 64).min(2_000))
+    while n < VALUES {
+        let descriptors: Vec<serde_json::Value> = (n..(n + 64).min(VALUES))
             .map(|i| serde_json::json!({"entries": [{"key": "banned", "value": format!("u{i}")}]}))
             .collect();
         n += 64;
@@ -506,16 +504,24 @@ fn client_values_make_a_bounded_number_of_series_and_the_rest_are_counted_as_fol
     }
     let metrics = svc.metrics();
     let (hits, count) = series(&metrics, "ratelimit_service_rate_limit_total_hits");
-    assert_eq!(hits, 2_000);
-    // 200 with a value, and the folded one.
-    assert_eq!(count, 201);
+    assert_eq!(hits, u64::from(VALUES));
+    // 10,000 with a value, and the folded one.
+    assert_eq!(count, BOUND + 1);
+    let folded = u64::from(VALUES) - BOUND as u64;
     assert_eq!(
         svc.metric(
             r#"ratelimit_service_rate_limit_total_hits{domain="vtm",key1="banned",key2=""}"#
         ),
-        1_800
+        folded
     );
-    assert_eq!(svc.metric("redis_rl_envoy_stats_keys_folded "), 1_800);
+    assert_eq!(svc.metric("redis_rl_envoy_stats_keys_folded "), folded);
+    // The page holds 10,001 series of each counter: 1.7 MB here, where every value kept
+    // would make it ten times that.
+    assert!(
+        metrics.len() < 2 * 1024 * 1024,
+        "/metrics is {} bytes",
+        metrics.len()
+    );
 }
 
 #[test]

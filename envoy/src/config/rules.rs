@@ -16,6 +16,7 @@ use std::sync::Arc;
 
 use redis_rl_client::Limit;
 
+pub use crate::config::settings::runtime::Source;
 use crate::config::yaml11::{Node, Resolved};
 
 /// The keys a config file may hold anywhere; any other is a misspelling and refused, as the
@@ -270,23 +271,8 @@ pub struct Match {
     pub concurrency: Option<Concurrency>,
 }
 
-/// Where the runtime files are and how they are read: envoyproxy/ratelimit's goruntime
-/// layout and its `MERGE_DOMAIN_CONFIG`.
-#[derive(Clone, Debug)]
-pub struct Source {
-    /// `$RUNTIME_ROOT/$RUNTIME_SUBDIRECTORY`.
-    pub base: PathBuf,
-    /// `$RUNTIME_APPDIRECTORY` (`config`).
-    pub app_dir: String,
-    /// `RUNTIME_WATCH_ROOT`: every file under `base` whose path, `/` read as `.`, starts with
-    /// `<app_dir>.`; otherwise every file under `base/<app_dir>`.
-    pub watch_root: bool,
-    /// `RUNTIME_IGNOREDOTFILES`: skip files and directories whose name starts with `.`.
-    pub ignore_dotfiles: bool,
-    /// `MERGE_DOMAIN_CONFIG`: files of one domain are merged instead of refused.
-    pub merge_domains: bool,
-}
-
+// `Source` is the runtime settings' struct (a leaf of the settings); how its files are found
+// and read is here.
 impl Source {
     /// One directory, read as the unit tests use it: every file under `dir`.
     #[cfg(test)]
@@ -944,7 +930,7 @@ fn ttl_field(map: &Node) -> Result<Option<u64>, String> {
         Some(Node::Scalar(s)) => {
             let ms = match s.resolve() {
                 Resolved::Int(n) => u64::try_from(n).ok().and_then(|n| n.checked_mul(1000)),
-                Resolved::Str => crate::config::settings::env::go_duration_ms(&s.text),
+                Resolved::Str => crate::config::env::go_duration_ms(&s.text),
                 _ => None,
             };
             match ms {

@@ -4,15 +4,15 @@
 
 use std::path::PathBuf;
 
-use crate::config::rules::Source;
+use crate::config::env::{env_flag, go_duration_ms};
 
-pub mod env;
 pub mod health;
 pub mod redis_setup;
+pub mod runtime;
 pub mod stats;
 pub mod xds;
 
-use env::{env_flag, go_duration_ms};
+use runtime::Source;
 
 /// What to answer when Redis cannot decide (`RL_ON_ERROR`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -35,7 +35,9 @@ pub enum Policy {
 pub enum PostPaidCharges {
     /// A cost other than 1 is post-paid: 0 is a check (refused while the bucket is in
     /// debt) and a cost above 1 may be a usage charge, so it applies in full, debt
-    /// included. A cost of 1, Envoy's default hits, is taken all or nothing.
+    /// included. A cost of 1, Envoy's default hits, is taken all or nothing, unless the
+    /// limit has been asked with 0 hits: then it is checked at request time and its cost of
+    /// 1 is a stream-done charge, post-paid too.
     Auto,
     /// Every plain limit is post-paid, as if each had `post_paid: true`.
     Always,

@@ -9,9 +9,10 @@
 //! cluster is not atomic: see the client's `slots` module).
 //!
 //! Quota-mode and `post_paid` descriptors, and plain ones `POST_PAID_CHARGES` names (by
-//! default a cost other than 1), are charged first, post-paid (the client's
-//! `charge`: it always applies and may leave the bucket in debt); whether the request is
-//! over is the quota rule's (`crate::decision::quota`), which also builds the dynamic metadata.
+//! default a cost other than 1, and 1 on a limit asked with 0 hits), are charged first,
+//! post-paid (the client's `charge`: it always applies and may leave the bucket in debt);
+//! whether the request is over is the quota rule's (`crate::decision::quota`), which also
+//! builds the dynamic metadata.
 
 use std::sync::{Arc, RwLock};
 use std::time::Instant;
@@ -45,6 +46,9 @@ pub const MAX_PLAIN_KEY_BYTES: usize = 1024;
 /// is answered over the limit without asking Redis (not refused: `hits_addend` may come from
 /// a client's header, and a refused call is let through by Envoy's default).
 pub const MAX_COST: u64 = 1_000_000_000_000_000;
+/// At most this many limits remembered as asked with 0 hits (one per config rule; a
+/// descriptor's `limit` override may carry a request's value in its key, so it is bounded).
+pub const MAX_CHECKED_LIMITS: usize = 10_000;
 
 /// Why a call has no response.
 #[derive(Debug, PartialEq, Eq)]
@@ -58,7 +62,8 @@ pub enum Failure {
 }
 
 impl Failure {
-    fn kind(&self) -> &'static str {
+    /// The `ratelimit_service_should_rate_limit_error` label of this failure.
+    pub(crate) fn kind(&self) -> &'static str {
         match self {
             Failure::Invalid(_) => "invalid_argument",
             Failure::Unavailable(_) => "redis_unavailable",
@@ -79,6 +84,10 @@ pub struct Service {
     /// The stats keys holding a client's value seen so far, at most
     /// `RL_MAX_CLIENT_STATS_KEYS`: each is a metric series and a statsd name.
     client_stats_keys: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// The limits (by their config stats key) asked with 0 hits since the config loaded, at
+    /// most [`MAX_CHECKED_LIMITS`]: under `POST_PAID_CHARGES=auto` each is post-paid at
+    /// every cost, a cost of 1 included (see `post_paid_at`).
+    checked_limits: RwLock<std::collections::HashSet<String>>,
     /// The domains asked for that the config does not define, each warned about once.
     unknown_domains: crate::decision::unknown_domains::UnknownDomains,
     /// `RL_BUCKET_STORAGE=tables`: the tables the buckets are fields of.
@@ -142,6 +151,7 @@ impl Service {
             metrics,
             per_second: None,
             client_stats_keys: std::sync::Mutex::new(std::collections::HashSet::new()),
+            checked_limits: RwLock::new(std::collections::HashSet::new()),
             unknown_domains: Default::default(),
             tables,
         }
@@ -166,6 +176,28 @@ impl Service {
         drop(seen);
         self.metrics.stats_keys_folded.inc();
         m.stats_key = m.config_stats_key.clone();
+    }
+
+    /// `POST_PAID_CHARGES=auto`'s rule for a plain limit: a cost other than 1 is post-paid (0
+    /// is a check, above 1 may be usage), and so is a cost of 1 on a limit asked with 0 hits
+    /// before. Such a limit is checked at request time and charged on stream done (Envoy
+    /// Gateway's request cost 0 and response cost), so its cost of 1 is a usage charge: taken
+    /// all or nothing, a charge of 1 on an empty bucket would be lost while every 0-hit check
+    /// passes, and the limit would never bind.
+    fn auto_post_paid(&self, m: &Match, cost: u64, refund: bool) -> bool {
+        let key = &m.config_stats_key;
+        let known = match self.checked_limits.read() {
+            Ok(c) => c.contains(key),
+            Err(poisoned) => poisoned.into_inner().contains(key),
+        };
+        if cost == 0 && !refund && !known {
+            if let Ok(mut c) = self.checked_limits.write() {
+                if c.len() < MAX_CHECKED_LIMITS {
+                    c.insert(key.clone());
+                }
+            }
+        }
+        cost != 1 || known
     }
 
     /// Sends the limits whose unit is `second` to `backend` (`REDIS_PERSECOND`).
@@ -199,36 +231,10 @@ impl Service {
             Err(poisoned) => *poisoned.into_inner() = config,
         }
         self.unknown_domains.clear();
-    }
-
-    /// Answers one request; `method` labels the metrics (`ShouldRateLimit`, `json`).
-    pub async fn should_rate_limit(
-        &self,
-        request: &RateLimitRequest,
-        method: &str,
-    ) -> Result<RateLimitResponse, Failure> {
-        let started = Instant::now();
-        self.metrics
-            .total_requests
-            .with_label_values(&[method])
-            .inc();
-        let result = self.decide(request).await;
-        if let Err(e) = &result {
-            self.metrics.errors.with_label_values(&[e.kind()]).inc();
-            tracing::debug!("ShouldRateLimit failed: {e:?}");
+        match self.checked_limits.write() {
+            Ok(mut c) => c.clear(),
+            Err(poisoned) => poisoned.into_inner().clear(),
         }
-        self.metrics
-            .observe_response_time(method, started.elapsed().as_secs_f64());
-        result
-    }
-
-    async fn decide(&self, request: &RateLimitRequest) -> Result<RateLimitResponse, Failure> {
-        // Descriptors tied to one request by its id (concurrency limits, reservations) are
-        // `crate::decision::inflight`'s; it hands the others back to `decide_plain`.
-        if let Some(out) = crate::decision::inflight::decide(self, request).await? {
-            return Ok(out);
-        }
-        self.decide_plain(request).await
     }
 
     /// Every descriptor as a rate limit: the take, the charges, the response.
@@ -355,7 +361,7 @@ impl Service {
                 || match self.settings.post_paid_charges {
                     PostPaidCharges::Always => true,
                     PostPaidCharges::Never => false,
-                    PostPaidCharges::Auto => cost != 1,
+                    PostPaidCharges::Auto => self.auto_post_paid(&m, cost, refund),
                 };
             let in_table = self.tables.as_ref().map(|t| t.names(&key));
             let item = Limited {

@@ -664,8 +664,8 @@ async fn connect_all(settings: &Settings) -> Result<Backends, Failed> {
 }
 
 /// Connects, trying again with a doubling back-off (`REDIS_STARTUP_RETRY_*`) while Redis does
-/// not answer; the service listens only once this returns, and is not ready
-/// ([`crate::transport::readiness`]) until the health probe's first `PING` is answered.
+/// not answer; the service listens only once this returns, and the health faces call it not
+/// ready until the health probe's first `PING` is answered.
 ///
 /// # Errors
 /// A setup that can never work at once; Redis still unreachable after the last attempt.

@@ -49,7 +49,7 @@ impl HealthSettings {
         let duration = |name: &str, default_ms: u64| -> Result<u64, String> {
             match var(name) {
                 None => Ok(default_ms),
-                Some(v) => crate::config::settings::env::go_duration_ms(&v).ok_or_else(|| {
+                Some(v) => crate::config::env::go_duration_ms(&v).ok_or_else(|| {
                     format!("{name} must be a Go duration such as 30s, 1h or 0, not {v:?}")
                 }),
             }

@@ -48,12 +48,11 @@ impl RedisSetup {
     /// The variable and what it must be.
     pub fn from_env(var: &impl Fn(&str) -> Option<String>) -> Result<RedisSetup, String> {
         let text = |name: &str| var(name).unwrap_or_default();
-        let flag =
-            |name: &str, default: bool| crate::config::settings::env::env_flag(var, name, default);
+        let flag = |name: &str, default: bool| crate::config::env::env_flag(var, name, default);
         let duration = |name: &str, default_ms: u64| -> Result<u64, String> {
             match var(name) {
                 None => Ok(default_ms),
-                Some(v) => crate::config::settings::env::go_duration_ms(&v)
+                Some(v) => crate::config::env::go_duration_ms(&v)
                     .filter(|ms| *ms <= MAX_INTERVAL_MS)
                     .ok_or_else(|| {
                         format!(

@@ -43,8 +43,7 @@ impl StatsSettings {
         var: &dyn Fn(&str) -> Option<String>,
         duration_ms: fn(&str) -> Option<u64>,
     ) -> Result<StatsSettings, String> {
-        let flag =
-            |name: &str, default: bool| crate::config::settings::env::env_flag(var, name, default);
+        let flag = |name: &str, default: bool| crate::config::env::env_flag(var, name, default);
         let port = |name: &str, default: u16| -> Result<u16, String> {
             match var(name) {
                 None => Ok(default),

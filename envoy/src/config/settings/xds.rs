@@ -137,7 +137,7 @@ impl XdsSettings {
         };
         let retry_text =
             var("CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL").unwrap_or_else(|| "3s".into());
-        let retry_interval_ms = crate::config::settings::env::go_duration_ms(&retry_text)
+        let retry_interval_ms = crate::config::env::go_duration_ms(&retry_text)
             .filter(|ms| (1..=3_600_000).contains(ms))
             .ok_or_else(|| {
                 format!(
