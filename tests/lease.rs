@@ -6,7 +6,8 @@
 //! never repeating across a restart or on a promoted replica; replica,
 //! AOF replay, AOF rewrite and RDB restart holding identical values (`DUMP` and
 //! `PEXPIRETIME`); WRONGTYPE both ways; every bad argument's exact error, writing nothing;
-//! writes refused on replicas and held under `CLIENT PAUSE WRITE`; the ACL category; the
+//! writes refused on replicas and held under `CLIENT PAUSE WRITE` and while `SHUTDOWN` waits
+//! for a replica (then saved); the ACL category; the
 //! loader refusing every malformed payload.
 //!
 //! Time: leases that must outlive a test last an hour. The one test about expiry waits for
@@ -764,6 +765,69 @@ fn writes_wait_under_client_pause_write_and_counts_do_not() {
         .query(&mut admin)
         .unwrap();
     assert_eq!(writer.join().unwrap(), (1, b"b".to_vec(), 2, 3_600_000));
+}
+
+/// `SHUTDOWN` waiting for a lagging replica holds lease writes back (counts are answered),
+/// then saves and exits cleanly; the restart holds what was saved, and the take that waited
+/// is not in it.
+#[test]
+fn shutdown_holds_lease_writes_while_it_waits_then_saves_them() {
+    let args = ["--dbfilename", "dump.rdb", "--shutdown-timeout", "2"];
+    let mut server = Server::start_with(&args);
+    let replica = server.start_replica();
+    let mut con = server.conn();
+    populate(&mut con);
+    wait_for_replica(&mut con);
+    let want = snapshot(&mut con);
+    replica.suspend();
+    let shutdown = {
+        let mut con = server.conn();
+        con.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        // No reply once the server exits.
+        std::thread::spawn(move || redis::cmd("SHUTDOWN").arg("SAVE").query::<String>(&mut con))
+    };
+    sleep(Duration::from_millis(50));
+    let taker = {
+        let mut con = server.conn();
+        con.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        std::thread::spawn(move || {
+            command("RL.LEASE", &["three", "3", HOUR_MS, "ID", "late"]).query::<Value>(&mut con)
+        })
+    };
+    let deadline = Instant::now() + Duration::from_millis(300);
+    while Instant::now() < deadline {
+        assert_eq!(
+            leases(&mut con, "three", "3")[0],
+            2,
+            "a count while it waits"
+        );
+        sleep(Duration::from_millis(20));
+    }
+    assert!(!taker.is_finished(), "RL.LEASE ran while SHUTDOWN waited");
+    let status = server.wait_exit(Duration::from_secs(30));
+    let log = server.log();
+    let status = status.unwrap_or_else(|| panic!("still running after SHUTDOWN; log:\n{log}"));
+    assert!(
+        status.success(),
+        "SHUTDOWN ended with {status}; log:\n{log}"
+    );
+    assert!(
+        log.contains("Waiting for replicas before shutting down"),
+        "SHUTDOWN did not wait for the replica; log:\n{log}"
+    );
+    let _ = shutdown.join().expect("the SHUTDOWN thread");
+    assert!(
+        taker.join().expect("the taker").is_err(),
+        "the waiting take got a reply"
+    );
+    replica.resume();
+    drop(replica);
+    server.restart();
+    assert_eq!(
+        snapshot(&mut server.conn()),
+        want,
+        "the RDB saved at shutdown"
+    );
 }
 
 #[test]
