@@ -11,7 +11,9 @@ pinned to one CPU). For each value in turn, on a flushed server:
          a bucket's instant is as a string).
 
 then, --rounds times each: DUMP of the key, RESTORE of that payload under another key (then
-DEL of it), and DEBUG RELOAD (SAVE and load of the whole RDB, the key alone in it). Each
+DEL of it), and DEBUG RELOAD (SAVE and load of the whole RDB, the key alone in it); the copy
+and the reloaded key must equal the original (a table's DUMP byte for byte, a hash's HLEN),
+or the run fails. Each
 figure is the server's time for the command (`usec` of INFO commandstats, reset before each
 call), the median of the rounds, divided by N: ns per entry.
 
@@ -118,15 +120,31 @@ def server_usec(conn, stat, *command):
     return int(fields["usec"])
 
 
-def measure(conn, key, n, rounds):
+def same_value(conn, key, other, payload, exact):
+    """Whether `other` holds what `key` held when its DUMP was `payload`: the same DUMP if
+    exact (a table's encoding is in bucket order), else the same HLEN (a big hash's DUMP
+    follows its dict's layout, which a RESTORE or a reload may change)."""
+    if exact:
+        return conn.call_bytes("DUMP", other) == payload
+    return conn.call("HLEN", other) == conn.call("HLEN", key)
+
+
+def measure(conn, key, n, rounds, exact):
+    """Medians per entry of DUMP, RESTORE and DEBUG RELOAD of `key`; each round's RESTOREd
+    copy and the key after the reload are checked against the round's DUMP (the round trip
+    must be equal, not only timed)."""
     dumps, restores, reloads, sizes = [], [], [], []
     for _ in range(rounds):
         dumps.append(server_usec(conn, "dump", "DUMP", key))
         payload = conn.call_bytes("DUMP", key)
         sizes.append(len(payload))
         restores.append(server_usec(conn, "restore", "RESTORE", key + ":copy", 0, payload))
+        if not same_value(conn, key, key + ":copy", payload, exact):
+            raise BenchError("the RESTOREd copy of %s (%d entries) differs from it" % (key, n))
         conn.call("DEL", key + ":copy")
         reloads.append(server_usec(conn, "debug", "DEBUG", "RELOAD"))
+        if exact and conn.call_bytes("DUMP", key) != payload:
+            raise BenchError("%s (%d entries) differs after DEBUG RELOAD" % (key, n))
     per = lambda usecs: statistics.median(usecs) * 1000.0 / n  # noqa: E731
     return {"dump": per(dumps), "restore": per(restores), "reload": per(reloads),
             "bytes": statistics.median(sizes) / n}
@@ -252,7 +270,7 @@ def main():
         for name, fill in (("table", fill_table), ("hash", fill_hash)):
             conn.call("FLUSHALL")
             fill(conn, "k", n, rng)
-            results[name] = measure(conn, "k", n, opts.rounds)
+            results[name] = measure(conn, "k", n, opts.rounds, name == "table")
             print("%s: %s" % (name, {k: round(v, 1) for k, v in results[name].items()}),
                   flush=True)
         conn.call("FLUSHALL")
@@ -265,7 +283,9 @@ def main():
         "Written by `make bench-tables` (`bench/tables.py --buckets %d --rounds %d --sizes %s`) "
         "on %s: server "
         "time per entry (INFO commandstats, median of the rounds), one table of %s buckets "
-        "against one hash of as many fields, same run. Redis %s, release build, %s, %s "
+        "against one hash of as many fields, same run; each round's RESTOREd copy and the key "
+        "after DEBUG RELOAD checked against its DUMP (the table's byte for byte, the hash's by "
+        "HLEN). Redis %s, release build, %s, %s "
         "(%d CPUs, shared, load average %s at the end)."
         % (n, opts.rounds, ",".join(map(str, sizes)), time.strftime("%Y-%m-%d", time.gmtime()),
            format(n, ","), version, platform.machine(), cpu or "unknown CPU",

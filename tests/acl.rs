@@ -13,7 +13,8 @@
 //! By name, because module commands belong to no ACL category on Redis 7.0: `-@write` does
 //! not remove RL.SETSTATE, and `+@write` does not grant RL.ACQUIRE. (Where the server supports
 //! module categories, Redis 7.4+ and Valkey, the rate-limit commands also join `@ratelimit`,
-//! which leaves RL.SETSTATE out; the last test here covers that.)
+//! which leaves RL.SETSTATE and the other internal commands out; the last test here covers
+//! that, leases and reservations included.)
 //!
 //! Time: the rate is 0.000001 token/s, so no bucket gains a token during a test.
 
@@ -254,20 +255,40 @@ fn ratelimit_acl_category_where_the_server_supports_it() {
         "rl.refund",
         "rl.charge",
         "rl.hcharge",
+        "rl.lease",
+        "rl.release",
+        "rl.renew",
+        "rl.leases",
+        "rl.reserve",
+        "rl.settle",
+        "rl.hreserve",
+        "rl.hsettle",
     ] {
         assert!(
             members.contains(&name.to_string()) || !lists_module_commands,
             "{name} not in {members:?}"
         );
-        let info: redis::Value = redis::cmd("COMMAND")
-            .arg("INFO")
-            .arg(name)
-            .query(&mut admin)
-            .expect("COMMAND INFO");
         assert!(
-            format!("{info:?}").contains("@ratelimit"),
-            "{name}: no @ratelimit in {info:?}"
+            command_info(&mut admin, name).contains("@ratelimit"),
+            "{name}: no @ratelimit in its COMMAND INFO"
         );
+    }
+    // The internal commands, which set a state outright, stay out of it: +@ratelimit never
+    // lets an application reset a limit, forge a lease or a reservation.
+    for name in [
+        "rl.setstate",
+        "rl.hsetstate",
+        "rl.leasesetstate",
+        "rl.resvstate",
+        "rl.hresvstate",
+    ] {
+        assert!(
+            !members.contains(&name.to_string()),
+            "{name} in {members:?}"
+        );
+        let info = command_info(&mut admin, name);
+        assert!(info.contains("\"RL."), "{name} unknown: {info}");
+        assert!(!info.contains("@ratelimit"), "{name}: {info}");
     }
 
     let ok: String = redis::cmd("ACL")
@@ -296,4 +317,30 @@ fn ratelimit_acl_category_where_the_server_supports_it() {
     let err = error_text(&mut app, redis::cmd("SET").arg("k2").arg("v"));
     assert!(err.starts_with("NOPERM "), "{err}");
     assert!(!exists(&mut admin, b"k2"));
+    // A reservation is taken and settled under +@ratelimit; its state is not written.
+    let reserved: (i64, Vec<u8>, i64, i64) = redis::cmd("RL.RESERVE")
+        .arg(&["r", "0.001", "3", "1", "60000", "ID", "a"][..])
+        .query(&mut app)
+        .expect("RL.RESERVE under +@ratelimit");
+    assert_eq!(reserved, (1, b"a".to_vec(), 2, 0));
+    let settled: Vec<i64> = redis::cmd("RL.SETTLE")
+        .arg(&["r", "0.001", "3", "a", "1"][..])
+        .query(&mut app)
+        .expect("RL.SETTLE under +@ratelimit");
+    assert_eq!(settled[0], 2);
+    let err = error_text(
+        &mut app,
+        redis::cmd("RL.RESVSTATE").arg(&["r", "0", "0"][..]),
+    );
+    assert!(err.starts_with("NOPERM "), "{err}");
+}
+
+/// `COMMAND INFO name`, as debug text.
+fn command_info(con: &mut Connection, name: &str) -> String {
+    let info: redis::Value = redis::cmd("COMMAND")
+        .arg("INFO")
+        .arg(name)
+        .query(con)
+        .expect("COMMAND INFO");
+    format!("{info:?}")
 }

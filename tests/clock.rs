@@ -13,6 +13,8 @@
 //!   own clock for them; once promoted it decides by its own clock, so its buckets hold the
 //!   tokens they would at its time: a replica ahead by `s` gives `floor(s × rate)` more, one
 //!   behind gives fewer.
+//! - **Leases** hold absolute expiries too: a clock set back by `s` keeps a lease `s` longer,
+//!   one set ahead frees it `s` sooner, and a promoted replica frees it by its own clock.
 //!
 //! Time: 1 token per 1000 s and offsets of thousands of seconds, so the real seconds a test
 //! takes add no token (a check allows for one at most where a test could run near a token's
@@ -89,6 +91,33 @@ fn assert_both(con: &mut Connection, tokens: i64, reset_s: i64, what: &str) {
     }
 }
 
+/// A lease of an hour on `l` (limit 1): its expiry is absolute, by the module's clock.
+fn take_lease(con: &mut Connection) {
+    let taken: (i64, Vec<u8>, i64, i64) = redis::cmd("RL.LEASE")
+        .arg(&["l", "1", "3600000", "ID", "a"][..])
+        .query(con)
+        .unwrap();
+    assert_eq!(taken, (1, b"a".to_vec(), 1, 3_600_000));
+}
+
+/// `l` still held and its slot free in about `free_in_s` seconds (within the 30 s the test
+/// may take), or, with `None`, no longer held.
+fn assert_lease(con: &mut Connection, free_in_s: Option<i64>, what: &str) {
+    let [in_use, retry_after_ms]: [i64; 2] = redis::cmd("RL.LEASES")
+        .arg(&["l", "1"][..])
+        .query::<Vec<i64>>(con)
+        .unwrap()
+        .try_into()
+        .unwrap();
+    match free_in_s {
+        Some(s) => assert!(
+            in_use == 1 && (retry_after_ms - s * 1000).abs() <= 30_000,
+            "{what}: lease {in_use} held, free in {retry_after_ms} ms, not about {s} s"
+        ),
+        None => assert_eq!([in_use, retry_after_ms], [0, 0], "{what}: the lease"),
+    }
+}
+
 /// Whether the module under test has the seam (a debug build; `make dist-check` runs the
 /// suite with the release `.so`, which has none): with its clock 10^6 s ahead, an emptied
 /// bucket's key expires that much later than the server's own clock says.
@@ -117,11 +146,14 @@ fn the_clock_backwards_forwards_and_across_a_failover_with_skew() {
     // Backwards and forwards: one server, restarted from its AOF with its clock moved.
     let mut server = with_offset_ms(0, || Server::start_with(&aof));
     empty_both(&mut server.conn());
+    take_lease(&mut server.conn());
     assert_both(&mut server.conn(), 0, 10_000, "emptied");
     with_offset_ms(-3_000_000, || server.restart());
     let mut con = server.conn();
     // 13,000 s from full at 1000 s a token: 3 tokens below empty, as a debt reads.
     assert_both(&mut con, -3, 13_000, "the clock 3000 s back");
+    // The lease's expiry is absolute: held 3000 s longer.
+    assert_lease(&mut con, Some(6_600), "the clock 3000 s back");
     let denied: Vec<i64> = redis::cmd("RL.ACQUIRE")
         .arg("k")
         .arg(&LIMIT[..])
@@ -130,8 +162,10 @@ fn the_clock_backwards_forwards_and_across_a_failover_with_skew() {
     assert_eq!(denied[0], 0, "a take after the clock went back: {denied:?}");
     with_offset_ms(3_000_000, || server.restart());
     assert_both(&mut server.conn(), 3, 7_000, "the clock 3000 s ahead");
+    assert_lease(&mut server.conn(), Some(600), "the clock 3000 s ahead");
     with_offset_ms(20_000_000, || server.restart());
     assert_both(&mut server.conn(), 10, 0, "the clock past the full instant");
+    assert_lease(&mut server.conn(), None, "the clock past its expiry");
     drop(server);
 
     // Failover to a replica ahead of its master, and to one behind it.
@@ -140,6 +174,7 @@ fn the_clock_backwards_forwards_and_across_a_failover_with_skew() {
         let replica = with_offset_ms(skew_ms, || master.start_replica());
         let mut m = master.conn();
         empty_both(&mut m);
+        take_lease(&mut m);
         wait_for_replica(&mut m);
         assert_eq!(
             common::snapshot(&mut replica.conn()),
@@ -154,5 +189,7 @@ fn the_clock_backwards_forwards_and_across_a_failover_with_skew() {
             .unwrap();
         let what = format!("promoted with its clock {} s off", skew_ms / 1000);
         assert_both(&mut r, tokens, reset_s, &what);
+        // The lease frees by the promoted replica's clock: sooner when it is ahead.
+        assert_lease(&mut r, Some(3_600 - skew_ms / 1000), &what);
     }
 }

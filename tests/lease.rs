@@ -1,10 +1,13 @@
 //! Leases against real servers: RL.LEASE, RL.RELEASE, RL.RENEW, RL.LEASES and the internal
 //! RL.LEASESETSTATE. Exact replies; a retried take answered as held, writing nothing; 1,000
 //! concurrent callers on one key of limit 10 never holding more than 10; a holder that never
-//! releases freeing its slot when its ttl runs out; a lease held across a failover; replica,
+//! releases freeing its slot when its ttl runs out; a lease held across a failover (promotion
+//! and the `FAILOVER` command, the old master's AOF included); made ids
+//! never repeating across a restart or on a promoted replica; replica,
 //! AOF replay, AOF rewrite and RDB restart holding identical values (`DUMP` and
 //! `PEXPIRETIME`); WRONGTYPE both ways; every bad argument's exact error, writing nothing;
-//! writes refused on replicas and held under `CLIENT PAUSE WRITE`; the ACL category; the
+//! writes refused on replicas and held under `CLIENT PAUSE WRITE` and while `SHUTDOWN` waits
+//! for a replica (then saved); the ACL category; the
 //! loader refusing every malformed payload.
 //!
 //! Time: leases that must outlive a test last an hour. The one test about expiry waits for
@@ -634,6 +637,105 @@ fn a_lease_held_across_a_failover_is_still_held_on_the_new_master() {
     assert_eq!(lease(&mut new, &["k", "2", HOUR_MS, "ID", "c"]).0, 1);
 }
 
+fn role(con: &mut Connection) -> String {
+    let text = info::info(con, "replication");
+    info::info_field(&text, "role")
+        .unwrap_or_default()
+        .to_string()
+}
+
+#[test]
+fn leases_held_across_the_failover_command_are_held_on_the_new_master_and_in_its_aof() {
+    // FAILOVER pauses the master's writes, waits for the replica to catch up and swaps the
+    // roles; the old master, with its AOF, then follows the new one.
+    let mut old = Server::start_with(&PLAIN_AOF_ALWAYS);
+    let replica = old.start_replica();
+    let mut m = old.conn();
+    assert_eq!(lease(&mut m, &["k", "3", HOUR_MS, "ID", "a"]).0, 1);
+    let (_, made, _, _) = lease(&mut m, &["k", "3", HOUR_MS]);
+    lease(&mut m, &["k", "3", "1", "ID", "short"]);
+    sleep(Duration::from_millis(5));
+    // Drops the expired one: the drop travels too.
+    assert_eq!(lease(&mut m, &["k", "3", HOUR_MS, "ID", "b"]).2, 3);
+    wait_for_replica(&mut m);
+    let want = snapshot(&mut m);
+    let _: () = redis::cmd("FAILOVER").query(&mut m).expect("FAILOVER");
+    let mut r = replica.conn();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while role(&mut r) != "master"
+        || role(&mut m) != "slave"
+        || !info::info(&mut m, "replication").contains("master_link_status:up")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the failover did not complete:\n{}",
+            info::info(&mut m, "replication")
+        );
+        sleep(Duration::from_millis(20));
+    }
+    assert_eq!(snapshot(&mut r), want, "the new master");
+    // All three still count there: a retried take is held, a fourth denied.
+    let (ok, id, in_use, _) = lease(&mut r, &["k", "3", HOUR_MS, "ID", "a"]);
+    assert_eq!((ok, id.as_slice(), in_use), (1, &b"a"[..], 3));
+    assert_eq!(lease(&mut r, &["k", "3", HOUR_MS, "ID", "c"]).0, 0);
+    let made = String::from_utf8(made).unwrap();
+    assert_eq!(int(&mut r, "RL.RELEASE", &["k", &made]), 1);
+    assert_eq!(lease(&mut r, &["k", "3", HOUR_MS, "ID", "c"]).0, 1);
+    wait_for_replica(&mut r);
+    let now = snapshot(&mut r);
+    assert_eq!(snapshot(&mut m), now, "the old master, now a replica");
+    // Its AOF holds the same: restarted from it alone (no longer a replica), it is equal.
+    drop(m);
+    old.restart();
+    assert_eq!(snapshot(&mut old.conn()), now, "the old master's AOF");
+}
+
+/// `n` leases taken on `key` with ids the server makes, each checked to be 16 hex characters.
+fn made_ids(con: &mut Connection, key: &str, n: usize) -> Vec<Vec<u8>> {
+    (0..n)
+        .map(|_| {
+            let (ok, id, _, _) = lease(con, &[key, "10000", HOUR_MS]);
+            assert_eq!(ok, 1);
+            assert!(
+                id.len() == 16 && id.iter().all(|b| b.is_ascii_hexdigit()),
+                "{id:?}"
+            );
+            id
+        })
+        .collect()
+}
+
+#[test]
+fn made_ids_never_repeat_across_a_restart_or_on_a_promoted_replica() {
+    // A generator seeded alike at each start would make the same ids again after a restart,
+    // and on a replica started the same way: a late release from before could then free a
+    // lease taken after. Each batch is on a key of its own, so the redraw against the key's
+    // own leases cannot hide a repeat.
+    const EACH: usize = 200;
+    let mut server = Server::start_with(&PLAIN_AOF_ALWAYS);
+    let mut con = server.conn();
+    let mut seen: Vec<Vec<u8>> = made_ids(&mut con, "first", EACH);
+    drop(con);
+    server.restart();
+    let mut con = server.conn();
+    assert_eq!(leases(&mut con, "first", "10000")[0], EACH as i64, "kept");
+    seen.extend(made_ids(&mut con, "after-restart", EACH));
+    let replica = server.start_replica();
+    wait_for_replica(&mut con);
+    let mut promoted = replica.conn();
+    let _: String = redis::cmd("REPLICAOF")
+        .arg("NO")
+        .arg("ONE")
+        .query(&mut promoted)
+        .unwrap();
+    seen.extend(made_ids(&mut promoted, "on-promoted", EACH));
+    seen.extend(made_ids(&mut con, "old-master", EACH));
+    let all = seen.len();
+    seen.sort();
+    seen.dedup();
+    assert_eq!(seen.len(), all, "a made id repeated");
+}
+
 #[test]
 fn writes_wait_under_client_pause_write_and_counts_do_not() {
     let server = Server::start();
@@ -663,6 +765,69 @@ fn writes_wait_under_client_pause_write_and_counts_do_not() {
         .query(&mut admin)
         .unwrap();
     assert_eq!(writer.join().unwrap(), (1, b"b".to_vec(), 2, 3_600_000));
+}
+
+/// `SHUTDOWN` waiting for a lagging replica holds lease writes back (counts are answered),
+/// then saves and exits cleanly; the restart holds what was saved, and the take that waited
+/// is not in it.
+#[test]
+fn shutdown_holds_lease_writes_while_it_waits_then_saves_them() {
+    let args = ["--dbfilename", "dump.rdb", "--shutdown-timeout", "2"];
+    let mut server = Server::start_with(&args);
+    let replica = server.start_replica();
+    let mut con = server.conn();
+    populate(&mut con);
+    wait_for_replica(&mut con);
+    let want = snapshot(&mut con);
+    replica.suspend();
+    let shutdown = {
+        let mut con = server.conn();
+        con.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        // No reply once the server exits.
+        std::thread::spawn(move || redis::cmd("SHUTDOWN").arg("SAVE").query::<String>(&mut con))
+    };
+    sleep(Duration::from_millis(50));
+    let taker = {
+        let mut con = server.conn();
+        con.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        std::thread::spawn(move || {
+            command("RL.LEASE", &["three", "3", HOUR_MS, "ID", "late"]).query::<Value>(&mut con)
+        })
+    };
+    let deadline = Instant::now() + Duration::from_millis(300);
+    while Instant::now() < deadline {
+        assert_eq!(
+            leases(&mut con, "three", "3")[0],
+            2,
+            "a count while it waits"
+        );
+        sleep(Duration::from_millis(20));
+    }
+    assert!(!taker.is_finished(), "RL.LEASE ran while SHUTDOWN waited");
+    let status = server.wait_exit(Duration::from_secs(30));
+    let log = server.log();
+    let status = status.unwrap_or_else(|| panic!("still running after SHUTDOWN; log:\n{log}"));
+    assert!(
+        status.success(),
+        "SHUTDOWN ended with {status}; log:\n{log}"
+    );
+    assert!(
+        log.contains("Waiting for replicas before shutting down"),
+        "SHUTDOWN did not wait for the replica; log:\n{log}"
+    );
+    let _ = shutdown.join().expect("the SHUTDOWN thread");
+    assert!(
+        taker.join().expect("the taker").is_err(),
+        "the waiting take got a reply"
+    );
+    replica.resume();
+    drop(replica);
+    server.restart();
+    assert_eq!(
+        snapshot(&mut server.conn()),
+        want,
+        "the RDB saved at shutdown"
+    );
 }
 
 #[test]

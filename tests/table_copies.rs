@@ -364,8 +364,9 @@ fn one_expiry_everywhere(preamble: &str) {
     assert_no_early_expiry(&mut m, "the master after a reload");
     assert_no_early_expiry(&mut replica.conn(), "the replica");
 
-    // SAVE and a restart from the RDB alone.
-    let _: () = redis::cmd("SAVE").query(&mut m).expect("SAVE");
+    // SAVE and a restart from the RDB alone. (On Redis 8.0 the replica's full sync after the
+    // reload may still be sending from its child, which SAVE waits out.)
+    common::save(&mut m);
     let want = snapshot(&mut m);
     drop(m);
     master.restart_with(&["--appendonly", "no"]);

@@ -10,7 +10,8 @@
 //! - [`info`] reads `INFO`; [`cluster`] starts a Redis Cluster of such servers.
 //! - Below: building and running commands (`command`, `ints`, `show`, `error_text`,
 //!   `config_set`), key state (`dump`, `pexpiretime`, `exists`, `dbsize`, `all_keys`,
-//!   `snapshot`, `keys_and_flags`), the server's clock, and `WAIT` for a replica.
+//!   `snapshot`, `keys_and_flags`), the server's clock, `WAIT` for a replica, and `SAVE`
+//!   once no RDB child runs.
 //!
 //! Nothing here knows the module's replies: that stays with the tests. It starts the module
 //! as a file and never links it, so it adds no build dependency of the module's to a tree.
@@ -211,6 +212,21 @@ pub fn wait_for_replica_after_others(master: &mut Connection, marker: &str) {
         .query(master)
         .expect("DEL marker");
     wait_for_replica(master);
+}
+
+/// `SAVE`, once no RDB child of the server runs. `SAVE` refuses while one does, and a
+/// replica's full sync can leave one running after `WAIT` returned: Redis 8.0's rdb channel
+/// marks the replica online as the child starts sending, before it ends.
+pub fn save(con: &mut Connection) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while info::info(con, "persistence").contains("rdb_bgsave_in_progress:1") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "an RDB child ran for 30 s"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let _: () = redis::cmd("SAVE").query(con).expect("SAVE");
 }
 
 /// `WAIT 1 30000` on a master: returns once its one replica has acknowledged everything
