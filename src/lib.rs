@@ -145,10 +145,56 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
     Status::Ok
 }
 
+/// Listed last among the data types, so its `create_data_type` runs once the server's API is
+/// bound and before redis-module registers defrag callbacks. On servers without
+/// `RedisModule_RegisterDefragCallbacks` (before Redis 8.0; Valkey 8 and 9) the crate then
+/// logs "Skip register defrag callbacks …" at warning level at every load, although this
+/// module registers no defrag callback on any server. A stand-in bound there keeps a normal
+/// load free of warning-level lines: the crate calls it only when callbacks were registered,
+/// and none are; if it were called, it would refuse.
+struct QuietDefrag;
+
+static QUIET_DEFRAG: QuietDefrag = QuietDefrag;
+
+impl QuietDefrag {
+    fn create_data_type(&self, _ctx: *mut raw::RedisModuleCtx) -> Result<(), &'static str> {
+        // SAFETY: module load runs once, on the main thread, before anything else reads these
+        // pointers; only pointers the server left unbound are set.
+        unsafe {
+            let (callbacks, function) = (
+                raw::RedisModule_RegisterDefragCallbacks,
+                raw::RedisModule_RegisterDefragFunc,
+            );
+            if callbacks.is_none() {
+                raw::RedisModule_RegisterDefragCallbacks = Some(no_defrag_callbacks);
+            }
+            if function.is_none() {
+                raw::RedisModule_RegisterDefragFunc = Some(no_defrag_function);
+            }
+        }
+        Ok(())
+    }
+}
+
+unsafe extern "C" fn no_defrag_callbacks(
+    _ctx: *mut raw::RedisModuleCtx,
+    _start: raw::RedisModuleDefragFunc,
+    _end: raw::RedisModuleDefragFunc,
+) -> std::os::raw::c_int {
+    raw::REDISMODULE_ERR as std::os::raw::c_int
+}
+
+unsafe extern "C" fn no_defrag_function(
+    _ctx: *mut raw::RedisModuleCtx,
+    _function: raw::RedisModuleDefragFunc,
+) -> std::os::raw::c_int {
+    raw::REDISMODULE_ERR as std::os::raw::c_int
+}
+
 redis_module! {
     name: "rl",
     version: MODULE_VERSION,
     allocator: (alloc::Allocator, alloc::ALLOCATOR),
-    data_types: [BUCKET_TYPE, TABLE_TYPE, LEASE_TYPE, RESV_TYPE],
+    data_types: [BUCKET_TYPE, TABLE_TYPE, LEASE_TYPE, RESV_TYPE, QUIET_DEFRAG],
     init: init,
 }
