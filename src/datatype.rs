@@ -939,7 +939,9 @@ unsafe extern "C" fn copy(
     value: *const c_void,
 ) -> *mut c_void {
     match from_value(value) {
-        Some(state) if is_with_records(value) => to_value_with(state, Records::from(records_of(value).to_vec())),
+        Some(state) if is_with_records(value) => {
+            to_value_with(state, Records::from(records_of(value).to_vec()))
+        }
         Some(state) => to_value(state),
         None => ptr::null_mut(),
     }

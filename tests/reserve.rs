@@ -257,7 +257,10 @@ fn a_bucket_settled_to_no_reservation_works_and_goes_as_any_bucket() {
     assert_eq!(settle(&mut con, "k", "a", "1")[0], 9);
     assert_eq!(kind(&mut con, "k"), "rl-bkresv");
     let settled_at_ms = expire_at_ms(&mut con, "k");
-    assert!(settled_at_ms > 0, "the key keeps an expiry: {settled_at_ms}");
+    assert!(
+        settled_at_ms > 0,
+        "the key keeps an expiry: {settled_at_ms}"
+    );
     // Every bucket command works on it, and writes its expiry as on any bucket.
     assert_eq!(ints(&mut con, "RL.ACQUIRE", &["k", RATE, CAP, "2"])[0], 1);
     assert_eq!(balance(&mut con, "k"), 7);
@@ -288,7 +291,10 @@ fn a_bucket_settled_to_no_reservation_works_and_goes_as_any_bucket() {
         if exists == 0 {
             break;
         }
-        assert!(Instant::now() < deadline, "the settled bucket never expired");
+        assert!(
+            Instant::now() < deadline,
+            "the settled bucket never expired"
+        );
         sleep(Duration::from_millis(5));
     }
 }

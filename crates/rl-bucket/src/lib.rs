@@ -171,8 +171,7 @@ pub use limit::{Limit, LimitError, MAX_CAPACITY, MAX_RATE_PER_S, MAX_REFILL_S, M
 pub use refund::refund;
 pub use reserve::{
     reserve, settle_reservation, valid_records, Records, Reservation, ReserveError, Reserved,
-    SettleError,
-    MAX_RESERVATIONS, MAX_RESERVATION_TTL_MS,
+    SettleError, MAX_RESERVATIONS, MAX_RESERVATION_TTL_MS,
 };
 pub use settle::settle;
 pub use state::{State, MAX_FULL_AT_FRAC, MAX_FULL_AT_NS};

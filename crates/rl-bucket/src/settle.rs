@@ -110,7 +110,11 @@ mod tests {
             ("0.1", "0.3", None),
             ("1e20", "1e-20", None),
             // Digits past 64 bits, aligned: the checked multiplication.
-            ("18446744073709551616", "0.5", Some("18446744073709551615.5")),
+            (
+                "18446744073709551616",
+                "0.5",
+                Some("18446744073709551615.5"),
+            ),
         ];
         for (a, b, want) in rows {
             assert_eq!(difference(d(a), d(b)), want.map(d), "{a} - {b}");
