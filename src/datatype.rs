@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicPtr, Ordering};
 
 use redis_module::native_types::RedisType;
 use redis_module::raw;
-use rl_bucket::{Change, Cost, LeaseId, Reservation, State, MAX_RESERVATIONS};
+use rl_bucket::{Change, Cost, LeaseId, Records, Reservation, State, MAX_RESERVATIONS};
 
 use crate::error::Error;
 use crate::propagation;
@@ -37,12 +37,16 @@ pub const TYPE_NAME: &str = "rl-bucket";
 pub const ENCODING_VERSION: i32 = 2;
 const ENCODING_V2: i32 = ENCODING_VERSION;
 
-/// The type's name of a bucket holding open reservations (9 characters). A bucket with
-/// none keeps [`TYPE_NAME`] and its encoding, so 0.2.0 still reads every bucket without
-/// reservations; one with reservations is of this type until its last record goes.
+/// The type's name of a bucket that has held reservations (9 characters). A bucket never
+/// given one keeps [`TYPE_NAME`] and its encoding, so 0.2.0 still reads it; the first
+/// reservation makes a bucket of this type, and it stays so, with none open after its last
+/// settle, until the key goes (expired full, refunded full, deleted). Settling the last
+/// record in place spares the settle a change of type, which Redis makes only by deleting
+/// the key and adding it again (about 3,000 instructions).
 pub const RESV_TYPE_NAME: &str = "rl-bkresv";
 /// The RDB encoding of [`RESV_TYPE_NAME`]: 1 is `full_at_ns`, `full_at_frac` and the open
-/// reservations (a count, then for each its id, estimate and expiry; see [`decode_value`]).
+/// reservations (a count, possibly 0, then for each its id, estimate and expiry; see
+/// [`decode_value`]).
 pub const RESV_ENCODING_VERSION: i32 = 1;
 
 // The state lives in the pointer, so pointers must hold 64 bits.
@@ -124,22 +128,22 @@ fn resv_type() -> *mut raw::RedisModuleType {
 /// A heap-held state: `[full_at_ns, full_at_frac]`.
 type Boxed = [u64; 2];
 
-/// A bucket with open reservations: its state and their records, tagged `0b10` in the
-/// pointer's low bits (an allocation's are clear, an inline state's low bit is set).
+/// A bucket of [`RESV_TYPE_NAME`]: its state and its open records (possibly none), tagged
+/// `0b10` in the pointer's low bits (an allocation's are clear, an inline state's low bit is
+/// set). Every value of that type is one of these, and no value of [`TYPE_NAME`] is.
 #[derive(Clone)]
 struct WithRecords {
     state: State,
-    records: Vec<Reservation>,
+    /// One record inline, so a bucket with one open is a single allocation.
+    records: Records,
 }
 
 const TAG_MASK: usize = 0b11;
 const TAG_RECORDS: usize = 0b10;
 
-/// The value pointer for `state` and `records`: [`to_value`] when there are none.
-fn to_value_with(state: State, records: Vec<Reservation>) -> *mut c_void {
-    if records.is_empty() {
-        return to_value(state);
-    }
+/// The value pointer of a [`RESV_TYPE_NAME`] bucket holding `state` and `records` (possibly
+/// none).
+fn to_value_with(state: State, records: Records) -> *mut c_void {
     let boxed = Box::into_raw(Box::new(WithRecords { state, records }));
     ((boxed as usize) | TAG_RECORDS) as *mut c_void
 }
@@ -224,6 +228,9 @@ pub struct BucketKey {
     /// Whether the key holds a bucket the Lua fallback wrote (string or hash), not yet
     /// replaced by a commit.
     fallback: bool,
+    /// The [`RESV_TYPE_NAME`] value read at open, which [`BucketKey::records`] lends; null
+    /// for any other key, and from the first commit on.
+    records: *mut c_void,
 }
 
 impl BucketKey {
@@ -260,18 +267,18 @@ impl BucketKey {
     }
 
     fn with(key: OpenKey) -> Result<Self, Error> {
-        let read = match key.value(bucket_type()) {
-            // A bucket with reservations is of the other type.
-            Err(Error::WrongType) => key.value(resv_type()),
-            read => read,
-        };
-        let (stored, fallback) = match read {
-            Ok(None) => (None, false),
+        // A bucket that has held reservations is of the other type.
+        let (stored, fallback, records) = match key.value_of_either([bucket_type(), resv_type()]) {
+            Ok(None) => (None, false, ptr::null_mut()),
             // Only a State is ever stored, so this cannot fail unless memory was corrupted.
-            Ok(Some(value)) => (Some(from_value(value).ok_or(Error::Internal)?), false),
+            Ok(Some((value, resv))) => (
+                Some(from_value(value).ok_or(Error::Internal)?),
+                false,
+                if resv { value } else { ptr::null_mut() },
+            ),
             // Another type: the Lua fallback's string or hash is taken over, anything else stays
             // WRONGTYPE.
-            Err(Error::WrongType) => (Some(key.fallback_state()?), true),
+            Err(Error::WrongType) => (Some(key.fallback_state()?), true, ptr::null_mut()),
             Err(error) => return Err(error),
         };
         Ok(Self {
@@ -279,6 +286,7 @@ impl BucketKey {
             staged: Staged::new(stored),
             verbatim: false,
             fallback,
+            records,
         })
     }
 
@@ -343,44 +351,42 @@ impl BucketKey {
         ok.then_some(()).ok_or(Error::Internal)
     }
 
-    /// Stores `state` and exactly `records` (the open reservations), with the state's expiry:
-    /// as the plain type when there are none, else as [`RESV_TYPE_NAME`].
-    fn write_with_records(&self, state: State, records: Vec<Reservation>) -> Result<(), Error> {
+    /// Stores `state` and exactly `records` (the open reservations, possibly none) as a
+    /// [`RESV_TYPE_NAME`] bucket, with the state's expiry. A key already of that type is
+    /// updated in place, its key object and expiry entry kept; any other (a plain bucket,
+    /// the fallback's value, none) becomes one through SetValue.
+    fn write_with_records(&self, state: State, records: Records) -> Result<(), Error> {
         let expire_at_ms = i64::try_from(state.expire_at_ms()).map_err(|_| Error::Internal)?;
         let existed = self.staged.stored().is_some() && !self.fallback;
-        let new_type = if records.is_empty() {
-            bucket_type()
-        } else {
-            resv_type()
-        };
-        let value = to_value_with(state, records);
         // SAFETY: `self.key` is open for writing and, when `existed`, holds a value of one of
-        // our bucket types (checked at open); `value` is new and owned here until the server
-        // takes it.
+        // our bucket types (checked at open), a tagged one exactly when it is of
+        // RESV_TYPE_NAME; a new value is owned here until the server takes it.
         let ok = unsafe {
-            let same_type = existed
-                && raw::RedisModule_ModuleTypeGetType.ok_or(Error::Internal)?(self.key.key)
-                    == new_type;
-            let set = if same_type {
-                let replace = raw::RedisModule_ModuleTypeReplaceValue.ok_or(Error::Internal)?;
-                let mut old = ptr::null_mut();
-                let set = replace(self.key.key, new_type, value, &mut old);
-                if set == raw::REDISMODULE_OK as c_int {
-                    free_value(old);
+            let stored = if existed {
+                raw::RedisModule_ModuleTypeGetValue.ok_or(Error::Internal)?(self.key.key)
+            } else {
+                ptr::null_mut()
+            };
+            let set = if is_with_records(stored) {
+                // The list the step built replaces the old one, which is freed here.
+                let held = with_records(stored);
+                held.state = state;
+                held.records = records;
+                raw::REDISMODULE_OK as c_int
+            } else {
+                // A change of type (or a new key): SetValue frees the old value and drops
+                // the expiry, set again below.
+                let value = to_value_with(state, records);
+                let set = raw::RedisModule_ModuleTypeSetValue.ok_or(Error::Internal)?(
+                    self.key.key,
+                    resv_type(),
+                    value,
+                );
+                if set != raw::REDISMODULE_OK as c_int {
+                    free_value(value);
                 }
                 set
-            } else {
-                // A change of type: SetValue frees the old value and drops the expiry, set
-                // again below.
-                raw::RedisModule_ModuleTypeSetValue.ok_or(Error::Internal)?(
-                    self.key.key,
-                    new_type,
-                    value,
-                )
             };
-            if set != raw::REDISMODULE_OK as c_int {
-                free_value(value);
-            }
             set == raw::REDISMODULE_OK as c_int
                 && raw::RedisModule_SetAbsExpire.ok_or(Error::Internal)?(self.key.key, expire_at_ms)
                     == raw::REDISMODULE_OK as c_int
@@ -392,13 +398,7 @@ impl BucketKey {
     /// fallback's value). Records past their expiry are still listed: the steps drop them.
     /// Borrowed from the stored value, not copied: the steps build the list to store anew.
     pub fn records(&self) -> &[Reservation] {
-        if self.fallback || self.staged.stored().is_none() {
-            return &[];
-        }
-        match self.key.value(resv_type()) {
-            Ok(Some(value)) => records_of(value),
-            _ => &[],
-        }
+        records_of(self.records)
     }
 
     /// Stores the bucket as `change` leaves it together with exactly `records`, or deletes
@@ -411,10 +411,12 @@ impl BucketKey {
     pub fn commit_records(
         &mut self,
         change: Change,
-        records: Vec<Reservation>,
+        records: Records,
         event: &CStr,
     ) -> Result<(), Error> {
         let took_over = self.fallback;
+        // The write may free or change the value read at open.
+        self.records = ptr::null_mut();
         let state = match change {
             Change::Delete => {
                 delete_key(self.key.key)?;
@@ -437,10 +439,12 @@ impl BucketKey {
             Change::Set(state) => state,
             Change::Keep => self.staged.state().ok_or(Error::Internal)?,
         };
-        let replicated_records = if self.verbatim || !propagation::needed(self.key.ctx) {
-            Vec::new()
+        // Asked once: nothing between here and the effect changes where writes go.
+        let propagate = !self.verbatim && propagation::needed(self.key.ctx);
+        let replicated_records = if propagate {
+            records.to_vec()
         } else {
-            records.clone()
+            Vec::new()
         };
         self.write_with_records(state, records)?;
         signal_modified(
@@ -454,7 +458,7 @@ impl BucketKey {
         if self.verbatim {
             return replicate_verbatim(self.key.ctx);
         }
-        if !propagation::needed(self.key.ctx) {
+        if !propagate {
             return Ok(());
         }
         if took_over {
@@ -551,6 +555,8 @@ impl Store for BucketKey {
 
     fn apply(&mut self, change: Change, event: &CStr) -> Result<(), Error> {
         let took_over = self.fallback;
+        // The write may free or change the value read at open.
+        self.records = ptr::null_mut();
         match change {
             Change::Keep => return Ok(()),
             Change::Set(state) => {
@@ -673,8 +679,8 @@ const MAX_ID_BYTES: usize = rl_bucket::MAX_LEASE_ID_BYTES;
 /// `full_at_ns`, `full_at_frac`, a count (at most [`MAX_RESERVATIONS`]), then per record its
 /// id (a string of 1 to 16 bytes), the estimate's digits (high and low 64 bits), its signed
 /// exponent, and its expiry in µs. Every field is checked: an estimate must be the canonical
-/// form of a decimal above 0 that a command could have taken, an expiry storable, each id
-/// named once, and at least one record.
+/// form of a decimal above 0 that a command could have taken, an expiry storable, and each id
+/// named once. A count of 0 is a bucket whose reservations were all settled (or lapsed).
 ///
 /// # Errors
 /// A [`DecodeError`] for anything else.
@@ -693,7 +699,7 @@ pub fn decode_value(
     let count = next_unsigned().ok_or(DecodeError::Io)?;
     let count = usize::try_from(count)
         .ok()
-        .filter(|&count| (1..=MAX_RESERVATIONS).contains(&count))
+        .filter(|&count| count <= MAX_RESERVATIONS)
         .ok_or(DecodeError::Range)?;
     let mut records = Vec::with_capacity(count);
     for _ in 0..count {
@@ -764,11 +770,13 @@ unsafe fn load_with(rdb: *mut raw::RedisModuleIO, encver: c_int, resv: bool) -> 
     };
     let decoded = if resv {
         decode_value(encver, next_unsigned, next_signed, next_bytes)
+            .map(|(state, records)| (state, Some(Records::from(records))))
     } else {
-        decode(encver, next_unsigned).map(|state| (state, Vec::new()))
+        decode(encver, next_unsigned).map(|state| (state, None))
     };
     match decoded {
-        Ok((state, records)) => to_value_with(state, records),
+        Ok((state, Some(records))) => to_value_with(state, records),
+        Ok((state, None)) => to_value(state),
         Err(DecodeError::Io) => ptr::null_mut(),
         Err(DecodeError::Version) => {
             log_warning(c"rl-bucket: unknown encoding version, refusing to load the value");
@@ -819,7 +827,9 @@ unsafe extern "C" fn aof_rewrite(
 ) {
     if let (Some(state), Some(emit)) = (from_value(value), unsafe { raw::RedisModule_EmitAOF }) {
         let records = records_of(value);
-        if !records.is_empty() {
+        // A bucket of RESV_TYPE_NAME stays one on replay, records or none, so a copy built
+        // from the AOF DUMPs as the original.
+        if is_with_records(value) {
             let Ok(mut strings) = new_strings(&resv_state_args(state, records)) else {
                 return;
             };
@@ -876,7 +886,7 @@ const VALUE_RECORD_BYTES: usize = 2 * std::mem::size_of::<usize>();
 unsafe extern "C" fn mem_usage(value: *const c_void) -> usize {
     if is_with_records(value) {
         // SAFETY: a tagged value is only made by `to_value_with`, live until `free`.
-        let capacity = unsafe { with_records(value) }.records.capacity();
+        let capacity = unsafe { with_records(value) }.records.heap_capacity();
         VALUE_RECORD_BYTES
             + std::mem::size_of::<WithRecords>()
             + capacity.saturating_mul(std::mem::size_of::<Reservation>())
@@ -921,14 +931,18 @@ unsafe extern "C" fn free(value: *mut c_void) {
     unsafe { free_value(value) }
 }
 
-/// `COPY`: an inline value is plain data; a boxed one gets an allocation of its own.
+/// `COPY`: an inline value is plain data; a boxed one, or one of [`RESV_TYPE_NAME`], gets an
+/// allocation of its own.
 unsafe extern "C" fn copy(
     _from_key: *mut raw::RedisModuleString,
     _to_key: *mut raw::RedisModuleString,
     value: *const c_void,
 ) -> *mut c_void {
     match from_value(value) {
-        Some(state) => to_value_with(state, records_of(value).to_vec()),
+        Some(state) if is_with_records(value) => {
+            to_value_with(state, Records::from(records_of(value).to_vec()))
+        }
+        Some(state) => to_value(state),
         None => ptr::null_mut(),
     }
 }
@@ -1002,6 +1016,10 @@ mod tests {
         assert_eq!(state.full_at_ns(), 5);
         assert_eq!(records.len(), 1);
         assert_eq!(estimate_text(records[0].estimate), "25e-1");
+        // No record open: a bucket whose reservations were all settled.
+        let (state, records) = decode_fields(1, &[U(5), U(7), U(0)]).unwrap();
+        assert_eq!((state.full_at_ns(), state.full_at_frac()), (5, 7));
+        assert!(records.is_empty());
         type Row = (i32, &'static [F], DecodeError);
         let rows: &[Row] = &[
             // unknown version
@@ -1010,8 +1028,6 @@ mod tests {
                 &[U(5), U(0), U(1), B(b"a"), U(0), U(25), S(-1), U(AT)],
                 DecodeError::Version,
             ),
-            // no records: such a bucket is of the plain type
-            (1, &[U(5), U(0), U(0)], DecodeError::Range),
             // past the cap
             (1, &[U(5), U(0), U(1001)], DecodeError::Range),
             // zero instant

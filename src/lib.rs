@@ -7,7 +7,7 @@
 //! - [`commands`]: the command handlers, thin glue between the others.
 //! - [`store`]: the one door to stored state ([`store::Store`]): read, stage one change,
 //!   commit it (write, signal, replicate the effect). Both module types are stores on it.
-//! - [`datatype`]: the `rl-bucket` module type (and `rl-bkresv`, a bucket holding open
+//! - [`datatype`]: the `rl-bucket` module type (and `rl-bkresv`, a bucket that has held
 //!   reservations) and its per-key handle; [`reserve_commands`]: `RL.RESERVE`, `RL.SETTLE`,
 //!   and on table buckets `RL.HRESERVE`, `RL.HSETTLE`.
 //! - [`table`]: the bucket table, pure (no Redis types); [`table_type`]: its module type

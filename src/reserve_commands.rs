@@ -252,7 +252,7 @@ fn hreserve_body(
     )
     .map_err(reserve_error)?;
     if let Some((state, records)) = reserved.write {
-        table.commit_records(tag, Change::Set(state), records, c"rl.hreserve")?;
+        table.commit_records(tag, Change::Set(state), records.into_vec(), c"rl.hreserve")?;
     }
     Ok(Reply::Reserve(reserved.decision, id))
 }
@@ -332,7 +332,7 @@ fn hsettle_body(
         SettleError::NotOpen => Failure::NotOpen(id, true),
         SettleError::DebtTooLong => Failure::Error(Error::DebtTooLong),
     })?;
-    table.commit_records(tag, change, left, c"rl.hsettle")?;
+    table.commit_records(tag, change, left.into_vec(), c"rl.hsettle")?;
     Ok(Reply::Settle(charged))
 }
 
@@ -417,7 +417,7 @@ fn resv_state_body(
     // SAFETY: `ctx` and `key` belong to the running command.
     let mut bucket = unsafe { BucketKey::open(ctx, key) }?;
     bucket.replicate_verbatim();
-    bucket.commit_records(Change::Set(state), records, c"rl.resvstate")?;
+    bucket.commit_records(Change::Set(state), records.into(), c"rl.resvstate")?;
     Ok(Reply::Ok)
 }
 

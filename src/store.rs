@@ -185,6 +185,38 @@ impl OpenKey {
         unsafe { read(self.key, expected_type) }
     }
 
+    /// The key's value if it holds either of `types`, with whether it is the second; `None`
+    /// if it is missing. One look at the key's type, where two [`OpenKey::value`] calls make
+    /// two.
+    ///
+    /// # Errors
+    /// [`Error::WrongType`] for a key of any other type, whose value is never read.
+    pub(crate) fn value_of_either(
+        &self,
+        types: [*mut raw::RedisModuleType; 2],
+    ) -> Result<Option<(*mut c_void, bool)>, Error> {
+        if self.key.is_null() {
+            return Ok(None);
+        }
+        // SAFETY: `self.key` is an open handle; these calls only inspect it.
+        unsafe {
+            let key_type = raw::RedisModule_KeyType.ok_or(Error::Internal)?(self.key);
+            if key_type == raw::REDISMODULE_KEYTYPE_EMPTY as c_int {
+                return Ok(None);
+            }
+            if key_type != raw::REDISMODULE_KEYTYPE_MODULE as c_int {
+                return Err(Error::WrongType);
+            }
+            let module_type = raw::RedisModule_ModuleTypeGetType.ok_or(Error::Internal)?(self.key);
+            let [first, second] = types;
+            if module_type != first && module_type != second {
+                return Err(Error::WrongType);
+            }
+            let value = raw::RedisModule_ModuleTypeGetValue.ok_or(Error::Internal)?(self.key);
+            Ok(Some((value, module_type == second)))
+        }
+    }
+
     /// The bucket a string or hash holds if the Lua fallback wrote it: a string `rl:q:r:D`, or
     /// (the form before it) a hash of exactly three fields `a`, `b` and `d`, each an integer
     /// as the fallback writes one, in its range ([`FallbackState::parse_string`],

@@ -221,8 +221,8 @@ fn other_types_get_wrongtype_and_keep_their_value() {
     }
     let value: String = redis::cmd("GET").arg("s").query(&mut con).unwrap();
     assert_eq!(value, "v");
-    // A bucket with reservations is of its own type, a plain bucket again without them,
-    // and WRONGTYPE to the lease commands.
+    // A bucket that has held reservations is of its own type, and stays so once none is
+    // open (the last settle changes the value in place); WRONGTYPE to the lease commands.
     reserve(&mut con, &["k", RATE, CAP, "1", HOUR_MS, "ID", "a"]);
     let kind: String = redis::cmd("TYPE").arg("k").query(&mut con).unwrap();
     assert_eq!(kind, "rl-bkresv");
@@ -235,8 +235,73 @@ fn other_types_get_wrongtype_and_keep_their_value() {
     settle(&mut con, "k", "a", "1");
     settle(&mut con, "k", "b", "3");
     let kind: String = redis::cmd("TYPE").arg("k").query(&mut con).unwrap();
-    assert_eq!(kind, "rl-bucket");
+    assert_eq!(kind, "rl-bkresv");
     assert_eq!(balance(&mut con, "k"), 6);
+    assert_eq!(
+        error_text(&mut con, &command("RL.LEASES", &["k", "1"])),
+        WRONGTYPE
+    );
+}
+
+#[test]
+fn a_bucket_settled_to_no_reservation_works_and_goes_as_any_bucket() {
+    let server = Server::start();
+    let mut con = server.conn();
+    let kind = |con: &mut Connection, key: &str| -> String {
+        redis::cmd("TYPE").arg(key).query(con).unwrap()
+    };
+    let expire_at_ms = |con: &mut Connection, key: &str| -> i64 {
+        redis::cmd("PEXPIRETIME").arg(key).query(con).unwrap()
+    };
+    reserve(&mut con, &["k", RATE, CAP, "4", HOUR_MS, "ID", "a"]);
+    assert_eq!(settle(&mut con, "k", "a", "1")[0], 9);
+    assert_eq!(kind(&mut con, "k"), "rl-bkresv");
+    let settled_at_ms = expire_at_ms(&mut con, "k");
+    assert!(
+        settled_at_ms > 0,
+        "the key keeps an expiry: {settled_at_ms}"
+    );
+    // Every bucket command works on it, and writes its expiry as on any bucket.
+    assert_eq!(ints(&mut con, "RL.ACQUIRE", &["k", RATE, CAP, "2"])[0], 1);
+    assert_eq!(balance(&mut con, "k"), 7);
+    assert!(expire_at_ms(&mut con, "k") > settled_at_ms);
+    ints(&mut con, "RL.CHARGE", &["k", RATE, CAP, "1"]);
+    assert_eq!(balance(&mut con, "k"), 6);
+    assert_eq!(
+        error_text(&mut con, &command("RL.SETTLE", &["k", RATE, CAP, "a", "1"])),
+        not_open("a")
+    );
+    // A new reservation on it, settled again: still the same bucket, in place.
+    reserve(&mut con, &["k", RATE, CAP, "1", HOUR_MS, "ID", "b"]);
+    assert_eq!(settle(&mut con, "k", "b", "0")[0], 6);
+    // A refund that fills it deletes the key, as for any bucket; the next take makes a
+    // plain bucket.
+    ints(&mut con, "RL.REFUND", &["k", RATE, CAP, "10"]);
+    let exists: i64 = redis::cmd("EXISTS").arg("k").query(&mut con).unwrap();
+    assert_eq!(exists, 0);
+    ints(&mut con, "RL.ACQUIRE", &["k", RATE, CAP, "1"]);
+    assert_eq!(kind(&mut con, "k"), "rl-bucket");
+    // At a fast rate it is full within a millisecond of the settle, and expires then.
+    reserve(&mut con, &["fast", "1000", "10", "1", HOUR_MS, "ID", "c"]);
+    settle_at(&mut con, "fast", "1000", "c", "1");
+    assert_eq!(kind(&mut con, "fast"), "rl-bkresv");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let exists: i64 = redis::cmd("EXISTS").arg("fast").query(&mut con).unwrap();
+        if exists == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the settled bucket never expired"
+        );
+        sleep(Duration::from_millis(5));
+    }
+}
+
+/// `RL.SETTLE` at another rate than [`RATE`].
+fn settle_at(con: &mut Connection, key: &str, rate: &str, id: &str, actual: &str) -> Vec<i64> {
+    ints(con, "RL.SETTLE", &[key, rate, CAP, id, actual])
 }
 
 #[test]
@@ -350,6 +415,8 @@ fn populate(con: &mut Connection) {
     ints(con, "RL.ACQUIRE", &["open", RATE, CAP, "1"]);
     reserve(con, &["settled", RATE, CAP, "4", HOUR_MS, "ID", "x"]);
     settle(con, "settled", "x", "6");
+    // None open: still of the reservation type, written in place by a plain take.
+    ints(con, "RL.ACQUIRE", &["settled", RATE, CAP, "1"]);
     reserve(con, &["lapsed", RATE, CAP, "2", "1", "ID", "short"]);
     sleep(Duration::from_millis(5));
     reserve(con, &["lapsed", RATE, CAP, "1", HOUR_MS, "ID", "long"]);
@@ -401,6 +468,12 @@ fn replica_aof_replay_rewrite_and_rdb_restart_hold_identical_values() {
         .query(&mut con)
         .unwrap();
     assert_eq!(dump(&mut con, b"copy"), dump(&mut con, b"lapsed"));
+    let _: i64 = redis::cmd("COPY")
+        .arg("settled")
+        .arg("settled-copy")
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(dump(&mut con, b"settled-copy"), dump(&mut con, b"settled"));
     settle(&mut con, "copy", "long", "0");
     // 2 lapsed and stay taken, 1 comes back: 8.
     assert_eq!(

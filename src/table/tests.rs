@@ -1125,7 +1125,7 @@ proptest! {
                     let mine = open.entry(f).or_default();
                     prop_assert_eq!(got.repeated, mine.iter().any(|&(k, _, _)| k == id));
                     if let Some((state, records)) = got.write {
-                        store(&mut table, tag, Change::Set(state), records, now_us);
+                        store(&mut table, tag, Change::Set(state), records.into_vec(), now_us);
                         mine.push((id, estimate, now_us + ttl_ms * 1000));
                     }
                 }
@@ -1138,7 +1138,7 @@ proptest! {
                     match (got, mine.iter().position(|&(k, _, _)| k == id)) {
                         (Ok((_, change, left)), Some(at)) => {
                             mine.remove(at);
-                            store(&mut table, tag, change, left, now_us);
+                            store(&mut table, tag, change, left.into_vec(), now_us);
                         }
                         (Err(rl_bucket::SettleError::NotOpen), None) => {}
                         (got, want) => prop_assert!(false, "settle {:?}, model {:?}", got, want),

@@ -52,11 +52,7 @@ pub fn charge(
 ) -> Result<(Charged, Option<State>), ChargeError> {
     let now_ticks = limit.now_ticks(now_us);
     let full_ticks = limit.full_ticks(state);
-    let report = |debt_ticks: u128| Charged {
-        balance: limit.balance(debt_ticks),
-        repaid_after_ns: limit.ns_ceil(debt_ticks.saturating_sub(limit.capacity_ticks)),
-        reset_after_ns: limit.ns_ceil(debt_ticks),
-    };
+    let report = |debt_ticks: u128| report_debt(limit, debt_ticks);
     let cost_ticks = limit.charge_ticks(cost).ok_or(ChargeError::DebtTooLong)?;
     if cost_ticks == 0 {
         return Ok((report(full_ticks.saturating_sub(now_ticks)), None));
@@ -72,4 +68,22 @@ pub fn charge(
     let new_state =
         State::from_ticks(new_full_ticks, limit.ticks_per_ns).ok_or(ChargeError::DebtTooLong)?;
     Ok((report(new_debt_ticks), Some(new_state)))
+}
+
+/// The bucket at `now_us` in [`charge`]'s terms, changing nothing: what a charge of 0
+/// reports, without converting a cost.
+pub(crate) fn report(limit: &Limit, state: Option<State>, now_us: u64) -> Charged {
+    let debt_ticks = limit
+        .full_ticks(state)
+        .saturating_sub(limit.now_ticks(now_us));
+    report_debt(limit, debt_ticks)
+}
+
+/// The report of a bucket `debt_ticks` short of full.
+fn report_debt(limit: &Limit, debt_ticks: u128) -> Charged {
+    Charged {
+        balance: limit.balance(debt_ticks),
+        repaid_after_ns: limit.ns_ceil(debt_ticks.saturating_sub(limit.capacity_ticks)),
+        reset_after_ns: limit.ns_ceil(debt_ticks),
+    }
 }

@@ -262,8 +262,22 @@ impl Ord for Decimal {
 
 /// `10^n`, or `None` past `u128`.
 pub(crate) fn pow10(n: u32) -> Option<u128> {
-    10u128.checked_pow(n)
+    POW10.get(usize::try_from(n).ok()?).copied()
 }
+
+/// `10^n` for every `n` whose power fits a `u128` (0 to 38): a lookup where `checked_pow`
+/// multiplies in a loop. Indexed and multiplied at compile time, where an index out of range
+/// or an overflow fails the build.
+#[allow(clippy::indexing_slicing, clippy::arithmetic_side_effects)]
+const POW10: [u128; 39] = {
+    let mut table = [1u128; 39];
+    let mut n = 1;
+    while n < table.len() {
+        table[n] = table[n - 1] * 10;
+        n += 1;
+    }
+    table
+};
 
 /// Decimal digits of `n`; 1 for 0.
 fn digit_count(n: u128) -> u32 {

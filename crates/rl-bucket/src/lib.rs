@@ -170,8 +170,8 @@ pub use lease::{
 pub use limit::{Limit, LimitError, MAX_CAPACITY, MAX_RATE_PER_S, MAX_REFILL_S, MIN_RATE_PER_S};
 pub use refund::refund;
 pub use reserve::{
-    reserve, settle_reservation, valid_records, Reservation, ReserveError, Reserved, SettleError,
-    MAX_RESERVATIONS, MAX_RESERVATION_TTL_MS,
+    reserve, settle_reservation, valid_records, Records, Reservation, ReserveError, Reserved,
+    SettleError, MAX_RESERVATIONS, MAX_RESERVATION_TTL_MS,
 };
 pub use settle::settle;
 pub use state::{State, MAX_FULL_AT_FRAC, MAX_FULL_AT_NS};

@@ -54,6 +54,63 @@ impl Reservation {
     }
 }
 
+/// A bucket's open records as a step leaves them: one held inline (a reservation on a bucket
+/// with none open, the common case, costs no list), else a list (empty when none is open).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Records {
+    /// Exactly this one.
+    One(Reservation),
+    /// These, possibly none (an empty list allocates nothing).
+    Many(Vec<Reservation>),
+}
+
+impl Records {
+    /// The records, in order.
+    pub fn as_slice(&self) -> &[Reservation] {
+        match self {
+            Records::One(record) => std::slice::from_ref(record),
+            Records::Many(records) => records,
+        }
+    }
+
+    /// The records as a list (allocated for `One`).
+    pub fn into_vec(self) -> Vec<Reservation> {
+        match self {
+            Records::One(record) => vec![record],
+            Records::Many(records) => records,
+        }
+    }
+
+    /// How many records the heap holds room for beyond the value itself: a list's capacity,
+    /// none for `One`.
+    pub fn heap_capacity(&self) -> usize {
+        match self {
+            Records::One(_) => 0,
+            Records::Many(records) => records.capacity(),
+        }
+    }
+}
+
+impl Default for Records {
+    fn default() -> Self {
+        Records::Many(Vec::new())
+    }
+}
+
+impl From<Vec<Reservation>> for Records {
+    fn from(records: Vec<Reservation>) -> Self {
+        Records::Many(records)
+    }
+}
+
+impl std::ops::Deref for Records {
+    type Target = [Reservation];
+
+    fn deref(&self) -> &[Reservation] {
+        self.as_slice()
+    }
+}
+
 /// Whether `records` is a valid list: at most [`MAX_RESERVATIONS`], each id once.
 pub fn valid_records(records: &[Reservation]) -> bool {
     if records.len() > MAX_RESERVATIONS {
@@ -83,7 +140,7 @@ pub struct Reserved {
     pub repeated: bool,
     /// What to store when the call wrote: the new state and the open records. `None` for a
     /// denial or a repeat, which write nothing.
-    pub write: Option<(State, Vec<Reservation>)>,
+    pub write: Option<(State, Records)>,
 }
 
 /// Reserves `estimate` tokens at `now_us` under `id` for `ttl_ms`: [`acquire`] of the estimate,
@@ -141,14 +198,22 @@ pub fn reserve(
             let expires_at_us = now_us
                 .saturating_add(ttl_ms.saturating_mul(US_PER_MS))
                 .min(MAX_EXPIRES_AT_US);
-            let mut kept: Vec<Reservation> = Vec::with_capacity(open + 1);
-            kept.extend(records.iter().filter(|r| r.is_open(now_us)).copied());
-            kept.push(Reservation {
+            let record = Reservation {
                 id,
                 estimate,
                 expires_at_us,
-            });
-            Some((new_state, kept))
+            };
+            if open == 0 {
+                return Ok(Reserved {
+                    decision,
+                    repeated: false,
+                    write: Some((new_state, Records::One(record))),
+                });
+            }
+            let mut kept: Vec<Reservation> = Vec::with_capacity(open + 1);
+            kept.extend(records.iter().filter(|r| r.is_open(now_us)).copied());
+            kept.push(record);
+            Some((new_state, Records::Many(kept)))
         }
         _ => None,
     };
@@ -182,17 +247,17 @@ pub fn settle_reservation(
     now_us: u64,
     id: LeaseId,
     actual: Cost,
-) -> Result<(Charged, Change, Vec<Reservation>), SettleError> {
+) -> Result<(Charged, Change, Records), SettleError> {
     let record = records
         .iter()
         .find(|r| r.id == id && r.is_open(now_us))
         .ok_or(SettleError::NotOpen)?;
     let (charged, change) = settle(limit, state, now_us, record.estimate, actual)
         .map_err(|ChargeError::DebtTooLong| SettleError::DebtTooLong)?;
-    let kept = records
+    let kept: Vec<Reservation> = records
         .iter()
         .filter(|r| r.id != id && r.is_open(now_us))
         .copied()
         .collect();
-    Ok((charged, change, kept))
+    Ok((charged, change, Records::Many(kept)))
 }

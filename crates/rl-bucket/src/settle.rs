@@ -8,7 +8,7 @@
 //! Never reads a clock and knows nothing of Redis, nor of where a reservation's record lives:
 //! the caller keeps the estimate and makes sure a reservation is settled at most once.
 
-use crate::charge::{charge, ChargeError};
+use crate::charge::{charge, report, ChargeError};
 use crate::cost::Cost;
 use crate::decimal::{pow10, Decimal};
 use crate::decision::{Change, Charged};
@@ -25,7 +25,16 @@ fn difference(a: Decimal, b: Decimal) -> Option<Decimal> {
     }
     let exp = a_exp.min(b_exp);
     let align = |digits: u128, from: i32| -> Option<u128> {
-        digits.checked_mul(pow10(u32::try_from(from.checked_sub(exp)?).ok()?)?)
+        let places = u32::try_from(from.checked_sub(exp)?).ok()?;
+        if places == 0 {
+            return Some(digits);
+        }
+        let pow = pow10(places)?;
+        // Both within 64 bits (the usual case): the product fits, one multiplication.
+        match (u64::try_from(digits), u64::try_from(pow)) {
+            (Ok(digits), Ok(pow)) => Some(u128::from(digits) * u128::from(pow)),
+            _ => digits.checked_mul(pow),
+        }
     };
     let diff = align(a_digits, a_exp)?.checked_sub(align(b_digits, b_exp)?)?;
     Some(Decimal::new(diff, exp))
@@ -64,24 +73,26 @@ pub fn settle(
     actual: Cost,
 ) -> Result<(Charged, Change), ChargeError> {
     let (estimate, actual) = (estimate.exact(), actual.exact());
-    if actual > estimate {
-        let more = difference(actual, estimate).ok_or(ChargeError::DebtTooLong)?;
-        let (charged, new_state) = charge(limit, state, now_us, Cost::from_decimal(more))?;
-        return Ok((charged, new_state.map_or(Change::Keep, Change::Set)));
-    }
+    // The exact difference when the estimate is at least the actual cost; otherwise (or for
+    // decimals too far apart to subtract) the comparison decides.
     let change = match difference(estimate, actual) {
-        Some(back) if !back.is_zero() => refund(limit, state, now_us, Cost::from_decimal(back)).1,
-        // Equal, or too far apart to subtract: nothing goes back (never more than owed).
-        _ => Change::Keep,
+        Some(back) if back.is_zero() => Change::Keep,
+        Some(back) => refund(limit, state, now_us, Cost::from_decimal(back)).1,
+        None if actual > estimate => {
+            let more = difference(actual, estimate).ok_or(ChargeError::DebtTooLong)?;
+            let (charged, new_state) = charge(limit, state, now_us, Cost::from_decimal(more))?;
+            return Ok((charged, new_state.map_or(Change::Keep, Change::Set)));
+        }
+        // Too far apart to subtract: nothing goes back (never more than owed).
+        None => Change::Keep,
     };
     let after = match change {
         Change::Keep => state,
         Change::Set(new_state) => Some(new_state),
         Change::Delete => None,
     };
-    // A charge of 0 reports the bucket and changes nothing.
-    let (charged, _) = charge(limit, after, now_us, Cost::from_decimal(Decimal::ZERO))?;
-    Ok((charged, change))
+    // The report of a charge of 0: the bucket, changed by nothing more.
+    Ok((report(limit, after, now_us), change))
 }
 
 #[cfg(test)]
@@ -98,6 +109,12 @@ mod tests {
             ("1e3", "1", Some("999")),
             ("0.1", "0.3", None),
             ("1e20", "1e-20", None),
+            // Digits past 64 bits, aligned: the checked multiplication.
+            (
+                "18446744073709551616",
+                "0.5",
+                Some("18446744073709551615.5"),
+            ),
         ];
         for (a, b, want) in rows {
             assert_eq!(difference(d(a), d(b)), want.map(d), "{a} - {b}");

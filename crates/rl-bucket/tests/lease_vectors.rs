@@ -106,7 +106,7 @@ fn every_reservation_step_matches() {
                         .expect("a reserve within the caps");
                     if let Some((s, r)) = got.write {
                         state = Some(s);
-                        records = r;
+                        records = r.into_vec();
                     }
                     let d = got.decision;
                     let shown_id = if d.allowed() {
@@ -127,7 +127,11 @@ fn every_reservation_step_matches() {
                         Ok((charged, change, left)) => {
                             apply(change, &mut state);
                             // A bucket deleted (full again) takes its records with it.
-                            records = if state.is_some() { left } else { Vec::new() };
+                            records = if state.is_some() {
+                                left.into_vec()
+                            } else {
+                                Vec::new()
+                            };
                             json!([
                                 charged.balance,
                                 charged.retry_after_ms(),

@@ -65,3 +65,10 @@ fn decimals_parse_exactly_in_the_plain_grammar() {
         assert_eq!(got, *want, "{:?}", String::from_utf8_lossy(text));
     }
 }
+
+#[test]
+fn powers_of_ten_are_every_one_that_fits_128_bits() {
+    for n in 0..=40u32 {
+        assert_eq!(crate::decimal::pow10(n), 10u128.checked_pow(n), "10^{n}");
+    }
+}

@@ -68,7 +68,7 @@ fn reservations_are_capped_and_a_zero_estimate_refused() {
     for n in 0..MAX_RESERVATIONS {
         let got = reserve(&lim, state, &records, NOW_US, Cost::ONE, 1_000, id(n)).unwrap();
         let (s, r) = got.write.unwrap();
-        (state, records) = (Some(s), r);
+        (state, records) = (Some(s), r.into_vec());
     }
     assert!(valid_records(&records));
     let over = MAX_RESERVATIONS;
@@ -129,7 +129,7 @@ proptest! {
                 prop_assert_eq!(got.decision.remaining, want.remaining);
                 if let Some((s, r)) = got.write {
                     state = Some(s);
-                    records = r;
+                    records = r.into_vec();
                     open.push((n, tokens, now_us + TTL_MS * 1000));
                 }
             } else {
@@ -158,7 +158,7 @@ proptest! {
                             Change::Delete => None,
                         };
                         // A full bucket is deleted, and its records with it.
-                        records = if state.is_some() { left } else { Vec::new() };
+                        records = if state.is_some() { left.into_vec() } else { Vec::new() };
                         if state.is_none() {
                             open.clear();
                         }
