@@ -58,13 +58,11 @@ impl Op {
         module_name(self, false)
     }
 
-    /// The Functions library's version this op needs (`rl_version`): leases came with
-    /// version 2, the packed numbers (every op that sends a limit) with version 3.
+    /// The Functions library's version this op needs (`rl_version`): the same for every op,
+    /// since the path found by one call serves the next. Leases came with version 2, the
+    /// packed numbers of every op that sends a limit with version 3.
     fn functions_version(self) -> i64 {
-        match self {
-            Op::Lease | Op::Release | Op::Renew | Op::Leases => 2,
-            _ => script::FUNCTIONS_VERSION,
-        }
+        script::FUNCTIONS_VERSION
     }
 }
 
