@@ -150,9 +150,9 @@
 -- instructions, so a remainder of 0 and a D of 1 are written as literal text). Every other
 -- call, and any case that path does not take as plain (a hash, a rate changed, a peek in
 -- debt), goes to the general path, which decides as the exact bucket does. Per allowed call
--- on random keys with packed numbers (callgrind, Redis 7.0.15) the script runs about 59,800
--- instructions at 10/s and 61,800 at 3/s, the Functions library 55,700 and 57,600, the
--- classic float script 59,000.
+-- on random keys with packed numbers (callgrind, Redis 7.0.15) the script runs about 59,900
+-- instructions at 10/s and 61,600 at 3/s, the Functions library 55,800 and 57,500, the
+-- classic float script 58,900.
 
 if not redis.REDIS_VERSION_NUM and redis.replicate_commands then
   -- Redis < 7 replicates scripts verbatim unless told otherwise; 7+ (which has
