@@ -2,8 +2,10 @@
 """The `make bench` driver: RL.ACQUIRE against the classic Lua script and plain commands.
 
 Starts its own redis-server (the release module loaded, no persistence, a free port, a temp
-dir) pinned to one CPU, drives it with redis-benchmark pinned to the other, and writes
-bench/results.md and bench/chart.svg. Standard library only, so it runs on a fresh machine.
+dir) pinned to one CPU, drives it with redis-benchmark pinned to the other (the fallback's
+rows from Python on that CPU: their packed numbers are bytes redis-benchmark cannot send), and
+writes bench/results.md and bench/chart.svg. Standard library only, so it runs on a fresh
+machine.
 
 What it measures, per workload x keyspace (one hot key, or 100,000 random keys) x pipeline
 (-P 1, -P 16), with 50 clients, as the median of interleaved rounds:
@@ -30,10 +32,12 @@ import math
 import os
 import random
 import re
+import selectors
 import shutil
 import signal
 import socket
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
@@ -99,6 +103,11 @@ class BenchError(Exception):
 
 class ErrorReply(str):
     """An error reply (`-ERR ...`), returned as a value so pipelines can count them."""
+
+
+def shown(command):
+    """A command as text: a binary argument (the fallback's packed numbers) as <N bytes>."""
+    return " ".join("<%d bytes>" % len(a) if isinstance(a, bytes) else str(a) for a in command)
 
 
 def encode(args):
@@ -322,6 +331,101 @@ def run_benchmark(opts, port, n, pipeline, command, keyspace):
                      % (" ".join(cmd), proc.stdout, proc.stderr))
 
 
+def reply_end(buf, at):
+    """Where the RESP reply starting at `at` in buf ends, or -1 while it is incomplete."""
+    line_end = buf.find(b"\r\n", at)
+    if line_end < 0:
+        return -1
+    kind = buf[at:at + 1]
+    if kind == b"-":
+        raise BenchError("a benchmarked call answered an error: %s"
+                         % buf[at + 1:line_end].decode(errors="replace"))
+    if kind == b"$":
+        size = int(buf[at + 1:line_end])
+        end = line_end + 2 + (size + 2 if size >= 0 else 0)
+        return end if end <= len(buf) else -1
+    if kind == b"*":
+        end = line_end + 2
+        for _ in range(max(int(buf[at + 1:line_end]), 0)):
+            end = reply_end(buf, end)
+            if end < 0:
+                return -1
+        return end
+    return line_end + 2
+
+
+def run_python_benchmark(opts, port, n, pipeline, command, keyspace):
+    """run_benchmark for a command with a binary argument (the fallback's packed numbers, NUL
+    bytes and all), which redis-benchmark cannot send: its arguments are C strings, -x's too.
+    The same run from Python on the client CPU: CLIENTS connections, `pipeline` calls a round
+    trip each, __rand_int__ drawn as redis-benchmark draws it, and the same figures (req/s; p50
+    and p99 of each call's round trip, which at -P 16 is its pipeline's). The server's µs per
+    call, the figure the targets compare, does not depend on the client."""
+    parts = [a if isinstance(a, bytes) else str(a).encode() for a in command]
+
+    def batch(size):
+        out = []
+        for _ in range(size):
+            key = b"%012d" % random.randrange(keyspace) if keyspace else b"__rand_int__"
+            out.append(encode([p.replace(b"__rand_int__", key) for p in parts]))
+        return b"".join(out)
+
+    affinity = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {opts.client_cpu})
+    selector = selectors.DefaultSelector()
+    socks = []
+    try:
+        latencies, sent = [], 0
+        started = time.monotonic()
+        for _ in range(min(CLIENTS, n)):
+            sock = socket.create_connection(("127.0.0.1", port), timeout=60)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            socks.append(sock)
+            size = min(pipeline, n - sent)
+            if size == 0:
+                break
+            state = {"buf": b"", "pending": size, "since": time.monotonic()}
+            sock.sendall(batch(size))
+            sent += size
+            selector.register(sock, selectors.EVENT_READ, state)
+        while selector.get_map():
+            for item, _ in selector.select(timeout=60):
+                sock, state = item.fileobj, item.data
+                data = sock.recv(1 << 16)
+                if not data:
+                    raise BenchError("the server closed a benchmark connection")
+                buf, at = state["buf"] + data, 0
+                while state["pending"]:
+                    end = reply_end(buf, at)
+                    if end < 0:
+                        break
+                    at, state["pending"] = end, state["pending"] - 1
+                state["buf"] = buf[at:]
+                if state["pending"]:
+                    continue
+                now = time.monotonic()
+                latencies.append(now - state["since"])
+                size = min(pipeline, n - sent)
+                if size == 0:
+                    selector.unregister(sock)
+                    continue
+                state["pending"], state["since"] = size, now
+                sock.sendall(batch(size))
+                sent += size
+        wall = time.monotonic() - started
+    finally:
+        os.sched_setaffinity(0, affinity)
+        selector.close()
+        for sock in socks:
+            sock.close()
+    latencies.sort()
+
+    def percentile(q):
+        return 1000 * latencies[min(len(latencies) - 1, int(q * len(latencies)))]
+
+    return {"rps": n / wall, "p50": percentile(0.50), "p99": percentile(0.99), "wall": wall}
+
+
 # --------------------------------------------------------------------------------------
 # Workloads.
 
@@ -357,6 +461,12 @@ def script_numbers(rate, capacity, cost):
     return [str(n) for n in numbers]
 
 
+def script_packed(rate, capacity, cost):
+    """script_numbers packed as the client libraries send them: one argument of 80 bytes, ten
+    little-endian doubles (integers below 2^53, so exact)."""
+    return struct.pack("<10d", *(int(n) for n in script_numbers(rate, capacity, cost)))
+
+
 def workloads(sha, now_ms, rl_sha="rl_sha"):
     def rl(rate, capacity, cost):
         return lambda key: ["RL.ACQUIRE", key, rate, capacity, cost]
@@ -368,12 +478,12 @@ def workloads(sha, now_ms, rl_sha="rl_sha"):
         return lambda key: ["EVALSHA", sha, "1", key, rate, capacity, str(now_ms), cost]
 
     def script(rate, capacity, cost):
-        numbers = script_numbers(rate, capacity, cost)
-        return lambda key: ["EVALSHA", rl_sha, "1", key, "acquire"] + numbers
+        packed = script_packed(rate, capacity, cost)
+        return lambda key: ["EVALSHA", rl_sha, "1", key, "acquire", packed]
 
     def function(rate, capacity, cost):
-        numbers = script_numbers(rate, capacity, cost)
-        return lambda key: ["FCALL", "rl_acquire", "1", key] + numbers
+        packed = script_packed(rate, capacity, cost)
+        return lambda key: ["FCALL", "rl_acquire", "1", key, packed]
 
     def hash_prefill(key):
         return ["HSET", key, "tokens", HASH_TOKENS, "ts", str(now_ms)]
@@ -435,14 +545,14 @@ def load_fallback(conn):
 
 def check_reply(workload, reply, command):
     """Fails on an error reply, or on a limiter reply of the wrong kind or shape."""
-    shown = " ".join(command)
+    text = shown(command)
     if isinstance(reply, ErrorReply):
         raise BenchError("`%s` answers an error: %s\n(redis-benchmark would count it as a "
-                         "success, so the benchmark stops here)" % (shown, reply))
+                         "success, so the benchmark stops here)" % (text, reply))
     if workload.expect is None:
         return None
     if not (isinstance(reply, list) and len(reply) >= 2 and isinstance(reply[0], int)):
-        raise BenchError("`%s` answered %r, not [allowed, remaining, ...]" % (shown, reply))
+        raise BenchError("`%s` answered %r, not [allowed, remaining, ...]" % (text, reply))
     return reply[0] == 1
 
 
@@ -528,7 +638,7 @@ def post_check(conn, config):
     allowed = check_reply(wl, conn.call(*command), command)
     if allowed != (wl.expect == "allowed"):
         raise BenchError("%s: after the run, `%s` was no longer %s"
-                         % (config, " ".join(command), wl.expect))
+                         % (config, shown(command), wl.expect))
 
 
 # --------------------------------------------------------------------------------------
@@ -872,7 +982,11 @@ def write_results(path, meta, opts, wls, med, memory, n_for, sha, rl_sha, budget
     w("- redis-rl's fallback, for servers without the module, runs the same allowed path on"
       " random keys: `rl.lua EVALSHA` is clients/lua/rl.lua (the script every client library"
       " ships), `rl_acquire FCALL` the Functions library made from it (clients/lua/rl_functions.lua),"
-      " each with the 10 numbers a client computes for (rate, capacity, cost). Unlike the classic"
+      " each with the 10 numbers a client computes for (rate, capacity, cost), packed in one"
+      " argument of doubles as the libraries send them. redis-benchmark cannot send those bytes"
+      " (NUL included), so these rows are driven from Python on the client CPU with the same"
+      " clients, pipelines and random keys: their server µs/call is comparable with the other"
+      " rows, their req/s and latencies are Python's, not redis-benchmark's. Unlike the classic"
       " script they read the server's clock (`TIME`), are exact, and write nothing on a denial."
       " The classic script is also run at 3/s for them (`Lua script allowed 3/s`).")
     w("- server µs/call is `usec / calls` of the command in `INFO commandstats` (for a script,"
@@ -907,7 +1021,7 @@ def write_results(path, meta, opts, wls, med, memory, n_for, sha, rl_sha, budget
     w("| workload | command | prefill |")
     w("| --- | --- | --- |")
     for wl in wls:
-        command = " ".join(wl.args(RAND_KEY)).replace(sha, "<sha>").replace(rl_sha, "<rl.lua sha>")
+        command = shown(wl.args(RAND_KEY)).replace(sha, "<sha>").replace(rl_sha, "<rl.lua sha>")
         prefill = ("`%s`" % " ".join(wl.prefill(HOT_KEY)).replace(sha, "<sha>").replace(HOT_KEY, "key")
                    if wl.prefill else "none")
         w("| %s | `%s` | %s |" % (wl.label, command, prefill))
@@ -1318,9 +1432,11 @@ def main(argv):
             for config in configs:
                 n = n_for[config.pipeline]
                 prepare(conn, config, sample_size=1000, table_buckets=opts.table_buckets)
-                result = run_benchmark(opts, server.port, n, config.pipeline,
-                                       config.workload.args(RAND_KEY if config.keyspace else HOT_KEY),
-                                       config.keyspace)
+                command = config.workload.args(RAND_KEY if config.keyspace else HOT_KEY)
+                # The fallback's packed numbers are bytes, which redis-benchmark cannot send.
+                drive = (run_python_benchmark if any(isinstance(a, bytes) for a in command)
+                         else run_benchmark)
+                result = drive(opts, server.port, n, config.pipeline, command, config.keyspace)
                 result["usec"] = collect_stats(conn, config, n)
                 post_check(conn, config)
                 key = (config.workload.name, config.keys_label, config.pipeline)

@@ -15,8 +15,9 @@ bench-smoke: $(MODULE) ## Seconds-long bench run for CI: checks each benchmarked
 	python3 bench/tables.py --smoke
 
 # The fallback's 10 numbers for bench.py's allowed (rate, capacity, cost) at 10/s and 3/s, and
-# its denial at 10/s, as bench.py computes them; and the scripts' SHA1s (EVALSHA).
-fallback_numbers = $(shell python3 -c "import sys; sys.path.insert(0, 'bench'); import bench; print(' '.join(bench.script_numbers(*'$(1)'.split())))")
+# its denial at 10/s, as bench.py computes them, packed as the client libraries send them
+# (hex:<the 80 bytes>, which instructions.sh sends from Python); and the scripts' SHA1s.
+fallback_numbers = $(shell python3 -c "import sys; sys.path.insert(0, 'bench'); import bench; print('hex:' + bench.script_packed(*'$(1)'.split()).hex())")
 CLASSIC_SHA = $(shell sha1sum < bench/token_bucket.lua | cut -c1-40)
 RL_SHA = $(shell sha1sum < clients/lua/rl.lua | cut -c1-40)
 

@@ -21,7 +21,7 @@ SCRIPT = os.path.join(HERE, "rl.lua")
 LIBRARY = os.path.join(HERE, "rl_functions.lua")
 
 #: The library's version, answered by FCALL_RO rl_version 0.
-VERSION = 2
+VERSION = 3
 
 HEADER = """#!lua name=redis_rl
 -- redis-rl's Functions library: the fallback script's decisions (clients/lua/rl.lua) as Redis
@@ -43,8 +43,11 @@ HEADER = """#!lua name=redis_rl
 --   FCALL_RO rl_leases 1 key limit           RL.LEASES's reply (no-writes: replicas too)
 --   FCALL rl_reserve 1 key <10 numbers> ttl_ms id      RL.RESERVE's reply
 --   FCALL rl_settle 1 key <10 numbers> id    RL.SETTLE's reply
---   FCALL_RO rl_version 0                    this library's version (2: leases and
---                                            reservations; 1 had neither)
+--   FCALL_RO rl_version 0                    this library's version (3: the packed
+--                                            numbers; 2: leases and reservations; 1 had
+--                                            neither)
+--
+-- <10 numbers> is one argument of 80 bytes (ten little-endian doubles, packed) or ten texts.
 --
 -- Written by clients/lua/functions.py from rl.lua: edit rl.lua, then run it.
 """
@@ -52,7 +55,7 @@ HEADER = """#!lua name=redis_rl
 FOOTER = """
 local VERSION = {version}
 
-known = {{}}
+known = {{[0] = 0}}
 
 local function mode(name)
   return function(keys, args) return run(name, keys, args, 0) end

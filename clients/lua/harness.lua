@@ -4,7 +4,10 @@
 -- without the mode among the arguments, as FCALL sends it. Reads calls from stdin, one a line:
 --
 --   now_us key[,key...] mode n1 .. n10 [n1 .. n10 ...]
+--   now_us key[,key...] mode hex:<the ten numbers packed> [hex:... ...]
 --
+-- (a word hex:<digits> is those bytes: the packed form, ten little-endian doubles, which the
+-- stand-in `struct.unpack` below decodes as Redis's does)
 -- and prints each reply as space-separated integers (nested arrays flattened), or
 -- "error <text>". Used by clients/python/tests/test_lua_vectors.py to hold the script to
 -- clients/vectors/bucket.json without a server clock. With a second argument `json`, each
@@ -21,6 +24,30 @@ do
   local f = assert(io.open(script_path))
   is_library = string.sub(f:read('*l') or '', 1, 5) == '#!lua'
   f:close()
+end
+
+-- Redis's `struct` library, as far as the script uses it (lua5.1 has none): unpack of ten
+-- little-endian IEEE doubles, the packed numbers, decoded bit for bit.
+local function double_at(s, i)
+  local b1, b2, b3, b4, b5, b6, b7, b8 = string.byte(s, i, i + 7)
+  local sign = b8 >= 128 and -1 or 1
+  local exp = (b8 % 128) * 16 + math.floor(b7 / 16)
+  local mant = (((((b7 % 16) * 256 + b6) * 256 + b5) * 256 + b4) * 256 + b3) * 65536
+    + b2 * 256 + b1
+  if exp == 2047 then
+    if mant == 0 then return sign * math.huge end
+    return 0 / 0
+  end
+  if exp == 0 then return sign * math.ldexp(mant, -1074) end
+  return sign * math.ldexp(mant + 2 ^ 52, exp - 1075)
+end
+struct = {}
+function struct.unpack(format, s)
+  assert(format == '<dddddddddd' and #s == 80, 'harness: struct.unpack of ten doubles only')
+  local out = {}
+  for i = 0, 9 do out[i + 1] = double_at(s, i * 8 + 1) end
+  out[11] = 81
+  return unpack(out)
 end
 
 redis = {}
@@ -171,7 +198,13 @@ for line in io.lines() do
   KEYS = {}
   for k in string.gmatch(words[2], '[^,]+') do KEYS[#KEYS + 1] = k end
   ARGV = {}
-  for i = 3, #words do ARGV[#ARGV + 1] = words[i] end
+  for i = 3, #words do
+    local w = words[i]
+    if string.sub(w, 1, 4) == 'hex:' then
+      w = string.gsub(string.sub(w, 5), '%x%x', function(h) return string.char(tonumber(h, 16)) end)
+    end
+    ARGV[#ARGV + 1] = w
+  end
   local ok, reply
   if is_library then
     local mode = table.remove(ARGV, 1)

@@ -154,6 +154,15 @@ export class Limit {
     const [kq, kr] = divmod(refund ? k.floor() : k.ceil(), d);
     return [d, tq, tr, cq, cr, sq, sr, kq, kr, cap.floor()].map(String);
   }
+
+  /** The same 10 numbers packed in one argument of 80 bytes, as the script and the Functions
+   * library (version 3) read them fastest: little-endian IEEE doubles, each an integer below
+   * 2^53, so exact. */
+  scriptPacked(cost, refund = false) {
+    const out = Buffer.alloc(80);
+    this.scriptArgs(cost, refund).forEach((n, i) => out.writeDoubleLE(Number(n), i * 8));
+    return out;
+  }
 }
 
 const ceilS = (ms) => Math.ceil(ms / 1000);
@@ -371,11 +380,11 @@ function leaseArgs(path, op, a) {
     case "reserve":
       return module
         ? [...a.limit.args(), numberArg(a.estimate), String(a.ttlMs), ...(id === undefined ? [] : ["ID", id])]
-        : [...a.limit.scriptArgs(a.estimate), String(a.ttlMs), id];
+        : [a.limit.scriptPacked(a.estimate), String(a.ttlMs), id];
     case "settle":
       return module
         ? [...a.limit.args(), a.id, numberArg(a.actual)]
-        : [...a.limit.scriptArgs(a.actual), a.id];
+        : [a.limit.scriptPacked(a.actual), a.id];
     default:
       throw new TypeError(`not a lease operation: ${op}`);
   }
@@ -1200,7 +1209,7 @@ export class Limiter {
     }
     const keys = items.map(([key]) => key);
     const numbers = [];
-    for (const [, limit, cost] of items) numbers.push(...limit.scriptArgs(cost, op === "refund"));
+    for (const [, limit, cost] of items) numbers.push(limit.scriptPacked(cost, op === "refund"));
     if (path === "functions") {
       const [command, name] = FUNCTIONS[op];
       return this.redis.send([command, name, String(keys.length), ...keys, ...numbers], firstKey);

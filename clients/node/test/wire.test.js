@@ -4,8 +4,9 @@
 // on real servers through each client the library supports (ioredis 5 and 6, node-redis 4, 5
 // and 6), and
 // MONITOR shows what arrived: on the module path RL.ACQUIRE / RL.HACQUIRE carry the texts, on
-// the Lua path (a server without the module) EVALSHA carries the script's 10 numbers, and on
-// the Functions path (the library loaded) FCALL rl_acquire the same 10 numbers, which
+// the Lua path (a server without the module) EVALSHA carries the script's 10 numbers (packed
+// in one argument of doubles), and on the Functions path (the library loaded) FCALL
+// rl_acquire the same 10 numbers, which
 // are computed here from the same texts with exact rational arithmetic (clients/lua/rl.lua's
 // header). Cases other clients cannot build (`python_only`) are skipped; fields a case may
 // carry that this test does not read are ignored.
@@ -61,6 +62,23 @@ function scriptArgs([rateText, capacityText, costText]) {
   const s = pair(floorDiv((cn * kd - kn * cd) * tn, cd * kd));
   const k = pair(ceilDiv(kn * tn, kd));
   return [d, ...t, ...c, ...s, ...k, floorDiv(cn, cd)].map(String);
+}
+
+/** scriptArgs as the one argument the library sends (ten little-endian doubles), as the
+ * monitor event gives it: MONITOR writes a byte as Redis's sdscatrepr does (printable ASCII
+ * as itself, a quote and a backslash escaped, \\n \\r \\t \\a \\b, anything else \\xNN), and
+ * ioredis undoes the quote's escape only. */
+function packedShown(numbers) {
+  const bytes = Buffer.alloc(80);
+  numbers.forEach((n, i) => bytes.writeDoubleLE(Number(n), i * 8));
+  const named = { 10: "\\n", 13: "\\r", 9: "\\t", 7: "\\a", 8: "\\b", 92: "\\\\", 34: '"' };
+  let out = "";
+  for (const b of bytes) {
+    if (named[b] !== undefined) out += named[b];
+    else if (b >= 32 && b < 127) out += String.fromCharCode(b);
+    else out += "\\x" + b.toString(16).padStart(2, "0");
+  }
+  return [out];
 }
 
 const ioredis = (Client) => async (port, scope) => {
@@ -152,7 +170,7 @@ for (const [kind, connect] of Object.entries(CLIENTS)) {
     for (const a of calls) if (!answered.length || answered.at(-1).join() !== a.join()) answered.push(a);
     assert.equal(answered.length, 2 * CASES.length);
     CASES.forEach((c, i) => {
-      const want = scriptArgs(c.args);
+      const want = packedShown(scriptArgs(c.args));
       // sha, 1 key, the key, the mode, then the numbers.
       assert.deepEqual(answered[2 * i].slice(2), ["1", `wire:${i}`, "acquire", ...want], c.name);
       const [numKeys, key, mode, ...numbers] = answered[2 * i + 1].slice(2);
@@ -181,7 +199,7 @@ for (const [kind, connect] of Object.entries(CLIENTS)) {
     const calls = seen.filter((a) => /^FCALL$/i.test(a[0]));
     assert.equal(calls.length, 2 * CASES.length);
     CASES.forEach((c, i) => {
-      const want = scriptArgs(c.args);
+      const want = packedShown(scriptArgs(c.args));
       // The function, 1 key, the key, then the numbers (no mode).
       assert.deepEqual(calls[2 * i].slice(1), ["rl_acquire", "1", `wire:${i}`, ...want], c.name);
       const [name, numKeys, key, ...numbers] = calls[2 * i + 1].slice(1);

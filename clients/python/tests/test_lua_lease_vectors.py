@@ -31,15 +31,22 @@ def lease_line(key, step):
     return " ".join([str(step["now_us"]), key, op, *(str(step[a]) for a in args)])
 
 
-def reserve_line(key, limit, step):
+def reserve_line(key, limit, step, packed=False):
+    """The harness line of a reservation vector's step: the numbers as ten texts, or packed
+    (hex:<the 80 bytes>, one argument, as the libraries send them)."""
+    def numbers(cost, refund=False):
+        if packed:
+            return ["hex:" + limit.script_packed(cost, refund).hex()]
+        return limit.script_args(cost, refund)
+
     op = step["op"]
     if op == "reserve":
-        args = limit.script_args(step["estimate"]) + [str(step["ttl_ms"]), step["id"]]
+        args = numbers(step["estimate"]) + [str(step["ttl_ms"]), step["id"]]
     elif op == "settle":
         # A settle's numbers are a charge's for the actual (rounded up): rl.lua's header.
-        args = limit.script_args(step["actual"]) + [step["id"]]
+        args = numbers(step["actual"]) + [step["id"]]
     else:
-        args = limit.script_args(step["cost"], refund=op == "refund")
+        args = numbers(step["cost"], refund=op == "refund")
     return " ".join([str(step["now_us"]), key, op, *args])
 
 
@@ -73,6 +80,10 @@ class LuaLeaseVectors(unittest.TestCase):
 
     def test_reservations_reply_as_the_vectors_say(self):
         self.check("reserve.json", lambda case, key, step: reserve_line(key, limit_of(case), step))
+
+    def test_reservations_with_packed_numbers_reply_as_the_vectors_say(self):
+        self.check("reserve.json",
+                   lambda case, key, step: reserve_line(key, limit_of(case), step, packed=True))
 
     def test_bad_arguments_get_the_modules_errors_and_write_nothing(self):
         one = Limit(1, 10)

@@ -31,6 +31,15 @@ def limit_of(case):
 @unittest.skipIf(LUA is None, "no lua5.1 interpreter (apt-get install lua5.1)")
 class LuaVectors(unittest.TestCase):
     FILE = os.path.join(ROOT, "lua", "rl.lua")
+    #: Whether the numbers go packed (one argument of 80 bytes per key, as the libraries send
+    #: them) or as ten texts (the older form, still read).
+    PACKED = False
+
+    def numbers(self, limit, cost, refund=False):
+        """A key's numbers as harness words: hex:<the 80 bytes>, or the ten texts."""
+        if self.PACKED:
+            return ["hex:" + limit.script_packed(cost, refund).hex()]
+        return limit.script_args(cost, refund)
 
     def test_script_replies_as_the_vectors_say(self):
         with open(os.path.join(ROOT, "vectors", "bucket.json")) as f:
@@ -39,7 +48,7 @@ class LuaVectors(unittest.TestCase):
         for n, case in enumerate(cases):
             limit = limit_of(case)
             for i, step in enumerate(case["steps"]):
-                args = limit.script_args(float(step["cost"]), refund=step["op"] == "refund")
+                args = self.numbers(limit, float(step["cost"]), refund=step["op"] == "refund")
                 lines.append(" ".join([str(step["now_us"]), f"case{n}", step["op"], *args]))
                 expected.append(step["expect"])
                 names.append(f"{case['name']}, step {i}: {step}")
@@ -53,7 +62,7 @@ class LuaVectors(unittest.TestCase):
 
     def test_a_burst_then_a_denial_at_one_instant(self):
         limit = Limit(1, 2)
-        calls = [f"1000000 k acquire {' '.join(limit.script_args(1))}"] * 3
+        calls = [f"1000000 k acquire {' '.join(self.numbers(limit, 1))}"] * 3
         out = subprocess.run([LUA, os.path.join(ROOT, "lua", "harness.lua"),
                               self.FILE],
                              input="\n".join(calls) + "\n", capture_output=True, text=True, check=True)
@@ -84,7 +93,7 @@ class LuaVectors(unittest.TestCase):
                     items = [(k, limits[k], c) for k, c in zip(chosen, costs)]
                     allowed, refused, retry, replies = local.acquire_all(items, now_us)
                     want = [allowed, refused, retry] + [x for r in replies for x in r]
-                    args = [a for k, _, c in items for a in limits[k].script_args(c)]
+                    args = [a for k, _, c in items for a in self.numbers(limits[k], c)]
                     lines.append(" ".join([str(now_us), ",".join(chosen), "multi", *args]))
                 else:
                     key, cost = rng.choice(keys), rng.randint(0, 6)
@@ -94,7 +103,7 @@ class LuaVectors(unittest.TestCase):
                         want = list(local.charge(key, limits[key], cost, now_us, MAX_DEBT_NS))
                     else:
                         want = list(local.acquire(key, limits[key], cost, now_us, take=op == "acquire"))
-                    lines.append(" ".join([str(now_us), key, op, *limits[key].script_args(cost, op == "refund")]))
+                    lines.append(" ".join([str(now_us), key, op, *self.numbers(limits[key], cost, op == "refund")]))
                 expected.append(want)
         out = subprocess.run([LUA, os.path.join(ROOT, "lua", "harness.lua"), self.FILE],
                              input="\n".join(lines) + "\n", capture_output=True, text=True, check=True)
@@ -108,6 +117,18 @@ class FunctionsVectors(LuaVectors):
     """The same calls through the library's functions (rl_acquire, …), as FCALL sends them."""
 
     FILE = os.path.join(ROOT, "lua", "rl_functions.lua")
+
+
+class PackedLuaVectors(LuaVectors):
+    """The script with the numbers packed, as the libraries send them."""
+
+    PACKED = True
+
+
+class PackedFunctionsVectors(FunctionsVectors):
+    """The library with the numbers packed, as the libraries send them."""
+
+    PACKED = True
 
 
 if __name__ == "__main__":

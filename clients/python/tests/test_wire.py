@@ -3,7 +3,7 @@ with MONITOR: strings passed as str, JSON numbers as the int or float json gives
 the per= keyword (`{"timedelta": {...}}` as a `datetime.timedelta`), a null capacity left
 out. On the module path, the `rate capacity cost` texts of RL.ACQUIRE; on the Functions path
 and the Lua path (a server without the module), the 10 numbers of FCALL rl_acquire and of
-EVALSHA, computed here from the case's texts
+EVALSHA, packed in one argument of little-endian doubles, computed here from the case's texts
 with exact rationals (clients/lua/rl.lua's header), not by the library. Sync and asyncio."""
 
 import asyncio
@@ -13,6 +13,7 @@ import math
 import os
 import re
 import socket
+import struct
 import unittest
 from fractions import Fraction
 
@@ -59,6 +60,25 @@ def script_args(args):
     numbers = [d, *pair(t_us), *pair(cap * t_us), *pair((cap - cost) * t_us),
                *pair(cost * t_us, math.ceil), math.floor(cap)]
     return [str(n) for n in numbers]
+
+
+def packed(args):
+    """script_args as the one argument the libraries send (ten little-endian doubles), as
+    Monitor.next gives it: MONITOR writes a byte as Redis's sdscatrepr does (printable ASCII as
+    itself, a quote and a backslash escaped, \\n \\r \\t \\a \\b, anything else \\xNN), and
+    next() undoes the two escapes."""
+    shown = []
+    for b in struct.pack("<10d", *(int(n) for n in script_args(args))):
+        c = chr(b)
+        if c in "\\\"":
+            shown.append("\\" + c)
+        elif c in "\n\r\t\a\b":
+            shown.append({"\n": "\\n", "\r": "\\r", "\t": "\\t", "\a": "\\a", "\b": "\\b"}[c])
+        elif 32 <= b < 127:
+            shown.append(c)
+        else:
+            shown.append("\\x%02x" % b)
+    return ["".join(shown).replace('\\"', '"').replace("\\\\", "\\")]
 
 
 class Monitor:
@@ -117,7 +137,7 @@ class Wire(unittest.TestCase):
                 got = monitor.next("EVALSHA")
                 # sha, 1 key, the key, the mode, then the numbers.
                 self.assertEqual(got[2:5], ["1", f"wire:{i}", "acquire"], case)
-                self.assertEqual(got[5:], script_args(case["args"]), case)
+                self.assertEqual(got[5:], packed(case["args"]), case)
 
     def test_each_limit_sends_the_exact_numbers_to_the_functions_library(self):
         s = Server(module=False)
@@ -135,7 +155,7 @@ class Wire(unittest.TestCase):
                 got = monitor.next("FCALL")
                 # The function, 1 key, the key, then the numbers (no mode).
                 self.assertEqual(got[1:4], ["rl_acquire", "1", f"wire:{i}"], case)
-                self.assertEqual(got[4:], script_args(case["args"]), case)
+                self.assertEqual(got[4:], packed(case["args"]), case)
 
 
 class AsyncWire(unittest.IsolatedAsyncioTestCase):
@@ -161,10 +181,10 @@ class AsyncWire(unittest.IsolatedAsyncioTestCase):
                     self.assertEqual(got[1:], [f"wire:{i}", *case["args"]], case)
                 elif command == "FCALL":
                     self.assertEqual(got[1:4], ["rl_acquire", "1", f"wire:{i}"], case)
-                    self.assertEqual(got[4:], script_args(case["args"]), case)
+                    self.assertEqual(got[4:], packed(case["args"]), case)
                 else:
                     self.assertEqual(got[2:5], ["1", f"wire:{i}", "acquire"], case)
-                    self.assertEqual(got[5:], script_args(case["args"]), case)
+                    self.assertEqual(got[5:], packed(case["args"]), case)
 
     async def test_module_path(self):
         await self.check(True, "RL.ACQUIRE")

@@ -58,13 +58,11 @@ impl Op {
         module_name(self, false)
     }
 
-    /// The Functions library's version this op needs (`rl_version`): leases and
-    /// reservations came with version 2.
+    /// The Functions library's version this op needs (`rl_version`): the same for every op,
+    /// since the path found by one call serves the next. Leases came with version 2, the
+    /// packed numbers of every op that sends a limit with version 3.
     fn functions_version(self) -> i64 {
-        match self {
-            Op::Lease | Op::Release | Op::Renew | Op::Leases | Op::Reserve | Op::Settle => 2,
-            _ => script::FUNCTIONS_VERSION,
-        }
+        script::FUNCTIONS_VERSION
     }
 }
 
@@ -1099,9 +1097,7 @@ impl Engine {
             cmd.arg(target.key());
         }
         for (_, limit, cost) in items {
-            for arg in script::args(limit, *cost, op == Op::Refund) {
-                cmd.arg(arg);
-            }
+            cmd.arg(script::packed(limit, *cost, op == Op::Refund));
         }
         cmd
     }
@@ -1122,9 +1118,7 @@ impl Engine {
         }
         cmd.arg(script_mode(op));
         for (_, limit, cost) in items {
-            for arg in script::args(limit, *cost, op == Op::Refund) {
-                cmd.arg(arg);
-            }
+            cmd.arg(script::packed(limit, *cost, op == Op::Refund));
         }
         cmd
     }
@@ -1827,7 +1821,7 @@ mod tests {
     const DECISION: &str = "*4\r\n:1\r\n:9\r\n:0\r\n:200\r\n";
     const UNKNOWN: &str = "-ERR unknown command 'RL.ACQUIRE'\r\n";
     const NO_FUNCTION: &str = "-ERR Function not found\r\n";
-    const VERSION: &str = ":2\r\n";
+    const VERSION: &str = ":3\r\n";
     const NOSCRIPT: &str = "-NOSCRIPT No matching script.\r\n";
     const NOPERM_FCALL_RO: &str =
         "-NOPERM this user has no permissions to run the 'fcall_ro' command\r\n";

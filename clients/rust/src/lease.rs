@@ -263,9 +263,7 @@ impl Call<'_> {
                 id,
                 ..
             } => {
-                for arg in script::args(&limit, estimate, false) {
-                    cmd.arg(arg);
-                }
+                cmd.arg(script::packed(&limit, estimate, false));
                 cmd.arg(ttl_ms).arg(id);
             }
             Call::Settle {
@@ -273,9 +271,7 @@ impl Call<'_> {
             } => {
                 // A charge's numbers for `actual` (K rounded up): the script nets the settle
                 // to `actual` taken, never more lenient than the module.
-                for arg in script::args(&limit, actual, false) {
-                    cmd.arg(arg);
-                }
+                cmd.arg(script::packed(&limit, actual, false));
                 cmd.arg(id);
             }
         }

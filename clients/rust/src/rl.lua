@@ -7,14 +7,15 @@
 -- part between the two `@core` lines below, so a fix lands in both). The script is run with
 -- EVALSHA, and with EVAL after NOSCRIPT:
 --
---   EVALSHA sha N key1 .. keyN  mode  [10 numbers per key]
+--   EVALSHA sha N key1 .. keyN  mode  [10 numbers per key, packed in one argument or as texts]
 --
 -- The library registers one function per mode (rl_acquire, rl_peek, rl_refund, rl_charge,
 -- rl_multi, rl_lease, rl_release, rl_renew, rl_leases, rl_reserve, rl_settle) taking the same
--- keys and arguments without the mode, and rl_version (2 since the leases and reservations;
--- a library answering 1 has neither, and a client needing them uses the script):
+-- keys and arguments without the mode, and rl_version (3 since the packed numbers, 2 since the
+-- leases and reservations; a library answering 1 has neither, and a client needing them uses
+-- the script):
 --
---   FCALL rl_acquire N key1 .. keyN  [10 numbers per key]
+--   FCALL rl_acquire N key1 .. keyN  [10 numbers per key, packed in one argument or as texts]
 --
 -- mode: "acquire" or "peek" (N = 1: reply {allowed, remaining, retry_after_ms,
 -- reset_after_ms}; a peek's remaining is the signed balance, negative while in debt),
@@ -94,6 +95,13 @@
 --              (a refund gives back at most Cq Cr, the capacity, as the module does)
 --   Cfloor     floor(capacity)
 --
+-- A client sends them packed: one argument of 80 bytes per key, the ten in this order as
+-- little-endian IEEE doubles (struct.pack('<dddddddddd', ...); each is an integer below 2^53,
+-- so exact), read with one call of Redis's built-in struct library. Or, the older form, as ten
+-- decimal texts per key. A call whose first number argument is 80 bytes long is packed for all
+-- its keys (no decimal text is that long; each key then has one argument, so a reserve's
+-- ttl_ms and id, and a settle's id, follow that one); any other call is read as texts.
+--
 -- The rate, capacity and cost are the exact values the module reads from the same call's
 -- text: decimals ("0.1" is one tenth) and N/S rates ("100/60" is five thirds per second).
 -- When T = 1e6 / rate has a reduced denominator below 2^31, D is that denominator and T is
@@ -132,18 +140,21 @@
 -- What makes it fast: a one-key acquire or peek, the call an application makes all the time,
 -- takes a short path at the top of `run` that makes no functions of its own (EVALSHA runs the
 -- script's body, and so makes its functions, on every call; the general path's are made only
--- for a call that needs them), converts each number once (tonumber converts a string twice,
--- `s + 0` once; the Functions library also keeps the numbers it has read by their text),
--- reads the bucket with one GET and one string.match, compares the stored denominator as
--- text, counts tokens with one float division settled by exact comparisons, and writes the
--- value and its expiry in one SET whose texts string.format('%d') makes (Redis 7.0 prints a
--- number passed to redis.call with '%.17g', several times the cost). Every other call, and
--- any case that path does not take as plain (a hash, a rate changed, a peek in debt), goes
--- to the general path, which decides as the exact bucket does. Per allowed call on random
--- keys (callgrind, Redis 7.0.15) the script runs about 72,000 instructions at 10/s and 74,000
--- at 3/s, the Functions library 64,700 and 65,000, the classic float script 59,000.
+-- for a call that needs them), reads the packed numbers with one struct.unpack (Redis makes a
+-- Lua string and a table slot for each argument, and strtod would convert each text; the
+-- text form is still read there, each number converted once, and the Functions library keeps
+-- the texts it has read), reads the bucket with one GET and one string.match, counts tokens
+-- with one float division settled by exact comparisons, and writes the value and its expiry
+-- in one SET whose texts string.format('%d') makes (Redis 7.0 prints a number passed to
+-- redis.call with '%.17g', several times the cost; each %d still costs about a thousand
+-- instructions, so a remainder of 0 and a D of 1 are written as literal text). Every other
+-- call, and any case that path does not take as plain (a hash, a rate changed, a peek in
+-- debt), goes to the general path, which decides as the exact bucket does. Per allowed call
+-- on random keys with packed numbers (callgrind, Redis 7.0.15) the script runs about 59,900
+-- instructions at 10/s and 61,600 at 3/s, the Functions library 55,800 and 57,500, the
+-- classic float script 58,900.
 
-if redis.replicate_commands and not redis.REDIS_VERSION_NUM then
+if not redis.REDIS_VERSION_NUM and redis.replicate_commands then
   -- Redis < 7 replicates scripts verbatim unless told otherwise; 7+ (which has
   -- REDIS_VERSION_NUM) always replicates effects.
   pcall(redis.replicate_commands)
@@ -155,43 +166,10 @@ end
 -- of its functions; the Functions library builds them once).
 local general
 
--- Numbers already read, by their text, or nil: the Functions library keeps one (an
--- application sends the same limit on every call), emptied past 4096 entries; a script call
--- starts afresh, so has none.
-local known, known_n = nil, 0
-
--- The ten numbers of a call, each read once: `s + 0` converts a string as tonumber does (which
--- converts it twice), and raises on one that is not a number, for the caller's pcall.
-local function numbers(a, off)
-  local m = known
-  if m then
-    local d, tq, tr, cq, cr = m[a[off + 1]], m[a[off + 2]], m[a[off + 3]], m[a[off + 4]],
-      m[a[off + 5]]
-    local sq, sr, kq, kr, cap = m[a[off + 6]], m[a[off + 7]], m[a[off + 8]], m[a[off + 9]],
-      m[a[off + 10]]
-    if d and tq and tr and cq and cr and sq and sr and kq and kr and cap then
-      return d, tq, tr, cq, cr, sq, sr, kq, kr, cap
-    end
-    if known_n > 4096 then m = {}; known, known_n = m, 0 end
-    for i = off + 1, off + 10 do
-      local s = a[i]
-      if m[s] == nil then m[s] = s + 0; known_n = known_n + 1 end
-    end
-  end
-  local s = a[off + 3]
-  local tr = s == '0' and 0 or s + 0
-  s = a[off + 5]
-  local cr = s == '0' and 0 or s + 0
-  s = a[off + 6]
-  local sq = s == '0' and 0 or s + 0
-  s = a[off + 7]
-  local sr = s == '0' and 0 or s + 0
-  s = a[off + 9]
-  local kr = s == '0' and 0 or s + 0
-  s = a[off + 1]
-  return s == '1' and 1 or s + 0, a[off + 2] + 0, tr, a[off + 4] + 0, cr, sq, sr,
-    a[off + 8] + 0, kr, a[off + 10] + 0
-end
+-- Numbers of the text form already read, by their text (m[0] counts them), or nil: the
+-- Functions library keeps one (an application sends the same limit on every call), emptied past
+-- 4096 entries; a script call starts afresh, so has none.
+local known
 
 -- One call: `mode` over `keys`, with the numbers in `args` after its first `off` entries.
 local function run(mode, keys, args, off)
@@ -201,20 +179,50 @@ local function run(mode, keys, args, off)
   -- functions again on every call, so it has few). A `break` leaves it, with nothing written,
   -- for the general path: an argument or a stored field that is not a plain case, a rate
   -- changed since the bucket was written, a peek in debt, an estimate off by more than one
-  -- token. The stored denominator is compared as the argument's own string, a remainder of
-  -- "0" is not converted, and the new instant and expiry go to redis.call as numbers (the
-  -- server prints an integer below 2^53 in full; "%.17g" before Redis 7.2).
+  -- token. A stored denominator or remainder that is "1" or "0" is not converted, and the
+  -- texts written are made by string.format('%d') (redis.call would print a number with
+  -- "%.17g" before Redis 7.2, several times the cost).
   if (mode == 'acquire' or mode == 'peek') and #keys == 1 then repeat
     local key, take = keys[1], mode == 'acquire'
-    local ok, d, tq, tr, cq, cr, sq, sr, kq, kr, cap = pcall(numbers, args, off)
+    -- The numbers: packed (one argument of 80 bytes, ten doubles read by one C call), or ten
+    -- texts (the older form, slower: Redis makes ten Lua strings, each then converted).
+    local s = args[off + 1]
+    local d, tq, tr, cq, cr, sq, sr, kq, kr, cap
+    if s and #s == 80 then
+      d, tq, tr, cq, cr, sq, sr, kq, kr, cap = struct.unpack('<dddddddddd', s)
+    else
+      -- Ten texts, each converted once (`s + 0` converts as tonumber does, which converts it
+      -- twice, and raises on one that is not a number: then the general path answers). The
+      -- Functions library keeps those it has read by their text (`known`).
+      local function texts(a, o)
+        local m = known
+        if m then
+          local n1, n2, n3, n4, n5 = m[a[o + 1]], m[a[o + 2]], m[a[o + 3]], m[a[o + 4]], m[a[o + 5]]
+          local n6, n7, n8, n9, n10 = m[a[o + 6]], m[a[o + 7]], m[a[o + 8]], m[a[o + 9]],
+            m[a[o + 10]]
+          if n1 and n2 and n3 and n4 and n5 and n6 and n7 and n8 and n9 and n10 then
+            return n1, n2, n3, n4, n5, n6, n7, n8, n9, n10
+          end
+          if m[0] > 4096 then m = {[0] = 0}; known = m end
+          for i = o + 1, o + 10 do
+            local t = a[i]
+            if m[t] == nil then m[t] = t + 0; m[0] = m[0] + 1 end
+          end
+        end
+        return a[o + 1] + 0, a[o + 2] + 0, a[o + 3] + 0, a[o + 4] + 0, a[o + 5] + 0,
+          a[o + 6] + 0, a[o + 7] + 0, a[o + 8] + 0, a[o + 9] + 0, a[o + 10] + 0
+      end
+      local ok
+      ok, d, tq, tr, cq, cr, sq, sr, kq, kr, cap = pcall(texts, args, off)
+      if not ok then break end
+    end
     -- Whole numbers (x % 1 is in [0, 1) for a finite x, NaN otherwise), each in its range.
-    if not ok or d % 1 + tq % 1 + tr % 1 + cq % 1 + cr % 1 + sq % 1 + sr % 1 + kq % 1
+    if d % 1 + tq % 1 + tr % 1 + cq % 1 + cr % 1 + sq % 1 + sr % 1 + kq % 1
         + kr % 1 + cap % 1 ~= 0 or d < 1 or tq < 0 or tr < 0 or tr >= d
         or (tq == 0 and tr == 0) or cq < 0 or cr < 0 or cr >= d or sr < 0 or sr >= d
         or kq < 0 or kr < 0 or kr >= d or cap < 0 or d >= 2147483648 then
       break
     end
-    local ds = args[off + 1]
     -- A plain bucket is a string; a hash (an older bucket, or one holding more than the
     -- bucket) answers an error here and goes to the general path.
     local v = redis.pcall('GET', key)
@@ -224,7 +232,7 @@ local function run(mode, keys, args, off)
     if v then
       if type(v) ~= 'string' then break end
       local q, r, sd = string.match(v, '^rl:(%d+):(%d+):(%d+)$')
-      if sd ~= ds then break end
+      if not sd or (sd == '1' and 1 or sd + 0) ~= d then break end
       fq = q + 0
       if r ~= '0' then fr = r + 0 end
       if fq > 9007199254740991 or fr >= d then break end
@@ -293,8 +301,18 @@ local function run(mode, keys, args, off)
       if rest < 0 then rest = rest + 1000 end
       local at = (q - rest) / 1000
       if rest > 0 or dr > 0 then at = at + 1 end
-      -- The value and its expiry in one write; %d prints a whole double below 2^53 exactly.
-      redis.call('SET', key, string.format('rl:%d:%d:%d', q, dr, d), 'PXAT', string.format('%d', at))
+      -- The value and its expiry in one write; %d prints a whole double below 2^53 exactly,
+      -- at about a thousand instructions each, so a remainder of 0 and a D of 1 (a whole number
+      -- of µs per token) are written as literal text.
+      local value
+      if dr ~= 0 then
+        value = string.format('rl:%d:%d:%d', q, dr, d)
+      elseif d == 1 then
+        value = string.format('rl:%d:0:1', q)
+      else
+        value = string.format('rl:%d:0:%d', q, d)
+      end
+      redis.call('SET', key, value, 'PXAT', string.format('%d', at))
     end
     rest = dq % 1000
     if rest < 0 then rest = rest + 1000 end
@@ -363,8 +381,27 @@ local function run(mode, keys, args, off)
       -- The server's time in microseconds, read once per call by `run`.
       local now_q
 
-      -- The limit of key i, from the call's arguments `a`, whose first `off` are not numbers.
+      -- How many arguments hold a key's numbers: 1 when packed (the first is 80 bytes long, as
+      -- no decimal text is), else 10.
+      local function stride_of(a, off)
+        local first = a[off + 1]
+        if first and #first == 80 then return 1 end
+        return 10
+      end
+
+      -- The limit of key i, from the call's arguments `a`, whose first `off` are not numbers:
+      -- the i-th packed argument, or the i-th run of ten texts.
       local function limit_of(a, off, i)
+        if stride_of(a, off) == 1 then
+          local s = a[off + i]
+          if not s or #s ~= 80 then
+            return redis.error_reply('ERR redis-rl script: argument ' .. (off + i)
+              .. ' is not 10 packed numbers (80 bytes)')
+          end
+          local d, tq, tr, cq, cr, sq, sr, kq, kr, cfloor = struct.unpack('<dddddddddd', s)
+          return {d = d, tq = tq, tr = tr, cq = cq, cr = cr, sq = sq, sr = sr, kq = kq, kr = kr,
+                  cfloor = cfloor}
+        end
         local base = off + (i - 1) * 10
         for j = base + 1, base + 10 do
           if tonumber(a[j]) == nil then
@@ -704,13 +741,14 @@ local function run(mode, keys, args, off)
       local function reserve_call(mode, key, a, off)
         local lim = limit_of(a, off, 1)
         if lim.err then return lim end
+        local n = stride_of(a, off) -- the ttl and the id follow the numbers
         if mode == 'reserve' then
           if lim.kq == 0 and lim.kr == 0 then
             return redis.error_reply('ERR estimate must be a number above 0 (tokens)')
           end
-          local ttl = whole(a[off + 11], MAX_TTL_MS)
+          local ttl = whole(a[off + n + 1], MAX_TTL_MS)
           if not ttl then return redis.error_reply(ERR_TTL) end
-          local id = a[off + 12]
+          local id = a[off + n + 2]
           if not valid_id(id) then return redis.error_reply(ERR_ID) end
           local full, hash = load(key, lim)
           if full and full.err then return full end
@@ -740,7 +778,7 @@ local function run(mode, keys, args, off)
           return {1, id, reply[2], 0}
         end
         -- settle
-        local id = a[off + 11]
+        local id = a[off + n + 1]
         if not valid_id(id) then return redis.error_reply(ERR_ID) end
         local full, hash = load(key, lim)
         if full and full.err then return full end

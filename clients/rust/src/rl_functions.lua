@@ -18,8 +18,11 @@
 --   FCALL_RO rl_leases 1 key limit           RL.LEASES's reply (no-writes: replicas too)
 --   FCALL rl_reserve 1 key <10 numbers> ttl_ms id      RL.RESERVE's reply
 --   FCALL rl_settle 1 key <10 numbers> id    RL.SETTLE's reply
---   FCALL_RO rl_version 0                    this library's version (2: leases and
---                                            reservations; 1 had neither)
+--   FCALL_RO rl_version 0                    this library's version (3: the packed
+--                                            numbers; 2: leases and reservations; 1 had
+--                                            neither)
+--
+-- <10 numbers> is one argument of 80 bytes (ten little-endian doubles, packed) or ten texts.
 --
 -- Written by clients/lua/functions.py from rl.lua: edit rl.lua, then run it.
 
@@ -28,43 +31,10 @@
 -- of its functions; the Functions library builds them once).
 local general
 
--- Numbers already read, by their text, or nil: the Functions library keeps one (an
--- application sends the same limit on every call), emptied past 4096 entries; a script call
--- starts afresh, so has none.
-local known, known_n = nil, 0
-
--- The ten numbers of a call, each read once: `s + 0` converts a string as tonumber does (which
--- converts it twice), and raises on one that is not a number, for the caller's pcall.
-local function numbers(a, off)
-  local m = known
-  if m then
-    local d, tq, tr, cq, cr = m[a[off + 1]], m[a[off + 2]], m[a[off + 3]], m[a[off + 4]],
-      m[a[off + 5]]
-    local sq, sr, kq, kr, cap = m[a[off + 6]], m[a[off + 7]], m[a[off + 8]], m[a[off + 9]],
-      m[a[off + 10]]
-    if d and tq and tr and cq and cr and sq and sr and kq and kr and cap then
-      return d, tq, tr, cq, cr, sq, sr, kq, kr, cap
-    end
-    if known_n > 4096 then m = {}; known, known_n = m, 0 end
-    for i = off + 1, off + 10 do
-      local s = a[i]
-      if m[s] == nil then m[s] = s + 0; known_n = known_n + 1 end
-    end
-  end
-  local s = a[off + 3]
-  local tr = s == '0' and 0 or s + 0
-  s = a[off + 5]
-  local cr = s == '0' and 0 or s + 0
-  s = a[off + 6]
-  local sq = s == '0' and 0 or s + 0
-  s = a[off + 7]
-  local sr = s == '0' and 0 or s + 0
-  s = a[off + 9]
-  local kr = s == '0' and 0 or s + 0
-  s = a[off + 1]
-  return s == '1' and 1 or s + 0, a[off + 2] + 0, tr, a[off + 4] + 0, cr, sq, sr,
-    a[off + 8] + 0, kr, a[off + 10] + 0
-end
+-- Numbers of the text form already read, by their text (m[0] counts them), or nil: the
+-- Functions library keeps one (an application sends the same limit on every call), emptied past
+-- 4096 entries; a script call starts afresh, so has none.
+local known
 
 -- One call: `mode` over `keys`, with the numbers in `args` after its first `off` entries.
 local function run(mode, keys, args, off)
@@ -74,20 +44,50 @@ local function run(mode, keys, args, off)
   -- functions again on every call, so it has few). A `break` leaves it, with nothing written,
   -- for the general path: an argument or a stored field that is not a plain case, a rate
   -- changed since the bucket was written, a peek in debt, an estimate off by more than one
-  -- token. The stored denominator is compared as the argument's own string, a remainder of
-  -- "0" is not converted, and the new instant and expiry go to redis.call as numbers (the
-  -- server prints an integer below 2^53 in full; "%.17g" before Redis 7.2).
+  -- token. A stored denominator or remainder that is "1" or "0" is not converted, and the
+  -- texts written are made by string.format('%d') (redis.call would print a number with
+  -- "%.17g" before Redis 7.2, several times the cost).
   if (mode == 'acquire' or mode == 'peek') and #keys == 1 then repeat
     local key, take = keys[1], mode == 'acquire'
-    local ok, d, tq, tr, cq, cr, sq, sr, kq, kr, cap = pcall(numbers, args, off)
+    -- The numbers: packed (one argument of 80 bytes, ten doubles read by one C call), or ten
+    -- texts (the older form, slower: Redis makes ten Lua strings, each then converted).
+    local s = args[off + 1]
+    local d, tq, tr, cq, cr, sq, sr, kq, kr, cap
+    if s and #s == 80 then
+      d, tq, tr, cq, cr, sq, sr, kq, kr, cap = struct.unpack('<dddddddddd', s)
+    else
+      -- Ten texts, each converted once (`s + 0` converts as tonumber does, which converts it
+      -- twice, and raises on one that is not a number: then the general path answers). The
+      -- Functions library keeps those it has read by their text (`known`).
+      local function texts(a, o)
+        local m = known
+        if m then
+          local n1, n2, n3, n4, n5 = m[a[o + 1]], m[a[o + 2]], m[a[o + 3]], m[a[o + 4]], m[a[o + 5]]
+          local n6, n7, n8, n9, n10 = m[a[o + 6]], m[a[o + 7]], m[a[o + 8]], m[a[o + 9]],
+            m[a[o + 10]]
+          if n1 and n2 and n3 and n4 and n5 and n6 and n7 and n8 and n9 and n10 then
+            return n1, n2, n3, n4, n5, n6, n7, n8, n9, n10
+          end
+          if m[0] > 4096 then m = {[0] = 0}; known = m end
+          for i = o + 1, o + 10 do
+            local t = a[i]
+            if m[t] == nil then m[t] = t + 0; m[0] = m[0] + 1 end
+          end
+        end
+        return a[o + 1] + 0, a[o + 2] + 0, a[o + 3] + 0, a[o + 4] + 0, a[o + 5] + 0,
+          a[o + 6] + 0, a[o + 7] + 0, a[o + 8] + 0, a[o + 9] + 0, a[o + 10] + 0
+      end
+      local ok
+      ok, d, tq, tr, cq, cr, sq, sr, kq, kr, cap = pcall(texts, args, off)
+      if not ok then break end
+    end
     -- Whole numbers (x % 1 is in [0, 1) for a finite x, NaN otherwise), each in its range.
-    if not ok or d % 1 + tq % 1 + tr % 1 + cq % 1 + cr % 1 + sq % 1 + sr % 1 + kq % 1
+    if d % 1 + tq % 1 + tr % 1 + cq % 1 + cr % 1 + sq % 1 + sr % 1 + kq % 1
         + kr % 1 + cap % 1 ~= 0 or d < 1 or tq < 0 or tr < 0 or tr >= d
         or (tq == 0 and tr == 0) or cq < 0 or cr < 0 or cr >= d or sr < 0 or sr >= d
         or kq < 0 or kr < 0 or kr >= d or cap < 0 or d >= 2147483648 then
       break
     end
-    local ds = args[off + 1]
     -- A plain bucket is a string; a hash (an older bucket, or one holding more than the
     -- bucket) answers an error here and goes to the general path.
     local v = redis.pcall('GET', key)
@@ -97,7 +97,7 @@ local function run(mode, keys, args, off)
     if v then
       if type(v) ~= 'string' then break end
       local q, r, sd = string.match(v, '^rl:(%d+):(%d+):(%d+)$')
-      if sd ~= ds then break end
+      if not sd or (sd == '1' and 1 or sd + 0) ~= d then break end
       fq = q + 0
       if r ~= '0' then fr = r + 0 end
       if fq > 9007199254740991 or fr >= d then break end
@@ -166,8 +166,18 @@ local function run(mode, keys, args, off)
       if rest < 0 then rest = rest + 1000 end
       local at = (q - rest) / 1000
       if rest > 0 or dr > 0 then at = at + 1 end
-      -- The value and its expiry in one write; %d prints a whole double below 2^53 exactly.
-      redis.call('SET', key, string.format('rl:%d:%d:%d', q, dr, d), 'PXAT', string.format('%d', at))
+      -- The value and its expiry in one write; %d prints a whole double below 2^53 exactly,
+      -- at about a thousand instructions each, so a remainder of 0 and a D of 1 (a whole number
+      -- of µs per token) are written as literal text.
+      local value
+      if dr ~= 0 then
+        value = string.format('rl:%d:%d:%d', q, dr, d)
+      elseif d == 1 then
+        value = string.format('rl:%d:0:1', q)
+      else
+        value = string.format('rl:%d:0:%d', q, d)
+      end
+      redis.call('SET', key, value, 'PXAT', string.format('%d', at))
     end
     rest = dq % 1000
     if rest < 0 then rest = rest + 1000 end
@@ -236,8 +246,27 @@ local function run(mode, keys, args, off)
       -- The server's time in microseconds, read once per call by `run`.
       local now_q
 
-      -- The limit of key i, from the call's arguments `a`, whose first `off` are not numbers.
+      -- How many arguments hold a key's numbers: 1 when packed (the first is 80 bytes long, as
+      -- no decimal text is), else 10.
+      local function stride_of(a, off)
+        local first = a[off + 1]
+        if first and #first == 80 then return 1 end
+        return 10
+      end
+
+      -- The limit of key i, from the call's arguments `a`, whose first `off` are not numbers:
+      -- the i-th packed argument, or the i-th run of ten texts.
       local function limit_of(a, off, i)
+        if stride_of(a, off) == 1 then
+          local s = a[off + i]
+          if not s or #s ~= 80 then
+            return redis.error_reply('ERR redis-rl script: argument ' .. (off + i)
+              .. ' is not 10 packed numbers (80 bytes)')
+          end
+          local d, tq, tr, cq, cr, sq, sr, kq, kr, cfloor = struct.unpack('<dddddddddd', s)
+          return {d = d, tq = tq, tr = tr, cq = cq, cr = cr, sq = sq, sr = sr, kq = kq, kr = kr,
+                  cfloor = cfloor}
+        end
         local base = off + (i - 1) * 10
         for j = base + 1, base + 10 do
           if tonumber(a[j]) == nil then
@@ -577,13 +606,14 @@ local function run(mode, keys, args, off)
       local function reserve_call(mode, key, a, off)
         local lim = limit_of(a, off, 1)
         if lim.err then return lim end
+        local n = stride_of(a, off) -- the ttl and the id follow the numbers
         if mode == 'reserve' then
           if lim.kq == 0 and lim.kr == 0 then
             return redis.error_reply('ERR estimate must be a number above 0 (tokens)')
           end
-          local ttl = whole(a[off + 11], MAX_TTL_MS)
+          local ttl = whole(a[off + n + 1], MAX_TTL_MS)
           if not ttl then return redis.error_reply(ERR_TTL) end
-          local id = a[off + 12]
+          local id = a[off + n + 2]
           if not valid_id(id) then return redis.error_reply(ERR_ID) end
           local full, hash = load(key, lim)
           if full and full.err then return full end
@@ -613,7 +643,7 @@ local function run(mode, keys, args, off)
           return {1, id, reply[2], 0}
         end
         -- settle
-        local id = a[off + 11]
+        local id = a[off + n + 1]
         if not valid_id(id) then return redis.error_reply(ERR_ID) end
         local full, hash = load(key, lim)
         if full and full.err then return full end
@@ -755,9 +785,9 @@ local function run(mode, keys, args, off)
   return general(mode, keys, args, off, now)
 end
 
-local VERSION = 2
+local VERSION = 3
 
-known = {}
+known = {[0] = 0}
 
 local function mode(name)
   return function(keys, args) return run(name, keys, args, 0) end

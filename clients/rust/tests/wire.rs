@@ -1,8 +1,9 @@
 //! What reaches the server, read back with MONITOR: for each case of
 //! `clients/vectors/wire.json`, the exact `rate capacity cost` texts after the key (RL.ACQUIRE,
 //! RL.ACQUIRE.MULTI) or the field (RL.HACQUIRE), and on a server without the module the Lua
-//! script's fixed-point numbers for those same exact values, through EVALSHA and through the
-//! Functions library's FCALL (no mode argument there).
+//! script's fixed-point numbers for those same exact values (packed in one argument of ten
+//! doubles), through EVALSHA and through the Functions library's FCALL (no mode argument
+//! there).
 //!
 //! This library takes numbers, not text: a case's JSON strings are parsed here into the `f64`
 //! or `u64` a caller would write (`"5"` per `"60"` is `Limit::per(5, 60 s)`), which these cases
@@ -250,6 +251,28 @@ fn script_args(args: &[String]) -> Vec<String> {
     .collect()
 }
 
+/// `script_args` as the one argument the library sends (ten little-endian doubles), as
+/// `Monitor::next` gives it: MONITOR writes a byte as Redis's sdscatrepr does (printable ASCII
+/// as itself, a quote and a backslash escaped, `\\n \\r \\t \\a \\b`, anything else `\\xNN`),
+/// and `quoted` keeps the character after each backslash.
+fn packed_shown(numbers: &[String]) -> Vec<String> {
+    let mut out = String::new();
+    for n in numbers {
+        for b in n.parse::<f64>().unwrap().to_le_bytes() {
+            match b {
+                b'\n' => out.push('n'),
+                b'\r' => out.push('r'),
+                b'\t' => out.push('t'),
+                7 => out.push('a'),
+                8 => out.push('b'),
+                32..=126 => out.push(char::from(b)),
+                _ => out.push_str(&format!("x{b:02x}")),
+            }
+        }
+    }
+    vec![out]
+}
+
 #[test]
 fn the_lua_script_gets_the_exact_values_of_each_limit() {
     let server = Server::plain();
@@ -261,7 +284,7 @@ fn the_lua_script_gets_the_exact_values_of_each_limit() {
         let got = monitor.next("EVALSHA");
         // sha, 1 key, the key, the mode, then the numbers.
         assert_eq!(got[1..4], ["1", key.as_str(), "acquire"], "{}", c.name);
-        assert_eq!(got[4..], script_args(&c.args), "{}", c.name);
+        assert_eq!(got[4..], packed_shown(&script_args(&c.args)), "{}", c.name);
     }
 }
 
@@ -284,6 +307,6 @@ fn the_functions_library_gets_the_exact_values_of_each_limit() {
         let got = monitor.next("FCALL");
         // The function, 1 key, the key, then the numbers.
         assert_eq!(got[..3], ["rl_acquire", "1", key.as_str()], "{}", c.name);
-        assert_eq!(got[3..], script_args(&c.args), "{}", c.name);
+        assert_eq!(got[3..], packed_shown(&script_args(&c.args)), "{}", c.name);
     }
 }

@@ -12,6 +12,7 @@ import json
 import logging
 import math
 import re
+import struct
 import threading
 import time
 from collections import OrderedDict
@@ -200,6 +201,12 @@ class Limit:
         rounding = math.floor if refund else math.ceil
         kq, kr = divmod(rounding(cost * t_us * d), d)
         return [str(x) for x in (d, tq, tr, cq, cr, sq, sr, kq, kr, math.floor(cap))]
+
+    def script_packed(self, cost: Number, refund: bool = False) -> bytes:
+        """The same 10 numbers packed in one argument of 80 bytes, as the script and the
+        Functions library (version 3) read them fastest: little-endian IEEE doubles, each an
+        integer below 2^53, so exact."""
+        return struct.pack("<10d", *(int(x) for x in self.script_args(cost, refund)))
 
 
 def check_cost(cost: Number) -> Any:
@@ -941,7 +948,9 @@ class Engine:
         numbers = self.script_numbers(call.op, call.items)
         if path == "functions":
             if self.functions_version is None:
-                probe = numbers if call.op not in LEASE_OPS else Limit(1, 1).script_args(1)
+                # Texts, which every version reads (an older library would misread packed
+                # numbers before its version is known).
+                probe = Limit(1, 1).script_args(1)
                 outcome = yield from self._functions_version(keys, probe)
                 if outcome is not None:
                     return outcome
@@ -1033,14 +1042,12 @@ class Engine:
                 key, *limit.args(), _number(cost)]
 
     def script_numbers(self, op, items):
-        """The 10 numbers per key that the script and the Functions library take (for a lease
-        op: its arguments after the key, as clients/lua/rl.lua's header lists them)."""
+        """The 10 numbers per key that the script and the Functions library take, packed in one
+        argument per key (for a lease op: its arguments after the key, as clients/lua/rl.lua's
+        header lists them)."""
         if op in LEASE_OPS:
             return lease_script_args(op, items)
-        numbers = []
-        for _, limit, cost in items:
-            numbers += limit.script_args(cost, refund=(op == "refund"))
-        return numbers
+        return [limit.script_packed(cost, refund=(op == "refund")) for _, limit, cost in items]
 
     # Startup --------------------------------------------------------------------------------
 
@@ -1091,7 +1098,7 @@ class Engine:
 
 
 #: The version of the Functions library (clients/lua/rl_functions.lua) this client needs.
-FUNCTIONS_VERSION = 2
+FUNCTIONS_VERSION = 3
 #: The calls on leases and reservations.
 LEASE_OPS = ("lease", "release", "renew", "leases", "reserve", "settle")
 
@@ -1137,10 +1144,10 @@ def lease_script_args(op, items):
     if op == "leases":
         return [str(p["limit"])]
     if op == "reserve":
-        return [*bucket.script_args(p["estimate"]), str(p["ttl_ms"]),
+        return [bucket.script_packed(p["estimate"]), str(p["ttl_ms"]),
                 _id_arg(p.get("id") or p["fallback_id"])]
     # A settle's numbers are a charge's for the actual cost (rounded up, as a charge rounds).
-    return [*bucket.script_args(p["actual"]), _id_arg(p["id"])]
+    return [bucket.script_packed(p["actual"]), _id_arg(p["id"])]
 PATHS = ("module", "functions", "lua")
 PATH_NAMES = {"module": "module", "functions": "Functions library", "lua": "script"}
 SOURCE_OF = {"module": "redis", "functions": "functions", "lua": "lua"}
