@@ -31,7 +31,7 @@ use redis_module::native_types::RedisType;
 use redis_module::raw;
 use rl_bucket::{Change, Reservation, State};
 
-use crate::datatype::{estimate_text, free_strings, new_strings};
+use crate::datatype::{emit_with_args, estimate_text, replicate_with_args};
 use crate::error::Error;
 use crate::store::{
     cache_type_in, delete_key, full_at_i64, log_warning, replicate_del, replicated,
@@ -556,21 +556,12 @@ fn replicate_records(
     state: State,
     records: &[Reservation],
 ) -> Result<(), Error> {
-    let mut strings = new_strings(&resv_state_args(tag, state, records))?;
-    // SAFETY: read once, after load; "sv" matches one RedisModuleString, then an array of
-    // them and its length.
-    let status = unsafe {
-        raw::RedisModule_Replicate.ok_or(Error::Internal)?(
-            ctx,
-            c"RL.HRESVSTATE".as_ptr(),
-            c"sv".as_ptr(),
-            name,
-            strings.as_mut_ptr(),
-            strings.len(),
-        )
-    };
-    free_strings(strings);
-    replicated(status)
+    replicate_with_args(
+        ctx,
+        c"RL.HRESVSTATE",
+        name,
+        &resv_state_args(tag, state, records),
+    )
 }
 
 /// The table a value pointer holds.
@@ -689,22 +680,18 @@ unsafe extern "C" fn aof_rewrite(
         let Some(state) = table.get(tag) else {
             continue;
         };
-        let Ok(mut strings) = new_strings(&resv_state_args(tag, state, records)) else {
-            return;
-        };
-        // SAFETY: live handles from Redis; "sv" matches one RedisModuleString, then an
-        // array of them and its length.
-        unsafe {
-            emit(
+        // SAFETY: the live handles of this callback.
+        let emitted = unsafe {
+            emit_with_args(
                 aof,
-                c"RL.HRESVSTATE".as_ptr(),
-                c"sv".as_ptr(),
+                c"RL.HRESVSTATE",
                 key,
-                strings.as_mut_ptr(),
-                strings.len(),
-            );
+                &resv_state_args(tag, state, records),
+            )
+        };
+        if emitted.is_err() {
+            return;
         }
-        free_strings(strings);
     }
 }
 
