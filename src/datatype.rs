@@ -484,7 +484,7 @@ pub fn estimate_text(estimate: Cost) -> String {
 
 /// The arguments of `RL.RESVSTATE` after the key: `full_at_ns full_at_frac` and each record's
 /// `id estimate expires_at_us`.
-fn resv_state_args(state: State, records: &[Reservation]) -> Vec<Vec<u8>> {
+pub(crate) fn resv_state_args(state: State, records: &[Reservation]) -> Vec<Vec<u8>> {
     let mut args = Vec::with_capacity(2 + 3 * records.len());
     let (full_at_ns, full_at_frac) = full_at_i64(state);
     args.push(full_at_ns.to_string().into_bytes());

@@ -323,14 +323,21 @@ fn hsettle_body(
     Ok(Reply::Settle(charged))
 }
 
-/// `id estimate expires_at_us` triples, checked as a loader checks stored records.
-fn parse_records(triples: &[*mut RedisModuleString]) -> Result<Vec<Reservation>, Failure> {
+/// Whole `id estimate expires_at_us` triples, at most [`MAX_RESERVATIONS`] of them: checked
+/// before anything else of the state commands is parsed.
+fn check_triples(triples: &[*mut RedisModuleString]) -> Result<(), Failure> {
     if triples.len() % 3 != 0 {
         return Err(Failure::Arity);
     }
     if triples.len() / 3 > MAX_RESERVATIONS {
         return Err(Error::TooManyReservations.into());
     }
+    Ok(())
+}
+
+/// `id estimate expires_at_us` triples, checked as a loader checks stored records.
+fn parse_records(triples: &[*mut RedisModuleString]) -> Result<Vec<Reservation>, Failure> {
+    check_triples(triples)?;
     let mut records = Vec::with_capacity(triples.len() / 3);
     for triple in triples.chunks_exact(3) {
         let &[id, estimate, expires_at] = triple else {
@@ -361,13 +368,7 @@ fn hresv_state_body(
     let [_, key, tag, full_at_ns, full_at_frac, ref triples @ ..] = *argv else {
         return Err(Failure::Arity);
     };
-    if triples.len() % 3 != 0 || triples.len() / 3 > MAX_RESERVATIONS {
-        return Err(if triples.len() % 3 != 0 {
-            Failure::Arity
-        } else {
-            Error::TooManyReservations.into()
-        });
-    }
+    check_triples(triples)?;
     // SAFETY (all): arguments of the running command.
     let tag: [u8; 16] = unsafe { bytes(tag) }.try_into().map_err(|_| Error::Tag)?;
     let state = unsafe { args::state(bytes(full_at_ns), Some(bytes(full_at_frac))) }?;
@@ -391,13 +392,7 @@ fn resv_state_body(
     let [_, key, full_at_ns, full_at_frac, ref triples @ ..] = *argv else {
         return Err(Failure::Arity);
     };
-    if triples.len() % 3 != 0 || triples.len() / 3 > MAX_RESERVATIONS {
-        return Err(if triples.len() % 3 != 0 {
-            Failure::Arity
-        } else {
-            Error::TooManyReservations.into()
-        });
-    }
+    check_triples(triples)?;
     // SAFETY (all): arguments of the running command.
     let state = unsafe { args::state(bytes(full_at_ns), Some(bytes(full_at_frac))) }?;
     let records = parse_records(triples)?;
