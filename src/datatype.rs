@@ -484,7 +484,7 @@ pub fn estimate_text(estimate: Cost) -> String {
 
 /// The arguments of `RL.RESVSTATE` after the key: `full_at_ns full_at_frac` and each record's
 /// `id estimate expires_at_us`.
-fn resv_state_args(state: State, records: &[Reservation]) -> Vec<Vec<u8>> {
+pub(crate) fn resv_state_args(state: State, records: &[Reservation]) -> Vec<Vec<u8>> {
     let mut args = Vec::with_capacity(2 + 3 * records.len());
     let (full_at_ns, full_at_frac) = full_at_i64(state);
     args.push(full_at_ns.to_string().into_bytes());
@@ -520,20 +520,21 @@ pub(crate) fn free_strings(strings: Vec<*mut raw::RedisModuleString>) {
     }
 }
 
-/// The effect of a reservation write: `RL.RESVSTATE` with the exact state and every record.
-fn replicate_records(
+/// Replicates `command name args…`, the arguments made server strings for the call: the
+/// effect of a write whose arguments are counted at run time (a bucket's records).
+pub(crate) fn replicate_with_args(
     ctx: *mut raw::RedisModuleCtx,
+    command: &CStr,
     name: *mut raw::RedisModuleString,
-    state: State,
-    records: &[Reservation],
+    args: &[Vec<u8>],
 ) -> Result<(), Error> {
-    let mut strings = new_strings(&resv_state_args(state, records))?;
+    let mut strings = new_strings(args)?;
     // SAFETY: read once, after load; "sv" matches one RedisModuleString, then an array of
     // them and its length.
     let status = unsafe {
         raw::RedisModule_Replicate.ok_or(Error::Internal)?(
             ctx,
-            c"RL.RESVSTATE".as_ptr(),
+            command.as_ptr(),
             c"sv".as_ptr(),
             name,
             strings.as_mut_ptr(),
@@ -542,6 +543,46 @@ fn replicate_records(
     };
     free_strings(strings);
     replicated(status)
+}
+
+/// Emits `command key args…` into an AOF rewrite, the arguments made server strings for
+/// the call. An error when the strings could not be made (nothing emitted).
+///
+/// # Safety
+/// `aof` and `key` must be the live handles of the running `aof_rewrite` callback.
+pub(crate) unsafe fn emit_with_args(
+    aof: *mut raw::RedisModuleIO,
+    command: &CStr,
+    key: *mut raw::RedisModuleString,
+    args: &[Vec<u8>],
+) -> Result<(), Error> {
+    // SAFETY: read once, after load.
+    let emit = unsafe { raw::RedisModule_EmitAOF }.ok_or(Error::Internal)?;
+    let mut strings = new_strings(args)?;
+    // SAFETY: live handles from Redis (the caller's guarantee); "sv" matches one
+    // RedisModuleString, then an array of them and its length.
+    unsafe {
+        emit(
+            aof,
+            command.as_ptr(),
+            c"sv".as_ptr(),
+            key,
+            strings.as_mut_ptr(),
+            strings.len(),
+        );
+    }
+    free_strings(strings);
+    Ok(())
+}
+
+/// The effect of a reservation write: `RL.RESVSTATE` with the exact state and every record.
+fn replicate_records(
+    ctx: *mut raw::RedisModuleCtx,
+    name: *mut raw::RedisModuleString,
+    state: State,
+    records: &[Reservation],
+) -> Result<(), Error> {
+    replicate_with_args(ctx, c"RL.RESVSTATE", name, &resv_state_args(state, records))
 }
 
 impl Store for BucketKey {
@@ -830,22 +871,11 @@ unsafe extern "C" fn aof_rewrite(
         // A bucket of RESV_TYPE_NAME stays one on replay, records or none, so a copy built
         // from the AOF DUMPs as the original.
         if is_with_records(value) {
-            let Ok(mut strings) = new_strings(&resv_state_args(state, records)) else {
-                return;
+            // The expiry follows as Redis's own PEXPIREAT.
+            // SAFETY: the live handles of this callback.
+            let _ = unsafe {
+                emit_with_args(aof, c"RL.RESVSTATE", key, &resv_state_args(state, records))
             };
-            // SAFETY: live handles from Redis; "sv" matches one RedisModuleString, then an
-            // array of them and its length. The expiry follows as Redis's own PEXPIREAT.
-            unsafe {
-                emit(
-                    aof,
-                    c"RL.RESVSTATE".as_ptr(),
-                    c"sv".as_ptr(),
-                    key,
-                    strings.as_mut_ptr(),
-                    strings.len(),
-                );
-            }
-            free_strings(strings);
             return;
         }
         let (full_at_ns, full_at_frac) = full_at_i64(state);

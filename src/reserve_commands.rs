@@ -26,8 +26,8 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use redis_module::raw::{self, RedisModuleCtx, RedisModuleString};
 use rl_bucket::{
-    Change, Charged, Cost, Decision, LeaseId, Reservation, ReserveError, SettleError,
-    MAX_EXPIRES_AT_US, MAX_LEASE_ID_BYTES, MAX_RESERVATIONS, MAX_RESERVATION_TTL_MS,
+    Change, Charged, Cost, Decision, LeaseId, Reservation, ReserveError, Reserved, SettleError,
+    State, MAX_EXPIRES_AT_US, MAX_LEASE_ID_BYTES, MAX_RESERVATIONS, MAX_RESERVATION_TTL_MS,
 };
 
 use crate::datatype::BucketKey;
@@ -177,10 +177,33 @@ fn parse_reserve(
     })
 }
 
-fn reserve_error(error: ReserveError) -> Error {
-    match error {
-        ReserveError::TooMany => Error::TooManyReservations,
-        ReserveError::ZeroEstimate => Error::Estimate,
+impl ReserveArgs {
+    /// The pure step on a bucket's `state` and `records` at `now_us`, under the id the caller
+    /// chose or else a new one: what to reply and write, and the id.
+    fn reserve(
+        &self,
+        state: Option<State>,
+        records: &[Reservation],
+        now_us: u64,
+    ) -> Result<(Reserved, LeaseId), Error> {
+        let id = match self.chosen {
+            Some(id) => id,
+            None => draw_id(records)?,
+        };
+        let reserved = rl_bucket::reserve(
+            &self.parsed.limit,
+            state,
+            records,
+            now_us,
+            self.parsed.cost,
+            self.ttl_ms,
+            id,
+        )
+        .map_err(|error| match error {
+            ReserveError::TooMany => Error::TooManyReservations,
+            ReserveError::ZeroEstimate => Error::Estimate,
+        })?;
+        Ok((reserved, id))
     }
 }
 
@@ -191,28 +214,10 @@ fn reserve_body(
     let [_, key, ref rest @ ..] = *argv else {
         return Err(Failure::Arity);
     };
-    let ReserveArgs {
-        parsed,
-        ttl_ms,
-        chosen,
-    } = parse_reserve(rest, Error::ReserveOption)?;
+    let args = parse_reserve(rest, Error::ReserveOption)?;
     // SAFETY: `ctx` and `key` belong to the running command.
     let mut bucket = unsafe { BucketKey::open(ctx, key) }?;
-    let records = bucket.records();
-    let id = match chosen {
-        Some(id) => id,
-        None => draw_id(records)?,
-    };
-    let reserved = rl_bucket::reserve(
-        &parsed.limit,
-        bucket.state(),
-        records,
-        clock::now_us(),
-        parsed.cost,
-        ttl_ms,
-        id,
-    )
-    .map_err(reserve_error)?;
+    let (reserved, id) = args.reserve(bucket.state(), bucket.records(), clock::now_us())?;
     if let Some((state, records)) = reserved.write {
         bucket.commit_records(Change::Set(state), records, c"rl.reserve")?;
     }
@@ -226,31 +231,13 @@ fn hreserve_body(
     let [_, key, field, ref rest @ ..] = *argv else {
         return Err(Failure::Arity);
     };
-    let ReserveArgs {
-        parsed,
-        ttl_ms,
-        chosen,
-    } = parse_reserve(rest, Error::HReserveOption)?;
+    let args = parse_reserve(rest, Error::HReserveOption)?;
     let now_us = clock::now_us();
     // SAFETY: `ctx` and `key` belong to the running command.
     let mut table = unsafe { TableKey::open(ctx, key, Some(now_us.saturating_mul(1000))) }?;
     // SAFETY: an argument of the running command.
     let tag = table::tag(unsafe { bytes(field) });
-    let records = table.records(tag);
-    let id = match chosen {
-        Some(id) => id,
-        None => draw_id(&records)?,
-    };
-    let reserved = rl_bucket::reserve(
-        &parsed.limit,
-        table.get(tag),
-        &records,
-        now_us,
-        parsed.cost,
-        ttl_ms,
-        id,
-    )
-    .map_err(reserve_error)?;
+    let (reserved, id) = args.reserve(table.get(tag), &table.records(tag), now_us)?;
     if let Some((state, records)) = reserved.write {
         table.commit_records(tag, Change::Set(state), records.into_vec(), c"rl.hreserve")?;
     }
@@ -336,14 +323,21 @@ fn hsettle_body(
     Ok(Reply::Settle(charged))
 }
 
-/// `id estimate expires_at_us` triples, checked as a loader checks stored records.
-fn parse_records(triples: &[*mut RedisModuleString]) -> Result<Vec<Reservation>, Failure> {
+/// Whole `id estimate expires_at_us` triples, at most [`MAX_RESERVATIONS`] of them: checked
+/// before anything else of the state commands is parsed.
+fn check_triples(triples: &[*mut RedisModuleString]) -> Result<(), Failure> {
     if triples.len() % 3 != 0 {
         return Err(Failure::Arity);
     }
     if triples.len() / 3 > MAX_RESERVATIONS {
         return Err(Error::TooManyReservations.into());
     }
+    Ok(())
+}
+
+/// `id estimate expires_at_us` triples, checked as a loader checks stored records.
+fn parse_records(triples: &[*mut RedisModuleString]) -> Result<Vec<Reservation>, Failure> {
+    check_triples(triples)?;
     let mut records = Vec::with_capacity(triples.len() / 3);
     for triple in triples.chunks_exact(3) {
         let &[id, estimate, expires_at] = triple else {
@@ -374,13 +368,7 @@ fn hresv_state_body(
     let [_, key, tag, full_at_ns, full_at_frac, ref triples @ ..] = *argv else {
         return Err(Failure::Arity);
     };
-    if triples.len() % 3 != 0 || triples.len() / 3 > MAX_RESERVATIONS {
-        return Err(if triples.len() % 3 != 0 {
-            Failure::Arity
-        } else {
-            Error::TooManyReservations.into()
-        });
-    }
+    check_triples(triples)?;
     // SAFETY (all): arguments of the running command.
     let tag: [u8; 16] = unsafe { bytes(tag) }.try_into().map_err(|_| Error::Tag)?;
     let state = unsafe { args::state(bytes(full_at_ns), Some(bytes(full_at_frac))) }?;
@@ -404,13 +392,7 @@ fn resv_state_body(
     let [_, key, full_at_ns, full_at_frac, ref triples @ ..] = *argv else {
         return Err(Failure::Arity);
     };
-    if triples.len() % 3 != 0 || triples.len() / 3 > MAX_RESERVATIONS {
-        return Err(if triples.len() % 3 != 0 {
-            Failure::Arity
-        } else {
-            Error::TooManyReservations.into()
-        });
-    }
+    check_triples(triples)?;
     // SAFETY (all): arguments of the running command.
     let state = unsafe { args::state(bytes(full_at_ns), Some(bytes(full_at_frac))) }?;
     let records = parse_records(triples)?;

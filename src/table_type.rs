@@ -31,7 +31,7 @@ use redis_module::native_types::RedisType;
 use redis_module::raw;
 use rl_bucket::{Change, Reservation, State};
 
-use crate::datatype::{estimate_text, free_strings, new_strings};
+use crate::datatype::{self, emit_with_args, estimate_text, replicate_with_args};
 use crate::error::Error;
 use crate::store::{
     cache_type_in, delete_key, full_at_i64, log_warning, replicate_del, replicated,
@@ -534,16 +534,8 @@ fn replicate_set_state(
 /// The arguments of `RL.HRESVSTATE` after the key: `tag full_at_ns full_at_frac` and each
 /// record's `id estimate expires_at_us`.
 fn resv_state_args(tag: Tag, state: State, records: &[Reservation]) -> Vec<Vec<u8>> {
-    let mut args = Vec::with_capacity(3 + 3 * records.len());
-    let (full_at_ns, full_at_frac) = full_at_i64(state);
-    args.push(tag.to_le_bytes().to_vec());
-    args.push(full_at_ns.to_string().into_bytes());
-    args.push(full_at_frac.to_string().into_bytes());
-    for record in records {
-        args.push(record.id.as_bytes().to_vec());
-        args.push(estimate_text(record.estimate).into_bytes());
-        args.push(record.expires_at_us.to_string().into_bytes());
-    }
+    let mut args = vec![tag.to_le_bytes().to_vec()];
+    args.extend(datatype::resv_state_args(state, records));
     args
 }
 
@@ -556,21 +548,12 @@ fn replicate_records(
     state: State,
     records: &[Reservation],
 ) -> Result<(), Error> {
-    let mut strings = new_strings(&resv_state_args(tag, state, records))?;
-    // SAFETY: read once, after load; "sv" matches one RedisModuleString, then an array of
-    // them and its length.
-    let status = unsafe {
-        raw::RedisModule_Replicate.ok_or(Error::Internal)?(
-            ctx,
-            c"RL.HRESVSTATE".as_ptr(),
-            c"sv".as_ptr(),
-            name,
-            strings.as_mut_ptr(),
-            strings.len(),
-        )
-    };
-    free_strings(strings);
-    replicated(status)
+    replicate_with_args(
+        ctx,
+        c"RL.HRESVSTATE",
+        name,
+        &resv_state_args(tag, state, records),
+    )
 }
 
 /// The table a value pointer holds.
@@ -689,22 +672,18 @@ unsafe extern "C" fn aof_rewrite(
         let Some(state) = table.get(tag) else {
             continue;
         };
-        let Ok(mut strings) = new_strings(&resv_state_args(tag, state, records)) else {
-            return;
-        };
-        // SAFETY: live handles from Redis; "sv" matches one RedisModuleString, then an
-        // array of them and its length.
-        unsafe {
-            emit(
+        // SAFETY: the live handles of this callback.
+        let emitted = unsafe {
+            emit_with_args(
                 aof,
-                c"RL.HRESVSTATE".as_ptr(),
-                c"sv".as_ptr(),
+                c"RL.HRESVSTATE",
                 key,
-                strings.as_mut_ptr(),
-                strings.len(),
-            );
+                &resv_state_args(tag, state, records),
+            )
+        };
+        if emitted.is_err() {
+            return;
         }
-        free_strings(strings);
     }
 }
 

@@ -24,19 +24,16 @@ use std::time::{Duration, Instant};
 
 use common::aof::{parse_aof, PLAIN_AOF_ALWAYS};
 use common::rdb::{crc64, CRASH_MARKERS};
-use common::texts::WRONGTYPE;
+use common::texts::{ID, ID_MISSING, TTL, WRONGTYPE};
 use common::{
-    arity, assert_rejected_on_empty_server, dbsize, dump, error_text, exists, info, pexpiretime,
-    server_time_ms, snapshot, wait_for_replica, Server,
+    arity, assert_rejected_on_empty_server, assert_restarts_keep, dbsize, dump, error_text, exists,
+    info, pexpiretime, server_time_ms, snapshot, text_command as command, wait_for_replica, Server,
 };
 use redis::{Connection, Value};
 
 const HOUR_MS: &str = "3600000";
 const LIMIT_TEXT: &str = "ERR limit must be an integer from 1 to 10000 (leases)";
-const TTL_TEXT: &str = "ERR ttl_ms must be an integer from 1 to 3153600000000 (ms)";
-const ID_TEXT: &str = "ERR id must be 1 to 16 bytes";
 const OPTION_TEXT: &str = "ERR unknown option: RL.LEASE takes only ID id after ttl_ms";
-const ID_MISSING_TEXT: &str = "ERR ID must be followed by an id";
 const DROP_UNTIL_TEXT: &str =
     "ERR drop_until_us must be an integer from 0 to 288230376151711743 (µs since the Unix epoch)";
 const EXPIRES_AT_TEXT: &str = "ERR expires_at_us must be an integer from 0 to 288230376151711743 (µs since the Unix epoch; 0 removes the lease)";
@@ -66,12 +63,6 @@ fn leases(con: &mut Connection, key: &str, limit: &str) -> [i64; 2] {
         .query(con)
         .unwrap_or_else(|e| panic!("RL.LEASES {key} {limit}: {e}"));
     reply.try_into().expect("RL.LEASES replies with 2 integers")
-}
-
-fn command(name: &str, args: &[&str]) -> redis::Cmd {
-    let mut cmd = redis::cmd(name);
-    cmd.arg(args);
-    cmd
 }
 
 fn rdb_changes(con: &mut Connection) -> i64 {
@@ -360,19 +351,11 @@ fn bad_rows() -> Vec<(&'static str, Vec<&'static [u8]>, String)> {
             vec![b"k", b"99999999999999999999999", b"1"],
             LIMIT_TEXT.into(),
         ),
-        ("RL.LEASE", vec![b"k", b"1", b"0"], TTL_TEXT.into()),
-        (
-            "RL.LEASE",
-            vec![b"k", b"1", b"3153600000001"],
-            TTL_TEXT.into(),
-        ),
-        ("RL.LEASE", vec![b"k", b"1", b"1e3"], TTL_TEXT.into()),
-        ("RL.LEASE", vec![b"k", b"1", b"+5"], TTL_TEXT.into()),
-        (
-            "RL.LEASE",
-            vec![b"k", b"1", b"1", b"ID"],
-            ID_MISSING_TEXT.into(),
-        ),
+        ("RL.LEASE", vec![b"k", b"1", b"0"], TTL.into()),
+        ("RL.LEASE", vec![b"k", b"1", b"3153600000001"], TTL.into()),
+        ("RL.LEASE", vec![b"k", b"1", b"1e3"], TTL.into()),
+        ("RL.LEASE", vec![b"k", b"1", b"+5"], TTL.into()),
+        ("RL.LEASE", vec![b"k", b"1", b"1", b"ID"], ID_MISSING.into()),
         (
             "RL.LEASE",
             vec![b"k", b"1", b"1", b"NX"],
@@ -383,31 +366,23 @@ fn bad_rows() -> Vec<(&'static str, Vec<&'static [u8]>, String)> {
             vec![b"k", b"1", b"1", b"IDS", b"a"],
             OPTION_TEXT.into(),
         ),
-        (
-            "RL.LEASE",
-            vec![b"k", b"1", b"1", b"ID", b""],
-            ID_TEXT.into(),
-        ),
+        ("RL.LEASE", vec![b"k", b"1", b"1", b"ID", b""], ID.into()),
         (
             "RL.LEASE",
             vec![b"k", b"1", b"1", b"ID", b"0123456789abcdefX"],
-            ID_TEXT.into(),
+            ID.into(),
         ),
         // The limit is checked before the ttl, the ttl before the option.
         ("RL.LEASE", vec![b"k", b"0", b"0", b"NX"], LIMIT_TEXT.into()),
-        ("RL.LEASE", vec![b"k", b"1", b"0", b"NX"], TTL_TEXT.into()),
+        ("RL.LEASE", vec![b"k", b"1", b"0", b"NX"], TTL.into()),
         ("RL.RELEASE", vec![b"k"], arity("RL.RELEASE")),
         ("RL.RELEASE", vec![b"k", b"a", b"b"], arity("RL.RELEASE")),
-        ("RL.RELEASE", vec![b"k", b""], ID_TEXT.into()),
-        (
-            "RL.RELEASE",
-            vec![b"k", b"0123456789abcdefX"],
-            ID_TEXT.into(),
-        ),
+        ("RL.RELEASE", vec![b"k", b""], ID.into()),
+        ("RL.RELEASE", vec![b"k", b"0123456789abcdefX"], ID.into()),
         ("RL.RENEW", vec![b"k", b"a"], arity("RL.RENEW")),
-        ("RL.RENEW", vec![b"k", b"", b"1"], ID_TEXT.into()),
-        ("RL.RENEW", vec![b"k", b"a", b"0"], TTL_TEXT.into()),
-        ("RL.RENEW", vec![b"k", b"a", b"x"], TTL_TEXT.into()),
+        ("RL.RENEW", vec![b"k", b"", b"1"], ID.into()),
+        ("RL.RENEW", vec![b"k", b"a", b"0"], TTL.into()),
+        ("RL.RENEW", vec![b"k", b"a", b"x"], TTL.into()),
         ("RL.LEASES", vec![b"k"], arity("RL.LEASES")),
         ("RL.LEASES", vec![b"k", b"0"], LIMIT_TEXT.into()),
         ("RL.LEASES", vec![b"k", b"10001"], LIMIT_TEXT.into()),
@@ -431,11 +406,7 @@ fn bad_rows() -> Vec<(&'static str, Vec<&'static [u8]>, String)> {
             vec![b"k", b"288230376151711744", b"a", b"1"],
             DROP_UNTIL_TEXT.into(),
         ),
-        (
-            "RL.LEASESETSTATE",
-            vec![b"k", b"0", b"", b"1"],
-            ID_TEXT.into(),
-        ),
+        ("RL.LEASESETSTATE", vec![b"k", b"0", b"", b"1"], ID.into()),
         (
             "RL.LEASESETSTATE",
             vec![b"k", b"0", b"a", b"-1"],
@@ -572,27 +543,9 @@ fn replica_aof_replay_rewrite_and_rdb_restart_hold_identical_leases() {
         .filter(|c| c[0].eq_ignore_ascii_case(b"RL.LEASESETSTATE") && c[1] == b"drop")
         .count();
     assert_eq!(drops, 3);
-    // Replayed from the AOF as written.
-    server.restart();
-    let mut con = server.conn();
-    assert_eq!(snapshot(&mut con), want, "AOF replay");
-    // Rewritten, then replayed.
-    let _: String = redis::cmd("BGREWRITEAOF").query(&mut con).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while !info::info(&mut con, "persistence").contains("aof_rewrite_in_progress:0")
-        || info::info(&mut con, "persistence").contains("aof_rewrite_scheduled:1")
-    {
-        assert!(Instant::now() < deadline, "rewrite never finished");
-        sleep(Duration::from_millis(10));
-    }
-    server.restart();
-    let mut con = server.conn();
-    assert_eq!(snapshot(&mut con), want, "rewritten AOF replay");
-    // Saved as RDB, loaded without the AOF.
-    let _: String = redis::cmd("SAVE").query(&mut con).unwrap();
-    server.restart_with(&[]);
-    let mut con = server.conn();
-    assert_eq!(snapshot(&mut con), want, "RDB restart");
+    // Replayed from the AOF as written, rewritten and replayed, saved as RDB and loaded
+    // without the AOF.
+    let mut con = assert_restarts_keep(&mut server, &want);
     // COPY makes an identical value of its own.
     let _: i64 = redis::cmd("COPY")
         .arg("three")

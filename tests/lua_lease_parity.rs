@@ -22,83 +22,10 @@ use std::collections::HashMap;
 use std::thread;
 use std::time::Duration;
 
+use common::fallback::{pinned_script, RATES};
 use common::info::{info, info_field};
 use common::{dump, pexpiretime, Server};
 use redis::{Connection, Value};
-
-const SCRIPT: &str = include_str!("../clients/lua/rl.lua");
-const CLOCK_LINE: &str = "local t = redis.call('TIME')";
-
-/// The script with its clock read replaced by its last two arguments (seconds, µs).
-fn pinned_script() -> String {
-    assert_eq!(
-        SCRIPT.matches(CLOCK_LINE).count(),
-        1,
-        "the clock read moved"
-    );
-    SCRIPT.replacen(CLOCK_LINE, "local t = {ARGV[#ARGV - 1], ARGV[#ARGV]}", 1)
-}
-
-/// `n` tokens every `per_s` seconds, an integer capacity: the module's text and the
-/// script's exact numbers (every product a whole number of 1/D µs).
-#[derive(Clone, Copy, Debug)]
-struct Rate {
-    text: &'static str,
-    n: u128,
-    per_s: u128,
-    capacity: u128,
-}
-
-const RATES: [Rate; 3] = [
-    Rate {
-        text: "3",
-        n: 3,
-        per_s: 1,
-        capacity: 30,
-    },
-    Rate {
-        text: "7",
-        n: 7,
-        per_s: 1,
-        capacity: 70,
-    },
-    Rate {
-        text: "3/10",
-        n: 3,
-        per_s: 10,
-        capacity: 24,
-    },
-];
-
-fn gcd(a: u128, b: u128) -> u128 {
-    if b == 0 {
-        a
-    } else {
-        gcd(b, a % b)
-    }
-}
-
-impl Rate {
-    /// The script's 10 numbers for `cost` (rl.lua's header), every one exact here.
-    fn numbers(self, cost: u128) -> Vec<String> {
-        let top = 1_000_000 * self.per_s;
-        let g = gcd(top, self.n);
-        let (t, d) = (top / g, self.n / g);
-        let pair = |units: u128| [(units / d).to_string(), (units % d).to_string()];
-        let slack = if cost > self.capacity {
-            ["-1".to_string(), "0".to_string()]
-        } else {
-            pair((self.capacity - cost) * t)
-        };
-        let mut out = vec![d.to_string()];
-        out.extend(pair(t));
-        out.extend(pair(self.capacity * t));
-        out.extend(slack);
-        out.extend(pair(cost * t));
-        out.push(self.capacity.to_string());
-        out
-    }
-}
 
 /// A small deterministic generator (xorshift64*), so a failure names a reproducible step.
 struct Rng(u64);

@@ -14,17 +14,19 @@
 
 mod common;
 
-use std::sync::{Arc, Barrier};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
 use common::aof::PLAIN_AOF_ALWAYS;
-use common::texts::WRONGTYPE;
-use common::{
-    arity, assert_rejected_on_empty_server, dump, error_text, info, snapshot, wait_for_replica,
-    Server,
+use common::texts::{
+    ACTUAL, CAPACITY, ESTIMATE, FULL_AT, ID, ID_MISSING, RATE as RATE_TEXT, RESERVATIONS,
+    RESERVATION_EXPIRES_AT, TTL, WRONGTYPE,
 };
-use redis::{Connection, Value};
+use common::{
+    arity, assert_rejected_on_empty_server, assert_restarts_keep, dump, error_text, ints, race,
+    snapshot, text_command as command, wait_for_replica, Server,
+};
+use redis::Connection;
 
 /// One token per 1000 s: no whole token refills during a test.
 const RATE: &str = "0.001";
@@ -49,22 +51,9 @@ fn settle(con: &mut Connection, key: &str, id: &str, actual: &str) -> [i64; 3] {
     reply.try_into().expect("RL.SETTLE replies with 3 integers")
 }
 
-fn ints(con: &mut Connection, name: &str, args: &[&str]) -> Vec<i64> {
-    redis::cmd(name)
-        .arg(args)
-        .query(con)
-        .unwrap_or_else(|e| panic!("{name} {args:?}: {e}"))
-}
-
 /// The signed balance of `key` (RL.PEEK's second integer).
 fn balance(con: &mut Connection, key: &str) -> i64 {
     ints(con, "RL.PEEK", &[key, RATE, CAP, "0"])[1]
-}
-
-fn command(name: &str, args: &[&str]) -> redis::Cmd {
-    let mut cmd = redis::cmd(name);
-    cmd.arg(args);
-    cmd
 }
 
 fn not_open(id: &str) -> String {
@@ -163,19 +152,11 @@ fn concurrent_settles_of_one_id_apply_exactly_once() {
     let server = Server::start();
     let mut con = server.conn();
     reserve(&mut con, &["k", RATE, CAP, "5", HOUR_MS, "ID", "once"]);
-    const CALLERS: usize = 32;
-    let barrier = Arc::new(Barrier::new(CALLERS));
-    let threads: Vec<_> = (0..CALLERS)
-        .map(|_| {
-            let mut con = server.conn();
-            let barrier = Arc::clone(&barrier);
-            std::thread::spawn(move || {
-                barrier.wait();
-                command("RL.SETTLE", &["k", RATE, CAP, "once", "1"]).query::<Value>(&mut con)
-            })
-        })
-        .collect();
-    let results: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    let results = race(
+        &server,
+        32,
+        &command("RL.SETTLE", &["k", RATE, CAP, "once", "1"]),
+    );
     let applied = results.iter().filter(|r| r.is_ok()).count();
     assert_eq!(applied, 1, "{results:?}");
     for refused in results.iter().filter_map(|r| r.as_ref().err()) {
@@ -306,25 +287,14 @@ fn settle_at(con: &mut Connection, key: &str, rate: &str, id: &str, actual: &str
 
 #[test]
 fn every_bad_argument_gets_its_exact_error_and_writes_nothing() {
-    const EST: &str = "ERR estimate must be a number above 0 (tokens)";
-    const ACT: &str = "ERR actual must be a finite number >= 0 (tokens)";
-    const TTL: &str = "ERR ttl_ms must be an integer from 1 to 3153600000000 (ms)";
-    const ID: &str = "ERR id must be 1 to 16 bytes";
     const OPT: &str = "ERR unknown option: RL.RESERVE takes only ID id after ttl_ms";
-    const RATE_TEXT: &str =
-        "ERR rate must be a number from 0.000001 to 1000000000 (tokens per second)";
-    const CAP_TEXT: &str = "ERR capacity must be a number above 0 and at most 1e15 (tokens)";
-    const FULL_AT: &str =
-        "ERR full_at_ns must be an integer from 1 to 9223372036854775807 (ns since the Unix epoch)";
-    const AT: &str = "ERR expires_at_us must be an integer from 1 to 288230376151711743 (µs since the Unix epoch)";
-    const TWICE: &str = "ERR a key holds at most 1000 open reservations, each id once";
     let reserve_rows: Vec<(Vec<&[u8]>, String)> = vec![
         (vec![b"k", b"1", b"10", b"1"], arity("RL.RESERVE")),
         (vec![b"k", b"0", b"10", b"1", b"5"], RATE_TEXT.into()),
-        (vec![b"k", b"1", b"0", b"1", b"5"], CAP_TEXT.into()),
-        (vec![b"k", b"1", b"10", b"0", b"5"], EST.into()),
-        (vec![b"k", b"1", b"10", b"-1", b"5"], EST.into()),
-        (vec![b"k", b"1", b"10", b"x", b"5"], EST.into()),
+        (vec![b"k", b"1", b"0", b"1", b"5"], CAPACITY.into()),
+        (vec![b"k", b"1", b"10", b"0", b"5"], ESTIMATE.into()),
+        (vec![b"k", b"1", b"10", b"-1", b"5"], ESTIMATE.into()),
+        (vec![b"k", b"1", b"10", b"x", b"5"], ESTIMATE.into()),
         (vec![b"k", b"1", b"10", b"1", b"0"], TTL.into()),
         (vec![b"k", b"1", b"10", b"1", b"3153600000001"], TTL.into()),
         (
@@ -333,7 +303,7 @@ fn every_bad_argument_gets_its_exact_error_and_writes_nothing() {
         ),
         (
             vec![b"k", b"1", b"10", b"1", b"5", b"ID"],
-            "ERR ID must be followed by an id".into(),
+            ID_MISSING.into(),
         ),
         (vec![b"k", b"1", b"10", b"1", b"5", b"ID", b""], ID.into()),
         (
@@ -347,8 +317,8 @@ fn every_bad_argument_gets_its_exact_error_and_writes_nothing() {
     ];
     let settle_rows: Vec<(Vec<&[u8]>, String)> = vec![
         (vec![b"k", b"1", b"10", b"a"], arity("RL.SETTLE")),
-        (vec![b"k", b"1", b"10", b"a", b"-1"], ACT.into()),
-        (vec![b"k", b"1", b"10", b"a", b"inf"], ACT.into()),
+        (vec![b"k", b"1", b"10", b"a", b"-1"], ACTUAL.into()),
+        (vec![b"k", b"1", b"10", b"a", b"inf"], ACTUAL.into()),
         (vec![b"k", b"1", b"10", b"", b"1"], ID.into()),
         (
             vec![b"k", b"1", b"10", b"a\r\nb", b"1"],
@@ -360,11 +330,14 @@ fn every_bad_argument_gets_its_exact_error_and_writes_nothing() {
         (vec![b"k", b"1"], arity("RL.RESVSTATE")),
         (vec![b"k", b"0", b"0"], FULL_AT.into()),
         (vec![b"k", b"1", b"0", b"a", b"1"], arity("RL.RESVSTATE")),
-        (vec![b"k", b"1", b"0", b"a", b"0", b"5"], EST.into()),
-        (vec![b"k", b"1", b"0", b"a", b"1", b"0"], AT.into()),
+        (vec![b"k", b"1", b"0", b"a", b"0", b"5"], ESTIMATE.into()),
+        (
+            vec![b"k", b"1", b"0", b"a", b"1", b"0"],
+            RESERVATION_EXPIRES_AT.into(),
+        ),
         (
             vec![b"k", b"1", b"0", b"a", b"1", b"5", b"a", b"2", b"6"],
-            TWICE.into(),
+            RESERVATIONS.into(),
         ),
     ];
     assert_rejected_on_empty_server("RL.RESERVE", &reserve_rows);
@@ -388,10 +361,7 @@ fn a_key_holds_at_most_1000_open_reservations() {
         &mut con,
         &command("RL.RESERVE", &["k", "1000", "1e6", "1", HOUR_MS]),
     );
-    assert_eq!(
-        text,
-        "ERR a key holds at most 1000 open reservations, each id once"
-    );
+    assert_eq!(text, RESERVATIONS);
     assert_eq!(dump(&mut con, b"k"), before);
     // A retry of an open one is still answered; a settle makes room.
     assert_eq!(
@@ -439,24 +409,7 @@ fn replica_aof_replay_rewrite_and_rdb_restart_hold_identical_values() {
         .iter()
         .all(|(_, payload, expire)| payload.is_some() && *expire > 0));
     assert_eq!(snapshot(&mut replica.conn()), want, "replica");
-    server.restart();
-    let mut con = server.conn();
-    assert_eq!(snapshot(&mut con), want, "AOF replay");
-    let _: String = redis::cmd("BGREWRITEAOF").query(&mut con).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while !info::info(&mut con, "persistence").contains("aof_rewrite_in_progress:0")
-        || info::info(&mut con, "persistence").contains("aof_rewrite_scheduled:1")
-    {
-        assert!(Instant::now() < deadline, "rewrite never finished");
-        sleep(Duration::from_millis(10));
-    }
-    server.restart();
-    let mut con = server.conn();
-    assert_eq!(snapshot(&mut con), want, "rewritten AOF replay");
-    let _: String = redis::cmd("SAVE").query(&mut con).unwrap();
-    server.restart_with(&[]);
-    let mut con = server.conn();
-    assert_eq!(snapshot(&mut con), want, "RDB restart");
+    let mut con = assert_restarts_keep(&mut server, &want);
     // The records survived: each open one settles once.
     assert_eq!(
         settle(&mut con, "open", "a", "3")[0],

@@ -18,7 +18,7 @@ use std::sync::{Arc, Barrier, Mutex};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
-use support::{Envoy, Service};
+use support::{header_value, read_request_head, Envoy, Service};
 
 const LIMITS: &str = "
 domain: edge
@@ -118,32 +118,9 @@ fn serve(stream: TcpStream, state: &Upstream) {
         return;
     };
     let mut reader = BufReader::new(stream);
-    loop {
-        let (mut usage, mut chunks) = ("1".to_string(), 1u64);
-        let mut saw_any = false;
-        loop {
-            let mut line = String::new();
-            match reader.read_line(&mut line) {
-                Ok(0) | Err(_) => return,
-                Ok(_) => {}
-            }
-            let line = line.trim_end();
-            if line.is_empty() {
-                if saw_any {
-                    break;
-                }
-                continue;
-            }
-            saw_any = true;
-            if let Some((k, v)) = line.split_once(':') {
-                if k.eq_ignore_ascii_case("x-usage") {
-                    usage = v.trim().to_string();
-                }
-                if k.eq_ignore_ascii_case("x-chunks") {
-                    chunks = v.trim().parse().unwrap_or(1);
-                }
-            }
-        }
+    while let Some(head) = read_request_head(&mut reader) {
+        let usage = header_value(&head, "x-usage").unwrap_or("1");
+        let chunks: u64 = header_value(&head, "x-chunks").map_or(1, |v| v.parse().unwrap_or(1));
         let now = state.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
         state.most.fetch_max(now, Ordering::SeqCst);
         let mut ok = writer
@@ -548,16 +525,7 @@ fn a_start_is_all_or_nothing_and_a_retry_or_a_second_end_applies_nothing_twice()
 #[test]
 fn leases_and_reservations_work_on_a_cluster() {
     let cluster = common::cluster::Cluster::start();
-    let nodes: Vec<String> = cluster
-        .nodes
-        .iter()
-        .map(|n| format!("127.0.0.1:{}", n.port))
-        .collect();
-    let svc = Service::start(
-        &nodes.join(","),
-        &[("edge.yaml", SERVICE_LIMITS)],
-        &[("REDIS_TYPE", "cluster")],
-    );
+    let svc = Service::on_cluster(&cluster, &[("edge.yaml", SERVICE_LIMITS)]);
     // Tenants whose keys sit on different slots: each has its own two slots.
     for tenant in ["a", "b", "c"] {
         let slot =

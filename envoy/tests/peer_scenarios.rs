@@ -22,11 +22,11 @@
 use rl_testkit as common;
 mod support;
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufReader, Write};
 use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
-use support::{Envoy, Service};
+use support::{header_value, read_request_head, Envoy, Service};
 
 const LIMITS: &str = "
 domain: edge
@@ -319,29 +319,8 @@ fn serve(stream: TcpStream, name: &str) {
         return;
     };
     let mut reader = BufReader::new(stream);
-    loop {
-        let mut tokens = "1".to_string();
-        let mut saw_any = false;
-        loop {
-            let mut line = String::new();
-            match reader.read_line(&mut line) {
-                Ok(0) | Err(_) => return,
-                Ok(_) => {}
-            }
-            let line = line.trim_end();
-            if line.is_empty() {
-                if saw_any {
-                    break;
-                }
-                continue;
-            }
-            saw_any = true;
-            if let Some((k, v)) = line.split_once(':') {
-                if k.eq_ignore_ascii_case("x-tokens") {
-                    tokens = v.trim().to_string();
-                }
-            }
-        }
+    while let Some(head) = read_request_head(&mut reader) {
+        let tokens = header_value(&head, "x-tokens").unwrap_or("1");
         let body = format!("Hello World from {name}");
         let reply = format!(
             "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nContent-Type: text/plain\r\nx-tokens-used: {tokens}\r\n\r\n{body}",

@@ -521,17 +521,8 @@ fn plain_redis_without_the_module_runs_the_lua_fallback() {
 #[test]
 fn on_a_cluster_slots_are_taken_in_turn_and_refunded_on_denial() {
     let cluster = common::cluster::Cluster::start();
-    let nodes: Vec<String> = cluster
-        .nodes
-        .iter()
-        .map(|n| format!("127.0.0.1:{}", n.port))
-        .collect();
     let config = "domain: c\ndescriptors:\n  - key: one\n    rate_limit: {unit: hour, requests_per_unit: 1}\n  - key: five\n    rate_limit: {unit: hour, requests_per_unit: 5}\n";
-    let svc = Service::start(
-        &nodes.join(","),
-        &[("c.yaml", config)],
-        &[("REDIS_TYPE", "cluster")],
-    );
+    let svc = Service::on_cluster(&cluster, &[("c.yaml", config)]);
     // Pick values so that `five`'s bucket sits in a lower slot than `one`'s: the service
     // takes slots in order, so `five` is taken first and must be refunded when `one` denies.
     let one_key = "c_one_u";

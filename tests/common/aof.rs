@@ -1,5 +1,10 @@
 //! Reading AOF files as commands: the RESP framing Redis writes, for the persistence and
-//! replication tests that check what an AOF holds.
+//! replication tests that check what an AOF holds; and rewriting one, waited for.
+
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+use redis::Connection;
 
 /// Server arguments for a plain AOF (no RDB preamble, so [`parse_aof`] reads it) written
 /// before every reply (`always`), so a restart that kills the server loses no write: with
@@ -57,4 +62,16 @@ pub fn uint_arg(arg: &[u8]) -> u64 {
         .expect("ASCII")
         .parse()
         .unwrap_or_else(|e| panic!("{:?}: {e}", String::from_utf8_lossy(arg)))
+}
+
+/// `BGREWRITEAOF`, then waits (up to 15 s) until no rewrite runs and none is scheduled.
+pub fn rewrite_aof(con: &mut Connection) {
+    let _: String = redis::cmd("BGREWRITEAOF").query(con).expect("BGREWRITEAOF");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !super::info::info(con, "persistence").contains("aof_rewrite_in_progress:0")
+        || super::info::info(con, "persistence").contains("aof_rewrite_scheduled:1")
+    {
+        assert!(Instant::now() < deadline, "rewrite never finished");
+        sleep(Duration::from_millis(10));
+    }
 }

@@ -4,12 +4,16 @@
 //! the table runners; and beside it what only the module's tests need: [`rl`] (each command
 //! as a function), [`texts`] (the module's error replies), [`tables`] (shared tables of bad
 //! arguments), the `INFO rl` counters, [`fresh`] (the reply to a first call), [`lua`] (the
-//! classic Lua token bucket), [`aof`] (AOF files as commands) and [`rdb`] (`DUMP` payloads).
+//! classic Lua token bucket), [`fallback`] (the shipped Lua fallback, pinned to an
+//! instant), [`aof`] (AOF files as commands, and a rewrite), [`rdb`]
+//! (`DUMP` payloads), a command sent by many callers at once ([`race`]) and the restarts a
+//! value must survive ([`assert_restarts_keep`]).
 //! Each test binary uses a subset of all this, hence `allow(dead_code)`.
 
 #![allow(dead_code)]
 
 pub mod aof;
+pub mod fallback;
 pub mod fresh;
 pub mod lua;
 pub mod rdb;
@@ -19,7 +23,59 @@ pub mod texts;
 
 pub use rl_testkit::*;
 
+use std::sync::{Arc, Barrier};
+
 use redis::Connection;
+
+/// `name args…` as a command, each argument as text.
+pub fn text_command(name: &str, args: &[&str]) -> redis::Cmd {
+    let mut cmd = redis::cmd(name);
+    cmd.arg(args);
+    cmd
+}
+
+/// Sends `cmd` on `callers` connections of `server` at once (each thread waits at one
+/// barrier, then sends) and returns their replies.
+pub fn race(
+    server: &Server,
+    callers: usize,
+    cmd: &redis::Cmd,
+) -> Vec<redis::RedisResult<redis::Value>> {
+    let barrier = Arc::new(Barrier::new(callers));
+    let threads: Vec<_> = (0..callers)
+        .map(|_| {
+            let mut con = server.conn();
+            let barrier = Arc::clone(&barrier);
+            let cmd = cmd.clone();
+            std::thread::spawn(move || {
+                barrier.wait();
+                cmd.query::<redis::Value>(&mut con)
+            })
+        })
+        .collect();
+    threads
+        .into_iter()
+        .map(|t| t.join().expect("a caller thread"))
+        .collect()
+}
+
+/// Restarts `server` (started with [`aof::PLAIN_AOF_ALWAYS`]) three ways and checks each
+/// time that every key is `want`: replaying the AOF as written, replaying it rewritten, and
+/// loading an RDB saved then, without the AOF. Returns a connection to the last.
+pub fn assert_restarts_keep(server: &mut Server, want: &Snapshot) -> Connection {
+    server.restart();
+    let mut con = server.conn();
+    assert_eq!(&snapshot(&mut con), want, "AOF replay");
+    aof::rewrite_aof(&mut con);
+    server.restart();
+    let mut con = server.conn();
+    assert_eq!(&snapshot(&mut con), want, "rewritten AOF replay");
+    let _: String = redis::cmd("SAVE").query(&mut con).expect("SAVE");
+    server.restart_with(&[]);
+    let mut con = server.conn();
+    assert_eq!(&snapshot(&mut con), want, "RDB restart");
+    con
+}
 
 /// `RL.ACQUIRE key rate capacity [cost]` as a command: for error replies, or for a connection
 /// other than a single node's.

@@ -52,3 +52,19 @@ pub const GCRA_RATE: &str =
     "ERR tokens_per_period / period must be from 0.000001 to 1000000000 per second";
 /// `RL.GCRA`'s burst beyond a century of refill.
 pub const GCRA_REFILL: &str = "ERR (max_burst + 1) * period / tokens_per_period must be at most 3153600000 (a full refill within 100 years)";
+
+/// `ttl_ms` of `RL.LEASE`, `RL.RESERVE` and `RL.HRESERVE`.
+pub const TTL: &str = "ERR ttl_ms must be an integer from 1 to 3153600000000 (ms)";
+/// An `id` of a lease or a reservation.
+pub const ID: &str = "ERR id must be 1 to 16 bytes";
+/// `ID` without its id.
+pub const ID_MISSING: &str = "ERR ID must be followed by an id";
+/// `estimate` of `RL.RESERVE`, `RL.HRESERVE` and of a record in their state commands.
+pub const ESTIMATE: &str = "ERR estimate must be a number above 0 (tokens)";
+/// `actual` of `RL.SETTLE` and `RL.HSETTLE`.
+pub const ACTUAL: &str = "ERR actual must be a finite number >= 0 (tokens)";
+/// A record's `expires_at_us` in `RL.RESVSTATE` and `RL.HRESVSTATE`.
+pub const RESERVATION_EXPIRES_AT: &str =
+    "ERR expires_at_us must be an integer from 1 to 288230376151711743 (µs since the Unix epoch)";
+/// A bucket past its open reservations, or one id twice in a state command.
+pub const RESERVATIONS: &str = "ERR a key holds at most 1000 open reservations, each id once";

@@ -29,7 +29,7 @@ use sha2::{Digest, Sha256};
 
 use crate::config::rules::{Concurrency, Match, Reserve};
 use crate::config::settings::Policy;
-use crate::decision::service::{duration, redis_key, Failure, Service};
+use crate::decision::service::{duration, ok_statuses, redis_key, Failure, Service};
 use crate::redis::setup::Backend;
 
 /// The descriptor key of the start call's request id entry.
@@ -156,13 +156,7 @@ pub async fn decide(
             t.sent
         );
     }
-    let mut statuses: Vec<DescriptorStatus> = wanted
-        .iter()
-        .map(|_| DescriptorStatus {
-            code: Code::Ok as i32,
-            ..Default::default()
-        })
-        .collect();
+    let mut statuses = ok_statuses(wanted.len());
     let ends: Vec<&Tied> = tied.iter().filter(|t| t.phase == Phase::Done).collect();
     for t in &ends {
         end(service, t).await?;
@@ -259,14 +253,10 @@ async fn start(
         });
         status.limit_remaining =
             u32::try_from(u64::from(c.limit).saturating_sub(in_use)).unwrap_or(0);
-        count(service, t, 1, allowed);
-        if !allowed {
-            status.duration_until_reset = Some(duration(ms));
-            if !shadow(service, t, 1) {
-                status.code = Code::OverLimit as i32;
-                return Ok(false);
-            }
-        } else {
+        if !goes_on(service, t, status, 1, allowed, ms) {
+            return Ok(false);
+        }
+        if allowed {
             taken.push(Taken::Lease {
                 key: t.lease_key(),
                 id: t.id,
@@ -300,18 +290,36 @@ async fn start(
             unit: t.found.rate_limit.unit.proto(),
         });
         status.limit_remaining = u32::try_from(remaining).unwrap_or(u32::MAX);
-        count(service, t, estimate, allowed);
-        if !allowed {
-            status.duration_until_reset = Some(duration(retry_ms.max(0)));
-            if !shadow(service, t, estimate) {
-                status.code = Code::OverLimit as i32;
-                return Ok(false);
-            }
-        } else {
+        if !goes_on(service, t, status, estimate, allowed, retry_ms) {
+            return Ok(false);
+        }
+        if allowed {
             taken.push(Taken::Reservation(t.index));
         }
     }
     Ok(true)
+}
+
+/// Counts a start's answer (`hits` taken or refused). A refusal sets the wait in `status`
+/// and, unless only counted ([`shadow`]), the over-limit code. Whether the request goes on.
+fn goes_on(
+    service: &Service,
+    t: &Tied,
+    status: &mut DescriptorStatus,
+    hits: u64,
+    allowed: bool,
+    wait_ms: i64,
+) -> bool {
+    count(service, t, hits, allowed);
+    if allowed {
+        return true;
+    }
+    status.duration_until_reset = Some(duration(wait_ms));
+    if shadow(service, t, hits) {
+        return true;
+    }
+    status.code = Code::OverLimit as i32;
+    false
 }
 
 /// Whether a refusal is only counted: the descriptor's `shadow_mode` or `SHADOW_MODE`, as

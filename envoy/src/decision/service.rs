@@ -260,13 +260,7 @@ impl Service {
         );
         let wanted = check(request)?;
         let config = self.config();
-        let mut statuses: Vec<DescriptorStatus> = wanted
-            .iter()
-            .map(|_| DescriptorStatus {
-                code: Code::Ok as i32,
-                ..Default::default()
-            })
-            .collect();
+        let mut statuses = ok_statuses(wanted.len());
         if !config.has_domain(&request.domain) {
             self.unknown_domains.note(&request.domain);
             return Ok(response(Code::Ok, statuses, Vec::new()));
@@ -918,6 +912,16 @@ pub(crate) fn duration(ms: i64) -> ProtoDuration {
         seconds: ms / 1000 + i64::from(ms % 1000 > 0),
         nanos: 0,
     }
+}
+
+/// `n` descriptor statuses, each `OK` and nothing else yet: what a decision starts from.
+pub(crate) fn ok_statuses(n: usize) -> Vec<DescriptorStatus> {
+    (0..n)
+        .map(|_| DescriptorStatus {
+            code: Code::Ok as i32,
+            ..Default::default()
+        })
+        .collect()
 }
 
 fn response(

@@ -64,6 +64,20 @@ impl Tables {
     }
 }
 
+/// `method(args…)` awaited on the bucket a [`Backend`] keeps for a key: the key's own, or
+/// with [`Tables`] its field in the table the key shards to. One body for the two backends
+/// and the two storages.
+macro_rules! on_bucket {
+    ($backend:expr, $tables:expr, $method:ident($($arg:expr),*)) => {
+        match ($backend, $tables) {
+            (Backend::Single(l), None) => l.$method($($arg),*).await,
+            (Backend::Cluster(l), None) => l.$method($($arg),*).await,
+            (Backend::Single(l), Some(t)) => l.table(&t.name, t.shards)?.$method($($arg),*).await,
+            (Backend::Cluster(l), Some(t)) => l.table(&t.name, t.shards)?.$method($($arg),*).await,
+        }
+    };
+}
+
 impl Backend {
     pub(crate) async fn acquire_across_slots(
         &self,
@@ -83,17 +97,7 @@ impl Backend {
         limit: &Limit,
         cost: f64,
     ) -> Result<Source, ClientError> {
-        match (self, tables) {
-            (Backend::Single(l), None) => l.refund(key, limit, cost).await,
-            (Backend::Cluster(l), None) => l.refund(key, limit, cost).await,
-            (Backend::Single(l), Some(t)) => {
-                l.table(&t.name, t.shards)?.refund(key, limit, cost).await
-            }
-            (Backend::Cluster(l), Some(t)) => {
-                l.table(&t.name, t.shards)?.refund(key, limit, cost).await
-            }
-        }
-        .map(|r| r.source)
+        on_bucket!(self, tables, refund(key, limit, cost)).map(|r| r.source)
     }
 
     /// Charges `cost` post-paid: applied whatever the bucket holds, which may go into debt.
@@ -104,16 +108,7 @@ impl Backend {
         limit: &Limit,
         cost: f64,
     ) -> Result<Charged, ClientError> {
-        match (self, tables) {
-            (Backend::Single(l), None) => l.charge(key, limit, cost).await,
-            (Backend::Cluster(l), None) => l.charge(key, limit, cost).await,
-            (Backend::Single(l), Some(t)) => {
-                l.table(&t.name, t.shards)?.charge(key, limit, cost).await
-            }
-            (Backend::Cluster(l), Some(t)) => {
-                l.table(&t.name, t.shards)?.charge(key, limit, cost).await
-            }
-        }
+        on_bucket!(self, tables, charge(key, limit, cost))
     }
 
     /// What a take of `cost` would decide, taking nothing.
@@ -124,16 +119,7 @@ impl Backend {
         limit: &Limit,
         cost: f64,
     ) -> Result<Decision, ClientError> {
-        match (self, tables) {
-            (Backend::Single(l), None) => l.peek(key, limit, cost).await,
-            (Backend::Cluster(l), None) => l.peek(key, limit, cost).await,
-            (Backend::Single(l), Some(t)) => {
-                l.table(&t.name, t.shards)?.peek(key, limit, cost).await
-            }
-            (Backend::Cluster(l), Some(t)) => {
-                l.table(&t.name, t.shards)?.peek(key, limit, cost).await
-            }
-        }
+        on_bucket!(self, tables, peek(key, limit, cost))
     }
 }
 
@@ -172,6 +158,20 @@ fn host_port(text: &str, what: &str) -> Result<(String, u16), String> {
         return Err(format!("{what} must be host:port, not {text:?}"));
     }
     Ok((host.to_string(), port))
+}
+
+/// A TCP address, over TLS (its certificates applied later) when `tls`.
+fn tcp_addr(host: String, port: u16, tls: bool) -> ConnectionAddr {
+    if tls {
+        ConnectionAddr::TcpTls {
+            host,
+            port,
+            insecure: false,
+            tls_params: None,
+        }
+    } else {
+        ConnectionAddr::Tcp(host, port)
+    }
 }
 
 /// The certificates `REDIS_TLS_*` name, read now so a missing file stops start-up.
@@ -230,17 +230,7 @@ fn node_info(settings: &Settings, address: &str) -> Result<ConnectionInfo, Strin
         return Ok(info.set_redis_settings(redis));
     }
     let (host, port) = host_port(address, "REDIS_URL")?;
-    let addr = if setup.tls {
-        ConnectionAddr::TcpTls {
-            host,
-            port,
-            insecure: false,
-            tls_params: None,
-        }
-    } else {
-        ConnectionAddr::Tcp(host, port)
-    };
-    let info = addr
+    let info = tcp_addr(host, port, setup.tls)
         .into_connection_info()
         .map_err(|e| format!("REDIS_URL: {e}"))?;
     let redis = credentials(&settings.redis_auth, info.redis_settings().clone());
@@ -390,18 +380,8 @@ fn sentinel_client(settings: &Settings) -> Result<SentinelClient, String> {
     let sentinels = parts
         .filter(|p| !p.is_empty())
         .map(|p| {
-            host_port(p, "REDIS_URL (a sentinel)").map(|(host, port)| {
-                if setup.tls {
-                    ConnectionAddr::TcpTls {
-                        host,
-                        port,
-                        insecure: false,
-                        tls_params: None,
-                    }
-                } else {
-                    ConnectionAddr::Tcp(host, port)
-                }
-            })
+            host_port(p, "REDIS_URL (a sentinel)")
+                .map(|(host, port)| tcp_addr(host, port, setup.tls))
         })
         .collect::<Result<Vec<_>, _>>()?;
     let (Some(name), false) = (name, sentinels.is_empty()) else {

