@@ -282,15 +282,39 @@ fn reservations_hold_a_token_quota_that_post_paid_charges_overrun() {
         passed.len()
     );
     assert!(passed.len() < 15, "{} of 50 passed", passed.len());
-    // Every reservation was settled by its end call: the bucket holds no open one, so it
-    // is a plain bucket again (a bucket with open reservations is another type).
+    // Every reservation was settled by its end call: the bucket holds no open one. A bucket
+    // reserved on keeps its type once its reservations are settled, so it is held against
+    // one of the same limit whose one reservation was settled: each open record would add
+    // bytes to its DUMP (a bucket full again is gone, with nothing open).
     let mut redis = s.redis.conn();
+    let _: redis::Value = redis::cmd("RL.RESERVE")
+        .arg("settled_reference")
+        .arg("10000/60")
+        .arg(10000)
+        .arg(1000)
+        .arg(60_000)
+        .arg("ID")
+        .arg("r")
+        .query(&mut redis)
+        .expect("RL.RESERVE");
+    let _: redis::Value = redis::cmd("RL.SETTLE")
+        .arg("settled_reference")
+        .arg("10000/60")
+        .arg(10000)
+        .arg("r")
+        .arg(1000)
+        .query(&mut redis)
+        .expect("RL.SETTLE");
+    let reference: Vec<u8> = redis::cmd("DUMP")
+        .arg("settled_reference")
+        .query(&mut redis)
+        .expect("DUMP");
     let settled = eventually(Duration::from_secs(10), || {
-        let kind: String = redis::cmd("TYPE")
+        let dump: Option<Vec<u8>> = redis::cmd("DUMP")
             .arg("edge_tenant_acme")
             .query(&mut redis)
-            .expect("TYPE");
-        kind == "rl-bucket"
+            .expect("DUMP");
+        dump.is_none_or(|dump| dump.len() == reference.len())
     });
     assert!(settled, "reservations left open: {}", s.service.log());
     let log = s.service.log();
