@@ -2,22 +2,22 @@
 //! [`crate::datatype`] commit and replicate their own changes.
 //!
 //! Handlers are raw `extern "C"` functions (no per-call argument vector), and each body runs
-//! inside `catch_unwind`, so a bug becomes an error reply and a log line, never an aborted
-//! server. Every clock-dependent write is replicated as its effect (`RL.SETSTATE` with the
+//! through [`crate::handler::run`], inside `catch_unwind`, so a bug becomes an error reply and
+//! a log line, never an aborted server. Every clock-dependent write is replicated as its effect (`RL.SETSTATE` with the
 //! exact state, or `DEL`), never as the command itself.
 
 use std::collections::{HashMap, HashSet};
-use std::ffi::{c_int, CStr};
-use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::ffi::c_int;
 
 use redis_module::raw::{self, RedisModuleCtx, RedisModuleString};
 use rl_bucket::{self as bucket, Change, Charged, Decision, Outcome};
 
 use crate::datatype::BucketKey;
 use crate::error::{Error, MAX_MULTI_BUCKETS};
+use crate::handler::{self, handler, Failure};
 use crate::store::Store;
 use crate::table_type::TableKey;
-use crate::{args, clock, stats, table};
+use crate::{args, clock, table};
 
 /// What a command answers when it succeeds. Each variant carries the outcome itself, so the
 /// counters read the decision and `send` formats it; nothing is decoded back from integers.
@@ -42,7 +42,7 @@ enum Reply {
     Ok,
 }
 
-impl Reply {
+impl handler::Reply for Reply {
     /// Whether the call took its tokens, for the counters; `None` when it decides nothing.
     fn verdict(&self) -> Option<bool> {
         match self {
@@ -56,38 +56,11 @@ impl Reply {
             | Reply::Ok => None,
         }
     }
-}
 
-/// A command body's failure: the wrong number of arguments, or an [`Error`].
-enum Failure {
-    Arity,
-    Error(Error),
-}
-
-impl From<Error> for Failure {
-    fn from(error: Error) -> Self {
-        Failure::Error(error)
+    unsafe fn send(&self, ctx: *mut RedisModuleCtx) -> c_int {
+        // SAFETY: `ctx` is live (caller).
+        unsafe { send(ctx, self) }
     }
-}
-
-type Body = fn(*mut RedisModuleCtx, &[*mut RedisModuleString]) -> Result<Reply, Failure>;
-
-/// Declares the `extern "C"` entry point of a command around its body.
-macro_rules! handler {
-    ($(#[$doc:meta])* $name:ident, $command:literal, $body:path, $counted:literal) => {
-        $(#[$doc])*
-        ///
-        /// # Safety
-        /// Called by Redis with a live context and `argc` valid arguments.
-        pub unsafe extern "C" fn $name(
-            ctx: *mut RedisModuleCtx,
-            argv: *mut *mut RedisModuleString,
-            argc: c_int,
-        ) -> c_int {
-            // SAFETY: forwarded from Redis's call.
-            unsafe { run(ctx, argv, argc, $command, $body, $counted) }
-        }
-    };
 }
 
 handler!(
@@ -740,59 +713,6 @@ unsafe fn bytes<'a>(s: *mut RedisModuleString) -> &'a [u8] {
     unsafe { crate::store::string_bytes(s) }
 }
 
-/// Runs a command body, catching any panic, counts it, and sends its reply.
-///
-/// # Safety
-/// `ctx`, `argv` and `argc` must be exactly what Redis passed to the command handler.
-unsafe fn run(
-    ctx: *mut RedisModuleCtx,
-    argv: *mut *mut RedisModuleString,
-    argc: c_int,
-    name: &CStr,
-    body: Body,
-    counted: bool,
-) -> c_int {
-    let argv: &[*mut RedisModuleString] = match usize::try_from(argc) {
-        // SAFETY: Redis passes `argc` valid pointers in `argv`.
-        Ok(len) if !argv.is_null() => unsafe { std::slice::from_raw_parts(argv, len) },
-        _ => &[],
-    };
-    let outcome = catch_unwind(AssertUnwindSafe(|| body(ctx, argv)));
-    if counted {
-        stats::CALLS.bump();
-        match &outcome {
-            Ok(Ok(reply)) => match reply.verdict() {
-                Some(true) => stats::ALLOWED.bump(),
-                Some(false) => stats::DENIED.bump(),
-                None => {}
-            },
-            _ => stats::ERRORS.bump(),
-        }
-    }
-    // SAFETY: `ctx` is live for the whole call; replies are sent once, here.
-    unsafe {
-        match outcome {
-            Ok(Ok(reply)) => send(ctx, &reply),
-            Ok(Err(Failure::Arity)) => match raw::RedisModule_WrongArity {
-                Some(wrong_arity) => wrong_arity(ctx),
-                None => send_error(ctx, Error::Internal),
-            },
-            Ok(Err(Failure::Error(error))) => send_error(ctx, error),
-            Err(_) => {
-                if let Some(log) = raw::RedisModule_Log {
-                    log(
-                        ctx,
-                        c"warning".as_ptr(),
-                        c"rl: caught a panic in %s; replied with an error".as_ptr(),
-                        name.as_ptr(),
-                    );
-                }
-                send_error(ctx, Error::Internal)
-            }
-        }
-    }
-}
-
 /// Sends integers as one flat array.
 ///
 /// # Safety
@@ -883,16 +803,6 @@ unsafe fn send(ctx: *mut RedisModuleCtx, reply: &Reply) -> c_int {
                 Some(simple) => simple(ctx, c"OK".as_ptr()),
                 None => raw::REDISMODULE_ERR as c_int,
             },
-        }
-    }
-}
-
-unsafe fn send_error(ctx: *mut RedisModuleCtx, error: Error) -> c_int {
-    // SAFETY: `ctx` is live (caller); the text is a static NUL-terminated string.
-    unsafe {
-        match raw::RedisModule_ReplyWithError {
-            Some(reply) => reply(ctx, error.text().as_ptr()),
-            None => raw::REDISMODULE_ERR as c_int,
         }
     }
 }

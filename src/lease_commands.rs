@@ -21,10 +21,9 @@
 //! mistyped id, so 128 bits (32 characters, past the 16 bytes an id may hold inline) buy
 //! nothing worth the memory.
 //!
-//! Depends on `lease_type`, `args` (the integer parser), `clock`, `stats` and `error`.
+//! Depends on `lease_type`, `args` (the integer parser), `clock`, `handler` and `error`.
 
-use std::ffi::{c_char, c_int, CStr};
-use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::ffi::{c_char, c_int};
 
 use redis_module::raw::{self, RedisModuleCtx, RedisModuleString};
 use rl_bucket::{
@@ -32,8 +31,9 @@ use rl_bucket::{
 };
 
 use crate::error::Error;
+use crate::handler::{self, handler, Failure};
 use crate::lease_type::LeaseKey;
-use crate::{args, clock, stats};
+use crate::{args, clock};
 
 /// How many ids a take draws before giving up: a fourth collision among at most 10,000
 /// leases in 2^64 ids does not happen, so reaching it means the generator is broken.
@@ -49,37 +49,6 @@ enum Reply {
     InUse(u64, u64),
     /// `+OK`.
     Ok,
-}
-
-/// A command body's failure: the wrong number of arguments, or an [`Error`].
-enum Failure {
-    Arity,
-    Error(Error),
-}
-
-impl From<Error> for Failure {
-    fn from(error: Error) -> Self {
-        Failure::Error(error)
-    }
-}
-
-type Body = fn(*mut RedisModuleCtx, &[*mut RedisModuleString]) -> Result<Reply, Failure>;
-
-macro_rules! handler {
-    ($(#[$doc:meta])* $name:ident, $command:literal, $body:path, $counted:literal) => {
-        $(#[$doc])*
-        ///
-        /// # Safety
-        /// Called by Redis with a live context and `argc` valid arguments.
-        pub unsafe extern "C" fn $name(
-            ctx: *mut RedisModuleCtx,
-            argv: *mut *mut RedisModuleString,
-            argc: c_int,
-        ) -> c_int {
-            // SAFETY: forwarded from Redis's call.
-            unsafe { run(ctx, argv, argc, $command, $body, $counted) }
-        }
-    };
 }
 
 handler!(
@@ -281,59 +250,23 @@ unsafe fn bytes<'a>(s: *mut RedisModuleString) -> &'a [u8] {
     unsafe { crate::store::string_bytes(s) }
 }
 
-/// Runs a command body, catching any panic, counts it, and sends its reply.
-///
-/// # Safety
-/// `ctx`, `argv` and `argc` must be exactly what Redis passed to the command handler.
-unsafe fn run(
-    ctx: *mut RedisModuleCtx,
-    argv: *mut *mut RedisModuleString,
-    argc: c_int,
-    name: &CStr,
-    body: Body,
-    counted: bool,
-) -> c_int {
-    let argv: &[*mut RedisModuleString] = match usize::try_from(argc) {
-        // SAFETY: Redis passes `argc` valid pointers in `argv`.
-        Ok(len) if !argv.is_null() => unsafe { std::slice::from_raw_parts(argv, len) },
-        _ => &[],
-    };
-    let outcome = catch_unwind(AssertUnwindSafe(|| body(ctx, argv)));
-    if counted {
-        stats::CALLS.bump();
-        match &outcome {
-            Ok(Ok(Reply::Lease(reply, _))) if reply.held() => stats::ALLOWED.bump(),
-            Ok(Ok(Reply::Lease(..))) => stats::DENIED.bump(),
-            Ok(Ok(_)) => {}
-            _ => stats::ERRORS.bump(),
-        }
-    }
-    // SAFETY: `ctx` is live for the whole call; replies are sent once, here.
-    unsafe {
-        match outcome {
-            Ok(Ok(reply)) => send(ctx, &reply),
-            Ok(Err(Failure::Arity)) => match raw::RedisModule_WrongArity {
-                Some(wrong_arity) => wrong_arity(ctx),
-                None => send_error(ctx, Error::Internal),
-            },
-            Ok(Err(Failure::Error(error))) => send_error(ctx, error),
-            Err(_) => {
-                if let Some(log) = raw::RedisModule_Log {
-                    log(
-                        ctx,
-                        c"warning".as_ptr(),
-                        c"rl: caught a panic in %s; replied with an error".as_ptr(),
-                        name.as_ptr(),
-                    );
-                }
-                send_error(ctx, Error::Internal)
-            }
-        }
-    }
-}
-
 fn saturating_i64(value: u64) -> i64 {
     i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+impl handler::Reply for Reply {
+    /// A lease taken is allowed, one refused denied; the other calls decide nothing.
+    fn verdict(&self) -> Option<bool> {
+        match self {
+            Reply::Lease(reply, _) => Some(reply.held()),
+            _ => None,
+        }
+    }
+
+    unsafe fn send(&self, ctx: *mut RedisModuleCtx) -> c_int {
+        // SAFETY: `ctx` is live (caller).
+        unsafe { send(ctx, self) }
+    }
 }
 
 /// # Safety
@@ -365,16 +298,6 @@ unsafe fn send(ctx: *mut RedisModuleCtx, reply: &Reply) -> c_int {
                 integer(ctx, saturating_i64(*retry_after_ms))
             }
             Reply::Ok => simple(ctx, c"OK".as_ptr()),
-        }
-    }
-}
-
-unsafe fn send_error(ctx: *mut RedisModuleCtx, error: Error) -> c_int {
-    // SAFETY: `ctx` is live (caller); the text is a static NUL-terminated string.
-    unsafe {
-        match raw::RedisModule_ReplyWithError {
-            Some(reply) => reply(ctx, error.text().as_ptr()),
-            None => raw::REDISMODULE_ERR as c_int,
         }
     }
 }

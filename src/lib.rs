@@ -4,7 +4,8 @@
 //! - The token bucket is the `rl-bucket` crate, imported directly (`rl_bucket::Limit`, …):
 //!   pure math with the time passed in. Knows nothing of Redis.
 //! - [`args`]: argument parsing and validation, one function per command.
-//! - [`commands`]: the command handlers, thin glue between the others.
+//! - [`commands`]: the command handlers, thin glue between the others; [`handler`]: what
+//!   every handler shares (the entry point, the panic catch, the counters, error replies).
 //! - [`store`]: the one door to stored state ([`store::Store`]): read, stage one change,
 //!   commit it (write, signal, replicate the effect). Both module types are stores on it.
 //! - [`datatype`]: the `rl-bucket` module type (and `rl-bkresv`, a bucket that has held
@@ -34,6 +35,7 @@ pub mod config;
 pub mod datatype;
 pub mod error;
 pub mod eviction;
+pub mod handler;
 pub mod info;
 pub mod lease_commands;
 pub mod lease_type;

@@ -19,10 +19,9 @@
 //! Ids the server makes are drawn as `RL.LEASE` draws them (16 hex characters from the
 //! server's random generator, drawn again while a record of the key has the same id).
 //!
-//! Depends on `datatype`, `table`, `table_type`, `args`, `clock`, `stats` and `error`.
+//! Depends on `datatype`, `table`, `table_type`, `args`, `clock`, `handler` and `error`.
 
-use std::ffi::{c_char, c_int, CStr, CString};
-use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::ffi::{c_char, c_int, CString};
 
 use redis_module::raw::{self, RedisModuleCtx, RedisModuleString};
 use rl_bucket::{
@@ -32,10 +31,11 @@ use rl_bucket::{
 
 use crate::datatype::BucketKey;
 use crate::error::Error;
+use crate::handler::{self, handler, Failure};
 use crate::store::Store;
 use crate::table::{self, Tag};
 use crate::table_type::TableKey;
-use crate::{args, clock, stats};
+use crate::{args, clock};
 
 /// How many ids a reservation draws before giving up (see `lease_commands`).
 const ID_DRAWS: usize = 4;
@@ -47,38 +47,6 @@ enum Reply {
     Settle(Charged),
     /// `+OK`.
     Ok,
-}
-
-enum Failure {
-    Arity,
-    Error(Error),
-    /// `RL.SETTLE` (or, `true`, `RL.HSETTLE`) of an id with no open reservation.
-    NotOpen(LeaseId, bool),
-}
-
-impl From<Error> for Failure {
-    fn from(error: Error) -> Self {
-        Failure::Error(error)
-    }
-}
-
-type Body = fn(*mut RedisModuleCtx, &[*mut RedisModuleString]) -> Result<Reply, Failure>;
-
-macro_rules! handler {
-    ($(#[$doc:meta])* $name:ident, $command:literal, $body:path, $counted:literal) => {
-        $(#[$doc])*
-        ///
-        /// # Safety
-        /// Called by Redis with a live context and `argc` valid arguments.
-        pub unsafe extern "C" fn $name(
-            ctx: *mut RedisModuleCtx,
-            argv: *mut *mut RedisModuleString,
-            argc: c_int,
-        ) -> c_int {
-            // SAFETY: forwarded from Redis's call.
-            unsafe { run(ctx, argv, argc, $command, $body, $counted) }
-        }
-    };
 }
 
 handler!(
@@ -283,7 +251,7 @@ fn settle_body(
         parsed.cost,
     )
     .map_err(|error| match error {
-        SettleError::NotOpen => Failure::NotOpen(id, false),
+        SettleError::NotOpen => Failure::Text(not_open_text(id, false)),
         SettleError::DebtTooLong => Failure::Error(Error::DebtTooLong),
     })?;
     bucket.commit_records(change, left, c"rl.settle")?;
@@ -316,7 +284,7 @@ fn hsettle_body(
         parsed.cost,
     )
     .map_err(|error| match error {
-        SettleError::NotOpen => Failure::NotOpen(id, true),
+        SettleError::NotOpen => Failure::Text(not_open_text(id, true)),
         SettleError::DebtTooLong => Failure::Error(Error::DebtTooLong),
     })?;
     table.commit_records(tag, change, left.into_vec(), c"rl.hsettle")?;
@@ -429,60 +397,23 @@ unsafe fn bytes<'a>(s: *mut RedisModuleString) -> &'a [u8] {
     unsafe { crate::store::string_bytes(s) }
 }
 
-/// Runs a command body, catching any panic, counts it, and sends its reply.
-///
-/// # Safety
-/// `ctx`, `argv` and `argc` must be exactly what Redis passed to the command handler.
-unsafe fn run(
-    ctx: *mut RedisModuleCtx,
-    argv: *mut *mut RedisModuleString,
-    argc: c_int,
-    name: &CStr,
-    body: Body,
-    counted: bool,
-) -> c_int {
-    let argv: &[*mut RedisModuleString] = match usize::try_from(argc) {
-        // SAFETY: Redis passes `argc` valid pointers in `argv`.
-        Ok(len) if !argv.is_null() => unsafe { std::slice::from_raw_parts(argv, len) },
-        _ => &[],
-    };
-    let outcome = catch_unwind(AssertUnwindSafe(|| body(ctx, argv)));
-    if counted {
-        stats::CALLS.bump();
-        match &outcome {
-            Ok(Ok(Reply::Reserve(decision, _))) if decision.allowed() => stats::ALLOWED.bump(),
-            Ok(Ok(Reply::Reserve(..))) => stats::DENIED.bump(),
-            Ok(Ok(_)) => {}
-            _ => stats::ERRORS.bump(),
-        }
-    }
-    // SAFETY: `ctx` is live for the whole call; replies are sent once, here.
-    unsafe {
-        match outcome {
-            Ok(Ok(reply)) => send(ctx, &reply),
-            Ok(Err(Failure::Arity)) => match raw::RedisModule_WrongArity {
-                Some(wrong_arity) => wrong_arity(ctx),
-                None => send_error(ctx, Error::Internal.text()),
-            },
-            Ok(Err(Failure::Error(error))) => send_error(ctx, error.text()),
-            Ok(Err(Failure::NotOpen(id, field))) => send_error(ctx, &not_open_text(id, field)),
-            Err(_) => {
-                if let Some(log) = raw::RedisModule_Log {
-                    log(
-                        ctx,
-                        c"warning".as_ptr(),
-                        c"rl: caught a panic in %s; replied with an error".as_ptr(),
-                        name.as_ptr(),
-                    );
-                }
-                send_error(ctx, Error::Internal.text())
-            }
-        }
-    }
-}
-
 fn saturating_i64(value: u64) -> i64 {
     i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+impl handler::Reply for Reply {
+    /// A reservation taken is allowed, one refused denied; a settle decides nothing.
+    fn verdict(&self) -> Option<bool> {
+        match self {
+            Reply::Reserve(decision, _) => Some(decision.allowed()),
+            _ => None,
+        }
+    }
+
+    unsafe fn send(&self, ctx: *mut RedisModuleCtx) -> c_int {
+        // SAFETY: `ctx` is live (caller).
+        unsafe { send(ctx, self) }
+    }
 }
 
 /// # Safety
@@ -518,18 +449,6 @@ unsafe fn send(ctx: *mut RedisModuleCtx, reply: &Reply) -> c_int {
                 integer(ctx, charged.reset_after_ms())
             }
             Reply::Ok => simple(ctx, c"OK".as_ptr()),
-        }
-    }
-}
-
-/// # Safety
-/// `ctx` must be live.
-unsafe fn send_error(ctx: *mut RedisModuleCtx, text: &CStr) -> c_int {
-    // SAFETY: `ctx` is live (caller); the text is NUL-terminated and outlives the call.
-    unsafe {
-        match raw::RedisModule_ReplyWithError {
-            Some(reply) => reply(ctx, text.as_ptr()),
-            None => raw::REDISMODULE_ERR as c_int,
         }
     }
 }
