@@ -48,7 +48,7 @@ chaos-smoke: deps-valkey $(MODULE_DEBUG) ## CI: the chaos tests for CHAOS_SMOKE_
 # each, one at a time. --sanitizer none: cargo-fuzz's default AddressSanitizer needs a nightly
 # compiler, and the fuzzed code is safe Rust. cargo-fuzz is installed on first use.
 FUZZ_SECONDS ?= 600
-FUZZ_SMOKE_SECONDS ?= 20
+FUZZ_SMOKE_SECONDS ?= 10
 FUZZ_TARGETS := args bucket table
 define run_fuzzers
 	@$(CARGO) fuzz --version >/dev/null 2>&1 || { \
@@ -66,7 +66,7 @@ endef
 fuzz: $(MODULE_DEBUG) ## Fuzz each target for FUZZ_SECONDS (default 600): args, bucket, restore (real server)
 	$(call run_fuzzers,$(FUZZ_SECONDS))
 
-fuzz-smoke: $(MODULE_DEBUG) ## Short fuzz run for CI: each target for FUZZ_SMOKE_SECONDS (default 20)
+fuzz-smoke: $(MODULE_DEBUG) ## Short fuzz run for CI: each target for FUZZ_SMOKE_SECONDS (default 10)
 	$(call run_fuzzers,$(FUZZ_SMOKE_SECONDS))
 
 # The stall check (tests/table_stall.rs): one table filled to STALL_BUCKETS twice, identically,
