@@ -435,11 +435,15 @@ class Workload:
     `expect` is 'allowed' or 'denied' for the rate limiters (checked on the reply)."""
 
     def __init__(self, name, label, stat, args, prefill=None, expect=None, preload=None,
-                 hot=True):
+                 hot=True, python=False):
         self.name, self.label, self.stat = name, label, stat
         self.args, self.prefill, self.expect = args, prefill, expect
         # Whether it also runs on one hot key (else on random keys only).
         self.hot = hot
+        # Whether it is sent by run_python_benchmark even when redis-benchmark could send it:
+        # the classic script's twin of the fallback's rows, so the two are compared on the
+        # same load from the same client.
+        self.python = python
         # Commands run once per field of a loaded table before each run (tables only).
         self.preload = preload
 
@@ -515,9 +519,13 @@ def workloads(sha, now_ms, rl_sha="rl_sha"):
                  expect="allowed", hot=False),
     ]
     # redis-rl's fallback on the same allowed path, random keys only: the script (EVALSHA) and
-    # the Functions library (FCALL), beside the classic script above and RL.ACQUIRE.
+    # the Functions library (FCALL), beside the classic script and RL.ACQUIRE. Its packed
+    # numbers are bytes, which only the Python driver sends, so the classic script runs once
+    # more from that driver: the fallback's targets compare the two on the same load.
     for rate in ALLOW:
         found += [
+            Workload("lua_py_allowed_%s" % rate, "Lua script allowed %s/s (Python driver)" % rate,
+                     "evalsha", lua(*ALLOW[rate]), expect="allowed", hot=False, python=True),
             Workload("script_allowed_%s" % rate, "rl.lua EVALSHA allowed %s/s" % rate, "evalsha",
                      script(*ALLOW[rate]), expect="allowed", hot=False),
             Workload("function_allowed_%s" % rate, "rl_acquire FCALL allowed %s/s" % rate,
@@ -883,7 +891,8 @@ def targets_table(med, memory, budgets=None):
             get("rl_allowed_" + rate, "random", 16, "rps"), get("set_px", "random", 16, "rps"),
             0.9, "≥")
     for rate in ALLOW:
-        classic = "lua_allowed" if rate == "10" else "lua_allowed_" + rate
+        # The classic script sent as the fallback is, from the same Python driver.
+        classic = "lua_py_allowed_" + rate
         for name, what in (("script", "rl.lua EVALSHA"), ("function", "rl_acquire FCALL")):
             for p in PIPELINES:
                 add("8", "%s ÷ classic Lua script, allowed %s/s: server µs/call, random keys, -P %d"
@@ -988,7 +997,9 @@ def write_results(path, meta, opts, wls, med, memory, n_for, sha, rl_sha, budget
       " clients, pipelines and random keys: their server µs/call is comparable with the other"
       " rows, their req/s and latencies are Python's, not redis-benchmark's. Unlike the classic"
       " script they read the server's clock (`TIME`), are exact, and write nothing on a denial."
-      " The classic script is also run at 3/s for them (`Lua script allowed 3/s`).")
+      " The classic script is also run at 3/s for them (`Lua script allowed 3/s`), and at"
+      " both rates from the same Python driver (`… (Python driver)`): the fallback's"
+      " targets (row 8) compare it with those, on the same load from the same client.")
     w("- server µs/call is `usec / calls` of the command in `INFO commandstats` (for a script,"
       " `cmdstat_evalsha` or `cmdstat_fcall`, which include the commands it runs). req/s"
       " and latencies are redis-benchmark's; at `-P 16` a latency covers the whole pipeline.")
@@ -1434,8 +1445,8 @@ def main(argv):
                 prepare(conn, config, sample_size=1000, table_buckets=opts.table_buckets)
                 command = config.workload.args(RAND_KEY if config.keyspace else HOT_KEY)
                 # The fallback's packed numbers are bytes, which redis-benchmark cannot send.
-                drive = (run_python_benchmark if any(isinstance(a, bytes) for a in command)
-                         else run_benchmark)
+                python = config.workload.python or any(isinstance(a, bytes) for a in command)
+                drive = run_python_benchmark if python else run_benchmark
                 result = drive(opts, server.port, n, config.pipeline, command, config.keyspace)
                 result["usec"] = collect_stats(conn, config, n)
                 post_check(conn, config)
