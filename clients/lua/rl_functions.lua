@@ -36,7 +36,10 @@ local general
 -- 4096 entries; a script call starts afresh, so has none.
 local known
 
--- One call: `mode` over `keys`, with the numbers in `args` after its first `off` entries.
+-- One call: `mode` over `keys`, with the numbers in `args` after its first `off` entries. The
+-- lines from here to `@run end` are the script's own top level, run by every EVALSHA with no
+-- function made or called for them; the library has them as the body of its function
+-- `run(mode, keys, args, off)` (functions.py turns the two `@run` lines into its first and last).
 local function run(mode, keys, args, off)
   local t = redis.call('TIME')
   local now = t[1] * 1000000 + t[2] -- TIME's two integers, each converted once

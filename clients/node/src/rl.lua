@@ -160,7 +160,10 @@ if not redis.REDIS_VERSION_NUM and redis.replicate_commands then
   pcall(redis.replicate_commands)
 end
 
--- @core begin: shared with the Functions library, word for word.
+-- The call's mode, keys and arguments, as the core's per-call part (below) names them.
+local mode, keys, args, off = ARGV[1], KEYS, ARGV, 1
+
+-- @core begin: shared with the Functions library, word for word (but for the `@run` lines).
 
 -- The general path, made on first need by `run` (a script call on the fast path builds none
 -- of its functions; the Functions library builds them once).
@@ -171,8 +174,11 @@ local general
 -- 4096 entries; a script call starts afresh, so has none.
 local known
 
--- One call: `mode` over `keys`, with the numbers in `args` after its first `off` entries.
-local function run(mode, keys, args, off)
+-- One call: `mode` over `keys`, with the numbers in `args` after its first `off` entries. The
+-- lines from here to `@run end` are the script's own top level, run by every EVALSHA with no
+-- function made or called for them; the library has them as the body of its function
+-- `run(mode, keys, args, off)` (functions.py turns the two `@run` lines into its first and last).
+-- @run begin
   local t = redis.call('TIME')
   local now = t[1] * 1000000 + t[2] -- TIME's two integers, each converted once
   -- The fast path: one acquire or peek. It inlines its arithmetic (a script's body makes its
@@ -918,7 +924,5 @@ local function run(mode, keys, args, off)
     end)()
   end
   return general(mode, keys, args, off, now)
-end
+-- @run end
 -- @core end
-
-return run(ARGV[1], KEYS, ARGV, 1)
