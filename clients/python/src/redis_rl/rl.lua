@@ -190,16 +190,15 @@ local known
   -- "%.17g" before Redis 7.2, several times the cost).
   if (mode == 'acquire' or mode == 'peek') and #keys == 1 then repeat
     local key, take = keys[1], mode == 'acquire'
-    -- The numbers: packed (one argument of 80 bytes, ten doubles read by one C call), or ten
-    -- texts (the older form, slower: Redis makes ten Lua strings, each then converted).
+    -- The numbers: packed (one argument of 80 bytes, ten doubles read by one C call straight
+    -- into these locals), or ten texts (the older form, slower: Redis makes ten Lua strings,
+    -- each then converted, by a function made only for them).
     local s = args[off + 1]
-    local d, tq, tr, cq, cr, sq, sr, kq, kr, cap
-    if s and #s == 80 then
-      d, tq, tr, cq, cr, sq, sr, kq, kr, cap = struct.unpack('<dddddddddd', s)
-    else
+    local d, tq, tr, cq, cr, sq, sr, kq, kr, cap = (s and #s == 80 and struct.unpack or function()
       -- Ten texts, each converted once (`s + 0` converts as tonumber does, which converts it
-      -- twice, and raises on one that is not a number: then the general path answers). The
-      -- Functions library keeps those it has read by their text (`known`).
+      -- twice, and raises on one that is not a number: then ten NaNs, which the checks below
+      -- send to the general path, which answers). The Functions library keeps those it has
+      -- read by their text (`known`).
       local function texts(a, o)
         local m = known
         if m then
@@ -218,10 +217,13 @@ local known
         return a[o + 1] + 0, a[o + 2] + 0, a[o + 3] + 0, a[o + 4] + 0, a[o + 5] + 0,
           a[o + 6] + 0, a[o + 7] + 0, a[o + 8] + 0, a[o + 9] + 0, a[o + 10] + 0
       end
-      local ok
-      ok, d, tq, tr, cq, cr, sq, sr, kq, kr, cap = pcall(texts, args, off)
-      if not ok then break end
-    end
+      local function read(ok, ...)
+        if ok then return ... end
+        local nan = 0 / 0
+        return nan, nan, nan, nan, nan, nan, nan, nan, nan, nan
+      end
+      return read(pcall(texts, args, off))
+    end)('<dddddddddd', s)
     -- Whole numbers (x % 1 is in [0, 1) for a finite x, NaN otherwise), each in its range.
     if d % 1 + tq % 1 + tr % 1 + cq % 1 + cr % 1 + sq % 1 + sr % 1 + kq % 1
         + kr % 1 + cap % 1 ~= 0 or d < 1 or tq < 0 or tr < 0 or tr >= d
