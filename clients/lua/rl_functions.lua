@@ -96,27 +96,26 @@ local function run(mode, keys, args, off)
     -- A plain bucket is a string; a hash (an older bucket, or one holding more than the
     -- bucket) answers an error here and goes to the general path.
     local v = redis.pcall('GET', key)
-    local fq, fr = v, 0
     -- How far from full the bucket is: (dq, dr), 0 when missing or full.
     local dq, dr = 0, 0
     if v then
       if type(v) ~= 'string' then break end
       local q, r, sd = string.match(v, '^rl:(%d+):(%d+):(%d+)$')
       if not sd or (sd == '1' and 1 or sd + 0) ~= d then break end
-      fq = q + 0
+      local fq, fr = q + 0, 0
       if r ~= '0' then fr = r + 0 end
       if fq > 9007199254740991 or fr >= d then break end
       if fq > now or (fq == now and fr > 0) then dq, dr = fq - now, fr end
     end
     -- Milliseconds are ceil((q + r/D) / 1000), as (q - rest) / 1000, plus 1 if anything is
     -- left; q % 1000 may come out below 0 (never at or above 1000) when q / 1000 rounds up.
-    local wait, rest, taken = 0, 0, false
+    local wait, taken = 0, false
     if sq < 0 then
       wait = -1 -- a cost above the capacity: never
     elseif dq > sq or (dq == sq and dr > sr) then
       local wq, wr = dq - sq, dr - sr -- the wait: debt - S
       if wr < 0 then wq = wq - 1; wr = wr + d end
-      rest = wq % 1000
+      local rest = wq % 1000
       if rest < 0 then rest = rest + 1000 end
       wait = (wq - rest) / 1000
       if rest > 0 or wr > 0 then wait = wait + 1 end
@@ -167,7 +166,7 @@ local function run(mode, keys, args, off)
     if taken then
       local q = dq + now
       if q > 9007199254740991 then break end
-      rest = q % 1000
+      local rest = q % 1000
       if rest < 0 then rest = rest + 1000 end
       local at = (q - rest) / 1000
       if rest > 0 or dr > 0 then at = at + 1 end
@@ -184,7 +183,7 @@ local function run(mode, keys, args, off)
       end
       redis.call('SET', key, value, 'PXAT', string.format('%d', at))
     end
-    rest = dq % 1000
+    local rest = dq % 1000
     if rest < 0 then rest = rest + 1000 end
     local reset = (dq - rest) / 1000
     if rest > 0 or dr > 0 then reset = reset + 1 end
