@@ -2,7 +2,10 @@
 """Writes clients/lua/rl_functions.lua, the Functions library, from clients/lua/rl.lua.
 
 The library is the script's core (the lines between `-- @core begin` and `-- @core end`),
-word for word, under a `#!lua name=redis_rl` line, with one registered function per mode. So
+word for word, under a `#!lua name=redis_rl` line, with one registered function per mode; its
+per-call part, which the script runs as its own top level (so that EVALSHA makes no function
+for it), is between a `-- @run begin` and a `-- @run end` line, which become the first and
+last lines of the library's `local function run(mode, keys, args, off)`. So
 the script and the library decide alike by construction: a fix to the core lands in both, and
 the shared vectors run against both (clients/lua/harness.lua loads either).
 

@@ -27,8 +27,8 @@
 -- Written by clients/lua/functions.py from rl.lua: edit rl.lua, then run it.
 
 
--- The general path, made on first need by `run` (a script call on the fast path builds none
--- of its functions; the Functions library builds them once).
+-- The general path, made on first need by the per-call part below (a script call on the fast
+-- path builds none of its functions; the Functions library builds them once).
 local general
 
 -- Numbers of the text form already read, by their text (m[0] counts them), or nil: the

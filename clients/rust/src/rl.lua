@@ -168,8 +168,8 @@ local mode, keys, args, off = ARGV[1], KEYS, ARGV, 1
 
 -- @core begin: shared with the Functions library, word for word (but for the `@run` lines).
 
--- The general path, made on first need by `run` (a script call on the fast path builds none
--- of its functions; the Functions library builds them once).
+-- The general path, made on first need by the per-call part below (a script call on the fast
+-- path builds none of its functions; the Functions library builds them once).
 local general
 
 -- Numbers of the text form already read, by their text (m[0] counts them), or nil: the
