@@ -99,7 +99,8 @@ def core(script):
     run_begin = [i for i, line in enumerate(body) if line.startswith("-- @run begin")]
     run_end = [i for i, line in enumerate(body) if line.startswith("-- @run end")]
     if len(run_begin) != 1 or len(run_end) != 1 or run_begin[0] >= run_end[0]:
-        raise SystemExit("rl.lua's core must hold one '-- @run begin' line before one '-- @run end' line")
+        raise SystemExit("rl.lua's core must hold one '-- @run begin' line before one "
+                         "'-- @run end' line")
     body[run_begin[0]] = "local function run(mode, keys, args, off)"
     body[run_end[0]] = "end"
     return "\n".join(body) + "\n"
@@ -117,13 +118,15 @@ def main(argv):
         script = f.read()
     files = [(LIBRARY, text)]
     for copy in COPIES:
-        files += [(os.path.join(copy, "rl.lua"), script), (os.path.join(copy, "rl_functions.lua"), text)]
+        files += [(os.path.join(copy, "rl.lua"), script),
+                  (os.path.join(copy, "rl_functions.lua"), text)]
     if "--check" in argv:
         for path, want in files:
             with open(path) as f:
                 if f.read() != want:
-                    print("%s is not what clients/lua/rl.lua makes: run python3 clients/lua/functions.py"
-                          % os.path.relpath(path, os.path.join(HERE, "..", "..")), file=sys.stderr)
+                    shown = os.path.relpath(path, os.path.join(HERE, "..", ".."))
+                    print("%s is not what clients/lua/rl.lua makes: run python3 "
+                          "clients/lua/functions.py" % shown, file=sys.stderr)
                     return 1
         return 0
     for path, want in files:
