@@ -2,12 +2,18 @@
 """Writes clients/lua/rl_functions.lua, the Functions library, from clients/lua/rl.lua.
 
 The library is the script's core (the lines between `-- @core begin` and `-- @core end`),
-word for word, under a `#!lua name=redis_rl` line, with one registered function per mode. So
+word for word, under a `#!lua name=redis_rl` line, with one registered function per mode; its
+per-call part, which the script runs as its own top level (so that EVALSHA makes no function
+for it), is between a `-- @run begin` and a `-- @run end` line, which become the first and
+last lines of the library's `local function run(mode, keys, args, off)`. So
 the script and the library decide alike by construction: a fix to the core lands in both, and
 the shared vectors run against both (clients/lua/harness.lua loads either).
 
-    python3 clients/lua/functions.py           # rewrite rl_functions.lua
-    python3 clients/lua/functions.py --check   # exit 1 if it is not what rl.lua makes
+    python3 clients/lua/functions.py           # rewrite rl_functions.lua, and the copies
+    python3 clients/lua/functions.py --check   # exit 1 if it or a copy is not what rl.lua makes
+
+Each client library ships a copy of both files (COPIES), byte for byte; this writes and checks
+those too.
 
 Bump VERSION when a function's arguments or replies change, so that clients meeting an older
 library loaded on a server can tell, and say so.
@@ -19,6 +25,10 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(HERE, "rl.lua")
 LIBRARY = os.path.join(HERE, "rl_functions.lua")
+
+#: The client libraries' directories holding a copy of rl.lua and of rl_functions.lua.
+COPIES = [os.path.join(HERE, "..", *path.split("/"))
+          for path in ("python/src/redis_rl", "node/src", "rust/src")]
 
 #: The library's version, answered by FCALL_RO rl_version 0.
 VERSION = 3
@@ -84,7 +94,16 @@ def core(script):
     end = [i for i, line in enumerate(lines) if line.startswith("-- @core end")]
     if len(begin) != 1 or len(end) != 1 or begin[0] >= end[0]:
         raise SystemExit("rl.lua must hold one '-- @core begin' line before one '-- @core end' line")
-    return "\n".join(lines[begin[0] + 1:end[0]]) + "\n"
+    body = lines[begin[0] + 1:end[0]]
+    # The per-call part, the script's top level, is the body of the library's function `run`.
+    run_begin = [i for i, line in enumerate(body) if line.startswith("-- @run begin")]
+    run_end = [i for i, line in enumerate(body) if line.startswith("-- @run end")]
+    if len(run_begin) != 1 or len(run_end) != 1 or run_begin[0] >= run_end[0]:
+        raise SystemExit("rl.lua's core must hold one '-- @run begin' line before one "
+                         "'-- @run end' line")
+    body[run_begin[0]] = "local function run(mode, keys, args, off)"
+    body[run_end[0]] = "end"
+    return "\n".join(body) + "\n"
 
 
 def library():
@@ -95,15 +114,24 @@ def library():
 
 def main(argv):
     text = library()
+    with open(SCRIPT) as f:
+        script = f.read()
+    files = [(LIBRARY, text)]
+    for copy in COPIES:
+        files += [(os.path.join(copy, "rl.lua"), script),
+                  (os.path.join(copy, "rl_functions.lua"), text)]
     if "--check" in argv:
-        with open(LIBRARY) as f:
-            if f.read() != text:
-                print("clients/lua/rl_functions.lua is not what clients/lua/rl.lua makes: "
-                      "run python3 clients/lua/functions.py", file=sys.stderr)
-                return 1
+        for path, want in files:
+            with open(path) as f:
+                if f.read() != want:
+                    shown = os.path.relpath(path, os.path.join(HERE, "..", ".."))
+                    print("%s is not what clients/lua/rl.lua makes: run python3 "
+                          "clients/lua/functions.py" % shown, file=sys.stderr)
+                    return 1
         return 0
-    with open(LIBRARY, "w") as f:
-        f.write(text)
+    for path, want in files:
+        with open(path, "w") as f:
+            f.write(want)
     return 0
 
 

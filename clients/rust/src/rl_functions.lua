@@ -27,8 +27,8 @@
 -- Written by clients/lua/functions.py from rl.lua: edit rl.lua, then run it.
 
 
--- The general path, made on first need by `run` (a script call on the fast path builds none
--- of its functions; the Functions library builds them once).
+-- The general path, made on first need by the per-call part below (a script call on the fast
+-- path builds none of its functions; the Functions library builds them once).
 local general
 
 -- Numbers of the text form already read, by their text (m[0] counts them), or nil: the
@@ -36,7 +36,10 @@ local general
 -- 4096 entries; a script call starts afresh, so has none.
 local known
 
--- One call: `mode` over `keys`, with the numbers in `args` after its first `off` entries.
+-- One call: `mode` over `keys`, with the numbers in `args` after its first `off` entries. The
+-- lines from here to `@run end` are the script's own top level, run by every EVALSHA with no
+-- function made or called for them; the library has them as the body of its function
+-- `run(mode, keys, args, off)` (functions.py turns the two `@run` lines into its first and last).
 local function run(mode, keys, args, off)
   local t = redis.call('TIME')
   local now = t[1] * 1000000 + t[2] -- TIME's two integers, each converted once
@@ -49,16 +52,15 @@ local function run(mode, keys, args, off)
   -- "%.17g" before Redis 7.2, several times the cost).
   if (mode == 'acquire' or mode == 'peek') and #keys == 1 then repeat
     local key, take = keys[1], mode == 'acquire'
-    -- The numbers: packed (one argument of 80 bytes, ten doubles read by one C call), or ten
-    -- texts (the older form, slower: Redis makes ten Lua strings, each then converted).
+    -- The numbers: packed (one argument of 80 bytes, ten doubles read by one C call straight
+    -- into these locals), or ten texts (the older form, slower: Redis makes ten Lua strings,
+    -- each then converted, by a function made only for them).
     local s = args[off + 1]
-    local d, tq, tr, cq, cr, sq, sr, kq, kr, cap
-    if s and #s == 80 then
-      d, tq, tr, cq, cr, sq, sr, kq, kr, cap = struct.unpack('<dddddddddd', s)
-    else
+    local d, tq, tr, cq, cr, sq, sr, kq, kr, cap = (s and #s == 80 and struct.unpack or function()
       -- Ten texts, each converted once (`s + 0` converts as tonumber does, which converts it
-      -- twice, and raises on one that is not a number: then the general path answers). The
-      -- Functions library keeps those it has read by their text (`known`).
+      -- twice, and raises on one that is not a number: then ten NaNs, which the checks below
+      -- send to the general path, which answers). The Functions library keeps those it has
+      -- read by their text (`known`).
       local function texts(a, o)
         local m = known
         if m then
@@ -77,10 +79,13 @@ local function run(mode, keys, args, off)
         return a[o + 1] + 0, a[o + 2] + 0, a[o + 3] + 0, a[o + 4] + 0, a[o + 5] + 0,
           a[o + 6] + 0, a[o + 7] + 0, a[o + 8] + 0, a[o + 9] + 0, a[o + 10] + 0
       end
-      local ok
-      ok, d, tq, tr, cq, cr, sq, sr, kq, kr, cap = pcall(texts, args, off)
-      if not ok then break end
-    end
+      local function read(ok, ...)
+        if ok then return ... end
+        local nan = 0 / 0
+        return nan, nan, nan, nan, nan, nan, nan, nan, nan, nan
+      end
+      return read(pcall(texts, args, off))
+    end)('<dddddddddd', s)
     -- Whole numbers (x % 1 is in [0, 1) for a finite x, NaN otherwise), each in its range.
     if d % 1 + tq % 1 + tr % 1 + cq % 1 + cr % 1 + sq % 1 + sr % 1 + kq % 1
         + kr % 1 + cap % 1 ~= 0 or d < 1 or tq < 0 or tr < 0 or tr >= d
@@ -91,27 +96,26 @@ local function run(mode, keys, args, off)
     -- A plain bucket is a string; a hash (an older bucket, or one holding more than the
     -- bucket) answers an error here and goes to the general path.
     local v = redis.pcall('GET', key)
-    local fq, fr = v, 0
     -- How far from full the bucket is: (dq, dr), 0 when missing or full.
     local dq, dr = 0, 0
     if v then
       if type(v) ~= 'string' then break end
       local q, r, sd = string.match(v, '^rl:(%d+):(%d+):(%d+)$')
       if not sd or (sd == '1' and 1 or sd + 0) ~= d then break end
-      fq = q + 0
+      local fq, fr = q + 0, 0
       if r ~= '0' then fr = r + 0 end
       if fq > 9007199254740991 or fr >= d then break end
       if fq > now or (fq == now and fr > 0) then dq, dr = fq - now, fr end
     end
     -- Milliseconds are ceil((q + r/D) / 1000), as (q - rest) / 1000, plus 1 if anything is
     -- left; q % 1000 may come out below 0 (never at or above 1000) when q / 1000 rounds up.
-    local wait, rest, taken = 0, 0, false
+    local wait, taken = 0, false
     if sq < 0 then
       wait = -1 -- a cost above the capacity: never
     elseif dq > sq or (dq == sq and dr > sr) then
       local wq, wr = dq - sq, dr - sr -- the wait: debt - S
       if wr < 0 then wq = wq - 1; wr = wr + d end
-      rest = wq % 1000
+      local rest = wq % 1000
       if rest < 0 then rest = rest + 1000 end
       wait = (wq - rest) / 1000
       if rest > 0 or wr > 0 then wait = wait + 1 end
@@ -162,7 +166,7 @@ local function run(mode, keys, args, off)
     if taken then
       local q = dq + now
       if q > 9007199254740991 then break end
-      rest = q % 1000
+      local rest = q % 1000
       if rest < 0 then rest = rest + 1000 end
       local at = (q - rest) / 1000
       if rest > 0 or dr > 0 then at = at + 1 end
@@ -179,7 +183,7 @@ local function run(mode, keys, args, off)
       end
       redis.call('SET', key, value, 'PXAT', string.format('%d', at))
     end
-    rest = dq % 1000
+    local rest = dq % 1000
     if rest < 0 then rest = rest + 1000 end
     local reset = (dq - rest) / 1000
     if rest > 0 or dr > 0 then reset = reset + 1 end

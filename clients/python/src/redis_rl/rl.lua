@@ -138,21 +138,24 @@
 -- common case, a second command.
 --
 -- What makes it fast: a one-key acquire or peek, the call an application makes all the time,
--- takes a short path at the top of `run` that makes no functions of its own (EVALSHA runs the
--- script's body, and so makes its functions, on every call; the general path's are made only
--- for a call that needs them), reads the packed numbers with one struct.unpack (Redis makes a
--- Lua string and a table slot for each argument, and strtod would convert each text; the
--- text form is still read there, each number converted once, and the Functions library keeps
--- the texts it has read), reads the bucket with one GET and one string.match, counts tokens
--- with one float division settled by exact comparisons, and writes the value and its expiry
--- in one SET whose texts string.format('%d') makes (Redis 7.0 prints a number passed to
--- redis.call with '%.17g', several times the cost; each %d still costs about a thousand
+-- takes a short path that is the script's own top level (EVALSHA runs the script's body on
+-- every call, so a function defined there, its closure and upvalues, would be made again each
+-- time: the fast path makes and calls none, and the general path's functions are made only for
+-- a call that needs them; the Functions library has the same lines as the body of `run`), reads
+-- the packed numbers with one struct.unpack straight into its locals (Redis makes a Lua string
+-- and a table slot for each argument, and strtod would convert each text; the text form is
+-- still read there, by a function made only for it, each number converted once, and the
+-- Functions library keeps the texts it has read), reads the bucket with one GET and one
+-- string.match, counts tokens with one float division settled by exact comparisons, and writes
+-- the value and its expiry in one SET whose texts string.format('%d') makes (Redis 7.0 prints
+-- a number passed to redis.call with '%.17g', several times the cost, and tostring or `..`
+-- with '%.14g', about twice a %d and inexact past 1e14; each %d still costs about a thousand
 -- instructions, so a remainder of 0 and a D of 1 are written as literal text). Every other
 -- call, and any case that path does not take as plain (a hash, a rate changed, a peek in
 -- debt), goes to the general path, which decides as the exact bucket does. Per allowed call
--- on random keys with packed numbers (callgrind, Redis 7.0.15) the script runs about 59,900
--- instructions at 10/s and 61,600 at 3/s, the Functions library 55,800 and 57,500, the
--- classic float script 58,900.
+-- on random keys with packed numbers (callgrind, Redis 7.0.15) the script runs about 57,300
+-- instructions at 10/s and 59,300 at 3/s, the Functions library 55,300 and 57,200, the classic
+-- float script 59,000.
 
 if not redis.REDIS_VERSION_NUM and redis.replicate_commands then
   -- Redis < 7 replicates scripts verbatim unless told otherwise; 7+ (which has
@@ -160,10 +163,13 @@ if not redis.REDIS_VERSION_NUM and redis.replicate_commands then
   pcall(redis.replicate_commands)
 end
 
--- @core begin: shared with the Functions library, word for word.
+-- The call's mode, keys and arguments, as the core's per-call part (below) names them.
+local mode, keys, args, off = ARGV[1], KEYS, ARGV, 1
 
--- The general path, made on first need by `run` (a script call on the fast path builds none
--- of its functions; the Functions library builds them once).
+-- @core begin: shared with the Functions library, word for word (but for the `@run` lines).
+
+-- The general path, made on first need by the per-call part below (a script call on the fast
+-- path builds none of its functions; the Functions library builds them once).
 local general
 
 -- Numbers of the text form already read, by their text (m[0] counts them), or nil: the
@@ -171,8 +177,11 @@ local general
 -- 4096 entries; a script call starts afresh, so has none.
 local known
 
--- One call: `mode` over `keys`, with the numbers in `args` after its first `off` entries.
-local function run(mode, keys, args, off)
+-- One call: `mode` over `keys`, with the numbers in `args` after its first `off` entries. The
+-- lines from here to `@run end` are the script's own top level, run by every EVALSHA with no
+-- function made or called for them; the library has them as the body of its function
+-- `run(mode, keys, args, off)` (functions.py turns the two `@run` lines into its first and last).
+-- @run begin
   local t = redis.call('TIME')
   local now = t[1] * 1000000 + t[2] -- TIME's two integers, each converted once
   -- The fast path: one acquire or peek. It inlines its arithmetic (a script's body makes its
@@ -184,16 +193,15 @@ local function run(mode, keys, args, off)
   -- "%.17g" before Redis 7.2, several times the cost).
   if (mode == 'acquire' or mode == 'peek') and #keys == 1 then repeat
     local key, take = keys[1], mode == 'acquire'
-    -- The numbers: packed (one argument of 80 bytes, ten doubles read by one C call), or ten
-    -- texts (the older form, slower: Redis makes ten Lua strings, each then converted).
+    -- The numbers: packed (one argument of 80 bytes, ten doubles read by one C call straight
+    -- into these locals), or ten texts (the older form, slower: Redis makes ten Lua strings,
+    -- each then converted, by a function made only for them).
     local s = args[off + 1]
-    local d, tq, tr, cq, cr, sq, sr, kq, kr, cap
-    if s and #s == 80 then
-      d, tq, tr, cq, cr, sq, sr, kq, kr, cap = struct.unpack('<dddddddddd', s)
-    else
+    local d, tq, tr, cq, cr, sq, sr, kq, kr, cap = (s and #s == 80 and struct.unpack or function()
       -- Ten texts, each converted once (`s + 0` converts as tonumber does, which converts it
-      -- twice, and raises on one that is not a number: then the general path answers). The
-      -- Functions library keeps those it has read by their text (`known`).
+      -- twice, and raises on one that is not a number: then ten NaNs, which the checks below
+      -- send to the general path, which answers). The Functions library keeps those it has
+      -- read by their text (`known`).
       local function texts(a, o)
         local m = known
         if m then
@@ -212,10 +220,13 @@ local function run(mode, keys, args, off)
         return a[o + 1] + 0, a[o + 2] + 0, a[o + 3] + 0, a[o + 4] + 0, a[o + 5] + 0,
           a[o + 6] + 0, a[o + 7] + 0, a[o + 8] + 0, a[o + 9] + 0, a[o + 10] + 0
       end
-      local ok
-      ok, d, tq, tr, cq, cr, sq, sr, kq, kr, cap = pcall(texts, args, off)
-      if not ok then break end
-    end
+      local function read(ok, ...)
+        if ok then return ... end
+        local nan = 0 / 0
+        return nan, nan, nan, nan, nan, nan, nan, nan, nan, nan
+      end
+      return read(pcall(texts, args, off))
+    end)('<dddddddddd', s)
     -- Whole numbers (x % 1 is in [0, 1) for a finite x, NaN otherwise), each in its range.
     if d % 1 + tq % 1 + tr % 1 + cq % 1 + cr % 1 + sq % 1 + sr % 1 + kq % 1
         + kr % 1 + cap % 1 ~= 0 or d < 1 or tq < 0 or tr < 0 or tr >= d
@@ -226,27 +237,26 @@ local function run(mode, keys, args, off)
     -- A plain bucket is a string; a hash (an older bucket, or one holding more than the
     -- bucket) answers an error here and goes to the general path.
     local v = redis.pcall('GET', key)
-    local fq, fr = v, 0
     -- How far from full the bucket is: (dq, dr), 0 when missing or full.
     local dq, dr = 0, 0
     if v then
       if type(v) ~= 'string' then break end
       local q, r, sd = string.match(v, '^rl:(%d+):(%d+):(%d+)$')
       if not sd or (sd == '1' and 1 or sd + 0) ~= d then break end
-      fq = q + 0
+      local fq, fr = q + 0, 0
       if r ~= '0' then fr = r + 0 end
       if fq > 9007199254740991 or fr >= d then break end
       if fq > now or (fq == now and fr > 0) then dq, dr = fq - now, fr end
     end
     -- Milliseconds are ceil((q + r/D) / 1000), as (q - rest) / 1000, plus 1 if anything is
     -- left; q % 1000 may come out below 0 (never at or above 1000) when q / 1000 rounds up.
-    local wait, rest, taken = 0, 0, false
+    local wait, taken = 0, false
     if sq < 0 then
       wait = -1 -- a cost above the capacity: never
     elseif dq > sq or (dq == sq and dr > sr) then
       local wq, wr = dq - sq, dr - sr -- the wait: debt - S
       if wr < 0 then wq = wq - 1; wr = wr + d end
-      rest = wq % 1000
+      local rest = wq % 1000
       if rest < 0 then rest = rest + 1000 end
       wait = (wq - rest) / 1000
       if rest > 0 or wr > 0 then wait = wait + 1 end
@@ -297,7 +307,7 @@ local function run(mode, keys, args, off)
     if taken then
       local q = dq + now
       if q > 9007199254740991 then break end
-      rest = q % 1000
+      local rest = q % 1000
       if rest < 0 then rest = rest + 1000 end
       local at = (q - rest) / 1000
       if rest > 0 or dr > 0 then at = at + 1 end
@@ -314,7 +324,7 @@ local function run(mode, keys, args, off)
       end
       redis.call('SET', key, value, 'PXAT', string.format('%d', at))
     end
-    rest = dq % 1000
+    local rest = dq % 1000
     if rest < 0 then rest = rest + 1000 end
     local reset = (dq - rest) / 1000
     if rest > 0 or dr > 0 then reset = reset + 1 end
@@ -918,7 +928,5 @@ local function run(mode, keys, args, off)
     end)()
   end
   return general(mode, keys, args, off, now)
-end
+-- @run end
 -- @core end
-
-return run(ARGV[1], KEYS, ARGV, 1)
