@@ -4,7 +4,7 @@
 
 use crate::buckets::{assert_no_crash, populate, FIXED_FRAC, KEYS};
 use crate::common::rdb::rdb_len;
-use crate::common::{acquire, dump, error_text, exists, pexpiretime, Server};
+use crate::common::{acquire, dump, exists, pexpiretime, Server};
 use crate::fixtures::FIXTURE_FULL_AT_NS;
 use crate::format::{
     seal, set_state, stored_state, uint_fields, ModuleDump, ENCVER_MASK, ENCVER_NOW, MAX_FRAC,
@@ -125,10 +125,20 @@ fn restore_refuses_a_bad_checksum_or_version() {
         bad.push((format!("bit 4 of byte {i} flipped"), flipped));
     }
     for (what, bytes) in &bad {
-        let got = error_text(
-            &mut con,
-            redis::cmd("RESTORE").arg("k").arg(0).arg(&bytes[..]),
-        );
+        // Named on failure with the bytes sent, so a payload the server took is known.
+        let got = match redis::cmd("RESTORE")
+            .arg("k")
+            .arg(0)
+            .arg(&bytes[..])
+            .query::<redis::Value>(&mut con)
+        {
+            Ok(reply) => panic!(
+                "{what}: RESTORE answered {reply:?} to {bytes:02x?} (the good payload: \
+                 {payload:02x?}); log:\n{}",
+                server.log()
+            ),
+            Err(e) => rl_testkit::error_reply_text(&e),
+        };
         assert_eq!(got, BAD_PAYLOAD, "{what}");
         assert!(!exists(&mut con, b"k"), "{what}: RESTORE created the key");
         assert!(
