@@ -1191,7 +1191,7 @@ pub(crate) fn probe_keys() -> &'static [String] {
             .filter_map(|part| {
                 (0..100_000u32)
                     .map(|n| format!("redis-rl:check:{{{n}}}"))
-                    .find(|key| crate::slots::key_slot(key.as_bytes()) / span == part)
+                    .find(|key| crate::hashslot::key_slot(key.as_bytes()) / span == part)
             })
             .collect()
     })
