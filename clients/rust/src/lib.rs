@@ -57,15 +57,16 @@
 //!
 //! # Layout
 //!
-//! `types` the values; `engine` the rules shared by both limiters and each call's exchange
-//! with Redis as steps (no I/O); `diagnose` what each error reply means (down, no path,
-//! NOPERM, misconfigured); `functions` loading the Functions library; `sync` the blocking [`Limiter`] on a `redis::Client` or
-//! `ClusterClient` and `asynch` the tokio [`AsyncLimiter`], shells that send each step,
-//! blocking or awaited; `local` the bounded local buckets and deny cache; `script` the Lua
-//! script, the Functions library and their arguments; `hashslot` a key's cluster hash slot
-//! ([`key_slot`]); `slots` all or nothing across a cluster's hash slots
-//! ([`AsyncLimiter::acquire_across_slots`]); `table` the bucket tables ([`Limiter::table`]: a limit's fields
-//! over `shards` keys).
+//! `types` the values; `engine` the rules shared by both limiters and each call's exchange with
+//! Redis as steps (no I/O); `op` the words of a call (what it asks for, why it gave no reply) that
+//! the engine, the leases and the shells share; `diagnose` what each error reply means (down, no
+//! path, NOPERM, misconfigured); `functions` loading the Functions library; `sync` the blocking
+//! [`Limiter`] on a `redis::Client` or `ClusterClient` and `asynch` the tokio [`AsyncLimiter`],
+//! shells that send each step, blocking or awaited; `local` the bounded local buckets and deny
+//! cache; `script` the Lua script, the Functions library and their arguments; `hashslot` a key's
+//! cluster hash slot ([`key_slot`]); `slots` all or nothing across a cluster's hash slots
+//! ([`AsyncLimiter::acquire_across_slots`]); `table` the bucket tables ([`Limiter::table`]: a
+//! limit's fields over `shards` keys).
 
 mod asynch;
 mod diagnose;
@@ -75,6 +76,7 @@ mod guard;
 mod hashslot;
 mod lease;
 mod local;
+mod op;
 mod script;
 mod slots;
 mod sync;
