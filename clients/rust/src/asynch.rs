@@ -12,8 +12,9 @@ use std::time::Instant;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::Value;
 
-use crate::engine::{Answer, CallError, Engine, Exchange, Op, Path, Step, Target};
+use crate::engine::{Answer, Engine, Exchange, Path, Step, Target};
 use crate::lease::{self, Call, Lease, LeaseCount, Reservation};
+use crate::op::{CallError, Op};
 use crate::slots::{Across, AcrossStep, SlotItem, SlotsDecision};
 use crate::types::{
     check_cost, Charged, Counters, Decision, Error, Limit, MultiDecision, Options, Refund,

@@ -12,8 +12,8 @@ use std::fmt;
 
 use redis::Value;
 
-use crate::engine::{CallError, Op};
 use crate::local::Bounded;
+use crate::op::{CallError, Op};
 use crate::script;
 use crate::types::{number, Charged, Error, Limit, Source, CLOSED_RETRY_AFTER_MS};
 

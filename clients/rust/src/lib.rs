@@ -57,22 +57,26 @@
 //!
 //! # Layout
 //!
-//! `types` the values; `engine` the rules shared by both limiters and each call's exchange
-//! with Redis as steps (no I/O); `diagnose` what each error reply means (down, no path,
-//! NOPERM, misconfigured); `functions` loading the Functions library; `sync` the blocking [`Limiter`] on a `redis::Client` or
-//! `ClusterClient` and `asynch` the tokio [`AsyncLimiter`], shells that send each step,
-//! blocking or awaited; `local` the bounded local buckets and deny cache; `script` the Lua
-//! script, the Functions library and their arguments; `slots` all or nothing across a cluster's hash slots
-//! ([`AsyncLimiter::acquire_across_slots`]); `table` the bucket tables ([`Limiter::table`]: a limit's fields
-//! over `shards` keys).
+//! `types` the values; `engine` the rules shared by both limiters and each call's exchange with
+//! Redis as steps (no I/O); `op` the words of a call (what it asks for, why it gave no reply) that
+//! the engine, the leases and the shells share; `diagnose` what each error reply means (down, no
+//! path, NOPERM, misconfigured); `functions` loading the Functions library; `sync` the blocking
+//! [`Limiter`] on a `redis::Client` or `ClusterClient` and `asynch` the tokio [`AsyncLimiter`],
+//! shells that send each step, blocking or awaited; `local` the bounded local buckets and deny
+//! cache; `script` the Lua script, the Functions library and their arguments; `hashslot` a key's
+//! cluster hash slot ([`key_slot`]); `slots` all or nothing across a cluster's hash slots
+//! ([`AsyncLimiter::acquire_across_slots`]); `table` the bucket tables ([`Limiter::table`]: a
+//! limit's fields over `shards` keys).
 
 mod asynch;
 mod diagnose;
 mod engine;
 mod functions;
 mod guard;
+mod hashslot;
 mod lease;
 mod local;
+mod op;
 mod script;
 mod slots;
 mod sync;
@@ -88,9 +92,10 @@ pub use asynch::AsyncLimiter;
 pub use engine::Path;
 pub use functions::{load_functions, load_functions_async};
 pub use guard::{AsyncLeaseGuard, LeaseGuard};
+pub use hashslot::key_slot;
 pub use lease::{Lease, LeaseCount, Reservation, Reserved, LOCAL_ID_PREFIX, OPEN_ID_PREFIX};
 pub use script::FUNCTIONS_VERSION;
-pub use slots::{key_slot, SlotItem, SlotOutcome, SlotsDecision};
+pub use slots::{SlotItem, SlotOutcome, SlotsDecision};
 pub use sync::{Connect, Limiter};
 pub use table::{
     shard_of, shards_for, AsyncTable, Table, TableOptions, MAX_BUCKETS_PER_TABLE, MAX_SHARDS,

@@ -17,9 +17,9 @@
 //! A *shadow* item (Envoy's `shadow_mode`) is counted and reported but never refuses the call:
 //! when only shadow items refuse, they are left out, take nothing, and the rest is asked again.
 //!
-//! [`Across`] is the plan as steps without I/O; `sync` and `asynch` send them through their
-//! own `acquire_all` and `refund`, so the deny cache and the failure policy apply to each
-//! group unchanged.
+//! A key's slot is `hashslot`'s ([`crate::key_slot`]). [`Across`] is the plan as steps
+//! without I/O; `sync` and `asynch` send them through their own `acquire_all` and `refund`,
+//! so the deny cache and the failure policy apply to each group unchanged.
 //!
 //! [`Limiter::acquire_across_slots`]: crate::Limiter::acquire_across_slots
 //! [`AsyncLimiter::acquire_across_slots`]: crate::AsyncLimiter::acquire_across_slots
@@ -29,6 +29,7 @@ use std::collections::BTreeMap;
 use redis::{ErrorKind, ServerErrorKind};
 
 use crate::engine::{Engine, Target};
+use crate::hashslot::key_slot;
 use crate::types::{check_cost, Decision, Error, Limit, MultiDecision, Source};
 
 /// One bucket of an [`acquire_across_slots`](crate::AsyncLimiter::acquire_across_slots) call.
@@ -127,39 +128,6 @@ pub struct SlotsDecision {
     /// Who decided each `acquire_all` sent, in order: a `Closed` among them means Redis
     /// could not decide (the failure policy refused).
     pub sources: Vec<Source>,
-}
-
-/// The cluster hash slot of `key`: CRC16/XMODEM mod 16384 of the key, or of its first
-/// non-empty `{hash tag}` (the Redis Cluster specification).
-///
-/// ```
-/// use redis_rl_client::key_slot;
-///
-/// assert_eq!(key_slot(b"foo"), 12182);
-/// assert_eq!(key_slot(b"{user:42}:s"), key_slot(b"user:42"));
-/// ```
-pub fn key_slot(key: &[u8]) -> u16 {
-    let tagged = key
-        .iter()
-        .position(|&b| b == b'{')
-        .and_then(|open| {
-            let rest = key.get(open.saturating_add(1)..)?;
-            let close = rest.iter().position(|&b| b == b'}')?;
-            (close > 0).then(|| rest.get(..close)).flatten()
-        })
-        .unwrap_or(key);
-    let mut crc: u16 = 0;
-    for &byte in tagged {
-        crc ^= u16::from(byte) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 {
-                (crc << 1) ^ 0x1021
-            } else {
-                crc << 1
-            };
-        }
-    }
-    crc % 16384
 }
 
 /// Whether `e` says the keys of one command span several slots.
@@ -424,16 +392,6 @@ mod tests {
             }
             AcrossStep::Done(_) => Vec::new(),
         }
-    }
-
-    #[test]
-    fn key_slots_follow_the_cluster_specification() {
-        // The specification's example, and a hash tag's slot is its content's.
-        assert_eq!(key_slot(b"123456789"), 0x31C3);
-        assert_eq!(key_slot(b"{a}x"), key_slot(b"a"));
-        // An empty first tag means the whole key is hashed, not "bar".
-        assert_ne!(key_slot(b"foo{}{bar}"), key_slot(b"bar"));
-        assert_eq!(key_slot(b"foo"), 12182);
     }
 
     #[test]

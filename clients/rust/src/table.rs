@@ -17,7 +17,8 @@
 use redis::Value;
 
 use crate::asynch::AsyncLimiter;
-use crate::engine::{CallError, Engine, Op, Path, Target};
+use crate::engine::{Engine, Path, Target};
+use crate::op::{CallError, Op};
 use crate::sync::{Connect, Limiter};
 use crate::types::{Charged, Decision, Error, Limit, Refund};
 
