@@ -482,8 +482,9 @@ def workloads(sha, now_ms, rl_sha="rl_sha"):
         return lambda key: ["EVALSHA", sha, "1", key, rate, capacity, str(now_ms), cost]
 
     def script(rate, capacity, cost):
+        # The short form the libraries send for a one-key acquire: the packed numbers, no mode.
         packed = script_packed(rate, capacity, cost)
-        return lambda key: ["EVALSHA", rl_sha, "1", key, "acquire", packed]
+        return lambda key: ["EVALSHA", rl_sha, "1", key, packed]
 
     def function(rate, capacity, cost):
         packed = script_packed(rate, capacity, cost)
@@ -992,7 +993,8 @@ def write_results(path, meta, opts, wls, med, memory, n_for, sha, rl_sha, budget
       " random keys: `rl.lua EVALSHA` is clients/lua/rl.lua (the script every client library"
       " ships), `rl_acquire FCALL` the Functions library made from it (clients/lua/rl_functions.lua),"
       " each with the 10 numbers a client computes for (rate, capacity, cost), packed in one"
-      " argument of doubles as the libraries send them. redis-benchmark cannot send those bytes"
+      " argument of doubles as the libraries send them (to the script without the mode: its"
+      " short form for a one-key acquire). redis-benchmark cannot send those bytes"
       " (NUL included), so these rows are driven from Python on the client CPU with the same"
       " clients, pipelines and random keys: their server µs/call is comparable with the other"
       " rows, their req/s and latencies are Python's, not redis-benchmark's. Unlike the classic"

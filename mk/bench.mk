@@ -37,11 +37,11 @@ bench-instructions: $(MODULE) ## Instructions per call inside Redis's call() (ca
 	PREFILL="RL.HACQUIRE tbl hot 3 3000001 3000001" EXPECT_DENIED=1 bench/instructions.sh $(MODULE) RL.HACQUIRE tbl hot 3 3000001 3000001
 	LOAD=bench/token_bucket.lua bench/instructions.sh $(MODULE) EVALSHA $(CLASSIC_SHA) 1 b:__rand_int__ 10 1e10 1796183560421 1000
 	LOAD=bench/token_bucket.lua bench/instructions.sh $(MODULE) EVALSHA $(CLASSIC_SHA) 1 b:__rand_int__ 3 3e9 1796183560421 301
-	LOAD=clients/lua/rl.lua bench/instructions.sh $(MODULE) EVALSHA $(RL_SHA) 1 b:__rand_int__ acquire $(call fallback_numbers,10 1e10 1000)
-	LOAD=clients/lua/rl.lua bench/instructions.sh $(MODULE) EVALSHA $(RL_SHA) 1 b:__rand_int__ acquire $(call fallback_numbers,3 3e9 301)
+	LOAD=clients/lua/rl.lua bench/instructions.sh $(MODULE) EVALSHA $(RL_SHA) 1 b:__rand_int__ $(call fallback_numbers,10 1e10 1000)
+	LOAD=clients/lua/rl.lua bench/instructions.sh $(MODULE) EVALSHA $(RL_SHA) 1 b:__rand_int__ $(call fallback_numbers,3 3e9 301)
 	LOAD=clients/lua/rl_functions.lua bench/instructions.sh $(MODULE) FCALL rl_acquire 1 b:__rand_int__ $(call fallback_numbers,10 1e10 1000)
 	LOAD=clients/lua/rl_functions.lua bench/instructions.sh $(MODULE) FCALL rl_acquire 1 b:__rand_int__ $(call fallback_numbers,3 3e9 301)
-	LOAD=clients/lua/rl.lua PREFILL="EVALSHA $(RL_SHA) 1 hot acquire $(call fallback_numbers,10 1e7 1e7)" EXPECT_DENIED=1 bench/instructions.sh $(MODULE) EVALSHA $(RL_SHA) 1 hot acquire $(call fallback_numbers,10 1e7 1e7)
+	LOAD=clients/lua/rl.lua PREFILL="EVALSHA $(RL_SHA) 1 hot $(call fallback_numbers,10 1e7 1e7)" EXPECT_DENIED=1 bench/instructions.sh $(MODULE) EVALSHA $(RL_SHA) 1 hot $(call fallback_numbers,10 1e7 1e7)
 	LOAD=clients/lua/rl_functions.lua PREFILL="FCALL rl_acquire 1 hot $(call fallback_numbers,10 1e7 1e7)" EXPECT_DENIED=1 bench/instructions.sh $(MODULE) FCALL rl_acquire 1 hot $(call fallback_numbers,10 1e7 1e7)
 
 bench-multi: $(MODULE) ## Server time of one RL.ACQUIRE.MULTI at 1,000 (the cap) and more buckets (release build)

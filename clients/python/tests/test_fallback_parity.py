@@ -1,7 +1,8 @@
 """The fallback script (clients/lua/rl.lua, by EVALSHA) and the Functions library made from it
 (clients/lua/rl_functions.lua, by FCALL) against the module, on one real server: the same
 seeded sequence of calls (acquire, peek, refund, charge into debt, multi, costs above the
-capacity) sent to each of the three back to back, on keys of their own, must get the same
+capacity; the script's acquires in both forms, the mode with texts and the short form of packed
+numbers without it) sent to each of the three back to back, on keys of their own, must get the same
 replies. The limits refill one token in 1,000 s or more, so no token comes back between the
 three calls; their waits may differ only by the milliseconds the calls took."""
 
@@ -34,8 +35,10 @@ class FallbackParity(unittest.TestCase):
         with open(os.path.join(LUA, "rl_functions.lua")) as f:
             self.client.function_load(f.read(), replace=True)
 
-    def three(self, op, items):
-        """The call on the module (keys m:*), the script (s:*) and the functions (f:*)."""
+    def three(self, op, items, short=False):
+        """The call on the module (keys m:*), the script (s:*) and the functions (f:*). With
+        `short`, the script's acquire is the short form the libraries send: the key's packed
+        numbers and no mode."""
         if op == "multi":
             module = ["RL.ACQUIRE.MULTI"]
             for n, limit, cost in items:
@@ -45,10 +48,13 @@ class FallbackParity(unittest.TestCase):
             module = [MODULE_COMMAND[op], f"m:{n}", *limit.args(), str(cost)]
         numbers = [x for _, limit, cost in items
                    for x in limit.script_args(cost, refund=op == "refund")]
+        script = [len(items), *[f"s:{n}" for n, _, _ in items], op, *numbers]
+        if short and op == "acquire":
+            (n, limit, cost), = items
+            script = [1, f"s:{n}", limit.script_packed(cost)]
         replies = []
         for call in (lambda: self.client.execute_command(*module),
-                     lambda: self.client.evalsha(self.sha, len(items),
-                                                 *[f"s:{n}" for n, _, _ in items], op, *numbers),
+                     lambda: self.client.evalsha(self.sha, *script),
                      lambda: self.client.fcall(f"rl_{op}", len(items),
                                                *[f"f:{n}" for n, _, _ in items], *numbers)):
             try:
@@ -90,7 +96,8 @@ class FallbackParity(unittest.TestCase):
                 n = rng.randrange(len(LIMITS))
                 items.append((n, LIMITS[n], rng.choice([0, 1, 1, 1, 2, 3, 6])))
             started = time.monotonic()
-            module, script, function = self.three(op, items)
+            # Every other call's script acquire is the short form, the rest the mode and texts.
+            module, script, function = self.three(op, items, short=i % 2 == 1)
             # A bucket's instant was set by whichever earlier call found it full, at each
             # path's own clock reading: waits differ by at most the longest three calls yet.
             took_ms = max(took_ms, int((time.monotonic() - started) * 1000) + 1)

@@ -135,9 +135,29 @@ class Wire(unittest.TestCase):
                 decision = limiter.acquire(f"wire:{i}", limit_of(case), case["cost"])
                 self.assertEqual(decision.source, "lua")
                 got = monitor.next("EVALSHA")
-                # sha, 1 key, the key, the mode, then the numbers.
-                self.assertEqual(got[2:5], ["1", f"wire:{i}", "acquire"], case)
-                self.assertEqual(got[5:], packed(case["args"]), case)
+                # sha, 1 key, the key, then the packed numbers: the short form, no mode.
+                self.assertEqual(got[2:4], ["1", f"wire:{i}"], case)
+                self.assertEqual(got[4:], packed(case["args"]), case)
+
+    def test_only_a_one_key_acquire_leaves_out_the_mode(self):
+        # The script's short form (80 packed bytes, no mode) is an acquire of one key; a peek,
+        # a multi of one key and a refund still name their mode.
+        s = Server(module=False)
+        self.addCleanup(s.close)
+        limiter = Limiter(redis.Redis(port=s.port), on_error="closed")
+        self.addCleanup(limiter.client.close)
+        monitor = Monitor(s.port)
+        self.addCleanup(monitor.close)
+        case = CASES[0]
+        limit, want = limit_of(case), packed(case["args"])
+        self.assertTrue(limiter.acquire("short", limit, case["cost"]).allowed)
+        self.assertEqual(monitor.next("EVALSHA")[2:], ["1", "short", *want])
+        limiter.peek("short", limit, case["cost"])
+        self.assertEqual(monitor.next("EVALSHA")[2:], ["1", "short", "peek", *want])
+        limiter.acquire_all([("short", limit, case["cost"])])
+        self.assertEqual(monitor.next("EVALSHA")[2:], ["1", "short", "multi", *want])
+        limiter.refund("short", limit, case["cost"])
+        self.assertEqual(monitor.next("EVALSHA")[2:5], ["1", "short", "refund"])
 
     def test_each_limit_sends_the_exact_numbers_to_the_functions_library(self):
         s = Server(module=False)
@@ -183,8 +203,8 @@ class AsyncWire(unittest.IsolatedAsyncioTestCase):
                     self.assertEqual(got[1:4], ["rl_acquire", "1", f"wire:{i}"], case)
                     self.assertEqual(got[4:], packed(case["args"]), case)
                 else:
-                    self.assertEqual(got[2:5], ["1", f"wire:{i}", "acquire"], case)
-                    self.assertEqual(got[5:], packed(case["args"]), case)
+                    self.assertEqual(got[2:4], ["1", f"wire:{i}"], case)
+                    self.assertEqual(got[4:], packed(case["args"]), case)
 
     async def test_module_path(self):
         await self.check(True, "RL.ACQUIRE")

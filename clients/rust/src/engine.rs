@@ -1000,7 +1000,9 @@ impl Engine {
         cmd
     }
 
-    /// `EVALSHA <sha1>` (or `EVAL <script>`) with the script's mode and numbers.
+    /// `EVALSHA <sha1>` (or `EVAL <script>`) with the script's mode and numbers; a one-key
+    /// acquire leaves out the mode (the script's short form: one Lua string and one argument
+    /// fewer for Redis to make, on the call an application makes most).
     fn script_command(op: Op, items: &[(Target<'_>, Limit, f64)], eval: bool) -> redis::Cmd {
         let mut cmd;
         if eval {
@@ -1014,7 +1016,9 @@ impl Engine {
         for (target, _, _) in items {
             cmd.arg(target.key());
         }
-        cmd.arg(script_mode(op));
+        if op != Op::Acquire || items.len() != 1 {
+            cmd.arg(script_mode(op));
+        }
         for (_, limit, cost) in items {
             cmd.arg(script::packed(limit, *cost, op == Op::Refund));
         }

@@ -282,10 +282,42 @@ fn the_lua_script_gets_the_exact_values_of_each_limit() {
         let key = format!("wire:{i}");
         limiter.acquire(&key, &c.limit, c.cost).unwrap();
         let got = monitor.next("EVALSHA");
-        // sha, 1 key, the key, the mode, then the numbers.
-        assert_eq!(got[1..4], ["1", key.as_str(), "acquire"], "{}", c.name);
-        assert_eq!(got[4..], packed_shown(&script_args(&c.args)), "{}", c.name);
+        // sha, 1 key, the key, then the packed numbers: the script's short form, no mode.
+        assert_eq!(got[1..3], ["1", key.as_str()], "{}", c.name);
+        assert_eq!(got[3..], packed_shown(&script_args(&c.args)), "{}", c.name);
     }
+}
+
+/// `words` then the packed numbers `numbers`, as MONITOR shows a script call.
+fn then(words: &[&str], numbers: &[String]) -> Vec<String> {
+    words
+        .iter()
+        .map(|w| w.to_string())
+        .chain(numbers.iter().cloned())
+        .collect()
+}
+
+#[test]
+fn only_a_one_key_acquire_leaves_out_the_script_mode() {
+    let server = Server::plain();
+    let limiter = limiter(&server);
+    let mut monitor = Monitor::new(&server);
+    let c = &cases()[0];
+    let want = packed_shown(&script_args(&c.args));
+    assert!(limiter.acquire("short", &c.limit, c.cost).unwrap().allowed);
+    assert_eq!(monitor.next("EVALSHA")[1..], then(&["1", "short"], &want));
+    limiter.peek("short", &c.limit, c.cost).unwrap();
+    assert_eq!(
+        monitor.next("EVALSHA")[1..],
+        then(&["1", "short", "peek"], &want)
+    );
+    limiter.acquire_all(&[("short", c.limit, c.cost)]).unwrap();
+    assert_eq!(
+        monitor.next("EVALSHA")[1..],
+        then(&["1", "short", "multi"], &want)
+    );
+    limiter.refund("short", &c.limit, c.cost).unwrap();
+    assert_eq!(monitor.next("EVALSHA")[1..4], ["1", "short", "refund"]);
 }
 
 #[test]

@@ -965,8 +965,13 @@ class Engine:
                     return "denied", [name.lower()]
                 raise
         # The script: EVALSHA with the hash computed here; on NOSCRIPT the same call as EVAL,
-        # which runs it and caches it on the server again. Never SCRIPT LOAD.
-        tail = [str(len(keys)), *keys, call.op, *numbers]
+        # which runs it and caches it on the server again. Never SCRIPT LOAD. A one-key acquire
+        # sends its 80 packed bytes without the mode (the script's short form: one Lua string
+        # and one argument fewer for Redis to make, on the call an application makes most).
+        if call.op == "acquire" and len(keys) == 1:
+            tail = ["1", *keys, *numbers]
+        else:
+            tail = [str(len(keys)), *keys, call.op, *numbers]
         denied = []
         if not self.evalsha_denied:
             try:
