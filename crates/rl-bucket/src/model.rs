@@ -164,13 +164,18 @@ impl Model {
         }
     }
 
-    /// floor(capacity - debt / T), signed.
+    /// floor(capacity - debt / T), signed, saturated to `i64` as the bucket saturates it (a
+    /// debt of more than 2^63 tokens: a state near the end of its range, at a rate of more
+    /// than one token a nanosecond).
     fn balance(&self, debt_ns: &BigRational) -> i64 {
-        (&self.capacity - debt_ns / &self.ns_per_token)
+        let balance = (&self.capacity - debt_ns / &self.ns_per_token)
             .floor()
-            .to_integer()
-            .to_i64()
-            .expect("a balance within i64")
+            .to_integer();
+        balance.to_i64().unwrap_or(if balance.is_negative() {
+            i64::MIN
+        } else {
+            i64::MAX
+        })
     }
 
     fn reply(&self, allowed: Option<bool>, debt_ns: &BigRational, retry_ns: &BigRational) -> Reply {
