@@ -16,6 +16,9 @@
 set -euo pipefail
 shopt -s extglob
 N=${N:-20000}
+# Keys drawn from KEYSPACE (redis-benchmark's -r): 100,000 by default, where 20,000 calls mostly
+# make new keys; a small KEYSPACE counts the path that updates a key.
+KEYSPACE=${KEYSPACE:-100000}
 module=$1; shift
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 dir=$(mktemp -d)
@@ -36,10 +39,11 @@ done
 case " $* ${PREFILL:-} " in
 *" hex:"*)
     # Binary arguments: the check, the PREFILL and the N calls from Python.
-    python3 - "$port" "$N" "${PREFILL:-}" "${EXPECT_DENIED:-}" "$@" <<'PY'
+    python3 - "$port" "$N" "$KEYSPACE" "${PREFILL:-}" "${EXPECT_DENIED:-}" "$@" <<'PY'
 import random, socket, sys
-port, n, prefill, expect_denied, words = (int(sys.argv[1]), int(sys.argv[2]), sys.argv[3],
-                                          sys.argv[4], sys.argv[5:])
+port, n, keyspace, prefill, expect_denied, words = (int(sys.argv[1]), int(sys.argv[2]),
+                                                    int(sys.argv[3]), sys.argv[4], sys.argv[5],
+                                                    sys.argv[6:])
 if "+" in words:
     sys.exit("instructions.sh: a pair (+) with hex: arguments is not supported")
 def word(w):
@@ -73,7 +77,7 @@ if expect_denied and (not isinstance(first, list) or first[0] != b"0"):
     sys.exit("%s was not denied: %r" % (" ".join(words), first))
 for start in range(0, n, 16):
     batch = range(start, min(n, start + 16))
-    sock.sendall(b"".join(call(b"%012d" % random.randrange(100000)) for _ in batch))
+    sock.sendall(b"".join(call(b"%012d" % random.randrange(keyspace)) for _ in batch))
     for _ in batch:
         reply()
 PY
@@ -125,7 +129,7 @@ for start in range(0, n, 16):
 PY
         ;;
     *)
-        redis-benchmark -p "$port" -n "$N" -c 1 -P 16 -r 100000 "$@" >/dev/null
+        redis-benchmark -p "$port" -n "$N" -c 1 -P 16 -r "$KEYSPACE" "$@" >/dev/null
         ;;
     esac
     ;;
@@ -133,6 +137,10 @@ esac
 redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true
 wait "$server" 2>/dev/null || true
 callgrind_annotate "$dir/cg.out" >"$dir/annotated.txt"
+# ANNOTATED=FILE keeps the per-function counts (callgrind_annotate --inclusive=yes) there.
+if [ -n "${ANNOTATED:-}" ]; then callgrind_annotate --inclusive=yes "$dir/cg.out" >"$ANNOTATED"; fi
 total=$(awk '/PROGRAM TOTALS/ { gsub(",", "", $1); print $1; exit }' "$dir/annotated.txt")
 # N benchmarked calls, plus the check above and the SHUTDOWN. Packed numbers show as <packed>.
-echo "${*//hex:*([0-9a-f])/<packed>} $total $((N + 2))" | awk '{n = $NF; t = $(NF-1); $NF = ""; $(NF-1) = ""; printf "%-55s %7.0f Ir/call\n", $0, t / n}'
+label="${*//hex:*([0-9a-f])/<packed>}"
+[ "$KEYSPACE" = 100000 ] || label="$label [$KEYSPACE keys]"
+echo "$label $total $((N + 2))" | awk '{n = $NF; t = $(NF-1); $NF = ""; $(NF-1) = ""; printf "%-55s %7.0f Ir/call\n", $0, t / n}'
