@@ -8,8 +8,8 @@
 //! updated in place by later writes. Loading trusts nothing: a value that is not a [`State`]
 //! fails the load instead of becoming a bucket.
 //!
-//! A key holding a bucket the Lua fallback wrote (a string `rl:q:r:D`, or an older hash
-//! `{a, b, d}`; see `store`) opens as the bucket it holds, converted exactly
+//! A key holding a bucket the Lua fallback wrote (its string, `rl` and three packed doubles,
+//! or an older hash `{a, b, d}`; see `store`) opens as the bucket it holds, converted exactly
 //! ([`rl_bucket::FallbackState`]). Reading it writes nothing; the first commit that writes
 //! replaces the string or hash with this type, and propagates `DEL` before the usual
 //! `RL.SETSTATE`, so a replica or an AOF replay removes the value whatever it would make

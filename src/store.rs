@@ -217,10 +217,10 @@ impl OpenKey {
         }
     }
 
-    /// The bucket a string or hash holds if the Lua fallback wrote it: a string `rl:q:r:D`, or
-    /// (the form before it) a hash of exactly three fields `a`, `b` and `d`, each an integer
-    /// as the fallback writes one, in its range ([`FallbackState::parse_string`],
-    /// [`FallbackState::parse`]). Only the values are read, and nothing is changed.
+    /// The bucket a string or hash holds if the Lua fallback wrote it: its packed string (`rl`
+    /// and three doubles), or (the form before it) a hash of exactly three fields `a`, `b` and
+    /// `d`, each an integer as the fallback writes one, in its range
+    /// ([`FallbackState::parse_packed`], [`FallbackState::parse`]). Only the values are read, and nothing is changed.
     ///
     /// # Errors
     /// [`Error::WrongType`] for a missing key, any other type, any other string, or any other
@@ -282,8 +282,8 @@ impl OpenKey {
         parsed.map(FallbackState::state)
     }
 
-    /// The bucket a string holds if the Lua fallback wrote it: `rl:q:r:D`
-    /// ([`FallbackState::parse_string`]), read in place and not changed.
+    /// The bucket a string holds if the Lua fallback wrote it: `rl` and three doubles
+    /// ([`FallbackState::parse_packed`]), read in place and not changed.
     ///
     /// # Errors
     /// [`Error::WrongType`] for any other string.
@@ -302,7 +302,7 @@ impl OpenKey {
             }
             std::slice::from_raw_parts(ptr.cast::<u8>(), len)
         };
-        FallbackState::parse_string(bytes)
+        FallbackState::parse_packed(bytes)
             .map(FallbackState::state)
             .map_err(|_| Error::WrongType)
     }

@@ -1,6 +1,6 @@
 //! From the Lua fallback to the module without a gap: a bucket the shipped script
-//! (`clients/lua/rl.lua`, or the Functions library made from it) wrote as a string
-//! `rl:q:r:D`, or as the hash `{a, b, d}` that earlier versions wrote, is taken over by every
+//! (`clients/lua/rl.lua`, or the Functions library made from it) wrote as its string (`rl`
+//! and three packed doubles), or as the hash `{a, b, d}` that earlier versions wrote, is taken over by every
 //! per-key command with the same tokens and the same expiry; a write replaces the value with
 //! the module's type and propagates `DEL` and `RL.SETSTATE` (replica and AOF replay
 //! identical); a peek or a denial leaves the value as it was; any other hash or string stays
@@ -63,12 +63,12 @@ fn time_us(value: &Value) -> i64 {
 
 /// What `key` holds, for comparing before and after: a hash's sorted fields, or a string as
 /// one pair ("", value).
-fn stored(con: &mut Connection, key: &str) -> Vec<(String, String)> {
+fn stored(con: &mut Connection, key: &str) -> Vec<(Vec<u8>, Vec<u8>)> {
     if key_type(con, key) == "string" {
-        let value: String = redis::cmd("GET").arg(key).query(con).expect("GET");
-        return vec![(String::new(), value)];
+        let value: Vec<u8> = redis::cmd("GET").arg(key).query(con).expect("GET");
+        return vec![(Vec::new(), value)];
     }
-    let mut fields: Vec<(String, String)> =
+    let mut fields: Vec<(Vec<u8>, Vec<u8>)> =
         redis::cmd("HGETALL").arg(key).query(con).expect("HGETALL");
     fields.sort();
     fields
@@ -91,14 +91,28 @@ impl Form {
     }
 }
 
-/// The three texts (q, r, D) of the fallback's bucket at `key`, in either form.
+/// The fallback's string for (q, r, D): `rl` and three little-endian doubles.
+fn packed(q: f64, r: f64, d: f64) -> Vec<u8> {
+    let mut value = b"rl".to_vec();
+    for n in [q, r, d] {
+        value.extend_from_slice(&n.to_le_bytes());
+    }
+    value
+}
+
+/// The three numbers (q, r, D) of the fallback's bucket at `key` as texts, in either form.
 fn fallback_fields(con: &mut Connection, key: &str) -> (String, String, String) {
     if key_type(con, key) == "string" {
-        let value: String = redis::cmd("GET").arg(key).query(con).expect("GET");
-        let parts: Vec<&str> = value.split(':').collect();
-        assert_eq!(parts.len(), 4, "{key} holds {value}");
-        assert_eq!(parts[0], "rl", "{key} holds {value}");
-        return (parts[1].into(), parts[2].into(), parts[3].into());
+        let value: Vec<u8> = redis::cmd("GET").arg(key).query(con).expect("GET");
+        assert_eq!(value.len(), 26, "{key} holds {value:?}");
+        assert_eq!(&value[..2], b"rl", "{key} holds {value:?}");
+        let n = |i: usize| {
+            let bytes: [u8; 8] = value[2 + 8 * i..10 + 8 * i].try_into().expect("8 bytes");
+            let n = f64::from_le_bytes(bytes);
+            assert!(n >= 0.0 && n.fract() == 0.0, "{key} holds {value:?}");
+            format!("{n:.0}")
+        };
+        return (n(0), n(1), n(2));
     }
     redis::cmd("HMGET")
         .arg(key)
@@ -158,7 +172,7 @@ fn assert_same_bucket(
     con: &mut Connection,
     key: &str,
     twin: &str,
-    before: &[(String, String)],
+    before: &[(Vec<u8>, Vec<u8>)],
     at: &str,
 ) {
     let twin_type = key_type(con, twin);
@@ -684,26 +698,28 @@ fn other_strings_stay_wrongtype_and_untouched() {
     let server = Server::start();
     let mut con = server.conn();
     let future_s = (common::server_time_us(&mut con) / 1_000_000 + 60).to_string();
-    let q = format!("{future_s}000000");
-    // Strings the fallback never writes: a user's value, its fields without the prefix or
-    // with another, too few or too many fields, texts its `%d` never prints, out of range.
-    let strings = [
-        "5".to_string(),
-        "hello".to_string(),
-        format!("{q}:0:1"),
-        format!("RL:{q}:0:1"),
-        format!("rl:{q}:0"),
-        format!("rl:{q}:0:1:"),
-        format!("rl:{q}:0:1:2"),
-        format!("rl:{q}:01:3"),
-        format!("rl:{q}:+1:3"),
-        format!("rl:{q}:1: 3"),
-        format!("rl:{q}:3:3"),
-        format!("rl:{q}:0:0"),
-        format!("rl:{q}:0:2147483648"),
-        "rl:9007199254740992:0:1".to_string(),
-        "rl:-1:0:1".to_string(),
-        format!("rl:{q}:1\0:3"),
+    let q_text = format!("{future_s}000000");
+    let q: f64 = q_text.parse().expect("q");
+    let good = packed(q, 1.0, 3.0);
+    // Strings the fallback never writes: a user's value, its numbers without the prefix or
+    // with another, one byte short or over, the text form of earlier builds, doubles that are
+    // no whole number, out of range.
+    let strings: Vec<Vec<u8>> = vec![
+        b"5".to_vec(),
+        b"hello".to_vec(),
+        good[2..].to_vec(),
+        [b"RL".as_slice(), &good[2..]].concat(),
+        good[..25].to_vec(),
+        [good.as_slice(), b"\0"].concat(),
+        format!("rl:{q_text}:1:3").into_bytes(),
+        packed(q + 0.5, 1.0, 3.0),
+        packed(-q, 1.0, 3.0),
+        packed(f64::NAN, 1.0, 3.0),
+        packed(q, f64::INFINITY, 3.0),
+        packed(q, 3.0, 3.0),
+        packed(q, 0.0, 0.0),
+        packed(q, 0.0, 2_147_483_648.0),
+        packed(9_007_199_254_740_992.0, 0.0, 1.0),
     ];
     let rate = RATES[0];
     let cap = rate.cap();
@@ -716,6 +732,20 @@ fn other_strings_stay_wrongtype_and_untouched() {
             .query(&mut con)
             .expect("SET");
         let before = (dump(&mut con, b"s"), pexpiretime(&mut con, b"s"));
+        // The script reads none of them as its bucket either, and writes nothing over it.
+        for mode in ["acquire", "peek"] {
+            let script = script_cmd(SCRIPT, mode, &["s"], &[(rate, 1)]);
+            let err = error_text(&mut con, &script);
+            assert!(
+                err.starts_with("WRONGTYPE"),
+                "{value:?}: the script's {mode}: {err}"
+            );
+            assert_eq!(
+                (dump(&mut con, b"s"), pexpiretime(&mut con, b"s")),
+                before,
+                "{value:?}: changed by the script's {mode}"
+            );
+        }
         for module in [
             cmd("RL.ACQUIRE", &["s", rate.text, &cap, "1"]),
             cmd("RL.PEEK", &["s", rate.text, &cap]),
@@ -728,12 +758,12 @@ fn other_strings_stay_wrongtype_and_untouched() {
             assert_eq!(
                 error_text(&mut con, &module),
                 WRONGTYPE,
-                "{value}: {module:?}"
+                "{value:?}: {module:?}"
             );
             assert_eq!(
                 (dump(&mut con, b"s"), pexpiretime(&mut con, b"s")),
                 before,
-                "{value}: changed by {module:?}"
+                "{value:?}: changed by {module:?}"
             );
         }
     }

@@ -31,7 +31,7 @@ COPIES = [os.path.join(HERE, "..", *path.split("/"))
           for path in ("python/src/redis_rl", "node/src", "rust/src")]
 
 #: The library's version, answered by FCALL_RO rl_version 0.
-VERSION = 3
+VERSION = 4
 
 HEADER = """#!lua name=redis_rl
 -- redis-rl's Functions library: the fallback script's decisions (clients/lua/rl.lua) as Redis
@@ -53,9 +53,9 @@ HEADER = """#!lua name=redis_rl
 --   FCALL_RO rl_leases 1 key limit           RL.LEASES's reply (no-writes: replicas too)
 --   FCALL rl_reserve 1 key <10 numbers> ttl_ms id      RL.RESERVE's reply
 --   FCALL rl_settle 1 key <10 numbers> id    RL.SETTLE's reply
---   FCALL_RO rl_version 0                    this library's version (3: the packed
---                                            numbers; 2: leases and reservations; 1 had
---                                            neither)
+--   FCALL_RO rl_version 0                    this library's version (4: buckets
+--                                            stored packed; 3: the packed numbers; 2:
+--                                            leases and reservations; 1 had neither)
 --
 -- <10 numbers> is one argument of 80 bytes (ten little-endian doubles, packed) or ten texts.
 --

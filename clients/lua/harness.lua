@@ -7,7 +7,7 @@
 --   now_us key[,key...] mode hex:<the ten numbers packed> [hex:... ...]
 --
 -- (a word hex:<digits> is those bytes: the packed form, ten little-endian doubles, which the
--- stand-in `struct.unpack` below decodes as Redis's does)
+-- stand-in `struct` below decodes as Redis's does)
 -- and prints each reply as space-separated integers (nested arrays flattened), or
 -- "error <text>". Used by clients/python/tests/test_lua_vectors.py to hold the script to
 -- clients/vectors/bucket.json without a server clock. With a second argument `json`, each
@@ -26,8 +26,10 @@ do
   f:close()
 end
 
--- Redis's `struct` library, as far as the script uses it (lua5.1 has none): unpack of ten
--- little-endian IEEE doubles, the packed numbers, decoded bit for bit.
+-- Redis's `struct` library, as far as the script uses it (lua5.1 has none): little-endian
+-- formats of 'H' (an unsigned 16-bit number) and 'd' (an IEEE double): the ten packed numbers
+-- of a call, and a bucket's string ("rl" as 27762, then three doubles), encoded and decoded
+-- bit for bit.
 local function double_at(s, i)
   local b1, b2, b3, b4, b5, b6, b7, b8 = string.byte(s, i, i + 7)
   local sign = b8 >= 128 and -1 or 1
@@ -41,13 +43,66 @@ local function double_at(s, i)
   if exp == 0 then return sign * math.ldexp(mant, -1074) end
   return sign * math.ldexp(mant + 2 ^ 52, exp - 1075)
 end
+local function double_bytes(x)
+  local sign = (x < 0 or (x == 0 and 1 / x < 0)) and 128 or 0
+  local a = math.abs(x)
+  local exp, mant
+  if x ~= x then
+    exp, mant = 2047, 2 ^ 51
+  elseif a == math.huge then
+    exp, mant = 2047, 0
+  elseif a == 0 then
+    exp, mant = 0, 0
+  else
+    local m, e = math.frexp(a) -- a = m * 2^e, 0.5 <= m < 1
+    if e - 1 >= -1022 then
+      exp, mant = e + 1022, (m * 2 - 1) * 2 ^ 52
+    else
+      exp, mant = 0, math.ldexp(a, 1074)
+    end
+  end
+  local out = {}
+  for i = 1, 6 do
+    out[i] = mant % 256
+    mant = math.floor(mant / 256)
+  end
+  out[7] = (exp % 16) * 16 + mant
+  out[8] = sign + math.floor(exp / 16)
+  return string.char(unpack(out))
+end
 struct = {}
 function struct.unpack(format, s)
-  assert(format == '<dddddddddd' and #s == 80, 'harness: struct.unpack of ten doubles only')
-  local out = {}
-  for i = 0, 9 do out[i + 1] = double_at(s, i * 8 + 1) end
-  out[11] = 81
+  assert(string.sub(format, 1, 1) == '<', 'harness: struct formats are little-endian')
+  local out, at = {}, 1
+  for i = 2, #format do
+    local c = string.sub(format, i, i)
+    if c == 'd' then
+      out[#out + 1] = double_at(s, at)
+      at = at + 8
+    else
+      assert(c == 'H', 'harness: struct formats of H and d only')
+      local lo, hi = string.byte(s, at, at + 1)
+      out[#out + 1] = lo + hi * 256
+      at = at + 2
+    end
+  end
+  assert(at - 1 <= #s, 'harness: struct.unpack past the end of the string')
+  out[#out + 1] = at
   return unpack(out)
+end
+function struct.pack(format, ...)
+  assert(string.sub(format, 1, 1) == '<', 'harness: struct formats are little-endian')
+  local values, out = {...}, {}
+  for i = 2, #format do
+    local c, v = string.sub(format, i, i), values[i - 1]
+    if c == 'd' then
+      out[#out + 1] = double_bytes(v)
+    else
+      assert(c == 'H' and v >= 0 and v < 65536 and v % 1 == 0, 'harness: struct formats of H and d only')
+      out[#out + 1] = string.char(v % 256, math.floor(v / 256))
+    end
+  end
+  return table.concat(out)
 end
 
 redis = {}

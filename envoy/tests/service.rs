@@ -499,8 +499,8 @@ fn plain_redis_without_the_module_runs_the_lua_fallback() {
     let mut con = client.get_connection().unwrap();
     let kind: String = redis::cmd("TYPE").arg("p_k_a").query(&mut con).unwrap();
     assert_eq!(kind, "string", "the Lua script keeps one string per bucket");
-    let stored: String = redis::cmd("GET").arg("p_k_a").query(&mut con).unwrap();
-    assert!(stored.starts_with("rl:"), "{stored}");
+    let stored: Vec<u8> = redis::cmd("GET").arg("p_k_a").query(&mut con).unwrap();
+    assert_eq!((stored.len(), &stored[..2]), (26, &b"rl"[..]), "{stored:?}");
     // RL_WITHOUT_MODULE=refuse on a server without the module is a misconfiguration: the
     // service stops at startup, naming it, rather than failing every call.
     let refused = Service::try_start(

@@ -31,7 +31,7 @@ export class Limit {
   args(): [string, string];
   /** The 10 numbers clients/lua/rl.lua takes for this limit and cost. */
   scriptArgs(cost: number, refund?: boolean): string[];
-  /** The same 10 numbers packed in one argument of 80 bytes: little-endian doubles, as the script and the Functions library (version 3) read them fastest. */
+  /** The same 10 numbers packed in one argument of 80 bytes: little-endian doubles, as the script and the Functions library (version 3 on) read them fastest. */
   scriptPacked(cost: number, refund?: boolean): Uint8Array;
 }
 

@@ -156,7 +156,7 @@ export class Limit {
   }
 
   /** The same 10 numbers packed in one argument of 80 bytes, as the script and the Functions
-   * library (version 3) read them fastest: little-endian IEEE doubles, each an integer below
+   * library (version 3 on) read them fastest: little-endian IEEE doubles, each an integer below
    * 2^53, so exact. */
   scriptPacked(cost, refund = false) {
     const out = Buffer.alloc(80);

@@ -11,7 +11,7 @@ const SCRIPT = readFileSync(new URL("./rl.lua", import.meta.url), "utf8");
 const SCRIPT_SHA = sha1(SCRIPT);
 
 /** The version of the Functions library redis_rl this client needs (`FCALL_RO rl_version 0`). */
-export const FUNCTIONS_VERSION = 3;
+export const FUNCTIONS_VERSION = 4;
 
 /** Where the documentation lists each path's ACL rules. */
 const PERMISSIONS = "docs/clients.md#permissions";

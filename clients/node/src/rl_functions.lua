@@ -18,9 +18,9 @@
 --   FCALL_RO rl_leases 1 key limit           RL.LEASES's reply (no-writes: replicas too)
 --   FCALL rl_reserve 1 key <10 numbers> ttl_ms id      RL.RESERVE's reply
 --   FCALL rl_settle 1 key <10 numbers> id    RL.SETTLE's reply
---   FCALL_RO rl_version 0                    this library's version (3: the packed
---                                            numbers; 2: leases and reservations; 1 had
---                                            neither)
+--   FCALL_RO rl_version 0                    this library's version (4: buckets
+--                                            stored packed; 3: the packed numbers; 2:
+--                                            leases and reservations; 1 had neither)
 --
 -- <10 numbers> is one argument of 80 bytes (ten little-endian doubles, packed) or ten texts.
 --
@@ -99,12 +99,13 @@ local function run(mode, keys, args, off)
     -- How far from full the bucket is: (dq, dr), 0 when missing or full.
     local dq, dr = 0, 0
     if v then
-      if type(v) ~= 'string' then break end
-      local q, r, sd = string.match(v, '^rl:(%d+):(%d+):(%d+)$')
-      if not sd or (sd == '1' and 1 or sd + 0) ~= d then break end
-      local fq, fr = q + 0, 0
-      if r ~= '0' then fr = r + 0 end
-      if fq > 9007199254740991 or fr >= d then break end
+      -- "rl" (27762) and three doubles, whole numbers in range, over this call's D.
+      if type(v) ~= 'string' or #v ~= 26 then break end
+      local m, fq, fr, sd = struct.unpack('<Hddd', v)
+      if m ~= 27762 or sd ~= d or fq % 1 + fr % 1 ~= 0 or fq < 0 or fq > 9007199254740991
+          or fr < 0 or fr >= d then
+        break
+      end
       if fq > now or (fq == now and fr > 0) then dq, dr = fq - now, fr end
     end
     -- Milliseconds are ceil((q + r/D) / 1000), as (q - rest) / 1000, plus 1 if anything is
@@ -170,18 +171,10 @@ local function run(mode, keys, args, off)
       if rest < 0 then rest = rest + 1000 end
       local at = (q - rest) / 1000
       if rest > 0 or dr > 0 then at = at + 1 end
-      -- The value and its expiry in one write; %d prints a whole double below 2^53 exactly,
-      -- at about a thousand instructions each, so a remainder of 0 and a D of 1 (a whole number
-      -- of µs per token) are written as literal text.
-      local value
-      if dr ~= 0 then
-        value = string.format('rl:%d:%d:%d', q, dr, d)
-      elseif d == 1 then
-        value = string.format('rl:%d:0:1', q)
-      else
-        value = string.format('rl:%d:0:%d', q, d)
-      end
-      redis.call('SET', key, value, 'PXAT', string.format('%d', at))
+      -- The value (packed: no number printed) and its expiry in one write; %d prints a whole
+      -- double below 2^53 exactly.
+      redis.call('SET', key, struct.pack('<Hddd', 27762, q, dr, d), 'PXAT',
+        string.format('%d', at))
     end
     local rest = dq % 1000
     if rest < 0 then rest = rest + 1000 end
@@ -292,14 +285,20 @@ local function run(mode, keys, args, off)
         return h[1], h[2], h[3]
       end
 
-      -- The bucket's three texts from a string "rl:q:r:D", with false for a missing key, nil
-      -- for another string, or nil and true when the key is not a string (a hash: read it with
-      -- load_hash).
+      -- The bucket's three numbers from its string ("rl", then q, r and D as little-endian
+      -- doubles, each a whole number in range), with false for a missing key, nil for another
+      -- string, or nil and true when the key is not a string (a hash: read it with load_hash).
       local function load_string(key)
         local v = redis.pcall('GET', key)
         if type(v) == 'table' then return nil, true end
         if not v then return false end
-        return string.match(v, '^rl:(%d+):(%d+):(%d+)$')
+        if #v ~= 26 then return nil end
+        local m, q, r, d = struct.unpack('<Hddd', v)
+        if m ~= 27762 or q % 1 + r % 1 + d % 1 ~= 0 or q < 0 or q > 9007199254740991 or d < 1
+            or d > 2147483647 or r < 0 or r >= d then
+          return nil
+        end
+        return q, r, d
       end
 
       -- The stored instant of key, as {q, r, hash = whether a hash holds it} over lim.d, or nil
@@ -423,9 +422,9 @@ local function run(mode, keys, args, off)
         redis.call('PEXPIREAT', key, int(ceil_ms(full[1], full[2])))
       end
 
-      -- Writes the bucket as the string "rl:q:r:D" with its expiry, in one SET.
+      -- Writes the bucket as its string ("rl" and q, r, D packed) with its expiry, in one SET.
       local function store_string(key, lim, full)
-        redis.call('SET', key, 'rl:' .. int(full[1]) .. ':' .. int(full[2]) .. ':' .. int(lim.d),
+        redis.call('SET', key, struct.pack('<Hddd', 27762, full[1], full[2], lim.d),
           'PXAT', int(ceil_ms(full[1], full[2])))
       end
 
@@ -789,7 +788,7 @@ local function run(mode, keys, args, off)
   return general(mode, keys, args, off, now)
 end
 
-local VERSION = 3
+local VERSION = 4
 
 known = {[0] = 0}
 

@@ -6,6 +6,7 @@ import logging
 import math
 import os
 import signal
+import struct
 import time
 import unittest
 
@@ -176,9 +177,13 @@ class WithoutModule(Servers):
         limiter.acquire("k", Limit(1, 2))
         admin = redis.Redis(port=s.port)
         self.assertEqual(admin.type("k"), b"string")
-        # "rl:q:r:D": the instant q + r/D µs when the bucket is full (1/s: D = 1, r = 0).
-        prefix, q, r, d = admin.get("k").decode().split(":")
-        self.assertEqual((prefix, r, d), ("rl", "0", "1"))
+        # "rl" and three doubles q, r, D: the instant q + r/D µs when the bucket is full (1/s:
+        # D = 1, r = 0).
+        value = admin.get("k")
+        self.assertEqual((len(value), value[:2]), (26, b"rl"))
+        q, r, d = struct.unpack("<ddd", value[2:])
+        self.assertEqual((r, d), (0.0, 1.0))
+        self.assertEqual(q % 1, 0)
         full_at_us = int(q)
         self.assertEqual(admin.pexpiretime("k"), -(-full_at_us // 1000))
         # A full bucket again deletes the key.

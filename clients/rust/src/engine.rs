@@ -1701,7 +1701,7 @@ mod tests {
     const DECISION: &str = "*4\r\n:1\r\n:9\r\n:0\r\n:200\r\n";
     const UNKNOWN: &str = "-ERR unknown command 'RL.ACQUIRE'\r\n";
     const NO_FUNCTION: &str = "-ERR Function not found\r\n";
-    const VERSION: &str = ":3\r\n";
+    const VERSION: &str = ":4\r\n";
     const NOSCRIPT: &str = "-NOSCRIPT No matching script.\r\n";
     const NOPERM_FCALL_RO: &str =
         "-NOPERM this user has no permissions to run the 'fcall_ro' command\r\n";

@@ -12,9 +12,9 @@
 --
 -- The library registers one function per mode (rl_acquire, rl_peek, rl_refund, rl_charge,
 -- rl_multi, rl_lease, rl_release, rl_renew, rl_leases, rl_reserve, rl_settle) taking the same
--- keys and arguments without the mode, and rl_version (3 since the packed numbers, 2 since the
--- leases and reservations; a library answering 1 has neither, and a client needing them uses
--- the script):
+-- keys and arguments without the mode, and rl_version (4 since buckets are stored packed, 3
+-- since the packed numbers, 2 since the leases and reservations; a library answering 1 has
+-- neither, and a client needing a later one uses the script):
 --
 --   FCALL rl_acquire N key1 .. keyN  [10 numbers per key, packed in one argument or as texts]
 --
@@ -120,8 +120,10 @@
 -- the way that makes the script stricter (cost x T up, the slack and the capacity's refill
 -- down) by less than 1/D µs per call. It is never more lenient than the module.
 --
--- A bucket is a string "rl:q:r:D": the instant (q + r/D µs since the epoch) when it is full,
--- each number in plain digits, written with one SET that also sets the key's absolute expiry
+-- A bucket is a string of 26 bytes, "rl" and three little-endian doubles q, r and D: the
+-- instant (q + r/D µs since the epoch) when it is full, each a whole number (q below 2^53, D
+-- below 2^31, r below D), packed and read back by one struct call each (no number printed or
+-- parsed), written with one SET that also sets the key's absolute expiry
 -- (PXAT) at that instant rounded up to the millisecond. A hash {a = q, b = r, d = D}, the form
 -- earlier versions wrote and the form of a bucket holding reservation records (fields "r:",
 -- above), is still read (load_hash) and written back as a hash (store_hash), so a hash's
@@ -147,18 +149,17 @@
 -- and a table slot for each argument, and strtod would convert each text; the text form is
 -- still read there, by a function made only for it, each number converted once, and the
 -- Functions library keeps the texts it has read), reads the bucket with one GET and one
--- string.match, counts tokens with one float division settled by exact comparisons, and writes
--- the value and its expiry in one SET whose texts string.format('%d') makes (Redis 7.0 prints
--- a number passed to redis.call with '%.17g', several times the cost, and tostring or `..`
--- with '%.14g', about twice a %d and inexact past 1e14; each %d still costs about a thousand
--- instructions, so a remainder of 0 and a D of 1 are written as literal text). Every other
+-- struct.unpack, counts tokens with one float division settled by exact comparisons, and
+-- writes the value (one struct.pack) and its expiry in one SET whose expiry text
+-- string.format('%d') makes (Redis 7.0 prints a number passed to redis.call with '%.17g',
+-- several times the cost, and tostring or `..` with '%.14g', about twice a %d). Every other
 -- call, and any case that path does not take as plain (a hash, a rate changed, a peek in
 -- debt), goes to the general path, which decides as the exact bucket does. The libraries send
 -- a one-key acquire in the short form (the packed numbers, no mode: Redis then makes one Lua
--- string and one ARGV slot fewer). Per allowed call on random keys with packed numbers
--- (callgrind, Redis 7.0.15) the script's short form runs about 56,500 instructions at 10/s and
--- 58,500 at 3/s (57,200 and 59,500 with the mode), the Functions library 55,300 and 57,200,
--- the classic float script 59,000.
+-- string and one ARGV slot fewer). Per allowed call with packed numbers (callgrind, Redis
+-- 7.0.15) the script's short form runs about 55,500 instructions at 10/s and 3/s on new keys
+-- and 59,700 updating a key, the Functions library 54,100 and 58,300 to 58,700, the classic
+-- float script 59,000 and 61,700.
 
 if not redis.REDIS_VERSION_NUM and redis.replicate_commands then
   -- Redis < 7 replicates scripts verbatim unless told otherwise; 7+ (which has
@@ -246,12 +247,13 @@ local known
     -- How far from full the bucket is: (dq, dr), 0 when missing or full.
     local dq, dr = 0, 0
     if v then
-      if type(v) ~= 'string' then break end
-      local q, r, sd = string.match(v, '^rl:(%d+):(%d+):(%d+)$')
-      if not sd or (sd == '1' and 1 or sd + 0) ~= d then break end
-      local fq, fr = q + 0, 0
-      if r ~= '0' then fr = r + 0 end
-      if fq > 9007199254740991 or fr >= d then break end
+      -- "rl" (27762) and three doubles, whole numbers in range, over this call's D.
+      if type(v) ~= 'string' or #v ~= 26 then break end
+      local m, fq, fr, sd = struct.unpack('<Hddd', v)
+      if m ~= 27762 or sd ~= d or fq % 1 + fr % 1 ~= 0 or fq < 0 or fq > 9007199254740991
+          or fr < 0 or fr >= d then
+        break
+      end
       if fq > now or (fq == now and fr > 0) then dq, dr = fq - now, fr end
     end
     -- Milliseconds are ceil((q + r/D) / 1000), as (q - rest) / 1000, plus 1 if anything is
@@ -317,18 +319,10 @@ local known
       if rest < 0 then rest = rest + 1000 end
       local at = (q - rest) / 1000
       if rest > 0 or dr > 0 then at = at + 1 end
-      -- The value and its expiry in one write; %d prints a whole double below 2^53 exactly,
-      -- at about a thousand instructions each, so a remainder of 0 and a D of 1 (a whole number
-      -- of µs per token) are written as literal text.
-      local value
-      if dr ~= 0 then
-        value = string.format('rl:%d:%d:%d', q, dr, d)
-      elseif d == 1 then
-        value = string.format('rl:%d:0:1', q)
-      else
-        value = string.format('rl:%d:0:%d', q, d)
-      end
-      redis.call('SET', key, value, 'PXAT', string.format('%d', at))
+      -- The value (packed: no number printed) and its expiry in one write; %d prints a whole
+      -- double below 2^53 exactly.
+      redis.call('SET', key, struct.pack('<Hddd', 27762, q, dr, d), 'PXAT',
+        string.format('%d', at))
     end
     local rest = dq % 1000
     if rest < 0 then rest = rest + 1000 end
@@ -439,14 +433,20 @@ local known
         return h[1], h[2], h[3]
       end
 
-      -- The bucket's three texts from a string "rl:q:r:D", with false for a missing key, nil
-      -- for another string, or nil and true when the key is not a string (a hash: read it with
-      -- load_hash).
+      -- The bucket's three numbers from its string ("rl", then q, r and D as little-endian
+      -- doubles, each a whole number in range), with false for a missing key, nil for another
+      -- string, or nil and true when the key is not a string (a hash: read it with load_hash).
       local function load_string(key)
         local v = redis.pcall('GET', key)
         if type(v) == 'table' then return nil, true end
         if not v then return false end
-        return string.match(v, '^rl:(%d+):(%d+):(%d+)$')
+        if #v ~= 26 then return nil end
+        local m, q, r, d = struct.unpack('<Hddd', v)
+        if m ~= 27762 or q % 1 + r % 1 + d % 1 ~= 0 or q < 0 or q > 9007199254740991 or d < 1
+            or d > 2147483647 or r < 0 or r >= d then
+          return nil
+        end
+        return q, r, d
       end
 
       -- The stored instant of key, as {q, r, hash = whether a hash holds it} over lim.d, or nil
@@ -570,9 +570,9 @@ local known
         redis.call('PEXPIREAT', key, int(ceil_ms(full[1], full[2])))
       end
 
-      -- Writes the bucket as the string "rl:q:r:D" with its expiry, in one SET.
+      -- Writes the bucket as its string ("rl" and q, r, D packed) with its expiry, in one SET.
       local function store_string(key, lim, full)
-        redis.call('SET', key, 'rl:' .. int(full[1]) .. ':' .. int(full[2]) .. ':' .. int(lim.d),
+        redis.call('SET', key, struct.pack('<Hddd', 27762, full[1], full[2], lim.d),
           'PXAT', int(ceil_ms(full[1], full[2])))
       end
 

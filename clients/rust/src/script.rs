@@ -23,7 +23,7 @@ pub(crate) const FUNCTIONS: &str = include_str!("rl_functions.lua");
 
 /// The version of the Functions library this client needs: `FCALL_RO rl_version 0` must
 /// answer at least this. The shipped library's own `rl_version` answers it (a test checks).
-pub const FUNCTIONS_VERSION: i64 = 3;
+pub const FUNCTIONS_VERSION: i64 = 4;
 
 /// The script's SHA-1 in hex, as EVALSHA names it: computed here, never asked of the server.
 pub(crate) fn sha() -> &'static str {
@@ -92,7 +92,7 @@ pub(crate) fn args(limit: &Limit, cost: f64, refund: bool) -> [String; 10] {
 }
 
 /// The same 10 numbers packed in the one argument of 80 bytes the script and the Functions
-/// library (version 3) read fastest: little-endian IEEE doubles, in order. Each is an integer
+/// library (version 3 on) read fastest: little-endian IEEE doubles, in order. Each is an integer
 /// below 2^53, so the double is exact.
 pub(crate) fn packed(limit: &Limit, cost: f64, refund: bool) -> Vec<u8> {
     integers(limit, cost, refund)

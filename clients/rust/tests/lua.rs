@@ -112,15 +112,14 @@ fn lua_bucket_is_a_string_with_an_absolute_expiry() {
     let mut admin = plain.conn();
     let kind: String = redis::cmd("TYPE").arg("k").query(&mut admin).unwrap();
     assert_eq!(kind, "string");
-    // "rl:q:r:D": the instant q + r/D µs when the bucket is full (1/s: D = 1, r = 0).
-    let value: String = redis::cmd("GET").arg("k").query(&mut admin).unwrap();
-    let fields: Vec<&str> = value.split(':').collect();
-    assert_eq!(
-        (fields.len(), fields[0], fields[2], fields[3]),
-        (4, "rl", "0", "1"),
-        "{value}"
-    );
-    let full_at_us: i64 = fields[1].parse().unwrap();
+    // "rl" and three little-endian doubles q, r, D: the instant q + r/D µs when the bucket is
+    // full (1/s: D = 1, r = 0).
+    let value: Vec<u8> = redis::cmd("GET").arg("k").query(&mut admin).unwrap();
+    assert_eq!((value.len(), &value[..2]), (26, &b"rl"[..]), "{value:?}");
+    let n = |i: usize| f64::from_le_bytes(value[2 + 8 * i..10 + 8 * i].try_into().unwrap());
+    assert_eq!((n(1), n(2)), (0.0, 1.0), "{value:?}");
+    assert_eq!(n(0).fract(), 0.0, "{value:?}");
+    let full_at_us = n(0) as i64;
     let expire_ms: i64 = redis::cmd("PEXPIRETIME")
         .arg("k")
         .query(&mut admin)

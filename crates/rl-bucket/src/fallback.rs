@@ -1,13 +1,15 @@
-//! A bucket the Lua fallback wrote: [`FallbackState`], the instant of the fallback's string
-//! `"rl:q:r:D"` or of its older hash `{a = q, b = r, d = D}` (`clients/lua/rl.lua`, and the
-//! Functions library made from it), parsed from its three decimal texts and converted to a
-//! [`State`] without moving it earlier.
+//! A bucket the Lua fallback wrote: [`FallbackState`], the instant of the fallback's packed
+//! string (`"rl"` and three little-endian doubles `q`, `r`, `D`) or of its older hash
+//! `{a = q, b = r, d = D}` (`clients/lua/rl.lua`, and the Functions library made from it),
+//! validated and converted to a [`State`] without moving it earlier.
 //!
 //! The fallback stores the instant its bucket is full as `q + r/D` microseconds since the Unix
-//! epoch (`0 <= r < D`, `1 <= D < 2^31`, `q < 2^53` where the script's doubles are exact),
-//! each written by `string.format` (`%d` or `%.0f`): plain digits, no sign, no leading zero. Knows
-//! nothing of Redis (the module reads the hash and hands over the bytes) and nothing of
-//! limits: an instant is the same instant under any rate.
+//! epoch (`0 <= r < D`, `1 <= D < 2^31`, `q < 2^53` where the script's doubles are exact). The
+//! string holds them as the doubles the script computed (`struct.pack`, no text to format or
+//! parse: the cheapest value a script can read and write); the hash as decimal texts written
+//! by `string.format('%.0f')`: plain digits, no sign, no leading zero. Knows nothing of Redis
+//! (the module reads the value and hands over the bytes) and nothing of limits: an instant is
+//! the same instant under any rate.
 
 use crate::state::State;
 use crate::ticks::NS_PER_US;
@@ -19,17 +21,25 @@ pub const FALLBACK_MAX_DENOMINATOR: u64 = (1 << 31) - 1;
 /// doubles are exact. Every such instant is below [`crate::MAX_FULL_AT_NS`].
 pub const FALLBACK_MAX_US: u64 = (1 << 53) - 1;
 
-/// Why three texts are not a fallback bucket. A caller that meets one treats the value as
-/// someone else's (the module answers `WRONGTYPE`) and leaves it alone.
+/// The first bytes of the fallback's string: `"rl"`, which the script writes and reads as the
+/// little-endian 16-bit number 27762 (`struct.pack('<Hddd', 27762, q, r, D)`).
+pub const PACKED_PREFIX: &[u8; 2] = b"rl";
+/// The length of the fallback's string: the prefix and three 8-byte doubles.
+pub const PACKED_LEN: usize = 26;
+
+/// Why a value is not a fallback bucket. A caller that meets one treats the value as someone
+/// else's (the module answers `WRONGTYPE`) and leaves it alone.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FallbackError {
-    /// The named field (`"a"`, `"b"` or `"d"`) is not written as the fallback writes an
-    /// integer: ASCII digits only, no sign, no leading zero, at most 20 digits.
+    /// The named field (`"a"`, `"b"` or `"d"`, as in the hash) is not written as the fallback
+    /// writes an integer: in the hash, ASCII digits only, no sign, no leading zero, at most 20
+    /// digits; in the string, a double that is a whole number, not negative (a NaN or an
+    /// infinity is neither).
     NotAnInteger(&'static str),
     /// The named field is an integer out of the fallback's range: `a` above
     /// [`FALLBACK_MAX_US`], `d` outside `1..=FALLBACK_MAX_DENOMINATOR`, or `b` not below `d`.
     OutOfRange(&'static str),
-    /// A string that is not `rl:` followed by three `:`-separated fields.
+    /// A string that is not [`PACKED_LEN`] bytes starting with [`PACKED_PREFIX`].
     NotTheForm,
 }
 
@@ -82,33 +92,59 @@ impl FallbackState {
         Self::new(integer(a, "a")?, integer(b, "b")?, integer(d, "d")?)
     }
 
-    /// Parses the fallback's string form, `rl:` and the three integers `q`, `r` and `D`
-    /// separated by `:`, byte by byte (the fields are named `a`, `b` and `d` in errors, as in
-    /// the hash).
+    /// Reads the fallback's string: [`PACKED_PREFIX`], then `q`, `r` and `D` as little-endian
+    /// IEEE doubles, [`PACKED_LEN`] bytes in all (the fields are named `a`, `b` and `d` in
+    /// errors, as in the hash).
     ///
     /// ```
     /// use rl_bucket::{FallbackError, FallbackState};
     ///
-    /// let st = FallbackState::parse_string(b"rl:1700000000000000:1:3").unwrap();
+    /// let mut value = b"rl".to_vec();
+    /// for n in [1_700_000_000_000_000.0f64, 1.0, 3.0] {
+    ///     value.extend_from_slice(&n.to_le_bytes());
+    /// }
+    /// let st = FallbackState::parse_packed(&value).unwrap();
     /// assert_eq!((st.q_us(), st.r(), st.d()), (1_700_000_000_000_000, 1, 3));
     /// assert_eq!(
-    ///     FallbackState::parse_string(b"1700000000000000:1:3"),
+    ///     FallbackState::parse_packed(b"rl:1700000000000000:1:3"),
     ///     Err(FallbackError::NotTheForm)
     /// );
     /// ```
     ///
     /// # Errors
-    /// [`FallbackError::NotTheForm`] unless the value is `rl:` followed by exactly three
-    /// `:`-separated texts; then as for [`FallbackState::parse`].
-    pub fn parse_string(value: &[u8]) -> Result<Self, FallbackError> {
-        let rest = value
-            .strip_prefix(b"rl:")
-            .ok_or(FallbackError::NotTheForm)?;
-        let mut parts = rest.split(|&byte| byte == b':');
-        match (parts.next(), parts.next(), parts.next(), parts.next()) {
-            (Some(a), Some(b), Some(d), None) => Self::parse(a, b, d),
+    /// [`FallbackError::NotTheForm`] unless the value is [`PACKED_LEN`] bytes starting with
+    /// [`PACKED_PREFIX`]; [`FallbackError::NotAnInteger`] for a double that is not a whole
+    /// number at least 0 (a NaN, an infinity, a fraction, a negative); then
+    /// [`FallbackError::OutOfRange`] as for [`FallbackState::new`].
+    pub fn parse_packed(value: &[u8]) -> Result<Self, FallbackError> {
+        let numbers = match value {
+            [b'r', b'l', numbers @ ..] if value.len() == PACKED_LEN => numbers,
+            _ => return Err(FallbackError::NotTheForm),
+        };
+        let mut fields = numbers
+            .chunks_exact(8)
+            .zip(["a", "b", "d"])
+            .map(|(bytes, field)| {
+                let bytes: [u8; 8] = bytes.try_into().map_err(|_| FallbackError::NotTheForm)?;
+                whole(f64::from_le_bytes(bytes), field)
+            });
+        match (fields.next(), fields.next(), fields.next()) {
+            (Some(q), Some(r), Some(d)) => Self::new(q?, r?, d?),
             _ => Err(FallbackError::NotTheForm),
         }
+    }
+
+    /// The value the fallback writes for this instant: what [`FallbackState::parse_packed`]
+    /// reads back.
+    pub fn packed(self) -> [u8; PACKED_LEN] {
+        let mut out = [0u8; PACKED_LEN];
+        let (prefix, numbers) = out.split_at_mut(PACKED_PREFIX.len());
+        prefix.copy_from_slice(PACKED_PREFIX);
+        // Each is below 2^53, so exact as a double.
+        for (slot, n) in numbers.chunks_exact_mut(8).zip([self.q_us, self.r, self.d]) {
+            slot.copy_from_slice(&(n as f64).to_le_bytes());
+        }
+        out
     }
 
     /// The whole microseconds, `q`.
@@ -167,6 +203,21 @@ impl FallbackState {
         }
         State::from_parts(full_at_ns, frac).unwrap_or(State::EARLIEST)
     }
+}
+
+/// A double the fallback wrote as a whole number: finite, no fraction, at least 0 (`-0.0`, which
+/// the script's comparisons take as 0, is 0), and below 2^64 (the range checks come after).
+fn whole(n: f64, field: &'static str) -> Result<u64, FallbackError> {
+    // 2^64 as a double; every whole double below it converts to u64 exactly.
+    const TWO_POW_64: f64 = 18_446_744_073_709_551_616.0;
+    if !(n.is_finite() && n.fract() == 0.0 && n >= 0.0) {
+        return Err(FallbackError::NotAnInteger(field));
+    }
+    if n >= TWO_POW_64 {
+        return Err(FallbackError::OutOfRange(field));
+    }
+    // Whole, non-negative and below 2^64: the cast is exact.
+    Ok(n as u64)
 }
 
 /// A non-negative integer written as `%.0f` writes one: one or more ASCII digits, no leading

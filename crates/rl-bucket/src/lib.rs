@@ -21,8 +21,9 @@
 //!   [`MAX_FULL_AT_FRAC`]), the key's expiry, and its exact encoding in a rate's ticks.
 //! - `decision.rs`: what a call reports and writes: [`Outcome`], [`Decision`] and its
 //!   millisecond views, [`Change`].
-//! - `fallback.rs`: [`FallbackState`], a bucket the Lua fallback wrote (its hash's three
-//!   decimal texts), validated and converted to a [`State`] without moving it earlier.
+//! - `fallback.rs`: [`FallbackState`], a bucket the Lua fallback wrote (its packed string of
+//!   three doubles, or its older hash of three decimal texts), validated and converted to a
+//!   [`State`] without moving it earlier.
 //! - `acquire.rs`: the steps that take, [`acquire`](fn@acquire) and [`peek`].
 //! - `refund.rs`: the step that gives back, [`refund`](fn@refund).
 //! - `charge.rs`: the post-paid step, [`charge`](fn@charge), which always applies and may
@@ -162,7 +163,10 @@ pub use charge::{charge, ChargeError};
 pub use cost::Cost;
 pub use decimal::Decimal;
 pub use decision::{Change, Charged, Decision, Outcome};
-pub use fallback::{FallbackError, FallbackState, FALLBACK_MAX_DENOMINATOR, FALLBACK_MAX_US};
+pub use fallback::{
+    FallbackError, FallbackState, FALLBACK_MAX_DENOMINATOR, FALLBACK_MAX_US, PACKED_LEN,
+    PACKED_PREFIX,
+};
 pub use lease::{
     expiry_us, lease, leases_in_use, release, renew, Lease, LeaseChange, LeaseId, LeaseOutcome,
     LeaseReply, LeaseSet, MAX_EXPIRES_AT_US, MAX_LEASE_ID_BYTES, MAX_LEASE_LIMIT, MAX_LEASE_TTL_MS,

@@ -204,7 +204,7 @@ class Limit:
 
     def script_packed(self, cost: Number, refund: bool = False) -> bytes:
         """The same 10 numbers packed in one argument of 80 bytes, as the script and the
-        Functions library (version 3) read them fastest: little-endian IEEE doubles, each an
+        Functions library (version 3 on) read them fastest: little-endian IEEE doubles, each an
         integer below 2^53, so exact."""
         return struct.pack("<10d", *(int(x) for x in self.script_args(cost, refund)))
 
@@ -1103,7 +1103,7 @@ class Engine:
 
 
 #: The version of the Functions library (clients/lua/rl_functions.lua) this client needs.
-FUNCTIONS_VERSION = 3
+FUNCTIONS_VERSION = 4
 #: The calls on leases and reservations.
 LEASE_OPS = ("lease", "release", "renew", "leases", "reserve", "settle")
 

@@ -1,6 +1,7 @@
-//! [`FallbackState`]: the Lua fallback's hash texts, parsed byte by byte, and its instant
-//! `q + r/D` µs converted to a [`State`]; then every step on the converted state against the
-//! exact model holding the fallback's exact instant, at rates where `1e9 / rate` is not whole.
+//! [`FallbackState`]: the Lua fallback's packed string and hash texts, read byte by byte, and
+//! its instant `q + r/D` µs converted to a [`State`]; then every step on the converted state
+//! against the exact model holding the fallback's exact instant, at rates where `1e9 / rate`
+//! is not whole.
 
 use num_bigint::BigInt;
 use num_rational::BigRational;
@@ -81,38 +82,57 @@ fn parse_takes_only_what_the_fallback_writes() {
     }
 }
 
+/// The fallback's string for three doubles, as `struct.pack('<Hddd', 27762, q, r, D)` makes it.
+fn packed(q: f64, r: f64, d: f64) -> Vec<u8> {
+    let mut out = 27762u16.to_le_bytes().to_vec();
+    for n in [q, r, d] {
+        out.extend_from_slice(&n.to_le_bytes());
+    }
+    out
+}
+
 #[test]
-fn parse_string_takes_only_the_fallbacks_string() {
-    type Row = (&'static [u8], Result<(u64, u64, u64), FallbackError>);
+fn parse_packed_takes_only_the_fallbacks_string() {
+    type Row = (Vec<u8>, Result<(u64, u64, u64), FallbackError>);
     use FallbackError::{NotAnInteger, NotTheForm, OutOfRange};
-    let rows: &[Row] = &[
+    let two_53 = 9_007_199_254_740_992.0;
+    let rows: Vec<Row> = vec![
         // What the script writes at 3/s and at 10/s.
+        (packed(1.7e15, 1.0, 3.0), Ok((1_700_000_000_000_000, 1, 3))),
+        (packed(1.7e15, 0.0, 1.0), Ok((1_700_000_000_000_000, 0, 1))),
+        // The largest values the script holds exactly; -0 is 0, as the script compares it.
         (
-            b"rl:1700000000000000:1:3",
-            Ok((1_700_000_000_000_000, 1, 3)),
+            packed(two_53 - 1.0, 2_147_483_646.0, 2_147_483_647.0),
+            Ok((US_53, 2_147_483_646, 2_147_483_647)),
         ),
+        (packed(-0.0, -0.0, 1.0), Ok((0, 0, 1))),
+        // Whole numbers out of range, each field named as in the hash.
+        (packed(two_53, 0.0, 1.0), Err(OutOfRange("a"))),
+        (packed(1e300, 0.0, 1.0), Err(OutOfRange("a"))),
+        (packed(1.0, 3.0, 3.0), Err(OutOfRange("b"))),
+        (packed(1.0, 0.0, 0.0), Err(OutOfRange("d"))),
+        (packed(1.0, 0.0, 2_147_483_648.0), Err(OutOfRange("d"))),
+        // Doubles that are not whole numbers at least 0.
+        (packed(1.5, 0.0, 1.0), Err(NotAnInteger("a"))),
+        (packed(-1.0, 0.0, 1.0), Err(NotAnInteger("a"))),
+        (packed(f64::NAN, 0.0, 1.0), Err(NotAnInteger("a"))),
+        (packed(1.0, f64::INFINITY, 1.0), Err(NotAnInteger("b"))),
+        (packed(1.0, 0.0, f64::NEG_INFINITY), Err(NotAnInteger("d"))),
+        (packed(1.0, 0.0, 5e-324), Err(NotAnInteger("d"))),
+        // Not the form: another length, another prefix, the text form of earlier builds.
+        (Vec::new(), Err(NotTheForm)),
+        (b"rl".to_vec(), Err(NotTheForm)),
+        (packed(1.0, 0.0, 1.0)[..25].to_vec(), Err(NotTheForm)),
+        ([packed(1.0, 0.0, 1.0), vec![0]].concat(), Err(NotTheForm)),
         (
-            b"rl:1700000000000000:0:1",
-            Ok((1_700_000_000_000_000, 0, 1)),
+            [b"RL".to_vec(), packed(1.0, 0.0, 1.0)[2..].to_vec()].concat(),
+            Err(NotTheForm),
         ),
-        // The fields' own rules, named as in the hash.
-        (b"rl:01:0:1", Err(NotAnInteger("a"))),
-        (b"rl:1:3:3", Err(OutOfRange("b"))),
-        (b"rl:1:0:0", Err(OutOfRange("d"))),
-        (b"rl:1::1", Err(NotAnInteger("b"))),
-        (b"rl:1:0:1 ", Err(NotAnInteger("d"))),
-        // Not the form: no prefix, another prefix, too few or too many fields.
-        (b"", Err(NotTheForm)),
-        (b"5", Err(NotTheForm)),
-        (b"1700000000000000:0:1", Err(NotTheForm)),
-        (b"RL:1:0:1", Err(NotTheForm)),
-        (b"rl:1:0", Err(NotTheForm)),
-        (b"rl:1:0:1:", Err(NotTheForm)),
-        (b"rl:1:0:1:2", Err(NotTheForm)),
+        (b"rl:1700000000000000:1:3".to_vec(), Err(NotTheForm)),
     ];
-    for &(value, want) in rows {
-        let got = FallbackState::parse_string(value).map(|s| (s.q_us(), s.r(), s.d()));
-        assert_eq!(got, want, "{:?}", String::from_utf8_lossy(value));
+    for (value, want) in rows {
+        let got = FallbackState::parse_packed(&value).map(|s| (s.q_us(), s.r(), s.d()));
+        assert_eq!(got, want, "{value:?}");
     }
 }
 
@@ -122,8 +142,40 @@ fn texts() -> impl Strategy<Value = Vec<u8>> {
     prop::collection::vec(byte, 0..24)
 }
 
+/// Doubles the fallback might meet: whole numbers in and out of range, fractions, negatives,
+/// NaN and the infinities.
+fn doubles() -> impl Strategy<Value = f64> {
+    prop_oneof![
+        4 => (0u64..1 << 54).prop_map(|n| n as f64),
+        2 => (0u64..1 << 32).prop_map(|n| n as f64),
+        1 => any::<f64>(),
+        1 => Just(f64::NAN),
+        1 => Just(f64::INFINITY),
+    ]
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(512))]
+
+    /// Any three doubles after the prefix, and any bytes at all: no panic; what is accepted
+    /// is exactly whole numbers in range, and writing them back gives the script's bytes.
+    #[test]
+    fn parse_packed_accepts_exactly_whole_numbers_in_range(
+        q in doubles(), r in doubles(), d in doubles(), noise in prop::collection::vec(any::<u8>(), 0..40),
+    ) {
+        let value = packed(q, r, d);
+        let whole = |n: f64| n.is_finite() && n.fract() == 0.0 && n >= 0.0;
+        let valid = whole(q) && whole(r) && whole(d) && q < 9_007_199_254_740_992.0
+            && d >= 1.0 && d <= FALLBACK_MAX_DENOMINATOR as f64 && r < d;
+        let got = FallbackState::parse_packed(&value);
+        prop_assert_eq!(got.is_ok(), valid, "{} {} {}", q, r, d);
+        if let Ok(st) = got {
+            prop_assert_eq!((st.q_us() as f64, st.r() as f64, st.d() as f64), (q, r, d));
+            // -0.0 reads as 0 and is written back as +0.0, the script's own bytes for it.
+            prop_assert_eq!(st.packed().to_vec(), packed(q + 0.0, r + 0.0, d));
+        }
+        let _ = FallbackState::parse_packed(&noise);
+    }
 
     /// Any bytes: no panic, and what is accepted is exactly what `%.0f` writes for the
     /// numbers read back, in range.
