@@ -137,8 +137,12 @@ esac
 redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true
 wait "$server" 2>/dev/null || true
 callgrind_annotate "$dir/cg.out" >"$dir/annotated.txt"
-# ANNOTATED=FILE keeps the per-function counts (callgrind_annotate --inclusive=yes) there.
-if [ -n "${ANNOTATED:-}" ]; then callgrind_annotate --inclusive=yes "$dir/cg.out" >"$ANNOTATED"; fi
+# ANNOTATED=FILE keeps the per-function counts there (callgrind_annotate --inclusive=yes), and
+# callgrind's own output in FILE.out (callgrind_annotate --tree=caller FILE.out, say).
+if [ -n "${ANNOTATED:-}" ]; then
+    callgrind_annotate --inclusive=yes "$dir/cg.out" >"$ANNOTATED"
+    cp "$dir/cg.out" "$ANNOTATED.out"
+fi
 total=$(awk '/PROGRAM TOTALS/ { gsub(",", "", $1); print $1; exit }' "$dir/annotated.txt")
 # N benchmarked calls, plus the check above and the SHUTDOWN. Packed numbers show as <packed>.
 label="${*//hex:*([0-9a-f])/<packed>}"
