@@ -29,6 +29,8 @@
 //! a release or renewal of an id not held write nothing (expired leases, counting for
 //! nothing, wait for the next change or the key's expiry).
 
+use crate::lease_index::{IdIndex, OrderIndex, Slot};
+
 /// The largest `limit` a call may give. Bounds the O(N) work of one call (see the module
 /// docs) and the size of one key's value: 10,000 leases are 240 KB.
 pub const MAX_LEASE_LIMIT: u64 = 10_000;
@@ -98,6 +100,18 @@ impl Lease {
         self.packed >> LEN_BITS
     }
 
+    /// The id's bytes.
+    pub(crate) fn id_bytes(&self) -> &[u8] {
+        self.bytes
+            .get(..(self.packed & LEN_MASK) as usize)
+            .unwrap_or(&[])
+    }
+
+    /// Whether the lease is named `id`, without making a [`LeaseId`].
+    pub(crate) fn has_id(&self, id: &LeaseId) -> bool {
+        self.packed & LEN_MASK == u64::from(id.len) && self.bytes == id.bytes
+    }
+
     /// The lease's id.
     pub fn id(&self) -> LeaseId {
         LeaseId {
@@ -120,11 +134,29 @@ pub struct LeaseChange {
     pub expires_at_us: u64,
 }
 
-/// The leases of one key, sorted by `(expires_at_us, id)`, each id at most once, at most
-/// [`MAX_LEASE_LIMIT`] of them. See the module docs for why a sorted vector.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// The leases of one key, each id at most once, at most [`MAX_LEASE_LIMIT`] of them, in an
+/// arena indexed by id and by `(expires_at_us, id)`. See the module docs.
+#[derive(Clone, Default)]
 pub struct LeaseSet {
+    /// The leases, in no order: a removal moves the last one into its slot.
     leases: Vec<Lease>,
+    ids: IdIndex,
+    order: OrderIndex,
+}
+
+impl PartialEq for LeaseSet {
+    /// Equal when they hold the same leases: where each sits in the arena is no part of it.
+    fn eq(&self, other: &Self) -> bool {
+        self.len() == other.len() && self.iter().eq(other.iter())
+    }
+}
+
+impl Eq for LeaseSet {}
+
+impl std::fmt::Debug for LeaseSet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
 }
 
 impl LeaseSet {
@@ -135,7 +167,7 @@ impl LeaseSet {
 
     /// A set of exactly `leases`, as stored: `None` unless they are strictly ascending by
     /// `(expires_at_us, id)`, name each id once, and number at most [`MAX_LEASE_LIMIT`].
-    /// What a loader calls, trusting nothing.
+    /// What a loader calls, trusting nothing. O(N).
     pub fn from_sorted(leases: Vec<Lease>) -> Option<Self> {
         if leases.len() as u64 > MAX_LEASE_LIMIT {
             return None;
@@ -143,17 +175,26 @@ impl LeaseSet {
         if !leases.windows(2).all(|w| matches!(w, [a, b] if a < b)) {
             return None;
         }
-        let mut ids: Vec<LeaseId> = leases.iter().map(Lease::id).collect();
-        ids.sort_unstable();
-        if ids.windows(2).any(|w| matches!(w, [a, b] if a == b)) {
-            return None;
-        }
-        Some(Self { leases })
+        // Slots in order: the arena is stored order.
+        let slots = (0..leases.len())
+            .map(Slot::try_from)
+            .collect::<Result<Vec<Slot>, _>>()
+            .ok()?;
+        Some(Self {
+            ids: IdIndex::of(&leases)?,
+            order: OrderIndex::build(&slots)?,
+            leases,
+        })
     }
 
-    /// Every stored lease, expired ones included, in order of expiry.
-    pub fn leases(&self) -> &[Lease] {
-        &self.leases
+    /// Every stored lease, expired ones included, in order of `(expires_at_us, id)`: the
+    /// stored order. O(1) a lease.
+    pub fn iter(&self) -> Leases<'_> {
+        Leases {
+            set: self,
+            rank: 0,
+            leaf: &[],
+        }
     }
 
     /// Whether nothing is stored.
@@ -166,69 +207,78 @@ impl LeaseSet {
         self.leases.len()
     }
 
-    /// How many entries the allocation holds room for (for memory reports).
+    /// How many leases the arena holds room for.
     pub fn capacity(&self) -> usize {
         self.leases.capacity()
     }
 
+    /// The bytes the set allocated, its header aside: the arena's and both indexes'. What a
+    /// memory report adds per key.
+    pub fn allocated_bytes(&self) -> usize {
+        self.leases.capacity() * size_of::<Lease>()
+            + self.ids.allocated_bytes()
+            + self.order.allocated_bytes()
+    }
+
     /// The latest expiry stored: when the key may expire, since every lease is gone by then.
+    /// O(log N).
     pub fn last_expires_at_us(&self) -> Option<u64> {
-        self.leases.last().map(Lease::expires_at_us)
+        self.slot_lease(self.order.last()?)
+            .map(Lease::expires_at_us)
     }
 
-    /// The leases that count at `now_us`: those expiring after it.
-    pub fn live(&self, now_us: u64) -> &[Lease] {
-        let first = self
-            .leases
-            .partition_point(|lease| lease.expires_at_us() <= now_us);
-        self.leases.get(first..).unwrap_or(&[])
+    /// The leases that count at `now_us` (those expiring after it), as a view: O(log N).
+    pub fn live(&self, now_us: u64) -> Live<'_> {
+        let expired = self
+            .order
+            .count_until(&self.leases, now_us)
+            .unwrap_or(self.len());
+        Live {
+            set: self,
+            now_us,
+            expired,
+        }
     }
 
-    /// The stored lease named `id`, expired or not.
+    /// The lease of rank `rank` in stored order (0 the earliest). O(log N).
+    pub fn get(&self, rank: usize) -> Option<&Lease> {
+        self.slot_lease(self.order.select(rank)?)
+    }
+
+    /// The stored lease named `id`, expired or not. O(1) expected.
     pub fn find(&self, id: LeaseId) -> Option<&Lease> {
-        self.position(id).and_then(|i| self.leases.get(i))
+        self.slot_lease(self.ids.find(&self.leases, &id)?)
     }
 
-    fn position(&self, id: LeaseId) -> Option<usize> {
-        self.leases.iter().position(|lease| lease.id() == id)
+    fn slot_lease(&self, slot: Slot) -> Option<&Lease> {
+        self.leases.get(usize::from(slot))
+    }
+
+    /// Whether `id` is stored and expires after `until_us`.
+    fn holds_after(&self, id: LeaseId, until_us: u64) -> bool {
+        self.find(id)
+            .is_some_and(|held| held.expires_at_us() > until_us)
     }
 
     /// Applies `change` (see [`LeaseChange`]); the same change on the same set always gives
     /// the same set, as [`LeaseSet::apply_all`] with one pair does. `None`, with the set
     /// untouched, if the expiry is out of range or the set would hold more than
-    /// [`MAX_LEASE_LIMIT`]. Allocates nothing but the set's own growth: it is every write's
-    /// path.
+    /// [`MAX_LEASE_LIMIT`]. O(log N) amortized, each dropped lease O(log N) once. Allocates
+    /// nothing but the set's own growth: it is every write's path.
     pub fn apply(&mut self, change: &LeaseChange) -> Option<()> {
         let lease = match change.expires_at_us {
             0 => None,
             at => Some(Lease::new(change.id, at)?),
         };
-        let dropped = self
-            .leases
-            .partition_point(|held| held.expires_at_us() <= change.drop_until_us);
-        let live = self.leases.get(dropped..).unwrap_or(&[]);
-        let found = live.iter().position(|held| held.id() == change.id);
-        let after = live.len() - usize::from(found.is_some()) + usize::from(lease.is_some());
+        let live = self.live(change.drop_until_us).len();
+        let found = self.holds_after(change.id, change.drop_until_us);
+        let after = live - usize::from(found) + usize::from(lease.is_some());
         if after as u64 > MAX_LEASE_LIMIT {
             return None;
         }
-        if let Some(i) = found {
-            self.leases.remove(dropped + i);
-        }
-        self.leases.drain(..dropped);
-        if let Some(lease) = lease {
-            self.insert(lease);
-        }
-        self.shrink();
-        Some(())
-    }
-
-    /// Keeps the slack under an eighth once leases have gone.
-    fn shrink(&mut self) {
-        let len = self.leases.len();
-        if self.leases.capacity() > len + len / 8 + 4 {
-            self.leases.shrink_to(len + len / 8);
-        }
+        self.drop_until(change.drop_until_us)?;
+        self.put(change.id, lease)?;
+        self.fit()
     }
 
     /// Drops every lease that expired by `drop_until_us`, then puts each `(id, expires_at_us)`
@@ -243,46 +293,168 @@ impl LeaseSet {
             };
             puts_checked.push((id, lease));
         }
-        // Count the result first, so a refused call leaves the set as it was.
-        let dropped = self
-            .leases
-            .partition_point(|lease| lease.expires_at_us() <= drop_until_us);
-        let mut ids: Vec<LeaseId> = self
-            .leases
-            .get(dropped..)
-            .unwrap_or(&[])
-            .iter()
-            .map(Lease::id)
-            .collect();
+        // Count the result first, so a refused call leaves the set as it was: whether each id
+        // is held after the puts before it.
+        let mut count = self.live(drop_until_us).len();
+        let mut held_after: std::collections::HashMap<LeaseId, bool> =
+            std::collections::HashMap::with_capacity(puts.len());
         for &(id, lease) in &puts_checked {
-            ids.retain(|held| *held != id);
-            if lease.is_some() {
-                ids.push(id);
-            }
-            if ids.len() as u64 > MAX_LEASE_LIMIT {
+            let held = match held_after.get(&id) {
+                Some(&held) => held,
+                None => self.holds_after(id, drop_until_us),
+            };
+            count = count - usize::from(held) + usize::from(lease.is_some());
+            if count as u64 > MAX_LEASE_LIMIT {
                 return None;
             }
+            held_after.insert(id, lease.is_some());
         }
-        self.leases.drain(..dropped);
+        self.drop_until(drop_until_us)?;
         for (id, lease) in puts_checked {
-            if let Some(i) = self.position(id) {
-                self.leases.remove(i);
-            }
-            if let Some(lease) = lease {
-                self.insert(lease);
-            }
+            self.put(id, lease)?;
         }
-        self.shrink();
+        self.fit()
+    }
+
+    /// Removes `id` if stored, then stores `lease` if given.
+    fn put(&mut self, id: LeaseId, lease: Option<Lease>) -> Option<()> {
+        if let Some(slot) = self.ids.find(&self.leases, &id) {
+            self.remove(slot)?;
+        }
+        match lease {
+            Some(lease) => self.insert(lease),
+            None => Some(()),
+        }
+    }
+
+    /// Drops the earliest leases while they expire by `until_us`: O(log N) each.
+    fn drop_until(&mut self, until_us: u64) -> Option<()> {
+        while let Some(slot) = self.order.first() {
+            if self.slot_lease(slot)?.expires_at_us() > until_us {
+                break;
+            }
+            self.remove(slot)?;
+        }
         Some(())
     }
 
-    fn insert(&mut self, lease: Lease) {
+    fn insert(&mut self, lease: Lease) -> Option<()> {
+        let slot = Slot::try_from(self.leases.len()).ok()?;
         if self.leases.len() == self.leases.capacity() {
-            // Grow by an eighth (at least 4): amortized O(1) copies, at most 1/8 slack.
-            self.leases.reserve_exact((self.leases.len() / 8).max(4));
+            // Grow by a sixteenth (at least 2): amortized O(1) copies, little slack.
+            self.leases.reserve_exact((self.leases.len() / 16).max(2));
         }
-        let at = self.leases.partition_point(|held| *held < lease);
-        self.leases.insert(at, lease);
+        self.leases.push(lease);
+        self.ids.insert(&self.leases, slot)?;
+        self.order.insert(&self.leases, slot)
+    }
+
+    /// Removes the lease at `slot`, moving the last lease into it and renaming that one in
+    /// both indexes.
+    fn remove(&mut self, slot: Slot) -> Option<()> {
+        let last = Slot::try_from(self.leases.len().checked_sub(1)?).ok()?;
+        if slot > last {
+            return None;
+        }
+        self.order.remove(&self.leases, slot)?;
+        self.ids.remove(&self.leases, slot)?;
+        if slot != last {
+            self.order.repoint(&self.leases, last, slot)?;
+            self.ids.repoint(&self.leases, last, slot)?;
+        }
+        self.leases.swap_remove(usize::from(slot));
+        Some(())
+    }
+
+    /// Keeps the slack small once leases have gone: the arena under an eighth (plus 4), the
+    /// id table under half again what it needs, the tree rebuilt once a fifth of it merged
+    /// away. Each shrink is O(N) after Θ(N) removals.
+    fn fit(&mut self) -> Option<()> {
+        let len = self.leases.len();
+        if self.leases.capacity() > len + len / 8 + 4 {
+            self.leases.shrink_to(len + len / 16);
+        }
+        self.ids.fit(&self.leases)?;
+        self.order.fit()
+    }
+}
+
+#[cfg(test)]
+impl LeaseSet {
+    /// Panics unless both indexes are well formed over the arena.
+    pub(crate) fn check(&self) {
+        self.ids.check(&self.leases);
+        self.order.check(&self.leases);
+    }
+
+    /// Leaves in use, and the leases in them.
+    pub(crate) fn leaf_fill(&self) -> (usize, usize) {
+        self.order.leaf_fill()
+    }
+}
+
+/// The stored leases in `(expires_at_us, id)` order: [`LeaseSet::iter`].
+#[derive(Clone, Debug)]
+pub struct Leases<'a> {
+    set: &'a LeaseSet,
+    /// The rank of the next lease.
+    rank: usize,
+    /// The rest of the current leaf's slots.
+    leaf: &'a [Slot],
+}
+
+impl<'a> Iterator for Leases<'a> {
+    type Item = &'a Lease;
+
+    fn next(&mut self) -> Option<&'a Lease> {
+        if self.leaf.is_empty() {
+            let (slots, at) = self.set.order.select_leaf(self.rank)?;
+            self.leaf = slots.get(at..)?;
+        }
+        let (&slot, rest) = self.leaf.split_first()?;
+        self.leaf = rest;
+        self.rank += 1;
+        self.set.slot_lease(slot)
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let left = self.set.len().saturating_sub(self.rank);
+        (left, Some(left))
+    }
+}
+
+impl ExactSizeIterator for Leases<'_> {}
+
+/// The leases of a set that count at an instant: [`LeaseSet::live`].
+#[derive(Clone, Copy, Debug)]
+pub struct Live<'a> {
+    set: &'a LeaseSet,
+    now_us: u64,
+    /// How many stored leases expired by `now_us`: the live ones follow them.
+    expired: usize,
+}
+
+impl<'a> Live<'a> {
+    /// How many count.
+    pub fn len(&self) -> usize {
+        self.set.len().saturating_sub(self.expired)
+    }
+
+    /// Whether none counts.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The live lease of rank `rank` in order of expiry (0 the earliest). O(log N).
+    pub fn get(&self, rank: usize) -> Option<&'a Lease> {
+        self.set.get(self.expired.checked_add(rank)?)
+    }
+
+    /// The live lease named `id`. O(1) expected.
+    pub fn find(&self, id: LeaseId) -> Option<&'a Lease> {
+        self.set
+            .find(id)
+            .filter(|held| held.expires_at_us() > self.now_us)
     }
 }
 
@@ -332,16 +504,19 @@ pub fn expiry_us(now_us: u64, ttl_ms: u64) -> u64 {
 }
 
 /// The µs until `limit` leases leave a slot free at `now_us`: 0 if fewer than `limit` count,
-/// else until the lease whose expiry brings the count under `limit`.
-fn free_after_us(live: &[Lease], limit: u64, now_us: u64) -> u64 {
+/// else until the lease whose expiry brings the count under `limit`. O(log N).
+fn free_after_us(live: Option<Live<'_>>, limit: u64, now_us: u64) -> u64 {
+    let Some(live) = live else {
+        return 0;
+    };
     let in_use = live.len() as u64;
     if in_use < limit {
         return 0;
     }
-    // in_use - limit < in_use = live.len(), so the index is in range.
+    // in_use - limit < in_use = live.len(), so the rank is in range.
     usize::try_from(in_use - limit)
         .ok()
-        .and_then(|i| live.get(i))
+        .and_then(|rank| live.get(rank))
         .map_or(0, |lease| lease.expires_at_us().saturating_sub(now_us))
 }
 
@@ -369,9 +544,9 @@ pub fn lease(
     ttl_ms: u64,
     id: LeaseId,
 ) -> (LeaseReply, Option<LeaseChange>) {
-    let live = set.map_or(&[][..], |set| set.live(now_us));
-    let in_use = live.len() as u64;
-    if let Some(held) = live.iter().find(|lease| lease.id() == id) {
+    let live = set.map(|set| set.live(now_us));
+    let in_use = live.map_or(0, |live| live.len() as u64);
+    if let Some(held) = live.and_then(|live| live.find(id)) {
         let reply = LeaseReply {
             outcome: LeaseOutcome::Held,
             in_use,
@@ -425,7 +600,7 @@ fn put_if_held(
     id: LeaseId,
     expires_at_us: u64,
 ) -> (bool, Option<LeaseChange>) {
-    let held = set.is_some_and(|set| set.live(now_us).iter().any(|lease| lease.id() == id));
+    let held = set.is_some_and(|set| set.live(now_us).find(id).is_some());
     let change = held.then_some(LeaseChange {
         drop_until_us: now_us,
         id,
@@ -437,6 +612,7 @@ fn put_if_held(
 /// What `limit` allows at `now_us`, writing nothing: the leases that count, and the µs until
 /// a slot frees (0 if one is free now).
 pub fn leases_in_use(set: Option<&LeaseSet>, limit: u64, now_us: u64) -> (u64, u64) {
-    let live = set.map_or(&[][..], |set| set.live(now_us));
-    (live.len() as u64, free_after_us(live, limit, now_us))
+    let live = set.map(|set| set.live(now_us));
+    let in_use = live.map_or(0, |live| live.len() as u64);
+    (in_use, free_after_us(live, limit, now_us))
 }

@@ -150,6 +150,7 @@ mod decimal;
 mod decision;
 mod fallback;
 mod lease;
+mod lease_index;
 mod limit;
 mod refund;
 mod reserve;
@@ -165,7 +166,8 @@ pub use decision::{Change, Charged, Decision, Outcome};
 pub use fallback::{FallbackError, FallbackState, FALLBACK_MAX_DENOMINATOR, FALLBACK_MAX_US};
 pub use lease::{
     expiry_us, lease, leases_in_use, release, renew, Lease, LeaseChange, LeaseId, LeaseOutcome,
-    LeaseReply, LeaseSet, MAX_EXPIRES_AT_US, MAX_LEASE_ID_BYTES, MAX_LEASE_LIMIT, MAX_LEASE_TTL_MS,
+    LeaseReply, LeaseSet, Leases, Live, MAX_EXPIRES_AT_US, MAX_LEASE_ID_BYTES, MAX_LEASE_LIMIT,
+    MAX_LEASE_TTL_MS,
 };
 pub use limit::{Limit, LimitError, MAX_CAPACITY, MAX_RATE_PER_S, MAX_REFILL_S, MIN_RATE_PER_S};
 pub use refund::refund;

@@ -44,6 +44,7 @@ mod properties;
 mod refund;
 mod reserve;
 mod settle;
+mod sorted_leases;
 mod state;
 
 /// A realistic instant: 2023-11-14T22:13:20Z, in µs.
