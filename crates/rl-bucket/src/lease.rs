@@ -134,13 +134,22 @@ pub struct LeaseChange {
     pub expires_at_us: u64,
 }
 
-/// The leases of one key, each id at most once, at most [`MAX_LEASE_LIMIT`] of them, in an
-/// arena indexed by id and by `(expires_at_us, id)`. See the module docs.
+/// Up to this many leases a set keeps no index: its arena is sorted, and a scan of at most
+/// 16 leases costs less than the indexes' allocations and hashing. Past it the indexes are
+/// built; they go again at half of it, so a set at the boundary does not flip every call.
+const SMALL: usize = 16;
+
+/// The leases of one key, each id at most once, at most [`MAX_LEASE_LIMIT`] of them: up to
+/// 16 in a sorted arena, more in an arena indexed by id and by `(expires_at_us, id)`. See the
+/// module docs.
 #[derive(Clone, Default)]
 pub struct LeaseSet {
-    /// The leases, in no order: a removal moves the last one into its slot.
+    /// The leases: sorted by `(expires_at_us, id)` while no index is kept, else in no order
+    /// (a removal moves the last one into its slot).
     leases: Vec<Lease>,
+    /// Empty while the set is small.
     ids: IdIndex,
+    /// Empty while the set is small.
     order: OrderIndex,
 }
 
@@ -175,16 +184,49 @@ impl LeaseSet {
         if !leases.windows(2).all(|w| matches!(w, [a, b] if a < b)) {
             return None;
         }
-        // Slots in order: the arena is stored order.
-        let slots = (0..leases.len())
+        let mut set = Self {
+            leases,
+            ids: IdIndex::default(),
+            order: OrderIndex::default(),
+        };
+        if set.len() > SMALL {
+            set.index()?;
+        } else if set
+            .leases
+            .iter()
+            .enumerate()
+            .any(|(i, a)| set.leases.iter().skip(i + 1).any(|b| a.id() == b.id()))
+        {
+            return None;
+        }
+        Some(set)
+    }
+
+    /// Whether the indexes are kept (more than [`SMALL`] leases were held since it was last
+    /// small).
+    fn indexed(&self) -> bool {
+        self.ids.in_use()
+    }
+
+    /// Builds both indexes over the sorted arena: O(N), once past [`SMALL`]. `None` if an id
+    /// is there twice.
+    fn index(&mut self) -> Option<()> {
+        // Slots in order: the arena is sorted.
+        let slots = (0..self.leases.len())
             .map(Slot::try_from)
             .collect::<Result<Vec<Slot>, _>>()
             .ok()?;
-        Some(Self {
-            ids: IdIndex::of(&leases)?,
-            order: OrderIndex::build(&slots)?,
-            leases,
-        })
+        self.ids = IdIndex::of(&self.leases)?;
+        self.order = OrderIndex::build(&slots)?;
+        Some(())
+    }
+
+    /// Drops both indexes, sorting the arena: O(N), at half of [`SMALL`].
+    fn unindex(&mut self) {
+        let sorted: Vec<Lease> = self.iter().copied().collect();
+        self.leases = sorted;
+        self.ids = IdIndex::default();
+        self.order = OrderIndex::default();
     }
 
     /// Every stored lease, expired ones included, in order of `(expires_at_us, id)`: the
@@ -223,16 +265,24 @@ impl LeaseSet {
     /// The latest expiry stored: when the key may expire, since every lease is gone by then.
     /// O(log N).
     pub fn last_expires_at_us(&self) -> Option<u64> {
-        self.slot_lease(self.order.last()?)
-            .map(Lease::expires_at_us)
+        let last = if self.indexed() {
+            self.slot_lease(self.order.last()?)
+        } else {
+            self.leases.last()
+        };
+        last.map(Lease::expires_at_us)
     }
 
     /// The leases that count at `now_us` (those expiring after it), as a view: O(log N).
     pub fn live(&self, now_us: u64) -> Live<'_> {
-        let expired = self
-            .order
-            .count_until(&self.leases, now_us)
-            .unwrap_or(self.len());
+        let expired = if self.indexed() {
+            self.order
+                .count_until(&self.leases, now_us)
+                .unwrap_or(self.len())
+        } else {
+            self.leases
+                .partition_point(|lease| lease.expires_at_us() <= now_us)
+        };
         Live {
             set: self,
             now_us,
@@ -242,12 +292,24 @@ impl LeaseSet {
 
     /// The lease of rank `rank` in stored order (0 the earliest). O(log N).
     pub fn get(&self, rank: usize) -> Option<&Lease> {
+        if !self.indexed() {
+            return self.leases.get(rank);
+        }
         self.slot_lease(self.order.select(rank)?)
     }
 
     /// The stored lease named `id`, expired or not. O(1) expected.
     pub fn find(&self, id: LeaseId) -> Option<&Lease> {
-        self.slot_lease(self.ids.find(&self.leases, &id)?)
+        self.slot_lease(self.slot_of(id)?)
+    }
+
+    /// Where the lease named `id` is in the arena.
+    fn slot_of(&self, id: LeaseId) -> Option<Slot> {
+        if self.indexed() {
+            return self.ids.find(&self.leases, &id);
+        }
+        let at = self.leases.iter().position(|held| held.has_id(&id))?;
+        Slot::try_from(at).ok()
     }
 
     fn slot_lease(&self, slot: Slot) -> Option<&Lease> {
@@ -318,7 +380,7 @@ impl LeaseSet {
 
     /// Removes `id` if stored, then stores `lease` if given.
     fn put(&mut self, id: LeaseId, lease: Option<Lease>) -> Option<()> {
-        if let Some(slot) = self.ids.find(&self.leases, &id) {
+        if let Some(slot) = self.slot_of(id) {
             self.remove(slot)?;
         }
         match lease {
@@ -329,6 +391,13 @@ impl LeaseSet {
 
     /// Drops the earliest leases while they expire by `until_us`: O(log N) each.
     fn drop_until(&mut self, until_us: u64) -> Option<()> {
+        if !self.indexed() {
+            let dropped = self
+                .leases
+                .partition_point(|lease| lease.expires_at_us() <= until_us);
+            self.leases.drain(..dropped);
+            return Some(());
+        }
         while let Some(slot) = self.order.first() {
             if self.slot_lease(slot)?.expires_at_us() > until_us {
                 break;
@@ -339,10 +408,18 @@ impl LeaseSet {
     }
 
     fn insert(&mut self, lease: Lease) -> Option<()> {
+        if !self.indexed() && self.leases.len() >= SMALL {
+            self.index()?;
+        }
         let slot = Slot::try_from(self.leases.len()).ok()?;
         if self.leases.len() == self.leases.capacity() {
             // Grow by a sixteenth (at least 2): amortized O(1) copies, little slack.
             self.leases.reserve_exact((self.leases.len() / 16).max(2));
+        }
+        if !self.indexed() {
+            let at = self.leases.partition_point(|held| *held < lease);
+            self.leases.insert(at, lease);
+            return Some(());
         }
         self.leases.push(lease);
         self.ids.insert(&self.leases, slot)?;
@@ -355,6 +432,10 @@ impl LeaseSet {
         let last = Slot::try_from(self.leases.len().checked_sub(1)?).ok()?;
         if slot > last {
             return None;
+        }
+        if !self.indexed() {
+            self.leases.remove(usize::from(slot));
+            return Some(());
         }
         self.order.remove(&self.leases, slot)?;
         self.ids.remove(&self.leases, slot)?;
@@ -371,8 +452,14 @@ impl LeaseSet {
     /// away. Each shrink is O(N) after Θ(N) removals.
     fn fit(&mut self) -> Option<()> {
         let len = self.leases.len();
+        if self.indexed() && len <= SMALL / 2 {
+            self.unindex();
+        }
         if self.leases.capacity() > len + len / 8 + 4 {
             self.leases.shrink_to(len + len / 16);
+        }
+        if !self.indexed() {
+            return Some(());
         }
         self.ids.fit(&self.leases)?;
         self.order.fit()
@@ -383,8 +470,15 @@ impl LeaseSet {
 impl LeaseSet {
     /// Panics unless both indexes are well formed over the arena.
     pub(crate) fn check(&self) {
-        self.ids.check(&self.leases);
-        self.order.check(&self.leases);
+        if self.indexed() {
+            assert!(self.len() > SMALL / 2, "indexed at {}", self.len());
+            self.ids.check(&self.leases);
+            self.order.check(&self.leases);
+        } else {
+            assert!(self.len() <= SMALL, "not indexed at {}", self.len());
+            assert!(self.leases.windows(2).all(|w| w[0] < w[1]), "unsorted");
+            assert_eq!(self.ids.allocated_bytes() + self.order.allocated_bytes(), 0);
+        }
     }
 
     /// Leaves in use, and the leases in them.
@@ -407,6 +501,11 @@ impl<'a> Iterator for Leases<'a> {
     type Item = &'a Lease;
 
     fn next(&mut self) -> Option<&'a Lease> {
+        if !self.set.indexed() {
+            let lease = self.set.leases.get(self.rank)?;
+            self.rank += 1;
+            return Some(lease);
+        }
         if self.leaf.is_empty() {
             let (slots, at) = self.set.order.select_leaf(self.rank)?;
             self.leaf = slots.get(at..)?;
