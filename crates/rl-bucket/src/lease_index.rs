@@ -536,7 +536,10 @@ impl OrderIndex {
         let i = Self::child_for(arena, inner, key);
         let child = *inner.children.get(i)?;
         let last = usize::from(inner.len) == i + 1;
-        if level == 1 && !last && self.spill(arena, at, i, key, slot)? {
+        if level == 1
+            && ((!last && self.spill(arena, at, i, key, slot)?)
+                || (i > 0 && self.spill_left(arena, at, i, key, slot)?))
+        {
             return Some(None);
         }
         let split = self.insert_in(arena, level - 1, child, key, slot, rightmost && last)?;
@@ -610,6 +613,48 @@ impl OrderIndex {
             *inner.children.get_mut(i + k)? = child;
             *inner.counts.get_mut(i + k)? = count;
             *inner.mins.get_mut(i + k)? = min;
+        }
+        Some(true)
+    }
+
+    /// Inserts into leaf `i` (not the first) of inner node `at` without a split when it is
+    /// full and the previous leaf has room: its first lease moves to the end of the previous
+    /// leaf (the new one sorts after it, or the search would have gone left). `false` if it
+    /// does not apply.
+    fn spill_left(
+        &mut self,
+        arena: &[Lease],
+        at: u16,
+        i: usize,
+        key: &Lease,
+        slot: Slot,
+    ) -> Option<bool> {
+        let inner = self.inner(at)?;
+        let (a, b) = (
+            *inner.children.get(i.checked_sub(1)?)?,
+            *inner.children.get(i)?,
+        );
+        let full = self.leaf_slots(b)?;
+        if full.len() < LEAF_CAP || usize::from(self.leaf(a)?.len) >= LEAF_CAP {
+            return Some(false);
+        }
+        let &least = full.first()?;
+        let leaf = self.leaf_mut(b)?;
+        leaf.slots.rotate_left(1);
+        leaf.len -= 1;
+        self.insert_in_leaf(arena, b, key, slot, false)?;
+        let prev = self.leaf_mut(a)?;
+        *prev.slots.get_mut(usize::from(prev.len))? = least;
+        prev.len += 1;
+        let entries = [
+            (a, self.node_count(0, a)?, self.node_min(0, a)?),
+            (b, self.node_count(0, b)?, self.node_min(0, b)?),
+        ];
+        let inner = self.inner_mut(at)?;
+        for (k, (child, count, min)) in entries.into_iter().enumerate() {
+            *inner.children.get_mut(i - 1 + k)? = child;
+            *inner.counts.get_mut(i - 1 + k)? = count;
+            *inner.mins.get_mut(i - 1 + k)? = min;
         }
         Some(true)
     }
