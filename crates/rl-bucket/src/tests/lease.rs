@@ -1,7 +1,9 @@
-//! Leases (`lease.rs`): the replies worked out by hand, the stored form's checks, and a
+//! Leases (`lease.rs`): the replies worked out by hand, the stored form's checks, a
 //! property run against a plain model (a `Vec` of ids and expiries, filtered by `now` on
 //! every question) through random takes, releases, renewals, counts and clock steps,
-//! backwards included.
+//! backwards included, and the indexed set against the sorted vector it replaced
+//! (`sorted_leases.rs`): every reply, change and the whole stored order after each call,
+//! with bulk puts and reloads up to the cap, its indexes checked for shape after each.
 
 use super::*;
 
