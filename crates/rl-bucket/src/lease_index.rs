@@ -193,11 +193,11 @@ impl IdIndex {
         Some(())
     }
 
-    /// Shrinks the table once `arena` holds under two thirds of what it was made for (a
-    /// third of its entries removed since): O(N), after Θ(N) removals.
+    /// Shrinks the table once `arena` holds under four fifths of what it was made for (a
+    /// fifth of its entries removed since): O(N), after Θ(N) removals.
     pub(crate) fn fit(&mut self, arena: &[Lease]) -> Option<()> {
         let made_for = grown_table(arena.len());
-        if self.table.len() > made_for + made_for / 2 + 4 {
+        if self.table.len() > made_for + made_for / 4 + 4 {
             return self.rebuild(arena, made_for);
         }
         Some(())
@@ -346,14 +346,15 @@ impl OrderIndex {
         mins.partition_point(|&min| lease_at(arena, min).is_some_and(|min| min <= key))
     }
 
-    /// The slots of `sorted` (in order), packed into leaves filled evenly: O(N).
+    /// The slots of `sorted` (in order), packed into leaves filled evenly to at most 7/8, so
+    /// the next inserts do not split every leaf at once: O(N).
     pub(crate) fn build(sorted: &[Slot]) -> Option<Self> {
         let mut index = Self::default();
         if sorted.is_empty() {
             return Some(index);
         }
         let n = sorted.len();
-        let count = n.div_ceil(LEAF_CAP);
+        let count = n.div_ceil(LEAF_CAP * 7 / 8);
         index.leaves.reserve_exact(count);
         let mut level: Vec<(u16, u16, Slot)> = Vec::with_capacity(count);
         for j in 0..count {
@@ -409,12 +410,18 @@ impl OrderIndex {
         Some(())
     }
 
-    /// Rebuilds the tree once a fifth of its nodes were merged away: O(N), after Θ(N)
-    /// removals, since a merge needs a quarter of a leaf's entries removed.
+    /// Rebuilds the tree once a fifth of its nodes were merged away, or its leaves have room
+    /// for more than twice the slots held (plus 4 leaves): removals spread over every leaf
+    /// leave each about half full, which merging alone keeps. O(N), after Θ(N) changes: a
+    /// rebuilt tree holds leaves 7/8 full, and a split needs an eighth of a leaf inserted.
     pub(crate) fn fit(&mut self) -> Option<()> {
         let live_leaves = self.leaves.len().saturating_sub(self.dead_leaves);
         let live_inners = self.inners.len().saturating_sub(self.dead_inners);
-        if self.dead_leaves > live_leaves / 4 + 2 || self.dead_inners > live_inners / 4 + 2 {
+        let sparse = self.leaves.capacity() * LEAF_CAP > 2 * self.len + 4 * LEAF_CAP;
+        if sparse
+            || self.dead_leaves > live_leaves / 4 + 2
+            || self.dead_inners > live_inners / 4 + 2
+        {
             *self = Self::build(&self.in_order()?)?;
         }
         Some(())
@@ -783,8 +790,8 @@ impl OrderIndex {
     }
 
     /// Evens out children `left` and `left + 1` of inner node `at` (on `level`): merges them
-    /// when they fit in three quarters of a node (so a merge and a split are a quarter of a
-    /// node's changes apart), else shares their entries.
+    /// when they fit in 7/8 of a node (so a merge and a split are an eighth of a node's
+    /// changes apart), else shares their entries.
     fn rebalance(&mut self, level: u8, at: u16, left: usize) -> Option<()> {
         let inner = self.inner(at)?;
         let a = *inner.children.get(left)?;
@@ -795,7 +802,7 @@ impl OrderIndex {
             let mut all: Vec<Slot> = self.leaf_slots(a)?.to_vec();
             all.extend_from_slice(self.leaf_slots(b)?);
             merged_len = all.len();
-            let keep = if all.len() <= LEAF_CAP * 3 / 4 {
+            let keep = if all.len() <= LEAF_CAP * 7 / 8 {
                 all.len()
             } else {
                 all.len() / 2
@@ -809,7 +816,7 @@ impl OrderIndex {
             let mut all: Vec<(u16, u16, Slot)> = self.inner(a)?.entries().collect();
             all.extend(self.inner(b)?.entries());
             merged_len = all.len();
-            let keep = if all.len() <= INNER_CAP * 3 / 4 {
+            let keep = if all.len() <= INNER_CAP * 7 / 8 {
                 all.len()
             } else {
                 all.len() / 2
@@ -819,7 +826,7 @@ impl OrderIndex {
         }
         let cap = if below == 0 { LEAF_CAP } else { INNER_CAP };
         let mut entries: Vec<(u16, u16, Slot)> = self.inner(at)?.entries().collect();
-        if merged_len <= cap * 3 / 4 {
+        if merged_len <= cap * 7 / 8 {
             entries.remove(left + 1);
             self.mark_dead(below);
         } else {
