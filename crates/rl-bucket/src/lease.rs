@@ -170,9 +170,15 @@ pub struct LeaseSet {
     /// The leases: sorted by `(expires_at_us, id)` while no index is kept, else in no order
     /// (a removal moves the last one into its slot).
     leases: Vec<Lease>,
-    /// Empty while the set is small.
+    /// The indexes, boxed: `None` while the set is small, so that a small key's value is two
+    /// words and a vector, not every index's header.
+    index: Option<Box<Indexes>>,
+}
+
+/// A large set's two indexes over its arena.
+#[derive(Clone, Default)]
+struct Indexes {
     ids: IdIndex,
-    /// Empty while the set is small.
     order: OrderIndex,
 }
 
@@ -209,8 +215,7 @@ impl LeaseSet {
         }
         let mut set = Self {
             leases,
-            ids: IdIndex::default(),
-            order: OrderIndex::default(),
+            index: None,
         };
         if set.len() > SMALL {
             set.index()?;
@@ -228,7 +233,7 @@ impl LeaseSet {
     /// Whether the indexes are kept (more than [`SMALL`] leases were held since it was last
     /// small).
     fn indexed(&self) -> bool {
-        self.ids.in_use()
+        self.index.is_some()
     }
 
     /// Builds both indexes over the sorted arena: O(N), once past [`SMALL`]. `None` if an id
@@ -239,8 +244,10 @@ impl LeaseSet {
             .map(Slot::try_from)
             .collect::<Result<Vec<Slot>, _>>()
             .ok()?;
-        self.ids = IdIndex::of(&self.leases)?;
-        self.order = OrderIndex::build(&slots)?;
+        self.index = Some(Box::new(Indexes {
+            ids: IdIndex::of(&self.leases)?,
+            order: OrderIndex::build(&slots)?,
+        }));
         Some(())
     }
 
@@ -248,8 +255,7 @@ impl LeaseSet {
     fn unindex(&mut self) {
         let sorted: Vec<Lease> = self.iter().copied().collect();
         self.leases = sorted;
-        self.ids = IdIndex::default();
-        self.order = OrderIndex::default();
+        self.index = None;
     }
 
     /// Every stored lease, expired ones included, in order of `(expires_at_us, id)`: the
@@ -281,30 +287,31 @@ impl LeaseSet {
     /// memory report adds per key.
     pub fn allocated_bytes(&self) -> usize {
         self.leases.capacity() * size_of::<Lease>()
-            + self.ids.allocated_bytes()
-            + self.order.allocated_bytes()
+            + self.index.as_ref().map_or(0, |index| {
+                size_of::<Indexes>() + index.ids.allocated_bytes() + index.order.allocated_bytes()
+            })
     }
 
     /// The latest expiry stored: when the key may expire, since every lease is gone by then.
     /// O(log N).
     pub fn last_expires_at_us(&self) -> Option<u64> {
-        let last = if self.indexed() {
-            self.slot_lease(self.order.last()?)
-        } else {
-            self.leases.last()
+        let last = match &self.index {
+            Some(index) => self.slot_lease(index.order.last()?),
+            None => self.leases.last(),
         };
         last.map(Lease::expires_at_us)
     }
 
     /// The leases that count at `now_us` (those expiring after it), as a view: O(log N).
     pub fn live(&self, now_us: u64) -> Live<'_> {
-        let expired = if self.indexed() {
-            self.order
+        let expired = match &self.index {
+            Some(index) => index
+                .order
                 .count_until(&self.leases, now_us)
-                .unwrap_or(self.len())
-        } else {
-            self.leases
-                .partition_point(|lease| lease.expires_at_us() <= now_us)
+                .unwrap_or(self.len()),
+            None => self
+                .leases
+                .partition_point(|lease| lease.expires_at_us() <= now_us),
         };
         Live {
             set: self,
@@ -315,10 +322,10 @@ impl LeaseSet {
 
     /// The lease of rank `rank` in stored order (0 the earliest). O(log N).
     pub fn get(&self, rank: usize) -> Option<&Lease> {
-        if !self.indexed() {
-            return self.leases.get(rank);
+        match &self.index {
+            Some(index) => self.slot_lease(index.order.select(rank)?),
+            None => self.leases.get(rank),
         }
-        self.slot_lease(self.order.select(rank)?)
     }
 
     /// The stored lease named `id`, expired or not. O(1) expected.
@@ -328,8 +335,8 @@ impl LeaseSet {
 
     /// Where the lease named `id` is in the arena.
     fn slot_of(&self, id: LeaseId) -> Option<Slot> {
-        if self.indexed() {
-            return self.ids.find(&self.leases, &id);
+        if let Some(index) = &self.index {
+            return index.ids.find(&self.leases, &id);
         }
         let at = self.leases.iter().position(|held| held.has_id(&id))?;
         Slot::try_from(at).ok()
@@ -421,7 +428,7 @@ impl LeaseSet {
             self.leases.drain(..dropped);
             return Some(());
         }
-        while let Some(slot) = self.order.first() {
+        while let Some(slot) = self.index.as_ref().and_then(|index| index.order.first()) {
             if self.slot_lease(slot)?.expires_at_us() > until_us {
                 break;
             }
@@ -439,14 +446,14 @@ impl LeaseSet {
             // Grow by a sixteenth (at least 2): amortized O(1) copies, little slack.
             self.leases.reserve_exact((self.leases.len() / 16).max(2));
         }
-        if !self.indexed() {
+        let Some(index) = &mut self.index else {
             let at = self.leases.partition_point(|held| *held < lease);
             self.leases.insert(at, lease);
             return Some(());
-        }
+        };
         self.leases.push(lease);
-        self.ids.insert(&self.leases, slot)?;
-        self.order.insert(&self.leases, slot)
+        index.ids.insert(&self.leases, slot)?;
+        index.order.insert(&self.leases, slot)
     }
 
     /// Removes the lease at `slot`, moving the last lease into it and renaming that one in
@@ -456,15 +463,15 @@ impl LeaseSet {
         if slot > last {
             return None;
         }
-        if !self.indexed() {
+        let Some(index) = &mut self.index else {
             self.leases.remove(usize::from(slot));
             return Some(());
-        }
-        self.order.remove(&self.leases, slot)?;
-        self.ids.remove(&self.leases, slot)?;
+        };
+        index.order.remove(&self.leases, slot)?;
+        index.ids.remove(&self.leases, slot)?;
         if slot != last {
-            self.order.repoint(&self.leases, last, slot)?;
-            self.ids.repoint(&self.leases, last, slot)?;
+            index.order.repoint(&self.leases, last, slot)?;
+            index.ids.repoint(&self.leases, last, slot)?;
         }
         self.leases.swap_remove(usize::from(slot));
         Some(())
@@ -481,11 +488,11 @@ impl LeaseSet {
         if self.leases.capacity() > len + len / 8 + 4 {
             self.leases.shrink_to(len + len / 16);
         }
-        if !self.indexed() {
+        let Some(index) = &mut self.index else {
             return Some(());
-        }
-        self.ids.fit(&self.leases)?;
-        self.order.fit()
+        };
+        index.ids.fit(&self.leases)?;
+        index.order.fit()
     }
 }
 
@@ -493,20 +500,24 @@ impl LeaseSet {
 impl LeaseSet {
     /// Panics unless both indexes are well formed over the arena.
     pub(crate) fn check(&self) {
-        if self.indexed() {
-            assert!(self.len() > SMALL / 2, "indexed at {}", self.len());
-            self.ids.check(&self.leases);
-            self.order.check(&self.leases);
-        } else {
-            assert!(self.len() <= SMALL, "not indexed at {}", self.len());
-            assert!(self.leases.windows(2).all(|w| w[0] < w[1]), "unsorted");
-            assert_eq!(self.ids.allocated_bytes() + self.order.allocated_bytes(), 0);
+        match &self.index {
+            Some(index) => {
+                assert!(self.len() > SMALL / 2, "indexed at {}", self.len());
+                index.ids.check(&self.leases);
+                index.order.check(&self.leases);
+            }
+            None => {
+                assert!(self.len() <= SMALL, "not indexed at {}", self.len());
+                assert!(self.leases.windows(2).all(|w| w[0] < w[1]), "unsorted");
+            }
         }
     }
 
     /// Leaves in use, and the leases in them.
     pub(crate) fn leaf_fill(&self) -> (usize, usize) {
-        self.order.leaf_fill()
+        self.index
+            .as_ref()
+            .map_or((0, 0), |index| index.order.leaf_fill())
     }
 }
 
@@ -524,13 +535,13 @@ impl<'a> Iterator for Leases<'a> {
     type Item = &'a Lease;
 
     fn next(&mut self) -> Option<&'a Lease> {
-        if !self.set.indexed() {
+        let Some(index) = &self.set.index else {
             let lease = self.set.leases.get(self.rank)?;
             self.rank += 1;
             return Some(lease);
-        }
+        };
         if self.leaf.is_empty() {
-            let (slots, at) = self.set.order.select_leaf(self.rank)?;
+            let (slots, at) = index.order.select_leaf(self.rank)?;
             self.leaf = slots.get(at..)?;
         }
         let (&slot, rest) = self.leaf.split_first()?;

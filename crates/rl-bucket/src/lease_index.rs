@@ -56,11 +56,6 @@ fn grown_table(held: usize) -> usize {
 }
 
 impl IdIndex {
-    /// Whether the index is in use: it has a table (of at least one entry).
-    pub(crate) fn in_use(&self) -> bool {
-        !self.table.is_empty()
-    }
-
     /// Bytes allocated.
     pub(crate) fn allocated_bytes(&self) -> usize {
         self.table.capacity() * size_of::<u16>()
