@@ -357,7 +357,7 @@ unsafe extern "C" fn rdb_save(rdb: *mut raw::RedisModuleIO, value: *mut c_void) 
             return;
         };
         unsigned(rdb, set.len() as u64);
-        for lease in set.leases() {
+        for lease in set.iter() {
             let id = lease.id();
             let id = id.as_bytes();
             unsigned(rdb, lease.expires_at_us());
@@ -379,7 +379,7 @@ unsafe extern "C" fn aof_rewrite(
     };
     // One lease per command, in the stored order, dropping nothing (drop_until_us 0). The
     // key's expiry follows as a PEXPIREAT that the server writes itself.
-    for lease in set.leases() {
+    for lease in set.iter() {
         let id = lease.id();
         let id = id.as_bytes();
         let expires_at_us = i64::try_from(lease.expires_at_us()).unwrap_or(i64::MAX);
@@ -400,11 +400,11 @@ unsafe extern "C" fn aof_rewrite(
 }
 
 /// The server's record of the module value (type pointer and value word), the set's header,
-/// and its allocation: 24 bytes per lease it has room for.
+/// and its allocations: the arena (24 bytes per lease it has room for) and its two indexes.
 unsafe extern "C" fn mem_usage(value: *const c_void) -> usize {
     // SAFETY: Redis passes a live value of this type.
-    let entries = unsafe { set_of(value) }.map_or(0, LeaseSet::capacity);
-    2 * size_of::<usize>() + size_of::<LeaseSet>() + entries * size_of::<Lease>()
+    let allocated = unsafe { set_of(value) }.map_or(0, LeaseSet::allocated_bytes);
+    2 * size_of::<usize>() + size_of::<LeaseSet>() + allocated
 }
 
 unsafe extern "C" fn digest(md: *mut raw::RedisModuleDigest, value: *mut c_void) {
@@ -418,7 +418,7 @@ unsafe extern "C" fn digest(md: *mut raw::RedisModuleDigest, value: *mut c_void)
         ) else {
             return;
         };
-        for lease in set.leases() {
+        for lease in set.iter() {
             let id = lease.id();
             let id = id.as_bytes();
             add_buffer(md, id.as_ptr().cast::<c_char>(), id.len());
@@ -464,8 +464,7 @@ mod tests {
             _ => None,
         };
         decode(encver, next_unsigned, next_bytes).map(|set| {
-            set.leases()
-                .iter()
+            set.iter()
                 .map(|l| (l.id().as_bytes().to_vec(), l.expires_at_us()))
                 .collect()
         })

@@ -30,10 +30,12 @@
 //!   leave the bucket in debt, and its bound ([`ChargeError`]).
 //! - `settle.rs`: the step that settles a reservation, [`settle`]: what was over-estimated
 //!   goes back as a refund, what was under-estimated is charged, the difference exact.
-//! - `lease.rs`: leases, a limit on work in flight: [`LeaseSet`] (a key's leases, sorted by
-//!   expiry), the steps [`lease`](fn@lease), [`release`], [`renew`] and
-//!   [`leases_in_use`], and [`LeaseChange`], the effect a write replicates. Shares nothing
-//!   with the bucket.
+//! - `lease.rs`: leases, a limit on work in flight: [`LeaseSet`] (a key's leases, in an
+//!   arena indexed by id and by expiry), the steps [`lease`](fn@lease), [`release`],
+//!   [`renew`] and [`leases_in_use`], and [`LeaseChange`], the effect a write replicates.
+//!   Shares nothing with the bucket.
+//! - `lease_index.rs`: the two indexes of a [`LeaseSet`]'s arena, a hash table by id and a
+//!   B+tree with counts by `(expires_at_us, id)`.
 //! - `model.rs` (tests only): the exact model in rational arithmetic, sharing no code with
 //!   the above; the fuzzer includes it by path.
 //! - `tests/`: the unit and property tests, one file per concept above, plus the runs that
@@ -151,6 +153,7 @@ mod decimal;
 mod decision;
 mod fallback;
 mod lease;
+mod lease_index;
 mod limit;
 mod refund;
 mod reserve;
@@ -169,7 +172,8 @@ pub use fallback::{
 };
 pub use lease::{
     expiry_us, lease, leases_in_use, release, renew, Lease, LeaseChange, LeaseId, LeaseOutcome,
-    LeaseReply, LeaseSet, MAX_EXPIRES_AT_US, MAX_LEASE_ID_BYTES, MAX_LEASE_LIMIT, MAX_LEASE_TTL_MS,
+    LeaseReply, LeaseSet, Leases, Live, MAX_EXPIRES_AT_US, MAX_LEASE_ID_BYTES, MAX_LEASE_LIMIT,
+    MAX_LEASE_TTL_MS,
 };
 pub use limit::{Limit, LimitError, MAX_CAPACITY, MAX_RATE_PER_S, MAX_REFILL_S, MIN_RATE_PER_S};
 pub use refund::refund;

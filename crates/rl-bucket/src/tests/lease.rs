@@ -1,7 +1,9 @@
-//! Leases (`lease.rs`): the replies worked out by hand, the stored form's checks, and a
+//! Leases (`lease.rs`): the replies worked out by hand, the stored form's checks, a
 //! property run against a plain model (a `Vec` of ids and expiries, filtered by `now` on
 //! every question) through random takes, releases, renewals, counts and clock steps,
-//! backwards included.
+//! backwards included, and the indexed set against the sorted vector it replaced
+//! (`sorted_leases.rs`): every reply, change and the whole stored order after each call,
+//! with bulk puts and reloads up to the cap, its indexes checked for shape after each.
 
 use super::*;
 
@@ -106,7 +108,7 @@ fn release_and_renew_act_only_on_leases_that_count() {
     let (renewed, change) = renew(Some(&set), NOW_US + 150_000, id(b"b"), 1);
     assert!(renewed);
     commit(&mut set, change);
-    assert_eq!(set.leases().len(), 1);
+    assert_eq!(set.len(), 1);
     assert_eq!(set.last_expires_at_us(), Some(NOW_US + 151_000));
     let (released, change) = release(Some(&set), NOW_US + 150_000, id(b"b"));
     assert!(released);
@@ -345,14 +347,271 @@ proptest! {
             let mut stored: Vec<(Vec<u8>, u64)> = model.leases.clone();
             stored.sort_by(|a, b| (a.1, a.0.len(), &a.0).cmp(&(b.1, b.0.len(), &b.0)));
             let got: Vec<(Vec<u8>, u64)> = set
-                .leases()
                 .iter()
                 .map(|l| (l.id().as_bytes().to_vec(), l.expires_at_us()))
                 .collect();
             let mut got_sorted = got.clone();
             got_sorted.sort_by(|a, b| (a.1, a.0.len(), &a.0).cmp(&(b.1, b.0.len(), &b.0)));
             prop_assert_eq!(&got_sorted, &stored);
-            prop_assert_eq!(LeaseSet::from_sorted(set.leases().to_vec()), Some(set.clone()));
+            prop_assert_eq!(LeaseSet::from_sorted(set.iter().copied().collect()), Some(set.clone()));
         }
     }
+}
+
+// The indexed set against the sorted vector it replaced (`sorted_leases.rs`), step by step.
+
+use super::sorted_leases::{
+    lease_sorted, leases_in_use_sorted, release_sorted, renew_sorted, SortedLeaseSet,
+};
+
+#[derive(Clone, Debug)]
+enum Call {
+    /// A take with a caller's id, or (None) an id made the way `RL.LEASE` makes one: one
+    /// neither set stores.
+    Take {
+        limit: u64,
+        ttl_ms: u64,
+        id: Option<Vec<u8>>,
+    },
+    Release {
+        id: Vec<u8>,
+    },
+    Renew {
+        id: Vec<u8>,
+        ttl_ms: u64,
+    },
+    Count {
+        limit: u64,
+    },
+    /// `RL.LEASESETSTATE` with no pair's effect but the drop: drops what expired by now.
+    Drop,
+    /// `RL.LEASESETSTATE` putting `n` made ids at once (expiries `now + 1 + mix(seed, i) %
+    /// spread_us`, ascending when `spread_us` is 0), plus removals of the small pool's ids.
+    Fill {
+        n: u64,
+        seed: u64,
+        spread_us: u64,
+        remove: Vec<Vec<u8>>,
+    },
+    /// Reloads the set from its stored order (`from_sorted`, as a loader does).
+    Reload,
+    /// Moves the clock by this many µs, backwards when negative.
+    Step(i64),
+}
+
+fn mix(seed: u64, i: u64) -> u64 {
+    // splitmix64: spreads ids and expiries without a generator's state.
+    let mut z = seed.wrapping_add(i.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+fn any_call() -> impl Strategy<Value = Call> {
+    let limit = prop_oneof![3 => 1u64..=5, 2 => 1u64..=MAX_LEASE_LIMIT, 1 => Just(MAX_LEASE_LIMIT)];
+    let ttl = prop_oneof![1u64..=5, 1u64..=1000, Just(60_000u64)];
+    prop_oneof![
+        6 => (limit.clone(), ttl.clone(), prop::option::weighted(0.6, any_id())).prop_map(|(limit, ttl_ms, id)| Call::Take { limit, ttl_ms, id }),
+        2 => any_id().prop_map(|id| Call::Release { id }),
+        2 => (any_id(), ttl).prop_map(|(id, ttl_ms)| Call::Renew { id, ttl_ms }),
+        1 => limit.prop_map(|limit| Call::Count { limit }),
+        1 => Just(Call::Drop),
+        1 => (
+            prop_oneof![6 => 0u64..=80, 3 => 0u64..=3_000, 1 => Just(MAX_LEASE_LIMIT)],
+            any::<u64>(),
+            prop_oneof![Just(0u64), 1u64..=100, 1u64..=2_000_000],
+            prop::collection::vec(any_id(), 0..3),
+        )
+            .prop_map(|(n, seed, spread_us, remove)| Call::Fill { n, seed, spread_us, remove }),
+        1 => Just(Call::Reload),
+        3 => prop_oneof![4 => 0i64..=2_000, 2 => 0i64..=1_000_000, 1 => -2_000i64..=0].prop_map(Call::Step),
+    ]
+}
+
+/// Stored order, as pairs the eye can read in a failure.
+fn contents<'a>(leases: impl Iterator<Item = &'a Lease>) -> Vec<(Vec<u8>, u64)> {
+    leases
+        .map(|l| (l.id().as_bytes().to_vec(), l.expires_at_us()))
+        .collect()
+}
+
+/// Runs `calls` on an indexed set and on the sorted model, comparing every reply, every
+/// change and the whole stored order after each.
+fn run_against_sorted(calls: &[Call]) -> Result<(), TestCaseError> {
+    let mut set = LeaseSet::new();
+    let mut model = SortedLeaseSet::new();
+    let mut now_us = NOW_US;
+    let mut made = 0u64;
+    let mut make_id = |set: &LeaseSet, model: &SortedLeaseSet| loop {
+        made += 1;
+        let made_id = id(format!("{:016x}", mix(7, made)).as_bytes());
+        assert_eq!(set.find(made_id), model.find(made_id).copied().as_ref());
+        if set.find(made_id).is_none() {
+            return made_id;
+        }
+    };
+    for call in calls {
+        match call {
+            Call::Take {
+                limit,
+                ttl_ms,
+                id: name,
+            } => {
+                let taken = match name {
+                    Some(name) => id(name),
+                    None => make_id(&set, &model),
+                };
+                let got = lease(Some(&set), *limit, now_us, *ttl_ms, taken);
+                let want = lease_sorted(Some(&model), *limit, now_us, *ttl_ms, taken);
+                prop_assert_eq!(got, want, "{:?}", call);
+                if let Some(change) = want.1 {
+                    prop_assert_eq!(set.apply(&change), model.apply(&change));
+                }
+            }
+            Call::Release { id: name } => {
+                let got = release(Some(&set), now_us, id(name));
+                let want = release_sorted(Some(&model), now_us, id(name));
+                prop_assert_eq!(got, want, "{:?}", call);
+                if let Some(change) = want.1 {
+                    prop_assert_eq!(set.apply(&change), model.apply(&change));
+                }
+            }
+            Call::Renew { id: name, ttl_ms } => {
+                let got = renew(Some(&set), now_us, id(name), *ttl_ms);
+                let want = renew_sorted(Some(&model), now_us, id(name), *ttl_ms);
+                prop_assert_eq!(got, want, "{:?}", call);
+                if let Some(change) = want.1 {
+                    prop_assert_eq!(set.apply(&change), model.apply(&change));
+                }
+            }
+            Call::Count { limit } => {
+                prop_assert_eq!(
+                    leases_in_use(Some(&set), *limit, now_us),
+                    leases_in_use_sorted(Some(&model), *limit, now_us)
+                );
+            }
+            Call::Drop => {
+                prop_assert_eq!(set.apply_all(now_us, &[]), model.apply_all(now_us, &[]));
+            }
+            Call::Fill {
+                n,
+                seed,
+                spread_us,
+                remove,
+            } => {
+                let mut puts: Vec<(LeaseId, u64)> =
+                    remove.iter().map(|name| (id(name), 0)).collect();
+                for i in 0..*n {
+                    let made_id = make_id(&set, &model);
+                    let after_us = match spread_us {
+                        0 => i,
+                        spread => mix(*seed, i) % spread,
+                    };
+                    puts.push((made_id, now_us + 1 + after_us));
+                }
+                let drop_until_us = now_us.saturating_sub(mix(*seed, 0) % 2_000);
+                let got = set.apply_all(drop_until_us, &puts);
+                prop_assert_eq!(got, model.apply_all(drop_until_us, &puts), "{:?}", call);
+            }
+            Call::Reload => {
+                set = LeaseSet::from_sorted(set.iter().copied().collect()).unwrap();
+            }
+            Call::Step(us) => now_us = now_us.checked_add_signed(*us).unwrap(),
+        }
+        set.check();
+        prop_assert_eq!(
+            contents(set.iter()),
+            contents(model.leases().iter()),
+            "after {:?}",
+            call
+        );
+        prop_assert_eq!(set.len(), model.len());
+        prop_assert_eq!(set.last_expires_at_us(), model.last_expires_at_us());
+        prop_assert_eq!(set.live(now_us).len(), model.live(now_us).len());
+        let reloaded = LeaseSet::from_sorted(model.leases().to_vec());
+        prop_assert_eq!(reloaded.as_ref(), Some(&set));
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    #[test]
+    fn the_indexed_set_answers_and_stores_as_the_sorted_vector_did(
+        calls in prop::collection::vec(any_call(), 1..100),
+    ) {
+        run_against_sorted(&calls)?;
+    }
+}
+
+#[test]
+fn the_indexed_set_agrees_with_the_sorted_vector_up_to_the_cap_and_back() {
+    // Fills to the cap in one ascending run (the last leaf kept full), takes past it, then
+    // lets time drain it in steps, with takes and releases of made and own ids between:
+    // every leaf split and merge, table growth and shrink, and tree rebuild on the way.
+    let mut calls = vec![Call::Fill {
+        n: MAX_LEASE_LIMIT - 10,
+        seed: 1,
+        spread_us: 0,
+        remove: vec![],
+    }];
+    for round in 0..40u64 {
+        calls.push(Call::Take {
+            limit: MAX_LEASE_LIMIT,
+            ttl_ms: 1 + round % 7,
+            id: None,
+        });
+        calls.push(Call::Take {
+            limit: MAX_LEASE_LIMIT,
+            ttl_ms: 1,
+            id: Some(b"a".to_vec()),
+        });
+        calls.push(Call::Fill {
+            n: 400,
+            seed: round,
+            spread_us: 50_000_000,
+            remove: vec![b"a".to_vec()],
+        });
+        calls.push(Call::Count {
+            limit: 1 + round * 250,
+        });
+        calls.push(Call::Step(250 + (round as i64) * 10));
+        calls.push(Call::Drop);
+        if round % 8 == 0 {
+            calls.push(Call::Reload);
+        }
+    }
+    calls.push(Call::Step(100_000_000));
+    calls.push(Call::Take {
+        limit: 1,
+        ttl_ms: 5,
+        id: None,
+    });
+    run_against_sorted(&calls).unwrap();
+}
+
+#[test]
+fn a_run_of_one_ttl_fills_its_leaves() {
+    // The bench's pattern: leases of one ttl taken in time order, each appended after the
+    // last. Whole leaves, so the tree costs about 2 bytes a lease.
+    let mut set = LeaseSet::new();
+    for i in 0..1000u64 {
+        let (_, change) = lease(
+            Some(&set),
+            MAX_LEASE_LIMIT,
+            NOW_US + i,
+            3_600_000,
+            id(&i.to_be_bytes()),
+        );
+        set.apply(&change.unwrap()).unwrap();
+    }
+    set.check();
+    let (leaves, leases) = set.leaf_fill();
+    assert_eq!((leaves, leases), (16, 1000));
+    assert!(
+        set.allocated_bytes() <= 1000 * 30,
+        "{}",
+        set.allocated_bytes()
+    );
 }

@@ -22,6 +22,8 @@
 //! - `properties.rs`: the invariants, over generated limits, states and costs.
 //! - `against_model.rs`: every field of every reply against the exact model (`model.rs`),
 //!   at integer, fractional, decimal, `N/S` and per-period limits.
+//! - `lease.rs`: leases, by hand, against a plain model, and the indexed set against
+//!   `sorted_leases.rs`, the sorted vector it replaced, call by call up to the cap.
 //!
 //! This file holds what several of them share: the instants, the constructors, and the
 //! checks against the model. Proptest replays each file's saved failures from
@@ -44,6 +46,7 @@ mod properties;
 mod refund;
 mod reserve;
 mod settle;
+mod sorted_leases;
 mod state;
 
 /// A realistic instant: 2023-11-14T22:13:20Z, in µs.
