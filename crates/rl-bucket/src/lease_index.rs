@@ -606,17 +606,25 @@ impl OrderIndex {
         next.slots.get_mut(..=len)?.rotate_right(1);
         *next.slots.first_mut()? = moved;
         next.len += 1;
+        self.refresh_pair(at, i, [a, b])?;
+        Some(true)
+    }
+
+    /// Writes leaves `pair` as children `first` and `first + 1` of inner node `at`, with
+    /// their counts and least slots: after a lease moved between two neighbouring leaves.
+    fn refresh_pair(&mut self, at: u16, first: usize, pair: [u16; 2]) -> Option<()> {
+        let [a, b] = pair;
         let entries = [
             (a, self.node_count(0, a)?, self.node_min(0, a)?),
             (b, self.node_count(0, b)?, self.node_min(0, b)?),
         ];
         let inner = self.inner_mut(at)?;
         for (k, (child, count, min)) in entries.into_iter().enumerate() {
-            *inner.children.get_mut(i + k)? = child;
-            *inner.counts.get_mut(i + k)? = count;
-            *inner.mins.get_mut(i + k)? = min;
+            *inner.children.get_mut(first + k)? = child;
+            *inner.counts.get_mut(first + k)? = count;
+            *inner.mins.get_mut(first + k)? = min;
         }
-        Some(true)
+        Some(())
     }
 
     /// Inserts into leaf `i` (not the first) of inner node `at` without a split when it is
@@ -648,16 +656,7 @@ impl OrderIndex {
         let prev = self.leaf_mut(a)?;
         *prev.slots.get_mut(usize::from(prev.len))? = least;
         prev.len += 1;
-        let entries = [
-            (a, self.node_count(0, a)?, self.node_min(0, a)?),
-            (b, self.node_count(0, b)?, self.node_min(0, b)?),
-        ];
-        let inner = self.inner_mut(at)?;
-        for (k, (child, count, min)) in entries.into_iter().enumerate() {
-            *inner.children.get_mut(i - 1 + k)? = child;
-            *inner.counts.get_mut(i - 1 + k)? = count;
-            *inner.mins.get_mut(i - 1 + k)? = min;
-        }
+        self.refresh_pair(at, i.checked_sub(1)?, [a, b])?;
         Some(true)
     }
 
