@@ -195,9 +195,8 @@ local known
   -- functions again on every call, so it has few). A `break` leaves it, with nothing written,
   -- for the general path: an argument or a stored field that is not a plain case, a rate
   -- changed since the bucket was written, a peek in debt, an estimate off by more than one
-  -- token. A stored denominator or remainder that is "1" or "0" is not converted, and the
-  -- texts written are made by string.format('%d') (redis.call would print a number with
-  -- "%.17g" before Redis 7.2, several times the cost).
+  -- token. The expiry's text is made by string.format('%d') (redis.call would print a number
+  -- with "%.17g" before Redis 7.2, several times the cost).
   if (mode == 'acquire' or mode == 'peek') and #keys == 1 then repeat
     local key, take = keys[1], mode == 'acquire'
     -- The numbers: packed (one argument of 80 bytes, ten doubles read by one C call straight
@@ -247,8 +246,9 @@ local known
     -- How far from full the bucket is: (dq, dr), 0 when missing or full.
     local dq, dr = 0, 0
     if v then
-      -- "rl" (27762) and three doubles, whole numbers in range, over this call's D.
-      if type(v) ~= 'string' or #v ~= 26 then break end
+      -- "rl" (27762) and three doubles, whole numbers in range, over this call's D. A hash
+      -- answers GET with an error table, whose length is 0.
+      if #v ~= 26 then break end
       local m, fq, fr, sd = struct.unpack('<Hddd', v)
       if m ~= 27762 or sd ~= d or fq % 1 + fr % 1 ~= 0 or fq < 0 or fq > 9007199254740991
           or fr < 0 or fr >= d then
