@@ -157,9 +157,9 @@
 -- debt), goes to the general path, which decides as the exact bucket does. The libraries send
 -- a one-key acquire in the short form (the packed numbers, no mode: Redis then makes one Lua
 -- string and one ARGV slot fewer). Per allowed call with packed numbers (callgrind, Redis
--- 7.0.15) the script's short form runs about 55,500 instructions at 10/s and 3/s on new keys
--- and 59,700 updating a key, the Functions library 54,100 and 58,300 to 58,700, the classic
--- float script 59,000 and 61,700.
+-- 7.0.15) the script's short form runs about 55,700 instructions at 10/s and 3/s on new keys
+-- and 59,000 updating a key, the Functions library 54,100 and 57,700, the classic float
+-- script 59,000 and 61,600.
 
 if not redis.REDIS_VERSION_NUM and redis.replicate_commands then
   -- Redis < 7 replicates scripts verbatim unless told otherwise; 7+ (which has
