@@ -271,9 +271,9 @@ pub const SPECS: &[Spec] = &[
         key_flags: WRITE,
         arity: -4,
         summary: c"Takes a lease (a slot of work in flight) if fewer than limit are held.",
-        // A sorted vector: binary searches, plus a scan and a memmove over at most 10,000
-        // leases of 24 bytes (see rl_bucket's lease docs).
-        complexity: c"O(N) where N is the number of leases held (at most 10000), O(log N) comparisons",
+        // A hash by id and a counted B+tree by expiry (see rl_bucket's lease docs); each
+        // expired lease dropped costs O(log N) once.
+        complexity: c"O(log N) amortized where N is the number of leases held (at most 10000)",
         since: c"0.3.0",
         // The reply depends on the clock, and a made id is random.
         tips: Some(c"nondeterministic_output"),
@@ -289,7 +289,7 @@ pub const SPECS: &[Spec] = &[
         key_flags: WRITE,
         arity: 3,
         summary: c"Releases a lease; replies 1 if it was held.",
-        complexity: c"O(N) where N is the number of leases held (at most 10000)",
+        complexity: c"O(log N) amortized where N is the number of leases held (at most 10000)",
         since: c"0.3.0",
         tips: Some(c"nondeterministic_output"),
         in_category: true,
@@ -303,7 +303,7 @@ pub const SPECS: &[Spec] = &[
         key_flags: WRITE,
         arity: 4,
         summary: c"Makes a held lease expire ttl_ms from now; replies 1 if it was held.",
-        complexity: c"O(N) where N is the number of leases held (at most 10000)",
+        complexity: c"O(log N) amortized where N is the number of leases held (at most 10000)",
         since: c"0.3.0",
         tips: Some(c"nondeterministic_output"),
         in_category: true,
@@ -331,7 +331,7 @@ pub const SPECS: &[Spec] = &[
         key_flags: WRITE,
         arity: -5,
         summary: c"Drops expired leases and sets or removes leases by id (internal: what lease writes replicate and AOF rewrites emit).",
-        complexity: c"O(N × M) where N is the number of leases held and M the number of ids given",
+        complexity: c"O(M log N) amortized where N is the number of leases held and M the number of ids given",
         since: c"0.3.0",
         tips: None,
         in_category: false,

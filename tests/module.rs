@@ -416,11 +416,11 @@ fn every_command_states_its_complexity_and_version() {
         ("RL.HDEL", "O(N) ", "0.3.0"),
         ("RL.HLEN", "O(1)", "0.3.0"),
         ("RL.HSETSTATE", "O(N) ", "0.3.0"),
-        ("RL.LEASE", "O(N) ", "0.3.0"),
-        ("RL.RELEASE", "O(N) ", "0.3.0"),
-        ("RL.RENEW", "O(N) ", "0.3.0"),
+        ("RL.LEASE", "O(log N) amortized ", "0.3.0"),
+        ("RL.RELEASE", "O(log N) amortized ", "0.3.0"),
+        ("RL.RENEW", "O(log N) amortized ", "0.3.0"),
         ("RL.LEASES", "O(log N) ", "0.3.0"),
-        ("RL.LEASESETSTATE", "O(N × M) ", "0.3.0"),
+        ("RL.LEASESETSTATE", "O(M log N) ", "0.3.0"),
     ];
     for (name, prefix, since) in want {
         let docs: Value = redis::cmd("COMMAND")
