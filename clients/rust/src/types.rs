@@ -551,11 +551,6 @@ impl Counters {
 pub enum Error {
     /// A bad argument, found before any I/O: the text names it and its range.
     Invalid(&'static str),
-    /// The server has no RL.ACQUIRE and the limiter was built with
-    /// [`WithoutModule::Refuse`]. Calls no longer return it (a missing module is a
-    /// misconfiguration: the policy decides, see [`Counters::misconfigured`]); `check` returns
-    /// [`Error::Misconfigured`] for it.
-    ModuleMissing,
     /// Redis is reachable but misconfigured for this client: the text names the cause and the
     /// fix (a wrong password, the ACL rule to add, a cluster client on a standalone server or
     /// the reverse, no module under [`WithoutModule::Refuse`]). Returned by `check`; at run
@@ -579,11 +574,6 @@ impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Error::Invalid(text) => f.write_str(text),
-            Error::ModuleMissing => f.write_str(
-                "the server has no RL.ACQUIRE (the redis-rl module is not loaded) and this \
-                 limiter was built with WithoutModule::Refuse; load the module or use \
-                 WithoutModule::Lua",
-            ),
             Error::Misconfigured(cause) => {
                 write!(f, "Redis is misconfigured for redis-rl: {cause}")
             }
