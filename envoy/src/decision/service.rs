@@ -796,7 +796,6 @@ impl Service {
     fn client_failure(&self, e: ClientError) -> Failure {
         match e {
             ClientError::Invalid(text) => Failure::Invalid(text.to_string()),
-            ClientError::ModuleMissing => Failure::Unavailable(e.to_string()),
             e => Failure::Internal(e.to_string()),
         }
     }
