@@ -220,7 +220,8 @@ impl OpenKey {
     /// The bucket a string or hash holds if the Lua fallback wrote it: its packed string (`rl`
     /// and three doubles), or (the form before it) a hash of exactly three fields `a`, `b` and
     /// `d`, each an integer as the fallback writes one, in its range
-    /// ([`FallbackState::parse_packed`], [`FallbackState::parse`]). Only the values are read, and nothing is changed.
+    /// ([`FallbackState::parse_packed`], [`FallbackState::parse`]). Only the values are read,
+    /// and nothing is changed.
     ///
     /// # Errors
     /// [`Error::WrongType`] for a missing key, any other type, any other string, or any other

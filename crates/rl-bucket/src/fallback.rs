@@ -117,21 +117,21 @@ impl FallbackState {
     /// number at least 0 (a NaN, an infinity, a fraction, a negative); then
     /// [`FallbackError::OutOfRange`] as for [`FallbackState::new`].
     pub fn parse_packed(value: &[u8]) -> Result<Self, FallbackError> {
-        let numbers = match value {
-            [b'r', b'l', numbers @ ..] if value.len() == PACKED_LEN => numbers,
-            _ => return Err(FallbackError::NotTheForm),
-        };
-        let mut fields = numbers
-            .chunks_exact(8)
-            .zip(["a", "b", "d"])
-            .map(|(bytes, field)| {
-                let bytes: [u8; 8] = bytes.try_into().map_err(|_| FallbackError::NotTheForm)?;
-                whole(f64::from_le_bytes(bytes), field)
-            });
-        match (fields.next(), fields.next(), fields.next()) {
-            (Some(q), Some(r), Some(d)) => Self::new(q?, r?, d?),
-            _ => Err(FallbackError::NotTheForm),
+        if value.len() != PACKED_LEN {
+            return Err(FallbackError::NotTheForm);
         }
+        let numbers = value
+            .strip_prefix(PACKED_PREFIX.as_slice())
+            .ok_or(FallbackError::NotTheForm)?;
+        // The `index`th double, named `field` in errors.
+        let field = |index: usize, field: &'static str| {
+            let bytes: [u8; 8] = numbers
+                .get(index * 8..(index + 1) * 8)
+                .and_then(|bytes| bytes.try_into().ok())
+                .ok_or(FallbackError::NotTheForm)?;
+            whole(f64::from_le_bytes(bytes), field)
+        };
+        Self::new(field(0, "a")?, field(1, "b")?, field(2, "d")?)
     }
 
     /// The value the fallback writes for this instant: what [`FallbackState::parse_packed`]
