@@ -237,7 +237,9 @@ class Wsgi(unittest.TestCase):
 
         def handler(environ, start_response):
             gauge.enter()
-            time.sleep(0.01)
+            # Long enough that, with 200 callers waiting, all 10 leases are held at once even
+            # on a busy machine (at 10 ms the peak was sometimes 9 under a parallel build).
+            time.sleep(0.05)
             gauge.leave()
             start_response("200 OK", [("Content-Type", "text/plain")])
             return [b"ok"]
