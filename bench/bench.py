@@ -132,7 +132,8 @@ class Conn:
         except OSError:
             pass
 
-    def read(self):
+    def read(self, raw=False):
+        """One reply; a bulk string as text, or as bytes when `raw`."""
         line = self.reader.readline()
         if not line.endswith(b"\r\n"):
             raise BenchError("the server closed the connection")
@@ -147,34 +148,36 @@ class Conn:
             size = int(rest)
             if size < 0:
                 return None
-            return self.reader.read(size + 2)[:-2].decode(errors="replace")
+            bulk = self.reader.read(size + 2)[:-2]
+            return bulk if raw else bulk.decode(errors="replace")
         if kind == b"*":
             size = int(rest)
-            return None if size < 0 else [self.read() for _ in range(size)]
+            return None if size < 0 else [self.read(raw) for _ in range(size)]
         raise BenchError("unexpected RESP reply: %r" % line)
 
-    def call(self, *args):
-        """Sends one command; raises on an error reply."""
+    def call(self, *args, raw=False):
+        """Sends one command; raises on an error reply. `raw`: bulk strings as bytes."""
         self.sock.sendall(encode(args))
-        reply = self.read()
+        reply = self.read(raw)
         if isinstance(reply, ErrorReply):
             raise BenchError("%s answered an error: %s" % (" ".join(map(str, args)), reply))
         return reply
 
-    def pipeline(self, commands, batch=1000):
-        """Sends commands in pipelined batches; yields every reply, errors included."""
+    def pipeline(self, commands, batch=1000, raw=False):
+        """Sends commands in pipelined batches; yields every reply, errors included. `raw`:
+        bulk strings as bytes."""
         chunk = []
         for command in commands:
             chunk.append(command)
             if len(chunk) == batch:
-                yield from self._flush(chunk)
+                yield from self._flush(chunk, raw)
                 chunk = []
         if chunk:
-            yield from self._flush(chunk)
+            yield from self._flush(chunk, raw)
 
-    def _flush(self, chunk):
+    def _flush(self, chunk, raw=False):
         self.sock.sendall(b"".join(encode(c) for c in chunk))
-        return [self.read() for _ in chunk]
+        return [self.read(raw) for _ in chunk]
 
     def run_all(self, commands, what):
         """Pipelines commands and fails on the first error reply. Returns the replies' count."""
@@ -488,7 +491,8 @@ def workloads(sha, now_ms, rl_sha="rl_sha"):
 
     def function(rate, capacity, cost):
         packed = script_packed(rate, capacity, cost)
-        return lambda key: ["FCALL", "rl_acquire", "1", key, packed]
+        # rl_acquire_packed, which the libraries call for a one-key acquire (a packed reply).
+        return lambda key: ["FCALL", "rl_acquire_packed", "1", key, packed]
 
     def hash_prefill(key):
         return ["HSET", key, "tokens", HASH_TOKENS, "ts", str(now_ms)]
@@ -529,7 +533,7 @@ def workloads(sha, now_ms, rl_sha="rl_sha"):
                      "evalsha", lua(*ALLOW[rate]), expect="allowed", hot=False, python=True),
             Workload("script_allowed_%s" % rate, "rl.lua EVALSHA allowed %s/s" % rate, "evalsha",
                      script(*ALLOW[rate]), expect="allowed", hot=False),
-            Workload("function_allowed_%s" % rate, "rl_acquire FCALL allowed %s/s" % rate,
+            Workload("function_allowed_%s" % rate, "rl_acquire_packed FCALL allowed %s/s" % rate,
                      "fcall", function(*ALLOW[rate]), expect="allowed", hot=False),
         ]
     found += [
@@ -560,6 +564,9 @@ def check_reply(workload, reply, command):
                          "success, so the benchmark stops here)" % (text, reply))
     if workload.expect is None:
         return None
+    if isinstance(reply, bytes) and len(reply) == 32:
+        # The script's short form answers its four numbers packed: four little-endian doubles.
+        reply = [int(x) for x in struct.unpack("<4d", reply)]
     if not (isinstance(reply, list) and len(reply) >= 2 and isinstance(reply[0], int)):
         raise BenchError("`%s` answered %r, not [allowed, remaining, ...]" % (text, reply))
     return reply[0] == 1
@@ -608,7 +615,7 @@ def prepare(conn, config, sample_size, table_buckets=0):
         # Sample the path before the run. Denials write nothing (RL) or rewrite the same state
         # (Lua); an allowed call takes 1 of 1e9 tokens. Either way the run is unaffected.
         commands = [wl.args(k) for k in sample]
-        results = [check_reply(wl, r, c) for r, c in zip(conn.pipeline(commands), commands)]
+        results = [check_reply(wl, r, c) for r, c in zip(conn.pipeline(commands, raw=True), commands)]
         want = wl.expect == "allowed"
         share = sum(1 for r in results if r == want) / len(results)
         if share < (1.0 if want else 0.99):
@@ -644,7 +651,7 @@ def post_check(conn, config):
         return
     key = rand_key(random.randrange(config.keyspace)) if config.keyspace else HOT_KEY
     command = wl.args(key)
-    allowed = check_reply(wl, conn.call(*command), command)
+    allowed = check_reply(wl, conn.call(*command, raw=True), command)
     if allowed != (wl.expect == "allowed"):
         raise BenchError("%s: after the run, `%s` was no longer %s"
                          % (config, shown(command), wl.expect))
@@ -894,7 +901,7 @@ def targets_table(med, memory, budgets=None):
     for rate in ALLOW:
         # The classic script sent as the fallback is, from the same Python driver.
         classic = "lua_py_allowed_" + rate
-        for name, what in (("script", "rl.lua EVALSHA"), ("function", "rl_acquire FCALL")):
+        for name, what in (("script", "rl.lua EVALSHA"), ("function", "rl_acquire_packed FCALL")):
             for p in PIPELINES:
                 add("8", "%s ÷ classic Lua script, allowed %s/s: server µs/call, random keys, -P %d"
                     % (what, rate, p), get("%s_allowed_%s" % (name, rate), "random", p, "usec"),
@@ -991,10 +998,11 @@ def write_results(path, meta, opts, wls, med, memory, n_for, sha, rl_sha, budget
       " replies as successes).")
     w("- redis-rl's fallback, for servers without the module, runs the same allowed path on"
       " random keys: `rl.lua EVALSHA` is clients/lua/rl.lua (the script every client library"
-      " ships), `rl_acquire FCALL` the Functions library made from it (clients/lua/rl_functions.lua),"
-      " each with the 10 numbers a client computes for (rate, capacity, cost), packed in one"
-      " argument of doubles as the libraries send them (to the script without the mode: its"
-      " short form for a one-key acquire). redis-benchmark cannot send those bytes"
+      " ships), `rl_acquire_packed FCALL` the Functions library made from it"
+      " (clients/lua/rl_functions.lua), each with the 10 numbers a client computes for (rate,"
+      " capacity, cost), packed in one argument of doubles as the libraries send them (to the"
+      " script without the mode: its short form for a one-key acquire), and answered packed"
+      " (32 bytes) as the libraries read them. redis-benchmark cannot send those bytes"
       " (NUL included), so these rows are driven from Python on the client CPU with the same"
       " clients, pipelines and random keys: their server µs/call is comparable with the other"
       " rows, their req/s and latencies are Python's, not redis-benchmark's. Unlike the classic"
@@ -1429,7 +1437,7 @@ def main(argv):
                 if wl.prefill:
                     conn.call(*wl.prefill(key))
                 conn.sock.sendall(encode(command))
-                check_reply(wl, conn.read(), command)
+                check_reply(wl, conn.read(raw=True), command)
         print("preflight: every benchmarked command answers without an error")
 
         memory = None

@@ -39,18 +39,18 @@ bench-instructions: $(MODULE) ## Instructions per call inside Redis's call() (ca
 	LOAD=bench/token_bucket.lua bench/instructions.sh $(MODULE) EVALSHA $(CLASSIC_SHA) 1 b:__rand_int__ 3 3e9 1796183560421 301
 	LOAD=clients/lua/rl.lua bench/instructions.sh $(MODULE) EVALSHA $(RL_SHA) 1 b:__rand_int__ $(call fallback_numbers,10 1e10 1000)
 	LOAD=clients/lua/rl.lua bench/instructions.sh $(MODULE) EVALSHA $(RL_SHA) 1 b:__rand_int__ $(call fallback_numbers,3 3e9 301)
-	LOAD=clients/lua/rl_functions.lua bench/instructions.sh $(MODULE) FCALL rl_acquire 1 b:__rand_int__ $(call fallback_numbers,10 1e10 1000)
-	LOAD=clients/lua/rl_functions.lua bench/instructions.sh $(MODULE) FCALL rl_acquire 1 b:__rand_int__ $(call fallback_numbers,3 3e9 301)
+	LOAD=clients/lua/rl_functions.lua bench/instructions.sh $(MODULE) FCALL rl_acquire_packed 1 b:__rand_int__ $(call fallback_numbers,10 1e10 1000)
+	LOAD=clients/lua/rl_functions.lua bench/instructions.sh $(MODULE) FCALL rl_acquire_packed 1 b:__rand_int__ $(call fallback_numbers,3 3e9 301)
 	@# The same on 1,000 keys, where nearly every call updates a bucket (a pipelined run of
 	@# bench.py is mostly updates: 200,000 calls on 100,000 keys).
 	KEYSPACE=1000 LOAD=bench/token_bucket.lua bench/instructions.sh $(MODULE) EVALSHA $(CLASSIC_SHA) 1 b:__rand_int__ 10 1e10 1796183560421 1000
 	KEYSPACE=1000 LOAD=bench/token_bucket.lua bench/instructions.sh $(MODULE) EVALSHA $(CLASSIC_SHA) 1 b:__rand_int__ 3 3e9 1796183560421 301
 	KEYSPACE=1000 LOAD=clients/lua/rl.lua bench/instructions.sh $(MODULE) EVALSHA $(RL_SHA) 1 b:__rand_int__ $(call fallback_numbers,10 1e10 1000)
 	KEYSPACE=1000 LOAD=clients/lua/rl.lua bench/instructions.sh $(MODULE) EVALSHA $(RL_SHA) 1 b:__rand_int__ $(call fallback_numbers,3 3e9 301)
-	KEYSPACE=1000 LOAD=clients/lua/rl_functions.lua bench/instructions.sh $(MODULE) FCALL rl_acquire 1 b:__rand_int__ $(call fallback_numbers,10 1e10 1000)
-	KEYSPACE=1000 LOAD=clients/lua/rl_functions.lua bench/instructions.sh $(MODULE) FCALL rl_acquire 1 b:__rand_int__ $(call fallback_numbers,3 3e9 301)
+	KEYSPACE=1000 LOAD=clients/lua/rl_functions.lua bench/instructions.sh $(MODULE) FCALL rl_acquire_packed 1 b:__rand_int__ $(call fallback_numbers,10 1e10 1000)
+	KEYSPACE=1000 LOAD=clients/lua/rl_functions.lua bench/instructions.sh $(MODULE) FCALL rl_acquire_packed 1 b:__rand_int__ $(call fallback_numbers,3 3e9 301)
 	LOAD=clients/lua/rl.lua PREFILL="EVALSHA $(RL_SHA) 1 hot $(call fallback_numbers,10 1e7 1e7)" EXPECT_DENIED=1 bench/instructions.sh $(MODULE) EVALSHA $(RL_SHA) 1 hot $(call fallback_numbers,10 1e7 1e7)
-	LOAD=clients/lua/rl_functions.lua PREFILL="FCALL rl_acquire 1 hot $(call fallback_numbers,10 1e7 1e7)" EXPECT_DENIED=1 bench/instructions.sh $(MODULE) FCALL rl_acquire 1 hot $(call fallback_numbers,10 1e7 1e7)
+	LOAD=clients/lua/rl_functions.lua PREFILL="FCALL rl_acquire_packed 1 hot $(call fallback_numbers,10 1e7 1e7)" EXPECT_DENIED=1 bench/instructions.sh $(MODULE) FCALL rl_acquire_packed 1 hot $(call fallback_numbers,10 1e7 1e7)
 
 bench-multi: $(MODULE) ## Server time of one RL.ACQUIRE.MULTI at 1,000 (the cap) and more buckets (release build)
 	python3 bench/multi.py --sizes 10,100,1000,1001 --rounds 5

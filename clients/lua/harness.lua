@@ -268,6 +268,13 @@ for line in io.lines() do
     ok, reply = pcall(chunk)
   end
   if not ok and type(reply) ~= 'table' then error(reply) end
+  if type(reply) == 'string' then
+    -- The script's short form and rl_acquire_packed answer four numbers packed: four
+    -- doubles, 32 bytes.
+    assert(#reply == 32, 'harness: a string reply is the short form\'s 32 bytes')
+    local a, b, c, d = struct.unpack('<dddd', reply)
+    reply = {a, b, c, d}
+  end
   if as_json then
     print(json(reply))
   elseif type(reply) == 'table' and reply.err then

@@ -8,18 +8,24 @@
 -- EVALSHA, and with EVAL after NOSCRIPT:
 --
 --   EVALSHA sha N key1 .. keyN  mode  [10 numbers per key, packed in one argument or as texts]
---   EVALSHA sha 1 key  <80 bytes>       (the short form: a one-key acquire, packed, no mode)
+--   EVALSHA sha 1 key  <80 bytes>       (the short form: a one-key acquire, packed, no mode,
+--                                        answered packed: see below)
 --
 -- The library registers one function per mode (rl_acquire, rl_peek, rl_refund, rl_charge,
 -- rl_multi, rl_lease, rl_release, rl_renew, rl_leases, rl_reserve, rl_settle) taking the same
--- keys and arguments without the mode, and rl_version (4 since buckets are stored packed, 3
--- since the packed numbers, 2 since the leases and reservations; a library answering 1 has
--- neither, and a client needing a later one uses the script):
+-- keys and arguments without the mode, rl_acquire_packed (a one-key acquire answered as the
+-- short form answers it: what the libraries send), and rl_version (5 since
+-- rl_acquire_packed, 4 since buckets are stored packed, 3 since the packed numbers, 2 since
+-- the leases and reservations; a library answering 1 has neither, and a client needing a
+-- later one uses the script):
 --
 --   FCALL rl_acquire N key1 .. keyN  [10 numbers per key, packed in one argument or as texts]
+--   FCALL rl_acquire_packed 1 key <80 bytes>
 --
 -- mode: "acquire" or "peek" (N = 1: reply {allowed, remaining, retry_after_ms,
--- reset_after_ms}; a peek's remaining is the signed balance, negative while in debt),
+-- reset_after_ms}; a peek's remaining is the signed balance, negative while in debt; the
+-- short form answers the same four numbers packed, as one string of 32 bytes, four
+-- little-endian doubles, and an error as an error),
 -- "refund" (N = 1: reply {remaining, reset_after_ms}), "charge" (N = 1: reply {1, balance,
 -- retry_after_ms, reset_after_ms}, see below), "multi" (N >= 1: reply {allowed,
 -- refused_index, retry_after_ms, {per-key replies}}, all or nothing).
@@ -156,10 +162,11 @@
 -- call, and any case that path does not take as plain (a hash, a rate changed, a peek in
 -- debt), goes to the general path, which decides as the exact bucket does. The libraries send
 -- a one-key acquire in the short form (the packed numbers, no mode: Redis then makes one Lua
--- string and one ARGV slot fewer). Per allowed call with packed numbers (callgrind, Redis
--- 7.0.15) the script's short form runs about 55,700 instructions at 10/s and 3/s on new keys
--- and 59,000 updating a key, the Functions library 54,100 and 57,700, the classic float
--- script 59,000 and 61,600.
+-- string and one ARGV slot fewer) and read its reply packed (one bulk string, no table). Per
+-- allowed call with packed numbers (callgrind, Redis 7.0.15) the script's short form runs
+-- about 52,000 instructions at 10/s and 3/s on new keys and 55,500 updating a key, the
+-- Functions library's rl_acquire_packed 50,500 and 54,400 (rl_acquire, answering a table,
+-- 54,300 and 57,800), the classic float script 59,000 and 61,500.
 
 if not redis.REDIS_VERSION_NUM and redis.replicate_commands then
   -- Redis < 7 replicates scripts verbatim unless told otherwise; 7+ (which has
@@ -169,9 +176,14 @@ end
 
 -- The call's mode, keys and arguments, as the core's per-call part (below) names them. A call
 -- whose only argument is 80 bytes long (one key's packed numbers; no mode is that long) is an
--- acquire without its mode: the short form the libraries send for a one-key acquire.
-local mode, keys, args, off = ARGV[1], KEYS, ARGV, 1
-if mode and #mode == 80 and not ARGV[2] then mode, off = 'acquire', 0 end
+-- acquire without its mode: the short form the libraries send for a one-key acquire. Its
+-- reply is packed too (packed_reply): the four numbers as four little-endian doubles, which
+-- Redis sends as one bulk string of 32 bytes, where a table of four integers costs it about
+-- 3,500 instructions more (Redis 7.0 probes a table for its special fields, err, ok and the
+-- rest, before reading its elements). The Functions library's rl_acquire_packed answers
+-- the same way; its other functions answer tables, as the module.
+local mode, keys, args, off, packed_reply = ARGV[1], KEYS, ARGV, 1, false
+if mode and #mode == 80 and not ARGV[2] then mode, off, packed_reply = 'acquire', 0, true end
 
 -- @core begin: shared with the Functions library, word for word (but for the `@run` lines).
 
@@ -184,10 +196,12 @@ local general
 -- 4096 entries; a script call starts afresh, so has none.
 local known
 
--- One call: `mode` over `keys`, with the numbers in `args` after its first `off` entries. The
--- lines from here to `@run end` are the script's own top level, run by every EVALSHA with no
--- function made or called for them; the library has them as the body of its function
--- `run(mode, keys, args, off)` (functions.py turns the two `@run` lines into its first and last).
+-- One call: `mode` over `keys`, with the numbers in `args` after its first `off` entries,
+-- answered packed when `packed_reply`. The lines from here to `@run end` are the script's own
+-- top level, run by every EVALSHA with no function made or called for them; the library has
+-- them as the body of its function `run(mode, keys, args, off, packed_reply)` (functions.py
+-- turns the two `@run` lines into its first and last; only rl_acquire_packed passes
+-- packed_reply).
 -- @run begin
   local t = redis.call('TIME')
   local now = t[1] * 1000000 + t[2] -- TIME's two integers, each converted once
@@ -328,6 +342,7 @@ local known
     if rest < 0 then rest = rest + 1000 end
     local reset = (dq - rest) / 1000
     if rest > 0 or dr > 0 then reset = reset + 1 end
+    if packed_reply then return struct.pack('<dddd', wait == 0 and 1 or 0, k, wait, reset) end
     return {wait == 0 and 1 or 0, k, wait, reset}
   until true end
   if not general then
@@ -933,6 +948,10 @@ local known
       end
     end)()
   end
-  return general(mode, keys, args, off, now)
+  local reply = general(mode, keys, args, off, now)
+  if packed_reply and not reply.err then
+    return struct.pack('<dddd', reply[1], reply[2], reply[3], reply[4])
+  end
+  return reply
 -- @run end
 -- @core end

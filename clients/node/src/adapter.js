@@ -1,5 +1,5 @@
 // The call into Redis, for either client: ioredis (Redis, Cluster) or node-redis (v4/v5/v6
-// createClient, createCluster). One method, send(args, key), returning the raw reply; key
+// createClient, createCluster). One method, send(args, key, raw), returning the raw reply; key
 // routes the command in a cluster. A cluster also gives masters(): each master's send, for SCAN
 // and FUNCTION LOAD. And ready(): null when the connection is open, else a promise that settles
 // when it opens (or rejects when the client is closed for good, or at once when the connection
@@ -57,8 +57,8 @@ function errorWatch(client) {
 }
 
 /** `send`, forgetting the last connection error once a reply arrives. */
-const forgetting = (send, watch) => async (args, key) => {
-  const reply = await send(args, key);
+const forgetting = (send, watch) => async (args, key, raw) => {
+  const reply = await send(args, key, raw);
   watch.answered();
   return reply;
 };
@@ -106,7 +106,17 @@ function readiness(client, isReady, isClosed, connectIfIdle, lastError) {
 /** The adapters made so far, one per client: each listens to its client's events once. */
 const adapters = new WeakMap();
 
-/** Wraps a client into {send(args, key), cluster, ready(), masters, lastError()}. */
+/**
+ * node-redis's options for a command whose bulk strings are wanted as Buffers: v4 reads
+ * returnBuffers, v5 and v6 a type mapping of blob strings (RESP type 36, "$") to Buffer.
+ */
+const BUFFERS = { returnBuffers: true, typeMapping: { 36: Buffer } };
+
+/**
+ * Wraps a client into {send(args, key, raw), cluster, ready(), masters, lastError()}. With
+ * raw, bulk strings come back as Buffers (the script's packed reply), where both clients
+ * otherwise decode them as UTF-8 text.
+ */
 export function adapt(client) {
   if (client && typeof client === "object" && adapters.has(client)) return adapters.get(client);
   const adapter = makeAdapter(client);
@@ -123,7 +133,8 @@ function makeAdapter(client) {
     return {
       cluster: client.isCluster === true,
       lastError,
-      send: forgetting((args) => client.call(args[0], ...args.slice(1)), watch),
+      send: forgetting((args, _key, raw) => (raw ? client.callBuffer : client.call)
+        .call(client, args[0], ...args.slice(1)), watch),
       // Redis and Cluster both have a status; "wait" is lazyConnect before its first command.
       ready: typeof client.status === "string"
         ? readiness(client, () => client.status === "ready", () => client.status === "end",
@@ -148,9 +159,9 @@ function makeAdapter(client) {
         ? readiness(client, () => client.isReady, () => !client.isOpen, () => {}, lastError)
         : () => null,
       send: forgetting(isCluster
-        ? async (args, key) => {
+        ? async (args, key, raw) => {
           try {
-            return await client.sendCommand(key, false, args);
+            return await client.sendCommand(key, false, args, raw ? BUFFERS : undefined);
           } catch (error) {
             // A cluster that never learnt its slots (its connect failed) throws a TypeError
             // from its slot table: say what it means, and why when its events told.
@@ -161,7 +172,7 @@ function makeAdapter(client) {
               last ? ` last error: ${last.message}` : ""})`);
           }
         }
-        : (args) => client.sendCommand(args), watch),
+        : (args, _key, raw) => client.sendCommand(args, raw ? BUFFERS : undefined), watch),
       masters: isCluster
         ? async () => Promise.all((client.masters ?? client.getMasters()).map(async (node) => {
           const nodeClient = await client.nodeClient(node);

@@ -16,7 +16,7 @@ import { DebtTooLongError, LocalBuckets, Q, fromDecimal, numberText } from "./bu
 import { adapt, isConnectionMisconfigured, isReplyError, replyText } from "./adapter.js";
 import {
   FUNCTIONS_VERSION, MisconfiguredError, ModuleMissingError, RateLimitError, deniedCommand, isAbsent, isWrongType,
-  misconfiguration, noPathError, scriptCall,
+  misconfiguration, noPathError, scriptCall, shortReply,
 } from "./paths.js";
 import { Table } from "./table.js";
 import { acrossSlots } from "./slots.js";
@@ -291,12 +291,12 @@ function withRoomWaits(redis, limiter) {
   });
   return {
     ...redis,
-    async send(args, key) {
+    async send(args, key, raw) {
       const giveUpAt = limiter.clock() + limiter.timeoutMs;
       for (let pauseMs = 1; ; pauseMs = Math.min(pauseMs * 2, 20)) {
         let full = false;
         try {
-          const reply = send(args, key);
+          const reply = send(args, key, raw);
           queued++;
           try {
             return await reply;
@@ -1211,12 +1211,21 @@ export class Limiter {
     const numbers = [];
     for (const [, limit, cost] of items) numbers.push(limit.scriptPacked(cost, op === "refund"));
     if (path === "functions") {
+      // A one-key acquire goes to rl_acquire_packed, answered packed as the script's short
+      // form (below).
+      if (op === "acquire" && keys.length === 1) {
+        return this.redis.send(["FCALL", "rl_acquire_packed", "1", keys[0], numbers[0]], firstKey, true)
+          .then(shortReply);
+      }
       const [command, name] = FUNCTIONS[op];
       return this.redis.send([command, name, String(keys.length), ...keys, ...numbers], firstKey);
     }
     // A one-key acquire is the script's short form: its 80 packed bytes without the mode (one
-    // Lua string and one argument fewer for Redis to make, on the call an application makes most).
-    if (op === "acquire" && keys.length === 1) return scriptCall(this, ["1", keys[0], numbers[0]], firstKey, denied);
+    // Lua string and one argument fewer for Redis to make, on the call an application makes
+    // most), answered packed (32 bytes, read as a Buffer).
+    if (op === "acquire" && keys.length === 1) {
+      return scriptCall(this, ["1", keys[0], numbers[0]], firstKey, denied, true).then(shortReply);
+    }
     return scriptCall(this, [String(keys.length), ...keys, op, ...numbers], firstKey, denied);
   }
 

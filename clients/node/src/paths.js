@@ -11,7 +11,7 @@ const SCRIPT = readFileSync(new URL("./rl.lua", import.meta.url), "utf8");
 const SCRIPT_SHA = sha1(SCRIPT);
 
 /** The version of the Functions library redis_rl this client needs (`FCALL_RO rl_version 0`). */
-export const FUNCTIONS_VERSION = 4;
+export const FUNCTIONS_VERSION = 5;
 
 /** Where the documentation lists each path's ACL rules. */
 const PERMISSIONS = "docs/clients.md#permissions";
@@ -130,14 +130,15 @@ export function misconfiguration(error, cluster) {
  * Runs the script: EVALSHA of the sha1 computed here, and on NOSCRIPT the same call as EVAL,
  * which runs it and caches it on that server (after a SCRIPT FLUSH each caller pays one EVAL
  * at most, and nothing is raised). A user refused EVALSHA gets EVAL from then on; a user
- * refused EVAL still runs a script an admin loaded. Never SCRIPT LOAD.
+ * refused EVAL still runs a script an admin loaded. Never SCRIPT LOAD. `raw`: bulk strings
+ * come back as Buffers (the short form's packed reply; see shortReply).
  */
-export async function scriptCall(limiter, args, key, denied = []) {
+export async function scriptCall(limiter, args, key, denied = [], raw = false) {
   const { redis } = limiter;
   if (limiter.evalshaDenied) denied.push("evalsha");
   else {
     try {
-      return await redis.send(["EVALSHA", SCRIPT_SHA, ...args], key);
+      return await redis.send(["EVALSHA", SCRIPT_SHA, ...args], key, raw);
     } catch (error) {
       if (deniedCommand(error) === "evalsha") {
         limiter.evalshaDenied = true;
@@ -147,7 +148,19 @@ export async function scriptCall(limiter, args, key, denied = []) {
       }
     }
   }
-  return redis.send(["EVAL", SCRIPT, ...args], key);
+  return redis.send(["EVAL", SCRIPT, ...args], key, raw);
+}
+
+/**
+ * The script's short form (and the Functions library's rl_acquire_packed) answers an acquire's four numbers (allowed, remaining,
+ * retry_after_ms, reset_after_ms) packed: 32 bytes, four little-endian doubles, each a whole
+ * number. Anything else is not this script's reply.
+ */
+export function shortReply(reply) {
+  if (!Buffer.isBuffer(reply) || reply.length !== 32) {
+    throw new Error(`redis-rl script: the short form's reply is not 32 bytes: ${String(reply)}`);
+  }
+  return [0, 8, 16, 24].map((at) => reply.readDoubleLE(at));
 }
 
 /** The Functions library's text, read once, when first loaded. */

@@ -6,7 +6,7 @@
 // MONITOR shows what arrived: on the module path RL.ACQUIRE / RL.HACQUIRE carry the texts, on
 // the Lua path (a server without the module) EVALSHA carries the script's 10 numbers (packed
 // in one argument of doubles), and on the Functions path (the library loaded) FCALL
-// rl_acquire the same 10 numbers, which
+// rl_acquire_packed the same 10 numbers, which
 // are computed here from the same texts with exact rational arithmetic (clients/lua/rl.lua's
 // header). Cases other clients cannot build (`python_only`) are skipped; fields a case may
 // carry that this test does not read are ignored.
@@ -222,10 +222,10 @@ for (const [kind, connect] of Object.entries(CLIENTS)) {
     CASES.forEach((c, i) => {
       const want = packedShown(scriptArgs(c.args));
       // The function, 1 key, the key, then the numbers (no mode).
-      assert.deepEqual(calls[2 * i].slice(1), ["rl_acquire", "1", `wire:${i}`, ...want], c.name);
+      assert.deepEqual(calls[2 * i].slice(1), ["rl_acquire_packed", "1", `wire:${i}`, ...want], c.name);
       const [name, numKeys, key, ...numbers] = calls[2 * i + 1].slice(1);
       assert.ok(key.startsWith("wire:") && key.endsWith(`:f${i}`), `${c.name} (table): key ${key}`);
-      assert.deepEqual([name, numKeys, numbers], ["rl_acquire", "1", want], `${c.name} (table)`);
+      assert.deepEqual([name, numKeys, numbers], ["rl_acquire_packed", "1", want], `${c.name} (table)`);
     });
   }));
 }

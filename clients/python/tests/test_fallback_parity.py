@@ -2,7 +2,7 @@
 (clients/lua/rl_functions.lua, by FCALL) against the module, on one real server: the same
 seeded sequence of calls (acquire, peek, refund, charge into debt, multi, costs above the
 capacity; the script's acquires in both forms, the mode with texts and the short form of packed
-numbers without it) sent to each of the three back to back, on keys of their own, must get the same
+numbers without it, whose packed reply is read as the libraries read it) sent to each of the three back to back, on keys of their own, must get the same
 replies. The limits refill one token in 1,000 s or more, so no token comes back between the
 three calls; their waits may differ only by the milliseconds the calls took."""
 
@@ -14,6 +14,7 @@ import unittest
 import redis
 
 from redis_rl import Limit
+from redis_rl._core import short_reply
 from servers import Server
 
 LUA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "lua")
@@ -37,8 +38,9 @@ class FallbackParity(unittest.TestCase):
 
     def three(self, op, items, short=False):
         """The call on the module (keys m:*), the script (s:*) and the functions (f:*). With
-        `short`, the script's acquire is the short form the libraries send: the key's packed
-        numbers and no mode."""
+        `short`, an acquire is what the libraries send: the script's short form (the key's
+        packed numbers and no mode) and the library's rl_acquire_packed, each answered
+        packed."""
         if op == "multi":
             module = ["RL.ACQUIRE.MULTI"]
             for n, limit, cost in items:
@@ -49,14 +51,17 @@ class FallbackParity(unittest.TestCase):
         numbers = [x for _, limit, cost in items
                    for x in limit.script_args(cost, refund=op == "refund")]
         script = [len(items), *[f"s:{n}" for n, _, _ in items], op, *numbers]
+        read = lambda reply: reply  # noqa: E731
+        function = [f"rl_{op}", len(items), *[f"f:{n}" for n, _, _ in items], *numbers]
         if short and op == "acquire":
             (n, limit, cost), = items
             script = [1, f"s:{n}", limit.script_packed(cost)]
+            function = ["rl_acquire_packed", 1, f"f:{n}", limit.script_packed(cost)]
+            read = short_reply
         replies = []
         for call in (lambda: self.client.execute_command(*module),
-                     lambda: self.client.evalsha(self.sha, *script),
-                     lambda: self.client.fcall(f"rl_{op}", len(items),
-                                               *[f"f:{n}" for n, _, _ in items], *numbers)):
+                     lambda: read(self.client.evalsha(self.sha, *script)),
+                     lambda: read(self.client.fcall(*function))):
             try:
                 replies.append(call())
             except redis.ResponseError as e:
@@ -96,7 +101,8 @@ class FallbackParity(unittest.TestCase):
                 n = rng.randrange(len(LIMITS))
                 items.append((n, LIMITS[n], rng.choice([0, 1, 1, 1, 2, 3, 6])))
             started = time.monotonic()
-            # Every other call's script acquire is the short form, the rest the mode and texts.
+            # Every other acquire is what the libraries send (packed, answered packed), the
+            # rest the mode (or rl_acquire) and texts.
             module, script, function = self.three(op, items, short=i % 2 == 1)
             # A bucket's instant was set by whichever earlier call found it full, at each
             # path's own clock reading: waits differ by at most the longest three calls yet.

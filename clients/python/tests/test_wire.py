@@ -2,7 +2,7 @@
 with MONITOR: strings passed as str, JSON numbers as the int or float json gives, `per` as
 the per= keyword (`{"timedelta": {...}}` as a `datetime.timedelta`), a null capacity left
 out. On the module path, the `rate capacity cost` texts of RL.ACQUIRE; on the Functions path
-and the Lua path (a server without the module), the 10 numbers of FCALL rl_acquire and of
+and the Lua path (a server without the module), the 10 numbers of FCALL rl_acquire_packed and of
 EVALSHA, packed in one argument of little-endian doubles, computed here from the case's texts
 with exact rationals (clients/lua/rl.lua's header), not by the library. Sync and asyncio."""
 
@@ -174,7 +174,7 @@ class Wire(unittest.TestCase):
                 self.assertEqual(decision.source, "functions")
                 got = monitor.next("FCALL")
                 # The function, 1 key, the key, then the numbers (no mode).
-                self.assertEqual(got[1:4], ["rl_acquire", "1", f"wire:{i}"], case)
+                self.assertEqual(got[1:4], ["rl_acquire_packed", "1", f"wire:{i}"], case)
                 self.assertEqual(got[4:], packed(case["args"]), case)
 
 
@@ -200,7 +200,7 @@ class AsyncWire(unittest.IsolatedAsyncioTestCase):
                 if module:
                     self.assertEqual(got[1:], [f"wire:{i}", *case["args"]], case)
                 elif command == "FCALL":
-                    self.assertEqual(got[1:4], ["rl_acquire", "1", f"wire:{i}"], case)
+                    self.assertEqual(got[1:4], ["rl_acquire_packed", "1", f"wire:{i}"], case)
                     self.assertEqual(got[4:], packed(case["args"]), case)
                 else:
                     self.assertEqual(got[2:4], ["1", f"wire:{i}"], case)
@@ -214,6 +214,44 @@ class AsyncWire(unittest.IsolatedAsyncioTestCase):
 
     async def test_functions_path(self):
         await self.check(False, "FCALL")
+
+
+class Replies(unittest.TestCase):
+    """A one-key acquire on the script path is answered packed (32 bytes, four doubles), which
+    the library reads as bytes whatever the client decodes: a client with decode_responses,
+    on RESP2 and RESP3, sync and asyncio, gets the decisions a plain client gets, on every
+    path."""
+
+    def test_decoding_clients_get_the_same_decisions_on_every_path(self):
+        limit = Limit(1, 3, per=3600)
+        for path in ("module", "functions", "lua"):
+            s = Server(module=path == "module")
+            self.addCleanup(s.close)
+            if path == "functions":
+                with redis.Redis(port=s.port) as admin:
+                    redis_rl.load_functions(admin)
+            for n, options in enumerate(({}, {"decode_responses": True},
+                                         {"decode_responses": True, "protocol": 3})):
+                with self.subTest(path=path, options=options):
+                    client = redis.Redis(port=s.port, **options)
+                    self.addCleanup(client.close)
+                    limiter = Limiter(client, on_error="closed")
+                    got = [limiter.acquire(f"{path}:{n}", limit) for _ in range(4)]
+                    self.assertEqual({d.source for d in got}, {"redis" if path == "module" else path})
+                    self.assertEqual([(d.allowed, d.remaining) for d in got],
+                                     [(True, 2), (True, 1), (True, 0), (False, 0)])
+                    self.assertTrue(3_590_000 <= got[3].retry_after_ms <= 3_600_000, got[3])
+
+                    async def run():
+                        aclient = redis.asyncio.Redis(port=s.port, **options)
+                        try:
+                            alimiter = rl_asyncio.Limiter(aclient, on_error="closed")
+                            return [await alimiter.acquire(f"{path}:async:{n}", limit) for _ in range(4)]
+                        finally:
+                            await aclient.aclose()
+                    got = asyncio.run(run())
+                    self.assertEqual([(d.allowed, d.remaining) for d in got],
+                                     [(True, 2), (True, 1), (True, 0), (False, 0)])
 
 
 if __name__ == "__main__":

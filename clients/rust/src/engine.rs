@@ -986,9 +986,14 @@ impl Engine {
         cmd
     }
 
-    /// `FCALL rl_<op>` (FCALL_RO for a peek) with the library's numbers: no mode argument.
+    /// `FCALL rl_<op>` (FCALL_RO for a peek) with the library's numbers: no mode argument. A
+    /// one-key acquire goes to `rl_acquire_packed`, answered packed as the script's short form
+    /// (read by `reply_of`).
     fn functions_command(op: Op, items: &[(Target<'_>, Limit, f64)]) -> redis::Cmd {
-        let (call, function) = functions_name(op);
+        let (call, mut function) = functions_name(op);
+        if op == Op::Acquire && items.len() == 1 {
+            function = "rl_acquire_packed";
+        }
         let mut cmd = redis::cmd(call);
         cmd.arg(function).arg(items.len());
         for (target, _, _) in items {
@@ -1002,7 +1007,8 @@ impl Engine {
 
     /// `EVALSHA <sha1>` (or `EVAL <script>`) with the script's mode and numbers; a one-key
     /// acquire leaves out the mode (the script's short form: one Lua string and one argument
-    /// fewer for Redis to make, on the call an application makes most).
+    /// fewer for Redis to make, on the call an application makes most), and is answered
+    /// packed (32 bytes, read by `reply_of`).
     fn script_command(op: Op, items: &[(Target<'_>, Limit, f64)], eval: bool) -> redis::Cmd {
         let mut cmd;
         if eval {
@@ -1563,8 +1569,28 @@ fn integers(value: &Value, what: &str, len: usize) -> Result<Vec<i64>, CallError
         .collect()
 }
 
+/// The script's short form answers an acquire's four numbers packed: 32 bytes, four
+/// little-endian doubles, each a whole number (its `packed_reply`).
+fn short_form_integers(bytes: &[u8]) -> Option<Vec<i64>> {
+    if bytes.len() != 32 {
+        return None;
+    }
+    bytes
+        .chunks_exact(8)
+        .map(|chunk| {
+            let x = f64::from_le_bytes(chunk.try_into().ok()?);
+            // Whole and within i64: the script packs integers below 2^53 in magnitude.
+            (x.fract() == 0.0 && x.abs() < 9_007_199_254_740_992.0).then_some(x as i64)
+        })
+        .collect()
+}
+
 fn reply_of(value: &Value) -> Result<Reply, CallError> {
-    let v = integers(value, "RL.ACQUIRE reply", 4)?;
+    let v = match value {
+        Value::BulkString(bytes) => short_form_integers(bytes)
+            .ok_or_else(|| CallError::Reply(format!("the script's short form reply: {value:?}")))?,
+        _ => integers(value, "RL.ACQUIRE reply", 4)?,
+    };
     match v.as_slice() {
         [allowed, remaining, retry, reset] => Ok(Reply {
             allowed: *allowed == 1,
@@ -1671,6 +1697,31 @@ mod tests {
         redis::parse_redis_value(resp.as_bytes())?.extract_error()
     }
 
+    fn packed(numbers: [f64; 4]) -> Value {
+        Value::BulkString(numbers.iter().flat_map(|x| x.to_le_bytes()).collect())
+    }
+
+    #[test]
+    fn the_short_forms_packed_reply_reads_as_the_modules_array() {
+        let array = reply("*4\r\n:0\r\n:7\r\n:-1\r\n:3600001\r\n").unwrap();
+        let from_array = reply_of(&array).unwrap();
+        let from_packed = reply_of(&packed([0.0, 7.0, -1.0, 3_600_001.0])).unwrap();
+        assert_eq!(from_packed, from_array);
+        assert_eq!(from_packed.retry_after_ms, -1);
+        let largest = reply_of(&packed([1.0, 9_007_199_254_740_991.0, 0.0, 0.0])).unwrap();
+        assert_eq!(largest.remaining, 9_007_199_254_740_991);
+        // Not 32 bytes, or a number that is not whole or not below 2^53: not the script's.
+        for bad in [
+            Value::BulkString(vec![0; 31]),
+            Value::BulkString(vec![0; 33]),
+            packed([1.0, 0.5, 0.0, 0.0]),
+            packed([1.0, f64::NAN, 0.0, 0.0]),
+            packed([1.0, 9_007_199_254_740_992.0, 0.0, 0.0]),
+        ] {
+            assert!(reply_of(&bad).is_err(), "{bad:?}");
+        }
+    }
+
     /// The command name of a step, or "done: ok" / "done: err".
     fn name(step: &Step) -> String {
         match step {
@@ -1701,7 +1752,7 @@ mod tests {
     const DECISION: &str = "*4\r\n:1\r\n:9\r\n:0\r\n:200\r\n";
     const UNKNOWN: &str = "-ERR unknown command 'RL.ACQUIRE'\r\n";
     const NO_FUNCTION: &str = "-ERR Function not found\r\n";
-    const VERSION: &str = ":4\r\n";
+    const VERSION: &str = ":5\r\n";
     const NOSCRIPT: &str = "-NOSCRIPT No matching script.\r\n";
     const NOPERM_FCALL_RO: &str =
         "-NOPERM this user has no permissions to run the 'fcall_ro' command\r\n";

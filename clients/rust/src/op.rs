@@ -43,7 +43,8 @@ impl Op {
     /// The Functions library's version this op needs (`rl_version`): the same for every op,
     /// since the path found by one call serves the next. Leases came with version 2, the
     /// packed numbers of every op that sends a limit with version 3, buckets stored packed
-    /// (which an older library would not read) with version 4.
+    /// (which an older library would not read) with version 4, `rl_acquire_packed` (a
+    /// one-key acquire's packed reply) with version 5.
     pub(crate) fn functions_version(self) -> i64 {
         script::FUNCTIONS_VERSION
     }

@@ -337,8 +337,13 @@ fn the_functions_library_gets_the_exact_values_of_each_limit() {
             c.name
         );
         let got = monitor.next("FCALL");
-        // The function, 1 key, the key, then the numbers.
-        assert_eq!(got[..3], ["rl_acquire", "1", key.as_str()], "{}", c.name);
+        // The function (a one-key acquire's, answered packed), 1 key, the key, then the numbers.
+        assert_eq!(
+            got[..3],
+            ["rl_acquire_packed", "1", key.as_str()],
+            "{}",
+            c.name
+        );
         assert_eq!(got[3..], packed_shown(&script_args(&c.args)), "{}", c.name);
     }
 }

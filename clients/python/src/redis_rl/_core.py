@@ -955,8 +955,13 @@ class Engine:
                 if outcome is not None:
                     return outcome
             name = "FCALL_RO" if call.op in ("peek", "leases") else "FCALL"
+            # A one-key acquire goes to rl_acquire_packed, answered packed as the script's
+            # short form (below).
+            packed = call.op == "acquire" and len(keys) == 1
+            function = "rl_acquire_packed" if packed else "rl_" + call.op
             try:
-                return "reply", (yield Request([name, "rl_" + call.op, str(len(keys)), *keys, *numbers], keys))
+                reply = yield Request([name, function, str(len(keys)), *keys, *numbers], keys, raw=packed)
+                return "reply", (short_reply(reply) if packed else reply)
             except ResponseError as error:
                 if is_function_missing(error):
                     self.functions_version = None
@@ -967,15 +972,18 @@ class Engine:
         # The script: EVALSHA with the hash computed here; on NOSCRIPT the same call as EVAL,
         # which runs it and caches it on the server again. Never SCRIPT LOAD. A one-key acquire
         # sends its 80 packed bytes without the mode (the script's short form: one Lua string
-        # and one argument fewer for Redis to make, on the call an application makes most).
-        if call.op == "acquire" and len(keys) == 1:
+        # and one argument fewer for Redis to make, on the call an application makes most),
+        # and reads its reply packed (32 bytes, read here undecoded: `raw`).
+        short = call.op == "acquire" and len(keys) == 1
+        if short:
             tail = ["1", *keys, *numbers]
         else:
             tail = [str(len(keys)), *keys, call.op, *numbers]
         denied = []
         if not self.evalsha_denied:
             try:
-                return "reply", (yield Request(["EVALSHA", self.sha, *tail], keys))
+                reply = yield Request(["EVALSHA", self.sha, *tail], keys, raw=short)
+                return "reply", (short_reply(reply) if short else reply)
             except ResponseError as error:
                 if is_noperm(error):
                     self.evalsha_denied = True
@@ -984,11 +992,12 @@ class Engine:
         if self.evalsha_denied:
             denied.append("evalsha")
         try:
-            return "reply", (yield Request(["EVAL", self.script, *tail], keys))
+            reply = yield Request(["EVAL", self.script, *tail], keys, raw=short)
         except ResponseError as error:
             if is_noperm(error):
                 return "denied", denied + ["eval"]
             raise
+        return "reply", (short_reply(reply) if short else reply)
 
     def _functions_version(self, keys, numbers):
         """Checks the loaded library's version once (FCALL_RO rl_version 0, on the node of the
@@ -1103,7 +1112,7 @@ class Engine:
 
 
 #: The version of the Functions library (clients/lua/rl_functions.lua) this client needs.
-FUNCTIONS_VERSION = 4
+FUNCTIONS_VERSION = 5
 #: The calls on leases and reservations.
 LEASE_OPS = ("lease", "release", "renew", "leases", "reserve", "settle")
 
@@ -1315,12 +1324,25 @@ class Request:
     would otherwise ask the server for FCALL's keys, and look module commands up in a command
     table read with COMMAND); on that node's own connection when `direct` (RL.ACQUIRE.MULTI,
     whose two dots redis-py refuses) or when the keys span slots (the server then answers
-    CROSSSLOT). `to_key`: a keyless command sent to the first key's node."""
+    CROSSSLOT). `to_key`: a keyless command sent to the first key's node. `raw`: the reply is
+    read as bytes whatever the client's decode_responses (the script's packed reply)."""
 
-    __slots__ = ("args", "keys", "direct", "to_key")
+    __slots__ = ("args", "keys", "direct", "to_key", "raw")
 
-    def __init__(self, args, keys=(), direct=False, to_key=False):
+    def __init__(self, args, keys=(), direct=False, to_key=False, raw=False):
         self.args, self.keys, self.direct, self.to_key = args, list(keys), direct, to_key
+        self.raw = raw
+
+
+def short_reply(reply):
+    """The script's short form (and the Functions library's rl_acquire_packed) answers an acquire's four numbers (allowed, remaining,
+    retry_after_ms, reset_after_ms) packed: 32 bytes, four little-endian doubles, each a whole
+    number. Anything else is not this script's reply."""
+    from redis.exceptions import ResponseError
+
+    if not isinstance(reply, (bytes, bytearray)) or len(reply) != 32:
+        raise ResponseError("redis-rl script: the short form's reply is not 32 bytes: %r" % (reply,))
+    return [int(x) for x in struct.unpack("<4d", reply)]
 
 
 class LimiterBase:

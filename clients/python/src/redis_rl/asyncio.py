@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     import redis.asyncio
 
     from .table import AsyncTable
-from .client import _checked, _moved_on_cluster, _route, functions_text, functions_version, log
+from .client import RAW, _checked, _moved_on_cluster, _route, functions_text, functions_version, log
 
 
 _OUTAGE = object()  # what `_queue` returns when an outage began while the call queued
@@ -313,13 +313,15 @@ class Limiter(LimiterBase):
 
     async def _execute(self, request):
         client, args = self.client, request.args
+        options = RAW if request.raw else {}
         if not self._cluster:
-            return await client.execute_command(*args)
+            return await client.execute_command(*args, **options)
         await client.initialize()  # an asyncio cluster client learns its nodes here
         route = _route(client, request)
         if route == "direct":
             # redis-py's cluster client refuses a command name with two dots
             # (RL.ACQUIRE.MULTI), and keys of several slots: sent to the first key's node,
             # whose server answers (CROSSSLOT for several slots).
-            return await client.get_node_from_key(request.keys[0]).execute_command(*args)
-        return await client.execute_command(*args, target_nodes=client.get_node_from_key(request.keys[0]))
+            return await client.get_node_from_key(request.keys[0]).execute_command(*args, **options)
+        return await client.execute_command(*args, target_nodes=client.get_node_from_key(request.keys[0]),
+                                            **options)

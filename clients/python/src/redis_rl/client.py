@@ -13,6 +13,11 @@ import threading
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, Sequence, Union
 
 from redis import exceptions as redis_errors
+from redis.client import NEVER_DECODE
+
+#: The options of a command whose reply is read as bytes, whatever the client's
+#: decode_responses: the script's packed reply (`Request.raw`).
+RAW = {NEVER_DECODE: True}
 
 from ._core import (Engine, LimiterBase, MisconfiguredError, is_cluster_redirect, is_crossslot,
                     is_unavailable,
@@ -345,16 +350,17 @@ class Limiter(LimiterBase):
 
     def _execute(self, request):
         client, args = self.client, request.args
+        options = RAW if request.raw else {}
         if not self._cluster:
-            return client.execute_command(*args)
+            return client.execute_command(*args, **options)
         route = _route(client, request)
         if route == "direct":
             # On the node's own connection: redis-py's cluster client refuses a command name
             # with two dots (RL.ACQUIRE.MULTI), and keys of several slots (the server answers
             # CROSSSLOT, as it does for a client of one server).
             node = client.get_node_from_key(request.keys[0])
-            return node.redis_connection.execute_command(*args)
-        return client.execute_command(*args, target_nodes=client.get_node_from_key(request.keys[0]))
+            return node.redis_connection.execute_command(*args, **options)
+        return client.execute_command(*args, target_nodes=client.get_node_from_key(request.keys[0]), **options)
 
 
 def _route(client, request):
