@@ -55,37 +55,8 @@ PER_CALL = 1000
 class RawConn(Conn):
     """Bulk replies of call_bytes as bytes (a DUMP payload is binary)."""
 
-    raw = False
-
     def call_bytes(self, *args):
-        self.raw = True
-        try:
-            return self.call(*args)
-        finally:
-            self.raw = False
-
-    def read(self):
-        if not self.raw:
-            return super().read()
-        line = self.reader.readline()
-        if line[:1] == b"$":
-            size = int(line[1:-2])
-            return None if size < 0 else self.reader.read(size + 2)[:-2]
-        if line[:1] == b"*" or not line:
-            raise BenchError("unexpected reply: %r" % line)
-        # Not a bulk string: let the base class parse the line it would have read.
-        return _parse_line(line)
-
-
-def _parse_line(line):
-    kind, rest = line[:1], line[1:-2]
-    if kind == b"+":
-        return rest.decode()
-    if kind == b":":
-        return int(rest)
-    if kind == b"-":
-        raise BenchError(rest.decode(errors="replace"))
-    raise BenchError("unexpected reply: %r" % line)
+        return self.call(*args, raw=True)
 
 
 def fill_table(conn, key, n, rng):
