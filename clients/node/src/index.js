@@ -1210,21 +1210,19 @@ export class Limiter {
     const keys = items.map(([key]) => key);
     const numbers = [];
     for (const [, limit, cost] of items) numbers.push(limit.scriptPacked(cost, op === "refund"));
+    // A one-key acquire, the call an application makes most, is answered packed on both
+    // fallback paths: 32 bytes, read as a Buffer (see shortReply). On the Functions path it
+    // goes to rl_acquire_packed; to the script in its short form, its 80 packed bytes without
+    // the mode (one Lua string and one argument fewer for Redis to make).
+    if (op === "acquire" && keys.length === 1) {
+      const sent = path === "functions"
+        ? this.redis.send(["FCALL", "rl_acquire_packed", "1", keys[0], numbers[0]], firstKey, true)
+        : scriptCall(this, ["1", keys[0], numbers[0]], firstKey, denied, true);
+      return sent.then(shortReply);
+    }
     if (path === "functions") {
-      // A one-key acquire goes to rl_acquire_packed, answered packed as the script's short
-      // form (below).
-      if (op === "acquire" && keys.length === 1) {
-        return this.redis.send(["FCALL", "rl_acquire_packed", "1", keys[0], numbers[0]], firstKey, true)
-          .then(shortReply);
-      }
       const [command, name] = FUNCTIONS[op];
       return this.redis.send([command, name, String(keys.length), ...keys, ...numbers], firstKey);
-    }
-    // A one-key acquire is the script's short form: its 80 packed bytes without the mode (one
-    // Lua string and one argument fewer for Redis to make, on the call an application makes
-    // most), answered packed (32 bytes, read as a Buffer).
-    if (op === "acquire" && keys.length === 1) {
-      return scriptCall(this, ["1", keys[0], numbers[0]], firstKey, denied, true).then(shortReply);
     }
     return scriptCall(this, [String(keys.length), ...keys, op, ...numbers], firstKey, denied);
   }

@@ -152,9 +152,9 @@ export async function scriptCall(limiter, args, key, denied = [], raw = false) {
 }
 
 /**
- * The script's short form (and the Functions library's rl_acquire_packed) answers an acquire's four numbers (allowed, remaining,
- * retry_after_ms, reset_after_ms) packed: 32 bytes, four little-endian doubles, each a whole
- * number. Anything else is not this script's reply.
+ * The script's short form and the Functions library's rl_acquire_packed answer an acquire's
+ * four numbers (allowed, remaining, retry_after_ms, reset_after_ms) packed: 32 bytes, four
+ * little-endian doubles, each a whole number. Anything else is not their reply.
  */
 export function shortReply(reply) {
   if (!Buffer.isBuffer(reply) || reply.length !== 32) {

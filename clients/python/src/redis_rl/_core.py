@@ -946,6 +946,11 @@ class Engine:
                     return "denied", [args[0].lower()]
                 raise
         numbers = self.script_numbers(call.op, call.items)
+        # A one-key acquire, the call an application makes most, is answered packed on both
+        # fallback paths (rl_acquire_packed, the script's short form): 32 bytes, read undecoded
+        # (`raw`) and unpacked here.
+        packed = call.op == "acquire" and len(keys) == 1
+        read = short_reply if packed else _as_sent
         if path == "functions":
             if self.functions_version is None:
                 # Texts, which every version reads (an older library would misread packed
@@ -955,13 +960,9 @@ class Engine:
                 if outcome is not None:
                     return outcome
             name = "FCALL_RO" if call.op in ("peek", "leases") else "FCALL"
-            # A one-key acquire goes to rl_acquire_packed, answered packed as the script's
-            # short form (below).
-            packed = call.op == "acquire" and len(keys) == 1
             function = "rl_acquire_packed" if packed else "rl_" + call.op
             try:
                 reply = yield Request([name, function, str(len(keys)), *keys, *numbers], keys, raw=packed)
-                return "reply", (short_reply(reply) if packed else reply)
             except ResponseError as error:
                 if is_function_missing(error):
                     self.functions_version = None
@@ -969,35 +970,35 @@ class Engine:
                 if is_noperm(error):
                     return "denied", [name.lower()]
                 raise
+            return "reply", read(reply)
         # The script: EVALSHA with the hash computed here; on NOSCRIPT the same call as EVAL,
         # which runs it and caches it on the server again. Never SCRIPT LOAD. A one-key acquire
         # sends its 80 packed bytes without the mode (the script's short form: one Lua string
-        # and one argument fewer for Redis to make, on the call an application makes most),
-        # and reads its reply packed (32 bytes, read here undecoded: `raw`).
-        short = call.op == "acquire" and len(keys) == 1
-        if short:
+        # and one argument fewer for Redis to make).
+        if packed:
             tail = ["1", *keys, *numbers]
         else:
             tail = [str(len(keys)), *keys, call.op, *numbers]
         denied = []
         if not self.evalsha_denied:
             try:
-                reply = yield Request(["EVALSHA", self.sha, *tail], keys, raw=short)
-                return "reply", (short_reply(reply) if short else reply)
+                reply = yield Request(["EVALSHA", self.sha, *tail], keys, raw=packed)
             except ResponseError as error:
                 if is_noperm(error):
                     self.evalsha_denied = True
                 elif not is_noscript(error):
                     raise
+            else:
+                return "reply", read(reply)
         if self.evalsha_denied:
             denied.append("evalsha")
         try:
-            reply = yield Request(["EVAL", self.script, *tail], keys, raw=short)
+            reply = yield Request(["EVAL", self.script, *tail], keys, raw=packed)
         except ResponseError as error:
             if is_noperm(error):
                 return "denied", denied + ["eval"]
             raise
-        return "reply", (short_reply(reply) if short else reply)
+        return "reply", read(reply)
 
     def _functions_version(self, keys, numbers):
         """Checks the loaded library's version once (FCALL_RO rl_version 0, on the node of the
@@ -1334,10 +1335,16 @@ class Request:
         self.raw = raw
 
 
+def _as_sent(reply):
+    """A reply the fallback answers as the module does: read as it came."""
+    return reply
+
+
 def short_reply(reply):
-    """The script's short form (and the Functions library's rl_acquire_packed) answers an acquire's four numbers (allowed, remaining,
-    retry_after_ms, reset_after_ms) packed: 32 bytes, four little-endian doubles, each a whole
-    number. Anything else is not this script's reply."""
+    """The script's short form and the Functions library's rl_acquire_packed answer an
+    acquire's four numbers (allowed, remaining, retry_after_ms, reset_after_ms) packed: 32
+    bytes, four little-endian doubles, each a whole number. Anything else is not their
+    reply."""
     from redis.exceptions import ResponseError
 
     if not isinstance(reply, (bytes, bytearray)) or len(reply) != 32:
